@@ -1,0 +1,237 @@
+"""Number formats: the one place where a code's bits get a value.
+
+Every weight, activation and scale format of the library is a :class:`NumberFormat`.
+A format is defined by its *decode* (raw bit pattern -> float32); *encode* is the
+round-to-nearest-even, saturating inverse of that decode.  Kernels call
+:meth:`NumberFormat.decode` on codes they unpack; they do not re-derive bit tricks.
+
+Conventions
+-----------
+* Codes are raw bit patterns held in an unsigned integer array (``uint8``/``uint32``),
+  the low ``bits`` bits significant.
+* ``intN`` codes are two's complement; ``uintN`` codes are plain unsigned integers
+  (used with a zero point).
+* Float formats (``fp4_e2m1``, ``fp6_e2m3``, ``fp6_e3m2``, ``fp8_e4m3``, ``fp8_e5m2``) follow
+  the OCP / ml_dtypes definitions (``float4_e2m1fn``, ``float6_e2m3fn``, ``float6_e3m2fn``,
+  ``float8_e4m3fn``, ``float8_e5m2``).  Encode rounds to nearest even and saturates to the
+  largest finite value (also for e5m2, where an overflow would otherwise give inf).
+  NaN encodes to the format's NaN where it has one (e4m3: 0x7F, e5m2: 0x7E|sign,
+  e8m0: 0xFF); formats without NaN (fp4, fp6, ints) cannot represent it: callers refuse
+  non-finite input before encoding (see quantize.py).
+* ``e8m0`` is the unsigned power-of-two scale of OCP MX: value ``2**(code - 127)``, 0xFF NaN.
+
+Decoding floats goes through float16: the exponent/mantissa bits are placed into a
+float16 bit pattern (float16 has 5 exponent and 10 mantissa bits, so every format here with
+at most 5 exponent bits fits, subnormals included, which float16 keeps in hardware) and
+multiplied by ``2**(15 - bias)``.  That needs only integer ops and one same-width bitcast,
+so the same function runs in XLA, in the Pallas interpreter and inside Pallas GPU kernels.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Literal
+
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+
+Kind = Literal["int", "uint", "float", "e8m0"]
+
+
+@dataclasses.dataclass(frozen=True)
+class NumberFormat:
+  """A number format of at most 8 bits (or a 32-bit float scale carrier)."""
+
+  name: str
+  kind: Kind
+  bits: int
+  exponent_bits: int = 0
+  mantissa_bits: int = 0
+  has_nan: bool = False  # fp8_e4m3 (S.1111.111), fp8_e5m2 (IEEE), e8m0 (0xFF)
+  has_inf: bool = False  # fp8_e5m2 only
+  ml_dtype: object | None = None  # the ml_dtypes / jnp dtype with these semantics, if any
+
+  # ---- derived properties -------------------------------------------------------------
+  @property
+  def is_float(self) -> bool:
+    return self.kind == "float"
+
+  @property
+  def is_integer(self) -> bool:
+    return self.kind in ("int", "uint")
+
+  @property
+  def signed(self) -> bool:
+    return self.kind in ("int", "float")
+
+  @property
+  def bias(self) -> int:
+    return (1 << (self.exponent_bits - 1)) - 1 if self.kind == "float" else 0
+
+  @property
+  def num_codes(self) -> int:
+    return 1 << self.bits
+
+  @property
+  def max_value(self) -> float:
+    """Largest finite value."""
+    if self.kind == "int":
+      return float((1 << (self.bits - 1)) - 1)
+    if self.kind == "uint":
+      return float((1 << self.bits) - 1)
+    if self.kind == "e8m0":
+      return float(2.0**127)
+    vals = self.all_values()
+    return float(np.nanmax(vals[np.isfinite(vals)]))
+
+  @property
+  def min_value(self) -> float:
+    """Most negative finite value."""
+    if self.kind == "int":
+      return float(-(1 << (self.bits - 1)))
+    if self.kind in ("uint", "e8m0"):
+      return 0.0
+    return -self.max_value
+
+  @property
+  def emax(self) -> int:
+    """Exponent of the largest power of two <= max_value (OCP MX ``emax_elem``)."""
+    return int(np.floor(np.log2(self.max_value)))
+
+  # ---- decode -------------------------------------------------------------------------
+  def decode(self, codes: jax.Array, *, check_nan: bool = True) -> jax.Array:
+    """Raw bit patterns (any unsigned/signed int dtype, low ``bits`` bits) -> float32.
+
+    ``check_nan=False`` skips the NaN-code test (kernels: weight codes are produced by
+    :meth:`encode` from finite inputs and never hold NaN)."""
+    mask = (1 << self.bits) - 1
+    c = codes.astype(jnp.int32) & mask
+    if self.kind == "int":
+      sign = 1 << (self.bits - 1)
+      return ((c ^ sign) - sign).astype(jnp.float32)
+    if self.kind == "uint":
+      return c.astype(jnp.float32)
+    if self.kind == "e8m0":
+      # 2**(c-127) built directly as float32 bits; c == 0 is 2**-127, a float32 subnormal.
+      val = jax.lax.bitcast_convert_type(jnp.maximum(c, 1) << 23, jnp.float32)
+      val = jnp.where(c == 0, jnp.float32(2.0**-127), val)
+      return jnp.where(c == 0xFF, jnp.float32(jnp.nan), val) if check_nan else val
+    # Small floats: sign | exponent | mantissa  ->  float16 bits, then rescale the bias.
+    e, m = self.exponent_bits, self.mantissa_bits
+    magnitude = c & ((1 << (e + m)) - 1)
+    if self.name == "fp8_e5m2":
+      # e5m2 *is* the upper byte of float16 (same bias, inf and NaN included).
+      h = (c << 8).astype(jnp.uint16)
+      return jax.lax.bitcast_convert_type(h, jnp.float16).astype(jnp.float32)
+    sign16 = (c >> (e + m)) << 15
+    h = (sign16 | (magnitude << (10 - m))).astype(jnp.uint16)
+    val = jax.lax.bitcast_convert_type(h, jnp.float16).astype(jnp.float32)
+    val = val * jnp.float32(2.0 ** (15 - self.bias))
+    if self.has_nan and check_nan:  # e4m3fn: S.1111.111 is NaN, there is no inf
+      val = jnp.where(magnitude == (1 << (e + m)) - 1, jnp.float32(jnp.nan), val)
+    return val
+
+  # ---- encode -------------------------------------------------------------------------
+  def encode(self, x: jax.Array) -> jax.Array:
+    """float -> raw codes (uint8), round to nearest even, saturating.
+
+    For integer formats ``x`` is rounded half-to-even and clipped to [min, max].
+    For float formats the result is the nearest representable value (ties to the even
+    code, i.e. even mantissa LSB), with |x| beyond max saturating to +-max.
+    """
+    x = jnp.asarray(x, jnp.float32)
+    if self.is_integer:
+      q = jnp.clip(jnp.round(x), self.min_value, self.max_value).astype(jnp.int32)
+      return (q & ((1 << self.bits) - 1)).astype(jnp.uint8)
+    if self.kind == "e8m0":
+      # Power-of-two scales: round log2 to nearest (callers usually pass exact powers).
+      e = jnp.clip(jnp.round(jnp.log2(x)), -127, 127).astype(jnp.int32) + 127
+      e = jnp.where(jnp.isnan(x), 0xFF, e)
+      return e.astype(jnp.uint8)
+    # Float: search the sorted table of non-negative finite magnitudes.
+    mags, mag_codes = _magnitude_table(self)
+    ax = jnp.minimum(jnp.abs(x), mags[-1])  # saturate
+    hi = jnp.clip(jnp.searchsorted(jnp.asarray(mags), ax, side="left"), 0, len(mags) - 1)
+    lo = jnp.maximum(hi - 1, 0)
+    mags_j, codes_j = jnp.asarray(mags), jnp.asarray(mag_codes)
+    d_lo, d_hi = ax - mags_j[lo], mags_j[hi] - ax
+    take_hi = (d_hi < d_lo) | ((d_hi == d_lo) & (codes_j[hi] % 2 == 0))
+    code = jnp.where(take_hi, codes_j[hi], codes_j[lo]).astype(jnp.int32)
+    sign = (jnp.signbit(x) & (code != 0)).astype(jnp.int32) << (self.bits - 1)
+    code = code | sign
+    if self.has_nan:
+      nan_code = 0x7F if self.name == "fp8_e4m3" else 0x7E
+      code = jnp.where(jnp.isnan(x), nan_code, code)
+    return code.astype(jnp.uint8)
+
+  def quantize_dequantize(self, x: jax.Array) -> jax.Array:
+    """Round ``x`` onto this format's grid (encode then decode)."""
+    return self.decode(self.encode(x))
+
+  def all_values(self) -> np.ndarray:
+    """Decoded value of every code 0 .. 2**bits - 1 (NaN where the code is NaN)."""
+    codes = np.arange(self.num_codes, dtype=np.uint32)
+    return np.asarray(self.decode(jnp.asarray(codes)))
+
+  def __str__(self) -> str:
+    return self.name
+
+
+@functools.lru_cache(maxsize=None)
+def _magnitude_table(fmt: NumberFormat) -> tuple[np.ndarray, np.ndarray]:
+  """Sorted non-negative finite magnitudes of a float format and their codes."""
+  sign_bit = 1 << (fmt.bits - 1)
+  codes = np.arange(sign_bit, dtype=np.uint32)
+  vals = np.asarray(fmt.decode(jnp.asarray(codes)))
+  keep = np.isfinite(vals)
+  codes, vals = codes[keep], vals[keep]
+  order = np.argsort(vals, kind="stable")
+  return vals[order].astype(np.float32), codes[order].astype(np.int32)
+
+
+def _int(bits: int) -> NumberFormat:
+  dt = {4: ml_dtypes.int4, 8: np.int8, 2: getattr(ml_dtypes, "int2", None)}.get(bits)
+  return NumberFormat(f"int{bits}", "int", bits, ml_dtype=dt)
+
+
+def _uint(bits: int) -> NumberFormat:
+  dt = {4: ml_dtypes.uint4, 8: np.uint8, 2: getattr(ml_dtypes, "uint2", None)}.get(bits)
+  return NumberFormat(f"uint{bits}", "uint", bits, ml_dtype=dt)
+
+
+FORMATS: dict[str, NumberFormat] = {}
+for _b in range(1, 9):
+  FORMATS[f"int{_b}"] = _int(_b)
+  FORMATS[f"uint{_b}"] = _uint(_b)
+FORMATS.update({
+    "fp4_e2m1": NumberFormat("fp4_e2m1", "float", 4, 2, 1, ml_dtype=ml_dtypes.float4_e2m1fn),
+    "fp6_e2m3": NumberFormat("fp6_e2m3", "float", 6, 2, 3, ml_dtype=ml_dtypes.float6_e2m3fn),
+    "fp6_e3m2": NumberFormat("fp6_e3m2", "float", 6, 3, 2, ml_dtype=ml_dtypes.float6_e3m2fn),
+    "fp8_e4m3": NumberFormat("fp8_e4m3", "float", 8, 4, 3, has_nan=True,
+                             ml_dtype=ml_dtypes.float8_e4m3fn),
+    "fp8_e5m2": NumberFormat("fp8_e5m2", "float", 8, 5, 2, has_nan=True, has_inf=True,
+                             ml_dtype=ml_dtypes.float8_e5m2),
+    "e8m0": NumberFormat("e8m0", "e8m0", 8, 8, 0, has_nan=True,
+                         ml_dtype=ml_dtypes.float8_e8m0fnu),
+})
+
+# Names people use for the same formats (Humming / compressed-tensors spellings).
+ALIASES = {
+    "int1": "int1", "e2m1": "fp4_e2m1", "fp4": "fp4_e2m1", "float4e2m1": "fp4_e2m1",
+    "fp6": "fp6_e2m3", "e2m3": "fp6_e2m3", "e3m2": "fp6_e3m2", "float6e2m3": "fp6_e2m3",
+    "float6e3m2": "fp6_e3m2", "fp8": "fp8_e4m3", "e4m3": "fp8_e4m3", "float8e4m3": "fp8_e4m3",
+    "float8_e4m3fn": "fp8_e4m3", "e5m2": "fp8_e5m2", "float8e5m2": "fp8_e5m2",
+    "float8_e5m2": "fp8_e5m2", "float8e8m0": "e8m0", "float8_e8m0fnu": "e8m0", "ue8m0": "e8m0",
+}
+
+
+def get_format(name: str | NumberFormat) -> NumberFormat:
+  """Look up a format by name (``"int4"``, ``"uint4"``, ``"fp4_e2m1"``, ``"fp8_e4m3"``, ...)."""
+  if isinstance(name, NumberFormat):
+    return name
+  key = ALIASES.get(str(name).lower(), str(name).lower())
+  if key not in FORMATS:
+    raise ValueError(f"unknown number format {name!r}; expected one of {sorted(FORMATS)}")
+  return FORMATS[key]

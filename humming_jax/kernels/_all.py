@@ -1,0 +1,1 @@
+"""Imports every kernel family so it registers itself (see registry.py)."""

@@ -1,0 +1,52 @@
+"""XLA reference of every kernel: the oracle for tests and the CPU fallback.
+
+``out = (A_deq @ W_deq) + bias``, accumulated in float32, cast to the activation dtype.
+``A_deq`` is the quantize-dequantized activation when the spec quantizes activations.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from humming_jax import quantize as qz
+from humming_jax.kernels import registry
+
+
+def dense_reference(params: qz.QuantizedWeight, x: jax.Array) -> jax.Array:
+  """(M, K) x quantized (K, N) -> (M, N) in x.dtype."""
+  params = registry.to_canonical(params)
+  w = qz.dequantize(params)
+  a = (qz.fake_quantize_activations(x, params.spec, params.act_scale)
+       if params.spec.act else x.astype(jnp.float32))
+  y = jnp.dot(a, w, precision=jax.lax.Precision.HIGHEST, preferred_element_type=jnp.float32)
+  if params.bias is not None:
+    y = y + params.bias
+  return y.astype(x.dtype)
+
+
+def ragged_dot_reference(params: qz.QuantizedWeight, x: jax.Array,
+                         group_sizes: jax.Array) -> jax.Array:
+  """(M, K) rows sorted by expert x quantized (E, K, N) experts -> (M, N) in x.dtype.
+
+  Rows past ``sum(group_sizes)`` are zero.  Activation quantization (if any) is per row or
+  per tensor over the whole (M, K) input, as in the dense case.
+  """
+  params = registry.to_canonical(params)
+  w = qz.dequantize(params)  # (E, K, N)
+  m = x.shape[0]
+  e = w.shape[0]
+  a = (qz.fake_quantize_activations(x, params.spec, params.act_scale)
+       if params.spec.act else x.astype(jnp.float32))
+  ends = jnp.cumsum(group_sizes)
+  expert_of_row = jnp.searchsorted(ends, jnp.arange(m), side="right")
+  valid = expert_of_row < e
+  expert_of_row = jnp.minimum(expert_of_row, e - 1)
+  y = jnp.zeros((m, w.shape[-1]), jnp.float32)
+  for i in range(e):  # a per-expert loop: slow, obviously right
+    yi = jnp.dot(a, w[i], precision=jax.lax.Precision.HIGHEST,
+                 preferred_element_type=jnp.float32)
+    if params.bias is not None:
+      yi = yi + params.bias[i]
+    y = jnp.where((expert_of_row == i)[:, None], yi, y)
+  y = jnp.where(valid[:, None], y, 0.0)
+  return y.astype(x.dtype)

@@ -1,0 +1,63 @@
+"""The one interface between ops.py and the Pallas kernels.
+
+A kernel family registers a :class:`DenseKernel`: which specs it runs, how it prepares the
+canonical params into its own layout (once, not per call), how to undo that, and how it
+runs.  ops.py picks the first registered family that supports a spec; swapping a kernel
+means registering another entry, nothing else changes.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable
+
+import jax
+
+from humming_jax.spec import QuantSpec
+
+
+@dataclasses.dataclass(frozen=True)
+class DenseKernel:
+  name: str
+  layout: str  # the layout name its prepared params carry
+  supports: Callable[[QuantSpec], bool]
+  prepare: Callable  # canonical QuantizedWeight -> prepared QuantizedWeight
+  to_canonical: Callable  # prepared -> canonical
+  run: Callable  # (prepared params, x (M, K), *, interpret: bool) -> (M, N)
+  grouped: bool = False  # a ragged (MoE) kernel: run(params, x, group_sizes, *, interpret)
+
+
+_DENSE: list[DenseKernel] = []
+_GROUPED: list[DenseKernel] = []
+
+
+def register(kernel: DenseKernel) -> DenseKernel:
+  (_GROUPED if kernel.grouped else _DENSE).append(kernel)
+  return kernel
+
+
+def find(spec: QuantSpec, *, grouped: bool = False) -> DenseKernel | None:
+  _load_kernels()
+  for k in (_GROUPED if grouped else _DENSE):
+    if k.supports(spec):
+      return k
+  return None
+
+
+def by_layout(layout: str) -> DenseKernel:
+  _load_kernels()
+  for k in _DENSE + _GROUPED:
+    if k.layout == layout:
+      return k
+  raise ValueError(f"unknown params layout {layout!r}")
+
+
+def to_canonical(params):
+  """Canonical-layout params from params in any layout."""
+  if params.layout == "canonical":
+    return params
+  return by_layout(params.layout).to_canonical(params)
+
+
+def _load_kernels() -> None:
+  # Import for the registration side effect; kept lazy so importing the library stays cheap.
+  from humming_jax.kernels import _all  # noqa: F401

@@ -1,0 +1,94 @@
+"""Public compute entry points: validate, pick the backend and the kernel, run.
+
+Backends
+  ``"pallas"``    the Pallas GPU kernels (error if none exists for the spec: never a silent
+                  fallback).
+  ``"interpret"`` the same Pallas kernels run by the Pallas interpreter (CPU; what CI tests).
+  ``"xla"``       kernels/reference.py: dequantize + dot; the oracle and the CPU fallback.
+  ``None``        ``"pallas"`` on a GPU when a kernel exists for the spec, else ``"xla"``.
+"""
+from __future__ import annotations
+
+from typing import Literal
+
+import jax
+import jax.numpy as jnp
+
+from humming_jax import quantize as qz
+from humming_jax.kernels import reference, registry
+
+Backend = Literal["pallas", "interpret", "xla"] | None
+BACKENDS = ("pallas", "interpret", "xla")
+
+
+def on_gpu() -> bool:
+  try:
+    return jax.default_backend() == "gpu"
+  except RuntimeError:
+    return False
+
+
+def resolve_backend(backend: Backend, spec, *, grouped: bool = False) -> str:
+  """The concrete backend for ``spec``; raises for a kernel backend without a kernel."""
+  if backend is not None and backend not in BACKENDS:
+    raise ValueError(f"backend={backend!r}; expected one of {BACKENDS} or None")
+  if backend is None:
+    if on_gpu() and registry.find(spec, grouped=grouped) is not None:
+      return "pallas"
+    return "xla"
+  if backend in ("pallas", "interpret") and registry.find(spec, grouped=grouped) is None:
+    kind = "grouped (MoE)" if grouped else "dense"
+    raise ValueError(f"backend={backend!r}: no Pallas {kind} kernel for spec {spec.name}; "
+                     "use backend='xla' (the reference path) for this spec")
+  if backend == "pallas" and not on_gpu():
+    raise ValueError("backend='pallas' needs a GPU (jax.default_backend() is "
+                     f"{jax.default_backend()!r}); use backend='interpret' to run the Pallas "
+                     "kernels on the CPU, or 'xla'")
+  return backend
+
+
+def prepare(params: qz.QuantizedWeight, *, grouped: bool = False) -> qz.QuantizedWeight:
+  """Transform canonical params into the kernel layout once (pad, permute, interleave).
+
+  ``quant_dense`` accepts canonical params too and prepares them inside the call, which
+  costs a re-layout of the codes (about one extra read+write of the weight bytes) per
+  call; prepare once and keep the result to avoid it."""
+  kernel = registry.find(params.spec, grouped=grouped)
+  if kernel is None:
+    raise ValueError(f"no Pallas kernel for spec {params.spec.name}: nothing to prepare")
+  if params.layout == kernel.layout:
+    return params
+  return kernel.prepare(registry.to_canonical(params))
+
+
+def _check_x(params: qz.QuantizedWeight, x: jax.Array, what: str) -> None:
+  if not isinstance(params, qz.QuantizedWeight):
+    raise TypeError(f"params must be a QuantizedWeight (from hj.quantize); got "
+                    f"{type(params).__name__}")
+  if not jnp.issubdtype(x.dtype, jnp.floating):
+    raise ValueError(f"x must be a float array (bf16/fp16/fp32); got dtype {x.dtype}")
+  if x.ndim < 1 or x.shape[-1] != params.in_features:
+    raise ValueError(f"x.shape[-1] must equal the weight's in_features K="
+                     f"{params.in_features} for {what}; got x.shape={x.shape}")
+
+
+def quant_dense(params: qz.QuantizedWeight, x: jax.Array, *,
+                backend: Backend = None) -> jax.Array:
+  """``x @ W + bias`` with quantized ``W``: x (..., K) -> (..., N) in x's dtype.
+
+  Works under ``jax.jit``: the spec is static aux data of ``params``, so a new params value
+  of the same spec and shape does not retrace.
+  """
+  _check_x(params, x, "quant_dense")
+  if params.num_experts is not None:
+    raise ValueError(f"params hold stacked experts {params.shape}; use quant_ragged_dot")
+  lead = x.shape[:-1]
+  x2 = x.reshape(-1, x.shape[-1])
+  b = resolve_backend(backend, params.spec)
+  if b == "xla":
+    y = reference.dense_reference(params, x2)
+  else:
+    kernel = registry.find(params.spec)
+    p = params if params.layout == kernel.layout else prepare(params)
+    y = kernel.run(p, x2, interpret=(b == "interpret"))
+  return y.reshape(*lead, params.out_features)

@@ -1,0 +1,363 @@
+"""quantize / dequantize weights and activations (pure jnp, CPU friendly).
+
+Reference semantics (DESIGN.md)::
+
+    W_deq[k, n] = (code[k, n] - zp[g(k), n]) * s[g(k), n] * s2
+
+with ``g(k) = k // group_size`` (2-D blocks: ``(k // block_k, n // block_n)``), ``s2`` the
+second-level fp32 scale (NVFP4) or 1.  Activations likewise per token row (and per K group
+where the spec says so).
+
+Scale rules
+-----------
+* float scales (fp32/bf16/fp16): ``s = amax / max_code`` rounded to the scale dtype; the
+  codes are computed against the *stored* (rounded) scale.
+* zero point (uintN): ``s = (max(w, 0) - min(w, 0)) / (2**bits - 1)``,
+  ``zp = round(-min / s)``; zero points are stored as uint8.
+* MX (e8m0): ``s = 2**(floor(log2 amax) - emax_elem)`` (OCP MX v1.0), elements rounded to
+  nearest even and saturated.  MXINT4 uses int4 codes with ``emax_elem = 2``: the stored
+  e8m0 scale already includes the 2**-2 of the spec's 1.2 fixed-point element, so
+  ``value = code * s`` like every other format.
+* NVFP4: ``s2 = amax_tensor / (6 * 448)`` (fp32), block scale ``amax_block / 6 / s2``
+  rounded to e4m3.
+* An all-zero group gets scale 1.  Non-finite weights are refused with a ValueError when
+  the weights are concrete; under ``jit`` they propagate as NaN scales (and NaN outputs).
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from humming_jax import packing
+from humming_jax.formats import NumberFormat, get_format
+from humming_jax.spec import QuantSpec
+
+_FLOAT_SCALE_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16,
+                       "float16": jnp.float16}
+E8M0 = get_format("e8m0")
+E4M3 = get_format("fp8_e4m3")
+
+
+# ----------------------------------------------------------------------------------------
+# The quantized-params pytree
+# ----------------------------------------------------------------------------------------
+@dataclasses.dataclass
+class QuantizedWeight:
+  """Quantized weight of a dense layer ((K, N)) or of stacked experts ((E, K, N)).
+
+  Array leaves: ``codes`` (packed uint32), ``scales``, ``zeros`` (uint8, or None),
+  ``global_scale`` (fp32 scalar per tensor/expert, or None), ``bias`` ((N,) or (E, N), or
+  None), ``act_scale`` (static activation scale, or None).
+  Static aux data: ``spec``, ``shape`` (the logical float shape) and ``layout``
+  (``"canonical"`` or the name of a kernel layout made by a kernel's ``prepare``).
+  """
+
+  codes: jax.Array
+  scales: jax.Array
+  zeros: jax.Array | None
+  global_scale: jax.Array | None
+  bias: jax.Array | None
+  act_scale: jax.Array | None
+  spec: QuantSpec
+  shape: tuple[int, ...]
+  layout: str = "canonical"
+
+  _LEAVES = ("codes", "scales", "zeros", "global_scale", "bias", "act_scale")
+
+  def tree_flatten(self):
+    return tuple(getattr(self, f) for f in self._LEAVES), (self.spec, self.shape, self.layout)
+
+  @classmethod
+  def tree_unflatten(cls, aux, leaves):
+    return cls(*leaves, *aux)
+
+  def tree_flatten_with_keys(self):
+    leaves = tuple((jax.tree_util.GetAttrKey(f), getattr(self, f)) for f in self._LEAVES)
+    return leaves, (self.spec, self.shape, self.layout)
+
+  # Convenience views.
+  @property
+  def in_features(self) -> int:
+    return self.shape[-2]
+
+  @property
+  def out_features(self) -> int:
+    return self.shape[-1]
+
+  @property
+  def num_experts(self) -> int | None:
+    return self.shape[0] if len(self.shape) == 3 else None
+
+  def replace(self, **changes) -> "QuantizedWeight":
+    return dataclasses.replace(self, **changes)
+
+  def nbytes(self) -> int:
+    return sum(int(np.prod(a.shape)) * a.dtype.itemsize
+               for a in (self.codes, self.scales, self.zeros, self.global_scale)
+               if a is not None)
+
+  def __repr__(self) -> str:
+    return (f"QuantizedWeight(spec={self.spec.name}, shape={self.shape}, "
+            f"layout={self.layout!r}, bytes={self.nbytes()})")
+
+
+jax.tree_util.register_pytree_with_keys(
+    QuantizedWeight, QuantizedWeight.tree_flatten_with_keys,
+    QuantizedWeight.tree_unflatten, QuantizedWeight.tree_flatten)
+
+
+# ----------------------------------------------------------------------------------------
+# Scale geometry
+# ----------------------------------------------------------------------------------------
+def scale_block(spec: QuantSpec, k: int, n: int) -> tuple[int, int]:
+  """(rows of K, columns of N) covered by one weight scale."""
+  if spec.granularity == "tensor":
+    return k, n
+  if spec.granularity == "channel":
+    return k, 1
+  if spec.granularity == "group":
+    return spec.group_size, 1
+  return spec.group_size, spec.block_n
+
+
+def check_weight_shape(spec: QuantSpec, shape: tuple[int, ...], name: str = "w") -> None:
+  if len(shape) not in (2, 3):
+    raise ValueError(f"{name} must be (K, N) or stacked experts (E, K, N); got shape {shape}")
+  k, n = shape[-2:]
+  bk, bn = scale_block(spec, k, n)
+  if k % bk:
+    raise ValueError(f"group_size={spec.group_size} does not divide K={k} ({name}.shape="
+                     f"{shape}); pick a group size that divides the input features")
+  if n % bn:
+    raise ValueError(f"block_n={spec.block_n} does not divide N={n} ({name}.shape={shape})")
+
+
+def expand_scales(s: jax.Array, k: int, n: int) -> jax.Array:
+  """(..., Gk, Gn) per-block values -> (..., K, N)."""
+  gk, gn = s.shape[-2:]
+  s = jnp.repeat(s, k // gk, axis=-2) if gk != k else s
+  return jnp.repeat(s, n // gn, axis=-1) if gn != n else s
+
+
+def _block_reduce(x: jax.Array, bk: int, bn: int, fn) -> jax.Array:
+  *lead, k, n = x.shape
+  x = x.reshape(*lead, k // bk, bk, n // bn, bn)
+  return fn(x, axis=(-3, -1))
+
+
+def _round_scale(s: jax.Array, scale_dtype: str, emax_elem: int) -> jax.Array:
+  """Round float32 scales onto their storage grid; returns float32 values."""
+  if scale_dtype in _FLOAT_SCALE_DTYPES:
+    return s.astype(_FLOAT_SCALE_DTYPES[scale_dtype]).astype(jnp.float32)
+  if scale_dtype == "e8m0":  # s is amax here
+    e = jnp.floor(jnp.log2(jnp.where(s > 0, s, 1.0))) - emax_elem
+    return jnp.exp2(jnp.clip(e, -127, 127)).astype(jnp.float32)
+  raise AssertionError(scale_dtype)
+
+
+def _store_scale(s: jax.Array, scale_dtype: str) -> jax.Array:
+  """float32 scale values (already on grid) -> storage array."""
+  if scale_dtype in _FLOAT_SCALE_DTYPES:
+    return s.astype(_FLOAT_SCALE_DTYPES[scale_dtype])
+  if scale_dtype == "e8m0":
+    return E8M0.encode(s)
+  if scale_dtype == "fp8_e4m3":
+    return s.astype(jnp.float8_e4m3fn)
+  raise AssertionError(scale_dtype)
+
+
+def decode_scales(q: QuantizedWeight) -> jax.Array:
+  """Stored scales -> float32 (..., Gk, Gn), the global scale folded in."""
+  sd = q.spec.scale_dtype
+  if sd == "e8m0":
+    s = E8M0.decode(q.scales)
+  else:
+    s = q.scales.astype(jnp.float32)
+  if q.global_scale is not None:
+    s = s * q.global_scale.astype(jnp.float32)[..., None, None]
+  return s
+
+
+def _is_concrete(x) -> bool:
+  return not isinstance(x, jax.core.Tracer)
+
+
+# ----------------------------------------------------------------------------------------
+# Weights
+# ----------------------------------------------------------------------------------------
+def quantize(w: Any, spec: QuantSpec | str, *, bias: Any = None,
+             act_scale: float | jax.Array | None = None) -> QuantizedWeight:
+  """Quantize a (K, N) float weight (Flax Dense kernel layout) or stacked (E, K, N) experts.
+
+  Args:
+    w: float weights, (K, N) or (E, K, N).
+    spec: a :class:`QuantSpec` or a preset name.
+    bias: optional (N,) / (E, N) bias, kept in float32 and added by ``quant_dense``.
+    act_scale: the calibrated activation scale of a static-activation spec
+      (``act_static=True``): ``x_q = round(x / act_scale)``.
+  """
+  spec = QuantSpec.preset(spec) if isinstance(spec, str) else spec
+  if not isinstance(spec, QuantSpec):
+    raise TypeError(f"spec must be a QuantSpec or preset name; got {type(spec).__name__}")
+  w = jnp.asarray(w)
+  if not jnp.issubdtype(w.dtype, jnp.floating):
+    raise ValueError(f"w must be a float array; got dtype {w.dtype}")
+  check_weight_shape(spec, w.shape)
+  if _is_concrete(w) and not bool(jnp.all(jnp.isfinite(w))):
+    raise ValueError("w contains NaN or inf; quantization scales would be garbage")
+  *lead, k, n = w.shape
+  if bias is not None:
+    bias = jnp.asarray(bias, jnp.float32)
+    if bias.shape != (*lead, n):
+      raise ValueError(f"bias must have shape {(*lead, n)}; got {bias.shape}")
+  if spec.act_static:
+    if act_scale is None:
+      raise ValueError("spec.act_static=True: pass act_scale=<calibrated scale>")
+    act_scale = jnp.asarray(act_scale, jnp.float32).reshape(())
+  elif act_scale is not None:
+    raise ValueError("act_scale is only for specs with act_static=True")
+
+  fmt = spec.weight_format
+  w32 = w.astype(jnp.float32)
+  bk, bn = scale_block(spec, k, n)
+  amax = _block_reduce(jnp.abs(w32), bk, bn, jnp.max)
+  global_scale = zeros = None
+  if spec.zero_point:
+    wmax = jnp.maximum(_block_reduce(w32, bk, bn, jnp.max), 0.0)
+    wmin = jnp.minimum(_block_reduce(w32, bk, bn, jnp.min), 0.0)
+    s = (wmax - wmin) / fmt.max_value
+    s = _round_scale(jnp.where(s > 0, s, 1.0), spec.scale_dtype, 0)
+    zp = jnp.clip(jnp.round(-wmin / s), 0, fmt.max_value)
+    zeros = zp.astype(jnp.uint8)
+    scaled = w32 / expand_scales(s, k, n) + expand_scales(zp, k, n)
+  else:
+    qmax = fmt.max_value if fmt.max_value > 0 else 1.0  # int1 holds {-1, 0}
+    if spec.global_scale:  # NVFP4-style: fp32 tensor scale, e4m3 block scales
+      amax_t = jnp.max(jnp.abs(w32), axis=(-2, -1))
+      global_scale = amax_t / (qmax * E4M3.max_value)
+      global_scale = jnp.where(global_scale > 0, global_scale, 1.0).astype(jnp.float32)
+      s_rel = amax / qmax / global_scale[..., None, None]
+      s_rel = E4M3.quantize_dequantize(s_rel)
+      s_rel = jnp.where(s_rel > 0, s_rel, 1.0)
+      s = s_rel * global_scale[..., None, None]
+    elif spec.scale_dtype == "e8m0":
+      s = _round_scale(amax, "e8m0", fmt.emax)
+    else:
+      s = _round_scale(jnp.where(amax > 0, amax / qmax, 1.0), spec.scale_dtype, 0)
+    scaled = w32 / expand_scales(s, k, n)
+    if spec.global_scale:
+      s = s_rel
+  codes = fmt.encode(scaled)
+  return QuantizedWeight(
+      codes=packing.pack_codes(codes, fmt.bits),
+      scales=_store_scale(s, spec.scale_dtype),
+      zeros=zeros, global_scale=global_scale, bias=bias, act_scale=act_scale,
+      spec=spec, shape=tuple(w.shape))
+
+
+def unpacked_codes(q: QuantizedWeight) -> jax.Array:
+  """The (..., K, N) uint8 codes of canonical params."""
+  if q.layout != "canonical":
+    raise ValueError(f"params are in kernel layout {q.layout!r}; dequantize needs the "
+                     "canonical layout (keep the canonical params beside prepared ones)")
+  return packing.unpack_codes(q.codes, q.spec.weight_bits, q.in_features)
+
+
+def dequantize(q: QuantizedWeight) -> jax.Array:
+  """Exactly the float32 weights the kernels compute with: (code - zp) * s * s2."""
+  k, n = q.shape[-2:]
+  vals = q.spec.weight_format.decode(unpacked_codes(q))
+  if q.zeros is not None:
+    vals = vals - expand_scales(q.zeros.astype(jnp.float32), k, n)
+  return vals * expand_scales(decode_scales(q), k, n)
+
+
+# ----------------------------------------------------------------------------------------
+# Activations
+# ----------------------------------------------------------------------------------------
+class QuantizedActivations(NamedTuple):
+  """``values``: activations on the format's grid in a carrier dtype the tensor cores take
+  (int8 for integer formats, float8_e4m3fn for fp8 e4m3 and fp4 e2m1 -- e2m1 values are
+  exact in e4m3 --, float8_e5m2 for e5m2), shape (M, K).
+  ``scales``: float32 (M or 1, K // group or 1)."""
+
+  values: jax.Array
+  scales: jax.Array
+
+  def dequantize(self) -> jax.Array:
+    """float32 (M, K): values times their (broadcast) scales."""
+    m, k = self.values.shape
+    s = jnp.repeat(jnp.repeat(self.scales, m // self.scales.shape[0], 0),
+                   k // self.scales.shape[1], 1)
+    return self.values.astype(jnp.float32) * s
+
+
+def _carrier_dtype(fmt: NumberFormat):
+  if fmt.is_integer:
+    return jnp.int8
+  return jnp.float8_e5m2 if fmt.name == "fp8_e5m2" else jnp.float8_e4m3fn
+
+
+def act_scale_shape(spec: QuantSpec, m: int, k: int) -> tuple[int, int]:
+  g = spec.act_granularity
+  if g == "tensor":
+    return (1, 1)
+  if g == "token":
+    return (m, 1)
+  return (m, k // spec.act_group_size)
+
+
+def quantize_activations(x: jax.Array, spec: QuantSpec,
+                         act_scale: jax.Array | None = None) -> QuantizedActivations:
+  """Quantize (M, K) activations as ``spec`` says (dynamic scales unless act_static)."""
+  fmt = spec.act_format
+  if fmt is None:
+    raise ValueError(f"spec {spec.name} has no activation format (act=None)")
+  m, k = x.shape
+  x32 = x.astype(jnp.float32)
+  if spec.act_granularity == "group" and k % spec.act_group_size:
+    raise ValueError(f"act_group_size={spec.act_group_size} does not divide K={k}")
+  qmax = fmt.max_value
+  gm, gk = act_scale_shape(spec, m, k)
+  if spec.act_static:
+    if act_scale is None:
+      raise ValueError("spec.act_static=True but the params carry no act_scale")
+    s = jnp.broadcast_to(jnp.asarray(act_scale, jnp.float32), (1, 1))
+  else:
+    amax = jnp.max(jnp.abs(x32).reshape(gm, m // gm, gk, k // gk), axis=(1, 3))
+    sd = spec.act_scale_dtype
+    if sd == "e8m0":
+      s = _round_scale(amax, "e8m0", fmt.emax)
+    elif sd == "fp8_e4m3":  # NVFP4 activations: dynamic fp32 tensor scale x e4m3 blocks
+      s2 = jnp.max(amax) / (qmax * E4M3.max_value)
+      s2 = jnp.where(s2 > 0, s2, 1.0)
+      s_rel = E4M3.quantize_dequantize(amax / qmax / s2)
+      s = jnp.where(s_rel > 0, s_rel, 1.0) * s2
+    else:
+      s = _round_scale(jnp.where(amax > 0, amax / qmax, 1.0), sd, 0)
+  xs = x32 / jnp.repeat(jnp.repeat(s, m // s.shape[0], 0), k // s.shape[1], 1)
+  vals = fmt.decode(fmt.encode(xs)) if fmt.name not in _FAST_ROUND else _FAST_ROUND[fmt.name](xs)
+  return QuantizedActivations(vals.astype(_carrier_dtype(fmt)), s)
+
+
+def _round_fp8(dtype, maxv):
+  return lambda x: jnp.clip(x, -maxv, maxv).astype(dtype).astype(jnp.float32)
+
+
+# XLA's own converts round to nearest even like formats.encode (asserted in the tests);
+# they are much faster than the table search for runtime activation quantization.
+_FAST_ROUND = {
+    "fp8_e4m3": _round_fp8(jnp.float8_e4m3fn, 448.0),
+    "fp8_e5m2": _round_fp8(jnp.float8_e5m2, 57344.0),
+    "int8": lambda x: jnp.clip(jnp.round(x), -127, 127),
+}
+
+
+def fake_quantize_activations(x: jax.Array, spec: QuantSpec,
+                              act_scale: jax.Array | None = None) -> jax.Array:
+  """quantize-dequantize (M, K) activations: what the kernels effectively multiply."""
+  return quantize_activations(x, spec, act_scale).dequantize()
