@@ -15,10 +15,18 @@ Conventions
   the OCP / ml_dtypes definitions (``float4_e2m1fn``, ``float6_e2m3fn``, ``float6_e3m2fn``,
   ``float8_e4m3fn``, ``float8_e5m2``).  Encode rounds to nearest even and saturates to the
   largest finite value (also for e5m2, where an overflow would otherwise give inf).
-  NaN encodes to the format's NaN where it has one (e4m3: 0x7F, e5m2: 0x7E|sign,
-  e8m0: 0xFF); formats without NaN (fp4, fp6, ints) cannot represent it: callers refuse
-  non-finite input before encoding (see quantize.py).
+  NaN encodes to the format's NaN where it has one (e4m3: 0x7F, e5m2: 0x7E, e8m0: 0xFF);
+  formats without NaN (fp4, fp6, ints) cannot represent it and the code they give for NaN
+  is unspecified: callers refuse non-finite input before encoding (see quantize.py).
+  +-inf saturates to +-max like any overflow.  A negative value that rounds to zero
+  encodes as +0 (ml_dtypes keeps the sign: -0); the decoded values are equal.
 * ``e8m0`` is the unsigned power-of-two scale of OCP MX: value ``2**(code - 127)``, 0xFF NaN.
+  Encode is exact for powers of two, rounds other values to the nearest power (ties up, as
+  ml_dtypes does), saturates to [2**-127, 2**127] (zero -> 2**-127) and maps negative
+  values and NaN to 0xFF.
+* ``int1`` (two's complement, 1 bit) holds {-1, 0}: symmetric int1 quantization can only
+  keep the sign of negative weights (positives become 0).  Use ``uint1`` with a zero point
+  for a useful 1-bit weight.
 
 Decoding floats goes through float16: the exponent/mantissa bits are placed into a
 float16 bit pattern (float16 has 5 exponent and 10 mantissa bits, so every format here with
@@ -97,8 +105,10 @@ class NumberFormat:
 
   @property
   def emax(self) -> int:
-    """Exponent of the largest power of two <= max_value (OCP MX ``emax_elem``)."""
-    return int(np.floor(np.log2(self.max_value)))
+    """Exponent of the largest power of two <= max_value (OCP MX ``emax_elem``).
+
+    ``int1`` (values {-1, 0}, largest finite value 0) uses its largest magnitude, 1: emax 0."""
+    return int(np.floor(np.log2(self.max_value if self.max_value > 0 else 1.0)))
 
   # ---- decode -------------------------------------------------------------------------
   def decode(self, codes: jax.Array, *, check_nan: bool = True) -> jax.Array:
@@ -108,11 +118,11 @@ class NumberFormat:
     :meth:`encode` from finite inputs and never hold NaN)."""
     mask = (1 << self.bits) - 1
     c = codes.astype(jnp.int32) & mask
-    if self.kind == "int":
+    if self.kind == "int":  # two's complement -> offset binary, minus the offset
       sign = 1 << (self.bits - 1)
-      return ((c ^ sign) - sign).astype(jnp.float32)
+      return uint_to_f32(c ^ sign, sign)
     if self.kind == "uint":
-      return c.astype(jnp.float32)
+      return uint_to_f32(c)
     if self.kind == "e8m0":
       # 2**(c-127) built directly as float32 bits; c == 0 is 2**-127, a float32 subnormal.
       val = jax.lax.bitcast_convert_type(jnp.maximum(c, 1) << 23, jnp.float32)
@@ -146,10 +156,7 @@ class NumberFormat:
       q = jnp.clip(jnp.round(x), self.min_value, self.max_value).astype(jnp.int32)
       return (q & ((1 << self.bits) - 1)).astype(jnp.uint8)
     if self.kind == "e8m0":
-      # Power-of-two scales: round log2 to nearest (callers usually pass exact powers).
-      e = jnp.clip(jnp.round(jnp.log2(x)), -127, 127).astype(jnp.int32) + 127
-      e = jnp.where(jnp.isnan(x), 0xFF, e)
-      return e.astype(jnp.uint8)
+      return _encode_e8m0(x)
     # Float: search the sorted table of non-negative finite magnitudes.
     mags, mag_codes = _magnitude_table(self)
     ax = jnp.minimum(jnp.abs(x), mags[-1])  # saturate
@@ -177,6 +184,64 @@ class NumberFormat:
 
   def __str__(self) -> str:
     return self.name
+
+
+def _log2_parts(x: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """(floor(log2|x|), bit below the leading one) of float32 ``x`` from its bits.
+
+  Pure integer ops on the bit pattern: exact for every finite nonzero float32, subnormals
+  included (XLA's float ``log2`` is off by an ulp at many exact powers of two, and
+  ``frexp`` loses subnormals on CPUs that flush them)."""
+  bits = jax.lax.bitcast_convert_type(jnp.asarray(x, jnp.float32), jnp.uint32)
+  bits = (bits & jnp.uint32(0x7FFFFFFF)).astype(jnp.int32)
+  exp_field = bits >> 23
+  mant = bits & 0x7FFFFF
+  lead = 31 - jax.lax.clz(jnp.maximum(mant, 1))  # leading-one position of a subnormal
+  sub = exp_field == 0
+  fl = jnp.where(sub, lead - 149, exp_field - 127)
+  below = jnp.where(sub, (mant >> jnp.maximum(lead - 1, 0)) & (lead >= 1), (mant >> 22) & 1)
+  return fl, below
+
+
+def floor_log2(x: jax.Array) -> jax.Array:
+  """Exact ``floor(log2(|x|))`` (int32) of finite nonzero float32 ``x``.
+
+  Use it for MX scales: ``jnp.floor(jnp.log2(x))`` is wrong for many exact powers of two
+  on XLA (log2(2**k) comes out a hair below k), which halves the scale and saturates the
+  block's largest element."""
+  return _log2_parts(x)[0]
+
+
+def _encode_e8m0(x: jax.Array) -> jax.Array:
+  """float32 -> e8m0 codes, exact for powers of two.
+
+  Other values go to the nearest power of two in linear distance, ties up (a mantissa in
+  [1.5, 2) rounds up: what ml_dtypes' ``float8_e8m0fnu`` cast does).  Out of range: below
+  2**-127 (zero included) saturates to code 0 (2**-127), above 2**127 (inf included) to code
+  254 (2**127); NaN and negative inputs give the NaN code 0xFF (e8m0 is unsigned).
+  """
+  x = jnp.asarray(x, jnp.float32)
+  fl, below = _log2_parts(x)
+  code = jnp.clip(fl + below + 127, 0, 254)  # zero: fl = -149, clipped to code 0
+  code = jnp.where(jnp.isposinf(x), 254, code)
+  # Sign from the bits (a negative subnormal may compare == 0 where the CPU flushes them).
+  negative = jnp.signbit(x) & (jax.lax.bitcast_convert_type(x, jnp.uint32)
+                               != jnp.uint32(0x80000000))
+  code = jnp.where(jnp.isnan(x) | negative, 0xFF, code)
+  return code.astype(jnp.uint8)
+
+
+_MAGIC = 0x4B000000  # float32 bits of 2**23
+
+
+def uint_to_f32(u: jax.Array, minus=0.0) -> jax.Array:
+  """``float32(u) - minus`` for integers 0 <= u < 2**22, exactly.
+
+  ``u | 0x4B000000`` read as float32 is ``2**23 + u``; one OR and one subtraction replace
+  an int->float convert (a slow, quarter-rate instruction on GPUs).  ``minus`` may be an
+  array (zero points) -- fold ``2**23 + minus`` once per scale group in kernels."""
+  f = jax.lax.bitcast_convert_type(u.astype(jnp.int32) | _MAGIC, jnp.float32)
+  return f - (jnp.float32(2.0**23) + minus)
 
 
 @functools.lru_cache(maxsize=None)

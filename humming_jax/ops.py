@@ -14,7 +14,7 @@ from typing import Literal
 import jax
 import jax.numpy as jnp
 
-from humming_jax import quantize as qz
+from humming_jax.quantize import (QuantizedWeight)
 from humming_jax.kernels import reference, registry
 
 Backend = Literal["pallas", "interpret", "xla"] | None
@@ -47,7 +47,7 @@ def resolve_backend(backend: Backend, spec, *, grouped: bool = False) -> str:
   return backend
 
 
-def prepare(params: qz.QuantizedWeight, *, grouped: bool = False) -> qz.QuantizedWeight:
+def prepare(params: QuantizedWeight, *, grouped: bool = False) -> QuantizedWeight:
   """Transform canonical params into the kernel layout once (pad, permute, interleave).
 
   ``quant_dense`` accepts canonical params too and prepares them inside the call, which
@@ -56,13 +56,13 @@ def prepare(params: qz.QuantizedWeight, *, grouped: bool = False) -> qz.Quantize
   kernel = registry.find(params.spec, grouped=grouped)
   if kernel is None:
     raise ValueError(f"no Pallas kernel for spec {params.spec.name}: nothing to prepare")
-  if params.layout == kernel.layout:
+  if registry.layout_family(params.layout) == kernel.layout:
     return params
   return kernel.prepare(registry.to_canonical(params))
 
 
-def _check_x(params: qz.QuantizedWeight, x: jax.Array, what: str) -> None:
-  if not isinstance(params, qz.QuantizedWeight):
+def _check_x(params: QuantizedWeight, x: jax.Array, what: str) -> None:
+  if not isinstance(params, QuantizedWeight):
     raise TypeError(f"params must be a QuantizedWeight (from hj.quantize); got "
                     f"{type(params).__name__}")
   if not jnp.issubdtype(x.dtype, jnp.floating):
@@ -72,7 +72,7 @@ def _check_x(params: qz.QuantizedWeight, x: jax.Array, what: str) -> None:
                      f"{params.in_features} for {what}; got x.shape={x.shape}")
 
 
-def quant_dense(params: qz.QuantizedWeight, x: jax.Array, *,
+def quant_dense(params: QuantizedWeight, x: jax.Array, *,
                 backend: Backend = None) -> jax.Array:
   """``x @ W + bias`` with quantized ``W``: x (..., K) -> (..., N) in x's dtype.
 
@@ -89,6 +89,6 @@ def quant_dense(params: qz.QuantizedWeight, x: jax.Array, *,
     y = reference.dense_reference(params, x2)
   else:
     kernel = registry.find(params.spec)
-    p = params if params.layout == kernel.layout else prepare(params)
+    p = params if registry.layout_family(params.layout) == kernel.layout else prepare(params)
     y = kernel.run(p, x2, interpret=(b == "interpret"))
   return y.reshape(*lead, params.out_features)

@@ -8,15 +8,15 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from humming_jax import quantize as qz
+from humming_jax.quantize import (QuantizedWeight, dequantize, fake_quantize_activations)
 from humming_jax.kernels import registry
 
 
-def dense_reference(params: qz.QuantizedWeight, x: jax.Array) -> jax.Array:
+def dense_reference(params: QuantizedWeight, x: jax.Array) -> jax.Array:
   """(M, K) x quantized (K, N) -> (M, N) in x.dtype."""
   params = registry.to_canonical(params)
-  w = qz.dequantize(params)
-  a = (qz.fake_quantize_activations(x, params.spec, params.act_scale)
+  w = dequantize(params)
+  a = (fake_quantize_activations(x, params.spec, params.act_scale)
        if params.spec.act else x.astype(jnp.float32))
   y = jnp.dot(a, w, precision=jax.lax.Precision.HIGHEST, preferred_element_type=jnp.float32)
   if params.bias is not None:
@@ -24,7 +24,7 @@ def dense_reference(params: qz.QuantizedWeight, x: jax.Array) -> jax.Array:
   return y.astype(x.dtype)
 
 
-def ragged_dot_reference(params: qz.QuantizedWeight, x: jax.Array,
+def ragged_dot_reference(params: QuantizedWeight, x: jax.Array,
                          group_sizes: jax.Array) -> jax.Array:
   """(M, K) rows sorted by expert x quantized (E, K, N) experts -> (M, N) in x.dtype.
 
@@ -32,10 +32,10 @@ def ragged_dot_reference(params: qz.QuantizedWeight, x: jax.Array,
   per tensor over the whole (M, K) input, as in the dense case.
   """
   params = registry.to_canonical(params)
-  w = qz.dequantize(params)  # (E, K, N)
+  w = dequantize(params)  # (E, K, N)
   m = x.shape[0]
   e = w.shape[0]
-  a = (qz.fake_quantize_activations(x, params.spec, params.act_scale)
+  a = (fake_quantize_activations(x, params.spec, params.act_scale)
        if params.spec.act else x.astype(jnp.float32))
   ends = jnp.cumsum(group_sizes)
   expert_of_row = jnp.searchsorted(ends, jnp.arange(m), side="right")

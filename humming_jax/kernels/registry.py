@@ -43,10 +43,15 @@ def find(spec: QuantSpec, *, grouped: bool = False) -> DenseKernel | None:
   return None
 
 
+def layout_family(layout: str) -> str:
+  """A prepared layout's name is ``family:details``; canonical is ``canonical``."""
+  return layout.split(":", 1)[0]
+
+
 def by_layout(layout: str) -> DenseKernel:
   _load_kernels()
   for k in _DENSE + _GROUPED:
-    if k.layout == layout:
+    if k.layout == layout_family(layout):
       return k
   raise ValueError(f"unknown params layout {layout!r}")
 

@@ -1,0 +1,125 @@
+"""Per-shape kernel configuration: a frozen TuningConfig, heuristics, an autotune cache.
+
+Shapes are static under jit, so the config is chosen at trace time from
+(kernel family, spec, M, N, K, device kind).  Lookup order: an explicit config argument,
+then the JSON autotune cache (``HUMMING_JAX_TUNING_CACHE`` or
+``~/.cache/humming_jax/tuning.json``, written by ``python -m humming_jax.autotune``), then
+the heuristics below.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import os
+from pathlib import Path
+
+import jax
+
+NUM_SMS_DEFAULT = 132  # H100 / H200 SXM
+
+
+@dataclasses.dataclass(frozen=True)
+class TuningConfig:
+  """Tiling of one Pallas-Triton GEMM launch."""
+
+  block_m: int = 16
+  block_n: int = 64
+  split_k: int = 1
+  num_warps: int = 4
+  num_stages: int = 3
+
+  def __post_init__(self):
+    for f in ("block_m", "block_n"):
+      v = getattr(self, f)
+      if v < 16 or v & (v - 1):
+        raise ValueError(f"{f}={v} must be a power of two >= 16")
+    if self.split_k < 1:
+      raise ValueError(f"split_k={self.split_k} must be >= 1")
+    if self.num_warps not in (1, 2, 4, 8, 16):
+      raise ValueError(f"num_warps={self.num_warps} must be a power of two <= 16")
+
+
+def device_kind() -> str:
+  try:
+    return jax.devices()[0].device_kind
+  except RuntimeError:
+    return "cpu"
+
+
+def num_sms() -> int:
+  try:
+    d = jax.devices()[0]
+    return int(getattr(d, "core_count", 0) or NUM_SMS_DEFAULT)
+  except RuntimeError:
+    return NUM_SMS_DEFAULT
+
+
+def cache_path() -> Path:
+  env = os.environ.get("HUMMING_JAX_TUNING_CACHE")
+  return Path(env) if env else Path.home() / ".cache" / "humming_jax" / "tuning.json"
+
+
+def cache_key(family: str, spec_name: str, m: int, n: int, k: int, kind: str) -> str:
+  return f"{kind}|{family}|{spec_name}|{m}|{n}|{k}"
+
+
+@functools.lru_cache(maxsize=1)
+def _load_cache(path: str, mtime: float) -> dict:
+  try:
+    with open(path) as f:
+      return json.load(f)
+  except (OSError, ValueError):
+    return {}
+
+
+def cached_config(key: str) -> TuningConfig | None:
+  p = cache_path()
+  if not p.exists():
+    return None
+  entry = _load_cache(str(p), p.stat().st_mtime).get(key)
+  return TuningConfig(**entry) if entry else None
+
+
+def store_configs(entries: dict[str, TuningConfig]) -> Path:
+  """Merge ``entries`` into the JSON cache (used by the autotune command)."""
+  p = cache_path()
+  p.parent.mkdir(parents=True, exist_ok=True)
+  data = _load_cache(str(p), p.stat().st_mtime) if p.exists() else {}
+  data = dict(data)
+  data.update({k: dataclasses.asdict(v) for k, v in entries.items()})
+  tmp = p.with_suffix(".tmp")
+  tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
+  tmp.replace(p)
+  return p
+
+
+def bucket_m(m: int) -> int:
+  """M rounded up to the ladder the cache is keyed on."""
+  for b in (16, 32, 64, 128, 256, 512, 1024, 2048, 4096):
+    if m <= b:
+      return b
+  return 8192
+
+
+def wna16_heuristic(m: int, n: int, k_tiles: int, *, sms: int = NUM_SMS_DEFAULT
+                    ) -> TuningConfig:
+  """WnA16 tiles.  Small M is bound by weight bytes: spread N over all SMs with narrow
+  N tiles and split K until there are about two programs per SM.  Large M is bound by
+  the MMA: square-ish 128-wide tiles, more warps."""
+  if m <= 64:
+    block_m = 16 if m <= 16 else (32 if m <= 32 else 64)
+    block_n = 64 if n >= 64 * sms // 2 else 32
+    while n % block_n:
+      block_n //= 2
+    programs = max(n // block_n, 1)
+    split = 1
+    for cand in (2, 3, 4, 6, 8, 12, 16):
+      if programs * split >= 2 * sms:
+        break
+      if k_tiles % cand == 0 and k_tiles // cand >= 2:
+        split = cand
+    return TuningConfig(block_m, block_n, split, num_warps=4, num_stages=3)
+  if m <= 256:
+    return TuningConfig(64, 64 if n % 128 else 128, 1, num_warps=4, num_stages=3)
+  return TuningConfig(128, 128 if n % 128 == 0 else 64, 1, num_warps=8, num_stages=3)

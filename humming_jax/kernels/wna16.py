@@ -1,0 +1,259 @@
+"""WnA16: weight-only quantized GEMM as a Pallas-Triton kernel (dequantize inside the GEMM).
+
+``y = x @ W_deq + bias`` for every weight format of formats.py (int1..8 sym, uint1..8 with
+zero point, fp4 e2m1, fp6 e2m3/e3m2, fp8 e4m3/e5m2) with tensor / channel / group / 2-D
+block scales (bf16, fp16, fp32, e8m0 or e4m3 x fp32 global), bf16/fp16/fp32 activations.
+
+How (see layout.py for the weight layout):
+  grid = (M tiles, N tiles, K splits); each program walks its K tiles; per tile and slab
+  it unpacks a (slab, block_n) code tile from uint32 words (shift + mask), decodes it with
+  the format's own decode (formats.py), casts the exact values to the activation dtype and
+  feeds ``jnp.dot`` (tensor cores).  Scales multiply the (block_m, block_n) partial product
+  of each slab, not the weights: block_m*block_n instead of slab*block_n multiplies, and the
+  dequantized codes stay exact in bf16.  Zero points are subtracted from the codes before
+  the dot (exact in bf16).  Split-K partials are summed by XLA.
+
+Why Pallas-Triton and not Mosaic GPU here: see benchmarks/NOTES.md (measured).
+The XLA reference beside it is kernels/reference.py::dense_reference.
+"""
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as plt
+
+from humming_jax.quantize import (QuantizedWeight, scale_block, unpacked_codes)
+from humming_jax.formats import get_format, uint_to_f32
+from humming_jax.kernels import layout as lay
+from humming_jax.kernels import registry, tuning
+from humming_jax.spec import QuantSpec
+
+FAMILY = "wna16"
+
+
+def supports(spec: QuantSpec) -> bool:
+  return spec.act is None
+
+
+def _group_rows(spec: QuantSpec, k: int) -> int:
+  """K rows per scale row (K for channel/tensor)."""
+  return spec.group_size if spec.granularity in ("group", "block") else k
+
+
+def slab_layout(spec: QuantSpec, k: int) -> lay.SlabLayout:
+  group = spec.group_size if spec.granularity in ("group", "block") else None
+  return lay.SlabLayout(spec.weight_bits, lay.choose_slab(spec.weight_bits, group))
+
+
+# ----------------------------------------------------------------------------------------
+# Transform: canonical -> kernel layout (once)
+# ----------------------------------------------------------------------------------------
+def prepare(params: QuantizedWeight) -> QuantizedWeight:
+  """Canonical params -> kernel layout (padded, slab-interleaved, offset-binary ints)."""
+  spec = params.spec
+  if params.num_experts is not None:
+    return jax.vmap(lambda p: prepare(p))(params)  # pragma: no cover - grouped kernels
+  k, n = params.shape
+  lt = slab_layout(spec, k)
+  kp, np_ = lt.padded_k(k), lt.padded_n(n)
+  codes = unpacked_codes(params)
+  fmt = spec.weight_format
+  if fmt.kind == "int":  # offset binary: the kernel decodes unsigned and subtracts 2**(b-1)
+    codes = codes ^ (1 << (fmt.bits - 1))
+  codes = jnp.pad(codes, ((0, kp - k), (0, np_ - n)))
+  words = lt.pack(codes)
+  scales = _kernel_scales(params, kp, np_)
+  zeros = None
+  if params.zeros is not None:
+    rows = kp // spec.group_size if spec.granularity in ("group", "block") else 1
+    z = _expand_n(params.zeros, n)
+    zeros = jnp.pad(z, ((0, rows - z.shape[0]), (0, np_ - n)))
+  return params.replace(codes=words, scales=scales, zeros=zeros,
+                        layout=lay.layout_name(FAMILY, lt))
+
+
+def _expand_n(a: jax.Array, n: int) -> jax.Array:
+  """Per-block-of-N values -> per column (2-D block scales, tensor scales)."""
+  return jnp.repeat(a, n // a.shape[-1], axis=-1) if a.shape[-1] != n else a
+
+
+def _kernel_scales(params: QuantizedWeight, kp: int, np_: int) -> jax.Array:
+  spec = params.spec
+  k, n = params.shape
+  s = params.scales
+  if s.dtype == jnp.float8_e4m3fn:  # kernels read the bits and decode them (formats.py)
+    s = jax.lax.bitcast_convert_type(s, jnp.uint8)
+  s = _expand_n(s, n)
+  rows = kp // spec.group_size if spec.granularity in ("group", "block") else 1
+  if s.dtype == jnp.uint8:
+    return jnp.pad(s, ((0, rows - s.shape[0]), (0, np_ - n)), constant_values=0x38
+                   if spec.scale_dtype == "fp8_e4m3" else 127)
+  return jnp.pad(s, ((0, rows - s.shape[0]), (0, np_ - n)), constant_values=1)
+
+
+def to_canonical(prepared: QuantizedWeight) -> QuantizedWeight:
+  """Inverse of :func:`prepare`."""
+  from humming_jax import packing
+  spec = prepared.spec
+  k, n = prepared.shape
+  _, lt = lay.parse_layout_name(prepared.layout)
+  codes = lt.unpack(prepared.codes)[:k, :n]
+  fmt = spec.weight_format
+  if fmt.kind == "int":
+    codes = codes ^ (1 << (fmt.bits - 1))
+  bk, bn = scale_block(spec, k, n)
+  gk, gn = k // bk, n // bn
+  s = prepared.scales[:gk, :n:bn]
+  if spec.scale_dtype == "fp8_e4m3":
+    s = jax.lax.bitcast_convert_type(s, jnp.float8_e4m3fn)
+  z = None if prepared.zeros is None else prepared.zeros[:gk, :n:bn]
+  return prepared.replace(codes=packing.pack_codes(codes, fmt.bits), scales=s, zeros=z,
+                          layout="canonical")
+
+
+# ----------------------------------------------------------------------------------------
+# The kernel
+# ----------------------------------------------------------------------------------------
+def _decode_scale_row(s: jax.Array, spec: QuantSpec) -> jax.Array:
+  if spec.scale_dtype == "e8m0":
+    return get_format("e8m0").decode(s, check_nan=False)
+  if spec.scale_dtype == "fp8_e4m3":
+    return get_format("fp8_e4m3").decode(s, check_nan=False)
+  return s.astype(jnp.float32)
+
+
+def _kernel(*refs, spec: QuantSpec, lt: lay.SlabLayout, tiles_per_split: int,
+            group_rows: int, has_zeros: bool, has_s2: bool, has_bias: bool,
+            split_k: int, compute_dtype):
+  x_ref, codes_ref, scales_ref, *rest = refs
+  zeros_ref = rest.pop(0) if has_zeros else None
+  s2_ref = rest.pop(0) if has_s2 else None
+  bias_ref = rest.pop(0) if has_bias else None
+  (o_ref,) = rest
+  fmt = spec.weight_format
+  block_m, block_n = x_ref.shape[0], codes_ref.shape[1]
+  slab, rows = lt.slab, lt.rows_per_tile
+  per_slab_scale = spec.granularity in ("group", "block")
+  split = pl.program_id(2)
+
+  def decode(code, zero_row):
+    if fmt.kind == "int":  # offset binary (see prepare): unsigned decode minus 2**(b-1)
+      return uint_to_f32(code, float(1 << (fmt.bits - 1)))
+    if fmt.kind == "uint":  # always with a zero point (QuantSpec enforces it)
+      return uint_to_f32(code, zero_row)
+    return fmt.decode(code, check_nan=False)
+
+  def tile(t_local, acc):
+    t = split * tiles_per_split + t_local
+    words = {}
+    for s in range(lt.num_slabs):
+      code = None
+      for p, pb in enumerate(lt.planes):
+        r, shift = lt.locate(p, s)
+        if r not in words:
+          words[r] = codes_ref[pl.ds(t * rows + r, slab), :]
+        part = (words[r] >> shift) & ((1 << pb) - 1)
+        off = lt.plane_bit_offset(p)
+        part = part << off if off else part
+        code = part if code is None else code | part
+      k0 = t * lt.block_k + s * slab
+      zero_row = None
+      if has_zeros:
+        g = k0 // group_rows if per_slab_scale else 0
+        zero_row = zeros_ref[pl.ds(g, 1), :].astype(jnp.float32)
+      w = decode(code, zero_row).astype(compute_dtype)
+      xs = x_ref[:, pl.ds(k0, slab)].astype(compute_dtype)
+      part = jnp.dot(xs, w, preferred_element_type=jnp.float32)
+      if per_slab_scale:
+        srow = _decode_scale_row(scales_ref[pl.ds(k0 // group_rows, 1), :], spec)
+        part = part * srow
+      acc = acc + part
+    return acc
+
+  acc = jnp.zeros((block_m, block_n), jnp.float32)
+  acc = jax.lax.fori_loop(0, tiles_per_split, tile, acc)
+  if not per_slab_scale:
+    acc = acc * _decode_scale_row(scales_ref[...], spec)
+  if has_s2:
+    acc = acc * s2_ref[...]
+  if split_k == 1:
+    if has_bias:
+      acc = acc + bias_ref[...]
+    o_ref[...] = acc.astype(o_ref.dtype)
+  else:
+    o_ref[...] = acc
+
+
+def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
+        config: tuning.TuningConfig | None = None) -> jax.Array:
+  """(M, K) activations x prepared params -> (M, N) in x.dtype."""
+  spec = params.spec
+  k, n = params.shape
+  _, lt = lay.parse_layout_name(params.layout)
+  m = x.shape[0]
+  kp = params.codes.shape[0] // lt.rows_per_tile * lt.block_k
+  np_ = params.codes.shape[1]
+  k_tiles = kp // lt.block_k
+  if config is None:
+    key = tuning.cache_key(FAMILY, spec.name, tuning.bucket_m(m), n, k, tuning.device_kind())
+    config = tuning.cached_config(key) or tuning.wna16_heuristic(
+        m, np_, k_tiles, sms=tuning.num_sms())
+  block_m = config.block_m
+  mp = -(-m // block_m) * block_m
+  block_n = min(config.block_n, np_)
+  split_k = config.split_k if k_tiles % config.split_k == 0 else 1
+  compute_dtype = x.dtype if x.dtype in (jnp.bfloat16, jnp.float16) else jnp.float32
+  xp = jnp.pad(x, ((0, mp - m), (0, kp - k)))
+  group_rows = _group_rows(spec, k)
+  has_zeros = params.zeros is not None
+  has_s2 = params.global_scale is not None
+  has_bias = params.bias is not None and split_k == 1
+
+  n_spec = lambda rows: pl.BlockSpec((rows, block_n), lambda i, j, s: (0, j))
+  operands = [xp, params.codes, params.scales]
+  in_specs = [pl.BlockSpec((block_m, kp), lambda i, j, s: (i, 0)),
+              n_spec(params.codes.shape[0]), n_spec(params.scales.shape[0])]
+  if has_zeros:
+    operands.append(params.zeros)
+    in_specs.append(n_spec(params.zeros.shape[0]))
+  if has_s2:
+    operands.append(params.global_scale.astype(jnp.float32).reshape(1, 1))
+    in_specs.append(pl.BlockSpec((1, 1), lambda i, j, s: (0, 0)))
+  if has_bias:
+    operands.append(jnp.pad(params.bias, (0, np_ - n)).reshape(1, np_))
+    in_specs.append(n_spec(1))
+  if split_k == 1:
+    out_shape = jax.ShapeDtypeStruct((mp, np_), x.dtype)
+    out_spec = pl.BlockSpec((block_m, block_n), lambda i, j, s: (i, j))
+  else:
+    out_shape = jax.ShapeDtypeStruct((split_k, mp, np_), jnp.float32)
+    out_spec = pl.BlockSpec((None, block_m, block_n), lambda i, j, s: (s, i, j))
+  kernel = functools.partial(
+      _kernel, spec=spec, lt=lt, tiles_per_split=k_tiles // split_k, group_rows=group_rows,
+      has_zeros=has_zeros, has_s2=has_s2, has_bias=has_bias, split_k=split_k,
+      compute_dtype=compute_dtype)
+  out = pl.pallas_call(
+      kernel,
+      out_shape=out_shape,
+      grid=(mp // block_m, np_ // block_n, split_k),
+      in_specs=in_specs,
+      out_specs=out_spec,
+      compiler_params=plt.CompilerParams(num_warps=config.num_warps,
+                                         num_stages=config.num_stages),
+      interpret=interpret,
+      name=f"wna16_{spec.weight}_{lt.name}",
+  )(*operands)
+  if split_k > 1:
+    out = out.sum(axis=0)
+    if params.bias is not None:
+      out = out + jnp.pad(params.bias, (0, np_ - n))
+    out = out.astype(x.dtype)
+  return out[:m, :n]
+
+
+KERNEL = registry.register(registry.DenseKernel(
+    name=FAMILY, layout=FAMILY, supports=supports, prepare=prepare,
+    to_canonical=to_canonical, run=run))
