@@ -180,7 +180,8 @@ class NumberFormat:
   def all_values(self) -> np.ndarray:
     """Decoded value of every code 0 .. 2**bits - 1 (NaN where the code is NaN)."""
     codes = np.arange(self.num_codes, dtype=np.uint32)
-    return np.asarray(self.decode(jnp.asarray(codes)))
+    with jax.ensure_compile_time_eval():  # concrete even when called while tracing (jit)
+      return np.asarray(self.decode(jnp.asarray(codes)))
 
   def __str__(self) -> str:
     return self.name
