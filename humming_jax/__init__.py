@@ -11,6 +11,9 @@ from humming_jax.ops import prepare, quant_dense
 from humming_jax.quantize import (QuantizedActivations, QuantizedWeight, dequantize,
                                   fake_quantize_activations, quantize, quantize_activations)
 from humming_jax.report import report
+from humming_jax.recipes import RECIPES, quantize_params
+from humming_jax.analysis import error_report
+from humming_jax.io import load, save
 from humming_jax.spec import PRESETS, QuantSpec
 
 __version__ = "0.1.0"
@@ -19,4 +22,5 @@ __all__ = [
     "FORMATS", "NumberFormat", "get_format", "QuantSpec", "PRESETS", "QuantizedWeight",
     "QuantizedActivations", "quantize", "dequantize", "quantize_activations",
     "fake_quantize_activations", "quant_dense", "prepare", "report",
+    "quantize_params", "RECIPES", "error_report", "save", "load",
 ]
