@@ -1,0 +1,204 @@
+"""humming_jax's own checkpoint format: ``save(path, tree)`` / ``load(path)``.
+
+One ``.safetensors`` file.  Every array is a safetensors tensor named ``t<index>``; a dtype
+the safetensors numpy API does not take (bfloat16, float8_*, float4_e2m1fn, int4, ...) is
+stored as its raw bytes (uint8) and viewed back on load, so every leaf round-trips
+bit-exactly.  The header's ``__metadata__["humming_jax"]`` holds a JSON document: the
+format version, the tree structure (dicts, lists, tuples, None, Python scalars, arrays,
+QuantizedWeight with its spec, logical shape and layout) and each array's dtype and shape.
+
+``load`` opens the file read-only and never writes; a truncated file, a safetensors file
+written by something else, or a damaged header raises ``ValueError`` saying which.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from typing import Any, Mapping
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from humming_jax.quantize import QuantizedWeight
+from humming_jax.spec import QuantSpec
+
+FORMAT = "humming_jax.checkpoint"
+VERSION = 1
+_META_KEY = "humming_jax"
+# dtypes the safetensors numpy API stores natively; everything else goes as raw bytes.
+_NATIVE = {"float16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8",
+           "uint16", "uint32", "uint64", "bool"}
+
+
+def _dtype(name: str) -> np.dtype:
+  try:
+    return np.dtype(getattr(jnp, name)) if hasattr(jnp, name) else np.dtype(name)
+  except TypeError as e:
+    raise ValueError(f"checkpoint names an unknown dtype {name!r}") from e
+
+
+class _Writer:
+  def __init__(self):
+    self.tensors: dict[str, np.ndarray] = {}
+
+  def add(self, a: Any) -> dict:
+    a = np.asarray(jax.device_get(a))
+    name = f"t{len(self.tensors)}"
+    dt = str(a.dtype)
+    if dt in _NATIVE:
+      self.tensors[name] = np.ascontiguousarray(a)
+    else:  # raw bytes: bit-exact for every ml_dtypes type
+      self.tensors[name] = np.ascontiguousarray(a).reshape(-1).view(np.uint8)
+    return {"array": name, "dtype": dt, "shape": list(a.shape)}
+
+  def encode(self, node: Any, path: str) -> Any:
+    if isinstance(node, QuantizedWeight):
+      return {"quantized": {
+          "spec": dataclasses.asdict(node.spec), "shape": list(node.shape),
+          "layout": node.layout,
+          "leaves": {f: (None if getattr(node, f) is None else self.add(getattr(node, f)))
+                     for f in QuantizedWeight._LEAVES}}}
+    if isinstance(node, Mapping):
+      keys = list(node.keys())
+      if not all(isinstance(k, str) for k in keys):
+        raise TypeError(f"save: dict keys must be str at {path or '<root>'}; got "
+                        f"{[type(k).__name__ for k in keys]}")
+      return {"dict": {k: self.encode(node[k], f"{path}/{k}") for k in keys}}
+    if isinstance(node, (list, tuple)) and not hasattr(node, "_fields"):
+      kind = "list" if isinstance(node, list) else "tuple"
+      return {kind: [self.encode(v, f"{path}/{i}") for i, v in enumerate(node)]}
+    if node is None:
+      return {"none": None}
+    if isinstance(node, (bool, int, float, str)):
+      return {"scalar": node}
+    if isinstance(node, (jax.Array, np.ndarray, np.generic)):
+      return self.add(node)
+    raise TypeError(f"save: unsupported leaf of type {type(node).__name__} at "
+                    f"{path or '<root>'}; expected dicts, lists, tuples, arrays, "
+                    "QuantizedWeight, None or Python scalars")
+
+
+def save(path: str | os.PathLike, tree: Any) -> None:
+  """Write ``tree`` (nested dicts/lists/tuples of arrays and QuantizedWeight) to ``path``.
+
+  The file is written to ``path + ".tmp"`` and renamed, so a crash never leaves a
+  half-written checkpoint under ``path``."""
+  from safetensors.numpy import save_file
+  w = _Writer()
+  doc = {"format": FORMAT, "version": VERSION, "tree": w.encode(tree, "")}
+  path = os.fspath(path)
+  tmp = path + ".tmp"
+  save_file(w.tensors, tmp, metadata={_META_KEY: json.dumps(doc)})
+  os.replace(tmp, path)
+
+
+def _read_header(path: str) -> tuple[dict, int]:
+  """The safetensors JSON header and the data size it promises; validates the framing."""
+  size = os.path.getsize(path)
+  with open(path, "rb") as f:
+    head = f.read(8)
+    if len(head) < 8:
+      raise ValueError(f"{path}: not a safetensors file (only {size} bytes)")
+    n = int.from_bytes(head, "little")
+    if n <= 0 or 8 + n > size:
+      raise ValueError(f"{path}: not a safetensors file or truncated (header of {n} bytes "
+                       f"in a {size}-byte file)")
+    try:
+      header = json.loads(f.read(n))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+      raise ValueError(f"{path}: damaged safetensors header ({e})") from None
+  if not isinstance(header, dict):
+    raise ValueError(f"{path}: damaged safetensors header (not a JSON object)")
+  end = max((int(v["data_offsets"][1]) for k, v in header.items()
+             if k != "__metadata__" and isinstance(v, dict) and "data_offsets" in v),
+            default=0)
+  if 8 + n + end > size:
+    raise ValueError(f"{path}: truncated checkpoint: the header promises {8 + n + end} "
+                     f"bytes, the file has {size}")
+  return header, n
+
+
+def load(path: str | os.PathLike) -> Any:
+  """Read a tree written by :func:`save`; arrays come back as jax arrays, bit-exact.
+
+  Raises ValueError for a missing, truncated, foreign or damaged file."""
+  from safetensors import safe_open
+  path = os.fspath(path)
+  if not os.path.isfile(path):
+    raise ValueError(f"{path}: no such checkpoint file")
+  header, _ = _read_header(path)
+  meta = header.get("__metadata__") or {}
+  if _META_KEY not in meta:
+    raise ValueError(f"{path}: a safetensors file without humming_jax metadata (written by "
+                     "another tool?); hj.load reads files written by hj.save")
+  try:
+    doc = json.loads(meta[_META_KEY])
+  except json.JSONDecodeError as e:
+    raise ValueError(f"{path}: damaged humming_jax metadata ({e})") from None
+  if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+    raise ValueError(f"{path}: metadata is not a {FORMAT} document")
+  if doc.get("version") != VERSION:
+    raise ValueError(f"{path}: checkpoint version {doc.get('version')!r}; this humming_jax "
+                     f"reads version {VERSION}")
+  try:
+    f = safe_open(path, framework="numpy")
+  except Exception as e:  # safetensors raises its own error types
+    raise ValueError(f"{path}: cannot read safetensors data ({e})") from None
+  with f:
+    return _decode_tree(path, doc, f)
+
+
+def _decode_tree(path: str, doc: dict, f: Any) -> Any:
+  names = set(f.keys())
+
+  def array(d: dict) -> jax.Array:
+    name = d.get("array")
+    if name not in names:
+      raise ValueError(f"{path}: metadata names tensor {name!r}, which the file lacks")
+    raw = f.get_tensor(name)
+    dt, shape = _dtype(d["dtype"]), tuple(d["shape"])
+    if d["dtype"] not in _NATIVE:
+      if raw.dtype != np.uint8 or raw.size != int(np.prod(shape)) * dt.itemsize:
+        raise ValueError(f"{path}: tensor {name} holds {raw.size} bytes; metadata says "
+                         f"{d['dtype']}{list(shape)}")
+      raw = raw.view(dt)
+    if str(raw.dtype) != d["dtype"] or raw.size != int(np.prod(shape)):
+      raise ValueError(f"{path}: tensor {name} is {raw.dtype}{list(raw.shape)}; metadata "
+                       f"says {d['dtype']}{list(shape)}")
+    return jnp.asarray(raw.reshape(shape))
+
+  def decode(node: Any) -> Any:
+    if not isinstance(node, dict) or len(node) not in (1, 3):
+      raise ValueError(f"{path}: damaged tree entry {str(node)[:80]}")
+    if "array" in node:
+      return array(node)
+    (kind, val), = node.items()
+    if kind == "dict":
+      return {k: decode(v) for k, v in val.items()}
+    if kind == "list":
+      return [decode(v) for v in val]
+    if kind == "tuple":
+      return tuple(decode(v) for v in val)
+    if kind == "none":
+      return None
+    if kind == "scalar":
+      return val
+    if kind == "quantized":
+      leaves = {k: (None if v is None else array(v)) for k, v in val["leaves"].items()}
+      try:
+        spec = QuantSpec(**val["spec"])
+      except (TypeError, ValueError) as e:
+        raise ValueError(f"{path}: invalid spec in checkpoint ({e})") from None
+      return QuantizedWeight(**leaves, spec=spec, shape=tuple(val["shape"]),
+                             layout=val["layout"])
+    raise ValueError(f"{path}: unknown tree entry kind {kind!r}")
+
+  try:
+    return decode(doc["tree"])
+  except KeyError as e:
+    raise ValueError(f"{path}: damaged humming_jax metadata (missing {e})") from None
+
+
+__all__ = ["save", "load"]

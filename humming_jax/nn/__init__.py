@@ -1,0 +1,201 @@
+"""Flax linen modules over quantized weights, and swapping them into existing models.
+
+Two ways in:
+
+* Write the model with :class:`QuantDense` (same attributes as ``flax.linen.Dense``, plus
+  ``spec`` and ``backend``) and :class:`QuantMoE`.
+* Keep an existing model that uses ``nn.Dense`` unchanged: quantize its params with
+  :func:`humming_jax.quantize_params` (or :func:`quantize_linen_params`) and run it inside
+  :func:`quantized_dense` (an ``nn.intercept_methods`` interceptor): every ``nn.Dense``
+  whose ``kernel`` param is a :class:`QuantizedWeight` runs ``hj.quant_dense``; Dense layers
+  the recipe kept float run unchanged.  :func:`apply_quantized` wraps ``model.apply``.
+
+Params layout (the same for both): a quantized Dense holds ``{"kernel": QuantizedWeight}``
+with its bias inside the QuantizedWeight (float32, added in the kernel's fp32 epilogue).
+Outputs are exactly ``hj.quant_dense(kernel, x.astype(compute_dtype))`` where the compute
+dtype follows Flax: ``dtype`` if set, else ``result_type(x, param_dtype)``.
+"""
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Callable
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from humming_jax.nn import _common
+from humming_jax.ops import Backend
+from humming_jax.quantize import QuantizedWeight, quantize
+from humming_jax.spec import QuantSpec
+
+default_kernel_init = nn.initializers.lecun_normal()
+
+
+class QuantDense(nn.Module):
+  """Drop-in for ``flax.linen.Dense`` holding a quantized kernel.
+
+  Attributes: as ``nn.Dense`` (``features``, ``use_bias``, ``dtype``, ``param_dtype``,
+  ``precision`` -- accepted for signature compatibility, the quantized kernels fix their
+  own fp32 accumulation --, ``kernel_init``, ``bias_init``) plus ``spec`` (QuantSpec or
+  preset name) and ``backend`` (None: Pallas on GPU when a kernel exists, else XLA).
+
+  ``init`` draws a float kernel with ``kernel_init`` and quantizes it; to quantize trained
+  weights use :meth:`from_dense_params` (or :func:`humming_jax.quantize_params`).
+  """
+
+  features: int
+  use_bias: bool = True
+  dtype: Any = None
+  param_dtype: Any = jnp.float32
+  precision: Any = None
+  kernel_init: Callable = default_kernel_init
+  bias_init: Callable = nn.initializers.zeros_init()
+  spec: QuantSpec | str = "w4a16-g128"
+  backend: Backend = None
+
+  @nn.compact
+  def __call__(self, inputs: jax.Array) -> jax.Array:
+    spec = _common.as_spec(self.spec)
+    in_features = jnp.shape(inputs)[-1]
+
+    def init(rng):
+      rk, rb = jax.random.split(rng)
+      w = self.kernel_init(rk, (in_features, self.features), self.param_dtype)
+      b = (self.bias_init(rb, (self.features,), self.param_dtype) if self.use_bias
+           else None)
+      return quantize(w, spec, bias=b)
+
+    # Read an existing kernel directly: self.param would eval_shape the quantizing init
+    # on every trace just to compare shapes.
+    if self.has_variable("params", "kernel"):
+      qw = self.get_variable("params", "kernel")
+    else:
+      qw = self.param("kernel", init)
+    return _common.dense_call(qw, inputs, dtype=self.dtype, param_dtype=self.param_dtype,
+                              features=self.features, backend=self.backend,
+                              where=f"QuantDense {self.name!r}")
+
+  @staticmethod
+  def from_dense_params(params: Any, spec: QuantSpec | str) -> dict[str, QuantizedWeight]:
+    """``{"kernel": (in, out)[, "bias": (out,)]}`` of a trained Dense -> QuantDense params."""
+    if not hasattr(params, "keys"):
+      raise TypeError(f"params must be a Dense's params dict; got {type(params).__name__}")
+    if "kernel" not in params:
+      raise ValueError(f"params must hold 'kernel'; got keys {sorted(params.keys())}")
+    return {"kernel": _common.quantize_dense(params["kernel"], params.get("bias"), spec)}
+
+  @classmethod
+  def from_dense(cls, dense: nn.Dense, spec: QuantSpec | str, *,
+                 backend: Backend = None) -> "QuantDense":
+    """A QuantDense with ``dense``'s configuration (an unbound ``nn.Dense``)."""
+    if not isinstance(dense, nn.Dense):
+      raise TypeError(f"dense must be a flax.linen.Dense; got {type(dense).__name__}")
+    return cls(features=dense.features, use_bias=dense.use_bias, dtype=dense.dtype,
+               param_dtype=dense.param_dtype, precision=dense.precision,
+               kernel_init=dense.kernel_init, bias_init=dense.bias_init,
+               spec=_common.as_spec(spec), backend=backend)
+
+
+class QuantMoE(nn.Module):
+  """Mixture of experts with quantized experts: float router, top-k, ``hj.quant_moe``.
+
+  Params: ``router/kernel`` (K, E) float (kept float: tiny and routing-sensitive),
+  ``gate_up`` QuantizedWeight (E, K, 2*intermediate) -- gate columns first, then up --
+  and ``down`` QuantizedWeight (E, intermediate, K).  Input (..., K) -> (..., K) in the
+  compute dtype.
+  """
+
+  num_experts: int
+  topk: int
+  intermediate: int
+  spec: QuantSpec | str = "w4a16-g128"
+  activation: str = "silu"
+  renormalize: bool = True
+  dtype: Any = None
+  param_dtype: Any = jnp.float32
+  kernel_init: Callable = default_kernel_init
+
+  @nn.compact
+  def __call__(self, inputs: jax.Array) -> jax.Array:
+    spec = _common.as_spec(self.spec)
+    if not 0 < self.topk <= self.num_experts:
+      raise ValueError(f"topk={self.topk} must be in [1, num_experts={self.num_experts}]")
+    k = inputs.shape[-1]
+    e, i = self.num_experts, self.intermediate
+    x = jnp.asarray(inputs)
+    x = x.astype(_common.compute_dtype(x, self.dtype, self.param_dtype))
+    x2 = x.reshape(-1, k)
+    logits = nn.Dense(e, use_bias=False, dtype=jnp.float32, param_dtype=self.param_dtype,
+                      kernel_init=self.kernel_init, name="router")(x2.astype(jnp.float32))
+    weights, ids = _common.topk_routing(logits, self.topk, renormalize=self.renormalize)
+
+    def expert_init(shape):
+      def init(rng):
+        keys = jax.random.split(rng, shape[0])
+        w = jnp.stack([self.kernel_init(r, shape[1:], self.param_dtype) for r in keys])
+        return quantize(w, spec)
+      return init
+
+    gate_up, down = (self.get_variable("params", n) if self.has_variable("params", n)
+                     else self.param(n, expert_init(shape))
+                     for n, shape in (("gate_up", (e, k, 2 * i)), ("down", (e, i, k))))
+    y = _common.moe_call(gate_up, down, x2, weights, ids, activation=self.activation)
+    return y.reshape(x.shape)
+
+
+# ----------------------------------------------------------------------------------------
+# Swapping every nn.Dense of an existing model
+# ----------------------------------------------------------------------------------------
+def dense_interceptor(*, backend: Backend = None) -> Callable:
+  """An ``nn.intercept_methods`` interceptor: ``nn.Dense.__call__`` whose ``kernel`` param
+  is a QuantizedWeight runs ``hj.quant_dense``; every other call runs unchanged."""
+
+  def interceptor(next_fun, args, kwargs, context):
+    mod = context.module
+    if (context.method_name == "__call__" and isinstance(mod, nn.Dense)
+        and mod.has_variable("params", "kernel")):
+      qw = mod.get_variable("params", "kernel")
+      if isinstance(qw, QuantizedWeight):
+        x = args[0] if args else kwargs["inputs"]
+        return _common.dense_call(qw, x, dtype=mod.dtype, param_dtype=mod.param_dtype,
+                                  features=mod.features, backend=backend,
+                                  where=f"nn.Dense {'/'.join(mod.scope.path)!r}")
+    return next_fun(*args, **kwargs)
+
+  return interceptor
+
+
+@contextlib.contextmanager
+def quantized_dense(*, backend: Backend = None):
+  """Context manager: run linen models with quantized Dense params (see module doc).
+
+  Put it around the *tracing* of ``model.apply`` (inside the jitted function, or use
+  :func:`apply_quantized`), since interceptors act at trace time."""
+  with nn.intercept_methods(dense_interceptor(backend=backend)):
+    yield
+
+
+def apply_quantized(model: nn.Module, variables: Any, *args, backend: Backend = None,
+                    **kwargs) -> Any:
+  """``model.apply(variables, *args, **kwargs)`` with :func:`quantized_dense` active."""
+  with quantized_dense(backend=backend):
+    return model.apply(variables, *args, **kwargs)
+
+
+def quantize_linen_params(params: Any, recipe: Any, *, progress: bool = True) -> Any:
+  """:func:`humming_jax.quantize_params` for a linen params tree (``variables["params"]``).
+
+  A ``variables`` dict (with a top-level ``"params"`` collection) is accepted too: only its
+  ``"params"`` collection is quantized, other collections are returned as they are."""
+  from humming_jax.recipes import quantize_params
+  if hasattr(params, "keys") and "params" in params and all(
+      hasattr(v, "keys") for v in params.values()):
+    out = dict(params)
+    out["params"] = quantize_params(params["params"], recipe, progress=progress)
+    return out
+  return quantize_params(params, recipe, progress=progress)
+
+
+__all__ = ["QuantDense", "QuantMoE", "dense_interceptor", "quantized_dense",
+           "apply_quantized", "quantize_linen_params"]

@@ -1,0 +1,82 @@
+"""Pieces shared by the linen (:mod:`humming_jax.nn`) and nnx (:mod:`humming_jax.nnx`) modules."""
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from humming_jax.ops import quant_dense
+from humming_jax.quantize import QuantizedWeight, quantize
+from humming_jax.spec import QuantSpec
+
+
+def as_spec(spec: QuantSpec | str, name: str = "spec") -> QuantSpec:
+  if isinstance(spec, str):
+    return QuantSpec.preset(spec)
+  if not isinstance(spec, QuantSpec):
+    raise TypeError(f"{name} must be a QuantSpec or a preset name; got {type(spec).__name__}")
+  return spec
+
+
+def compute_dtype(x: jax.Array, dtype: Any, param_dtype: Any) -> Any:
+  """The dtype a Flax Dense / nnx Linear computes in: ``dtype``, else promote(x, params)."""
+  if dtype is not None:
+    return jnp.dtype(dtype)
+  return jnp.result_type(x.dtype, param_dtype)
+
+
+def dense_call(qw: Any, x: jax.Array, *, dtype: Any, param_dtype: Any, features: int | None,
+               backend: Any, where: str) -> jax.Array:
+  """``hj.quant_dense(qw, x.astype(compute dtype))`` after checking what the layer holds."""
+  if not isinstance(qw, QuantizedWeight):
+    raise TypeError(f"{where}: the 'kernel' param must be a QuantizedWeight (from "
+                    f"hj.quantize / hj.quantize_params); got {type(qw).__name__}")
+  if features is not None and qw.out_features != features:
+    raise ValueError(f"{where}: features={features} but the quantized kernel has "
+                     f"out_features={qw.out_features} (shape {qw.shape})")
+  x = jnp.asarray(x)
+  return quant_dense(qw, x.astype(compute_dtype(x, dtype, param_dtype)), backend=backend)
+
+
+def quantize_dense(kernel: Any, bias: Any, spec: QuantSpec | str) -> QuantizedWeight:
+  """A trained Dense's (kernel (in, out), bias (out,) or None) -> QuantizedWeight."""
+  kernel = jnp.asarray(kernel)
+  if kernel.ndim != 2:
+    raise ValueError(f"kernel must be 2-D (in_features, out_features); got shape "
+                     f"{kernel.shape}")
+  return quantize(kernel, as_spec(spec), bias=bias)
+
+
+def topk_routing(logits: jax.Array, k: int, *, renormalize: bool = True
+                 ) -> tuple[jax.Array, jax.Array]:
+  """Softmax router: (T, E) logits -> top-k (weights (T, k) float32, ids (T, k) int32).
+
+  Uses :func:`humming_jax.moe.topk_routing` when it exists (one definition of routing);
+  this body is only the stand-in until then."""
+  try:
+    from humming_jax import moe as _moe
+    fn = getattr(_moe, "topk_routing", None)
+  except ImportError:
+    fn = None
+  if fn is not None:
+    return fn(logits, k, renormalize=renormalize)
+  probs = jax.nn.softmax(logits.astype(jnp.float32), axis=-1)
+  w, ids = jax.lax.top_k(probs, k)
+  if renormalize:
+    w = w / jnp.sum(w, axis=-1, keepdims=True)
+  return w, ids.astype(jnp.int32)
+
+
+def moe_call(gate_up: Any, down: Any, x: jax.Array, weights: jax.Array, ids: jax.Array, *,
+             activation: str) -> jax.Array:
+  """``hj.quant_moe`` (humming_jax/moe.py) on (T, K) tokens."""
+  for name, w in (("gate_up", gate_up), ("down", down)):
+    if not isinstance(w, QuantizedWeight) or w.num_experts is None:
+      raise TypeError(f"QuantMoE: '{name}' must be a stacked-expert QuantizedWeight "
+                      f"(E, K, N); got {getattr(w, 'shape', type(w).__name__)}")
+  try:
+    from humming_jax.moe import quant_moe
+  except ImportError as e:  # pragma: no cover - only before the MoE issue lands
+    raise NotImplementedError("QuantMoE needs humming_jax.moe.quant_moe") from e
+  return quant_moe(gate_up, down, x, weights, ids, activation=activation)
