@@ -62,6 +62,10 @@ class QuantSpec:
   def __post_init__(self):
     # Normalise format spellings so equal specs hash equal.
     object.__setattr__(self, "weight", _format_field("weight", self.weight).name)
+    # group_size means nothing per channel / per tensor: store 0 so that e.g.
+    # QuantSpec("int8", "channel") (default group_size 128) equals the "w8a16" preset.
+    if self.granularity in ("channel", "tensor") and isinstance(self.group_size, int):
+      object.__setattr__(self, "group_size", 0)
     if self.act is not None:
       object.__setattr__(self, "act", _format_field("act", self.act).name)
     self._validate()
@@ -146,6 +150,9 @@ class QuantSpec:
       if self.scale_dtype != "fp8_e4m3":
         raise ValueError("global_scale=True (NVFP4-style two-level scales) needs "
                          f"scale_dtype='fp8_e4m3'; got {self.scale_dtype!r}")
+    if self.global_scale and self.zero_point:
+      raise ValueError("global_scale=True (two-level fp8 scales) with zero_point=True has no "
+                       "quantizer or kernel path; use one or the other")
     if self.scale_dtype == "fp8_e4m3" and not self.global_scale:
       raise ValueError("scale_dtype='fp8_e4m3' needs global_scale=True (the e4m3 block scale "
                        "is relative to an fp32 tensor scale)")
