@@ -125,36 +125,40 @@ def _decode_scale_row(s: jax.Array, spec: QuantSpec) -> jax.Array:
   return s.astype(jnp.float32)
 
 
-def _kernel(*refs, spec: QuantSpec, lt: lay.SlabLayout, tiles_per_split: int,
-            group_rows: int, has_zeros: bool, has_s2: bool, has_bias: bool,
-            split_k: int, compute_dtype):
-  x_ref, codes_ref, scales_ref, *rest = refs
-  zeros_ref = rest.pop(0) if has_zeros else None
-  s2_ref = rest.pop(0) if has_s2 else None
-  bias_ref = rest.pop(0) if has_bias else None
-  (o_ref,) = rest
+def decode_codes(code: jax.Array, zero_row, fmt) -> jax.Array:
+  """Unsigned slab-layout codes -> float32 values (zero point subtracted)."""
+  if fmt.kind == "int":  # offset binary (see prepare): unsigned decode minus 2**(b-1)
+    return uint_to_f32(code, float(1 << (fmt.bits - 1)))
+  if fmt.kind == "uint":  # always with a zero point (QuantSpec enforces it)
+    return uint_to_f32(code, zero_row)
+  return fmt.decode(code, check_nan=False)
+
+
+def accumulate_k(acc: jax.Array, *, load_words, load_x, load_scale_row, load_zero_row,
+                 spec: QuantSpec, lt: lay.SlabLayout, first_tile, num_tiles: int,
+                 group_rows: int, compute_dtype) -> jax.Array:
+  """The K loop shared by the dense and the grouped (MoE) kernels.
+
+  Adds ``x[:, K tiles first_tile .. first_tile + num_tiles) @ W_deq`` to the float32
+  ``acc`` (block_m, block_n); group/block scales are applied per slab.  The loaders hide
+  where the operands live (a dense block, or one expert of a stacked ref):
+  ``load_words(row, n)`` -> (n, block_n) uint32 slab-layout words, ``load_x(k0, n)`` ->
+  (block_m, n) activations, ``load_scale_row(g)`` / ``load_zero_row(g)`` -> (1, block_n).
+  """
   fmt = spec.weight_format
-  block_m, block_n = x_ref.shape[0], codes_ref.shape[1]
   slab, rows = lt.slab, lt.rows_per_tile
   per_slab_scale = spec.granularity in ("group", "block")
-  split = pl.program_id(2)
-
-  def decode(code, zero_row):
-    if fmt.kind == "int":  # offset binary (see prepare): unsigned decode minus 2**(b-1)
-      return uint_to_f32(code, float(1 << (fmt.bits - 1)))
-    if fmt.kind == "uint":  # always with a zero point (QuantSpec enforces it)
-      return uint_to_f32(code, zero_row)
-    return fmt.decode(code, check_nan=False)
+  has_zeros = load_zero_row is not None
 
   def tile(t_local, acc):
-    t = split * tiles_per_split + t_local
+    t = first_tile + t_local
     words = {}
     for s in range(lt.num_slabs):
       code = None
       for p, pb in enumerate(lt.planes):
         r, shift = lt.locate(p, s)
         if r not in words:
-          words[r] = codes_ref[pl.ds(t * rows + r, slab), :]
+          words[r] = load_words(t * rows + r, slab)
         part = (words[r] >> shift) & ((1 << pb) - 1)
         off = lt.plane_bit_offset(p)
         part = part << off if off else part
@@ -163,18 +167,38 @@ def _kernel(*refs, spec: QuantSpec, lt: lay.SlabLayout, tiles_per_split: int,
       zero_row = None
       if has_zeros:
         g = k0 // group_rows if per_slab_scale else 0
-        zero_row = zeros_ref[pl.ds(g, 1), :].astype(jnp.float32)
-      w = decode(code, zero_row).astype(compute_dtype)
-      xs = x_ref[:, pl.ds(k0, slab)].astype(compute_dtype)
+        zero_row = load_zero_row(g).astype(jnp.float32)
+      w = decode_codes(code, zero_row, fmt).astype(compute_dtype)
+      xs = load_x(k0, slab).astype(compute_dtype)
       part = jnp.dot(xs, w, preferred_element_type=jnp.float32)
       if per_slab_scale:
-        srow = _decode_scale_row(scales_ref[pl.ds(k0 // group_rows, 1), :], spec)
-        part = part * srow
+        part = part * _decode_scale_row(load_scale_row(k0 // group_rows), spec)
       acc = acc + part
     return acc
 
+  return jax.lax.fori_loop(0, num_tiles, tile, acc)
+
+
+def _kernel(*refs, spec: QuantSpec, lt: lay.SlabLayout, tiles_per_split: int,
+            group_rows: int, has_zeros: bool, has_s2: bool, has_bias: bool,
+            split_k: int, compute_dtype):
+  x_ref, codes_ref, scales_ref, *rest = refs
+  zeros_ref = rest.pop(0) if has_zeros else None
+  s2_ref = rest.pop(0) if has_s2 else None
+  bias_ref = rest.pop(0) if has_bias else None
+  (o_ref,) = rest
+  block_m, block_n = x_ref.shape[0], codes_ref.shape[1]
+  per_slab_scale = spec.granularity in ("group", "block")
+  split = pl.program_id(2)
+
   acc = jnp.zeros((block_m, block_n), jnp.float32)
-  acc = jax.lax.fori_loop(0, tiles_per_split, tile, acc)
+  acc = accumulate_k(
+      acc, load_words=lambda r, n: codes_ref[pl.ds(r, n), :],
+      load_x=lambda k0, n: x_ref[:, pl.ds(k0, n)],
+      load_scale_row=lambda g: scales_ref[pl.ds(g, 1), :],
+      load_zero_row=(lambda g: zeros_ref[pl.ds(g, 1), :]) if has_zeros else None,
+      spec=spec, lt=lt, first_tile=split * tiles_per_split, num_tiles=tiles_per_split,
+      group_rows=group_rows, compute_dtype=compute_dtype)
   if not per_slab_scale:
     acc = acc * _decode_scale_row(scales_ref[...], spec)
   if has_s2:
