@@ -1,0 +1,429 @@
+"""W8A8 / W4A8 / W4A4: GEMMs on 8-bit tensor cores (Pallas-Triton), activations quantized.
+
+``y = A_deq @ W_deq + bias`` where the activations are quantized per token / per tensor
+(static or dynamic) / per (token, K group) and the weights per channel / per group /
+per 2-D block.  Both operands reach the tensor cores as 8-bit values:
+
+  int act  (int8, int4):        int8 x int8 -> int32   (weights int1..8, exact in int8)
+  fp act   (fp8 e4m3, fp4 e2m1): e4m3 x e4m3 -> float32 (weights whose values are exact
+                                  in e4m3: fp8 e4m3, fp4 e2m1, fp6, int2..4)
+
+Weight layouts (``prepare``, once):
+  8-bit weights: "direct" -- the codes as the carrier dtype, transposed to (N, K) so the
+    tensor-core B operand is K-major (what Hopper's 8-bit MMA wants; a (K, N) fp8 operand
+    costs a shuffle through registers).  No unpacking at all.
+  < 8-bit weights: the slab layout of layout.py, prepared by wna16.prepare (shared code):
+    each slab is unpacked with shift + mask and decoded with the format's own decode
+    (formats.py), then cast to int8 / e4m3 (exact) and fed to the dot.
+
+Scales:
+  * per channel / per tensor weight scale and per token / per tensor act scale: one
+    low-precision accumulation over the whole K (int32 for int8: |sum| < 127*127*K fits for
+    K < 133k), all scales in the epilogue.
+  * K-group scales (weight groups, 2-D blocks, activation groups): the partial product of
+    each group ``pg`` (the smaller of the two group sizes) is scaled before it is added:
+    ``acc += dot(a_g, w_g) * (sa[:, g] * sw[g, :])`` (DeepSeek-style).
+  * groups smaller than 32 with float compute (NVFP4, group 16): an 8-bit MMA needs K >= 32,
+    so both scales are folded into the operands instead ("fold": a*sa and w*sw rounded to
+    bf16, bf16 MMA).  Exact for power-of-two (e8m0) scales; for NVFP4 the folded operand is
+    rounded to bf16 (relative 2**-9, far below the format's own error).
+Activation quantization: by default a pre-pass (kernels/act_quant.py; XLA fusion);
+``fuse_act_quant=True`` quantizes inside the kernel prologue instead (per-token dynamic or
+static per-tensor scales), kept for the measurement in benchmarks/NOTES_w8a8.md.
+
+The XLA reference beside it is kernels/reference.py::dense_reference.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as plt
+
+from humming_jax import packing
+from humming_jax.formats import uint_to_f32
+from humming_jax.kernels import act_quant, registry, tuning, wna16
+from humming_jax.kernels import layout as lay
+from humming_jax.quantize import QuantizedWeight, scale_block, unpacked_codes
+from humming_jax.spec import QuantSpec
+
+FAMILY = "w8a8"
+K_ALIGN = 256  # direct layout: K padded to a multiple of this (and of the scale group)
+N_ALIGN = 64
+MIN_MMA_K = 32  # smallest K of an 8-bit MMA (Hopper wgmma / mma.sync k32)
+
+
+# ----------------------------------------------------------------------------------------
+# What runs how
+# ----------------------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class Plan:
+  """Static facts about a spec that shape the kernel."""
+
+  int_compute: bool  # int8 x int8 -> int32, else e4m3 x e4m3 -> f32
+  direct: bool  # 8-bit weights in the (N, K) carrier layout, else slab layout
+  w_group: int  # K rows per weight scale row (0: one scale row, applied in the epilogue)
+  a_group: int  # K columns per act scale column (0: per token / tensor, epilogue)
+  fold: bool  # scales folded into bf16 operands (groups < MIN_MMA_K)
+
+  @property
+  def pg(self) -> int:
+    """K rows per scaled partial product (0: no per-group scaling)."""
+    gs = [g for g in (self.w_group, self.a_group) if g]
+    return min(gs) if gs else 0
+
+
+def _exact_in_e4m3(fmt) -> bool:
+  vals = fmt.all_values()
+  vals = vals[np.isfinite(vals)]
+  return bool(np.all(vals.astype(ml_dtypes.float8_e4m3fn).astype(np.float32) == vals))
+
+
+def plan_for(spec: QuantSpec) -> Plan | None:
+  """How ``spec`` maps onto the kernel, or None if no 8-bit tensor-core path computes it
+  exactly."""
+  if spec.act is None or spec.zero_point:
+    return None
+  w, a = spec.weight_format, spec.act_format
+  if a.is_integer:
+    if w.kind != "int" or w.bits > 8:
+      return None
+    int_compute = True
+  else:
+    if a.name not in ("fp8_e4m3", "fp4_e2m1") or not _exact_in_e4m3(w):
+      return None
+    int_compute = False
+  direct = w.bits == 8
+  w_group = spec.group_size if spec.granularity in ("group", "block") else 0
+  a_group = spec.act_group_size if spec.act_granularity == "group" else 0
+  gs = [g for g in (w_group, a_group) if g]
+  if gs and max(gs) % min(gs):
+    return None  # the two groupings must nest
+  pg = min(gs) if gs else 0
+  fold = bool(pg) and pg < MIN_MMA_K
+  if fold and (int_compute or direct):
+    return None  # no exact bf16 fold for int8 values; 8-bit small groups: not a preset
+  if not direct and pg:
+    slab = wna16.slab_layout(spec, 0).slab
+    if pg % slab or wna16.slab_layout(spec, 0).block_k % pg:
+      return None
+  return Plan(int_compute, direct, w_group, a_group, fold)
+
+
+def supports(spec: QuantSpec) -> bool:
+  return plan_for(spec) is not None
+
+
+def _carrier(spec: QuantSpec):
+  return jnp.int8 if spec.act_format.is_integer else jnp.float8_e4m3fn
+
+
+# ----------------------------------------------------------------------------------------
+# Transform: canonical -> kernel layout (once)
+# ----------------------------------------------------------------------------------------
+def _direct_k(spec: QuantSpec, k: int) -> int:
+  align = K_ALIGN
+  if spec.granularity in ("group", "block"):
+    align = math.lcm(align, spec.group_size)
+  return -(-k // align) * align
+
+
+def prepare(params: QuantizedWeight) -> QuantizedWeight:
+  """Canonical params -> kernel layout: 8-bit codes as (N, K) carrier values, narrower
+  codes in the slab layout (wna16.prepare)."""
+  spec = params.spec
+  plan = plan_for(spec)
+  if plan is None:
+    raise ValueError(f"spec {spec.name}: no W8A8 kernel path")
+  if params.num_experts is not None:
+    raise ValueError("stacked experts: use the grouped (MoE) kernels")
+  if not plan.direct:
+    p = wna16.prepare(params)
+    return p.replace(layout=FAMILY + p.layout[p.layout.index(":"):])
+  k, n = params.shape
+  kp, np_ = _direct_k(spec, k), -(-n // N_ALIGN) * N_ALIGN
+  codes = jax.lax.bitcast_convert_type(unpacked_codes(params), _carrier(spec))
+  codes = jnp.pad(codes.T, ((0, np_ - n), (0, kp - k)))
+  scales = wna16._kernel_scales(params, kp, np_)  # shared: same scale layout as WnA16
+  return params.replace(codes=codes, scales=scales, layout=f"{FAMILY}:direct:b8:n{N_ALIGN}")
+
+
+def to_canonical(prepared: QuantizedWeight) -> QuantizedWeight:
+  """Inverse of :func:`prepare`."""
+  if prepared.layout.split(":")[1] != "direct":
+    return wna16.to_canonical(prepared)
+  spec = prepared.spec
+  k, n = prepared.shape
+  codes = jax.lax.bitcast_convert_type(prepared.codes[:n, :k].T, jnp.uint8)
+  bk, bn = scale_block(spec, k, n)
+  s = prepared.scales[:k // bk, :n:bn]
+  if spec.scale_dtype == "fp8_e4m3":
+    s = jax.lax.bitcast_convert_type(s, jnp.float8_e4m3fn)
+  return prepared.replace(codes=packing.pack_codes(codes, 8), scales=s, layout="canonical")
+
+
+# ----------------------------------------------------------------------------------------
+# The kernel
+# ----------------------------------------------------------------------------------------
+def _round_to_carrier(v: jax.Array, spec: QuantSpec) -> jax.Array:
+  """Scaled activations -> carrier values (the _FAST_ROUND rules of quantize.py)."""
+  fmt = spec.act_format
+  if fmt.is_integer:
+    return jnp.clip(jnp.round(v), fmt.min_value, fmt.max_value).astype(jnp.int8)
+  return jnp.clip(v, -fmt.max_value, fmt.max_value).astype(jnp.float8_e4m3fn)
+
+
+def _kernel(*refs, spec: QuantSpec, plan: Plan, lt: lay.SlabLayout | None, block_k: int,
+            tiles_per_split: int, has_s2: bool, has_bias: bool, split_k: int,
+            fuse: str | None):
+  a_ref, sa_ref, w_ref, sw_ref, *rest = refs
+  s2_ref = rest.pop(0) if has_s2 else None
+  bias_ref = rest.pop(0) if has_bias else None
+  (o_ref,) = rest
+  fmt = spec.weight_format
+  block_m = a_ref.shape[0]
+  block_n = w_ref.shape[0] if plan.direct else w_ref.shape[1]
+  split = pl.program_id(2)
+  pg = plan.pg
+  dot_t = jnp.int32 if plan.int_compute else jnp.float32
+  carrier = jnp.int8 if plan.int_compute else jnp.float8_e4m3fn
+
+  # Fused activation quantization: the row scale needs the whole row's amax first.
+  fused_scale = None
+  if fuse == "token":
+    def amax_step(t, am):
+      xs = a_ref[:, pl.ds(t * block_k, block_k)].astype(jnp.float32)
+      return jnp.maximum(am, jnp.max(jnp.abs(xs), axis=1, keepdims=True))
+    amax = jax.lax.fori_loop(0, a_ref.shape[1] // block_k, amax_step,
+                             jnp.zeros((block_m, 1), jnp.float32))
+    fused_scale = jnp.where(amax > 0, amax / spec.act_format.max_value, 1.0)
+  elif fuse == "tensor":
+    fused_scale = sa_ref[...]
+
+  def load_a(k0, size):
+    if fuse is None:
+      return a_ref[:, pl.ds(k0, size)]
+    return _round_to_carrier(a_ref[:, pl.ds(k0, size)].astype(jnp.float32) / fused_scale,
+                             spec)
+
+  def decode_w(code):
+    """Unpacked codes -> exact values in the compute dtype."""
+    if fmt.kind == "int":  # offset binary (wna16.prepare): unsigned minus 2**(b-1)
+      if plan.int_compute:
+        return (code.astype(jnp.int32) - (1 << (fmt.bits - 1))).astype(jnp.int8)
+      return uint_to_f32(code, float(1 << (fmt.bits - 1)))
+    return fmt.decode(code, check_nan=False)
+
+  def slab_codes(t, s, words):
+    code = None
+    for p, pb in enumerate(lt.planes):
+      r, shift = lt.locate(p, s)
+      if r not in words:
+        words[r] = w_ref[pl.ds(t * lt.rows_per_tile + r, lt.slab), :]
+      part = (words[r] >> shift) & ((1 << pb) - 1)
+      off = lt.plane_bit_offset(p)
+      part = part << off if off else part
+      code = part if code is None else code | part
+    return code
+
+  def group_scale(k0):
+    """(block_m, block_n)-broadcastable scale of the K group starting at k0."""
+    sc = None
+    if plan.a_group:
+      sc = sa_ref[:, pl.ds(k0 // plan.a_group, 1)]
+    if plan.w_group:
+      sw = wna16._decode_scale_row(sw_ref[pl.ds(k0 // plan.w_group, 1), :], spec)
+      sc = sw if sc is None else sc * sw
+    return sc
+
+  def chunks(t):
+    """(static offset in the tile, size, weight-chunk thunk) for each MMA of K tile t;
+    direct weight chunks are (N, K), slab chunks (K, N)."""
+    base = t * block_k
+    out = []
+    if plan.direct:
+      size = pg if pg else block_k
+      for off in range(0, block_k, size):
+        out.append((off, size, lambda off=off, size=size: w_ref[:, pl.ds(base + off, size)]))
+    else:
+      words = {}
+      for s in range(lt.num_slabs):
+        out.append((s * lt.slab, lt.slab,
+                    lambda s=s, words=words: decode_w(slab_codes(t, s, words))))
+    return out
+
+  def mma(a, w):
+    if plan.direct:  # w is (N, K): contract K with K (K-major B operand)
+      return jax.lax.dot_general(a, w, (((1,), (1,)), ((), ())), preferred_element_type=dot_t)
+    return jnp.dot(a, w.astype(a.dtype), preferred_element_type=dot_t)
+
+  def tile(t_local, acc):
+    t = split * tiles_per_split + t_local
+    gacc = None
+    base = t * block_k
+    for off, size, w_fn in chunks(t):
+      k0 = base + off
+      a = load_a(k0, size)
+      if plan.fold:  # scales into the operands, bf16 MMA (groups < 32)
+        sc_a = sa_ref[:, pl.ds(k0 // plan.a_group, 1)] if plan.a_group else 1.0
+        af = (a.astype(jnp.float32) * sc_a).astype(jnp.bfloat16)
+        wf = w_fn().astype(jnp.float32)
+        if plan.w_group:
+          wf = wf * wna16._decode_scale_row(sw_ref[pl.ds(k0 // plan.w_group, 1), :], spec)
+        acc = acc + jnp.dot(af, wf.astype(jnp.bfloat16), preferred_element_type=jnp.float32)
+        continue
+      w = w_fn()
+      part = mma(a, w if plan.direct else w.astype(carrier))
+      if not pg:
+        acc = acc + part
+        continue
+      gacc = part if gacc is None else gacc + part
+      if (off + size) % pg == 0:  # end of a scale group (tiles start on a group boundary)
+        acc = acc + gacc.astype(jnp.float32) * group_scale(base + off + size - pg)
+        gacc = None
+    return acc
+
+  acc_t = jnp.int32 if (plan.int_compute and not pg) else jnp.float32
+  acc = jnp.zeros((block_m, block_n), acc_t)
+  acc = jax.lax.fori_loop(0, tiles_per_split, tile, acc).astype(jnp.float32)
+  # Epilogue: the scales that do not vary along K.
+  if not plan.a_group:
+    acc = acc * (fused_scale if fuse == "token" else sa_ref[...])
+  if not plan.w_group:
+    acc = acc * wna16._decode_scale_row(sw_ref[...], spec)
+  if has_s2:
+    acc = acc * s2_ref[...]
+  if split_k == 1:
+    if has_bias:
+      acc = acc + bias_ref[...]
+    o_ref[...] = acc.astype(o_ref.dtype)
+  else:
+    o_ref[...] = acc
+
+
+def heuristic(m: int, np_: int, k_tiles: int, plan: Plan) -> tuning.TuningConfig:
+  """Small M: bound by weight bytes, same spreading as WnA16.  Large M: MMA bound, big
+  square tiles, 8 warps, deep pipeline."""
+  if m <= 64:
+    return tuning.wna16_heuristic(m, np_, k_tiles, sms=tuning.num_sms())
+  if m <= 256:
+    return tuning.TuningConfig(64, 128 if np_ % 128 == 0 else 64, 1, num_warps=4,
+                               num_stages=4)
+  return tuning.TuningConfig(128, 128 if np_ % 128 == 0 else 64, 1, num_warps=8,
+                             num_stages=4 if plan.direct else 3)
+
+
+def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
+        config: tuning.TuningConfig | None = None, block_k: int | None = None,
+        fuse_act_quant: bool = False) -> jax.Array:
+  """(M, K) float activations x prepared params -> (M, N) in x.dtype.
+
+  ``block_k`` (8-bit weights only): K rows per pipelined loop iteration (default 128, or
+  the scale group if larger).  ``fuse_act_quant``: quantize the activations inside the
+  kernel (per-token dynamic or static per-tensor specs) instead of in a pre-pass."""
+  spec = params.spec
+  plan = plan_for(spec)
+  if plan is None:
+    raise ValueError(f"spec {spec.name}: no W8A8 kernel path")
+  k, n = params.shape
+  m = x.shape[0]
+  if plan.direct:
+    lt = None
+    np_, kp = params.codes.shape
+    bk = block_k or max(128, plan.pg)
+    if bk % max(plan.pg, 1) or kp % bk:
+      raise ValueError(f"block_k={bk} must divide the padded K={kp} and be a multiple of "
+                       f"the scale group {plan.pg}")
+  else:
+    _, lt = lay.parse_layout_name(params.layout)
+    if block_k not in (None, lt.block_k):
+      raise ValueError(f"block_k={block_k}: the slab layout fixes it to {lt.block_k}")
+    bk = lt.block_k
+    kp = params.codes.shape[0] // lt.rows_per_tile * lt.block_k
+    np_ = params.codes.shape[1]
+  k_tiles = kp // bk
+  if config is None:
+    key = tuning.cache_key(FAMILY, spec.name, tuning.bucket_m(m), n, k, tuning.device_kind())
+    config = tuning.cached_config(key) or heuristic(m, np_, k_tiles, plan)
+  block_m = config.block_m
+  mp = -(-m // block_m) * block_m
+  block_n = min(config.block_n, np_)
+  while np_ % block_n:
+    block_n //= 2
+  split_k = config.split_k if k_tiles % config.split_k == 0 else 1
+
+  fuse = None
+  if fuse_act_quant:
+    if spec.act_granularity == "token" and spec.act_scale_dtype == "float32":
+      fuse = "token"
+    elif spec.act_static:
+      fuse = "tensor"
+    else:
+      raise ValueError(f"fuse_act_quant=True needs per-token (float32 scale) or static "
+                       f"activation scales; spec {spec.name} has "
+                       f"act_granularity={spec.act_granularity!r}")
+  if fuse is None:
+    qa = act_quant.quantize(x, spec, params.act_scale)
+    a = jnp.pad(qa.values, ((0, mp - m), (0, kp - k)))
+    sa = qa.scales
+    cols = kp // plan.a_group if plan.a_group else 1
+    sa = jnp.pad(sa, ((0, (mp if sa.shape[0] > 1 else 1) - sa.shape[0]),
+                      (0, cols - sa.shape[1])), constant_values=1.0)
+  else:
+    a = jnp.pad(x, ((0, mp - m), (0, kp - k)))
+    sa = (jnp.asarray(params.act_scale, jnp.float32).reshape(1, 1) if fuse == "tensor"
+          else jnp.ones((1, 1), jnp.float32))  # unused placeholder for "token"
+  has_s2 = params.global_scale is not None
+  has_bias = params.bias is not None and split_k == 1
+
+  n_spec = lambda rows: pl.BlockSpec((rows, block_n), lambda i, j, s: (0, j))
+  sa_spec = (pl.BlockSpec((block_m, sa.shape[1]), lambda i, j, s: (i, 0)) if sa.shape[0] > 1
+             else pl.BlockSpec(sa.shape, lambda i, j, s: (0, 0)))
+  w_spec = (pl.BlockSpec((block_n, kp), lambda i, j, s: (j, 0)) if plan.direct
+            else n_spec(params.codes.shape[0]))
+  operands = [a, sa, params.codes, params.scales]
+  in_specs = [pl.BlockSpec((block_m, kp), lambda i, j, s: (i, 0)), sa_spec, w_spec,
+              n_spec(params.scales.shape[0])]
+  if has_s2:
+    operands.append(params.global_scale.astype(jnp.float32).reshape(1, 1))
+    in_specs.append(pl.BlockSpec((1, 1), lambda i, j, s: (0, 0)))
+  if has_bias:
+    operands.append(jnp.pad(params.bias, (0, np_ - n)).reshape(1, np_))
+    in_specs.append(n_spec(1))
+  if split_k == 1:
+    out_shape = jax.ShapeDtypeStruct((mp, np_), x.dtype)
+    out_spec = pl.BlockSpec((block_m, block_n), lambda i, j, s: (i, j))
+  else:
+    out_shape = jax.ShapeDtypeStruct((split_k, mp, np_), jnp.float32)
+    out_spec = pl.BlockSpec((None, block_m, block_n), lambda i, j, s: (s, i, j))
+  kernel = functools.partial(
+      _kernel, spec=spec, plan=plan, lt=lt, block_k=bk, tiles_per_split=k_tiles // split_k,
+      has_s2=has_s2, has_bias=has_bias, split_k=split_k, fuse=fuse)
+  out = pl.pallas_call(
+      kernel,
+      out_shape=out_shape,
+      grid=(mp // block_m, np_ // block_n, split_k),
+      in_specs=in_specs,
+      out_specs=out_spec,
+      compiler_params=plt.CompilerParams(num_warps=config.num_warps,
+                                         num_stages=config.num_stages),
+      interpret=interpret,
+      name=f"w8a8_{spec.weight}_{spec.act}",
+  )(*operands)
+  if split_k > 1:
+    out = out.sum(axis=0)
+    if params.bias is not None:
+      out = out + jnp.pad(params.bias, (0, np_ - n))
+    out = out.astype(x.dtype)
+  return out[:m, :n]
+
+
+KERNEL = registry.register(registry.DenseKernel(
+    name=FAMILY, layout=FAMILY, supports=supports, prepare=prepare,
+    to_canonical=to_canonical, run=run))
