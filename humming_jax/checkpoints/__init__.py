@@ -1,0 +1,164 @@
+"""Load the quantized checkpoints people already have, without re-quantizing.
+
+    tree = hj.load_checkpoint("path/to/hf-dir")         # format from quantization_config
+    hj.report(tree)                                      # what is stored, per tensor
+    y = hj.quant_dense(tree["model"]["layers"]["0"]["mlp"]["down_proj"]["weight"], x)
+
+The result is a nested dict keyed by the checkpoint's module path (``"a.b.c"`` ->
+``tree["a"]["b"]["c"]``).  A quantized linear ``m`` becomes ``tree[...]["m"]["weight"]``: a
+canonical :class:`~humming_jax.QuantizedWeight` in our (K, N) = (in, out) layout with its
+bias inside (float32), its codes/scales/zero points taken over bit for bit from the producer
+(never re-quantized).  Every other tensor (embeddings, norms, ignored / excluded modules)
+comes back as a float array *exactly as stored*, torch layout and dtype included.
+
+Supported ``format=`` values (detected from ``config.json``'s ``quantization_config``, or
+ModelOpt's ``hf_quant_config.json``): ``"gptq"``, ``"awq"``, ``"compressed-tensors"``,
+``"modelopt"``, ``"mxfp4"``, and ``"float"`` (no quantization).  See docs/checkpoints.md.
+"""
+from __future__ import annotations
+
+import os
+import warnings
+
+import jax.numpy as jnp
+
+from humming_jax.checkpoints import compressed_tensors as _ct
+from humming_jax.checkpoints import gptq as _gptq
+from humming_jax.checkpoints import nvidia as _nv
+from humming_jax.checkpoints._common import Unit
+from humming_jax.checkpoints._io import CheckpointDir, SafetensorsFile
+
+FORMATS = ("gptq", "awq", "compressed-tensors", "modelopt", "mxfp4", "float")
+_ALIASES = {"gptq": "gptq", "awq": "awq", "compressed-tensors": "compressed-tensors",
+            "compressed_tensors": "compressed-tensors", "modelopt": "modelopt",
+            "mxfp4": "mxfp4", "float": "float", "none": "float"}
+
+__all__ = ["load_checkpoint", "detect_format", "FORMATS", "SafetensorsFile"]
+
+
+def _quant_config(ckpt: CheckpointDir) -> dict | None:
+  qc = ckpt.config.get("quantization_config")
+  if qc is None:
+    hf = ckpt.extra_json("hf_quant_config.json")  # older ModelOpt exports
+    if isinstance(hf, dict) and isinstance(hf.get("quantization"), dict):
+      qc = {"quant_method": "modelopt", **hf["quantization"]}
+  if qc is not None and not isinstance(qc, dict):
+    raise ValueError(f"{ckpt.path}/config.json: quantization_config is not a JSON object")
+  return qc
+
+
+def detect_format(path: str | os.PathLike) -> str:
+  """The checkpoint format of a directory, one of :data:`FORMATS` (from its config)."""
+  return _detect(CheckpointDir(path))[0]
+
+
+def _detect(ckpt: CheckpointDir, fmt: str | None = None) -> tuple[str, dict]:
+  qc = _quant_config(ckpt)
+  if fmt is not None:
+    key = _ALIASES.get(str(fmt).lower())
+    if key is None:
+      raise ValueError(f"format={fmt!r}; expected one of {FORMATS}")
+    return key, qc or {}
+  if qc is None:
+    return "float", {}
+  method = str(qc.get("quant_method", "")).lower()
+  if method not in _ALIASES or method in ("float", "none"):
+    raise ValueError(f"{ckpt.path}: unknown quantization_config.quant_method {method!r}; "
+                     f"supported: gptq, awq, compressed-tensors, modelopt, mxfp4 (or pass "
+                     "format=...)")
+  return _ALIASES[method], qc
+
+
+def _planner(fmt: str, qc: dict, notes: list):
+  if fmt == "gptq":
+    return lambda m, s: _gptq.plan_gptq(m, s, qc)
+  if fmt == "awq":
+    return lambda m, s: _gptq.plan_awq(m, s, qc)
+  if fmt == "compressed-tensors":
+    return lambda m, s: _ct.plan_compressed_tensors(m, s, qc, notes)
+  if fmt == "modelopt":
+    return lambda m, s: _nv.plan_modelopt(m, s, qc, notes)
+  if fmt == "mxfp4":
+    return lambda m, s: _nv.plan_mxfp4(m, s, qc)
+  return lambda m, s: None
+
+
+def _place(tree: dict, path: list[str], value, full: str) -> None:
+  node = tree
+  for p in path[:-1]:
+    node = node.setdefault(p, {})
+    if not isinstance(node, dict):
+      raise ValueError(f"tensor {full!r}: its path clashes with a tensor named "
+                       f"{'.'.join(path[:path.index(p) + 1])!r}")
+  if path[-1] in node:
+    raise ValueError(f"tensor {full!r}: two tensors map to the same tree path {path}")
+  node[path[-1]] = value
+
+
+def load_checkpoint(path: str | os.PathLike, *, format: str | None = None,  # noqa: A002
+                    progress: bool = True) -> dict:
+  """Read a HF-style checkpoint directory into a params tree, without re-quantizing.
+
+  Args:
+    path: directory with ``config.json`` and ``model.safetensors`` or a sharded
+      ``model.safetensors.index.json``.
+    format: one of :data:`FORMATS` to override detection from ``quantization_config``.
+    progress: show a tqdm progress bar over the layers.
+
+  Returns:
+    nested dict keyed by module path; quantized linears -> ``{"weight": QuantizedWeight}``,
+    everything else -> float arrays as stored.
+
+  Shards are read one at a time (memory stays near one shard: a layer whose tensors straddle
+  two shards waits for the second).  Files are only ever opened for reading.  Missing
+  tensors, wrong shapes or dtypes, unknown formats and mixed formats in one layer raise a
+  ``ValueError`` naming the tensor or module.
+  """
+  ckpt = CheckpointDir(path)
+  fmt, qc = _detect(ckpt, format)
+  notes: list[str] = []
+  plan = _planner(fmt, qc, notes)
+  by_module: dict[str, set[str]] = {}
+  for key in ckpt.weight_map:
+    mod, _, leaf = key.rpartition(".")
+    by_module.setdefault(mod, set()).add(leaf)
+  units: list[Unit] = []
+  for mod in sorted(by_module):
+    suffixes = by_module[mod]
+    quant = plan(mod, suffixes) or []
+    taken = {k for u in quant for k in u.keys}
+    units.extend(quant)
+    for leaf in sorted(suffixes):
+      key = f"{mod}.{leaf}" if mod else leaf
+      if key not in taken:
+        units.append(Unit(mod, (key,),
+                          lambda a, key=key, leaf=leaf: {leaf: jnp.asarray(a[key])}))
+  owner = {k: u for u in units for k in u.keys}
+  waiting = {id(u): len(u.keys) for u in units}
+  tree: dict = {}
+  held: dict = {}
+  from tqdm.auto import tqdm
+  bar = tqdm(total=len(units), desc=f"loading {fmt} checkpoint", unit="tensor",
+             disable=not progress)
+  try:
+    for shard, f in ckpt.iter_shards():
+      for key in f.keys():
+        if ckpt.weight_map.get(key) != shard or key not in owner:
+          continue
+        held[key] = f.get(key)
+        u = owner[key]
+        waiting[id(u)] -= 1
+        if waiting[id(u)]:
+          continue  # wait for the rest of this layer (maybe in a later shard)
+        out = u.build({k: held.pop(k) for k in u.keys})
+        prefix = u.module.split(".") if u.module else []
+        for leaf, value in out.items():
+          _place(tree, prefix + [leaf], value, f"{u.module}.{leaf}")
+        bar.update(1)
+  finally:
+    bar.close()
+  if held:
+    raise ValueError(f"tensor {sorted(held)[0]!r}: its layer is incomplete")
+  if notes:
+    warnings.warn(f"load_checkpoint({os.fspath(path)!r}): " + "; ".join(notes), stacklevel=2)
+  return tree

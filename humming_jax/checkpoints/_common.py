@@ -1,0 +1,102 @@
+"""Shared pieces of the checkpoint converters: tensor checks, bit unpacking of the
+producers' storage layouts, and building canonical :class:`QuantizedWeight` params."""
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable
+
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+
+from humming_jax import packing
+from humming_jax.quantize import QuantizedWeight
+from humming_jax.spec import QuantSpec
+
+FLOAT_SCALE = {np.dtype(np.float32): "float32", np.dtype(np.float16): "float16",
+               np.dtype(ml_dtypes.bfloat16): "bfloat16"}
+
+
+@dataclasses.dataclass
+class Unit:
+  """Tensors of one checkpoint module that become one or more tree leaves together.
+
+  ``keys``: full tensor names it needs; ``build(arrays)`` gets ``{full name: np.ndarray}``
+  and returns ``{leaf name: value}`` placed under the module's path."""
+
+  module: str
+  keys: tuple[str, ...]
+  build: Callable[[dict], dict]
+
+
+def expect(name: str, a: np.ndarray, dtypes, shape=None) -> np.ndarray:
+  """Check a checkpoint tensor's dtype (one of ``dtypes``) and shape; name it on failure."""
+  dts = [np.dtype(d) for d in (dtypes if isinstance(dtypes, (list, tuple)) else [dtypes])]
+  if a.dtype not in dts:
+    raise ValueError(f"tensor {name!r}: dtype {a.dtype}, expected "
+                     f"{' or '.join(str(d) for d in dts)}")
+  if shape is not None and tuple(a.shape) != tuple(shape):
+    raise ValueError(f"tensor {name!r}: shape {tuple(a.shape)}, expected {tuple(shape)}")
+  return a
+
+
+def float_scale_dtype(name: str, a: np.ndarray) -> str:
+  if a.dtype not in FLOAT_SCALE:
+    raise ValueError(f"tensor {name!r}: dtype {a.dtype}, expected a float scale "
+                     "(float32, float16 or bfloat16)")
+  return FLOAT_SCALE[a.dtype]
+
+
+def unpack_stream(words: np.ndarray, bits: int, count: int, axis: int) -> np.ndarray:
+  """Dense little-endian bitstream of ``bits``-bit codes held in 32-bit words along ``axis``
+  (value ``i`` at stream bit ``i * bits``; GPTQ's and compressed-tensors' packing) ->
+  uint8 codes, ``count`` of them along ``axis``."""
+  w = np.moveaxis(words.view(np.uint32), axis, -1)
+  nbits = w.shape[-1] * 32
+  if count * bits > nbits:
+    raise ValueError(f"{count} codes of {bits} bits need {count * bits} bits; the packed "
+                     f"tensor has {nbits}")
+  as_bytes = np.ascontiguousarray(w, dtype="<u4").view(np.uint8)  # little-endian bytes
+  stream = np.unpackbits(as_bytes, axis=-1, bitorder="little")[..., :count * bits]
+  stream = stream.reshape(*stream.shape[:-1], count, bits)
+  codes = (stream.astype(np.uint8) << np.arange(bits, dtype=np.uint8)).sum(-1, dtype=np.uint8)
+  return np.moveaxis(codes, -1, axis)
+
+
+def unpack_nibbles(packed: np.ndarray) -> np.ndarray:
+  """uint8 bytes holding two 4-bit codes (low nibble first) -> codes, last axis doubled."""
+  lo, hi = packed & 0x0F, packed >> 4
+  return np.stack([lo, hi], axis=-1).reshape(*packed.shape[:-1], packed.shape[-1] * 2)
+
+
+def make_weight(spec: QuantSpec, codes_kn: np.ndarray, scales, zeros=None, global_scale=None,
+                bias=None, act_scale=None) -> QuantizedWeight:
+  """Canonical params from (..., K, N) uint8 codes and (..., Gk, Gn) stored scales."""
+  codes_kn = np.ascontiguousarray(codes_kn)
+  return QuantizedWeight(
+      codes=packing.pack_codes(jnp.asarray(codes_kn), spec.weight_bits),
+      scales=jnp.asarray(scales),
+      zeros=None if zeros is None else jnp.asarray(zeros, jnp.uint8),
+      global_scale=None if global_scale is None else jnp.asarray(global_scale, jnp.float32),
+      bias=None if bias is None else jnp.asarray(bias.astype(np.float32)),
+      act_scale=None if act_scale is None else jnp.asarray(act_scale, jnp.float32).reshape(()),
+      spec=spec, shape=tuple(codes_kn.shape))
+
+
+def spec_or_error(module: str, **fields) -> QuantSpec:
+  """A QuantSpec; a refusal names the checkpoint module it was for."""
+  try:
+    return QuantSpec(**fields)
+  except ValueError as e:
+    raise ValueError(f"module {module!r}: its quantization has no exact QuantSpec: {e}") \
+        from None
+
+
+def bias_of(module: str, arrays: dict, n: int, lead=()):
+  key = f"{module}.bias"
+  if key not in arrays:
+    return None
+  b = arrays[key]
+  if b.dtype not in FLOAT_SCALE:
+    raise ValueError(f"tensor {key!r}: dtype {b.dtype}, expected a float bias")
+  return expect(key, b, b.dtype, (*lead, n))

@@ -1,0 +1,227 @@
+"""compressed-tensors (llm-compressor) checkpoints.
+
+Per quantized module (torch (N, K) = (out, in)):
+  pack-quantized   ``weight_packed`` int32 (N, ceil(K*bits/32)): codes ``q + 2**(bits-1)``
+                   packed along K as a dense little-endian bitstream; ``weight_shape`` [N, K];
+                   ``weight_scale`` (N, G) / (N, 1); asymmetric: ``weight_zero_point`` packed
+                   the same way along N, (ceil(N*bits/32), G), holding ``zp + 2**(bits-1)``.
+  int-quantized    ``weight`` int8 (N, K) codes ``q`` as they are (+ ``weight_zero_point`` int8).
+  float-quantized  ``weight`` float8_e4m3fn (N, K); ``weight_scale`` per channel (N, 1),
+                   per tensor (1,) or per block (N/bn, K/bk) for ``block_structure=[bn, bk]``.
+  nvfp4-pack-quantized  ``weight_packed`` uint8 (N, K/2) e2m1 codes, low nibble first;
+                   ``weight_scale`` float8_e4m3fn (N, K/16); ``weight_global_scale`` (1,) fp32
+                   stored as the *divisor*: value = e2m1 * (scale / global_scale).  We store
+                   ``1 / weight_global_scale`` as our multiplicative ``s2`` (within one fp32
+                   rounding of the producer's division).
+Dequantization: ``(q - zp) * scale`` (in the scale dtype, then cast): our float32 values cast
+to the producer's dtype are bit-identical.
+Signed codes map to our ``intN`` (symmetric) or to ``uintN`` codes ``q + 2**(bits-1)`` with
+uint8 zero points ``zp + 2**(bits-1)`` (asymmetric): ``(u - z) == (q - zp)`` exactly.
+
+``input_activations`` map to the spec's activation fields: fp8/int8 per token (dynamic),
+per tensor (static, ``input_scale`` becomes ``act_scale``), per group; NVFP4 activations
+(tensor_group 16) become ``act="fp4_e2m1"`` with e4m3 group scales and a *dynamic* fp32
+global scale: the calibrated ``input_global_scale`` is not used (a warning says so).
+"""
+from __future__ import annotations
+
+import re
+
+import numpy as np
+
+from humming_jax.checkpoints._common import (Unit, bias_of, expect, float_scale_dtype,
+                                             make_weight, spec_or_error, unpack_nibbles,
+                                             unpack_stream)
+
+import ml_dtypes
+
+_FORMATS = ("pack-quantized", "int-quantized", "naive-quantized", "float-quantized",
+            "nvfp4-pack-quantized")
+_KNOWN = {"weight", "weight_packed", "weight_shape", "weight_scale", "weight_zero_point",
+          "weight_global_scale", "input_scale", "input_zero_point", "input_global_scale",
+          "bias", "weight_g_idx"}
+_CLASS_TARGETS = {"Linear", "linear", "Conv1D", "QuantLinear"}
+
+
+def _matches(target: str, module: str) -> bool:
+  if target.startswith("re:"):
+    return re.match(target[3:], module) is not None
+  return module == target or module.endswith("." + target)
+
+
+def _scheme_for(module: str, qcfg: dict) -> dict | None:
+  """The config group whose targets name this module (explicit names beat class names)."""
+  groups = qcfg.get("config_groups") or {}
+  explicit, by_class = [], []
+  for gname, g in groups.items():
+    for t in g.get("targets") or []:
+      if t in _CLASS_TARGETS:
+        by_class.append((gname, g))
+      elif _matches(t, module):
+        explicit.append((gname, g))
+  found = explicit or by_class
+  if len({n for n, _ in found}) > 1:
+    raise ValueError(f"module {module!r}: matched by several config_groups "
+                     f"{sorted({n for n, _ in found})}")
+  return found[0][1] if found else None
+
+
+def _act_fields(module: str, ia: dict | None, a: dict, notes: list) -> dict:
+  if not ia:
+    return {}
+  bits, typ = int(ia.get("num_bits", 8)), ia.get("type", "int")
+  act = {("float", 8): "fp8_e4m3", ("int", 8): "int8", ("float", 4): "fp4_e2m1",
+         ("int", 4): "int4"}.get((typ, bits))
+  if act is None:
+    raise ValueError(f"module {module!r}: input_activations {typ}{bits} has no activation "
+                     "format here (int8, int4, fp8 e4m3, fp4 e2m1)")
+  if ia.get("symmetric", True) is False:
+    raise ValueError(f"module {module!r}: asymmetric input_activations (activation zero "
+                     "points) cannot be expressed by QuantSpec")
+  strategy, dynamic = ia.get("strategy", "token"), ia.get("dynamic", True)
+  f = {"act": act}
+  if strategy == "token":
+    f["act_granularity"] = "token"
+  elif strategy == "tensor":
+    f["act_granularity"] = "tensor"
+    if dynamic is False:
+      key = f"{module}.input_scale"
+      if key not in a:
+        raise ValueError(f"module {module!r}: static input_activations but no tensor {key}")
+      s = a[key]
+      expect(key, s, s.dtype)
+      if s.size != 1:
+        raise ValueError(f"tensor {key!r}: shape {s.shape}, expected one value")
+      f.update(act_static=True, act_scale=np.float32(s.astype(np.float32).reshape(())))
+  elif strategy == "group":
+    f.update(act_granularity="group", act_group_size=int(ia["group_size"]))
+  elif strategy == "tensor_group":
+    f.update(act_granularity="group", act_group_size=int(ia["group_size"]),
+             act_scale_dtype="fp8_e4m3")
+    if dynamic is not True:
+      notes.append(f"{module}: calibrated input_global_scale not used (activation global "
+                   "scale is computed per call)")
+  else:
+    raise ValueError(f"module {module!r}: input_activations strategy {strategy!r} unknown")
+  return f
+
+
+def plan_compressed_tensors(module: str, suffixes: set[str], qcfg: dict,
+                            notes: list) -> list[Unit] | None:
+  quantized = "weight_packed" in suffixes or ("weight" in suffixes and "weight_scale" in
+                                              suffixes)
+  if not quantized:
+    if suffixes & {"weight_scale", "weight_zero_point", "weight_shape", "weight_global_scale"}:
+      raise ValueError(f"module {module!r}: has quantization tensors "
+                       f"{sorted(suffixes & _KNOWN - {'bias'})} but no {module}.weight_packed "
+                       f"or {module}.weight")
+    return None
+  if {"qweight", "qzeros", "weight_scale_2"} & suffixes or \
+     {"weight", "weight_packed"} <= suffixes:
+    raise ValueError(f"module {module!r}: mixed formats in one layer: "
+                     f"{sorted(f'{module}.{s}' for s in suffixes)}")
+  scheme = _scheme_for(module, qcfg)
+  if scheme is None:
+    raise ValueError(f"module {module!r}: quantized tensors but no config_groups entry "
+                     "targets it")
+  fmt = scheme.get("format") or qcfg.get("format")
+  if fmt == "mixed-precision" or fmt not in _FORMATS:
+    raise ValueError(f"module {module!r}: compressed-tensors format {fmt!r} is not supported "
+                     f"(supported: {_FORMATS})")
+  wa = scheme.get("weights") or {}
+  if wa.get("actorder") not in (None, False) or "weight_g_idx" in suffixes:
+    raise ValueError(f"module {module!r}: activation-ordered groups (actorder / "
+                     f"{module}.weight_g_idx) are not supported")
+  keys = tuple(f"{module}.{s}" for s in sorted(suffixes & _KNOWN))
+
+  def build(a):
+    t = lambda s: a.get(f"{module}.{s}")  # noqa: E731
+    bits, typ = int(wa.get("num_bits", 8)), wa.get("type", "int")
+    strategy = wa.get("strategy")
+    sym = wa.get("symmetric", True)
+    act = _act_fields(module, scheme.get("input_activations"), a, notes)
+    act_scale = act.pop("act_scale", None)
+    sname = f"{module}.weight_scale"
+    if t("weight_scale") is None:
+      raise ValueError(f"module {module!r}: missing tensor {sname}")
+    # -- codes (N, K) ------------------------------------------------------------------
+    zeros = global_scale = None
+    if fmt == "nvfp4-pack-quantized":
+      wp = expect(f"{module}.weight_packed", t("weight_packed"), np.uint8)
+      n, k = wp.shape[0], wp.shape[1] * 2
+      codes = unpack_nibbles(wp)
+      weight = "fp4_e2m1"
+      gname = f"{module}.weight_global_scale"
+      if t("weight_global_scale") is None:
+        raise ValueError(f"module {module!r}: missing tensor {gname}")
+      gs = expect(gname, t("weight_global_scale"), np.float32)
+      if gs.size != 1:
+        raise ValueError(f"tensor {gname!r}: shape {gs.shape}, expected one value")
+      global_scale = np.float32(1.0) / gs.reshape(())  # stored as a divisor
+    elif fmt == "float-quantized":
+      w = expect(f"{module}.weight", t("weight"), [ml_dtypes.float8_e4m3fn, ml_dtypes.float8_e5m2])
+      n, k = w.shape
+      weight = "fp8_e4m3" if w.dtype == ml_dtypes.float8_e4m3fn else "fp8_e5m2"
+      codes = w.view(np.uint8)
+    else:
+      if typ != "int":
+        raise ValueError(f"module {module!r}: {fmt} with weights type {typ!r}")
+      half = 1 << (bits - 1)
+      if fmt == "pack-quantized":
+        shp = expect(f"{module}.weight_shape", t("weight_shape"), [np.int64, np.int32], (2,))
+        n, k = (int(v) for v in shp)
+        wp = expect(f"{module}.weight_packed", t("weight_packed"), np.int32,
+                    (n, -(-k * bits // 32)))
+        q = unpack_stream(wp, bits, k, axis=1).astype(np.int16) - half
+      else:
+        w = expect(f"{module}.weight", t("weight"), np.int8)
+        n, k = w.shape
+        q = w.astype(np.int16)
+      if sym:
+        codes, weight = (q & ((1 << bits) - 1)).astype(np.uint8), f"int{bits}"
+      else:
+        codes, weight = (q + half).astype(np.uint8), f"uint{bits}"
+    # -- scales -> (Gk, Gn) ------------------------------------------------------------
+    sc = t("weight_scale")
+    if fmt == "nvfp4-pack-quantized":
+      expect(sname, sc, ml_dtypes.float8_e4m3fn)
+      scale_dtype = "fp8_e4m3"
+    else:
+      scale_dtype = float_scale_dtype(sname, sc)
+    gran = {}
+    if strategy == "tensor":
+      if sc.size != 1:
+        raise ValueError(f"tensor {sname!r}: shape {sc.shape}, expected one value (tensor)")
+      sc, gran = sc.reshape(1, 1), dict(granularity="tensor", group_size=0)
+    elif strategy == "channel":
+      sc = expect(sname, sc, sc.dtype, (n, 1)).T
+      gran = dict(granularity="channel", group_size=0)
+    elif strategy in ("group", "tensor_group"):
+      g = int(wa["group_size"])
+      sc = expect(sname, sc, sc.dtype, (n, -(-k // g))).T
+      gran = dict(granularity="group", group_size=g)
+    elif strategy == "block":
+      bn, bk = (int(v) for v in wa["block_structure"])
+      sc = expect(sname, sc, sc.dtype, (-(-n // bn), -(-k // bk))).T
+      gran = dict(granularity="block", group_size=bk, block_n=bn)
+    else:
+      raise ValueError(f"module {module!r}: weights strategy {strategy!r} is not supported")
+    if not sym:
+      zname = f"{module}.weight_zero_point"
+      zp = t("weight_zero_point")
+      if zp is None:
+        raise ValueError(f"module {module!r}: asymmetric weights but no tensor {zname}")
+      ng = sc.shape[0]
+      if zp.dtype == np.int32 and fmt == "pack-quantized" and strategy in ("group", "channel"):
+        zp = expect(zname, zp, np.int32, (-(-n * bits // 32), ng))
+        zeros = unpack_stream(zp, bits, n, axis=0).T  # stored zp + half: our uint8 zeros
+      else:
+        zp = expect(zname, zp, np.int8, (n, ng))
+        zeros = (zp.astype(np.int16) + half).astype(np.uint8).T
+    spec = spec_or_error(module, weight=weight, scale_dtype=scale_dtype,
+                         zero_point=not sym, global_scale=global_scale is not None,
+                         **gran, **act)
+    return {"weight": make_weight(spec, codes.T, np.ascontiguousarray(sc), zeros,
+                                  global_scale, bias_of(module, a, n), act_scale)}
+
+  return [Unit(module, keys, build)]

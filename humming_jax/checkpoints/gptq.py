@@ -1,0 +1,148 @@
+"""GPTQ (AutoGPTQ / GPTQModel / optimum) and AWQ (AutoAWQ GEMM) checkpoints.
+
+GPTQ stores, per linear (torch (out, in) = (N, K) module):
+  ``qweight`` int32 (K*bits/32, N): codes packed along K as a dense little-endian bitstream
+  (3-bit codes straddle words) -- the same bitstream as our canonical layout;
+  ``qzeros``  int32 (G, N*bits/32): zero points packed along N likewise;
+  ``scales``  fp16 (G, N); ``g_idx`` int32 (K,) group of each input row; ``bias``.
+  Checkpoint format "gptq" (v1, AutoGPTQ) stores zero points *minus one* (and the reader adds
+  one back modulo 2**bits); "gptq_v2" (GPTQModel) stores them as they are.
+  Dequantization: ``(code - zero) * scale``.  When every zero point is 2**(bits-1) (symmetric)
+  the layer is mapped to signed ``intN`` codes (``code - 2**(bits-1)``, no zero points), else
+  to ``uintN`` + uint8 zero points.
+  Act-order (``desc_act`` with a ``g_idx`` that is not ``k // group_size``) is refused: the
+  canonical layout has contiguous K groups, and a K permutation would have to be applied to
+  the activations by every caller.
+
+AWQ (GEMM version) stores ``qweight`` int32 (K, N/8) packed along N in the order
+[0, 2, 4, 6, 1, 3, 5, 7] (nibble j of word c holds column 8c + order[j]), ``qzeros`` int32
+(G, N/8) likewise, ``scales`` fp16 (G, N); zero points as they are: ``(code - zero) * scale``.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from humming_jax.checkpoints._common import (Unit, bias_of, expect, float_scale_dtype,
+                                             make_weight, spec_or_error, unpack_stream)
+
+_INT = (np.int32, np.uint32)
+_OTHER_FORMATS = {"weight", "weight_packed", "weight_scale", "weight_zero_point",
+                  "weight_scale_2", "weight_global_scale"}
+AWQ_ORDER = np.array([0, 2, 4, 6, 1, 3, 5, 7])
+
+
+def _check_parts(fmt: str, module: str, suffixes: set[str], needed) -> bool:
+  if "qweight" not in suffixes:
+    stray = suffixes & {"qzeros", "scales", "g_idx"}
+    if stray:
+      raise ValueError(f"module {module!r}: has {sorted(stray)} but no {module}.qweight "
+                       f"(format {fmt!r} needs {list(needed)})")
+    return False
+  mixed = suffixes & _OTHER_FORMATS
+  if mixed:
+    raise ValueError(f"module {module!r}: mixed formats in one layer: {fmt} tensor "
+                     f"{module}.qweight together with {sorted(f'{module}.{s}' for s in mixed)}")
+  for s in needed:
+    if s not in suffixes:
+      raise ValueError(f"module {module!r}: missing tensor {module}.{s} (format {fmt!r} needs "
+                       f"{', '.join(needed)})")
+  return True
+
+
+def _zero_point_spec(module, bits, zeros, group_size, k, scale_dtype, codes):
+  """Signed intN when all zero points are the midpoint, else uintN + zero points."""
+  half = 1 << (bits - 1)
+  gran = dict(granularity="group", group_size=group_size) if group_size < k else \
+      dict(granularity="channel", group_size=0)
+  if np.all(zeros == half):
+    spec = spec_or_error(module, weight=f"int{bits}", scale_dtype=scale_dtype, **gran)
+    return spec, codes ^ np.uint8(half), None
+  spec = spec_or_error(module, weight=f"uint{bits}", zero_point=True, scale_dtype=scale_dtype,
+                       **gran)
+  return spec, codes, zeros
+
+
+def plan_gptq(module: str, suffixes: set[str], qcfg: dict) -> list[Unit] | None:
+  needed = ("qweight", "qzeros", "scales")
+  if not _check_parts("gptq", module, suffixes, needed):
+    return None
+  bits = int(qcfg.get("bits", qcfg.get("w_bit", 4)))
+  if bits not in (2, 3, 4, 8):
+    raise ValueError(f"quantization_config.bits={bits}; GPTQ checkpoints have 2, 3, 4 or 8")
+  group_size = int(qcfg.get("group_size", 128))
+  fmt = str(qcfg.get("checkpoint_format", "gptq")).lower()
+  if fmt not in ("gptq", "gptq_v2"):
+    raise ValueError(f"quantization_config.checkpoint_format={fmt!r}; supported: 'gptq' (v1, "
+                     "zero points stored minus one) and 'gptq_v2' (marlin/bitblas/ipex "
+                     "repacked layouts are not read)")
+  v1 = fmt == "gptq"
+  keys = [f"{module}.{s}" for s in needed + tuple(s for s in ("g_idx", "bias")
+                                                    if s in suffixes)]
+
+  def build(a):
+    qw = expect(f"{module}.qweight", a[f"{module}.qweight"], _INT)
+    rows, n = qw.shape
+    if (rows * 32) % bits:
+      raise ValueError(f"tensor {module}.qweight: {rows} rows of 32 bits do not hold whole "
+                       f"{bits}-bit codes")
+    k = rows * 32 // bits
+    g = k if group_size in (-1, 0) else group_size
+    ng = -(-k // g)
+    sc = a[f"{module}.scales"]
+    scale_dtype = float_scale_dtype(f"{module}.scales", sc)
+    expect(f"{module}.scales", sc, sc.dtype, (ng, n))
+    qz = expect(f"{module}.qzeros", a[f"{module}.qzeros"], _INT, (ng, -(-n * bits // 32)))
+    if f"{module}.g_idx" in a:
+      gi = expect(f"{module}.g_idx", a[f"{module}.g_idx"], _INT, (k,))
+      if not np.array_equal(gi.astype(np.int64), np.arange(k) // g):
+        raise ValueError(f"tensor {module}.g_idx is not k // group_size: the checkpoint uses "
+                         "act-order (desc_act=True), which is not supported (re-export it "
+                         "with desc_act=False or static_groups=True)")
+    codes = unpack_stream(qw, bits, k, axis=0)  # (K, N)
+    zeros = unpack_stream(qz, bits, n, axis=1)  # (G, N)
+    if v1:  # AutoGPTQ stores zero - 1 and adds it back modulo 2**bits
+      zeros = ((zeros.astype(np.int32) + 1) & ((1 << bits) - 1)).astype(np.uint8)
+    spec, codes, zeros = _zero_point_spec(module, bits, zeros, g, k, scale_dtype, codes)
+    return {"weight": make_weight(spec, codes, sc, zeros,
+                                  bias=bias_of(module, a, n))}
+
+  return [Unit(module, tuple(keys), build)]
+
+
+def plan_awq(module: str, suffixes: set[str], qcfg: dict) -> list[Unit] | None:
+  needed = ("qweight", "qzeros", "scales")
+  if not _check_parts("awq", module, suffixes, needed):
+    return None
+  bits = int(qcfg.get("bits", qcfg.get("w_bit", 4)))
+  version = str(qcfg.get("version", "gemm")).lower()
+  if bits != 4 or version != "gemm":
+    raise ValueError(f"AWQ checkpoint with bits={bits}, version={version!r}: only 4-bit "
+                     "'gemm' packing is supported (gemv/marlin/exllama layouts are not read)")
+  if qcfg.get("zero_point", True) is False:
+    raise ValueError("AWQ with zero_point=False is not supported")
+  group_size = int(qcfg.get("group_size", qcfg.get("q_group_size", 128)))
+  keys = [f"{module}.{s}" for s in needed + (("bias",) if "bias" in suffixes else ())]
+
+  def unpack_awq(name, words):
+    w = words.view(np.uint32)
+    nib = ((w[..., None] >> (4 * np.arange(8, dtype=np.uint32))) & 0xF).astype(np.uint8)
+    out = np.empty_like(nib)
+    out[..., AWQ_ORDER] = nib  # nibble j -> column order[j] of its group of 8
+    return out.reshape(*w.shape[:-1], w.shape[-1] * 8)
+
+  def build(a):
+    qw = expect(f"{module}.qweight", a[f"{module}.qweight"], _INT)
+    k, cols = qw.shape
+    n = cols * 8
+    g = k if group_size in (-1, 0) else group_size
+    ng = -(-k // g)
+    sc = a[f"{module}.scales"]
+    scale_dtype = float_scale_dtype(f"{module}.scales", sc)
+    expect(f"{module}.scales", sc, sc.dtype, (ng, n))
+    qz = expect(f"{module}.qzeros", a[f"{module}.qzeros"], _INT, (ng, cols))
+    codes = unpack_awq(f"{module}.qweight", qw)
+    zeros = unpack_awq(f"{module}.qzeros", qz)
+    spec, codes, zeros = _zero_point_spec(module, 4, zeros, g, k, scale_dtype, codes)
+    return {"weight": make_weight(spec, codes, sc, zeros, bias=bias_of(module, a, n))}
+
+  return [Unit(module, tuple(keys), build)]

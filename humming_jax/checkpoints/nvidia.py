@@ -1,0 +1,136 @@
+"""NVIDIA ModelOpt (NVFP4, FP8) and gpt-oss-style MXFP4 checkpoints.
+
+ModelOpt NVFP4 (``quant_algo="NVFP4"``), per linear (torch (N, K)):
+  ``weight`` uint8 (N, K/2) e2m1 codes, low nibble first; ``weight_scale`` float8_e4m3fn
+  (N, K/16); ``weight_scale_2`` fp32 scalar, the *direct* global scale:
+  value = e2m1 * weight_scale * weight_scale_2 (exactly our ``s2``); ``input_scale`` fp32 scalar,
+  the calibrated activation global scale of W4A4 (not used: our NVFP4 activation global scale
+  is dynamic; a warning says so).
+ModelOpt FP8 (``quant_algo="FP8"``): ``weight`` float8_e4m3fn (N, K), ``weight_scale`` fp32
+  scalar (per tensor), ``input_scale`` fp32 scalar (static per-tensor fp8 activations).
+
+gpt-oss MXFP4 (``quant_method="mxfp4"``): per projection ``X`` of a (stacked-experts) module,
+  ``X_blocks`` uint8 (E, N, K/32, 16) e2m1 codes (low nibble = even k), ``X_scales`` uint8
+  (E, N, K/32) e8m0 exponents (value 2**(s - 127)), ``X_bias`` (E, N): stored transposed, the
+  float layer computes ``x @ W[e]`` with W[e] (K, N) -- our layout.  Becomes one
+  QuantizedWeight (E, K, N) named ``X`` with the bias inside.
+"""
+from __future__ import annotations
+
+import fnmatch
+
+import ml_dtypes
+import numpy as np
+
+from humming_jax.checkpoints._common import (Unit, bias_of, expect, make_weight,
+                                             spec_or_error, unpack_nibbles)
+
+_SCALAR = ((), (1,))
+
+
+def _scalar(name: str, a: np.ndarray) -> np.float32:
+  expect(name, a, np.float32)
+  if a.shape not in _SCALAR:
+    raise ValueError(f"tensor {name!r}: shape {a.shape}, expected a scalar")
+  return np.float32(a.reshape(()))
+
+
+def excluded(module: str, patterns) -> bool:
+  return any(fnmatch.fnmatchcase(module, p) or module.startswith(p + ".")
+             for p in patterns or ())
+
+
+def plan_modelopt(module: str, suffixes: set[str], qcfg: dict,
+                  notes: list) -> list[Unit] | None:
+  if "weight_scale" not in suffixes:
+    if suffixes & {"weight_scale_2"}:
+      raise ValueError(f"module {module!r}: has {module}.weight_scale_2 but no "
+                       f"{module}.weight_scale")
+    return None
+  if suffixes & {"qweight", "weight_packed", "qzeros"}:
+    raise ValueError(f"module {module!r}: mixed formats in one layer: "
+                     f"{sorted(f'{module}.{s}' for s in suffixes)}")
+  if "weight" not in suffixes:
+    raise ValueError(f"module {module!r}: missing tensor {module}.weight")
+  algo = str(qcfg.get("quant_algo", "")).upper()
+  keys = tuple(f"{module}.{s}" for s in sorted(
+      suffixes & {"weight", "weight_scale", "weight_scale_2", "input_scale", "bias"}))
+
+  def build(a):
+    w, sname = a[f"{module}.weight"], f"{module}.weight_scale"
+    if algo == "NVFP4":
+      for s in ("weight_scale_2",):
+        if f"{module}.{s}" not in a:
+          raise ValueError(f"module {module!r}: missing tensor {module}.{s}")
+      expect(f"{module}.weight", w, np.uint8)
+      n, k = w.shape[0], w.shape[1] * 2
+      g = int(qcfg.get("group_size", 16))
+      sc = expect(sname, a[sname], ml_dtypes.float8_e4m3fn, (n, k // g))
+      s2 = _scalar(f"{module}.weight_scale_2", a[f"{module}.weight_scale_2"])
+      act = {}
+      if f"{module}.input_scale" in a:
+        _scalar(f"{module}.input_scale", a[f"{module}.input_scale"])
+        act = dict(act="fp4_e2m1", act_granularity="group", act_group_size=g,
+                   act_scale_dtype="fp8_e4m3")
+        notes.append(f"{module}: calibrated input_scale not used (NVFP4 activation global "
+                     "scale is computed per call)")
+      spec = spec_or_error(module, weight="fp4_e2m1", granularity="group", group_size=g,
+                           scale_dtype="fp8_e4m3", global_scale=True, **act)
+      return {"weight": make_weight(spec, unpack_nibbles(w).T, np.ascontiguousarray(sc.T),
+                                    global_scale=s2, bias=bias_of(module, a, n))}
+    if algo == "FP8":
+      expect(f"{module}.weight", w, ml_dtypes.float8_e4m3fn)
+      n, k = w.shape
+      s = _scalar(sname, a[sname])
+      act, act_scale = {}, None
+      if f"{module}.input_scale" in a:
+        act_scale = _scalar(f"{module}.input_scale", a[f"{module}.input_scale"])
+        act = dict(act="fp8_e4m3", act_granularity="tensor", act_static=True)
+      spec = spec_or_error(module, weight="fp8_e4m3", granularity="tensor", group_size=0,
+                           scale_dtype="float32", **act)
+      return {"weight": make_weight(spec, w.view(np.uint8).T, np.full((1, 1), s, np.float32),
+                                    bias=bias_of(module, a, n), act_scale=act_scale)}
+    raise ValueError(f"quantization_config.quant_algo={algo!r}: supported ModelOpt "
+                     "algorithms are 'NVFP4' and 'FP8'")
+
+  return [Unit(module, keys, build)]
+
+
+def plan_mxfp4(module: str, suffixes: set[str], qcfg: dict) -> list[Unit] | None:
+  projs = sorted(s[:-len("_blocks")] for s in suffixes if s.endswith("_blocks"))
+  stray = [s for s in suffixes if s.endswith("_scales") and s[:-7] not in projs]
+  if stray:
+    raise ValueError(f"module {module!r}: {module}.{stray[0]} has no matching "
+                     f"{module}.{stray[0][:-7]}_blocks")
+  units = []
+  for p in projs:
+    if f"{p}_scales" not in suffixes:
+      raise ValueError(f"module {module!r}: missing tensor {module}.{p}_scales")
+    if p in suffixes or f"{p}.weight" in suffixes:
+      raise ValueError(f"module {module!r}: mixed formats in one layer: {module}.{p} and "
+                       f"{module}.{p}_blocks")
+    keys = tuple(f"{module}.{p}{s}" for s in ("_blocks", "_scales", "_bias")
+                 if f"{p}{s}" in suffixes)
+
+    def build(a, p=p):
+      bn, sn = f"{module}.{p}_blocks", f"{module}.{p}_scales"
+      blocks = expect(bn, a[bn], np.uint8)
+      if blocks.ndim < 3 or blocks.shape[-1] != 16:
+        raise ValueError(f"tensor {bn!r}: shape {blocks.shape}, expected (..., N, K/32, 16)")
+      *lead, n, g, _ = blocks.shape
+      sc = a[sn]
+      if sc.dtype == ml_dtypes.float8_e8m0fnu:
+        sc = sc.view(np.uint8)
+      sc = expect(sn, sc, np.uint8, (*lead, n, g))
+      codes = unpack_nibbles(blocks).reshape(*lead, n, g * 32)
+      spec = spec_or_error(module, weight="fp4_e2m1", granularity="group", group_size=32,
+                           scale_dtype="e8m0")
+      bias = None
+      if f"{module}.{p}_bias" in a:
+        bias = bias_of(f"{module}.{p}", {f"{module}.{p}.bias": a[f"{module}.{p}_bias"]}, n,
+                       tuple(lead))
+      return {p: make_weight(spec, np.swapaxes(codes, -1, -2), np.swapaxes(sc, -1, -2),
+                             bias=bias)}
+
+    units.append(Unit(module, keys, build))
+  return units or None
