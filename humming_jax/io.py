@@ -121,7 +121,8 @@ def _read_header(path: str) -> tuple[dict, int]:
 
 
 def load(path: str | os.PathLike) -> Any:
-  """Read a tree written by :func:`save`; arrays come back as jax arrays, bit-exact.
+  """Read a tree written by :func:`save`; arrays come back bit-exact, as jax arrays
+  (numpy arrays for 64-bit dtypes when jax's x64 mode is off, since jax would narrow them).
 
   Raises ValueError for a missing, truncated, foreign or damaged file."""
   from safetensors import safe_open
@@ -167,7 +168,9 @@ def _decode_tree(path: str, doc: dict, f: Any) -> Any:
     if str(raw.dtype) != d["dtype"] or raw.size != int(np.prod(shape)):
       raise ValueError(f"{path}: tensor {name} is {raw.dtype}{list(raw.shape)}; metadata "
                        f"says {d['dtype']}{list(shape)}")
-    return jnp.asarray(raw.reshape(shape))
+    raw = raw.reshape(shape)
+    # 64-bit dtypes stay numpy unless jax_enable_x64: jax would narrow them silently.
+    return jnp.asarray(raw) if jax.dtypes.canonicalize_dtype(raw.dtype) == raw.dtype else raw
 
   def decode(node: Any) -> Any:
     if not isinstance(node, dict) or len(node) not in (1, 3):

@@ -155,8 +155,8 @@ class QuantMoE(nnx.Module):
   def __init__(self, in_features: int, num_experts: int, topk: int, intermediate: int, *,
                spec: QuantSpec | str = "w4a16-g128", activation: str = "silu",
                renormalize: bool = True, dtype: Any = None, param_dtype: Any = jnp.float32,
-               kernel_init: Callable = default_kernel_init, rngs: nnx.Rngs | None = None,
-               router: nnx.Linear | None = None, gate_up: QuantizedWeight | None = None,
+               kernel_init: Callable = default_kernel_init, backend: Backend = None,
+               rngs: nnx.Rngs | None = None, router: nnx.Linear | None = None, gate_up: QuantizedWeight | None = None,
                down: QuantizedWeight | None = None):
     spec = _common.as_spec(spec)
     if not 0 < topk <= num_experts:
@@ -186,6 +186,7 @@ class QuantMoE(nnx.Module):
     self.renormalize = renormalize
     self.dtype = dtype
     self.param_dtype = param_dtype
+    self.backend = backend
 
   def __call__(self, inputs: jax.Array) -> jax.Array:
     x = jnp.asarray(inputs)
@@ -194,7 +195,7 @@ class QuantMoE(nnx.Module):
     logits = self.router(x2.astype(jnp.float32))
     weights, ids = _common.topk_routing(logits, self.topk, renormalize=self.renormalize)
     y = _common.moe_call(self.gate_up.get_value(), self.down.get_value(), x2, weights, ids,
-                         activation=self.activation)
+                         activation=self.activation, backend=self.backend)
     return y.reshape(x.shape)
 
   @classmethod

@@ -115,6 +115,7 @@ class QuantMoE(nn.Module):
   dtype: Any = None
   param_dtype: Any = jnp.float32
   kernel_init: Callable = default_kernel_init
+  backend: Backend = None
 
   @nn.compact
   def __call__(self, inputs: jax.Array) -> jax.Array:
@@ -140,7 +141,8 @@ class QuantMoE(nn.Module):
     gate_up, down = (self.get_variable("params", n) if self.has_variable("params", n)
                      else self.param(n, expert_init(shape))
                      for n, shape in (("gate_up", (e, k, 2 * i)), ("down", (e, i, k))))
-    y = _common.moe_call(gate_up, down, x2, weights, ids, activation=self.activation)
+    y = _common.moe_call(gate_up, down, x2, weights, ids, activation=self.activation,
+                         backend=self.backend)
     return y.reshape(x.shape)
 
 

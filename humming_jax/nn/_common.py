@@ -69,7 +69,7 @@ def topk_routing(logits: jax.Array, k: int, *, renormalize: bool = True
 
 
 def moe_call(gate_up: Any, down: Any, x: jax.Array, weights: jax.Array, ids: jax.Array, *,
-             activation: str) -> jax.Array:
+             activation: str, backend: Any = None) -> jax.Array:
   """``hj.quant_moe`` (humming_jax/moe.py) on (T, K) tokens."""
   for name, w in (("gate_up", gate_up), ("down", down)):
     if not isinstance(w, QuantizedWeight) or w.num_experts is None:
@@ -79,4 +79,4 @@ def moe_call(gate_up: Any, down: Any, x: jax.Array, weights: jax.Array, ids: jax
     from humming_jax.moe import quant_moe
   except ImportError as e:  # pragma: no cover - only before the MoE issue lands
     raise NotImplementedError("QuantMoE needs humming_jax.moe.quant_moe") from e
-  return quant_moe(gate_up, down, x, weights, ids, activation=activation)
+  return quant_moe(gate_up, down, x, weights, ids, activation=activation, backend=backend)

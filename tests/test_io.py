@@ -1,0 +1,103 @@
+"""hj.save / hj.load: bit-exact round trip, read-only load, clear errors on bad files."""
+import os
+
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+import pytest
+
+import humming_jax as hj
+
+SPECS = ["w4a16-g128", "w4a16-g128-zp", "w4a16-mxfp4", "w4a4-nvfp4", "w8a8-fp8",
+         "w8a8-fp8-block"]
+
+
+def _tree():
+  ks = jax.random.split(jax.random.key(7), 12)
+  q = {name: hj.quantize(jax.random.normal(ks[i], (128, 128)), name,
+                         bias=jax.random.normal(ks[i + 6], (128,)) if i % 2 else None)
+       for i, name in enumerate(SPECS)}
+  static = hj.QuantSpec("fp8_e4m3", "channel", 0, scale_dtype="float32", act="fp8_e4m3",
+                        act_granularity="tensor", act_static=True)
+  q["static"] = hj.quantize(jax.random.normal(ks[0], (64, 32)), static, act_scale=0.37)
+  experts = hj.quantize(jax.random.normal(ks[1], (3, 128, 32)), "w4a16-g128")
+  rng = np.random.default_rng(0)
+  return {
+      "q": q, "experts": [experts],
+      "bf16": jax.random.normal(ks[2], (5, 7)).astype(jnp.bfloat16),
+      "f8": np.asarray(rng.normal(size=(9,)), dtype=ml_dtypes.float8_e4m3fn),
+      "i4": jnp.asarray(rng.integers(-8, 8, size=(6,)), jnp.int4),
+      "f32": rng.normal(size=(2, 3)).astype(np.float32),
+      "i64": np.arange(4, dtype=np.int64),
+      "meta": ("tuple", 3, 2.5, True, None),
+  }
+
+
+def _bits(a):
+  a = np.asarray(a)
+  return a.dtype, a.shape, a.reshape(-1).view(np.uint8).tobytes()
+
+
+def test_round_trip_is_bit_exact(tmp_path):
+  tree = _tree()
+  path = tmp_path / "ckpt.safetensors"
+  hj.save(path, tree)
+  back = hj.load(path)
+  is_q = lambda x: isinstance(x, hj.QuantizedWeight)
+  assert jax.tree.structure(back) == jax.tree.structure(tree)
+  for (pa, a), (pb, b) in zip(jax.tree_util.tree_flatten_with_path(tree)[0],
+                              jax.tree_util.tree_flatten_with_path(back)[0]):
+    assert pa == pb
+    if isinstance(a, (np.ndarray, jax.Array)):
+      assert _bits(a) == _bits(b), pa
+    else:
+      assert a == b and type(a) is type(b), pa
+  # Static aux data (spec, shape, layout) comes back equal.
+  for qa, qb in zip(jax.tree.leaves(tree, is_leaf=is_q), jax.tree.leaves(back, is_leaf=is_q)):
+    if is_q(qa):
+      assert (qa.spec, qa.shape, qa.layout) == (qb.spec, qb.shape, qb.layout)
+  # And the loaded weights compute exactly the same.
+  x = jax.random.normal(jax.random.key(1), (4, 128))
+  for name in SPECS:
+    np.testing.assert_array_equal(hj.quant_dense(back["q"][name], x),
+                                  hj.quant_dense(tree["q"][name], x))
+
+
+def test_load_never_writes(tmp_path):
+  path = tmp_path / "c.safetensors"
+  hj.save(path, {"w": hj.quantize(jax.random.normal(jax.random.key(0), (128, 16)), "w8a16")})
+  before = (sorted(os.listdir(tmp_path)), path.read_bytes(), os.stat(path).st_mtime_ns)
+  os.chmod(path, 0o444)
+  hj.load(path)
+  assert (sorted(os.listdir(tmp_path)), path.read_bytes(), os.stat(path).st_mtime_ns) == before
+
+
+def test_truncated_foreign_and_garbage_files_are_clear_errors(tmp_path):
+  path = tmp_path / "c.safetensors"
+  hj.save(path, {"w": jax.random.normal(jax.random.key(0), (64, 64))})
+  data = path.read_bytes()
+  cut = tmp_path / "cut.safetensors"
+  cut.write_bytes(data[: len(data) - 100])
+  with pytest.raises(ValueError, match="truncated"):
+    hj.load(cut)
+  cut.write_bytes(data[:20])
+  with pytest.raises(ValueError, match="truncated|not a safetensors"):
+    hj.load(cut)
+  from safetensors.numpy import save_file
+  foreign = tmp_path / "foreign.safetensors"
+  save_file({"w": np.ones((2, 2), np.float32)}, str(foreign))
+  with pytest.raises(ValueError, match="without humming_jax metadata"):
+    hj.load(foreign)
+  garbage = tmp_path / "g.bin"
+  garbage.write_bytes(os.urandom(64))
+  with pytest.raises(ValueError, match="safetensors"):
+    hj.load(garbage)
+  with pytest.raises(ValueError, match="no such checkpoint"):
+    hj.load(tmp_path / "missing.safetensors")
+
+
+def test_unsupported_leaf_is_a_type_error(tmp_path):
+  with pytest.raises(TypeError, match="at /x"):
+    hj.save(tmp_path / "c.safetensors", {"x": object()})
+  assert not os.listdir(tmp_path)

@@ -1,0 +1,215 @@
+"""Flax linen / nnx modules: outputs equal the functional API exactly; swap-in helpers."""
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+import humming_jax as hj
+from humming_jax import nn as hnn
+from humming_jax import nnx as hnnx
+
+K, N = 128, 64
+
+
+def _x(seed=1, m=6, dtype=jnp.float32):
+  return jax.random.normal(jax.random.key(seed), (2, m // 2, K)).astype(dtype)
+
+
+# ---------------------------------------------------------------------------- linen
+@pytest.mark.parametrize("spec,dtype,xdtype", [("w4a16-g128", None, jnp.float32),
+                                               ("w8a8-fp8", jnp.bfloat16, jnp.float32),
+                                               ("w4a4-nvfp4", None, jnp.bfloat16)])
+def test_linen_quantdense_equals_functional(spec, dtype, xdtype):
+  layer = hnn.QuantDense(N, spec=spec, dtype=dtype)
+  x = _x(dtype=xdtype)
+  v = layer.init(jax.random.key(0), x)
+  qw = v["params"]["kernel"]
+  assert isinstance(qw, hj.QuantizedWeight) and qw.shape == (K, N) and qw.bias is not None
+  y = layer.apply(v, x)
+  cdt = dtype or jnp.result_type(xdtype, jnp.float32)  # Flax's promotion rule
+  np.testing.assert_array_equal(y, hj.quant_dense(qw, x.astype(cdt)))
+  assert y.dtype == cdt and y.shape == (2, 3, N)
+  np.testing.assert_array_equal(jax.jit(layer.apply)(v, x), y)
+
+
+def test_linen_from_dense_params_and_from_dense():
+  dense = nn.Dense(N, use_bias=True, dtype=jnp.bfloat16)
+  x = _x(2)
+  p = dense.init(jax.random.key(3), x)["params"]
+  qp = hnn.QuantDense.from_dense_params(p, "w4a16-g128")
+  ref = hj.quantize(p["kernel"], "w4a16-g128", bias=p["bias"])
+  np.testing.assert_array_equal(qp["kernel"].codes, ref.codes)
+  np.testing.assert_array_equal(qp["kernel"].bias, p["bias"])
+  qd = hnn.QuantDense.from_dense(dense, "w4a16-g128")
+  assert (qd.features, qd.use_bias, qd.dtype) == (N, True, jnp.bfloat16)
+  y = qd.apply({"params": qp}, x)
+  np.testing.assert_array_equal(y, hj.quant_dense(qp["kernel"], x.astype(jnp.bfloat16)))
+  # Quantization is close to the float layer (sanity of the whole conversion).
+  yf = dense.apply({"params": p}, x).astype(jnp.float32)
+  err = jnp.linalg.norm(y.astype(jnp.float32) - yf) / jnp.linalg.norm(yf)
+  assert err < 0.15
+
+
+class _Block(nn.Module):
+  """A small existing linen model written with plain nn.Dense."""
+
+  @nn.compact
+  def __call__(self, x):
+    h = nn.Dense(256, name="up")(x)
+    h = nn.gelu(h)
+    h = nn.Dense(K, name="down", dtype=jnp.bfloat16)(h)
+    return nn.Dense(32, use_bias=False, name="head")(h + x)
+
+
+def test_linen_interceptor_swaps_every_quantized_dense():
+  model, x = _Block(), _x(4)
+  params = model.init(jax.random.key(5), x)["params"]
+  q = hnn.quantize_linen_params({"params": params}, {"*": "w4a16-g128", "head": None},
+                                progress=False)["params"]
+  assert isinstance(q["up"]["kernel"], hj.QuantizedWeight) and "bias" not in q["up"]
+  assert q["head"]["kernel"] is params["head"]["kernel"]
+  y = hnn.apply_quantized(model, {"params": q}, x)
+  # The same computation through the functional API.
+  h = nn.gelu(hj.quant_dense(q["up"]["kernel"], x))
+  h = hj.quant_dense(q["down"]["kernel"], h.astype(jnp.bfloat16))
+  ref = nn.Dense(32, use_bias=False).apply({"params": q["head"]}, h + x)
+  np.testing.assert_array_equal(y, ref)
+  f = jax.jit(lambda v, x: hnn.apply_quantized(model, v, x))
+  np.testing.assert_array_equal(f({"params": q}, x), y)
+  # Without the interceptor a quantized Dense is refused, never silently wrong.
+  with pytest.raises(Exception):
+    model.apply({"params": q}, x)
+
+
+class _Uses(nn.Module):
+  @nn.compact
+  def __call__(self, x):
+    return hnn.QuantDense(N, spec="w8a16", name="proj")(nn.LayerNorm(name="ln")(x))
+
+
+def test_linen_quantdense_inside_a_model_and_errors():
+  m, x = _Uses(), _x(6)
+  v = m.init(jax.random.key(0), x)
+  ln = nn.LayerNorm().apply({"params": v["params"]["ln"]}, x)
+  np.testing.assert_array_equal(m.apply(v, x), hj.quant_dense(v["params"]["proj"]["kernel"],
+                                                               ln))
+  bad = {"params": {"ln": v["params"]["ln"], "proj": {"kernel": jnp.ones((K, N))}}}
+  with pytest.raises(TypeError, match="must be a QuantizedWeight"):
+    m.apply(bad, x)
+  with pytest.raises(TypeError, match="QuantSpec or a preset"):
+    hnn.QuantDense(N, spec=3).init(jax.random.key(0), x)
+
+
+# ---------------------------------------------------------------------------- nnx
+def test_nnx_quantdense_init_and_from_linear():
+  x = _x(7)
+  layer = hnnx.QuantDense(K, N, spec="w4a16-g128", rngs=nnx.Rngs(0))
+  np.testing.assert_array_equal(layer(x), hj.quant_dense(layer.kernel.get_value(), x))
+  lin = nnx.Linear(K, N, dtype=jnp.bfloat16, rngs=nnx.Rngs(1))
+  q = hnnx.QuantDense.from_linear(lin, "w8a8-fp8")
+  ref = hj.quantize(lin.kernel[...], "w8a8-fp8", bias=lin.bias[...])
+  np.testing.assert_array_equal(q.kernel.get_value().codes, ref.codes)
+  y = q(x)
+  assert y.dtype == jnp.bfloat16
+  np.testing.assert_array_equal(y, hj.quant_dense(ref, x.astype(jnp.bfloat16)))
+  with pytest.raises(ValueError, match="rngs"):
+    hnnx.QuantDense(K, N)
+
+
+class _Net(nnx.Module):
+  def __init__(self, rngs):
+    self.layers = nnx.List([nnx.Linear(K, K, rngs=rngs) for _ in range(2)])
+    self.mlp = nnx.Sequential(nnx.Linear(K, 256, rngs=rngs), nnx.gelu,
+                              nnx.Linear(256, K, rngs=rngs))
+    self.head = nnx.Linear(K, 16, use_bias=False, rngs=rngs)
+
+  def __call__(self, x):
+    for l in self.layers:
+      x = jax.nn.relu(l(x))
+    return self.head(self.mlp(x))
+
+
+def test_quantize_nnx_model_graph_surgery():
+  net, x = _Net(nnx.Rngs(0)), _x(8)
+  lin0 = net.layers[0]
+  out = hnnx.quantize_nnx_model(net, {"*": "w4a16-g128", "head": None,
+                                      "re:^mlp/layers/2": "w8a16"}, progress=False)
+  assert out is net
+  assert isinstance(net.layers[0], hnnx.QuantDense) and isinstance(net.layers[1],
+                                                                    hnnx.QuantDense)
+  assert isinstance(net.mlp.layers[0], hnnx.QuantDense)
+  assert net.mlp.layers[2].spec == hj.QuantSpec.preset("w8a16")
+  assert isinstance(net.head, nnx.Linear)
+  q0 = net.layers[0].kernel.get_value()
+  np.testing.assert_array_equal(
+      q0.codes, hj.quantize(lin0.kernel[...], "w4a16-g128", bias=lin0.bias[...]).codes)
+  # Output = the same computation through the functional API.
+  h = x
+  for l in net.layers:
+    h = jax.nn.relu(hj.quant_dense(l.kernel.get_value(), h))
+  h = hj.quant_dense(net.mlp.layers[0].kernel.get_value(), h)
+  h = hj.quant_dense(net.mlp.layers[2].kernel.get_value(), nnx.gelu(h))
+  ref = h @ net.head.kernel[...]
+  np.testing.assert_array_equal(net(x), ref)
+  # split / merge and nnx.jit carry the quantized variables (jit may fuse differently).
+  g, state = nnx.split(net)
+  np.testing.assert_allclose(nnx.jit(lambda m, x: m(x))(nnx.merge(g, state), x), ref,
+                             rtol=1e-5, atol=1e-6)
+
+
+def test_quantize_nnx_model_error_names_path():
+  net = _Net(nnx.Rngs(0))
+  net.head = nnx.Linear(96, 16, rngs=nnx.Rngs(1))  # 128-groups do not divide 96
+  with pytest.raises(ValueError, match="head/kernel"):
+    hnnx.quantize_nnx_model(net, {"*": "w4a16-g128"}, progress=False)
+
+
+# ---------------------------------------------------------------------------- MoE
+E, TOPK, INTER = 4, 2, 128
+
+
+def _moe_oracle(x, router_kernel, gate_up, down):
+  """Per token, per chosen expert: down(silu(gate) * up), weighted by renormalised top-k."""
+  x = np.asarray(x, np.float64).reshape(-1, K)
+  probs = jax.nn.softmax(jnp.asarray(x @ np.asarray(router_kernel, np.float64),
+                                     jnp.float32), axis=-1)
+  w, ids = jax.lax.top_k(probs, TOPK)
+  w = np.asarray(w / w.sum(-1, keepdims=True), np.float64)
+  gu = np.asarray(hj.dequantize(gate_up), np.float64)
+  dn = np.asarray(hj.dequantize(down), np.float64)
+  y = np.zeros_like(x)
+  for t in range(x.shape[0]):
+    for j in range(TOPK):
+      e = int(ids[t, j])
+      h = x[t] @ gu[e]
+      g, u = h[:INTER], h[INTER:]
+      y[t] += w[t, j] * ((g / (1 + np.exp(-g))) * u) @ dn[e]
+  return y
+
+
+def test_linen_and_nnx_quantmoe_match_expert_loop():
+  x = _x(9, m=8)
+  moe = hnn.QuantMoE(num_experts=E, topk=TOPK, intermediate=INTER, spec="w4a16-g128")
+  v = moe.init(jax.random.key(0), x)
+  p = v["params"]
+  assert p["gate_up"].shape == (E, K, 2 * INTER) and p["down"].shape == (E, INTER, K)
+  y = moe.apply(v, x)
+  assert y.shape == x.shape and y.dtype == x.dtype
+  ref = _moe_oracle(x, p["router"]["kernel"], p["gate_up"], p["down"])
+  np.testing.assert_allclose(np.asarray(y).reshape(-1, K), ref, rtol=2e-4, atol=2e-4)
+  # nnx from the same float-free pieces: same numbers.
+  m2 = hnnx.QuantMoE(K, E, TOPK, INTER, spec="w4a16-g128", router=nnx.Linear(
+      K, E, use_bias=False, rngs=nnx.Rngs(0)), gate_up=p["gate_up"], down=p["down"])
+  m2.router.kernel[...] = p["router"]["kernel"]
+  np.testing.assert_array_equal(m2(x), y)
+  # from_float quantizes float experts like hj.quantize.
+  gu = jax.random.normal(jax.random.key(1), (E, K, 2 * INTER))
+  dn = jax.random.normal(jax.random.key(2), (E, INTER, K))
+  m3 = hnnx.QuantMoE.from_float(p["router"]["kernel"], gu, dn, "w4a16-g128", TOPK)
+  np.testing.assert_array_equal(m3.gate_up.get_value().codes,
+                                hj.quantize(gu, "w4a16-g128").codes)
+  np.testing.assert_allclose(np.asarray(m3(x)).reshape(-1, K),
+                             _moe_oracle(x, p["router"]["kernel"], m3.gate_up.get_value(),
+                                         m3.down.get_value()), rtol=2e-4, atol=2e-3)
