@@ -180,3 +180,18 @@ def test_loaded_layer_runs_under_jit(loaded):
   got = jax.jit(lambda q, x: hj.quant_dense(q, x, backend="xla"))(q, x)
   np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(want), rtol=2e-2,
                              atol=2e-2)
+
+
+@pytest.mark.parametrize("bits", range(1, 9))
+def test_dense_bitstream_unpack_inverts_canonical_packing(bits):
+  """GPTQ / compressed-tensors pack K as the same little-endian bitstream as our canonical
+  layout: unpack_stream(pack_codes(c)) == c, for every width (3/5/6/7 straddle words)."""
+  from humming_jax import packing
+  from humming_jax.checkpoints._common import unpack_stream
+  rng = np.random.default_rng(bits)
+  k, n = 96, 5
+  codes = rng.integers(0, 2**bits, (k, n), dtype=np.uint8)
+  words = np.asarray(packing.pack_codes(jnp.asarray(codes), bits))
+  np.testing.assert_array_equal(unpack_stream(words, bits, k, axis=0), codes)
+  np.testing.assert_array_equal(unpack_stream(np.ascontiguousarray(words.T), bits, k, axis=1),
+                                codes.T)

@@ -1,0 +1,168 @@
+"""load_checkpoint refuses broken or foreign input with errors that name the tensor, and never
+writes to the source directory."""
+import hashlib
+import json
+import os
+import shutil
+
+import numpy as np
+import pytest
+from safetensors.numpy import save_file
+
+import humming_jax as hj
+from humming_jax.checkpoints import load_checkpoint
+from humming_jax.checkpoints._io import SafetensorsFile
+
+FIX = os.path.join(os.path.dirname(__file__), "fixtures", "checkpoints")
+MOD = "model.layers.0.mlp.down_proj"  # (K=64, N=128) in gptq-w8-ch-sym (one shard, fp16)
+
+
+def _tensors(name="gptq-w8-ch-sym"):
+  f = SafetensorsFile(os.path.join(FIX, name, "model.safetensors"))
+  return {k: f.get(k) for k in f.keys()}
+
+
+def _make(tmp_path, tensors, config=None, name="gptq-w8-ch-sym"):
+  d = tmp_path / "ckpt"
+  d.mkdir()
+  cfg = json.load(open(os.path.join(FIX, name, "config.json")))
+  if config is not None:
+    cfg["quantization_config"].update(config)
+  (d / "config.json").write_text(json.dumps(cfg))
+  save_file(tensors, str(d / "model.safetensors"))
+  return str(d)
+
+
+def _load(path, **kw):
+  return load_checkpoint(path, progress=False, **kw)
+
+
+def test_roundtrip_of_the_test_helper(tmp_path):
+  """The rewritten fixture loads (so the failures below come from the edits)."""
+  tree = _load(_make(tmp_path, _tensors()))
+  assert isinstance(tree["model"]["layers"]["0"]["mlp"]["down_proj"]["weight"],
+                    hj.QuantizedWeight)
+
+
+def test_missing_tensor(tmp_path):
+  t = _tensors()
+  del t[f"{MOD}.scales"]
+  with pytest.raises(ValueError, match=rf"missing tensor {MOD}\.scales"):
+    _load(_make(tmp_path, t))
+
+
+def test_wrong_shape(tmp_path):
+  t = _tensors()
+  t[f"{MOD}.scales"] = np.concatenate([t[f"{MOD}.scales"]] * 2, 0)
+  with pytest.raises(ValueError, match=rf"tensor '{MOD}\.scales': shape \(2, 128\), "
+                                       r"expected \(1, 128\)"):
+    _load(_make(tmp_path, t))
+
+
+def test_wrong_dtype(tmp_path):
+  t = _tensors()
+  t[f"{MOD}.qweight"] = t[f"{MOD}.qweight"].astype(np.float32)
+  with pytest.raises(ValueError, match=rf"tensor '{MOD}\.qweight': dtype float32"):
+    _load(_make(tmp_path, t))
+
+
+def test_mixed_formats_in_one_layer(tmp_path):
+  t = _tensors()
+  rng = np.random.default_rng(0)
+  t[f"{MOD}.weight_packed"] = rng.integers(0, 2**31, (128, 8), dtype=np.int32)
+  with pytest.raises(ValueError, match=rf"module '{MOD}': mixed formats in one layer"):
+    _load(_make(tmp_path, t))
+
+
+def test_act_order_g_idx_is_refused(tmp_path):
+  t = _tensors("gptq-w3-g32-asym")
+  g = t[f"{MOD}.g_idx"].copy()
+  t[f"{MOD}.g_idx"] = np.random.default_rng(1).permutation(g).astype(np.int32)
+  with pytest.raises(ValueError, match=rf"{MOD}\.g_idx .*act-order"):
+    _load(_make(tmp_path, t, name="gptq-w3-g32-asym"))
+
+
+def test_unknown_format(tmp_path):
+  d = _make(tmp_path, _tensors(), {"quant_method": "bitsandbytes"})
+  with pytest.raises(ValueError, match="unknown quantization_config.quant_method "
+                                       "'bitsandbytes'"):
+    _load(d)
+  with pytest.raises(ValueError, match=r"format='exl2'; expected one of"):
+    _load(d, format="exl2")
+
+
+def test_format_override(tmp_path):
+  """format='float' reads every tensor as stored, quantized ones included."""
+  tree = _load(os.path.join(FIX, "gptq-w8-ch-sym"), format="float")
+  qw = tree["model"]["layers"]["0"]["mlp"]["down_proj"]["qweight"]
+  assert qw.dtype == np.int32 and qw.shape == (16, 128)
+
+
+def test_truncated_file(tmp_path):
+  d = tmp_path / "ckpt"
+  shutil.copytree(os.path.join(FIX, "ct-w4a16-g32-sym"), d)
+  raw = (d / "model.safetensors").read_bytes()
+  (d / "model.safetensors").write_bytes(raw[:-100])
+  with pytest.raises(ValueError, match=r"truncated: tensor '[a-z_.0-9]+' ends at byte"):
+    _load(str(d))
+
+
+def test_foreign_file(tmp_path):
+  d = tmp_path / "ckpt"
+  shutil.copytree(os.path.join(FIX, "ct-w4a16-g32-sym"), d)
+  (d / "model.safetensors").write_bytes(np.random.default_rng(2).bytes(4096))
+  with pytest.raises(ValueError, match="not a safetensors file"):
+    _load(str(d))
+
+
+def test_missing_shard_and_index_lies(tmp_path):
+  d = tmp_path / "ckpt"
+  shutil.copytree(os.path.join(FIX, "gptq-w4-g32-sym"), d)
+  os.remove(d / "model-00002-of-00002.safetensors")
+  with pytest.raises(ValueError, match="shard 'model-00002-of-00002.safetensors'.*missing"):
+    _load(str(d))
+  shutil.copy(os.path.join(FIX, "gptq-w4-g32-sym", "model-00001-of-00002.safetensors"),
+              d / "model-00002-of-00002.safetensors")
+  with pytest.raises(ValueError, match=r"tensor 'model\.[a-z_.0-9]+': the index puts it in "
+                                       r"model-00002-of-00002"):
+    _load(str(d))
+
+
+def test_not_a_directory(tmp_path):
+  with pytest.raises(ValueError, match="expected a checkpoint directory"):
+    _load(str(tmp_path / "nope"))
+
+
+def test_ct_asymmetric_without_zero_point(tmp_path):
+  name = "ct-w4a16-g32-asym"
+  d = tmp_path / "ckpt"
+  shutil.copytree(os.path.join(FIX, name), d)
+  idx = SafetensorsFile(str(d / "model.safetensors"))
+  keep = [k for k in idx.keys() if not k.endswith("down_proj.weight_zero_point")]
+  # rewrite without the zero point via a raw header edit (bf16 tensors: no numpy writer)
+  raw = (d / "model.safetensors").read_bytes()
+  n = int.from_bytes(raw[:8], "little")
+  header = json.loads(raw[8:8 + n])
+  header.pop("model.layers.0.mlp.down_proj.weight_zero_point")
+  hb = json.dumps(header).encode()
+  (d / "model.safetensors").write_bytes(len(hb).to_bytes(8, "little") + hb + raw[8 + n:])
+  assert len(keep) == len(idx.keys()) - 1
+  with pytest.raises(ValueError, match=r"asymmetric weights but no tensor "
+                                       r"model\.layers\.0\.mlp\.down_proj\.weight_zero_point"):
+    _load(str(d))
+
+
+@pytest.mark.parametrize("name", ["gptq-w4-g32-sym", "ct-nvfp4", "gptoss-mxfp4"])
+def test_source_is_never_written(name):
+  d = os.path.join(FIX, name)
+
+  def snapshot():
+    out = {}
+    for fn in sorted(os.listdir(d)):
+      p = os.path.join(d, fn)
+      out[fn] = (os.stat(p).st_mtime_ns, hashlib.sha256(open(p, "rb").read()).hexdigest())
+    return out
+
+  before = snapshot()
+  _load(d)
+  assert snapshot() == before
