@@ -1,0 +1,278 @@
+"""Dense quantized GEMM benchmark on the GPU (chain method of shared/GPU.md).
+
+For each (shape, spec, M): humming_jax (Pallas kernel, prepared params), and in the same run
+the baselines XLA bf16 dot, XLA dequant (to bf16) + dot, and humming-kernels (CUDA graph)
+when importable.  Prints a table, writes JSON (and a PNG roofline plot with --plot) to
+$OUT or benchmarks/results/.
+
+  PYTHONPATH=. python3 benchmarks/bench_dense.py                       # default sweep
+  PYTHONPATH=. python3 benchmarks/bench_dense.py --specs w4a16-g128 --ms 1,16 --shapes 8192x8192
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+sys.path.insert(0, __file__.rsplit("/", 2)[0])
+import humming_jax as hj  # noqa: E402
+from benchmarks import common  # noqa: E402
+from humming_jax.kernels import registry, tuning  # noqa: E402
+
+HBM_TBPS = 4.3  # bf16 GEMV read rate measured on the H200 (GPU.md)
+PEAK_TFLOPS = 800.0
+
+SHAPES = {  # name: (K, N)
+    "8192x8192": (8192, 8192),
+    "llama3-8b-qkv": (4096, 6144),
+    "llama3-8b-o": (4096, 4096),
+    "llama3-8b-gate_up": (4096, 28672),
+    "llama3-8b-down": (14336, 4096),
+}
+
+# Our preset -> humming-kernels weight/input config (GPU.md).
+HUMMING_CONFIGS = {
+    "w4a16-g128-zp": (dict(dtype="uint4", scale_dtype="bfloat16", group_size=128,
+                           has_zero_point=True), None),
+    "w4a16-mxfp4": (dict(dtype="float4e2m1", scale_dtype="float8e8m0", group_size=32), None),
+    "w4a16-nvfp4": (dict(dtype="float4e2m1", scale_dtype="float8e4m3", group_size=16,
+                         scale_2_type="tensor"), None),
+    "w8a16": (dict(dtype="uint8", scale_dtype="bfloat16", group_size=0), None),
+    "w4a8-mxfp4": (dict(dtype="float4e2m1", scale_dtype="float8e8m0", group_size=32),
+                   dict(dtype="float8e4m3", quant_mode="dynamic_token")),
+}
+
+
+def weight_bytes(p) -> int:
+  return p.nbytes()  # codes + scales + zeros + global scale, as stored
+
+
+def make_weights(key, layers: int, k: int, n: int):
+  keys = jax.random.split(key, layers)
+  return [jax.random.normal(kk, (k, n), jnp.float32) / np.sqrt(k) for kk in keys]
+
+
+_QUANT_CACHE: dict = {}
+
+
+def quantized_layers(spec_name, ws):
+  """Quantize + prepare the chain's weights once per (spec, weight set)."""
+  key = (spec_name, id(ws))
+  if key not in _QUANT_CACHE:
+    _QUANT_CACHE.clear()  # one weight set at a time: keep device memory bounded
+    spec = hj.QuantSpec.preset(spec_name) if spec_name in hj.PRESETS else spec_name
+    quant = jax.jit(hj.quantize, static_argnums=1)
+    qs = [quant(w, spec) for w in ws]
+    _QUANT_CACHE[key] = (qs, [jax.jit(hj.prepare)(q) for q in qs])
+  return _QUANT_CACHE[key]
+
+
+def bench_point(spec_name, k, n, m, ws, x, *, calls, repeats, check=True, config=None):
+  qs, prepared = quantized_layers(spec_name, ws)
+  spec = qs[0].spec
+  kernel = registry.find(spec)
+  layer = (lambda p, x: kernel.run(p, x, config=config)) if config else \
+      (lambda p, x: hj.quant_dense(p, x, backend="pallas"))
+  res = {}
+  if check:
+    y = jax.jit(layer)(prepared[0], x)
+    ref = hj.quant_dense(qs[0], x, backend="xla")
+    res["rel_err"] = common.rel_err(y, ref)
+    res["nan"] = bool(jnp.isnan(y).any())
+  res["compile_s"] = common.compile_time(layer, prepared[0], x)
+  t = common.time_chain(layer, prepared, x, calls=calls, repeats=repeats)
+  res.update(t)
+  nbytes = weight_bytes(qs[0])
+  res["weight_bytes"] = nbytes
+  res["tbps"] = nbytes / (t["us"] * 1e-6) / 1e12
+  res["tflops"] = 2 * m * n * k / (t["us"] * 1e-6) / 1e12
+  return res, qs
+
+
+def bench_xla_baselines(ws, qs, x, *, calls, repeats):
+  wb = [w.astype(jnp.bfloat16) for w in ws]
+  bf16 = common.time_chain(lambda w, x: jnp.dot(x, w, preferred_element_type=jnp.float32
+                                                ).astype(x.dtype), wb, x,
+                           calls=calls, repeats=repeats)
+  deq = common.time_chain(
+      lambda q, x: jnp.dot(x, hj.dequantize(q).astype(jnp.bfloat16),
+                           preferred_element_type=jnp.float32).astype(x.dtype),
+      qs, x, calls=calls, repeats=repeats)
+  return bf16, deq
+
+
+def bench_humming(spec_name, ws, m, *, calls, repeats):
+  import torch
+  from humming.layer import HummingLayer
+  wcfg, icfg = HUMMING_CONFIGS[spec_name]
+  k, n = ws[0].shape
+  layers = []
+  for w in ws:
+    layer = HummingLayer(shape_n=n, shape_k=k, weight_config=dict(wcfg),
+                         input_config=None if icfg is None else dict(icfg),
+                         torch_dtype=torch.bfloat16).to("cuda")
+    w_nk = torch.from_numpy(np.asarray(w).T.copy()).to("cuda", torch.bfloat16)
+    layer.load_from_unquantized(w_nk)
+    layer.transform()
+    layers.append(layer)
+  x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+  return common.time_torch_graph(layers, x, calls=calls, repeats=repeats)
+
+
+def main(argv=None):
+  ap = argparse.ArgumentParser(description=__doc__)
+  ap.add_argument("--specs", default="w4a16-g128,w4a16-g128-zp,w4a16-mxfp4,w4a16-nvfp4")
+  ap.add_argument("--ms", default="1,16,128,1024,4096")
+  ap.add_argument("--shapes", default="8192x8192")
+  ap.add_argument("--layers", type=int, default=8)
+  ap.add_argument("--calls", type=int, default=50)
+  ap.add_argument("--repeats", type=int, default=3)
+  ap.add_argument("--humming", action="store_true", help="also time humming-kernels")
+  ap.add_argument("--no-baselines", action="store_true")
+  ap.add_argument("--sweep", action="store_true",
+                  help="try a small grid of TuningConfigs per point and report the best")
+  ap.add_argument("--json", default=None)
+  ap.add_argument("--plot", action="store_true")
+  args = ap.parse_args(argv)
+
+  info = common.device_info()
+  print(f"# {info}", flush=True)
+  ms = [int(v) for v in args.ms.split(",")]
+  rows = []
+  key = jax.random.key(0)
+  for shape_name in args.shapes.split(","):
+    k, n = SHAPES.get(shape_name) or tuple(int(v) for v in shape_name.split("x"))
+    key, kw, kx = jax.random.split(key, 3)
+    ws = make_weights(kw, args.layers, k, n)
+    for m in ms:
+      x = jax.random.normal(kx, (m, k), jnp.bfloat16)
+      base = {}
+      for spec_name in args.specs.split(","):
+        row = {"shape": shape_name, "K": k, "N": n, "M": m, "spec": spec_name}
+        try:
+          res, qs = bench_point(spec_name, k, n, m, ws, x, calls=args.calls,
+                                repeats=args.repeats)
+          row.update(res)
+          if args.sweep:
+            row["sweep"] = sweep(spec_name, k, n, m, ws, x, args)
+        except Exception as e:  # noqa: BLE001 - report and go on with the sweep
+          row["error"] = f"{type(e).__name__}: {str(e)[:300]}"
+          qs = None
+        if not args.no_baselines and qs is not None and not base:
+          bf16, deq = bench_xla_baselines(ws, qs, x, calls=args.calls, repeats=args.repeats)
+          base = {"xla_bf16_us": bf16["us"], "xla_deq_us": deq["us"],
+                  "xla_deq_spec": spec_name}
+        row.update({kk: v for kk, v in base.items() if kk != "xla_deq_spec"})
+        if args.humming and spec_name in HUMMING_CONFIGS and common.humming_available():
+          try:
+            h = bench_humming(spec_name, ws, m, calls=args.calls, repeats=args.repeats)
+            row["humming_us"] = h["us"]
+            row["humming_first_s"] = h["first_call_s"]
+          except Exception as e:  # noqa: BLE001
+            row["humming_error"] = f"{type(e).__name__}: {str(e)[:200]}"
+        rows.append(row)
+        print_row(row, flush=True)
+  payload = {"info": info, "method": "chain of %d distinct layers per jitted call, %d calls, "
+             "median of %d repeats, wall clock / (calls*layers)" % (args.layers, args.calls,
+                                                                    args.repeats),
+             "rows": rows}
+  path = common.write_json(args.json or f"bench_dense_{int(time.time())}.json", payload)
+  print(f"# wrote {path}")
+  print_table(rows)
+  if args.plot:
+    plot(rows, str(path).replace(".json", ".png"))
+
+
+def sweep(spec_name, k, n, m, ws, x, args):
+  """Time a few TuningConfigs around the heuristic; returns [(config, us)] sorted."""
+  cands = []
+  if m <= 64:
+    for bn in (32, 64, 128):
+      for split in (1, 2, 4, 8):
+        for warps in (4,):
+          for stages in (2, 3, 4):
+            cands.append(tuning.TuningConfig(16 if m <= 16 else 64, bn, split, warps, stages))
+  else:
+    for bm, bn, warps in ((64, 128, 4), (128, 128, 8), (128, 64, 4), (64, 256, 8),
+                          (128, 256, 8)):
+      for stages in (3, 4):
+        cands.append(tuning.TuningConfig(bm, bn, 1, warps, stages))
+  out = []
+  for cfg in cands:
+    try:
+      res, _ = bench_point(spec_name, k, n, m, ws, x, calls=max(args.calls // 2, 10),
+                           repeats=1, check=False, config=cfg)
+      out.append((dataclasses.asdict(cfg), round(res["us"], 2)))
+    except Exception as e:  # noqa: BLE001
+      out.append((dataclasses.asdict(cfg), f"{type(e).__name__}"))
+  out.sort(key=lambda t: t[1] if isinstance(t[1], float) else 1e9)
+  print(f"   sweep best: {out[:3]}", flush=True)
+  return out
+
+
+def print_row(r, flush=False):
+  if "error" in r:
+    print(f"{r['shape']:<18} M={r['M']:<5} {r['spec']:<16} ERROR {r['error']}", flush=flush)
+    return
+  h = r.get("humming_us")
+  print(f"{r['shape']:<18} M={r['M']:<5} {r['spec']:<16} {r['us']:8.1f} us  "
+        f"{r['tbps']:5.2f} TB/s {r['tflops']:6.1f} TF/s  err={r.get('rel_err', 0):.1e}  "
+        f"compile={r['compile_s']:.2f}s  bf16={r.get('xla_bf16_us', float('nan')):.1f}  "
+        f"deq={r.get('xla_deq_us', float('nan')):.1f}  humming="
+        f"{h if h is None else round(h, 1)}", flush=flush)
+
+
+def print_table(rows):
+  print("\n| shape | M | spec | humming_jax µs | TB/s | XLA bf16 µs | XLA deq+dot µs | "
+        "Humming µs | vs bf16 | vs Humming | compile s | rel err |")
+  print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+  for r in rows:
+    if "error" in r:
+      print(f"| {r['shape']} | {r['M']} | {r['spec']} | error: {r['error'][:60]} |")
+      continue
+    bf = r.get("xla_bf16_us")
+    h = r.get("humming_us")
+    vs_bf = f"{bf / r['us']:.2f}x" if bf else "-"
+    vs_h = f"{h / r['us']:.2f}x" if h else "-"
+    print(f"| {r['shape']} | {r['M']} | {r['spec']} | {r['us']:.1f} | {r['tbps']:.2f} | "
+          f"{bf or float('nan'):.1f} | {r.get('xla_deq_us', float('nan')):.1f} | "
+          f"{'-' if h is None else f'{h:.1f}'} | {vs_bf} | {vs_h} | {r['compile_s']:.2f} | "
+          f"{r.get('rel_err', float('nan')):.1e} |")
+
+
+def plot(rows, path):
+  try:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+  except ImportError:
+    print("# matplotlib missing: no plot")
+    return
+  fig, (a1, a2) = plt.subplots(1, 2, figsize=(12, 4.5))
+  for spec in sorted({r["spec"] for r in rows}):
+    rs = [r for r in rows if r["spec"] == spec and "error" not in r and r["shape"] == "8192x8192"]
+    if not rs:
+      continue
+    a1.plot([r["M"] for r in rs], [r["tbps"] for r in rs], "o-", label=spec)
+    a2.plot([r["M"] for r in rs], [r["tflops"] for r in rs], "o-", label=spec)
+  a1.axhline(HBM_TBPS, color="k", ls="--", label="HBM 4.3 TB/s")
+  a2.axhline(PEAK_TFLOPS, color="k", ls="--", label="bf16 peak ~800 TF/s")
+  for a, t in ((a1, "effective weight TB/s"), (a2, "TFLOP/s")):
+    a.set_xscale("log", base=2)
+    a.set_xlabel("M (tokens)")
+    a.set_ylabel(t)
+    a.grid(alpha=.3)
+    a.legend(fontsize=7)
+  fig.suptitle("humming_jax dense 8192x8192 on " + common.device_info()["device"])
+  fig.tight_layout()
+  fig.savefig(path, dpi=110)
+  print(f"# wrote {path}")
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,120 @@
+"""Timing helpers shared by the benchmarks: the chain method of shared/GPU.md.
+
+One 8192x8192 int4 layer (32 MB) fits in the H200's 60 MB L2, so timing one layer in a loop
+measures the cache.  Instead: a chain of L >= 8 layers with distinct weights in one jitted
+call, many calls back to back, block at the end, divide by calls x L.  Warm up first,
+report the median of several repeats, compile time separately.
+"""
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def chain(layer_fn, params_list, x):
+  """Apply ``layer_fn(params_i, x)`` for every params in the list (same x: shapes need not
+  chain) and return all outputs, so nothing is dead code."""
+  return tuple(layer_fn(p, x) for p in params_list)
+
+
+def time_chain(layer_fn, params_list, x, *, calls: int = 50, repeats: int = 5
+               ) -> dict[str, float]:
+  """Microseconds per layer (median of ``repeats``), plus the first-call (compile) time."""
+  f = jax.jit(lambda ps, x: chain(layer_fn, ps, x))
+  t0 = time.perf_counter()
+  jax.block_until_ready(f(params_list, x))
+  first = time.perf_counter() - t0
+  jax.block_until_ready(f(params_list, x))  # warm
+  per_layer = []
+  for _ in range(repeats):
+    t0 = time.perf_counter()
+    out = None
+    for _ in range(calls):
+      out = f(params_list, x)
+    jax.block_until_ready(out)
+    per_layer.append((time.perf_counter() - t0) / (calls * len(params_list)) * 1e6)
+  return {"us": statistics.median(per_layer), "us_min": min(per_layer),
+          "us_max": max(per_layer), "first_call_s": first}
+
+
+def compile_time(fn, *args) -> float:
+  """Seconds to lower + compile ``jax.jit(fn)`` for these argument shapes (no run)."""
+  t0 = time.perf_counter()
+  jax.jit(fn).lower(*args).compile()
+  return time.perf_counter() - t0
+
+
+def device_info() -> dict:
+  d = jax.devices()[0]
+  info = {"device": d.device_kind, "platform": d.platform, "jax": jax.__version__,
+          "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())}
+  try:
+    info["nvidia_smi"] = subprocess.run(
+        ["nvidia-smi", "--query-gpu=name,clocks.sm,clocks.mem,power.draw",
+         "--format=csv,noheader"], capture_output=True, text=True, timeout=10).stdout.strip()
+  except (OSError, subprocess.SubprocessError):
+    pass
+  return info
+
+
+def write_json(name: str, payload: dict) -> Path:
+  out_dir = Path(os.environ.get("OUT", RESULTS))
+  out_dir.mkdir(parents=True, exist_ok=True)
+  p = out_dir / name
+  p.write_text(json.dumps(payload, indent=1, default=str))
+  return p
+
+
+def humming_available() -> bool:
+  try:
+    import humming  # noqa: F401
+    import torch
+    return torch.cuda.is_available()
+  except Exception:  # noqa: BLE001 - any import problem means "not available"
+    return False
+
+
+def time_torch_graph(layers, x, *, calls: int = 50, repeats: int = 5) -> dict[str, float]:
+  """Humming (torch) side of the chain method: the chain of layers captured in a CUDA
+  graph, replayed ``calls`` times, timed with a host clock after synchronisation."""
+  import torch
+  t0 = time.perf_counter()
+  with torch.no_grad():
+    for layer in layers:
+      layer(x)
+  torch.cuda.synchronize()
+  first = time.perf_counter() - t0
+  stream = torch.cuda.Stream()
+  stream.wait_stream(torch.cuda.current_stream())
+  with torch.cuda.stream(stream), torch.no_grad():
+    for _ in range(2):
+      outs = [layer(x) for layer in layers]
+  torch.cuda.current_stream().wait_stream(stream)
+  graph = torch.cuda.CUDAGraph()
+  with torch.cuda.graph(graph), torch.no_grad():
+    outs = [layer(x) for layer in layers]  # noqa: F841 - kept alive by the graph
+  graph.replay()
+  torch.cuda.synchronize()
+  per_layer = []
+  for _ in range(repeats):
+    t0 = time.perf_counter()
+    for _ in range(calls):
+      graph.replay()
+    torch.cuda.synchronize()
+    per_layer.append((time.perf_counter() - t0) / (calls * len(layers)) * 1e6)
+  return {"us": statistics.median(per_layer), "us_min": min(per_layer),
+          "us_max": max(per_layer), "first_call_s": first}
+
+
+def rel_err(y, ref) -> float:
+  y, ref = jnp.asarray(y, jnp.float32), jnp.asarray(ref, jnp.float32)
+  return float(jnp.linalg.norm(y - ref) / jnp.linalg.norm(ref))
