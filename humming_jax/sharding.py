@@ -1,0 +1,513 @@
+"""Tensor- and expert-parallel quantized layers on ``jax.sharding``.
+
+Quantized params are ordinary pytrees, so JAX's SPMD machinery places them like any other
+params; this module supplies what is specific to the quantized layout:
+
+* :func:`partition_specs` -- the ``PartitionSpec`` of every leaf of a quantized params tree,
+  derived from the float model's specs.  A float kernel ``(K, N)`` with spec ``P(a, b)``
+  becomes codes ``P(a, b)`` (codes are packed along K: 32 codes per ``bits`` uint32 rows),
+  group/block scales and zero points ``P(a, b)``, per-channel scales ``P(None, b)`` (one
+  scale row covers all of K), per-tensor scales / global scale / activation scale
+  replicated, bias ``P(b)``.  Stacked experts ``(E, K, N)`` take ``P(e, a, b)``.
+  A K shard must hold whole 32-code packing chunks and whole scale groups
+  (``K / shards % lcm(group_size, 32) == 0``); an N shard whole 2-D scale blocks
+  (``N / shards % block_n == 0``).  Misalignment is a ``ValueError`` naming the sizes.
+* :func:`slice_weight` / :func:`local_weight` -- a shard of a :class:`QuantizedWeight` that is
+  itself a valid ``QuantizedWeight`` with the local logical shape, so the per-device
+  computation is plain :func:`humming_jax.quant_dense` (and any Pallas kernel) on it.
+* :func:`column_parallel_dense` (N sharded, output sharded along N) and
+  :func:`row_parallel_dense` (K sharded, fp32 partial outputs summed with ``psum``, bias
+  added once).  With ``mesh=`` they wrap themselves in ``shard_map`` (and work under
+  ``jax.jit`` with ``NamedSharding``-placed params); with ``mesh=None`` they are the
+  per-device body for use inside the caller's own ``shard_map``.
+* :func:`expert_parallel_moe` -- experts sharded over a mesh axis on top of
+  ``hj.quant_ragged_dot``; tokens reach their experts by ``all_gather`` (small token
+  counts: masked local compute, then ``psum``/``psum_scatter``) or ``all_to_all``.
+
+Exactness (sharded == unsharded up to fp32 summation order): column-parallel always (each
+device sees all of K).  Row-parallel: weight-only specs, static activation scales and
+per-K-group activation scales whose groups lie inside a shard are local; *dynamic*
+per-token / per-tensor activation scales (and NVFP4's tensor-level activation scale) depend
+on all of K, so the shard's amax is combined with ``pmax`` over the axis first and the
+activations quantized with that global scale -- never with a per-shard scale.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, Literal, Sequence
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from humming_jax import ops
+from humming_jax.packing import CODES_PER_CHUNK, packed_rows
+# Names, not the module: the package re-exports a function called ``quantize``.
+from humming_jax.quantize import (QuantizedActivations, QuantizedWeight, quantize_activations,
+                                  scale_block)
+
+AxisName = str | tuple[str, ...]
+
+__all__ = [
+    "partition_specs", "weight_partition_spec", "named_shardings", "shard_params",
+    "slice_weight", "local_weight", "column_parallel_dense", "row_parallel_dense",
+    "expert_parallel_moe",
+]
+
+
+# ----------------------------------------------------------------------------------------
+# Mesh helpers
+# ----------------------------------------------------------------------------------------
+def _axis_names(entry) -> tuple[str, ...]:
+  """Mesh axis names of one PartitionSpec entry (None, a name, or a tuple of names)."""
+  if entry is None:
+    return ()
+  if isinstance(entry, (tuple, list)):
+    return tuple(entry)
+  return (entry,)
+
+
+def _mesh_sizes(mesh) -> dict[str, int] | None:
+  """{axis name: size} of ``mesh`` (or the mesh set by ``jax.set_mesh``); None if none."""
+  if mesh is None:  # Mesh and AbstractMesh both carry names and sizes
+    am = jax.sharding.get_abstract_mesh()
+    if am is None or am.empty:
+      return None
+    mesh = am
+  return dict(zip(mesh.axis_names, mesh.axis_sizes))
+
+
+def _shards(entry, sizes: dict[str, int] | None, what: str) -> int | None:
+  names = _axis_names(entry)
+  if sizes is None:
+    return None
+  n = 1
+  for a in names:
+    if a not in sizes:
+      raise ValueError(f"{what}: mesh axis {a!r} is not in the mesh (axes "
+                       f"{tuple(sizes)})")
+    n *= sizes[a]
+  return n
+
+
+# ----------------------------------------------------------------------------------------
+# Alignment rules
+# ----------------------------------------------------------------------------------------
+def _k_quantum(q: QuantizedWeight) -> int:
+  """Rows of K a K shard must be a multiple of: packing chunks and scale groups."""
+  k, n = q.shape[-2:]
+  bk, _ = scale_block(q.spec, k, n)
+  if q.spec.granularity in ("group", "block"):
+    return math.lcm(bk, CODES_PER_CHUNK)
+  return CODES_PER_CHUNK  # channel / tensor scales do not split along K
+
+
+def _check_k_split(q: QuantizedWeight, shards: int, what: str) -> None:
+  k = q.shape[-2]
+  if shards <= 1:
+    return
+  quantum = _k_quantum(q)
+  if k % shards or (k // shards) % quantum:
+    extra = (f"group_size={q.spec.group_size} and " if q.spec.granularity in
+             ("group", "block") else "")
+    raise ValueError(
+        f"{what}: K={k} split over {shards} shards gives K/shards={k / shards:g} rows, "
+        f"which must be a multiple of lcm({extra}32-code packing chunks)={quantum}; "
+        f"use a K divisible by {shards * quantum} or fewer shards")
+
+
+def _check_n_split(q: QuantizedWeight, shards: int, what: str) -> None:
+  n = q.shape[-1]
+  if shards <= 1:
+    return
+  if n % shards:
+    raise ValueError(f"{what}: N={n} is not divisible by {shards} shards")
+  if q.spec.granularity == "block" and (n // shards) % q.spec.block_n:
+    raise ValueError(f"{what}: N={n} over {shards} shards gives N/shards={n // shards}, "
+                     f"not a multiple of block_n={q.spec.block_n} (2-D scale blocks may "
+                     "not straddle shards)")
+
+
+def _check_e_split(q: QuantizedWeight, shards: int, what: str) -> None:
+  e = q.num_experts
+  if shards > 1 and e % shards:
+    raise ValueError(f"{what}: E={e} experts are not divisible by {shards} shards")
+
+
+def _check_canonical(q: QuantizedWeight, what: str) -> None:
+  if q.layout != "canonical":
+    raise ValueError(f"{what}: params are in kernel layout {q.layout!r}; shard the "
+                     "canonical params (hj.quantize output) and let each device prepare "
+                     "its own shard")
+
+
+# ----------------------------------------------------------------------------------------
+# Partition specs
+# ----------------------------------------------------------------------------------------
+def weight_partition_spec(q: QuantizedWeight, float_spec: P | None, *, mesh=None,
+                          what: str = "params") -> QuantizedWeight:
+  """PartitionSpecs of one :class:`QuantizedWeight`'s leaves from its float kernel's spec.
+
+  Returns a ``QuantizedWeight`` whose array leaves are ``PartitionSpec`` (None leaves stay
+  None), usable wherever JAX takes a pytree of specs.  With a ``mesh`` (or one set by
+  ``jax.set_mesh``) the split is validated against the sizes.
+  """
+  if not isinstance(q, QuantizedWeight):
+    raise TypeError(f"{what} must be a QuantizedWeight; got {type(q).__name__}")
+  _check_canonical(q, what)
+  nd = len(q.shape)
+  fs = tuple(float_spec) if float_spec is not None else ()
+  if len(fs) > nd:
+    raise ValueError(f"{what}: float spec {float_spec} has {len(fs)} entries for a weight of "
+                     f"logical shape {q.shape}")
+  fs = fs + (None,) * (nd - len(fs))
+  *lead, a_k, a_n = fs
+  sizes = _mesh_sizes(mesh)
+  s_k = _shards(a_k, sizes, what)
+  s_n = _shards(a_n, sizes, what)
+  if s_k is not None:
+    _check_k_split(q, s_k, what)
+    _check_n_split(q, s_n, what)
+    if lead:
+      _check_e_split(q, _shards(lead[0], sizes, what), what)
+  k, n = q.shape[-2:]
+  gk, gn = q.scales.shape[-2:]
+  scale_spec = P(*lead, a_k if gk > 1 else None, a_n if gn > 1 else None)
+  if q.spec.granularity == "tensor":  # one scale: never split even if K or N is
+    scale_spec = P(*lead, None, None)
+  return q.replace(
+      codes=P(*lead, a_k, a_n),
+      scales=scale_spec,
+      zeros=None if q.zeros is None else scale_spec,
+      global_scale=None if q.global_scale is None else P(*lead),
+      bias=None if q.bias is None else P(*lead, a_n),
+      act_scale=None if q.act_scale is None else P())
+
+
+def _is_qw(x) -> bool:
+  return isinstance(x, QuantizedWeight)
+
+
+def partition_specs(qparams_tree: Any, float_specs_tree: Any, *,
+                    mesh: Mesh | None = None) -> Any:
+  """PartitionSpecs for every leaf of a quantized params tree, from the float model's specs.
+
+  Args:
+    qparams_tree: params tree where some float kernels were replaced by
+      :class:`QuantizedWeight` (e.g. by ``hj.quantize``); other leaves are kept.
+    float_specs_tree: the float model's spec tree (same structure as the float params):
+      a ``PartitionSpec`` (or None = replicated) where each kernel / array was.
+    mesh: optional; when given (or set with ``jax.set_mesh``), every split is checked for
+      divisibility and quantized-layout alignment (ValueError naming the sizes).
+
+  Returns:
+    A tree shaped like ``qparams_tree``: each ``QuantizedWeight`` becomes one whose leaves
+    are PartitionSpecs (see :func:`weight_partition_spec`); other leaves keep their spec.
+  """
+  leaves, treedef = jax.tree_util.tree_flatten_with_path(qparams_tree, is_leaf=_is_qw)
+  try:
+    specs = treedef.flatten_up_to(float_specs_tree)
+  except (ValueError, TypeError) as e:
+    raise ValueError("float_specs_tree must have the structure of the float params tree "
+                     f"(a PartitionSpec where each quantized kernel is): {e}") from None
+  out = []
+  for (path, leaf), spec in zip(leaves, specs):
+    if spec is not None and not isinstance(spec, P):
+      raise TypeError(f"float spec at {jax.tree_util.keystr(path)} must be a PartitionSpec "
+                      f"or None; got {type(spec).__name__}")
+    if _is_qw(leaf):
+      out.append(weight_partition_spec(leaf, spec, mesh=mesh,
+                                       what=f"params{jax.tree_util.keystr(path)}"))
+    else:
+      out.append(P() if spec is None else spec)
+  return jax.tree_util.tree_unflatten(treedef, out)
+
+
+def named_shardings(qparams_tree: Any, float_specs_tree: Any, mesh: Mesh) -> Any:
+  """:func:`partition_specs` as ``NamedSharding``\\ s on ``mesh`` (validated)."""
+  specs = partition_specs(qparams_tree, float_specs_tree, mesh=mesh)
+  return jax.tree.map(lambda s: NamedSharding(mesh, s), specs,
+                      is_leaf=lambda x: isinstance(x, P))
+
+
+def shard_params(qparams_tree: Any, float_specs_tree: Any, mesh: Mesh) -> Any:
+  """``jax.device_put`` a quantized params tree with the shardings of the float model."""
+  return jax.device_put(qparams_tree, named_shardings(qparams_tree, float_specs_tree, mesh))
+
+
+# ----------------------------------------------------------------------------------------
+# Local shards
+# ----------------------------------------------------------------------------------------
+def _dslice(a: jax.Array, axis: int, index, size: int) -> jax.Array:
+  if isinstance(index, int):
+    return lax.slice_in_dim(a, index * size, (index + 1) * size, axis=axis)
+  return lax.dynamic_slice_in_dim(a, index * size, size, axis=axis)
+
+
+def slice_weight(q: QuantizedWeight, dim: Literal["k", "n", "e"], index: int | jax.Array,
+                 num_shards: int) -> QuantizedWeight:
+  """Shard ``index`` of ``num_shards`` of ``q`` along K, N or the expert dim E.
+
+  The result is a valid ``QuantizedWeight`` of the local logical shape: a K shard takes
+  whole packed 32-code chunks (``bits`` uint32 rows each) and whole scale groups; per-channel
+  / per-tensor scales, the global scale and the bias are kept (row-parallel code adds the
+  bias once, after the sum).  ``index`` may be traced (e.g. ``lax.axis_index``).
+  """
+  _check_canonical(q, "slice_weight")
+  if dim not in ("k", "n", "e"):
+    raise ValueError(f"dim={dim!r}; expected 'k', 'n' or 'e'")
+  if not isinstance(num_shards, int) or num_shards < 1:
+    raise ValueError(f"num_shards={num_shards!r} must be a positive int")
+  if isinstance(index, int) and not 0 <= index < num_shards:
+    raise ValueError(f"index={index} is out of range for num_shards={num_shards}")
+  shape = list(q.shape)
+  k, n = q.shape[-2:]
+  gk, gn = q.scales.shape[-2:]
+  kw = {}
+  if dim == "k":
+    _check_k_split(q, num_shards, "slice_weight")
+    kl = k // num_shards
+    kw["codes"] = _dslice(q.codes, -2, index, packed_rows(kl, q.spec.weight_bits))
+    if gk > 1:
+      kw["scales"] = _dslice(q.scales, -2, index, gk // num_shards)
+      if q.zeros is not None:
+        kw["zeros"] = _dslice(q.zeros, -2, index, gk // num_shards)
+    shape[-2] = kl
+  elif dim == "n":
+    _check_n_split(q, num_shards, "slice_weight")
+    nl = n // num_shards
+    kw["codes"] = _dslice(q.codes, -1, index, nl)
+    if gn > 1:
+      kw["scales"] = _dslice(q.scales, -1, index, gn // num_shards)
+      if q.zeros is not None:
+        kw["zeros"] = _dslice(q.zeros, -1, index, gn // num_shards)
+    if q.bias is not None:
+      kw["bias"] = _dslice(q.bias, -1, index, nl)
+    shape[-1] = nl
+  else:
+    if q.num_experts is None:
+      raise ValueError(f"dim='e' needs stacked experts (E, K, N); got shape {q.shape}")
+    _check_e_split(q, num_shards, "slice_weight")
+    el = q.num_experts // num_shards
+    for f in ("codes", "scales", "zeros", "global_scale", "bias"):
+      v = getattr(q, f)
+      if v is not None:
+        kw[f] = _dslice(v, 0, index, el)
+    shape[0] = el
+  return q.replace(shape=tuple(shape), **kw)
+
+
+def local_weight(q: QuantizedWeight) -> QuantizedWeight:
+  """Inside ``shard_map``: the local shard as a valid ``QuantizedWeight``.
+
+  ``shard_map`` hands each device its block of every leaf but leaves the static aux data
+  (the *global* logical shape) untouched; this recomputes the logical shape from the
+  local leaves (codes rows -> K, columns -> N, leading dim -> E) and checks the other leaves
+  agree with it.
+  """
+  _check_canonical(q, "local_weight")
+  bits = q.spec.weight_bits
+  *lead_g, k_g, n_g = q.shape
+  *lead, rows, n = q.codes.shape
+  if rows == packed_rows(k_g, bits):
+    k = k_g
+  elif rows % bits == 0:
+    k = rows // bits * CODES_PER_CHUNK
+  else:
+    raise ValueError(f"local codes have {rows} rows: not whole {bits}-row packing chunks")
+  out = q.replace(shape=(*lead, k, n))
+  gk, gn = out.scales.shape[-2:]
+  bk, bn = scale_block(q.spec, k, n)
+  if q.spec.granularity != "tensor" and (gk, gn) != (k // bk, n // bn):
+    raise ValueError(f"local scales {tuple(out.scales.shape)} do not match the local weight "
+                     f"(K={k}, N={n}) of spec {q.spec.name}: the params were not sharded "
+                     "with hj.partition_specs")
+  if out.bias is not None and out.bias.shape[-1] != n:
+    raise ValueError(f"local bias {tuple(out.bias.shape)} does not match local N={n}")
+  return out
+
+
+# ----------------------------------------------------------------------------------------
+# Tensor parallel dense
+# ----------------------------------------------------------------------------------------
+def _weight_only(q: QuantizedWeight) -> QuantizedWeight:
+  """The same weight with activations left unquantized (the spec's act fields cleared)."""
+  spec = q.spec.replace(act=None, act_granularity="token", act_group_size=0,
+                        act_scale_dtype="float32", act_static=False)
+  return q.replace(spec=spec, act_scale=None)
+
+
+def _row_activation_plan(spec) -> str:
+  """How row-parallel keeps activation quantization equal to the unsharded one."""
+  if spec.act is None or spec.act_static:
+    return "local"  # nothing dynamic, or one calibrated scale every shard has
+  if spec.act_granularity == "group" and spec.act_scale_dtype != "fp8_e4m3":
+    return "local"  # groups lie inside a shard (checked) and have no tensor-level scale
+  if spec.act_granularity == "tensor" and spec.act_scale_dtype != "fp8_e4m3":
+    return "static"  # global amax -> one scale -> the static-scale kernel path
+  return "global_fake_quant"  # per-token / NVFP4 two-level: scales need all of K
+
+
+def _row_partial(q: QuantizedWeight, x2: jax.Array, axis: AxisName, backend) -> jax.Array:
+  """fp32 partial product of the local K shard (no bias), activations quantized exactly."""
+  spec = q.spec
+  plan = _row_activation_plan(spec)
+  x32 = x2.astype(jnp.float32)  # partials are summed in fp32 like the unsharded accumulator
+  if plan == "local":
+    if spec.act_granularity == "group" and spec.act is not None and \
+        q.in_features % spec.act_group_size:
+      raise ValueError(f"row-parallel: local K={q.in_features} is not a multiple of "
+                       f"act_group_size={spec.act_group_size}")
+    return ops.quant_dense(q, x32, backend=backend)
+  amax = jnp.abs(x32)
+  if plan == "static":
+    g = lax.pmax(jnp.max(amax), axis)
+    # Scale of the global amax, computed by the library's own activation quantizer.
+    s = quantize_activations(jnp.reshape(g, (1, 1)), spec).scales.reshape(())
+    static = q.replace(spec=spec.replace(act_static=True), act_scale=s)
+    return ops.quant_dense(static, x32, backend=backend)
+  # A sentinel block holding the global amax makes the local quantizer derive exactly the
+  # unsharded scales; the sentinel is dropped and the dequantized activations are fed to
+  # the weight-only path (equal numbers; on GPU this path uses the WnA16 kernel).
+  m, kl = x32.shape
+  if spec.act_granularity == "token":
+    sentinel = lax.pmax(jnp.max(amax, axis=1, keepdims=True), axis)  # (M, 1)
+    width = 1
+  else:  # tensor-level amax (NVFP4 s2 or e4m3 tensor scales)
+    width = spec.act_group_size if spec.act_granularity == "group" else 1
+    if spec.act_granularity == "group" and kl % width:
+      raise ValueError(f"row-parallel: local K={kl} is not a multiple of "
+                       f"act_group_size={width}")
+    sentinel = jnp.broadcast_to(lax.pmax(jnp.max(amax), axis), (m, 1))
+  xe = jnp.concatenate([x32, jnp.broadcast_to(sentinel, (m, width))], axis=1)
+  qa = quantize_activations(xe, spec)
+  gcols = qa.scales.shape[1]
+  keep = gcols if gcols == 1 else gcols - 1
+  a_deq = QuantizedActivations(qa.values[:, :kl], qa.scales[:, :keep]).dequantize()
+  return ops.quant_dense(_weight_only(q), a_deq, backend=backend)
+
+
+def _place(tree: Any, specs: Any, mesh: Mesh) -> Any:
+  """Reshard ``tree`` to ``specs`` on ``mesh`` (no-op when already placed so)."""
+  shardings = jax.tree.map(lambda s: NamedSharding(mesh, s), specs,
+                           is_leaf=lambda x: isinstance(x, P))
+  explicit = any(t == jax.sharding.AxisType.Explicit for t in mesh.axis_types)
+  if explicit:  # shard_map on an Explicit mesh insists on matching input shardings
+    return jax.reshard(tree, shardings)
+  return lax.with_sharding_constraint(tree, shardings)
+
+
+def _call_sharded(f: Callable, mesh: Mesh, specs: tuple, *args) -> Any:
+  """Run the shard_map ``f`` on ``args`` moved to ``specs`` (inside jit when traced)."""
+  return jax.jit(lambda *a: f(*_place(a, specs, mesh)))(*args)
+
+
+def _x_spec(ndim: int, last, batch_axis) -> P:
+  return P(batch_axis, *([None] * (ndim - 2)), last) if ndim >= 2 else P(last)
+
+
+def _check_dense(params, x, what):
+  if not isinstance(params, QuantizedWeight):
+    raise TypeError(f"params must be a QuantizedWeight (from hj.quantize); got "
+                    f"{type(params).__name__}")
+  if params.num_experts is not None:
+    raise ValueError(f"{what}: params hold stacked experts {params.shape}; use "
+                     "expert_parallel_moe")
+  _check_canonical(params, what)
+  x = jnp.asarray(x)
+  if x.ndim < 1:
+    raise ValueError(f"{what}: x must be (..., K); got a scalar")
+  return x
+
+
+def column_parallel_dense(params: QuantizedWeight, x: jax.Array, *, axis: AxisName,
+                          mesh: Mesh | None = None, backend: ops.Backend = None,
+                          gather_output: bool = False, batch_axis: AxisName | None = None
+                          ) -> jax.Array:
+  """``x @ W + b`` with W's output features (N) sharded over mesh ``axis``.
+
+  Each device computes ``x @ W[:, n_shard] + b[n_shard]`` with all of K, so the result
+  equals the unsharded one exactly.  The output stays sharded along N (feed it to a
+  row-parallel layer) unless ``gather_output``.
+
+  Args:
+    params: the full params (with ``mesh``; placed or not -- jit reshards to
+      ``partition_specs(params, P(None, axis))``), or, with ``mesh=None``, the local shard
+      inside the caller's ``shard_map``.
+    x: (..., K) activations, replicated over ``axis``.
+    axis: mesh axis name (or tuple of names) that shards N.
+    mesh: wrap in ``shard_map`` over this mesh; None = already inside ``shard_map``.
+    backend: as for ``hj.quant_dense``.
+    gather_output: all-gather the output along N (replicated result).
+    batch_axis: mesh axis that shards x's leading dim (data parallel), or None.
+  """
+  x = _check_dense(params, x, "column_parallel_dense")
+
+  def body(p, xl):
+    p = local_weight(p)
+    y = ops.quant_dense(p, xl, backend=backend)
+    if gather_output:
+      y = lax.all_gather(y, axis, axis=y.ndim - 1, tiled=True)
+    return y
+
+  if mesh is None:
+    return body(params, x)
+  pspec = weight_partition_spec(params, P(None, axis), mesh=mesh,
+                                what="column_parallel_dense params")
+  xspec = _x_spec(x.ndim, None, batch_axis)
+  ospec = _x_spec(x.ndim, None if gather_output else axis, batch_axis)
+  f = jax.shard_map(body, mesh=mesh, in_specs=(pspec, xspec), out_specs=ospec,
+                    check_vma=False)  # Pallas kernels inside do not track vma
+  return _call_sharded(f, mesh, (pspec, xspec), params, x)
+
+
+def row_parallel_dense(params: QuantizedWeight, x: jax.Array, *, axis: AxisName,
+                       mesh: Mesh | None = None, backend: ops.Backend = None,
+                       batch_axis: AxisName | None = None) -> jax.Array:
+  """``x @ W + b`` with W's input features (K) sharded over mesh ``axis``.
+
+  Each device multiplies its K shard of ``x`` by its K shard of W into an fp32 partial,
+  the partials are summed with ``psum`` (fp32, like the unsharded accumulator) and the bias
+  is added once, after the sum.  Dynamic activation scales that depend on all of K
+  (per-token, per-tensor, NVFP4's tensor scale) are computed from the ``pmax`` of the
+  shards' amax, so the activations are quantized exactly as unsharded (see module doc).
+
+  Args:
+    params: full params with ``mesh`` (K shards must align with scale groups and 32-code
+      packing chunks), or the local K shard inside the caller's ``shard_map``.
+    x: (..., K) activations; with ``mesh`` sharded (or resharded by jit) along K over
+      ``axis``; inside ``shard_map`` the local (..., K/shards) block.
+    axis: mesh axis name (or tuple) that shards K.
+    mesh: wrap in ``shard_map`` over this mesh; None = already inside ``shard_map``.
+    backend: as for ``hj.quant_dense``.
+    batch_axis: mesh axis that shards x's leading dim (data parallel), or None.
+
+  Returns:
+    (..., N) in x's dtype, replicated over ``axis``.
+  """
+  x = _check_dense(params, x, "row_parallel_dense")
+
+  def body(p, xl):
+    p = local_weight(p)
+    if xl.shape[-1] != p.in_features:
+      raise ValueError(f"row_parallel_dense: local x has {xl.shape[-1]} features, the "
+                       f"local weight K={p.in_features}")
+    lead = xl.shape[:-1]
+    y = _row_partial(p.replace(bias=None), xl.reshape(-1, xl.shape[-1]), axis, backend)
+    y = lax.psum(y, axis)
+    if p.bias is not None:
+      y = y + p.bias
+    return y.astype(xl.dtype).reshape(*lead, p.out_features)
+
+  if mesh is None:
+    return body(params, x)
+  pspec = weight_partition_spec(params, P(axis, None), mesh=mesh,
+                                what="row_parallel_dense params")
+  if x.shape[-1] != params.in_features:
+    raise ValueError(f"row_parallel_dense: x.shape[-1] must equal K={params.in_features}; "
+                     f"got x.shape={x.shape}")
+  xspec = _x_spec(x.ndim, axis, batch_axis)
+  f = jax.shard_map(body, mesh=mesh, in_specs=(pspec, xspec),
+                    out_specs=_x_spec(x.ndim, None, batch_axis), check_vma=False)
+  return _call_sharded(f, mesh, (pspec, xspec), params, x)

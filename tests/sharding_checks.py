@@ -1,0 +1,211 @@
+"""Multi-device checks of humming_jax.sharding, run in a subprocess with 8 host devices.
+
+The pytest process has initialised jax with one CPU device; the device count is fixed at
+backend start, so tests/test_sharding.py runs this file with
+``XLA_FLAGS=--xla_force_host_platform_device_count=8`` and reads one JSON line per check.
+
+    XLA_FLAGS=--xla_force_host_platform_device_count=8 PYTHONPATH=. python tests/sharding_checks.py [names]
+"""
+from __future__ import annotations
+
+import json
+import sys
+import time
+import traceback
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+jax.config.update("jax_default_matmul_precision", "highest")
+
+import humming_jax as hj  # noqa: E402
+from humming_jax import sharding as hs  # noqa: E402
+from humming_jax.kernels import registry  # noqa: E402
+
+CHECKS = {}
+
+
+def check(fn):
+  CHECKS[fn.__name__] = fn
+  return fn
+
+
+def mesh_of(n: int, name: str = "x"):
+  return jax.make_mesh((n,), (name,), devices=jax.devices()[:n])
+
+
+def rand(seed, shape, scale=1.0):
+  return jax.random.normal(jax.random.key(seed), shape, jnp.float32) * scale
+
+
+def close(got, want, rtol=2e-6, what=""):
+  got, want = np.asarray(got, np.float32), np.asarray(want, np.float32)
+  assert got.shape == want.shape, f"{what}: shape {got.shape} != {want.shape}"
+  assert np.all(np.isfinite(got)), f"{what}: non-finite output"
+  err = float(np.max(np.abs(got - want)))
+  bound = rtol * float(np.max(np.abs(want)))
+  assert err <= bound, f"{what}: max abs err {err:.3g} > {bound:.3g} (rtol {rtol})"
+  return err
+
+
+REF = jax.jit(hj.quant_dense, static_argnames="backend")
+
+
+def _sweep(kind: str):
+  # TP 2/4/8 at M = 1 and M = 33 on a group-scaled int4 weight with bias.
+  f = hs.column_parallel_dense if kind == "column" else hs.row_parallel_dense
+  q = hj.quantize(rand(1, (1024, 256)), "w4a16-g128", bias=rand(2, (256,)))
+  errs = {}
+  for m in (1, 33):
+    x = rand(3 + m, (m, 1024))
+    want = REF(q, x)
+    for s in (2, 4, 8):
+      errs[f"M={m} tp={s}"] = close(f(q, x, axis="x", mesh=mesh_of(s)), want,
+                                    what=f"{kind} M={m} tp={s}")
+  return errs
+
+
+@check
+def tp_column():
+  errs = _sweep("column")
+  # Dynamic per-token activation scales: every device sees all of K, nothing to combine.
+  q = hj.quantize(rand(5, (256, 256)), "w8a8-fp8", bias=rand(6, (256,)))
+  x = rand(7, (17, 256))
+  errs["w8a8-fp8 tp=8"] = close(hs.column_parallel_dense(q, x, axis="x", mesh=mesh_of(8)),
+                                REF(q, x), what="column w8a8-fp8")
+  return errs
+
+
+@check
+def tp_row():
+  return _sweep("row")
+
+
+@check
+def tp_row_activation_quant():
+  # Activation scales over a K shard: per-token / per-tensor / NVFP4 two-level need the
+  # pmax'd global amax; per-K-group scales are local.  All must equal unsharded.
+  per_tensor = hj.QuantSpec("int8", "channel", 0, scale_dtype="float32", act="int8",
+                            act_granularity="tensor")
+  errs = {}
+  for i, spec in enumerate(["w8a8-int8", "w4a4-nvfp4", "w8a8-mxfp8", per_tensor]):
+    q = hj.quantize(rand(10 + i, (512, 256)), spec, bias=rand(20 + i, (256,)))
+    x = rand(30 + i, (33, 512)) * jnp.linspace(0.1, 3.0, 512)  # amax lands in one shard
+    name = spec if isinstance(spec, str) else "int8-per-tensor"
+    errs[name] = close(hs.row_parallel_dense(q, x, axis="x", mesh=mesh_of(4)), REF(q, x),
+                       what=f"row {name}")
+  # The test can fail: per-shard (local) token scales give a visibly different result.
+  q = hj.quantize(rand(10, (512, 256)), "w8a8-int8", bias=rand(20, (256,)))
+  x = rand(30, (33, 512)) * jnp.linspace(0.1, 3.0, 512)
+  local = sum(REF(hs.slice_weight(q, "k", i, 4).replace(bias=None), x[:, i * 128:(i + 1) * 128])
+              for i in range(4)) + q.bias
+  want = REF(q, x)
+  gap = float(jnp.max(jnp.abs(local - want)))
+  assert gap > 1e-3 * float(jnp.max(jnp.abs(want))), f"local scales too close: {gap}"
+  errs["local-scale gap (expected large)"] = gap
+  return errs
+
+
+@check
+def tp_row_block_scales():
+  # 2-D block scales (128x128): K and N shards must hold whole blocks.
+  q = hj.quantize(rand(1, (1024, 256)), "w8a8-fp8-block", bias=rand(2, (256,)))
+  x = rand(3, (7, 1024))
+  want = REF(q, x)
+  close(hs.row_parallel_dense(q, x, axis="x", mesh=mesh_of(8)), want, what="row tp=8")
+  close(hs.column_parallel_dense(q, x, axis="x", mesh=mesh_of(2)), want, what="col tp=2")
+
+
+@check
+def tp_bf16_and_batch_dims():
+  # bf16 activations with leading batch dims; row-parallel sums fp32 partials then casts
+  # once, so it may differ from unsharded only by summation order (< 1 bf16 ulp).
+  q = hj.quantize(rand(5, (512, 384)), "w4a16-g128", bias=rand(6, (384,)))
+  x = rand(7, (2, 3, 512)).astype(jnp.bfloat16)
+  want = REF(q, x)
+  for s in (4,):
+    got = hs.column_parallel_dense(q, x, axis="x", mesh=mesh_of(s), gather_output=True)
+    assert got.dtype == jnp.bfloat16 and got.shape == (2, 3, 384)
+    close(got, want, rtol=2**-7, what=f"column bf16 tp={s}")
+    got = hs.row_parallel_dense(q, x, axis="x", mesh=mesh_of(s))
+    assert got.dtype == jnp.bfloat16 and got.shape == (2, 3, 384)
+    close(got, want, rtol=2**-7, what=f"row bf16 tp={s}")
+
+
+@check
+def tp_megatron_mlp_in_user_shard_map():
+  # Column then row inside the user's own shard_map: the per-device bodies (mesh=None).
+  k, hdim = 256, 512
+  up = hj.quantize(rand(11, (k, hdim)), "w8a8-int8", bias=rand(12, (hdim,)))
+  down = hj.quantize(rand(13, (hdim, k)), "w8a8-int8", bias=rand(14, (k,)))
+  x = rand(15, (9, k))
+  mesh = mesh_of(4)
+  ups = hs.partition_specs(up, P(None, "x"), mesh=mesh)
+  downs = hs.partition_specs(down, P("x", None), mesh=mesh)
+
+  def body(u, d, xx):
+    h = jax.nn.gelu(hs.column_parallel_dense(u, xx, axis="x"))
+    return h, hs.row_parallel_dense(d, h, axis="x")
+
+  f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=(ups, downs, P()),
+                            out_specs=(P(None, "x"), P()), check_vma=False))
+  placed = hs.shard_params({"u": up, "d": down}, {"u": P(None, "x"), "d": P("x", None)}, mesh)
+  assert placed["u"].codes.sharding.spec == P(None, "x")
+  h, y = f(placed["u"], placed["d"], x)
+  close(h, jax.nn.gelu(REF(up, x)), rtol=5e-6, what="mlp hidden")
+  # int8 activation rounding is discontinuous: compare the second layer on the same input.
+  close(y, REF(down, h), rtol=5e-6, what="mlp out")
+
+
+@check
+def gspmd_jit_with_named_sharding():
+  # Plain jax.jit(hj.quant_dense) on NamedSharding-placed params: GSPMD partitions the
+  # reference path; and the shard_map wrappers accept placed params without resharding.
+  q = hj.quantize(rand(21, (1024, 256)), "w4a16-g128", bias=rand(22, (256,)))
+  x = rand(23, (16, 1024))
+  want = REF(q, x)
+  mesh = jax.make_mesh((2, 4), ("dp", "tp"), devices=jax.devices())
+  for fspec in (P(None, "tp"), P("dp", "tp")):
+    placed = hs.shard_params(q, fspec, mesh)
+    got = jax.jit(hj.quant_dense)(placed, x)
+    close(got, want, rtol=5e-6, what=f"gspmd {fspec}")
+  placed = hs.shard_params(q, P("tp", None), mesh)
+  xs = jax.device_put(x, NamedSharding(mesh, P("dp", "tp")))
+  got = jax.jit(lambda p, xx: hs.row_parallel_dense(p, xx, axis="tp", mesh=mesh,
+                                                    batch_axis="dp"))(placed, xs)
+  assert got.sharding.spec[0] == "dp", got.sharding
+  close(got, want, what="row with dp batch")
+
+
+@check
+def tp_interpret_backend():
+  # The Pallas kernel (interpret mode) on each shard, where one is registered.
+  q = hj.quantize(rand(31, (512, 256)), "w4a16-g128", bias=rand(32, (256,)))
+  if registry.find(q.spec) is None:
+    return "no Pallas kernel registered for w4a16-g128: interpret case not applicable"
+  x = rand(33, (3, 512))
+  want = REF(q, x, backend="interpret")
+  close(hs.column_parallel_dense(q, x, axis="x", mesh=mesh_of(2), backend="interpret"),
+        want, rtol=1e-5, what="column interpret")
+  close(hs.row_parallel_dense(q, x, axis="x", mesh=mesh_of(2), backend="interpret"),
+        want, rtol=1e-5, what="row interpret")
+  close(want, REF(q, x), rtol=1e-2, what="interpret vs xla")
+
+
+def main(names):
+  assert len(jax.devices()) == 8, f"expected 8 host devices, got {len(jax.devices())}"
+  for name in names or CHECKS:
+    t0 = time.perf_counter()
+    try:
+      info = CHECKS[name]()
+      rec = {"name": name, "ok": True, "info": info}
+    except Exception:  # report every check, keep going
+      rec = {"name": name, "ok": False, "error": traceback.format_exc()}
+    rec["seconds"] = round(time.perf_counter() - t0, 2)
+    print("CHECK " + json.dumps(rec, default=str), flush=True)
+
+
+if __name__ == "__main__":
+  main(sys.argv[1:])

@@ -1,0 +1,161 @@
+"""humming_jax.sharding: partition specs, shard slicing, TP dense and EP MoE.
+
+Spec derivation, alignment errors and shard slicing run in-process (an AbstractMesh needs no
+devices).  The multi-device checks need 8 host devices, which must be requested before jax
+starts its backend: they run once, in a subprocess (tests/sharding_checks.py) with
+``XLA_FLAGS=--xla_force_host_platform_device_count=8``, and are reported one test each.
+"""
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import AbstractMesh, PartitionSpec as P
+
+import humming_jax as hj
+from humming_jax import sharding as hs
+
+HERE = pathlib.Path(__file__).parent
+sys.path.insert(0, str(HERE))
+import sharding_checks  # noqa: E402
+
+MESH8 = AbstractMesh((2, 4), ("dp", "tp"))
+
+
+def rand(seed, shape):
+  return jax.random.normal(jax.random.key(seed), shape, jnp.float32)
+
+
+# ----------------------------------------------------------------------------------------
+# partition_specs
+# ----------------------------------------------------------------------------------------
+def test_partition_specs_tree():
+  tree = {
+      "attn": {"q": hj.quantize(rand(0, (256, 128)), "w4a16-g128-zp", bias=rand(1, (128,))),
+               "o": hj.quantize(rand(2, (128, 256)), "w4a16-ch")},
+      "moe": hj.quantize(rand(3, (4, 256, 64)), "w4a16-nvfp4", bias=rand(4, (4, 64))),
+      "norm": rand(5, (256,)),
+  }
+  fspecs = {"attn": {"q": P(None, "tp"), "o": P("tp", None)}, "moe": P("tp", None, None),
+            "norm": None}
+  out = hs.partition_specs(tree, fspecs, mesh=MESH8)
+  q, o, moe = out["attn"]["q"], out["attn"]["o"], out["moe"]
+  assert isinstance(q, hj.QuantizedWeight) and q.spec == tree["attn"]["q"].spec
+  assert (q.codes, q.scales, q.zeros, q.bias) == (P(None, "tp"),) * 3 + (P("tp"),)
+  # Per-channel scales: one row covers all of K -> replicated along K.
+  assert (o.codes, o.scales, o.bias) == (P("tp", None), P(None, None), None)
+  assert (moe.codes, moe.scales, moe.global_scale, moe.bias) == (
+      P("tp", None, None), P("tp", None, None), P("tp"), P("tp", None))
+  assert out["norm"] == P()
+  # The spec tree matches the params tree leaf for leaf (usable as in_specs / shardings).
+  assert (jax.tree.structure(tree, is_leaf=lambda x: x is None) ==
+          jax.tree.structure(out, is_leaf=lambda x: isinstance(x, P) or x is None))
+
+
+def test_partition_specs_group_k_split_and_tensor_scale():
+  q = hj.quantize(rand(6, (512, 256)), "w4a16-g128", bias=rand(7, (256,)))
+  s = hs.weight_partition_spec(q, P("tp", "dp"), mesh=MESH8)
+  assert (s.codes, s.scales, s.bias) == (P("tp", "dp"), P("tp", "dp"), P("dp"))
+  t = hj.quantize(rand(8, (256, 64)), hj.QuantSpec("int8", "tensor", 0))
+  st = hs.weight_partition_spec(t, P("tp", "dp"), mesh=MESH8)
+  assert st.scales == P(None, None) and st.codes == P("tp", "dp")
+
+
+@pytest.mark.parametrize("preset, shape, fspec, match", [
+    # K/shards = 64 rows: not whole 128-row scale groups.
+    ("w4a16-g128", (256, 64), P("tp", None), r"K=256 .* 4 shards .*K/shards=64.*lcm.*128"),
+    # Per-channel: K/shards = 16 is not whole 32-code packing chunks.
+    ("w4a16-ch", (64, 64), P("tp", None), r"K=64 .*K/shards=16.*32"),
+    ("w4a16-g128", (512, 6), P(None, "tp"), r"N=6 is not divisible by 4"),
+    # 2-D 128x128 blocks: N/shards = 64 straddles a block.
+    ("w8a8-fp8-block", (256, 256), P(None, "tp"), r"N/shards=64.*block_n=128"),
+    ("w4a16-g128", (128, 64), P("pp", None), r"mesh axis 'pp' is not in the mesh"),
+])
+def test_misaligned_split_is_refused(preset, shape, fspec, match):
+  q = hj.quantize(rand(9, shape), preset)
+  with pytest.raises(ValueError, match=match):
+    hs.partition_specs({"w": q}, {"w": fspec}, mesh=MESH8)
+
+
+def test_misaligned_experts_and_bad_specs():
+  q = hj.quantize(rand(10, (6, 128, 64)), "w4a16-g128")
+  with pytest.raises(ValueError, match=r"E=6 experts .* 4 shards"):
+    hs.partition_specs(q, P("tp", None, None), mesh=MESH8)
+  with pytest.raises(ValueError, match="4 entries"):
+    hs.partition_specs(q, P(None, None, None, "tp"))
+  with pytest.raises(TypeError, match="PartitionSpec"):
+    hs.partition_specs({"w": q}, {"w": ("tp", None)})
+  with pytest.raises(ValueError, match="kernel layout"):
+    hs.weight_partition_spec(q.replace(layout="wna16"), P())
+
+
+# ----------------------------------------------------------------------------------------
+# Shard slicing
+# ----------------------------------------------------------------------------------------
+@pytest.mark.parametrize("preset", ["w4a16-g128-zp", "w4a16-nvfp4", "w8a8-fp8-block",
+                                    "w4a16-ch"])
+def test_slice_weight_is_a_valid_local_weight(preset):
+  # A 3-bit weight straddles uint32 words: the K slice must still take whole chunks.
+  q = hj.quantize(rand(11, (512, 256)), preset, bias=rand(12, (256,)))
+  full = np.asarray(hj.dequantize(q))
+  for dim, n in (("k", 4), ("n", 2)):
+    for i in range(n):
+      part = hs.slice_weight(q, dim, i, n)
+      ks, ns = (512 // n, 256) if dim == "k" else (512, 256 // n)
+      assert part.shape == (ks, ns)
+      want = full[i * ks:(i + 1) * ks] if dim == "k" else full[:, i * ns:(i + 1) * ns]
+      np.testing.assert_array_equal(np.asarray(hj.dequantize(part)), want)
+      # Shape inference from the leaves alone (what shard_map hands a device).
+      assert hs.local_weight(part.replace(shape=q.shape)).shape == (ks, ns)
+
+
+def test_slice_weight_odd_bits_and_experts():
+  spec = hj.QuantSpec("int3", "group", 32, scale_dtype="float32")
+  q = hj.quantize(rand(13, (3, 256, 64)), spec, bias=rand(14, (3, 64)))
+  full = np.asarray(hj.dequantize(q))
+  for i in range(4):
+    part = hs.slice_weight(q, "k", i, 4)
+    np.testing.assert_array_equal(np.asarray(hj.dequantize(part)), full[:, i * 64:(i + 1) * 64])
+  e = hs.slice_weight(q, "e", 1, 3)
+  assert e.shape == (1, 256, 64) and e.bias.shape == (1, 64)
+  np.testing.assert_array_equal(np.asarray(hj.dequantize(e)), full[1:2])
+  with pytest.raises(ValueError, match="index=3 is out of range"):
+    hs.slice_weight(q, "k", 3, 3)
+  with pytest.raises(ValueError, match="dim='e' needs stacked experts"):
+    hs.slice_weight(hj.quantize(rand(15, (64, 64)), spec), "e", 0, 2)
+
+
+# ----------------------------------------------------------------------------------------
+# Multi-device checks (subprocess with 8 host devices)
+# ----------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def device_checks():
+  env = dict(os.environ)
+  env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") +
+                      " --xla_force_host_platform_device_count=8").strip()
+  env["JAX_PLATFORMS"] = "cpu"
+  root = HERE.parent
+  env["PYTHONPATH"] = os.pathsep.join([str(root), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+  proc = subprocess.run([sys.executable, str(HERE / "sharding_checks.py")], env=env,
+                        capture_output=True, text=True, timeout=600, cwd=root)
+  results = {}
+  for line in proc.stdout.splitlines():
+    if line.startswith("CHECK "):
+      rec = json.loads(line[6:])
+      results[rec["name"]] = rec
+  if not results:
+    pytest.fail(f"sharding_checks.py produced no results (rc={proc.returncode}):\n"
+                f"{proc.stderr[-4000:]}")
+  return results
+
+
+@pytest.mark.parametrize("name", list(sharding_checks.CHECKS))
+def test_on_8_devices(device_checks, name):
+  rec = device_checks.get(name)
+  assert rec is not None, f"check {name} did not report (subprocess crashed?)"
+  assert rec["ok"], rec["error"]
