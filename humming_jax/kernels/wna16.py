@@ -134,6 +134,23 @@ def decode_codes(code: jax.Array, zero_row, fmt) -> jax.Array:
   return fmt.decode(code, check_nan=False)
 
 
+def unpack_slab(load_words, lt: lay.SlabLayout, t, s: int, words: dict) -> jax.Array:
+  """Unsigned codes (slab, block_n) of slab ``s`` of K tile ``t`` (shift + mask per plane).
+
+  ``load_words(row, n)`` -> (n, block_n) uint32 words; ``words`` caches the word rows
+  already loaded for tile ``t`` (slabs share word rows: pass the same dict per tile)."""
+  code = None
+  for p, pb in enumerate(lt.planes):
+    r, shift = lt.locate(p, s)
+    if r not in words:
+      words[r] = load_words(t * lt.rows_per_tile + r, lt.slab)
+    part = (words[r] >> shift) & ((1 << pb) - 1)
+    off = lt.plane_bit_offset(p)
+    part = part << off if off else part
+    code = part if code is None else code | part
+  return code
+
+
 def accumulate_k(acc: jax.Array, *, load_words, load_x, load_scale_row, load_zero_row,
                  spec: QuantSpec, lt: lay.SlabLayout, first_tile, num_tiles: int,
                  group_rows: int, compute_dtype) -> jax.Array:
@@ -146,7 +163,7 @@ def accumulate_k(acc: jax.Array, *, load_words, load_x, load_scale_row, load_zer
   (block_m, n) activations, ``load_scale_row(g)`` / ``load_zero_row(g)`` -> (1, block_n).
   """
   fmt = spec.weight_format
-  slab, rows = lt.slab, lt.rows_per_tile
+  slab = lt.slab
   per_slab_scale = spec.granularity in ("group", "block")
   has_zeros = load_zero_row is not None
 
@@ -154,15 +171,7 @@ def accumulate_k(acc: jax.Array, *, load_words, load_x, load_scale_row, load_zer
     t = first_tile + t_local
     words = {}
     for s in range(lt.num_slabs):
-      code = None
-      for p, pb in enumerate(lt.planes):
-        r, shift = lt.locate(p, s)
-        if r not in words:
-          words[r] = load_words(t * rows + r, slab)
-        part = (words[r] >> shift) & ((1 << pb) - 1)
-        off = lt.plane_bit_offset(p)
-        part = part << off if off else part
-        code = part if code is None else code | part
+      code = unpack_slab(load_words, lt, t, s, words)
       k0 = t * lt.block_k + s * slab
       zero_row = None
       if has_zeros:
