@@ -20,7 +20,7 @@ def _x(seed=1, m=6, dtype=jnp.float32):
 # ---------------------------------------------------------------------------- linen
 @pytest.mark.parametrize("spec,dtype,xdtype", [("w4a16-g128", None, jnp.float32),
                                                ("w8a8-fp8", jnp.bfloat16, jnp.float32),
-                                               ("w4a4-nvfp4", None, jnp.bfloat16)])
+                                               ("w4a16-nvfp4", None, jnp.bfloat16)])
 def test_linen_quantdense_equals_functional(spec, dtype, xdtype):
   layer = hnn.QuantDense(N, spec=spec, dtype=dtype)
   x = _x(dtype=xdtype)
@@ -195,7 +195,7 @@ def test_linen_and_nnx_quantmoe_match_expert_loop():
   v = moe.init(jax.random.key(0), x)
   p = v["params"]
   assert p["gate_up"].shape == (E, K, 2 * INTER) and p["down"].shape == (E, INTER, K)
-  y = moe.apply(v, x)
+  y = jax.jit(moe.apply)(v, x)  # jit: the eager op-by-op MoE path is slow on CPU
   assert y.shape == x.shape and y.dtype == x.dtype
   ref = _moe_oracle(x, p["router"]["kernel"], p["gate_up"], p["down"])
   np.testing.assert_allclose(np.asarray(y).reshape(-1, K), ref, rtol=2e-4, atol=2e-4)
@@ -203,13 +203,14 @@ def test_linen_and_nnx_quantmoe_match_expert_loop():
   m2 = hnnx.QuantMoE(K, E, TOPK, INTER, spec="w4a16-g128", router=nnx.Linear(
       K, E, use_bias=False, rngs=nnx.Rngs(0)), gate_up=p["gate_up"], down=p["down"])
   m2.router.kernel[...] = p["router"]["kernel"]
-  np.testing.assert_array_equal(m2(x), y)
+  run = nnx.jit(lambda m, x: m(x))
+  np.testing.assert_array_equal(run(m2, x), y)
   # from_float quantizes float experts like hj.quantize.
   gu = jax.random.normal(jax.random.key(1), (E, K, 2 * INTER))
   dn = jax.random.normal(jax.random.key(2), (E, INTER, K))
   m3 = hnnx.QuantMoE.from_float(p["router"]["kernel"], gu, dn, "w4a16-g128", TOPK)
   np.testing.assert_array_equal(m3.gate_up.get_value().codes,
                                 hj.quantize(gu, "w4a16-g128").codes)
-  np.testing.assert_allclose(np.asarray(m3(x)).reshape(-1, K),
+  np.testing.assert_allclose(np.asarray(run(m3, x)).reshape(-1, K),
                              _moe_oracle(x, p["router"]["kernel"], m3.gate_up.get_value(),
                                          m3.down.get_value()), rtol=2e-4, atol=2e-3)
