@@ -258,6 +258,8 @@ def make_ct(out, name, weights: dict, input_activations: dict | None = None,
     lin.weight_scale.data.copy_(scale.reshape(lin.weight_scale.shape))
     if hasattr(lin, "weight_zero_point"):
       lin.weight_zero_point.data.copy_(zp.reshape(lin.weight_zero_point.shape))
+    if iargs is not None and iargs.dynamic is False:  # static per-tensor activation scale
+      lin.input_scale.data.fill_(3.0 / 448.0)
     lin.quantization_status = QuantizationStatus.FROZEN
   ref = {}
   comp = ModelCompressor.from_pretrained_model(model, quantization_format=fmt)
@@ -282,7 +284,10 @@ def make_ct(out, name, weights: dict, input_activations: dict | None = None,
       x = torch.randn(1, 4, lin.in_features, dtype=torch.bfloat16)
       xq = x
       if iargs is not None:
-        s, zp = compute_dynamic_scales_and_zp(x, iargs, module=lin)
+        if iargs.dynamic is False:
+          s, zp = lin.input_scale.data, getattr(lin, "input_zero_point", None)
+        else:
+          s, zp = compute_dynamic_scales_and_zp(x, iargs, module=lin)
         xq = fake_quantize(x, s, zp, iargs)
       ref[f"{path}.x"] = x
       ref[f"{path}.y"] = torch.nn.functional.linear(xq, lin.weight.data, lin.bias)
@@ -398,6 +403,14 @@ def main():
                                 "strategy": "block", "block_structure": [64, 64]},
           {"num_bits": 8, "type": "float", "symmetric": True, "strategy": "group",
            "group_size": 64, "dynamic": True}, fmt="float-quantized")
+  make_ct(out, "ct-w8a8-int8", {"num_bits": 8, "type": "int", "symmetric": True,
+                                "strategy": "channel"},
+          {"num_bits": 8, "type": "int", "symmetric": True, "strategy": "token",
+           "dynamic": True}, fmt="int-quantized")
+  make_ct(out, "ct-fp8-tensor-static", {"num_bits": 8, "type": "float", "symmetric": True,
+                                        "strategy": "tensor"},
+          {"num_bits": 8, "type": "float", "symmetric": True, "strategy": "tensor",
+           "dynamic": False}, fmt="float-quantized")
   make_ct(out, "ct-nvfp4", {"num_bits": 4, "type": "float", "symmetric": True,
                             "strategy": "tensor_group", "group_size": 16},
           fmt="nvfp4-pack-quantized")
