@@ -16,6 +16,7 @@ from humming_jax.recipes import RECIPES, quantize_params
 from humming_jax.analysis import error_report
 from humming_jax.io import load, save
 from humming_jax.spec import PRESETS, QuantSpec
+from humming_jax.moe import quant_moe, quant_ragged_dot
 
 __version__ = "0.1.0"
 
@@ -24,5 +25,6 @@ __all__ = [
     "QuantizedActivations", "quantize", "dequantize", "quantize_activations",
     "fake_quantize_activations", "quant_dense", "prepare", "report",
     "quantize_params", "RECIPES", "error_report", "save", "load",
+    "moe", "quant_ragged_dot", "quant_moe",
 ]
 __all__ += ["load_checkpoint"]

@@ -1,3 +1,4 @@
 """Imports every kernel family so it registers itself (see registry.py)."""
 from humming_jax.kernels import wna16  # noqa: F401,E402
 from humming_jax.kernels import w8a8  # noqa: F401,E402
+from humming_jax.kernels import grouped_wna16  # noqa: F401,E402

@@ -1,0 +1,295 @@
+"""Mixture of experts: routing (pure functions), the quantized grouped GEMM, the MoE layer.
+
+Routing::
+
+    weights, ids = topk_routing(logits, k)                 # (T, k) float32, (T, k) int32
+    r = sort_tokens(ids, num_experts)                      # rows sorted by expert
+    xs = x[r.token_of_row]                                 # (T*k, H)
+    ys = quant_ragged_dot(params, xs, r.group_sizes)       # (T*k, N)
+    out = combine(ys, weights, r)                          # (T, N)
+
+``quant_moe`` is that chain with the gate/up GEMM, the GLU and the down GEMM.  Everything is
+jit-safe with static shapes: no host sync, nothing depends on the routing's values but data.
+
+Conventions: ``gate_up`` holds the gate projection in its first N/2 columns and the up
+projection in its last N/2 (as Mixtral / Qwen / DeepSeek checkpoints concatenate
+``w1``/``gate_proj`` then ``w3``/``up_proj``); ``glu(h) = act(h[:, :I]) * h[:, I:]``.
+"""
+from __future__ import annotations
+
+from typing import Literal, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from humming_jax import ops
+from humming_jax.kernels import grouped_wna16, registry
+from humming_jax.quantize import (QuantizedWeight, dequantize, fake_quantize_activations)
+
+Activation = Literal["silu", "gelu"]
+ACTIVATIONS = ("silu", "gelu")
+
+
+# ----------------------------------------------------------------------------------------
+# Routing
+# ----------------------------------------------------------------------------------------
+def topk_routing(logits: jax.Array, k: int, *, renormalize: bool = True,
+                 order: Literal["softmax_topk", "topk_softmax"] = "softmax_topk"
+                 ) -> tuple[jax.Array, jax.Array]:
+  """Router logits (T, E) -> (weights (T, k) float32, expert ids (T, k) int32).
+
+  ``order="softmax_topk"``: softmax over all E experts, keep the k largest (Mixtral with
+  ``renormalize=True``, Qwen3-MoE, DeepSeek-V2 without).  ``"topk_softmax"``: keep the k
+  largest logits, softmax over those k (weights already sum to 1; ``renormalize`` then
+  changes nothing).  Ties pick the lower expert id (``lax.top_k``)."""
+  if logits.ndim != 2:
+    raise ValueError(f"logits must be (tokens, experts); got shape {logits.shape}")
+  e = logits.shape[1]
+  if not isinstance(k, int) or not 0 < k <= e:
+    raise ValueError(f"k={k!r} must be an int in [1, num_experts={e}]")
+  if order not in ("softmax_topk", "topk_softmax"):
+    raise ValueError(f"order={order!r}; expected 'softmax_topk' or 'topk_softmax'")
+  z = logits.astype(jnp.float32)
+  if order == "softmax_topk":
+    w, ids = jax.lax.top_k(jax.nn.softmax(z, axis=-1), k)
+  else:
+    top, ids = jax.lax.top_k(z, k)
+    w = jax.nn.softmax(top, axis=-1)
+  if renormalize:
+    w = w / jnp.sum(w, axis=-1, keepdims=True)
+  return w, ids.astype(jnp.int32)
+
+
+class SortedTokens(NamedTuple):
+  """Rows of the (T*k, ...) expert-sorted activations and how to undo the sort.
+
+  token_of_row: (R,) int32 token feeding each sorted row (padding rows: token 0, masked).
+  slot_of_row:  (R,) int32 flat ``t * k + j`` index of each row into (T, k), or T*k for a
+                padding row.
+  row_of_slot:  (T*k,) int32 inverse permutation: the sorted row of ``(t, j)``.
+  group_sizes:  (E,) int32 rows per expert (including padding when aligned).
+  valid:        (R,) bool, False on padding rows.
+  """
+
+  token_of_row: jax.Array
+  slot_of_row: jax.Array
+  row_of_slot: jax.Array
+  group_sizes: jax.Array
+  valid: jax.Array
+
+
+def _check_ids(topk_ids: jax.Array, num_experts: int) -> None:
+  if topk_ids.ndim != 2:
+    raise ValueError(f"topk_ids must be (tokens, k); got shape {topk_ids.shape}")
+  if not jnp.issubdtype(topk_ids.dtype, jnp.integer):
+    raise ValueError(f"topk_ids must be integer expert ids; got dtype {topk_ids.dtype}")
+  if not isinstance(num_experts, int) or num_experts < 1:
+    raise ValueError(f"num_experts={num_experts!r} must be a positive int")
+
+
+def sort_tokens(topk_ids: jax.Array, num_experts: int) -> SortedTokens:
+  """Sort the T*k (token, slot) pairs by expert (stable: token order within an expert).
+
+  Ids outside [0, E) are sorted past the last expert: their rows lie beyond
+  ``sum(group_sizes)``, so the grouped GEMM writes zeros there and they add nothing."""
+  _check_ids(topk_ids, num_experts)
+  t, k = topk_ids.shape
+  flat = topk_ids.reshape(-1).astype(jnp.int32)
+  key = jnp.where((flat >= 0) & (flat < num_experts), flat, num_experts)
+  order = jnp.argsort(key, stable=True).astype(jnp.int32)
+  inv = jnp.zeros_like(order).at[order].set(jnp.arange(t * k, dtype=jnp.int32))
+  sizes = jnp.zeros((num_experts,), jnp.int32).at[key].add(1, mode="drop")
+  return SortedTokens(order // k, order, inv, sizes, jnp.ones((t * k,), bool))
+
+
+def align_tokens(topk_ids: jax.Array, num_experts: int, block_m: int) -> SortedTokens:
+  """Like :func:`sort_tokens`, but every expert's segment is padded to a multiple of
+  ``block_m`` rows (vLLM's ``moe_align_block_size``), so no kernel tile mixes experts.
+
+  The row count is static: ``T*k + E*(block_m - 1)`` rounded up to ``block_m`` (the worst
+  case); unused rows at the end are padding (``valid`` False, past sum(group_sizes)).
+  The grouped kernels here do not need this (they mask rows per expert), so it costs
+  rows at decode; it is for callers that want block-aligned segments."""
+  _check_ids(topk_ids, num_experts)
+  if not isinstance(block_m, int) or block_m < 1:
+    raise ValueError(f"block_m={block_m!r} must be a positive int")
+  base = sort_tokens(topk_ids, num_experts)
+  t, k = topk_ids.shape
+  n = t * k
+  rows = -(-(n + num_experts * (block_m - 1)) // block_m) * block_m
+  padded = (base.group_sizes + block_m - 1) // block_m * block_m
+  seg_start = jnp.cumsum(padded) - padded
+  raw_start = jnp.cumsum(base.group_sizes) - base.group_sizes
+  flat = topk_ids.reshape(-1).astype(jnp.int32)
+  in_range = (flat >= 0) & (flat < num_experts)
+  e_of_sorted = jnp.where(in_range, flat, 0)[base.slot_of_row]
+  ok_sorted = in_range[base.slot_of_row]
+  i = jnp.arange(n, dtype=jnp.int32)
+  dest = seg_start[e_of_sorted] + i - raw_start[e_of_sorted]
+  dest = jnp.where(ok_sorted, dest, rows)  # invalid ids: dropped (no row)
+  slot_of_row = jnp.full((rows,), n, jnp.int32).at[dest].set(base.slot_of_row, mode="drop")
+  valid = slot_of_row < n
+  token_of_row = jnp.where(valid, slot_of_row // k, 0)
+  row_of_slot = jnp.full((n,), rows, jnp.int32).at[base.slot_of_row].set(dest)
+  return SortedTokens(token_of_row, slot_of_row, row_of_slot, padded, valid)
+
+
+def combine(rows: jax.Array, topk_weights: jax.Array, sorted_tokens: SortedTokens
+            ) -> jax.Array:
+  """Expert-sorted outputs (R, N) -> (T, N): ``sum_j w[t, j] * rows[row_of_slot(t, j)]``.
+
+  A gather plus a k-term sum in float32 (deterministic; no scatter-add)."""
+  t, k = topk_weights.shape
+  idx = sorted_tokens.row_of_slot.reshape(t, k)
+  g = jnp.take(rows, idx, axis=0, mode="fill", fill_value=0).astype(jnp.float32)
+  return jnp.einsum("tkn,tk->tn", g, topk_weights.astype(jnp.float32)).astype(rows.dtype)
+
+
+# ----------------------------------------------------------------------------------------
+# Grouped GEMM
+# ----------------------------------------------------------------------------------------
+def _check_grouped(params: QuantizedWeight, x: jax.Array, group_sizes: jax.Array) -> None:
+  if not isinstance(params, QuantizedWeight):
+    raise TypeError(f"params must be a QuantizedWeight (from hj.quantize on (E, K, N) "
+                    f"weights); got {type(params).__name__}")
+  if params.num_experts is None:
+    raise ValueError(f"params must hold stacked experts (E, K, N); got shape "
+                     f"{params.shape} (use quant_dense)")
+  if x.ndim != 2 or x.shape[1] != params.in_features:
+    raise ValueError(f"x must be (M, K={params.in_features}); got shape {x.shape}")
+  if not jnp.issubdtype(x.dtype, jnp.floating):
+    raise ValueError(f"x must be a float array (bf16/fp16/fp32); got dtype {x.dtype}")
+  if group_sizes.shape != (params.num_experts,):
+    raise ValueError(f"group_sizes must have shape (E,)=({params.num_experts},); got "
+                     f"{group_sizes.shape}")
+  if not jnp.issubdtype(group_sizes.dtype, jnp.integer):
+    raise ValueError(f"group_sizes must be integer; got dtype {group_sizes.dtype}")
+
+
+def _xla_block_m(m: int, e: int) -> int:
+  rows = m / max(min(e, m), 1)
+  return 8 if rows <= 8 else (32 if rows <= 32 else 128)
+
+
+def ragged_dot_xla(params: QuantizedWeight, x: jax.Array, group_sizes: jax.Array, *,
+                   block_m: int | None = None, chunk_bytes: int = 1 << 28) -> jax.Array:
+  """The XLA grouped GEMM (CPU fallback, and any spec without a grouped kernel).
+
+  Not ``lax.ragged_dot`` (which XLA expands to a dense masked E-fold product on the GPU):
+  rows are cut into expert-pure tiles of ``block_m`` rows (:func:`tile_schedule`, as in the
+  kernel); a ``lax.map`` over chunks of tiles gathers each tile's expert *codes*,
+  dequantizes only those and runs a batched (tile, block_m, K) x (tile, K, N) dot.
+  Cost: ``tiles * (K*N)`` weight elements decoded (tiles <= cdiv(M, block_m) + min(E, M),
+  so at decode only the active experts) and ``tiles * block_m * K * N`` MACs; memory
+  ``chunk * K * N`` floats per step (``chunk_bytes`` bounds it), never E*M*N."""
+  params = registry.to_canonical(params)
+  spec = params.spec
+  e, k, n = params.shape
+  m = x.shape[0]
+  a = (fake_quantize_activations(x, spec, params.act_scale) if spec.act
+       else x.astype(jnp.float32))
+  bm = block_m or _xla_block_m(m, e)
+  num_tiles = grouped_wna16.max_tiles(m, e, bm)
+  expert, start, end, kind = grouped_wna16.tile_schedule(group_sizes, m, bm, num_tiles)
+  chunk = max(1, min(num_tiles, chunk_bytes // (8 * k * n)))  # f32 weights + temps
+  pad = -num_tiles % chunk
+  expert, start, end, kind = (jnp.pad(v, (0, pad)) for v in (expert, start, end, kind))
+  a = jnp.pad(a, ((0, bm), (0, 0)))
+
+  def step(args):
+    ex, st, en, kd = args
+    sub = params.replace(
+        codes=params.codes[ex], scales=params.scales[ex],
+        zeros=None if params.zeros is None else params.zeros[ex],
+        global_scale=None if params.global_scale is None else params.global_scale[ex],
+        bias=None, shape=(ex.shape[0], k, n))
+    w = dequantize(sub)  # (chunk, K, N) float32
+    rows = st[:, None] + jnp.arange(bm, dtype=jnp.int32)[None, :]
+    xs = a[rows]  # (chunk, bm, K)
+    y = jnp.einsum("cmk,ckn->cmn", xs, w, preferred_element_type=jnp.float32)
+    if params.bias is not None:
+      y = y + params.bias[ex][:, None, :]
+    ok = (rows < en[:, None]) & (kd[:, None] == 1)
+    return jnp.where(ok[..., None], y, 0.0), jnp.where(rows < en[:, None], rows, m)
+
+  nchunks = (num_tiles + pad) // chunk
+  ys, rows = jax.lax.map(step, tuple(v.reshape(nchunks, chunk)
+                                     for v in (expert, start, end, kind)))
+  out = jnp.zeros((m, n), jnp.float32).at[rows.reshape(-1)].set(
+      ys.reshape(-1, n), mode="drop")
+  return out.astype(x.dtype)
+
+
+def quant_ragged_dot(params: QuantizedWeight, x: jax.Array, group_sizes: jax.Array, *,
+                     backend: ops.Backend = None) -> jax.Array:
+  """``lax.ragged_dot`` with quantized stacked experts: (M, K) x (E, K, N) -> (M, N).
+
+  Args:
+    params: ``hj.quantize`` of stacked (E, K, N) weights (canonical, or prepared once with
+      ``hj.prepare(params, grouped=True)`` -- canonical params are re-laid out per call).
+    x: (M, K) float activations, rows sorted by expert.
+    group_sizes: (E,) int rows per expert; rows past ``sum(group_sizes)`` come out zero.
+    backend: "pallas" | "interpret" | "xla" | None (see ops.py).
+  Returns (M, N) in x's dtype.  jit-safe with static M; no host sync.
+  """
+  _check_grouped(params, x, group_sizes)
+  b = ops.resolve_backend(backend, params.spec, grouped=True)
+  if b == "xla":
+    return ragged_dot_xla(params, x, group_sizes)
+  kernel = registry.find(params.spec, grouped=True)
+  p = (params if registry.layout_family(params.layout) == kernel.layout
+       else ops.prepare(params, grouped=True))
+  return kernel.run(p, x, group_sizes, interpret=(b == "interpret"))
+
+
+# ----------------------------------------------------------------------------------------
+# The MoE layer
+# ----------------------------------------------------------------------------------------
+def glu(h: jax.Array, activation: Activation = "silu") -> jax.Array:
+  """``act(gate) * up`` of (R, 2I) gate/up rows (gate first), in float32 -> h.dtype."""
+  if activation not in ACTIVATIONS:
+    raise ValueError(f"activation={activation!r}; expected one of {ACTIVATIONS}")
+  i = h.shape[-1] // 2
+  g, u = h[..., :i].astype(jnp.float32), h[..., i:].astype(jnp.float32)
+  act = jax.nn.silu(g) if activation == "silu" else jax.nn.gelu(g, approximate=False)
+  return (act * u).astype(h.dtype)
+
+
+def quant_moe(gate_up_params: QuantizedWeight, down_params: QuantizedWeight, x: jax.Array,
+              topk_weights: jax.Array, topk_ids: jax.Array, *,
+              activation: Activation = "silu", backend: ops.Backend = None) -> jax.Array:
+  """A routed MoE MLP with quantized experts: (T, H) tokens -> (T, H).
+
+  ``out[t] = sum_j w[t, j] * down_e( glu( gate_up_e(x[t]) ) )`` with ``e = ids[t, j]``.
+
+  Args:
+    gate_up_params: (E, H, 2I) quantized experts: gate in columns [0, I), up in [I, 2I).
+    down_params: (E, I, H) quantized experts.
+    x: (T, H) float tokens.
+    topk_weights: (T, k) combine weights (e.g. from :func:`topk_routing`).
+    topk_ids: (T, k) int expert ids; ids outside [0, E) contribute nothing.
+    activation: "silu" (SwiGLU) or "gelu" (exact-erf GeGLU).
+    backend: as :func:`quant_ragged_dot`.
+  """
+  for name, p in (("gate_up_params", gate_up_params), ("down_params", down_params)):
+    if not isinstance(p, QuantizedWeight) or p.num_experts is None:
+      raise TypeError(f"{name} must be a stacked-expert QuantizedWeight (E, K, N); got "
+                      f"{getattr(p, 'shape', type(p).__name__)}")
+  e, h, n2 = gate_up_params.shape
+  if n2 % 2:
+    raise ValueError(f"gate_up_params N={n2} must be even (gate and up stacked along N)")
+  if down_params.shape != (e, n2 // 2, h):
+    raise ValueError(f"down_params.shape must be (E, I, H)={(e, n2 // 2, h)} for gate_up "
+                     f"{gate_up_params.shape}; got {down_params.shape}")
+  if x.ndim != 2 or x.shape[1] != h:
+    raise ValueError(f"x must be (tokens, H={h}); got shape {x.shape}")
+  if topk_weights.shape != topk_ids.shape or topk_ids.shape[:1] != x.shape[:1]:
+    raise ValueError(f"topk_weights {topk_weights.shape} and topk_ids {topk_ids.shape} "
+                     f"must both be (tokens={x.shape[0]}, k)")
+  if activation not in ACTIVATIONS:
+    raise ValueError(f"activation={activation!r}; expected one of {ACTIVATIONS}")
+  r = sort_tokens(topk_ids, e)
+  xs = jnp.take(x, r.token_of_row, axis=0)
+  hid = quant_ragged_dot(gate_up_params, xs, r.group_sizes, backend=backend)
+  ys = quant_ragged_dot(down_params, glu(hid, activation), r.group_sizes, backend=backend)
+  return combine(ys, topk_weights, r).astype(x.dtype)

@@ -1,0 +1,229 @@
+"""MoE routing, the XLA grouped GEMM and quant_moe against independent per-token oracles."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import humming_jax as hj
+from humming_jax import moe
+from humming_jax.kernels import reference
+
+
+def _rel(y, r):
+  y, r = np.asarray(y, np.float64), np.asarray(r, np.float64)
+  assert np.isfinite(y).all()
+  return np.linalg.norm(y - r) / max(np.linalg.norm(r), 1e-30)
+
+
+# ---- routing --------------------------------------------------------------------------------
+@pytest.mark.parametrize("order", ["softmax_topk", "topk_softmax"])
+@pytest.mark.parametrize("renorm", [True, False])
+def test_topk_routing_matches_numpy(order, renorm):
+  logits = np.asarray(jax.random.normal(jax.random.PRNGKey(3), (11, 9)))
+  w, ids = moe.topk_routing(jnp.asarray(logits), 3, renormalize=renorm, order=order)
+  assert ids.dtype == jnp.int32 and w.dtype == jnp.float32
+  ref_ids = np.argsort(-logits, axis=1, kind="stable")[:, :3]
+  np.testing.assert_array_equal(np.asarray(ids), ref_ids)
+  top = np.take_along_axis(logits, ref_ids, 1)
+  if order == "softmax_topk":
+    p = np.exp(logits - logits.max(1, keepdims=True))
+    ref_w = np.take_along_axis(p / p.sum(1, keepdims=True), ref_ids, 1)
+  else:
+    p = np.exp(top - top.max(1, keepdims=True))
+    ref_w = p / p.sum(1, keepdims=True)
+  if renorm:
+    ref_w = ref_w / ref_w.sum(1, keepdims=True)
+  np.testing.assert_allclose(np.asarray(w), ref_w, rtol=1e-5)
+  if order == "softmax_topk" and not renorm:
+    assert (np.asarray(w).sum(1) < 1).all()
+
+
+def test_topk_routing_rejects_bad_k():
+  with pytest.raises(ValueError, match="k=5"):
+    moe.topk_routing(jnp.ones((2, 4)), 5)
+  with pytest.raises(ValueError, match="order="):
+    moe.topk_routing(jnp.ones((2, 4)), 1, order="sideways")
+
+
+def _ids(seed, t, k, e):
+  return np.array(jax.random.randint(jax.random.PRNGKey(seed), (t, k), 0, e), np.int32)
+
+
+def test_sort_tokens_permutation():
+  ids = _ids(0, 13, 3, 6)
+  ids[2, 1] = 9  # out-of-range id: sorted past every expert, contributes nothing
+  r = moe.sort_tokens(jnp.asarray(ids), 6)
+  flat = ids.reshape(-1)
+  slot = np.asarray(r.slot_of_row)
+  np.testing.assert_array_equal(np.asarray(r.group_sizes),
+                                np.bincount(flat[flat < 6], minlength=6))
+  np.testing.assert_array_equal(slot, np.argsort(np.where(flat < 6, flat, 6), kind="stable"))
+  np.testing.assert_array_equal(np.asarray(r.token_of_row), slot // 3)
+  np.testing.assert_array_equal(np.asarray(r.row_of_slot)[slot], np.arange(39))
+  assert slot[-1] == 2 * 3 + 1  # the invalid one is the last row
+
+
+def test_align_tokens_pads_each_expert_to_the_block():
+  t, k, e, bm = 9, 2, 5, 4
+  ids = _ids(1, t, k, e)
+  r = moe.align_tokens(jnp.asarray(ids), e, bm)
+  gs = np.asarray(r.group_sizes)
+  assert (gs % bm == 0).all()
+  np.testing.assert_array_equal(gs, -(-np.bincount(ids.reshape(-1), minlength=e) // bm) * bm)
+  rows = r.token_of_row.shape[0]
+  assert rows == -(-(t * k + e * (bm - 1)) // bm) * bm
+  valid, slot = np.asarray(r.valid), np.asarray(r.slot_of_row)
+  bounds = np.concatenate([[0], np.cumsum(gs)])
+  for row in range(rows):
+    if valid[row]:  # every real row sits in its own expert's segment
+      ex = ids.reshape(-1)[slot[row]]
+      assert bounds[ex] <= row < bounds[ex + 1]
+  assert valid.sum() == t * k
+  np.testing.assert_array_equal(slot[np.asarray(r.row_of_slot)], np.arange(t * k))
+
+
+def test_combine_weighted_sum():
+  t, k, e, n = 7, 3, 4, 5
+  ids = _ids(2, t, k, e)
+  w = np.asarray(jax.random.uniform(jax.random.PRNGKey(5), (t, k)), np.float32)
+  r = moe.sort_tokens(jnp.asarray(ids), e)
+  rows = np.asarray(jax.random.normal(jax.random.PRNGKey(6), (t * k, n)), np.float32)
+  out = np.asarray(moe.combine(jnp.asarray(rows), jnp.asarray(w), r))
+  ref = np.zeros((t, n))
+  slot = np.asarray(r.slot_of_row)
+  for row in range(t * k):
+    ref[slot[row] // k] += w[slot[row] // k, slot[row] % k] * rows[row]
+  np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-6)
+
+
+# ---- grouped GEMM, XLA path -----------------------------------------------------------------
+@pytest.mark.parametrize("preset", ["w4a16-g128-zp", "w4a16-nvfp4", "w8a8-fp8", "w4a8-int8"])
+def test_ragged_dot_xla_vs_reference(preset):
+  spec = hj.QuantSpec.preset(preset)
+  e, k, n, m = 6, 256, 64, 45
+  k1, k2, k3 = jax.random.split(jax.random.PRNGKey(len(preset)), 3)
+  p = hj.quantize(jax.random.normal(k1, (e, k, n)), spec,
+                  bias=jax.random.normal(k3, (e, n)))
+  x = jax.random.normal(k2, (m, k)).astype(jnp.bfloat16)
+  f = jax.jit(hj.quant_ragged_dot, static_argnames="backend")
+  for sizes in ((7, 0, 19, 2, 0, 11), (0,) * 6, (45, 0, 0, 0, 0, 0), (0, 0, 0, 0, 0, 60)):
+    gs = jnp.array(sizes, jnp.int32)
+    y = f(p, x, gs, backend="xla")
+    r = reference.ragged_dot_reference(p, x, gs)
+    assert y.shape == (m, n) and y.dtype == x.dtype
+    if float(jnp.abs(r.astype(jnp.float32)).max()) == 0:
+      np.testing.assert_array_equal(np.asarray(y, np.float32), 0.0)
+    else:
+      assert _rel(y, r) < 1e-2
+    np.testing.assert_array_equal(np.asarray(y[min(sum(sizes), m):], np.float32), 0.0)
+  # Small tiles and tiny chunks exercise several lax.map steps and partial tiles.
+  gs = jnp.array((7, 0, 19, 2, 0, 11), jnp.int32)
+  y = moe.ragged_dot_xla(p, x, gs, block_m=4, chunk_bytes=1)
+  assert _rel(y, reference.ragged_dot_reference(p, x, gs)) < 1e-2
+
+
+def test_quant_ragged_dot_jit_does_not_retrace():
+  spec = hj.QuantSpec.preset("w4a16-g128")
+  traces = []
+
+  @jax.jit
+  def f(p, x, gs):
+    traces.append(1)
+    return hj.quant_ragged_dot(p, x, gs, backend="xla")
+
+  for seed in range(3):
+    k1, k2, k3 = jax.random.split(jax.random.PRNGKey(seed), 3)
+    p = hj.quantize(jax.random.normal(k1, (4, 128, 64)), spec)
+    x = jax.random.normal(k2, (10, 128), jnp.bfloat16)
+    gs = jax.random.randint(k3, (4,), 0, 4).astype(jnp.int32)
+    y = f(p, x, gs)
+    assert _rel(y, reference.ragged_dot_reference(p, x, gs)) < 1e-2
+  assert len(traces) == 1
+
+
+def test_quant_ragged_dot_errors():
+  spec = hj.QuantSpec.preset("w4a16-g128")
+  p = hj.quantize(jax.random.normal(jax.random.PRNGKey(0), (3, 128, 64)), spec)
+  x = jnp.ones((4, 128), jnp.bfloat16)
+  with pytest.raises(ValueError, match="group_sizes must have shape"):
+    hj.quant_ragged_dot(p, x, jnp.ones((4,), jnp.int32))
+  with pytest.raises(ValueError, match="x must be"):
+    hj.quant_ragged_dot(p, jnp.ones((4, 64)), jnp.ones((3,), jnp.int32))
+  with pytest.raises(ValueError, match="stacked experts"):
+    hj.quant_ragged_dot(hj.quantize(jnp.ones((128, 64)) * 0.3, spec), x,
+                        jnp.ones((3,), jnp.int32))
+  with pytest.raises(ValueError, match="backend="):
+    hj.quant_ragged_dot(p, x, jnp.ones((3,), jnp.int32), backend="cuda")
+
+
+# ---- the MoE layer --------------------------------------------------------------------------
+def _gelu(v):
+  import math
+  return 0.5 * v * (1 + np.vectorize(math.erf)(v / math.sqrt(2)))
+
+
+def _moe_oracle(gu, dn, x, w, ids, activation):
+  """Per token and slot, float64, on hj.dequantize'd weights (bf16 rounding between GEMMs
+  mirrors the kernels' bf16 intermediate)."""
+  wgu = np.asarray(hj.dequantize(gu), np.float64)
+  wdn = np.asarray(hj.dequantize(dn), np.float64)
+  bf = lambda a: np.asarray(jnp.asarray(a, jnp.float32).astype(jnp.bfloat16), np.float64)
+  xs = np.asarray(x, np.float64)
+  i = wgu.shape[-1] // 2
+  out = np.zeros((x.shape[0], wdn.shape[-1]))
+  for t in range(x.shape[0]):
+    for j in range(ids.shape[1]):
+      e = int(ids[t, j])
+      h = bf(xs[t] @ wgu[e])
+      g, u = h[:i], h[i:]
+      act = g / (1 + np.exp(-g)) if activation == "silu" else _gelu(g)
+      out[t] += float(w[t, j]) * bf(bf(act * u) @ wdn[e])
+  return out
+
+
+@pytest.mark.parametrize("topk,activation", [(1, "silu"), (2, "gelu"), (8, "silu")])
+def test_quant_moe_xla_vs_oracle(topk, activation):
+  e, h, inter, t = 8, 128, 64, 9
+  ks = jax.random.split(jax.random.PRNGKey(topk), 5)
+  spec = hj.QuantSpec.preset("w4a16-g128")
+  gu = hj.quantize(jax.random.normal(ks[0], (e, h, 2 * inter)), spec)
+  dn = hj.quantize(jax.random.normal(ks[1], (e, inter, h)) * 0.1, hj.QuantSpec(
+      weight="int4", group_size=64))
+  x = jax.random.normal(ks[2], (t, h), jnp.bfloat16)
+  w, ids = moe.topk_routing(jax.random.normal(ks[3], (t, e)), topk)
+  y = jax.jit(hj.quant_moe, static_argnames=("activation", "backend"))(
+      gu, dn, x, w, ids, activation=activation, backend="xla")
+  assert y.shape == (t, h) and y.dtype == x.dtype
+  assert _rel(y, _moe_oracle(gu, dn, x, np.asarray(w), np.asarray(ids), activation)) < 2e-2
+
+
+def test_quant_moe_interpret_vs_oracle():
+  e, h, inter, t, topk = 4, 128, 64, 6, 2
+  ks = jax.random.split(jax.random.PRNGKey(11), 5)
+  spec = hj.QuantSpec.preset("w4a16-mxfp4")
+  gu = hj.quantize(jax.random.normal(ks[0], (e, h, 2 * inter)), spec)
+  dn = hj.quantize(jax.random.normal(ks[1], (e, inter, h)) * 0.1, spec)
+  x = jax.random.normal(ks[2], (t, h), jnp.bfloat16)
+  w, ids = moe.topk_routing(jax.random.normal(ks[3], (t, e)), topk)
+  ids = ids.at[0, 0].set(3).at[0, 1].set(0)  # fixed: expert 1 or 2 may also stay empty
+  f = jax.jit(hj.quant_moe, static_argnames=("activation", "backend"))
+  y = f(gu, dn, x, w, ids, backend="interpret")
+  r = _moe_oracle(gu, dn, x, np.asarray(w), np.asarray(ids), "silu")
+  assert _rel(y, r) < 2e-2
+
+
+def test_quant_moe_errors():
+  spec = hj.QuantSpec.preset("w4a16-g128")
+  gu = hj.quantize(jnp.ones((2, 128, 128)) * 0.1, spec)
+  dn = hj.quantize(jnp.ones((2, 128, 128)) * 0.1, spec)
+  x = jnp.ones((3, 128), jnp.bfloat16)
+  w, ids = jnp.ones((3, 1)), jnp.zeros((3, 1), jnp.int32)
+  with pytest.raises(ValueError, match=r"down_params.shape must be \(E, I, H\)"):
+    hj.quant_moe(gu, dn, x, w, ids)
+  dn = hj.quantize(jnp.ones((2, 64, 128)) * 0.1, hj.QuantSpec(weight="int4", group_size=64))
+  with pytest.raises(ValueError, match="activation="):
+    hj.quant_moe(gu, dn, x, w, ids, activation="relu")
+  with pytest.raises(ValueError, match="topk_weights"):
+    hj.quant_moe(gu, dn, x, w[:2], ids)
+  with pytest.raises(TypeError, match="gate_up_params"):
+    hj.quant_moe(jnp.ones((2, 128, 128)), dn, x, w, ids)
