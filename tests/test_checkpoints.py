@@ -221,3 +221,19 @@ def test_dense_bitstream_unpack_inverts_canonical_packing(bits):
   np.testing.assert_array_equal(unpack_stream(words, bits, k, axis=0), codes)
   np.testing.assert_array_equal(unpack_stream(np.ascontiguousarray(words.T), bits, k, axis=1),
                                 codes.T)
+
+
+@pytest.mark.parametrize("name", ["gptq-w3-g32-asym", "gptq-w4-g32-sym", "ct-w4a16-g32-sym",
+                                  "ct-w4a16-g32-asym"])
+def test_word_reuse_fast_path_equals_unpack_repack(name, loaded, monkeypatch):
+  """K % 32 == 0 takes the producer's words over as canonical codes (XOR for signed);
+  the general path (unpack, convert, pack_codes) must give the same params."""
+  from humming_jax.checkpoints import compressed_tensors as ct_mod
+  from humming_jax.checkpoints import gptq as gptq_mod
+  monkeypatch.setattr(gptq_mod, "stream_as_canonical", lambda *a, **k: None)
+  monkeypatch.setattr(ct_mod, "stream_as_canonical", lambda *a, **k: None)
+  slow = _load(name)
+  for mod in ("model.layers.0.self_attn.q_proj", "model.layers.0.mlp.down_proj"):
+    a, b = _get(loaded[name], mod)["weight"], _get(slow, mod)["weight"]
+    assert a.spec == b.spec and a.shape == b.shape
+    np.testing.assert_array_equal(np.asarray(a.codes), np.asarray(b.codes))

@@ -63,24 +63,45 @@ def unpack_stream(words: np.ndarray, bits: int, count: int, axis: int) -> np.nda
   return np.moveaxis(codes, -1, axis)
 
 
+def stream_as_canonical(words_kn: np.ndarray, bits: int, k: int, flip_sign: bool = False):
+  """(K*bits/32, N) words of a dense K bitstream, as canonical packed codes, or None.
+
+  When K is a multiple of 32 the producer's bitstream words *are* our canonical layout
+  (32 codes per ``bits`` words, little-endian; see packing.py), so they are taken over
+  without unpacking.  ``flip_sign`` XORs every code with 2**(bits-1) (offset-binary ->
+  two's complement), done on the words with a repeating mask."""
+  if k % packing.CODES_PER_CHUNK or words_kn.shape[0] != packing.packed_rows(k, bits):
+    return None
+  w = np.ascontiguousarray(words_kn).view(np.uint32)
+  if flip_sign:
+    half = np.full((packing.CODES_PER_CHUNK, 1), 1 << (bits - 1), np.uint8)
+    mask = np.asarray(packing.pack_codes(jnp.asarray(half), bits))  # (bits, 1)
+    w = w ^ np.tile(mask, (k // packing.CODES_PER_CHUNK, 1))
+  return jnp.asarray(w)
+
+
 def unpack_nibbles(packed: np.ndarray) -> np.ndarray:
   """uint8 bytes holding two 4-bit codes (low nibble first) -> codes, last axis doubled."""
   lo, hi = packed & 0x0F, packed >> 4
   return np.stack([lo, hi], axis=-1).reshape(*packed.shape[:-1], packed.shape[-1] * 2)
 
 
-def make_weight(spec: QuantSpec, codes_kn: np.ndarray, scales, zeros=None, global_scale=None,
-                bias=None, act_scale=None) -> QuantizedWeight:
-  """Canonical params from (..., K, N) uint8 codes and (..., Gk, Gn) stored scales."""
-  codes_kn = np.ascontiguousarray(codes_kn)
+def make_weight(spec: QuantSpec, codes_kn: np.ndarray | None, scales, zeros=None,
+                global_scale=None, bias=None, act_scale=None, *, packed=None,
+                shape=None) -> QuantizedWeight:
+  """Canonical params from (..., K, N) uint8 codes (or already ``packed`` canonical words
+  with their logical ``shape``) and (..., Gk, Gn) stored scales."""
+  if packed is None:
+    codes_kn = np.ascontiguousarray(codes_kn)
+    packed, shape = packing.pack_codes(jnp.asarray(codes_kn), spec.weight_bits), codes_kn.shape
   return QuantizedWeight(
-      codes=packing.pack_codes(jnp.asarray(codes_kn), spec.weight_bits),
+      codes=packed,
       scales=jnp.asarray(scales),
       zeros=None if zeros is None else jnp.asarray(zeros, jnp.uint8),
       global_scale=None if global_scale is None else jnp.asarray(global_scale, jnp.float32),
       bias=None if bias is None else jnp.asarray(bias.astype(np.float32)),
       act_scale=None if act_scale is None else jnp.asarray(act_scale, jnp.float32).reshape(()),
-      spec=spec, shape=tuple(codes_kn.shape))
+      spec=spec, shape=tuple(shape))
 
 
 def spec_or_error(module: str, **fields) -> QuantSpec:

@@ -30,8 +30,8 @@ import re
 import numpy as np
 
 from humming_jax.checkpoints._common import (Unit, bias_of, expect, float_scale_dtype,
-                                             make_weight, spec_or_error, unpack_nibbles,
-                                             unpack_stream)
+                                             make_weight, spec_or_error, stream_as_canonical,
+                                             unpack_nibbles, unpack_stream)
 
 import ml_dtypes
 
@@ -145,7 +145,7 @@ def plan_compressed_tensors(module: str, suffixes: set[str], qcfg: dict,
     if t("weight_scale") is None:
       raise ValueError(f"module {module!r}: missing tensor {sname}")
     # -- codes (N, K) ------------------------------------------------------------------
-    zeros = global_scale = None
+    zeros = global_scale = packed = codes = None
     if fmt == "nvfp4-pack-quantized":
       wp = expect(f"{module}.weight_packed", t("weight_packed"), np.uint8)
       n, k = wp.shape[0], wp.shape[1] * 2
@@ -172,15 +172,17 @@ def plan_compressed_tensors(module: str, suffixes: set[str], qcfg: dict,
         n, k = (int(v) for v in shp)
         wp = expect(f"{module}.weight_packed", t("weight_packed"), np.int32,
                     (n, -(-k * bits // 32)))
-        q = unpack_stream(wp, bits, k, axis=1).astype(np.int16) - half
+        # K % 32 == 0: the (transposed) words are our canonical layout, codes q + half.
+        packed = stream_as_canonical(wp.T, bits, k, flip_sign=sym)
+        if packed is None:
+          q = unpack_stream(wp, bits, k, axis=1).astype(np.int16) - half
       else:
         w = expect(f"{module}.weight", t("weight"), np.int8)
         n, k = w.shape
         q = w.astype(np.int16)
-      if sym:
-        codes, weight = (q & ((1 << bits) - 1)).astype(np.uint8), f"int{bits}"
-      else:
-        codes, weight = (q + half).astype(np.uint8), f"uint{bits}"
+      weight = f"int{bits}" if sym else f"uint{bits}"
+      if packed is None:
+        codes = ((q & ((1 << bits) - 1)) if sym else (q + half)).astype(np.uint8)
     # -- scales -> (Gk, Gn) ------------------------------------------------------------
     sc = t("weight_scale")
     if fmt == "nvfp4-pack-quantized":
@@ -221,7 +223,9 @@ def plan_compressed_tensors(module: str, suffixes: set[str], qcfg: dict,
     spec = spec_or_error(module, weight=weight, scale_dtype=scale_dtype,
                          zero_point=not sym, global_scale=global_scale is not None,
                          **gran, **act)
-    return {"weight": make_weight(spec, codes.T, np.ascontiguousarray(sc), zeros,
-                                  global_scale, bias_of(module, a, n), act_scale)}
+    return {"weight": make_weight(spec, None if packed is not None else codes.T,
+                                  np.ascontiguousarray(sc), zeros, global_scale,
+                                  bias_of(module, a, n), act_scale, packed=packed,
+                                  shape=(k, n))}
 
   return [Unit(module, keys, build)]

@@ -23,7 +23,8 @@ from __future__ import annotations
 import numpy as np
 
 from humming_jax.checkpoints._common import (Unit, bias_of, expect, float_scale_dtype,
-                                             make_weight, spec_or_error, unpack_stream)
+                                             make_weight, spec_or_error,
+                                             stream_as_canonical, unpack_stream)
 
 _INT = (np.int32, np.uint32)
 _OTHER_FORMATS = {"weight", "weight_packed", "weight_scale", "weight_zero_point",
@@ -49,17 +50,20 @@ def _check_parts(fmt: str, module: str, suffixes: set[str], needed) -> bool:
   return True
 
 
-def _zero_point_spec(module, bits, zeros, group_size, k, scale_dtype, codes):
-  """Signed intN when all zero points are the midpoint, else uintN + zero points."""
+def _zero_point_spec(module, bits, zeros, group_size, k, scale_dtype):
+  """Signed intN when all zero points are the midpoint, else uintN + zero points.
+
+  Returns (spec, flip_sign, zeros): ``flip_sign`` says codes become ``code - 2**(bits-1)``
+  in two's complement (an XOR of the top bit)."""
   half = 1 << (bits - 1)
   gran = dict(granularity="group", group_size=group_size) if group_size < k else \
       dict(granularity="channel", group_size=0)
   if np.all(zeros == half):
     spec = spec_or_error(module, weight=f"int{bits}", scale_dtype=scale_dtype, **gran)
-    return spec, codes ^ np.uint8(half), None
+    return spec, True, None
   spec = spec_or_error(module, weight=f"uint{bits}", zero_point=True, scale_dtype=scale_dtype,
                        **gran)
-  return spec, codes, zeros
+  return spec, False, zeros
 
 
 def plan_gptq(module: str, suffixes: set[str], qcfg: dict) -> list[Unit] | None:
@@ -98,13 +102,18 @@ def plan_gptq(module: str, suffixes: set[str], qcfg: dict) -> list[Unit] | None:
         raise ValueError(f"tensor {module}.g_idx is not k // group_size: the checkpoint uses "
                          "act-order (desc_act=True), which is not supported (re-export it "
                          "with desc_act=False or static_groups=True)")
-    codes = unpack_stream(qw, bits, k, axis=0)  # (K, N)
     zeros = unpack_stream(qz, bits, n, axis=1)  # (G, N)
     if v1:  # AutoGPTQ stores zero - 1 and adds it back modulo 2**bits
       zeros = ((zeros.astype(np.int32) + 1) & ((1 << bits) - 1)).astype(np.uint8)
-    spec, codes, zeros = _zero_point_spec(module, bits, zeros, g, k, scale_dtype, codes)
-    return {"weight": make_weight(spec, codes, sc, zeros,
-                                  bias=bias_of(module, a, n))}
+    spec, flip, zeros = _zero_point_spec(module, bits, zeros, g, k, scale_dtype)
+    bias = bias_of(module, a, n)
+    packed = stream_as_canonical(qw, bits, k, flip)  # K % 32 == 0: words taken over as is
+    if packed is not None:
+      return {"weight": make_weight(spec, None, sc, zeros, bias=bias, packed=packed,
+                                    shape=(k, n))}
+    codes = unpack_stream(qw, bits, k, axis=0)  # (K, N)
+    codes = codes ^ np.uint8(1 << (bits - 1)) if flip else codes
+    return {"weight": make_weight(spec, codes, sc, zeros, bias=bias)}
 
   return [Unit(module, tuple(keys), build)]
 
@@ -142,7 +151,8 @@ def plan_awq(module: str, suffixes: set[str], qcfg: dict) -> list[Unit] | None:
     qz = expect(f"{module}.qzeros", a[f"{module}.qzeros"], _INT, (ng, cols))
     codes = unpack_awq(f"{module}.qweight", qw)
     zeros = unpack_awq(f"{module}.qzeros", qz)
-    spec, codes, zeros = _zero_point_spec(module, 4, zeros, g, k, scale_dtype, codes)
+    spec, flip, zeros = _zero_point_spec(module, 4, zeros, g, k, scale_dtype)
+    codes = codes ^ np.uint8(8) if flip else codes
     return {"weight": make_weight(spec, codes, sc, zeros, bias=bias_of(module, a, n))}
 
   return [Unit(module, tuple(keys), build)]
