@@ -4,6 +4,7 @@ import json
 import os
 import warnings
 
+import jax
 import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
@@ -223,17 +224,23 @@ def test_dense_bitstream_unpack_inverts_canonical_packing(bits):
                                 codes.T)
 
 
-@pytest.mark.parametrize("name", ["gptq-w3-g32-asym", "gptq-w4-g32-sym", "ct-w4a16-g32-sym",
-                                  "ct-w4a16-g32-asym"])
+@pytest.mark.parametrize("name", [n for n in ALL if not n.startswith("awq")])
 def test_word_reuse_fast_path_equals_unpack_repack(name, loaded, monkeypatch):
-  """K % 32 == 0 takes the producer's words over as canonical codes (XOR for signed);
-  the general path (unpack, convert, pack_codes) must give the same params."""
+  """K % 32 == 0 takes the producer's words / bytes over as canonical codes (XOR for
+  signed); the general path (unpack, convert, pack_codes) must give the same params."""
   from humming_jax.checkpoints import compressed_tensors as ct_mod
   from humming_jax.checkpoints import gptq as gptq_mod
-  monkeypatch.setattr(gptq_mod, "stream_as_canonical", lambda *a, **k: None)
-  monkeypatch.setattr(ct_mod, "stream_as_canonical", lambda *a, **k: None)
+  from humming_jax.checkpoints import nvidia as nv_mod
+  for mod in (gptq_mod, ct_mod, nv_mod):
+    for fn in ("stream_as_canonical", "bytes_as_canonical"):
+      if hasattr(mod, fn):
+        monkeypatch.setattr(mod, fn, lambda *a, **k: None)
   slow = _load(name)
-  for mod in ("model.layers.0.self_attn.q_proj", "model.layers.0.mlp.down_proj"):
-    a, b = _get(loaded[name], mod)["weight"], _get(slow, mod)["weight"]
+  fast = jax.tree_util.tree_leaves(loaded[name], is_leaf=lambda x: isinstance(
+      x, hj.QuantizedWeight))
+  slow = jax.tree_util.tree_leaves(slow, is_leaf=lambda x: isinstance(x, hj.QuantizedWeight))
+  pairs = [(a, b) for a, b in zip(fast, slow) if isinstance(a, hj.QuantizedWeight)]
+  assert len(pairs) == 2
+  for a, b in pairs:
     assert a.spec == b.spec and a.shape == b.shape
     np.testing.assert_array_equal(np.asarray(a.codes), np.asarray(b.codes))

@@ -80,6 +80,22 @@ def stream_as_canonical(words_kn: np.ndarray, bits: int, k: int, flip_sign: bool
   return jnp.asarray(w)
 
 
+def bytes_as_canonical(b_nk: np.ndarray, bits: int, k: int):
+  """(..., N, K*bits/8) uint8 bytes holding K codes little-endian (8-bit codes, or two 4-bit
+  codes per byte, low nibble first) -> canonical packed words (..., K*bits/32, N), or None.
+
+  With K a multiple of 32, canonical word j of a column is just 4 consecutive bytes of that
+  column read little-endian (see packing.py), so this is a transpose, no bit work."""
+  if bits not in (4, 8) or k % packing.CODES_PER_CHUNK:
+    return None
+  *lead, n, nb = b_nk.shape
+  if nb * 8 != k * bits:
+    return None
+  t = np.swapaxes(b_nk.view(np.uint8), -1, -2).reshape(*lead, nb // 4, 4, n)
+  t = np.ascontiguousarray(np.moveaxis(t, -2, -1))  # (..., rows, N, 4 bytes)
+  return jnp.asarray(t.view("<u4")[..., 0].astype(np.uint32))
+
+
 def unpack_nibbles(packed: np.ndarray) -> np.ndarray:
   """uint8 bytes holding two 4-bit codes (low nibble first) -> codes, last axis doubled."""
   lo, hi = packed & 0x0F, packed >> 4

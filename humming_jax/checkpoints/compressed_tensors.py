@@ -30,8 +30,9 @@ import re
 import numpy as np
 
 from humming_jax.checkpoints._common import (Unit, bias_of, expect, float_scale_dtype,
-                                             make_weight, spec_or_error, stream_as_canonical,
-                                             unpack_nibbles, unpack_stream)
+                                             bytes_as_canonical, make_weight, spec_or_error,
+                                             stream_as_canonical, unpack_nibbles,
+                                             unpack_stream)
 
 import ml_dtypes
 
@@ -149,7 +150,8 @@ def plan_compressed_tensors(module: str, suffixes: set[str], qcfg: dict,
     if fmt == "nvfp4-pack-quantized":
       wp = expect(f"{module}.weight_packed", t("weight_packed"), np.uint8)
       n, k = wp.shape[0], wp.shape[1] * 2
-      codes = unpack_nibbles(wp)
+      packed = bytes_as_canonical(wp, 4, k)
+      codes = unpack_nibbles(wp) if packed is None else None
       weight = "fp4_e2m1"
       gname = f"{module}.weight_global_scale"
       if t("weight_global_scale") is None:
@@ -162,7 +164,8 @@ def plan_compressed_tensors(module: str, suffixes: set[str], qcfg: dict,
       w = expect(f"{module}.weight", t("weight"), [ml_dtypes.float8_e4m3fn, ml_dtypes.float8_e5m2])
       n, k = w.shape
       weight = "fp8_e4m3" if w.dtype == ml_dtypes.float8_e4m3fn else "fp8_e5m2"
-      codes = w.view(np.uint8)
+      packed = bytes_as_canonical(w.view(np.uint8), 8, k)
+      codes = w.view(np.uint8) if packed is None else None
     else:
       if typ != "int":
         raise ValueError(f"module {module!r}: {fmt} with weights type {typ!r}")
@@ -180,6 +183,8 @@ def plan_compressed_tensors(module: str, suffixes: set[str], qcfg: dict,
         w = expect(f"{module}.weight", t("weight"), np.int8)
         n, k = w.shape
         q = w.astype(np.int16)
+        if bits == 8:  # int8 bytes as they are (sym), or q + 128 = q ^ 0x80 (asym)
+          packed = bytes_as_canonical(w.view(np.uint8) ^ np.uint8(0 if sym else 0x80), 8, k)
       weight = f"int{bits}" if sym else f"uint{bits}"
       if packed is None:
         codes = ((q & ((1 << bits) - 1)) if sym else (q + half)).astype(np.uint8)
