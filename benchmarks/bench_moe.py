@@ -1,0 +1,242 @@
+"""MoE grouped GEMM benchmark on the GPU (chain method of shared/GPU.md).
+
+For each (shape, tokens): random top-k routing, rows sorted by expert; one call applies the
+grouped GEMM to ``--layers`` distinct weight sets (each set is >= 100 MB, far past the 60 MB
+L2); microseconds per grouped GEMM.  Methods, in the same run:
+  hj:<spec>        hj.quant_ragged_dot, Pallas grouped kernel, prepared params
+  ragged_bf16      lax.ragged_dot on bf16 weights (XLA expands it densely: OOM is caught)
+  deq_ragged       XLA dequantize (to bf16) + lax.ragged_dot
+  hj_xla:<spec>    hj's XLA fallback (--xla-path; tiled gather + dequant)
+  humming:<spec>   humming-kernels grouped_contiguous GEMM in a CUDA graph (--humming)
+Prints a table, writes JSON to $OUT or benchmarks/results/.
+
+  PYTHONPATH=. python3 benchmarks/bench_moe.py                      # full sweep
+  PYTHONPATH=. python3 benchmarks/bench_moe.py --shapes deepseek-v3-down --tokens 1,4096
+"""
+from __future__ import annotations
+
+import argparse
+import functools
+import sys
+import time
+import traceback
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+sys.path.insert(0, __file__.rsplit("/", 2)[0])
+import humming_jax as hj  # noqa: E402
+from benchmarks import common  # noqa: E402
+from humming_jax import moe  # noqa: E402
+
+SHAPES = {  # name: (E, top-k, N, K) of one grouped GEMM
+    "deepseek-v3-gate_up": (256, 8, 512, 7168),
+    "deepseek-v3-down": (256, 8, 7168, 256),
+    "qwen3-30b-a3b-gate_up": (128, 8, 1536, 2048),
+    "qwen3-30b-a3b-down": (128, 8, 2048, 768),
+    "mixtral-gate_up": (8, 2, 28672, 4096),
+    "mixtral-down": (8, 2, 4096, 14336),
+}
+
+HUMMING_CONFIGS = {  # our preset -> humming-kernels weight/input config (GPU.md)
+    "w4a16-g128-zp": (dict(dtype="uint4", scale_dtype="bfloat16", group_size=128,
+                           has_zero_point=True), None),
+    "w4a16-mxfp4": (dict(dtype="float4e2m1", scale_dtype="float8e8m0", group_size=32), None),
+    "w4a8-mxfp4": (dict(dtype="float4e2m1", scale_dtype="float8e8m0", group_size=32),
+                   dict(dtype="float8e4m3", quant_mode="dynamic_token")),
+}
+
+
+def routing(key, tokens: int, e: int, topk: int):
+  """Random top-k (distinct experts per token) -> (token_of_row, group sizes)."""
+  ids = jnp.argsort(jax.random.uniform(key, (tokens, e)), axis=1)[:, :topk].astype(jnp.int32)
+  r = moe.sort_tokens(ids, e)
+  return r.token_of_row, r.group_sizes
+
+
+def make_sets(key, layers: int, e: int, k: int, n: int):
+  keys = jax.random.split(key, layers)
+  gen = jax.jit(lambda kk: (jax.random.normal(kk, (e, k, n), jnp.float32)
+                            / np.sqrt(k)).astype(jnp.bfloat16))
+  return [gen(kk) for kk in keys]
+
+
+def _safe(fn):
+  """Run a timing; an error (OOM, missing kernel) becomes a short string in the table."""
+  try:
+    return fn()
+  except Exception as ex:  # noqa: BLE001 - reported, not hidden
+    msg = str(ex).splitlines()[0] if str(ex) else type(ex).__name__
+    if "RESOURCE_EXHAUSTED" in str(ex) or "out of memory" in str(ex).lower():
+      msg = "OOM"
+    return {"error": msg[:160]}
+
+
+def bench_hj(spec_name, ws, xg, *, calls, repeats, check):
+  spec = hj.QuantSpec.preset(spec_name)
+  quant = jax.jit(hj.quantize, static_argnums=1)
+  qs = [quant(w, spec) for w in ws]
+  prep = jax.jit(functools.partial(hj.prepare, grouped=True))
+  pps = [prep(q) for q in qs]
+  layer = lambda p, xg: hj.quant_ragged_dot(p, xg[0], xg[1], backend="pallas")
+  res = {}
+  if check:
+    y = jax.jit(layer)(pps[0], xg)
+    ref = jax.jit(moe.ragged_dot_xla)(qs[0], *xg)
+    res["rel_err"] = common.rel_err(y, ref)
+    total = int(xg[1].sum())
+    res["tail_zero"] = bool((y[total:] == 0).all())
+  res["compile_s"] = common.compile_time(layer, pps[0], xg)
+  res.update(common.time_chain(layer, pps, xg, calls=calls, repeats=repeats))
+  res["weight_bytes"] = qs[0].nbytes()
+  res["tbps"] = res["weight_bytes"] / (res["us"] * 1e-6) / 1e12
+  return res, qs
+
+
+def bench_hj_xla(qs, xg, *, calls, repeats):
+  return common.time_chain(lambda q, xg: moe.ragged_dot_xla(q, xg[0], xg[1]), qs, xg,
+                           calls=calls, repeats=repeats)
+
+
+def bench_ragged_bf16(ws, xg, *, calls, repeats):
+  return common.time_chain(lambda w, xg: jax.lax.ragged_dot(xg[0], w, xg[1]), ws, xg,
+                           calls=calls, repeats=repeats)
+
+
+def bench_deq_ragged(qs, xg, *, calls, repeats):
+  return common.time_chain(
+      lambda q, xg: jax.lax.ragged_dot(xg[0], hj.dequantize(q).astype(jnp.bfloat16), xg[1]),
+      qs, xg, calls=calls, repeats=repeats)
+
+
+def bench_humming(spec_name, ws, xg, *, calls, repeats):
+  import torch
+  from humming.layer import HummingLayer
+  wcfg, icfg = HUMMING_CONFIGS[spec_name]
+  e, k, n = ws[0].shape
+  offsets = np.concatenate([[0], np.cumsum(np.asarray(xg[1]))]).astype(np.int32)
+  layout = torch.from_numpy(offsets).to("cuda")
+  layers = []
+  for w in ws:
+    layer = HummingLayer(shape_n=n, shape_k=k, weight_config=dict(wcfg),
+                         input_config=None if icfg is None else dict(icfg),
+                         num_experts=e, torch_dtype=torch.bfloat16).to("cuda")
+    w_enk = torch.from_numpy(np.asarray(jnp.swapaxes(w, 1, 2).astype(jnp.float32))).to(
+        "cuda", torch.bfloat16)
+    layer.load_from_unquantized(w_enk)
+    layer.transform()
+    layers.append(functools.partial(layer, expert_layout=layout,
+                                    compute_config={"gemm_type": "grouped_contiguous"}))
+  x = torch.randn(xg[0].shape[0], k, device="cuda", dtype=torch.bfloat16)
+  return common.time_torch_graph(layers, x, calls=calls, repeats=repeats)
+
+
+def _calls(tokens: int, base: int) -> int:
+  return base if tokens <= 256 else max(base // 5, 4)
+
+
+def main(argv=None):
+  ap = argparse.ArgumentParser(description=__doc__)
+  ap.add_argument("--shapes", default=",".join(SHAPES))
+  ap.add_argument("--tokens", default="1,16,64,256,1024,4096")
+  ap.add_argument("--specs", default="w4a16-g128-zp,w4a16-mxfp4")
+  ap.add_argument("--layers", type=int, default=2, help="distinct weight sets per call")
+  ap.add_argument("--calls", type=int, default=30)
+  ap.add_argument("--repeats", type=int, default=3)
+  ap.add_argument("--humming", action="store_true", help="also time humming-kernels")
+  ap.add_argument("--no-baselines", action="store_true")
+  ap.add_argument("--xla-path", action="store_true", help="also time hj's XLA fallback")
+  ap.add_argument("--json", default=None)
+  args = ap.parse_args(argv)
+  info = common.device_info()
+  print(info, flush=True)
+  specs = [s for s in args.specs.split(",") if s]
+  results = []
+  for shape_name in args.shapes.split(","):
+    e, topk, n, k = SHAPES[shape_name]
+    ws = make_sets(jax.random.PRNGKey(0), args.layers, e, k, n)
+    for tokens in map(int, args.tokens.split(",")):
+      calls = _calls(tokens, args.calls)
+      key = jax.random.PRNGKey(tokens)
+      tok, gs = routing(key, tokens, e, topk)
+      x = jax.random.normal(jax.random.fold_in(key, 1), (tokens, k), jnp.bfloat16)
+      xg = (jnp.take(x, tok, axis=0), gs)
+      row = {"shape": shape_name, "E": e, "topk": topk, "N": n, "K": k, "tokens": tokens,
+             "rows": tokens * topk, "active_experts": int((gs > 0).sum())}
+      t0 = time.time()
+      qs_any = None
+      for spec_name in specs:
+        out = _safe(lambda: bench_hj(spec_name, ws, xg, calls=calls, repeats=args.repeats,
+                                     check=True))
+        if isinstance(out, tuple):
+          row[f"hj:{spec_name}"], qs = out
+          qs_any = qs_any or qs
+          if args.xla_path:
+            row[f"hj_xla:{spec_name}"] = _safe(
+                lambda: bench_hj_xla(qs, xg, calls=calls, repeats=args.repeats))
+        else:
+          row[f"hj:{spec_name}"] = out
+        if args.humming and spec_name in HUMMING_CONFIGS and common.humming_available():
+          row[f"humming:{spec_name}"] = _safe(
+              lambda: bench_humming(spec_name, ws, xg, calls=calls, repeats=args.repeats))
+      if not args.no_baselines:
+        row["ragged_bf16"] = _safe(
+            lambda: bench_ragged_bf16(ws, xg, calls=calls, repeats=args.repeats))
+        if qs_any is not None:
+          row["deq_ragged"] = _safe(
+              lambda: bench_deq_ragged(qs_any, xg, calls=calls, repeats=args.repeats))
+      row["wall_s"] = time.time() - t0
+      results.append(row)
+      print(format_row(row), flush=True)
+  print()
+  print(format_table(results))
+  path = common.write_json(args.json or f"moe_{time.strftime('%Y%m%d_%H%M%S')}.json",
+                           {"info": info, "args": vars(args), "results": results})
+  print(f"wrote {path}")
+  return results
+
+
+def _us(v) -> str:
+  if not isinstance(v, dict):
+    return "-"
+  if "error" in v:
+    return "OOM" if v["error"] == "OOM" else "err"
+  return f"{v['us']:.1f}"
+
+
+def format_row(row) -> str:
+  cols = [k for k in row if ":" in k or k in ("ragged_bf16", "deq_ragged")]
+  parts = [f"{row['shape']} T={row['tokens']} rows={row['rows']} "
+           f"active={row['active_experts']}"]
+  for c in cols:
+    v = row[c]
+    s = f"{c}={_us(v)}"
+    if isinstance(v, dict) and "rel_err" in v:
+      s += f" (err {v['rel_err']:.1e}, {v['tbps']:.2f} TB/s, compile {v['compile_s']:.1f}s)"
+    if isinstance(v, dict) and "error" in v and v["error"] != "OOM":
+      s += f" [{v['error']}]"
+    parts.append(s)
+  return "  ".join(parts)
+
+
+def format_table(results) -> str:
+  cols = []
+  for r in results:
+    for c in r:
+      if (":" in c or c in ("ragged_bf16", "deq_ragged")) and c not in cols:
+        cols.append(c)
+  head = "| shape | tokens | " + " | ".join(cols) + " |"
+  lines = [head, "|" + "---|" * (len(cols) + 2)]
+  for r in results:
+    lines.append(f"| {r['shape']} | {r['tokens']} | "
+                 + " | ".join(_us(r.get(c)) for c in cols) + " |")
+  return "µs per grouped GEMM (median, chain method)\n" + "\n".join(lines)
+
+
+if __name__ == "__main__":
+  try:
+    main()
+  except Exception:  # noqa: BLE001
+    traceback.print_exc()
+    raise
