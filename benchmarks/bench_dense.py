@@ -192,15 +192,17 @@ def sweep(spec_name, k, n, m, ws, x, args):
   """Time a few TuningConfigs around the heuristic; returns [(config, us)] sorted."""
   cands = []
   if m <= 64:
-    for bn in (32, 64, 128):
-      for split in (1, 2, 4, 8):
-        for warps in (4,):
-          for stages in (2, 3, 4):
-            cands.append(tuning.TuningConfig(16 if m <= 16 else 64, bn, split, warps, stages))
+    for swap in (True, False):
+      for bn in (64, 128):
+        for split in (1, 2, 4):
+          for warps in (4, 8):
+            for stages in (2, 3):
+              cands.append(tuning.TuningConfig(16 if m <= 16 else 64, bn, split, warps,
+                                               stages, swap_ab=swap))
   else:
     for bm, bn, warps in ((64, 128, 4), (128, 128, 8), (128, 64, 4), (64, 256, 8),
                           (128, 256, 8)):
-      for stages in (3, 4):
+      for stages in (1, 2, 3):
         cands.append(tuning.TuningConfig(bm, bn, 1, warps, stages))
   out = []
   for cfg in cands:

@@ -49,7 +49,7 @@ def time_chain(layer_fn, params_list, x, *, calls: int = 50, repeats: int = 5
 def compile_time(fn, *args) -> float:
   """Seconds to lower + compile ``jax.jit(fn)`` for these argument shapes (no run)."""
   t0 = time.perf_counter()
-  jax.jit(fn).lower(*args).compile()
+  jax.jit(lambda *a: fn(*a)).lower(*args).compile()  # a fresh function: no cache hit
   return time.perf_counter() - t0
 
 

@@ -28,6 +28,7 @@ class TuningConfig:
   split_k: int = 1
   num_warps: int = 4
   num_stages: int = 3
+  swap_ab: bool = False  # compute (W^T x^T)^T: dequantized weights as the MMA A operand
 
   def __post_init__(self):
     for f in ("block_m", "block_n"):
@@ -119,7 +120,7 @@ def wna16_heuristic(m: int, n: int, k_tiles: int, *, sms: int = NUM_SMS_DEFAULT
         break
       if k_tiles % cand == 0 and k_tiles // cand >= 2:
         split = cand
-    return TuningConfig(block_m, block_n, split, num_warps=4, num_stages=3)
+    return TuningConfig(block_m, block_n, split, num_warps=4, num_stages=2, swap_ab=True)
   if m <= 256:
-    return TuningConfig(64, 64 if n % 128 else 128, 1, num_warps=4, num_stages=3)
-  return TuningConfig(128, 128 if n % 128 == 0 else 64, 1, num_warps=8, num_stages=3)
+    return TuningConfig(64, 64 if n % 128 else 128, 1, num_warps=4, num_stages=2)
+  return TuningConfig(128, 128 if n % 128 == 0 else 64, 1, num_warps=8, num_stages=2)

@@ -134,16 +134,20 @@ def decode_codes(code: jax.Array, zero_row, fmt) -> jax.Array:
   return fmt.decode(code, check_nan=False)
 
 
-def unpack_slab(load_words, lt: lay.SlabLayout, t, s: int, words: dict) -> jax.Array:
+def unpack_slab(load_words, lt: lay.SlabLayout, t, s: int, words: dict,
+                transpose: bool = False) -> jax.Array:
   """Unsigned codes (slab, block_n) of slab ``s`` of K tile ``t`` (shift + mask per plane).
 
   ``load_words(row, n)`` -> (n, block_n) uint32 words; ``words`` caches the word rows
-  already loaded for tile ``t`` (slabs share word rows: pass the same dict per tile)."""
+  already loaded for tile ``t`` (slabs share word rows: pass the same dict per tile).
+  ``transpose``: return (block_n, slab); the *packed words* are transposed (one word per
+  32/bits codes), which is far cheaper than transposing decoded values."""
   code = None
   for p, pb in enumerate(lt.planes):
     r, shift = lt.locate(p, s)
     if r not in words:
-      words[r] = load_words(t * lt.rows_per_tile + r, lt.slab)
+      w = load_words(t * lt.rows_per_tile + r, lt.slab)
+      words[r] = w.T if transpose else w
     part = (words[r] >> shift) & ((1 << pb) - 1)
     off = lt.plane_bit_offset(p)
     part = part << off if off else part
@@ -153,7 +157,7 @@ def unpack_slab(load_words, lt: lay.SlabLayout, t, s: int, words: dict) -> jax.A
 
 def accumulate_k(acc: jax.Array, *, load_words, load_x, load_scale_row, load_zero_row,
                  spec: QuantSpec, lt: lay.SlabLayout, first_tile, num_tiles: int,
-                 group_rows: int, compute_dtype) -> jax.Array:
+                 group_rows: int, compute_dtype, swap_ab: bool = False) -> jax.Array:
   """The K loop shared by the dense and the grouped (MoE) kernels.
 
   Adds ``x[:, K tiles first_tile .. first_tile + num_tiles) @ W_deq`` to the float32
@@ -161,6 +165,11 @@ def accumulate_k(acc: jax.Array, *, load_words, load_x, load_scale_row, load_zer
   where the operands live (a dense block, or one expert of a stacked ref):
   ``load_words(row, n)`` -> (n, block_n) uint32 slab-layout words, ``load_x(k0, n)`` ->
   (block_m, n) activations, ``load_scale_row(g)`` / ``load_zero_row(g)`` -> (1, block_n).
+
+  ``swap_ab`` (small M): computes ``acc^T (block_n, block_m) += W_deq^T @ x^T`` instead, so
+  the dequantized weights are the MMA's A operand and can stay in registers (the B
+  operand must pass through shared memory); ``load_x`` then returns (n, block_m) rows of
+  x^T and ``acc`` is (block_n, block_m).
   """
   fmt = spec.weight_format
   slab = lt.slab
@@ -171,17 +180,22 @@ def accumulate_k(acc: jax.Array, *, load_words, load_x, load_scale_row, load_zer
     t = first_tile + t_local
     words = {}
     for s in range(lt.num_slabs):
-      code = unpack_slab(load_words, lt, t, s, words)
+      code = unpack_slab(load_words, lt, t, s, words, transpose=swap_ab)
       k0 = t * lt.block_k + s * slab
       zero_row = None
       if has_zeros:
         g = k0 // group_rows if per_slab_scale else 0
         zero_row = load_zero_row(g).astype(jnp.float32)
+        zero_row = zero_row.T if swap_ab else zero_row
       w = decode_codes(code, zero_row, fmt).astype(compute_dtype)
       xs = load_x(k0, slab).astype(compute_dtype)
-      part = jnp.dot(xs, w, preferred_element_type=jnp.float32)
+      if swap_ab:
+        part = jnp.dot(w, xs, preferred_element_type=jnp.float32)
+      else:
+        part = jnp.dot(xs, w, preferred_element_type=jnp.float32)
       if per_slab_scale:
-        part = part * _decode_scale_row(load_scale_row(k0 // group_rows), spec)
+        srow = _decode_scale_row(load_scale_row(k0 // group_rows), spec)
+        part = part * (srow.T if swap_ab else srow)
       acc = acc + part
     return acc
 
@@ -190,24 +204,32 @@ def accumulate_k(acc: jax.Array, *, load_words, load_x, load_scale_row, load_zer
 
 def _kernel(*refs, spec: QuantSpec, lt: lay.SlabLayout, tiles_per_split: int,
             group_rows: int, has_zeros: bool, has_s2: bool, has_bias: bool,
-            split_k: int, compute_dtype):
+            split_k: int, compute_dtype, swap_ab: bool):
   x_ref, codes_ref, scales_ref, *rest = refs
   zeros_ref = rest.pop(0) if has_zeros else None
   s2_ref = rest.pop(0) if has_s2 else None
   bias_ref = rest.pop(0) if has_bias else None
   (o_ref,) = rest
-  block_m, block_n = x_ref.shape[0], codes_ref.shape[1]
+  block_m = x_ref.shape[1] if swap_ab else x_ref.shape[0]
+  block_n = codes_ref.shape[1]
   per_slab_scale = spec.granularity in ("group", "block")
   split = pl.program_id(2)
 
-  acc = jnp.zeros((block_m, block_n), jnp.float32)
+  if swap_ab:  # x arrives transposed: (K, block_m)
+    acc = jnp.zeros((block_n, block_m), jnp.float32)
+    load_x = lambda k0, n: x_ref[pl.ds(k0, n), :]
+  else:
+    acc = jnp.zeros((block_m, block_n), jnp.float32)
+    load_x = lambda k0, n: x_ref[:, pl.ds(k0, n)]
   acc = accumulate_k(
       acc, load_words=lambda r, n: codes_ref[pl.ds(r, n), :],
-      load_x=lambda k0, n: x_ref[:, pl.ds(k0, n)],
+      load_x=load_x, swap_ab=swap_ab,
       load_scale_row=lambda g: scales_ref[pl.ds(g, 1), :],
       load_zero_row=(lambda g: zeros_ref[pl.ds(g, 1), :]) if has_zeros else None,
       spec=spec, lt=lt, first_tile=split * tiles_per_split, num_tiles=tiles_per_split,
       group_rows=group_rows, compute_dtype=compute_dtype)
+  if swap_ab:
+    acc = acc.T
   if not per_slab_scale:
     acc = acc * _decode_scale_row(scales_ref[...], spec)
   if has_s2:
@@ -246,9 +268,13 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
   has_bias = params.bias is not None and split_k == 1
 
   n_spec = lambda rows: pl.BlockSpec((rows, block_n), lambda i, j, s: (0, j))
-  operands = [xp, params.codes, params.scales]
-  in_specs = [pl.BlockSpec((block_m, kp), lambda i, j, s: (i, 0)),
-              n_spec(params.codes.shape[0]), n_spec(params.scales.shape[0])]
+  if config.swap_ab:  # x^T: the kernel's MMA B operand (see accumulate_k)
+    operands = [xp.T, params.codes, params.scales]
+    x_spec = pl.BlockSpec((kp, block_m), lambda i, j, s: (0, i))
+  else:
+    operands = [xp, params.codes, params.scales]
+    x_spec = pl.BlockSpec((block_m, kp), lambda i, j, s: (i, 0))
+  in_specs = [x_spec, n_spec(params.codes.shape[0]), n_spec(params.scales.shape[0])]
   if has_zeros:
     operands.append(params.zeros)
     in_specs.append(n_spec(params.zeros.shape[0]))
@@ -267,7 +293,7 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
   kernel = functools.partial(
       _kernel, spec=spec, lt=lt, tiles_per_split=k_tiles // split_k, group_rows=group_rows,
       has_zeros=has_zeros, has_s2=has_s2, has_bias=has_bias, split_k=split_k,
-      compute_dtype=compute_dtype)
+      compute_dtype=compute_dtype, swap_ab=config.swap_ab)
   out = pl.pallas_call(
       kernel,
       out_shape=out_shape,
