@@ -511,3 +511,158 @@ def row_parallel_dense(params: QuantizedWeight, x: jax.Array, *, axis: AxisName,
   f = jax.shard_map(body, mesh=mesh, in_specs=(pspec, xspec),
                     out_specs=_x_spec(x.ndim, None, batch_axis), check_vma=False)
   return _call_sharded(f, mesh, (pspec, xspec), params, x)
+
+
+# ----------------------------------------------------------------------------------------
+# Expert parallel MoE
+# ----------------------------------------------------------------------------------------
+def _check_ep_spec(q: QuantizedWeight, name: str) -> None:
+  spec = q.spec
+  if spec.act is not None and not spec.act_static and (
+      spec.act_granularity == "tensor" or spec.act_scale_dtype == "fp8_e4m3"):
+    # The grouped GEMM's dynamic per-tensor scale spans all rows it is given; a device
+    # only holds its experts' rows, so the scale would differ from the unsharded one.
+    raise ValueError(f"expert_parallel_moe: {name} spec {spec.name} has a dynamic "
+                     "tensor-level activation scale, which depends on rows held by other "
+                     "devices; use per-token/per-group activation scales or a static scale")
+
+
+def _local_moe(gu: QuantizedWeight, dn: QuantizedWeight, x: jax.Array, w: jax.Array,
+               local_ids: jax.Array, activation: str, backend) -> jax.Array:
+  """(T, H) fp32 contribution of this device's experts; ids outside [0, E_local) add 0."""
+  from humming_jax import moe  # a sibling module; imported late to keep import order free
+  r = moe.sort_tokens(local_ids, gu.num_experts)
+  xs = jnp.take(x, r.token_of_row, axis=0)
+  hid = moe.quant_ragged_dot(gu, xs, r.group_sizes, backend=backend)
+  ys = moe.quant_ragged_dot(dn, moe.glu(hid, activation), r.group_sizes, backend=backend)
+  # Combine in fp32 and keep fp32: partials are summed over devices before the one cast.
+  return moe.combine(ys.astype(jnp.float32), w, r)
+
+
+def _ep_all_gather(gu, dn, x, w, ids, axis, tokens_sharded, activation, backend):
+  if tokens_sharded:  # gather every device's tokens; scatter the sums back afterwards
+    x, w, ids = (lax.all_gather(v, axis, axis=0, tiled=True) for v in (x, w, ids))
+  first = lax.axis_index(axis) * gu.num_experts
+  y = _local_moe(gu, dn, x, w, ids.astype(jnp.int32) - first, activation, backend)
+  if tokens_sharded:
+    return lax.psum_scatter(y, axis, scatter_dimension=0, tiled=True)
+  return lax.psum(y, axis)
+
+
+def _ep_all_to_all(gu, dn, x, w, ids, axis, activation, backend):
+  from humming_jax import moe
+  t, k = ids.shape
+  e_l = gu.num_experts
+  d = lax.axis_size(axis)
+  cap = t * k  # worst case: every local assignment goes to one device (no drops)
+  ids = ids.astype(jnp.int32)
+  valid = (ids >= 0) & (ids < d * e_l)
+  dest = jnp.where(valid, ids // e_l, d)  # d = nowhere
+  by_dest = moe.sort_tokens(dest, d)  # assignments sorted by destination device
+  start = jnp.cumsum(by_dest.group_sizes) - by_dest.group_sizes
+  flat_dest = dest.reshape(-1)[by_dest.slot_of_row]
+  pos = jnp.arange(t * k, dtype=jnp.int32) - start[jnp.minimum(flat_dest, d - 1)]
+  slot = jnp.where(flat_dest < d, flat_dest * cap + pos, d * cap)  # send-buffer slot
+  eid = (ids % e_l).reshape(-1)[by_dest.slot_of_row]
+  send_x = jnp.zeros((d * cap, x.shape[1]), x.dtype).at[slot].set(
+      jnp.take(x, by_dest.token_of_row, axis=0), mode="drop")
+  send_e = jnp.full((d * cap,), e_l, jnp.int32).at[slot].set(eid, mode="drop")
+  recv_x = lax.all_to_all(send_x.reshape(d, cap, -1), axis, 0, 0).reshape(d * cap, -1)
+  recv_e = lax.all_to_all(send_e.reshape(d, cap), axis, 0, 0).reshape(d * cap, 1)
+  # Every received row is its own "token" with top-1 weight 1; empty slots hold id e_l.
+  r = moe.sort_tokens(recv_e, e_l)
+  hid = moe.quant_ragged_dot(gu, jnp.take(recv_x, r.token_of_row, axis=0), r.group_sizes,
+                             backend=backend)
+  ys = moe.quant_ragged_dot(dn, moe.glu(hid, activation), r.group_sizes, backend=backend)
+  out_rows = jnp.take(ys, r.row_of_slot, axis=0)  # back to receive order (zeros if empty)
+  back = lax.all_to_all(out_rows.reshape(d, cap, -1), axis, 0, 0).reshape(d * cap, -1)
+  # Assignment (t, j) was sent to slot[row_of_slot(t, j)].
+  my_slot = slot[by_dest.row_of_slot].reshape(t, k)
+  g = jnp.take(back, my_slot, axis=0, mode="fill", fill_value=0).astype(jnp.float32)
+  return jnp.einsum("tkn,tk->tn", g, w.astype(jnp.float32))
+
+
+def expert_parallel_moe(gate_up: QuantizedWeight, down: QuantizedWeight, x: jax.Array,
+                        topk_weights: jax.Array, topk_ids: jax.Array, *, axis: AxisName,
+                        mesh: Mesh | None = None,
+                        dispatch: Literal["all_gather", "all_to_all"] = "all_gather",
+                        tokens_sharded: bool | None = None, activation: str = "silu",
+                        backend: ops.Backend = None) -> jax.Array:
+  """``hj.quant_moe`` with the experts sharded over mesh ``axis`` (expert parallelism).
+
+  Device ``i`` of ``D`` holds experts ``[i*E/D, (i+1)*E/D)`` of ``gate_up`` (E, H, 2I) and
+  ``down`` (E, I, H).  Tokens meet their experts by
+
+  * ``dispatch="all_gather"`` (small token counts, decode): every device runs its experts
+    on all tokens' assignments that route to it (``hj.quant_ragged_dot`` skips the rows of
+    other devices' experts: they sort past ``sum(group_sizes)``), the fp32 partial outputs
+    are summed with ``psum`` -- or, when tokens are sharded, all-gathered first and
+    ``psum_scatter``-ed back.
+  * ``dispatch="all_to_all"`` (tokens sharded along T): each device sends every (token,
+    slot) assignment to the device owning its expert, computes, and sends the rows back;
+    the top-k combine happens on the token's home device.  The buffers are sized for the
+    worst case (T_local * k rows per destination), so no token is ever dropped.
+
+  Results equal the unsharded ``hj.quant_moe`` up to fp32 summation order, for any
+  routing (uneven loads, empty experts, invalid ids contribute nothing).
+
+  Args:
+    gate_up, down: stacked-expert params (full with ``mesh``; the local expert shard
+      inside the caller's ``shard_map`` with ``mesh=None``).  E must divide by D.
+    x: (T, H) tokens; replicated over ``axis`` or, with ``tokens_sharded``, sharded along T
+      (T divisible by D).
+    topk_weights, topk_ids: (T, k), laid out like ``x``.
+    axis: mesh axis name (or tuple) the experts are sharded over.
+    mesh: wrap in ``shard_map``; None = already inside one.
+    dispatch: "all_gather" or "all_to_all" (see above).
+    tokens_sharded: whether x is sharded along T; default False for all_gather and True
+      for all_to_all (which requires it).
+    activation: "silu" or "gelu", as ``hj.quant_moe``.
+    backend: as ``hj.quant_ragged_dot``.
+
+  Returns:
+    (T, H) in x's dtype, laid out like ``x``.
+  """
+  for name, p in (("gate_up", gate_up), ("down", down)):
+    if not isinstance(p, QuantizedWeight) or p.num_experts is None:
+      raise TypeError(f"{name} must be a stacked-expert QuantizedWeight (E, K, N); got "
+                      f"{getattr(p, 'shape', type(p).__name__)}")
+    _check_canonical(p, f"expert_parallel_moe {name}")
+    _check_ep_spec(p, name)
+  if dispatch not in ("all_gather", "all_to_all"):
+    raise ValueError(f"dispatch={dispatch!r}; expected 'all_gather' or 'all_to_all'")
+  if tokens_sharded is None:
+    tokens_sharded = dispatch == "all_to_all"
+  if dispatch == "all_to_all" and not tokens_sharded:
+    raise ValueError("dispatch='all_to_all' needs tokens sharded along T over the axis "
+                     "(tokens_sharded=True); replicated tokens use dispatch='all_gather'")
+  x = jnp.asarray(x)
+  if x.ndim != 2 or topk_ids.shape != topk_weights.shape or topk_ids.shape[0] != x.shape[0]:
+    raise ValueError(f"x must be (T, H) and topk_weights/topk_ids (T, k); got x {x.shape}, "
+                     f"topk_weights {topk_weights.shape}, topk_ids {topk_ids.shape}")
+
+  def body(gu, dn, xl, wl, il):
+    gu, dn = local_weight(gu), local_weight(dn)
+    if gu.num_experts != dn.num_experts or dn.shape[1:] != (gu.out_features // 2,
+                                                            gu.in_features):
+      raise ValueError(f"expert_parallel_moe: local gate_up {gu.shape} and down "
+                       f"{dn.shape} do not match (E, H, 2I) / (E, I, H)")
+    if dispatch == "all_gather":
+      y = _ep_all_gather(gu, dn, xl, wl, il, axis, tokens_sharded, activation, backend)
+    else:
+      y = _ep_all_to_all(gu, dn, xl, wl, il, axis, activation, backend)
+    return y.astype(xl.dtype)
+
+  if mesh is None:
+    return body(gate_up, down, x, topk_weights, topk_ids)
+  sizes = _mesh_sizes(mesh)
+  d = _shards(axis, sizes, "expert_parallel_moe axis")
+  if tokens_sharded and x.shape[0] % d:
+    raise ValueError(f"expert_parallel_moe: T={x.shape[0]} tokens are not divisible by "
+                     f"the {d} devices of axis {axis!r} (tokens_sharded=True)")
+  gspec = weight_partition_spec(gate_up, P(axis, None, None), mesh=mesh, what="gate_up")
+  dspec = weight_partition_spec(down, P(axis, None, None), mesh=mesh, what="down")
+  tspec = P(axis, None) if tokens_sharded else P(None, None)
+  specs = (gspec, dspec, tspec, tspec, tspec)
+  f = jax.shard_map(body, mesh=mesh, in_specs=specs, out_specs=tspec, check_vma=False)
+  return _call_sharded(f, mesh, specs, gate_up, down, x, topk_weights, topk_ids)

@@ -194,6 +194,63 @@ def tp_interpret_backend():
   close(want, REF(q, x), rtol=1e-2, what="interpret vs xla")
 
 
+def _moe_case(seed, t, e=16, h=256, i=128, k=4, preset="w4a16-g128", dtype=jnp.float32):
+  """Experts with skewed load: experts 0-2 favoured, expert 5 never picked, one invalid id."""
+  from humming_jax import moe
+  gu = hj.quantize(rand(seed, (e, h, 2 * i)), preset)
+  dn = hj.quantize(rand(seed + 1, (e, i, h)), preset, bias=rand(seed + 2, (e, h)))
+  x = rand(seed + 3, (t, h)).astype(dtype)
+  logits = rand(seed + 4, (t, e)) + jnp.where(jnp.arange(e) < 3, 3.0, 0.0)
+  w, ids = moe.topk_routing(logits.at[:, 5].set(-1e9), k)
+  if t > 1:
+    ids = ids.at[1, 0].set(-1)  # an invalid id contributes nothing
+  want = jax.jit(moe.quant_moe, static_argnames=("backend",))(gu, dn, x, w, ids)
+  return gu, dn, x, w, ids, want
+
+
+@check
+def ep_sweep():
+  # EP 2/4/8: decode (T=1, replicated tokens, all_gather) and T=64 (sharded tokens,
+  # all_to_all; all_gather + psum_scatter at 8).
+  errs = {}
+  small = _moe_case(40, 1)
+  large = _moe_case(50, 64)
+  for s in (2, 4, 8):
+    mesh = mesh_of(s)
+    gu, dn, x, w, ids, want = small
+    got = hs.expert_parallel_moe(gu, dn, x, w, ids, axis="x", mesh=mesh)
+    errs[f"T=1 all_gather ep={s}"] = close(got, want, rtol=1e-6, what=f"T=1 ep={s}")
+    gu, dn, x, w, ids, want = large
+    got = hs.expert_parallel_moe(gu, dn, x, w, ids, axis="x", mesh=mesh, dispatch="all_to_all")
+    errs[f"T=64 all_to_all ep={s}"] = close(got, want, rtol=1e-6, what=f"a2a ep={s}")
+  got = hs.expert_parallel_moe(gu, dn, x, w, ids, axis="x", mesh=mesh_of(8),
+                               tokens_sharded=True)
+  errs["T=64 all_gather sharded ep=8"] = close(got, want, rtol=1e-6, what="ag sharded")
+  return errs
+
+
+@check
+def ep_fp8_activations_bf16():
+  # Per-token fp8 activation scales, bf16 tokens: one cast at the end (<= 1 bf16 ulp).
+  gu, dn, x, w, ids, want = _moe_case(60, 32, preset="w8a8-fp8", dtype=jnp.bfloat16)
+  got = hs.expert_parallel_moe(gu, dn, x, w, ids, axis="x", mesh=mesh_of(4),
+                               dispatch="all_to_all")
+  assert got.dtype == jnp.bfloat16
+  return close(got, want, rtol=2**-7, what="w8a8-fp8 bf16 ep=4")
+
+
+@check
+def ep_interpret_backend():
+  gu, dn, x, w, ids, _ = _moe_case(70, 8, e=4, h=128, i=128, k=2)
+  if registry.find(gu.spec, grouped=True) is None:
+    return "no grouped Pallas kernel registered for w4a16-g128: not applicable"
+  from humming_jax import moe
+  want = moe.quant_moe(gu, dn, x, w, ids, backend="interpret")
+  got = hs.expert_parallel_moe(gu, dn, x, w, ids, axis="x", mesh=mesh_of(2),
+                               backend="interpret")
+  return close(got, want, rtol=1e-5, what="EP interpret")
+
+
 def main(names):
   assert len(jax.devices()) == 8, f"expected 8 host devices, got {len(jax.devices())}"
   for name in names or CHECKS:

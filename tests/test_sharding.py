@@ -159,3 +159,33 @@ def test_on_8_devices(device_checks, name):
   rec = device_checks.get(name)
   assert rec is not None, f"check {name} did not report (subprocess crashed?)"
   assert rec["ok"], rec["error"]
+
+
+def test_expert_parallel_refusals():
+  from jax.sharding import Mesh
+  mesh = Mesh(np.array(jax.devices()[:1]), ("x",))  # one device: checks before compute
+  gu = hj.quantize(rand(20, (4, 128, 64)), "w4a16-g128")
+  dn = hj.quantize(rand(21, (4, 32, 128)), "w4a16-ch")
+  x, w, ids = rand(22, (3, 128)), jnp.ones((3, 2)), jnp.zeros((3, 2), jnp.int32)
+  tensor_act = hj.QuantSpec("int8", "channel", 0, scale_dtype="float32", act="int8",
+                            act_granularity="tensor")
+  bad = hj.quantize(rand(23, (4, 128, 64)), tensor_act)
+  with pytest.raises(ValueError, match="tensor-level activation scale"):
+    hs.expert_parallel_moe(bad, dn, x, w, ids, axis="x", mesh=mesh)
+  with pytest.raises(ValueError, match="all_to_all' needs tokens sharded"):
+    hs.expert_parallel_moe(gu, dn, x, w, ids, axis="x", mesh=mesh, dispatch="all_to_all",
+                           tokens_sharded=False)
+  with pytest.raises(ValueError, match="dispatch='ring'"):
+    hs.expert_parallel_moe(gu, dn, x, w, ids, axis="x", mesh=mesh, dispatch="ring")
+  with pytest.raises(ValueError, match="E=4 experts .* 8 shards"):
+    hs.expert_parallel_moe(gu, dn, x, w, ids, axis="tp", mesh=AbstractMesh((8,), ("tp",)))
+  with pytest.raises(TypeError, match="stacked-expert"):
+    hs.expert_parallel_moe(hj.quantize(rand(24, (128, 64)), "w4a16-g128"), dn, x, w, ids,
+                           axis="x", mesh=mesh)
+  # A single device is still a valid (trivial) expert-parallel mesh: equals quant_moe.
+  from humming_jax import moe
+  ids = jnp.array([[0, 3], [2, 2], [1, 0]], jnp.int32)
+  w = jax.nn.softmax(rand(25, (3, 2)), axis=-1)
+  np.testing.assert_allclose(
+      np.asarray(hs.expert_parallel_moe(gu, dn, x, w, ids, axis="x", mesh=mesh)),
+      np.asarray(moe.quant_moe(gu, dn, x, w, ids)), rtol=1e-5, atol=1e-4)
