@@ -250,7 +250,8 @@ def _magnitude_table(fmt: NumberFormat) -> tuple[np.ndarray, np.ndarray]:
   """Sorted non-negative finite magnitudes of a float format and their codes."""
   sign_bit = 1 << (fmt.bits - 1)
   codes = np.arange(sign_bit, dtype=np.uint32)
-  vals = np.asarray(fmt.decode(jnp.asarray(codes)))
+  with jax.ensure_compile_time_eval():  # may be first called while tracing (see all_values)
+    vals = np.asarray(fmt.decode(jnp.asarray(codes)))
   keep = np.isfinite(vals)
   codes, vals = codes[keep], vals[keep]
   order = np.argsort(vals, kind="stable")

@@ -20,12 +20,16 @@ Scale rules
   ``value = code * s`` like every other format.
 * NVFP4: ``s2 = amax_tensor / (6 * 448)`` (fp32), block scale ``amax_block / 6 / s2``
   rounded to e4m3.
-* An all-zero group gets scale 1.  Non-finite weights are refused with a ValueError when
-  the weights are concrete; under ``jit`` they propagate as NaN scales (and NaN outputs).
+* An all-zero group gets scale 1 (MX: ``2**-emax_elem``); its codes are 0.
+* Non-finite weights are refused with a ValueError when the weights are concrete; under
+  ``jit`` (no error can be raised) every scale block holding a NaN/inf gets a NaN scale
+  (e8m0: the NaN code 0xFF; NVFP4: the global scale of the tensor is NaN too), so those
+  weights dequantize to NaN and the outputs that use them are NaN.
 """
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any, NamedTuple
 
 import jax
@@ -33,7 +37,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from humming_jax import packing
-from humming_jax.formats import NumberFormat, get_format
+from humming_jax.formats import NumberFormat, floor_log2, get_format
 from humming_jax.spec import QuantSpec
 
 _FLOAT_SCALE_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16,
@@ -154,8 +158,11 @@ def _round_scale(s: jax.Array, scale_dtype: str, emax_elem: int) -> jax.Array:
   if scale_dtype in _FLOAT_SCALE_DTYPES:
     return s.astype(_FLOAT_SCALE_DTYPES[scale_dtype]).astype(jnp.float32)
   if scale_dtype == "e8m0":  # s is amax here
-    e = jnp.floor(jnp.log2(jnp.where(s > 0, s, 1.0))) - emax_elem
-    return jnp.exp2(jnp.clip(e, -127, 127)).astype(jnp.float32)
+    # Exact floor(log2): XLA's float log2 misses exact powers of two by an ulp, which would
+    # halve the scale and saturate the largest element.  The lower clip keeps the scale a
+    # normal float32 (2**-127 is subnormal and CPUs may flush it, making w / s infinite).
+    e = floor_log2(jnp.where(s > 0, s, 1.0)) - emax_elem
+    return E8M0.decode(jnp.clip(e, -126, 127) + 127)
   raise AssertionError(scale_dtype)
 
 
@@ -220,7 +227,18 @@ def quantize(w: Any, spec: QuantSpec | str, *, bias: Any = None,
     act_scale = jnp.asarray(act_scale, jnp.float32).reshape(())
   elif act_scale is not None:
     raise ValueError("act_scale is only for specs with act_static=True")
+  codes, scales, zeros, global_scale = _quantize_arrays(w, spec)
+  return QuantizedWeight(codes=codes, scales=scales, zeros=zeros, global_scale=global_scale,
+                         bias=bias, act_scale=act_scale, spec=spec, shape=tuple(w.shape))
 
+
+@functools.partial(jax.jit, static_argnums=1)
+def _quantize_arrays(w: jax.Array, spec: QuantSpec):
+  """The array part of :func:`quantize` (inputs already validated): packed codes, stored
+  scales, zero points, global scale.  Jitted per (spec, shape): one compile instead of
+  hundreds of op-by-op dispatches makes eager quantization ~5x faster; under an outer
+  ``jit`` it simply inlines."""
+  *_, k, n = w.shape
   fmt = spec.weight_format
   w32 = w.astype(jnp.float32)
   bk, bn = scale_block(spec, k, n)
@@ -251,12 +269,17 @@ def quantize(w: Any, spec: QuantSpec | str, *, bias: Any = None,
     scaled = w32 / expand_scales(s, k, n)
     if spec.global_scale:
       s = s_rel
+      global_scale = jnp.where(jnp.all(jnp.isfinite(w32), axis=(-2, -1)), global_scale,
+                               jnp.nan)
+  # A block holding NaN/inf (only reachable under jit, where quantize cannot refuse it) gets
+  # a NaN scale: its outputs are NaN, never the plausible garbage of a fallback scale 1
+  # (the `> 0` guards above map NaN to 1).
+  # (XLA's CPU max-reduction drops NaN, so amax cannot be trusted to carry it: count them.)
+  finite = ~_block_reduce(~jnp.isfinite(w32), bk, bn, jnp.any)
+  s = jnp.where(finite, s, jnp.nan)
   codes = fmt.encode(scaled)
-  return QuantizedWeight(
-      codes=packing.pack_codes(codes, fmt.bits),
-      scales=_store_scale(s, spec.scale_dtype),
-      zeros=zeros, global_scale=global_scale, bias=bias, act_scale=act_scale,
-      spec=spec, shape=tuple(w.shape))
+  return (packing.pack_codes(codes, fmt.bits), _store_scale(s, spec.scale_dtype), zeros,
+          global_scale)
 
 
 def unpacked_codes(q: QuantizedWeight) -> jax.Array:
@@ -268,7 +291,19 @@ def unpacked_codes(q: QuantizedWeight) -> jax.Array:
 
 
 def dequantize(q: QuantizedWeight) -> jax.Array:
-  """Exactly the float32 weights the kernels compute with: (code - zp) * s * s2."""
+  """Exactly the float32 weights the kernels compute with: (code - zp) * s * s2.
+
+  (K, N) -> (K, N), stacked (E, K, N) -> (E, K, N).  Jitted per (spec, shape) like
+  :func:`quantize`; inside an outer ``jit`` it inlines."""
+  if not isinstance(q, QuantizedWeight):
+    raise TypeError(f"q must be a QuantizedWeight (from quantize); got {type(q).__name__}")
+  if q.layout != "canonical":
+    unpacked_codes(q)  # raises the layout error outside of any trace
+  return _dequantize_jit(q)
+
+
+@jax.jit
+def _dequantize_jit(q: QuantizedWeight) -> jax.Array:
   k, n = q.shape[-2:]
   vals = q.spec.weight_format.decode(unpacked_codes(q))
   if q.zeros is not None:
@@ -317,6 +352,9 @@ def quantize_activations(x: jax.Array, spec: QuantSpec,
   fmt = spec.act_format
   if fmt is None:
     raise ValueError(f"spec {spec.name} has no activation format (act=None)")
+  x = jnp.asarray(x)
+  if x.ndim != 2 or not jnp.issubdtype(x.dtype, jnp.floating):
+    raise ValueError(f"x must be a float (M, K) array; got shape {x.shape} dtype {x.dtype}")
   m, k = x.shape
   x32 = x.astype(jnp.float32)
   if spec.act_granularity == "group" and k % spec.act_group_size:
@@ -339,6 +377,11 @@ def quantize_activations(x: jax.Array, spec: QuantSpec,
       s = jnp.where(s_rel > 0, s_rel, 1.0) * s2
     else:
       s = _round_scale(jnp.where(amax > 0, amax / qmax, 1.0), sd, 0)
+  if not spec.act_static:
+    # A row/group holding NaN/inf gets a NaN scale (XLA's CPU max drops NaN, and an int8
+    # cast of NaN is an arbitrary integer): NaN in, NaN out, never a silent finite value.
+    bad = jnp.any(~jnp.isfinite(x32).reshape(gm, m // gm, gk, k // gk), axis=(1, 3))
+    s = jnp.where(bad, jnp.nan, s)
   xs = x32 / jnp.repeat(jnp.repeat(s, m // s.shape[0], 0), k // s.shape[1], 1)
   vals = fmt.decode(fmt.encode(xs)) if fmt.name not in _FAST_ROUND else _FAST_ROUND[fmt.name](xs)
   return QuantizedActivations(vals.astype(_carrier_dtype(fmt)), s)
@@ -353,7 +396,8 @@ def _round_fp8(dtype, maxv):
 _FAST_ROUND = {
     "fp8_e4m3": _round_fp8(jnp.float8_e4m3fn, 448.0),
     "fp8_e5m2": _round_fp8(jnp.float8_e5m2, 57344.0),
-    "int8": lambda x: jnp.clip(jnp.round(x), -127, 127),
+    # [-128, 127] like formats.encode: a dynamic scale never reaches -128, a static one can.
+    "int8": lambda x: jnp.clip(jnp.round(x), -128, 127),
 }
 
 
