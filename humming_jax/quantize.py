@@ -356,15 +356,26 @@ def quantize_activations(x: jax.Array, spec: QuantSpec,
   if x.ndim != 2 or not jnp.issubdtype(x.dtype, jnp.floating):
     raise ValueError(f"x must be a float (M, K) array; got shape {x.shape} dtype {x.dtype}")
   m, k = x.shape
-  x32 = x.astype(jnp.float32)
   if spec.act_granularity == "group" and k % spec.act_group_size:
     raise ValueError(f"act_group_size={spec.act_group_size} does not divide K={k}")
+  if spec.act_static and act_scale is None:
+    raise ValueError("spec.act_static=True but the params carry no act_scale")
+  if act_scale is not None:
+    act_scale = jnp.asarray(act_scale, jnp.float32)
+  return _quantize_activations_jit(x, spec, act_scale)
+
+
+@functools.partial(jax.jit, static_argnums=1)
+def _quantize_activations_jit(x: jax.Array, spec: QuantSpec,
+                              act_scale: jax.Array | None) -> QuantizedActivations:
+  # Jitted per (spec, shape) for the same reason as _quantize_arrays; inlines under jit.
+  fmt = spec.act_format
+  m, k = x.shape
+  x32 = x.astype(jnp.float32)
   qmax = fmt.max_value
   gm, gk = act_scale_shape(spec, m, k)
   if spec.act_static:
-    if act_scale is None:
-      raise ValueError("spec.act_static=True but the params carry no act_scale")
-    s = jnp.broadcast_to(jnp.asarray(act_scale, jnp.float32), (1, 1))
+    s = jnp.broadcast_to(act_scale, (1, 1))
   else:
     amax = jnp.max(jnp.abs(x32).reshape(gm, m // gm, gk, k // gk), axis=(1, 3))
     sd = spec.act_scale_dtype

@@ -1,0 +1,139 @@
+"""Activation quantization: dynamic per token (int8, fp8), per token-group fp8 (128),
+NVFP4 / MXFP4 per block, static per tensor; scales shapes and the error of each format."""
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+import pytest
+
+import humming_jax as hj
+from humming_jax.spec import QuantSpec
+
+
+def x_act(m=16, k=256, seed=0):
+  rng = np.random.default_rng(seed)
+  # Rows with different magnitudes (per-token scales matter) and a few outliers.
+  x = rng.standard_normal((m, k)) * np.exp(rng.uniform(-2, 2, (m, 1)))
+  x[:, 7] *= 20
+  return jnp.asarray(x, jnp.bfloat16)
+
+
+def rel_err(a, b):
+  a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+  return float(np.linalg.norm(a - b) / np.linalg.norm(b))
+
+
+# spec, scales shape for (16, 256), error bound, value carrier dtype.  The bounds allow for
+# the 20x outlier column of x_act (per-token int8 and MXFP4 blocks lose the small values).
+CASES = [
+    (QuantSpec("int8", "channel", act="int8"), (16, 1), 0.03, jnp.int8),
+    (QuantSpec("fp8_e4m3", "channel", scale_dtype="float32", act="fp8_e4m3"), (16, 1), 0.04,
+     jnp.float8_e4m3fn),
+    (QuantSpec("fp8_e4m3", "channel", scale_dtype="float32", act="fp8_e5m2"), (16, 1), 0.08,
+     jnp.float8_e5m2),
+    (hj.PRESETS["w8a8-fp8-block"], (16, 2), 0.04, jnp.float8_e4m3fn),
+    (hj.PRESETS["w4a4-nvfp4"], (16, 16), 0.12, jnp.float8_e4m3fn),
+    (hj.PRESETS["w4a4-mxfp4"], (16, 8), 0.17, jnp.float8_e4m3fn),
+    (hj.PRESETS["w8a8-mxfp8"], (16, 8), 0.04, jnp.float8_e4m3fn),
+]
+
+
+@pytest.mark.parametrize("spec,sshape,tol,carrier", CASES, ids=[c[0].name for c in CASES])
+def test_dynamic_activation_quantization(spec, sshape, tol, carrier):
+  x = x_act()
+  qa = hj.quantize_activations(x, spec)
+  assert qa.values.shape == x.shape and qa.values.dtype == carrier
+  assert qa.scales.shape == sshape and qa.scales.dtype == jnp.float32
+  fmt = spec.act_format
+  v = np.asarray(qa.values, np.float32)
+  # Values are on the format's grid and within range.
+  np.testing.assert_array_equal(np.asarray(fmt.quantize_dequantize(jnp.asarray(v))), v)
+  assert np.abs(v).max() <= fmt.max_value
+  d = qa.dequantize()
+  assert d.dtype == jnp.float32 and d.shape == x.shape
+  np.testing.assert_array_equal(np.asarray(d), np.asarray(hj.fake_quantize_activations(x, spec)))
+  # Dequantize = values * broadcast scales, by hand.
+  s = np.asarray(qa.scales)
+  full = np.repeat(np.repeat(s, 16 // s.shape[0], 0), 256 // s.shape[1], 1)
+  np.testing.assert_array_equal(np.asarray(d), v * full)
+  assert rel_err(d, x) < tol, rel_err(d, x)
+  # jit gives the same.
+  qj = jax.jit(hj.quantize_activations, static_argnums=1)(x, spec)
+  np.testing.assert_array_equal(np.asarray(qj.dequantize()), np.asarray(d))
+
+
+def test_per_token_scale_semantics():
+  x = x_act(8, 128, 1)
+  xa = np.abs(np.asarray(x, np.float32))
+  qa = hj.quantize_activations(x, QuantSpec("int8", "channel", act="int8"))
+  np.testing.assert_allclose(np.asarray(qa.scales)[:, 0], xa.max(1) / 127, rtol=1e-6)
+  codes = np.clip(np.rint(np.asarray(x, np.float32) / np.asarray(qa.scales)), -128, 127)
+  np.testing.assert_array_equal(np.asarray(qa.values), codes)
+  # The row maximum reaches +-127 exactly.
+  assert np.all(np.abs(np.asarray(qa.values)).max(1) == 127)
+  # Token-group fp8 (128): s = amax(row, group) / 448, values = e4m3 cast of x / s.
+  spec = hj.PRESETS["w8a8-fp8-block"]
+  x = x_act(4, 256, 2)
+  qa = hj.quantize_activations(x, spec)
+  g = np.asarray(x, np.float32).reshape(4, 2, 128)
+  s = np.abs(g).max(2) / 448
+  np.testing.assert_allclose(np.asarray(qa.scales), s, rtol=3e-7)
+  want = (g / np.asarray(qa.scales)[:, :, None]).astype(ml_dtypes.float8_e4m3fn)
+  np.testing.assert_array_equal(np.asarray(qa.values).reshape(4, 2, 128).view(np.uint8),
+                                want.view(np.uint8))
+
+
+def test_mx_and_nvfp4_scales():
+  x = x_act(4, 128, 3)
+  a = np.abs(np.asarray(x, np.float64))
+  qa = hj.quantize_activations(x, hj.PRESETS["w4a4-mxfp4"])
+  amax = a.reshape(4, 4, 32).max(2)
+  np.testing.assert_array_equal(np.asarray(qa.scales), 2.0 ** (np.floor(np.log2(amax)) - 2))
+  qa = hj.quantize_activations(x, hj.PRESETS["w4a4-nvfp4"])
+  amax = a.reshape(4, 8, 16).max(2)
+  s2 = amax.max() / (6 * 448)
+  rel = (np.asarray(qa.scales) / s2)  # e4m3 grid values of amax_block / 6 / s2
+  want = (amax / 6 / s2).astype(np.float32).astype(ml_dtypes.float8_e4m3fn).astype(np.float64)
+  np.testing.assert_allclose(rel, want, rtol=1e-5)
+
+
+def test_static_per_tensor_scale():
+  spec = QuantSpec("int8", "channel", act="int8", act_granularity="tensor", act_static=True)
+  x = x_act(8, 128, 4).astype(jnp.float32)
+  scale = 0.05  # deliberately small: values beyond 127 * 0.05 saturate to -128 / 127
+  qa = hj.quantize_activations(x, spec, act_scale=scale)
+  assert qa.scales.shape == (1, 1) and float(qa.scales[0, 0]) == np.float32(scale)
+  want = np.clip(np.rint(np.asarray(x) / np.float32(scale)), -128, 127)
+  np.testing.assert_array_equal(np.asarray(qa.values), want)
+  assert np.asarray(qa.values).min() == -128 and np.asarray(qa.values).max() == 127
+  # Through the params: quantize(..., act_scale=) and quant_dense use it.
+  w = np.random.default_rng(5).standard_normal((128, 32)).astype(np.float32)
+  amax = float(np.abs(np.asarray(x)).max())
+  p = hj.quantize(w, spec, act_scale=amax / 127)
+  y = hj.quant_dense(p, x)
+  xq = hj.fake_quantize_activations(x, spec, jnp.float32(amax / 127))
+  np.testing.assert_allclose(np.asarray(y), np.asarray(xq) @ np.asarray(hj.dequantize(p)),
+                             rtol=1e-5, atol=1e-4)
+  assert rel_err(y, np.asarray(x) @ w) < 0.05
+  with pytest.raises(ValueError, match="act_static=True but the params carry no act_scale"):
+    hj.quantize_activations(x, spec)
+
+
+def test_nan_activations_propagate():
+  x = np.asarray(x_act(4, 256, 6), np.float32)
+  x[1, 3] = np.nan
+  for spec in [QuantSpec("int8", "channel", act="int8"), hj.PRESETS["w8a8-fp8"],
+               hj.PRESETS["w4a4-nvfp4"], hj.PRESETS["w8a8-fp8-block"]]:
+    d = np.asarray(jax.jit(hj.fake_quantize_activations, static_argnums=1)(x, spec))
+    assert np.isnan(d[1, 3]), spec.name
+    assert np.all(np.isfinite(d[[0, 2, 3]])), spec.name  # other rows unharmed
+
+
+def test_activation_errors():
+  x = x_act(4, 96)
+  with pytest.raises(ValueError, match="act_group_size=128 does not divide K=96"):
+    hj.quantize_activations(x, hj.PRESETS["w8a8-fp8-block"])
+  with pytest.raises(ValueError, match="has no activation format"):
+    hj.quantize_activations(x, hj.PRESETS["w4a16-g128"])
+  with pytest.raises(ValueError, match=r"x must be a float \(M, K\) array; got shape \(2, 4, 96\)"):
+    hj.quantize_activations(jnp.stack([x, x]), hj.PRESETS["w8a8-int8"])
