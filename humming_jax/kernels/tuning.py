@@ -29,12 +29,21 @@ class TuningConfig:
   num_warps: int = 4
   num_stages: int = 3
   swap_ab: bool = False  # compute (W^T x^T)^T: dequantized weights as the MMA A operand
+  # "mma": tensor-core dot per slab; "fma": multiply-add + reduce without tensor cores
+  # (tiny M: no shared-memory round trip of the dequantized weights); "dequant_gemm":
+  # dequantize to the activation dtype (one XLA fusion) and run the vendor GEMM -- at large
+  # M the GEMM is compute bound and the dequantization is a few percent of it.
+  strategy: str = "mma"
 
   def __post_init__(self):
-    for f in ("block_m", "block_n"):
-      v = getattr(self, f)
-      if v < 16 or v & (v - 1):
-        raise ValueError(f"{f}={v} must be a power of two >= 16")
+    if self.strategy not in ("mma", "fma", "dequant_gemm"):
+      raise ValueError(f"strategy={self.strategy!r}; expected 'mma', 'fma' or "
+                       "'dequant_gemm'")
+    min_m = 1 if self.strategy == "fma" else 16
+    if self.block_m < min_m or self.block_m & (self.block_m - 1):
+      raise ValueError(f"block_m={self.block_m} must be a power of two >= {min_m}")
+    if self.block_n < 16 or self.block_n & (self.block_n - 1):
+      raise ValueError(f"block_n={self.block_n} must be a power of two >= 16")
     if self.split_k < 1:
       raise ValueError(f"split_k={self.split_k} must be >= 1")
     if self.num_warps not in (1, 2, 4, 8, 16):
@@ -103,11 +112,16 @@ def bucket_m(m: int) -> int:
   return 8192
 
 
+DEQUANT_GEMM_MIN_M = 1024  # measured crossover on the H200, benchmarks/NOTES.md
+
+
 def wna16_heuristic(m: int, n: int, k_tiles: int, *, sms: int = NUM_SMS_DEFAULT
                     ) -> TuningConfig:
   """WnA16 tiles.  Small M is bound by weight bytes: spread N over all SMs with narrow
   N tiles and split K until there are about two programs per SM.  Large M is bound by
   the MMA: square-ish 128-wide tiles, more warps."""
+  if m >= DEQUANT_GEMM_MIN_M:
+    return TuningConfig(128, 128, 1, strategy="dequant_gemm")
   if m <= 64:
     block_m = 16 if m <= 16 else (32 if m <= 32 else 64)
     block_n = 64 if n >= 64 * sms // 2 else 32

@@ -157,7 +157,8 @@ def unpack_slab(load_words, lt: lay.SlabLayout, t, s: int, words: dict,
 
 def accumulate_k(acc: jax.Array, *, load_words, load_x, load_scale_row, load_zero_row,
                  spec: QuantSpec, lt: lay.SlabLayout, first_tile, num_tiles: int,
-                 group_rows: int, compute_dtype, swap_ab: bool = False) -> jax.Array:
+                 group_rows: int, compute_dtype, swap_ab: bool = False,
+                 use_mma: bool = True) -> jax.Array:
   """The K loop shared by the dense and the grouped (MoE) kernels.
 
   Adds ``x[:, K tiles first_tile .. first_tile + num_tiles) @ W_deq`` to the float32
@@ -170,6 +171,10 @@ def accumulate_k(acc: jax.Array, *, load_words, load_x, load_scale_row, load_zer
   the dequantized weights are the MMA's A operand and can stay in registers (the B
   operand must pass through shared memory); ``load_x`` then returns (n, block_m) rows of
   x^T and ``acc`` is (block_n, block_m).
+
+  ``use_mma=False`` (tiny M): multiply-add and a reduction over the slab instead of a
+  tensor-core dot, one activation row at a time; the dequantized weights never leave
+  registers.
   """
   fmt = spec.weight_format
   slab = lt.slab
@@ -189,7 +194,14 @@ def accumulate_k(acc: jax.Array, *, load_words, load_x, load_scale_row, load_zer
         zero_row = zero_row.T if swap_ab else zero_row
       w = decode_codes(code, zero_row, fmt).astype(compute_dtype)
       xs = load_x(k0, slab).astype(compute_dtype)
-      if swap_ab:
+      if not use_mma:
+        wf = w.astype(jnp.float32)
+        xf = xs.astype(jnp.float32)
+        part = jnp.concatenate(
+            [jnp.sum(xf[i:i + 1, :].T * wf, axis=0, keepdims=True)
+             for i in range(xf.shape[0])], axis=0) if xf.shape[0] > 1 else \
+            jnp.sum(xf.T * wf, axis=0, keepdims=True)
+      elif swap_ab:
         part = jnp.dot(w, xs, preferred_element_type=jnp.float32)
       else:
         part = jnp.dot(xs, w, preferred_element_type=jnp.float32)
@@ -204,7 +216,7 @@ def accumulate_k(acc: jax.Array, *, load_words, load_x, load_scale_row, load_zer
 
 def _kernel(*refs, spec: QuantSpec, lt: lay.SlabLayout, tiles_per_split: int,
             group_rows: int, has_zeros: bool, has_s2: bool, has_bias: bool,
-            split_k: int, compute_dtype, swap_ab: bool):
+            split_k: int, compute_dtype, swap_ab: bool, use_mma: bool):
   x_ref, codes_ref, scales_ref, *rest = refs
   zeros_ref = rest.pop(0) if has_zeros else None
   s2_ref = rest.pop(0) if has_s2 else None
@@ -227,7 +239,7 @@ def _kernel(*refs, spec: QuantSpec, lt: lay.SlabLayout, tiles_per_split: int,
       load_scale_row=lambda g: scales_ref[pl.ds(g, 1), :],
       load_zero_row=(lambda g: zeros_ref[pl.ds(g, 1), :]) if has_zeros else None,
       spec=spec, lt=lt, first_tile=split * tiles_per_split, num_tiles=tiles_per_split,
-      group_rows=group_rows, compute_dtype=compute_dtype)
+      group_rows=group_rows, compute_dtype=compute_dtype, use_mma=use_mma)
   if swap_ab:
     acc = acc.T
   if not per_slab_scale:
@@ -256,6 +268,8 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
     key = tuning.cache_key(FAMILY, spec.name, tuning.bucket_m(m), n, k, tuning.device_kind())
     config = tuning.cached_config(key) or tuning.wna16_heuristic(
         m, np_, k_tiles, sms=tuning.num_sms())
+  if config.strategy == "dequant_gemm":
+    return _dequant_gemm(params, x)
   block_m = config.block_m
   mp = -(-m // block_m) * block_m
   block_n = min(config.block_n, np_)
@@ -293,7 +307,8 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
   kernel = functools.partial(
       _kernel, spec=spec, lt=lt, tiles_per_split=k_tiles // split_k, group_rows=group_rows,
       has_zeros=has_zeros, has_s2=has_s2, has_bias=has_bias, split_k=split_k,
-      compute_dtype=compute_dtype, swap_ab=config.swap_ab)
+      compute_dtype=compute_dtype, swap_ab=config.swap_ab and config.strategy == "mma",
+      use_mma=config.strategy == "mma")
   out = pl.pallas_call(
       kernel,
       out_shape=out_shape,
@@ -311,6 +326,18 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
       out = out + jnp.pad(params.bias, (0, np_ - n))
     out = out.astype(x.dtype)
   return out[:m, :n]
+
+
+def _dequant_gemm(params: QuantizedWeight, x: jax.Array) -> jax.Array:
+  """Large M: dequantize the prepared weights to x's dtype in one XLA fusion, then the
+  vendor GEMM.  The reference semantics are unchanged (same decode, same scales)."""
+  from humming_jax.quantize import dequantize
+  w = dequantize(to_canonical(params))
+  cdt = x.dtype if x.dtype in (jnp.bfloat16, jnp.float16) else jnp.float32
+  y = jnp.dot(x.astype(cdt), w.astype(cdt), preferred_element_type=jnp.float32)
+  if params.bias is not None:
+    y = y + params.bias
+  return y.astype(x.dtype)
 
 
 KERNEL = registry.register(registry.DenseKernel(
