@@ -147,6 +147,8 @@ def plan_compressed_tensors(module: str, suffixes: set[str], qcfg: dict,
       raise ValueError(f"module {module!r}: missing tensor {sname}")
     # -- codes (N, K) ------------------------------------------------------------------
     zeros = global_scale = packed = codes = None
+    if fmt != "nvfp4-pack-quantized" and t("weight_global_scale") is not None:
+      raise ValueError(f"tensor '{module}.weight_global_scale': unexpected for format {fmt!r}")
     if fmt == "nvfp4-pack-quantized":
       wp = expect(f"{module}.weight_packed", t("weight_packed"), np.uint8)
       n, k = wp.shape[0], wp.shape[1] * 2

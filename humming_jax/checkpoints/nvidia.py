@@ -17,8 +17,6 @@ gpt-oss MXFP4 (``quant_method="mxfp4"``): per projection ``X`` of a (stacked-exp
 """
 from __future__ import annotations
 
-import fnmatch
-
 import ml_dtypes
 import numpy as np
 
@@ -43,11 +41,6 @@ def _weight(spec, b_nk: np.ndarray, bits: int, k: int, scales, **kw):
     return make_weight(spec, None, scales, packed=packed, shape=(*lead, k, n), **kw)
   codes = unpack_nibbles(b_nk) if bits == 4 else b_nk
   return make_weight(spec, np.swapaxes(codes, -1, -2), scales, **kw)
-
-
-def excluded(module: str, patterns) -> bool:
-  return any(fnmatch.fnmatchcase(module, p) or module.startswith(p + ".")
-             for p in patterns or ())
 
 
 def plan_modelopt(module: str, suffixes: set[str], qcfg: dict,
