@@ -47,7 +47,6 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plt
 
 from humming_jax import packing
-from humming_jax.formats import uint_to_f32
 from humming_jax.kernels import act_quant, registry, tuning, wna16
 from humming_jax.kernels import layout as lay
 from humming_jax.quantize import QuantizedWeight, scale_block, unpacked_codes
@@ -213,24 +212,12 @@ def _kernel(*refs, spec: QuantSpec, plan: Plan, lt: lay.SlabLayout | None, block
                              spec)
 
   def decode_w(code):
-    """Unpacked codes -> exact values in the compute dtype."""
-    if fmt.kind == "int":  # offset binary (wna16.prepare): unsigned minus 2**(b-1)
-      if plan.int_compute:
-        return (code.astype(jnp.int32) - (1 << (fmt.bits - 1))).astype(jnp.int8)
-      return uint_to_f32(code, float(1 << (fmt.bits - 1)))
-    return fmt.decode(code, check_nan=False)
+    """Unpacked slab codes -> exact values in the compute dtype."""
+    if plan.int_compute:  # offset binary (wna16.prepare): unsigned minus 2**(b-1)
+      return (code.astype(jnp.int32) - (1 << (fmt.bits - 1))).astype(jnp.int8)
+    return wna16.decode_codes(code, None, fmt)
 
-  def slab_codes(t, s, words):
-    code = None
-    for p, pb in enumerate(lt.planes):
-      r, shift = lt.locate(p, s)
-      if r not in words:
-        words[r] = w_ref[pl.ds(t * lt.rows_per_tile + r, lt.slab), :]
-      part = (words[r] >> shift) & ((1 << pb) - 1)
-      off = lt.plane_bit_offset(p)
-      part = part << off if off else part
-      code = part if code is None else code | part
-    return code
+  load_words = lambda r, n: w_ref[pl.ds(r, n), :]
 
   def group_scale(k0):
     """(block_m, block_n)-broadcastable scale of the K group starting at k0."""
@@ -255,7 +242,8 @@ def _kernel(*refs, spec: QuantSpec, plan: Plan, lt: lay.SlabLayout | None, block
       words = {}
       for s in range(lt.num_slabs):
         out.append((s * lt.slab, lt.slab,
-                    lambda s=s, words=words: decode_w(slab_codes(t, s, words))))
+                    lambda s=s, words=words: decode_w(
+                        wna16.unpack_slab(load_words, lt, t, s, words))))
     return out
 
   def mma(a, w):

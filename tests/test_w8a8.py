@@ -1,0 +1,180 @@
+"""W8A8 / W4A8 / W4A4 kernels (kernels/w8a8.py) against the XLA reference.
+
+Interpret mode (CPU, CI): every activation-quantized preset and the static per-tensor
+variant, tight against kernels/reference.py (same activation quantization) and loose
+against the unquantized float product (the format's own error).  GPU tests (H200) repeat
+that at the benchmark shape 8192 x 8192.
+"""
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import humming_jax as hj
+from humming_jax.kernels import act_quant, reference, registry, tuning, w8a8
+
+ACT_PRESETS = sorted(n for n, s in hj.PRESETS.items() if s.act is not None)
+STATIC = {
+    "w8a8-int8-static": hj.QuantSpec("int8", "channel", 0, scale_dtype="float32", act="int8",
+                                     act_granularity="tensor", act_static=True),
+    "w8a8-fp8-static": hj.QuantSpec("fp8_e4m3", "channel", 0, scale_dtype="float32",
+                                    act="fp8_e4m3", act_granularity="tensor",
+                                    act_static=True),
+}
+# Loose bound vs the float product: the format's expected error on Gaussian data.
+LOOSE = {8: 0.05, 4: 0.2}
+
+
+def spec_of(name):
+  return STATIC[name] if name in STATIC else hj.QuantSpec.preset(name)
+
+
+def rel(y, ref):
+  y, ref = jnp.asarray(y, jnp.float32), jnp.asarray(ref, jnp.float32)
+  return float(jnp.linalg.norm(y - ref) / jnp.linalg.norm(ref))
+
+
+def make(name, k, n, m, seed=0, bias=True):
+  spec = spec_of(name)
+  kw, kx, kb = jax.random.split(jax.random.key(seed), 3)
+  w = jax.random.normal(kw, (k, n), jnp.float32) / np.sqrt(k)
+  x = jax.random.normal(kx, (m, k), jnp.float32).astype(jnp.bfloat16)
+  b = jax.random.normal(kb, (n,), jnp.float32) if bias else None
+  act_scale = (float(jnp.max(jnp.abs(x.astype(jnp.float32)))) / spec.act_format.max_value
+               if spec.act_static else None)
+  q = _quantize(w, spec, b, act_scale)
+  return spec, w, x, b, q
+
+
+# Jitted helpers: eager dispatch of the many small ops of quantize / the reference costs
+# seconds per test on the CPU; one compile each is cheaper.
+_quantize = jax.jit(lambda w, spec, b, s: hj.quantize(w, spec, bias=b, act_scale=s),
+                    static_argnums=1)
+_reference = jax.jit(reference.dense_reference)
+_prepare = jax.jit(hj.prepare)
+_to_canonical = jax.jit(registry.to_canonical)
+
+
+def check(name, q, w, x, b, y):
+  ref = _reference(q, x)
+  exact = x.astype(jnp.float32) @ w + (0 if b is None else b)
+  assert not bool(jnp.isnan(y).any())
+  assert y.dtype == x.dtype and y.shape == ref.shape
+  e_ref, e_float = rel(y, ref), rel(y, exact)
+  assert e_ref <= 1e-2, (name, e_ref)
+  assert e_float <= LOOSE[q.spec.weight_bits if q.spec.act_format.bits >= 8 else 4], \
+      (name, e_float)
+  return e_ref, e_float
+
+
+@functools.lru_cache(maxsize=None)
+def _jit_run(interpret, config, fuse=False):
+  return jax.jit(lambda p, x: w8a8.run(p, x, interpret=interpret, config=config,
+                                       fuse_act_quant=fuse))
+
+
+SMALL = tuning.TuningConfig(16, 64, 1, num_warps=4, num_stages=3)
+
+
+@pytest.mark.parametrize("name", ACT_PRESETS + sorted(STATIC))
+def test_presets_interpret(name):
+  """Every activation-quantized preset: registered, prepared, exact vs the reference.
+  K=384 / N=192 exercise K and N padding (N=256 for the 128x128-block preset)."""
+  n = 256 if spec_of(name).granularity == "block" else 192
+  spec, w, x, b, q = make(name, 384, n, 5)
+  assert registry.find(spec).name == "w8a8"
+  p = _prepare(q)
+  assert p.layout.startswith("w8a8:")
+  back = _to_canonical(p)
+  for a, c in zip(jax.tree.leaves(back), jax.tree.leaves(q)):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(c))
+  y = _jit_run(True, SMALL)(p, x)
+  check(name, q, w, x, b, y)
+
+
+def test_quant_dense_interpret_entry_point():
+  """hj.quant_dense(backend='interpret') routes to this kernel (canonical params in)."""
+  spec, w, x, b, q = make("w4a8-int8", 256, 64, 3)
+  y = jax.jit(lambda q, x: hj.quant_dense(q, x, backend="interpret"))(q, x.reshape(1, 3, 256))
+  assert y.shape == (1, 3, 64)
+  check("w4a8-int8", q, w, x, b, y.reshape(3, 64))
+
+
+@pytest.mark.parametrize("name,cfg", [
+    ("w8a8-int8", tuning.TuningConfig(16, 32, 2)),       # split-K, int32 accumulation
+    ("w8a8-fp8-block", tuning.TuningConfig(32, 128, 1)),  # M padding, 2-D block scales
+    ("w4a8-mxfp4", tuning.TuningConfig(16, 64, 2)),       # split-K on the slab path
+])
+def test_tilings_interpret(name, cfg):
+  spec, w, x, b, q = make(name, 512, 256, 19, seed=1)
+  y = _jit_run(True, cfg)(_prepare(q), x)
+  check(name, q, w, x, b, y)
+
+
+@pytest.mark.parametrize("name", ["w8a8-fp8", "w8a8-int8-static"])
+def test_fused_act_quant_interpret(name):
+  """Quantizing in the kernel prologue gives the pre-pass result."""
+  spec, w, x, b, q = make(name, 512, 64, 7, seed=2)
+  p = _prepare(q)
+  y_fused = _jit_run(True, SMALL, True)(p, x)
+  y_pre = _jit_run(True, SMALL)(p, x)
+  assert rel(y_fused, y_pre) <= 1e-2
+  check(name, q, w, x, b, y_fused)
+
+
+def test_fused_act_quant_refuses_group_scales():
+  spec, w, x, b, q = make("w8a8-fp8-block", 256, 128, 2)
+  with pytest.raises(ValueError, match="fuse_act_quant"):
+    w8a8.run(hj.prepare(q), x, interpret=True, fuse_act_quant=True)
+
+
+@pytest.mark.parametrize("name", ["w4a4-nvfp4", "w4a4-mxfp4"])
+def test_fp4_act_quant_matches_quantize(name):
+  """The fast fp4 rounding of act_quant equals quantize_activations bit for bit."""
+  spec = hj.QuantSpec.preset(name)
+  x = jax.random.normal(jax.random.key(3), (9, 256), jnp.float32) * 3
+  x = x.at[0, :16].set(0.0)  # an all-zero group
+  a = jax.jit(act_quant.quantize, static_argnums=1)(x, spec)
+  b = jax.jit(hj.quantize_activations, static_argnums=1)(x, spec)
+  np.testing.assert_array_equal(np.asarray(a.values, np.float32),
+                                np.asarray(b.values, np.float32))
+  np.testing.assert_array_equal(np.asarray(a.scales), np.asarray(b.scales))
+
+
+@pytest.mark.parametrize("spec", [
+    hj.QuantSpec("int8", "channel", 0, scale_dtype="float32", act="fp8_e4m3"),  # int8 !⊂ e4m3
+    hj.QuantSpec("fp8_e4m3", "channel", 0, scale_dtype="float32", act="fp8_e5m2"),
+    hj.QuantSpec("uint4", "group", 128, zero_point=True, act="int8"),
+])
+def test_unsupported_specs_refused(spec):
+  assert not w8a8.supports(spec)
+  k, n = 256, 128
+  w = jax.random.normal(jax.random.key(4), (k, n))
+  q = hj.quantize(w, spec)
+  x = jnp.ones((2, k), jnp.bfloat16)
+  with pytest.raises(ValueError, match="no Pallas dense kernel"):
+    hj.quant_dense(q, x, backend="interpret")
+
+
+# ---------------------------------------------------------------------------------------
+# GPU (H200): benchmark shape
+# ---------------------------------------------------------------------------------------
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", [1, 16, 4096])
+@pytest.mark.parametrize("name", ACT_PRESETS + sorted(STATIC))
+def test_presets_gpu(name, m):
+  spec, w, x, b, q = make(name, 8192, 8192, m, seed=5)
+  p = jax.jit(hj.prepare)(q)
+  y = jax.jit(lambda p, x: hj.quant_dense(p, x, backend="pallas"))(p, x)
+  e_ref, e_float = check(name, q, w, x, b, y)
+  print(f"{name} M={m}: rel err vs reference {e_ref:.2e}, vs float {e_float:.2e}")
+
+
+@pytest.mark.gpu
+def test_fused_act_quant_gpu():
+  spec, w, x, b, q = make("w8a8-fp8", 8192, 8192, 256, seed=6)
+  p = jax.jit(hj.prepare)(q)
+  y = jax.jit(lambda p, x: w8a8.run(p, x, fuse_act_quant=True))(p, x)
+  check("w8a8-fp8", q, w, x, b, y)
