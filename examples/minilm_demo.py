@@ -290,7 +290,8 @@ def main(argv=None) -> dict:
   ap.add_argument("--recipes", default="w8a8-fp8-all,w4a16-all,nvfp4-all,fp8-attn-nvfp4-mlp",
                   help="comma-separated hj.RECIPES names")
   ap.add_argument("--steady-runs", type=int, default=5)
-  ap.add_argument("--errors", action="store_true", help="also print hj.error_report per recipe")
+  ap.add_argument("--errors", action="store_true",
+                  help="also print hj.error_report (weight and output SQNR) per recipe")
   args = ap.parse_args(argv)
 
   d = model_dir()
@@ -339,6 +340,7 @@ def main(argv=None) -> dict:
   row("bf16", ebf, hj.report(bf16_params), bf_first, bf_t)
   qfwd = jax.jit(lambda p, i, m: hnn.apply_quantized(SentenceEncoder(jnp.bfloat16),
                                                      {"params": p}, i, m))
+  calib = {}
   for rname in [r for r in args.recipes.split(",") if r]:
     t0 = time.perf_counter()
     qfloat = hj.quantize_params(params, rname, progress=False)
@@ -350,8 +352,11 @@ def main(argv=None) -> dict:
     nq = sum(t.kind == "quantized" for t in rep.tensors)
     print(f"  {rname}: {nq} Dense kernels quantized in {tq:.1f}s, "
           f"{len(rep.tensors) - nq} tensors kept in bf16")
-    if args.errors:
-      print(hj.error_report(params, qfloat))
+    if args.errors:  # per layer, each fed the float model's own inputs to that layer
+      if not calib:
+        calib.update(hnn.capture_dense_inputs(SentenceEncoder(jnp.float32),
+                                              {"params": params}, ids, mask))
+      print(hj.error_report(params, qfloat, inputs=calib))
 
   print()
   print("Sentence embeddings vs the bf16 model (60 sentences, one batch). MiB: all tensors "

@@ -54,10 +54,11 @@ class ErrorReport:
 
   def __str__(self) -> str:
     w = max([len("path")] + [len(l.path) for l in self.layers])
-    lines = [f"{'path':<{w}}  {'spec':<40} {'shape':<16} {'weight dB':>9} {'output dB':>9}"]
+    sw = max([len("spec")] + [len(l.spec) for l in self.layers])
+    lines = [f"{'path':<{w}}  {'spec':<{sw}}  {'shape':<12} {'weight dB':>9} {'output dB':>9}"]
     for l in self.layers:
       out = "-" if l.output_sqnr_db is None else f"{l.output_sqnr_db:9.2f}"
-      lines.append(f"{l.path:<{w}}  {l.spec:<40} {str(list(l.shape)):<16} "
+      lines.append(f"{l.path:<{w}}  {l.spec:<{sw}}  {str(list(l.shape)):<12} "
                    f"{l.weight_sqnr_db:9.2f} {out:>9}")
     if self.layers:
       lines.append(f"{len(self.layers)} quantized layers; worst weight SQNR "

@@ -83,6 +83,18 @@ def test_linen_interceptor_swaps_every_quantized_dense():
     model.apply({"params": q}, x)
 
 
+def test_capture_dense_inputs_feeds_error_report():
+  model, x = _Block(), _x(4)
+  params = model.init(jax.random.key(5), x)["params"]
+  seen = hnn.capture_dense_inputs(model, {"params": params}, x)
+  assert sorted(seen) == ["down", "head", "up"]
+  np.testing.assert_array_equal(seen["up"], x)
+  q = hj.quantize_params(params, {"*": "w8a16", "head": None}, progress=False)
+  rep = hj.error_report(params, q, inputs={k: v for k, v in seen.items() if k != "head"})
+  assert {l.path for l in rep.layers} == {"up/kernel", "down/kernel"}
+  assert all(l.output_sqnr_db is not None and l.output_sqnr_db > 25 for l in rep.layers)
+
+
 class _Uses(nn.Module):
   @nn.compact
   def __call__(self, x):

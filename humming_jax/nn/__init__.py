@@ -185,6 +185,28 @@ def apply_quantized(model: nn.Module, variables: Any, *args, backend: Backend = 
     return model.apply(variables, *args, **kwargs)
 
 
+def capture_dense_inputs(model: nn.Module, variables: Any, *args, **kwargs
+                         ) -> dict[str, jax.Array]:
+  """``{layer path: input}`` of every ``nn.Dense`` / QuantDense call in ``model.apply``.
+
+  Run eagerly on a calibration batch; feed the result to ``hj.error_report(...,
+  inputs=...)`` for per-layer output SQNR.  A layer called twice keeps its last input."""
+  seen: dict[str, jax.Array] = {}
+
+  def interceptor(next_fun, a, kw, context):
+    mod = context.module
+    if context.method_name == "__call__" and isinstance(mod, (nn.Dense, QuantDense)):
+      x = a[0] if a else kw["inputs"]
+      if isinstance(x, jax.core.Tracer):
+        raise ValueError("capture_dense_inputs runs eagerly: call it outside jax.jit")
+      seen["/".join(mod.scope.path)] = x
+    return next_fun(*a, **kw)
+
+  with nn.intercept_methods(interceptor), quantized_dense():
+    model.apply(variables, *args, **kwargs)
+  return seen
+
+
 def quantize_linen_params(params: Any, recipe: Any, *, progress: bool = True) -> Any:
   """:func:`humming_jax.quantize_params` for a linen params tree (``variables["params"]``).
 
@@ -200,4 +222,4 @@ def quantize_linen_params(params: Any, recipe: Any, *, progress: bool = True) ->
 
 
 __all__ = ["QuantDense", "QuantMoE", "dense_interceptor", "quantized_dense",
-           "apply_quantized", "quantize_linen_params"]
+           "apply_quantized", "quantize_linen_params", "capture_dense_inputs"]
