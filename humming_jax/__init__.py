@@ -28,3 +28,5 @@ __all__ = [
     "moe", "quant_ragged_dot", "quant_moe",
 ]
 __all__ += ["load_checkpoint"]
+from humming_jax.sharding import partition_specs, shard_params  # noqa: E402 (hj.sharding too)
+__all__ += ["partition_specs", "shard_params", "sharding"]

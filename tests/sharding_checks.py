@@ -239,18 +239,6 @@ def ep_fp8_activations_bf16():
   return close(got, want, rtol=2**-7, what="w8a8-fp8 bf16 ep=4")
 
 
-@check
-def ep_interpret_backend():
-  gu, dn, x, w, ids, _ = _moe_case(70, 8, e=4, h=128, i=128, k=2)
-  if registry.find(gu.spec, grouped=True) is None:
-    return "no grouped Pallas kernel registered for w4a16-g128: not applicable"
-  from humming_jax import moe
-  want = moe.quant_moe(gu, dn, x, w, ids, backend="interpret")
-  got = hs.expert_parallel_moe(gu, dn, x, w, ids, axis="x", mesh=mesh_of(2),
-                               backend="interpret")
-  return close(got, want, rtol=1e-5, what="EP interpret")
-
-
 def main(names):
   assert len(jax.devices()) == 8, f"expected 8 host devices, got {len(jax.devices())}"
   for name in names or CHECKS:
