@@ -1,0 +1,296 @@
+"""W8A8 / W4A8 / W4A4 benchmark on the GPU (chain method of shared/GPU.md).
+
+Per (spec, M) at 8192 x 8192 (default): humming_jax's w8a8 kernel (prepared params, the
+activation quantization included in the timed call), and in the same run the baselines
+XLA bf16 dot, XLA ``dot_general`` fp8 x fp8 and int8 x int8 on pre-quantized operands (the
+GEMM alone, no quantization), the WnA16 kernel on the same 4-bit weights (the issue asks
+W4A8 never to be slower than W4A16), and humming-kernels (CUDA graph) when importable.
+Compile (first-call) time is reported separately.  Prints rows as it goes and a markdown
+table at the end, writes JSON to $OUT (or benchmarks/results/).
+
+  PYTHONPATH=. python3 benchmarks/bench_w8a8.py                        # full ladder
+  PYTHONPATH=. python3 benchmarks/bench_w8a8.py --specs w8a8-fp8 --ms 16,4096 --sweep
+  PYTHONPATH=. python3 benchmarks/bench_w8a8.py --act-quant-study      # fused vs pre-pass
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+sys.path.insert(0, __file__.rsplit("/", 2)[0])
+import humming_jax as hj  # noqa: E402
+from benchmarks import common  # noqa: E402
+from humming_jax.kernels import act_quant, tuning, w8a8  # noqa: E402
+
+SPECS = ("w8a8-int8,w8a8-fp8,w8a8-int8-static,w8a8-fp8-block,w8a8-mxfp8,w4a8-int8,"
+         "w4a8-fp8,w4a8-mxfp4,w4a4-nvfp4,w4a4-mxfp4,w4a16-g128,w4a16-mxfp4")
+STATIC = {
+    "w8a8-int8-static": hj.QuantSpec("int8", "channel", 0, scale_dtype="float32", act="int8",
+                                     act_granularity="tensor", act_static=True),
+    "w8a8-fp8-static": hj.QuantSpec("fp8_e4m3", "channel", 0, scale_dtype="float32",
+                                    act="fp8_e4m3", act_granularity="tensor",
+                                    act_static=True),
+}
+_TOKEN_FP8 = dict(dtype="float8e4m3", quant_mode="dynamic_token")
+_TOKEN_INT8 = dict(dtype="int8", quant_mode="dynamic_token")
+HUMMING_CONFIGS = {  # our preset -> humming-kernels (weight_config, input_config)
+    "w8a8-int8": (dict(dtype="int8", scale_dtype="bfloat16", group_size=0), _TOKEN_INT8),
+    "w8a8-fp8": (dict(dtype="float8e4m3", scale_dtype="bfloat16", group_size=0), _TOKEN_FP8),
+    "w4a8-int8": (dict(dtype="int4", scale_dtype="bfloat16", group_size=128), _TOKEN_INT8),
+    "w4a8-fp8": (dict(dtype="int4", scale_dtype="bfloat16", group_size=128), _TOKEN_FP8),
+    "w4a8-mxfp4": (dict(dtype="float4e2m1", scale_dtype="float8e8m0", group_size=32),
+                   _TOKEN_FP8),
+    "w4a16-g128": (dict(dtype="int4", scale_dtype="bfloat16", group_size=128), None),
+    "w4a16-mxfp4": (dict(dtype="float4e2m1", scale_dtype="float8e8m0", group_size=32), None),
+}
+
+
+def spec_of(name):
+  return STATIC[name] if name in STATIC else hj.QuantSpec.preset(name)
+
+
+def make_weights(key, layers, k, n):
+  keys = jax.random.split(key, layers)
+  return [jax.random.normal(kk, (k, n), jnp.float32) / np.sqrt(k) for kk in keys]
+
+
+def quantize_chain(name, ws, x):
+  """Canonical + prepared params of every layer (static specs calibrate on x)."""
+  spec = spec_of(name)
+  s = (jnp.max(jnp.abs(x.astype(jnp.float32))) / spec.act_format.max_value
+       if spec.act_static else None)
+  quant = jax.jit(lambda w, s: hj.quantize(w, spec, act_scale=s))
+  qs = [quant(w, s) for w in ws]
+  return qs, [jax.jit(hj.prepare)(q) for q in qs]
+
+
+INTERPRET = False  # --interpret: a CPU smoke run of this script (tiny shapes)
+
+
+def layer_fn(spec, *, config=None, block_k=None, fuse=False):
+  if spec.act is None:
+    return lambda p, x: hj.quant_dense(p, x, backend="interpret" if INTERPRET else "pallas")
+  return lambda p, x: w8a8.run(p, x, config=config, block_k=block_k, fuse_act_quant=fuse,
+                               interpret=INTERPRET)
+
+
+def bench_point(qs, prepared, x, *, calls, repeats, check=True, **kw):
+  spec = qs[0].spec
+  m, k = x.shape
+  n = qs[0].shape[1]
+  layer = layer_fn(spec, **kw)
+  res = {}
+  if check:
+    y = jax.jit(layer)(prepared[0], x)
+    ref = jax.jit(lambda q, x: hj.quant_dense(q, x, backend="xla"))(qs[0], x)
+    res["rel_err"] = common.rel_err(y, ref)
+    res["nan"] = bool(jnp.isnan(y).any())
+  res["compile_s"] = common.compile_time(layer, prepared[0], x)
+  t = common.time_chain(layer, prepared, x, calls=calls, repeats=repeats)
+  res.update(t)
+  res["weight_bytes"] = qs[0].nbytes()
+  res["tbps"] = res["weight_bytes"] / (t["us"] * 1e-6) / 1e12
+  res["tflops"] = 2 * m * n * k / (t["us"] * 1e-6) / 1e12
+  return res
+
+
+def xla_baselines(ws, x, *, calls, repeats):
+  """XLA bf16 dot; XLA dot_general fp8 x fp8 -> f32 and int8 x int8 -> int32 on operands
+  quantized outside the timed call (the GEMM alone)."""
+  out = {}
+  wb = [w.astype(jnp.bfloat16) for w in ws]
+  out["xla_bf16_us"] = common.time_chain(
+      lambda w, x: jnp.dot(x, w, preferred_element_type=jnp.float32).astype(x.dtype),
+      wb, x, calls=calls, repeats=repeats)["us"]
+  w8 = [w.astype(jnp.float8_e4m3fn) for w in wb]
+  x8 = x.astype(jnp.float8_e4m3fn)
+  out["xla_fp8_us"] = common.time_chain(
+      lambda w, x: jax.lax.dot_general(x, w, (((1,), (0,)), ((), ())),
+                                       preferred_element_type=jnp.float32
+                                       ).astype(jnp.bfloat16),
+      w8, x8, calls=calls, repeats=repeats)["us"]
+  wi = [jnp.clip(jnp.round(w * 127 / jnp.max(jnp.abs(w))), -127, 127).astype(jnp.int8)
+        for w in ws]
+  xi = jnp.clip(jnp.round(x.astype(jnp.float32) * 30), -127, 127).astype(jnp.int8)
+  out["xla_int8_us"] = common.time_chain(
+      lambda w, x: jax.lax.dot_general(x, w, (((1,), (0,)), ((), ())),
+                                       preferred_element_type=jnp.int32
+                                       ).astype(jnp.bfloat16),
+      wi, xi, calls=calls, repeats=repeats)["us"]
+  return out
+
+
+def bench_humming(name, ws, m, *, calls, repeats):
+  import torch
+  from humming.layer import HummingLayer
+  wcfg, icfg = HUMMING_CONFIGS[name]
+  k, n = ws[0].shape
+  layers = []
+  for w in ws:
+    layer = HummingLayer(shape_n=n, shape_k=k, weight_config=dict(wcfg),
+                         input_config=None if icfg is None else dict(icfg),
+                         torch_dtype=torch.bfloat16).to("cuda")
+    layer.load_from_unquantized(torch.from_numpy(np.asarray(w).T.copy()).to(
+        "cuda", torch.bfloat16))
+    layer.transform()
+    layers.append(layer)
+  x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+  return common.time_torch_graph(layers, x, calls=calls, repeats=repeats)
+
+
+def sweep(qs, prepared, x, args):
+  """A small grid of (TuningConfig, block_k) around the heuristic; [(cfg, us)] sorted."""
+  m = x.shape[0]
+  spec = qs[0].spec
+  direct = w8a8.plan_for(spec).direct
+  cands = []
+  if m <= 64:
+    for bn in (32, 64, 128):
+      for split in (1, 2, 4, 8):
+        for stages in (3, 4):
+          for bk in ((128, 256, 512) if direct else (None,)):
+            cands.append((tuning.TuningConfig(16 if m <= 16 else 64, bn, split, 4, stages),
+                          bk))
+  else:
+    for bm, bn, warps in ((64, 128, 4), (128, 128, 4), (128, 128, 8), (64, 256, 8),
+                          (128, 256, 8), (256, 128, 8)):
+      for stages in (3, 4):
+        for bk in ((64, 128, 256) if direct else (None,)):
+          cands.append((tuning.TuningConfig(bm, bn, 1, warps, stages), bk))
+  out = []
+  for cfg, bk in cands:
+    try:
+      r = bench_point(qs, prepared, x, calls=max(args.calls // 2, 10), repeats=1,
+                      check=False, config=cfg, block_k=bk)
+      out.append(({**dataclasses.asdict(cfg), "block_k": bk}, round(r["us"], 2)))
+    except Exception as e:  # noqa: BLE001 - a config the compiler refuses
+      out.append(({**dataclasses.asdict(cfg), "block_k": bk}, type(e).__name__))
+  out.sort(key=lambda t: t[1] if isinstance(t[1], float) else 1e9)
+  print(f"   sweep best: {out[:3]}", flush=True)
+  return out
+
+
+def act_quant_study(ws, k, ms, args):
+  """Pre-pass (XLA fusion) vs fused-in-prologue activation quantization, plus the
+  pre-pass alone, for w8a8-fp8 (per token) and w8a8-int8-static (per tensor)."""
+  rows = []
+  for m in ms:
+    x = jax.random.normal(jax.random.key(m), (m, k), jnp.bfloat16)
+    for name in ("w8a8-fp8", "w8a8-int8-static"):
+      qs, prepared = quantize_chain(name, ws, x)
+      spec = qs[0].spec
+      row = {"spec": name, "M": m}
+      for fuse in (False, True):
+        r = bench_point(qs, prepared, x, calls=args.calls, repeats=args.repeats, fuse=fuse)
+        row["fused_us" if fuse else "prepass_us"] = r["us"]
+        row["fused_err" if fuse else "prepass_err"] = r["rel_err"]
+      # Distinct inputs per chain link so XLA cannot merge the identical quantizations.
+      xs = [(x * (1 + i / 64), q.act_scale) for i, q in enumerate(qs)]
+      q_only = common.time_chain(lambda xi, _: act_quant.quantize(xi[0], spec, xi[1]).values,
+                                 xs, x, calls=args.calls, repeats=args.repeats)
+      row["act_quant_alone_us"] = q_only["us"]
+      print(row, flush=True)
+      rows.append(row)
+  return rows
+
+
+def main(argv=None):
+  ap = argparse.ArgumentParser(description=__doc__)
+  ap.add_argument("--specs", default=SPECS)
+  ap.add_argument("--ms", default="1,16,128,1024,4096")
+  ap.add_argument("--shape", default="8192x8192", help="KxN")
+  ap.add_argument("--layers", type=int, default=8)
+  ap.add_argument("--calls", type=int, default=50)
+  ap.add_argument("--repeats", type=int, default=3)
+  ap.add_argument("--humming", action="store_true", help="also time humming-kernels")
+  ap.add_argument("--no-baselines", action="store_true")
+  ap.add_argument("--sweep", action="store_true", help="try a grid of configs per point")
+  ap.add_argument("--act-quant-study", action="store_true",
+                  help="only the fused-vs-pre-pass activation quantization measurement")
+  ap.add_argument("--json", default=None)
+  ap.add_argument("--interpret", action="store_true", help=argparse.SUPPRESS)
+  args = ap.parse_args(argv)
+  global INTERPRET
+  INTERPRET = args.interpret
+
+  info = common.device_info()
+  print(f"# {info}", flush=True)
+  k, n = (int(v) for v in args.shape.split("x"))
+  ms = [int(v) for v in args.ms.split(",")]
+  ws = make_weights(jax.random.key(0), args.layers, k, n)
+  method = (f"chain of {args.layers} distinct {k}x{n} layers per jitted call, {args.calls} "
+            f"calls, median of {args.repeats} repeats, wall clock / (calls*layers)")
+  if args.act_quant_study:
+    rows = act_quant_study(ws, k, ms, args)
+    path = common.write_json(args.json or f"bench_w8a8_actquant_{int(time.time())}.json",
+                             {"info": info, "method": method, "rows": rows})
+    print(f"# wrote {path}")
+    print("\n| spec | M | pre-pass µs | fused µs | act quant alone µs |\n|---|---|---|---|---|")
+    for r in rows:
+      print(f"| {r['spec']} | {r['M']} | {r['prepass_us']:.1f} | {r['fused_us']:.1f} | "
+            f"{r['act_quant_alone_us']:.1f} |")
+    return
+  rows = []
+  for m in ms:
+    x = jax.random.normal(jax.random.key(m), (m, k), jnp.bfloat16)
+    base = {} if args.no_baselines else xla_baselines(ws, x, calls=args.calls,
+                                                      repeats=args.repeats)
+    print(f"# M={m} baselines {base}", flush=True)
+    for name in args.specs.split(","):
+      row = {"M": m, "K": k, "N": n, "spec": name, **base}
+      try:
+        qs, prepared = quantize_chain(name, ws, x)
+        row.update(bench_point(qs, prepared, x, calls=args.calls, repeats=args.repeats))
+        if args.sweep and qs[0].spec.act is not None:
+          row["sweep"] = sweep(qs, prepared, x, args)
+      except Exception as e:  # noqa: BLE001 - report and go on
+        row["error"] = f"{type(e).__name__}: {str(e)[:300]}"
+      if args.humming and name in HUMMING_CONFIGS and common.humming_available():
+        try:
+          h = bench_humming(name, ws, m, calls=args.calls, repeats=args.repeats)
+          row["humming_us"], row["humming_first_s"] = h["us"], h["first_call_s"]
+        except Exception as e:  # noqa: BLE001
+          row["humming_error"] = f"{type(e).__name__}: {str(e)[:200]}"
+      rows.append(row)
+      print_row(row)
+  path = common.write_json(args.json or f"bench_w8a8_{int(time.time())}.json",
+                           {"info": info, "method": method, "rows": rows})
+  print(f"# wrote {path}")
+  print_table(rows)
+
+
+def print_row(r):
+  if "error" in r:
+    print(f"M={r['M']:<5} {r['spec']:<18} ERROR {r['error']}", flush=True)
+    return
+  print(f"M={r['M']:<5} {r['spec']:<18} {r['us']:8.1f} us {r['tflops']:6.1f} TF/s "
+        f"{r['tbps']:5.2f} TB/s err={r['rel_err']:.1e} compile={r['compile_s']:.2f}s "
+        f"bf16={r.get('xla_bf16_us', float('nan')):.1f} fp8={r.get('xla_fp8_us', float('nan')):.1f} "
+        f"int8={r.get('xla_int8_us', float('nan')):.1f} humming={r.get('humming_us')}",
+        flush=True)
+
+
+def print_table(rows):
+  print("\n| M | spec | humming_jax µs | TFLOP/s | XLA bf16 | XLA fp8 dot | XLA int8 dot | "
+        "Humming µs | vs bf16 | compile s | rel err |")
+  print("|---|---|---|---|---|---|---|---|---|---|---|")
+  f = lambda v: "-" if v is None else f"{v:.1f}"
+  for r in rows:
+    if "error" in r:
+      print(f"| {r['M']} | {r['spec']} | error: {r['error'][:80]} |")
+      continue
+    bf = r.get("xla_bf16_us")
+    print(f"| {r['M']} | {r['spec']} | {r['us']:.1f} | {r['tflops']:.0f} | {f(bf)} | "
+          f"{f(r.get('xla_fp8_us'))} | {f(r.get('xla_int8_us'))} | {f(r.get('humming_us'))} | "
+          f"{'-' if not bf else f'{bf / r['us']:.2f}x'} | {r['compile_s']:.2f} | "
+          f"{r['rel_err']:.1e} |")
+
+
+if __name__ == "__main__":
+  main()
