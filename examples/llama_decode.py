@@ -172,7 +172,7 @@ def main(argv=None) -> dict:
   variants = [("bf16", params)]
   for r in recipes:
     t0 = time.perf_counter()
-    q = hj.quantize_params(params, r, progress=False)
+    q = hj.recipes.prepare_params(hj.quantize_params(params, r, progress=False))
     jax.block_until_ready(q)
     variants.append((r, q))
     print(f"  quantized {r} in {time.perf_counter() - t0:.1f}s")

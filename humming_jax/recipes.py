@@ -213,5 +213,23 @@ def quantize_params(params: Any, recipe: Recipe | str, *, progress: bool = True)
       bar.close()
 
 
-__all__ = ["RECIPES", "ATTENTION_PATTERN", "MLP_PATTERN", "quantize_params", "plan",
+def prepare_params(tree: Any, *, backend: Any = None) -> Any:
+  """Every QuantizedWeight of ``tree`` that ``backend`` runs with a Pallas kernel, moved
+  into that kernel's layout once (``hj.prepare``), so jitted calls skip the per-call
+  re-layout.  Others (the XLA path, e.g. on the CPU) are returned as they are.  Keep the
+  canonical tree for ``hj.dequantize`` / ``hj.error_report``."""
+  from humming_jax import ops
+
+  def prep(q):
+    if not isinstance(q, QuantizedWeight):
+      return q
+    grouped = q.num_experts is not None
+    if ops.resolve_backend(backend, q.spec, grouped=grouped) == "xla":
+      return q
+    return ops.prepare(q, grouped=grouped)
+
+  return jax.tree.map(prep, tree, is_leaf=lambda x: isinstance(x, QuantizedWeight))
+
+
+__all__ = ["RECIPES", "prepare_params", "ATTENTION_PATTERN", "MLP_PATTERN", "quantize_params", "plan",
            "get_recipe", "resolve", "path_str"]

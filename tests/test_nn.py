@@ -226,3 +226,25 @@ def test_linen_and_nnx_quantmoe_match_expert_loop():
   np.testing.assert_allclose(np.asarray(run(m3, x)).reshape(-1, K),
                              _moe_oracle(x, p["router"]["kernel"], m3.gate_up.get_value(),
                                          m3.down.get_value()), rtol=2e-4, atol=2e-3)
+
+
+# ---------------------------------------------------------------------------- GPU
+@pytest.mark.gpu
+@pytest.mark.parametrize("recipe", ["w4a16-all", "w8a8-fp8-all", "fp8-attn-nvfp4-mlp"])
+def test_gpu_swapped_model_runs_the_kernels_and_matches_functional(recipe):
+  model, x = _Block(), _x(4, m=32).astype(jnp.bfloat16)
+  params = model.init(jax.random.key(5), x)["params"]
+  q = hj.quantize_params(params, recipe, progress=False)
+  prepared = hj.recipes.prepare_params(q)
+  f = jax.jit(lambda p, x: hnn.apply_quantized(model, {"params": p}, x))
+  y, yp = f(q, x), f(prepared, x)
+  np.testing.assert_allclose(np.asarray(yp, np.float32), np.asarray(y, np.float32),
+                             rtol=1e-6, atol=1e-6)
+  layer = hnn.QuantDense(N, spec=hj.RECIPES[recipe].get("*", "w8a8-fp8"),
+                         dtype=jnp.bfloat16)
+  v = layer.init(jax.random.key(0), x)
+  backend = "pallas" if hj.ops.resolve_backend(None, v["params"]["kernel"].spec) == \
+      "pallas" else "xla"
+  np.testing.assert_array_equal(
+      jax.jit(layer.apply)(v, x),
+      jax.jit(lambda q, x: hj.quant_dense(q, x, backend=backend))(v["params"]["kernel"], x))

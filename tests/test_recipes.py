@@ -129,3 +129,11 @@ def test_progress_bar_on_large_trees(capsys):
   assert "quantize_params" in capsys.readouterr().err
   hj.quantize_params(params, {"*": "w8a16"}, progress=False)
   assert capsys.readouterr().err == ""
+
+
+def test_prepare_params_is_identity_on_the_xla_path():
+  params = _tree(jax.random.key(4))
+  q = hj.quantize_params(params, {"*": "w4a16-g128"}, progress=False)
+  p = recipes.prepare_params(q, backend="xla")
+  assert p["a"]["kernel"] is q["a"]["kernel"]
+  assert p["embed"]["embedding"] is q["embed"]["embedding"]
