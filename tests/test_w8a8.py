@@ -97,7 +97,8 @@ def test_presets_interpret(name):
 def test_quant_dense_interpret_entry_point():
   """hj.quant_dense(backend='interpret') routes to this kernel (canonical params in)."""
   spec, w, x, b, q = make("w4a8-int8", 256, 64, 3)
-  y = jax.jit(lambda q, x: hj.quant_dense(q, x, backend="interpret"))(q, x.reshape(1, 3, 256))
+  run = jax.jit(lambda q, x: hj.quant_dense(q, x, backend="interpret"))
+  y = run(q, x.reshape(1, 3, 256))
   assert y.shape == (1, 3, 64)
   check("w4a8-int8", q, w, x, b, y.reshape(3, 64))
 
@@ -122,6 +123,16 @@ def test_fused_act_quant_interpret(name):
   y_pre = _jit_run(True, SMALL)(p, x)
   assert rel(y_fused, y_pre) <= 1e-2
   check(name, q, w, x, b, y_fused)
+
+
+def test_in_kernel_int8_rounding_is_rne():
+  """The prologue's floor-based rounding (Pallas-Triton has no round) equals jnp.round
+  (half to even) + clip, also under jit where XLA simplifies arithmetic."""
+  v = jnp.concatenate([jnp.arange(-140, 140, 0.25, dtype=jnp.float32),
+                       jax.random.normal(jax.random.key(7), (4096,)) * 60])
+  got = jax.jit(lambda v: w8a8._round_to_carrier(v, spec_of("w8a8-int8")))(v)
+  want = jnp.clip(jnp.round(v), -128, 127).astype(jnp.int8)
+  np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
 
 
 def test_fused_act_quant_refuses_group_scales():

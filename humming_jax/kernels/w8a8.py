@@ -174,7 +174,14 @@ def _round_to_carrier(v: jax.Array, spec: QuantSpec) -> jax.Array:
   """Scaled activations -> carrier values (the _FAST_ROUND rules of quantize.py)."""
   fmt = spec.act_format
   if fmt.is_integer:
-    return jnp.clip(jnp.round(v), fmt.min_value, fmt.max_value).astype(jnp.int8)
+    # Pallas-Triton has no lowering for lax.round: round half to even from floor (the
+    # adder trick (v + 1.5*2**23) - 1.5*2**23 is folded away by XLA's simplifier).
+    # Clipping first is fine: the bounds are integers.
+    v = jnp.clip(v, fmt.min_value, fmt.max_value)
+    f = jnp.floor(v)
+    d = v - f
+    odd = (f - 2.0 * jnp.floor(f * 0.5)) != 0
+    return jnp.where((d > 0.5) | ((d == 0.5) & odd), f + 1.0, f).astype(jnp.int8)
   return jnp.clip(v, -fmt.max_value, fmt.max_value).astype(jnp.float8_e4m3fn)
 
 
