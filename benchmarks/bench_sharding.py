@@ -85,8 +85,13 @@ def bench_tp(args, devs, rows):
             except ValueError as e:  # misaligned for this device count
               print(f"skip {spec_name} {kind} tp={d}: {e}")
               continue
-            f = hs.column_parallel_dense if kind == "column" else hs.row_parallel_dense
-            layer = (lambda f, mesh: lambda p, xx: f(p, xx, axis="tp", mesh=mesh))(f, mesh)
+            if kind == "column":
+              layer = (lambda mesh: lambda p, xx: hs.column_parallel_dense(
+                  p, xx, axis="tp", mesh=mesh))(mesh)
+            else:  # bf16 partials: the kernels' bf16 path (exact fp32 partials: --exact)
+              pd = jnp.float32 if args.exact else None
+              layer = (lambda mesh: lambda p, xx: hs.row_parallel_dense(
+                  p, xx, axis="tp", mesh=mesh, partial_dtype=pd))(mesh)
           y = jax.device_get(jax.jit(layer)(params[0], x))
           err = 0.0 if base is None else common.rel_err(y, base)
           base = y if base is None else base
@@ -177,6 +182,8 @@ def main(argv=None):
   ap.add_argument("--moe-layers", type=int, default=4)
   ap.add_argument("--calls", type=int, default=20)
   ap.add_argument("--repeats", type=int, default=3)
+  ap.add_argument("--exact", action="store_true",
+                  help="row-parallel with fp32 partials (exact, kernels compute in fp32)")
   ap.add_argument("--json", default="bench_sharding.json")
   ap.add_argument("--smoke", action="store_true",
                   help="tiny shapes, 8 host CPU devices: checks the script runs")

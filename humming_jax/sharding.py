@@ -349,24 +349,26 @@ def _row_activation_plan(spec) -> str:
   return "global_fake_quant"  # per-token / NVFP4 two-level: scales need all of K
 
 
-def _row_partial(q: QuantizedWeight, x2: jax.Array, axis: AxisName, backend) -> jax.Array:
-  """fp32 partial product of the local K shard (no bias), activations quantized exactly."""
+def _row_partial(q: QuantizedWeight, x2: jax.Array, axis: AxisName, backend,
+                 partial_dtype) -> jax.Array:
+  """Partial product of the local K shard (no bias), activations quantized exactly."""
   spec = q.spec
   plan = _row_activation_plan(spec)
-  x32 = x2.astype(jnp.float32)  # partials are summed in fp32 like the unsharded accumulator
+  x32 = x2.astype(jnp.float32)
+  cdt = partial_dtype or x2.dtype  # what the kernel takes and returns
   if plan == "local":
     if spec.act_granularity == "group" and spec.act is not None and \
         q.in_features % spec.act_group_size:
       raise ValueError(f"row-parallel: local K={q.in_features} is not a multiple of "
                        f"act_group_size={spec.act_group_size}")
-    return ops.quant_dense(q, x32, backend=backend)
+    return ops.quant_dense(q, x2.astype(cdt), backend=backend)
   amax = jnp.abs(x32)
   if plan == "static":
     g = lax.pmax(jnp.max(amax), axis)
     # Scale of the global amax, computed by the library's own activation quantizer.
     s = quantize_activations(jnp.reshape(g, (1, 1)), spec).scales.reshape(())
     static = q.replace(spec=spec.replace(act_static=True), act_scale=s)
-    return ops.quant_dense(static, x32, backend=backend)
+    return ops.quant_dense(static, x2.astype(cdt), backend=backend)
   # A sentinel block holding the global amax makes the local quantizer derive exactly the
   # unsharded scales; the sentinel is dropped and the dequantized activations are fed to
   # the weight-only path (equal numbers; on GPU this path uses the WnA16 kernel).
@@ -385,7 +387,7 @@ def _row_partial(q: QuantizedWeight, x2: jax.Array, axis: AxisName, backend) -> 
   gcols = qa.scales.shape[1]
   keep = gcols if gcols == 1 else gcols - 1
   a_deq = QuantizedActivations(qa.values[:, :kl], qa.scales[:, :keep]).dequantize()
-  return ops.quant_dense(_weight_only(q), a_deq, backend=backend)
+  return ops.quant_dense(_weight_only(q), a_deq.astype(cdt), backend=backend)
 
 
 def _place(tree: Any, specs: Any, mesh: Mesh) -> Any:
@@ -464,7 +466,8 @@ def column_parallel_dense(params: QuantizedWeight, x: jax.Array, *, axis: AxisNa
 
 def row_parallel_dense(params: QuantizedWeight, x: jax.Array, *, axis: AxisName,
                        mesh: Mesh | None = None, backend: ops.Backend = None,
-                       batch_axis: AxisName | None = None) -> jax.Array:
+                       batch_axis: AxisName | None = None,
+                       partial_dtype: Any = jnp.float32) -> jax.Array:
   """``x @ W + b`` with W's input features (K) sharded over mesh ``axis``.
 
   Each device multiplies its K shard of ``x`` by its K shard of W into an fp32 partial,
@@ -482,6 +485,10 @@ def row_parallel_dense(params: QuantizedWeight, x: jax.Array, *, axis: AxisName,
     mesh: wrap in ``shard_map`` over this mesh; None = already inside ``shard_map``.
     backend: as for ``hj.quant_dense``.
     batch_axis: mesh axis that shards x's leading dim (data parallel), or None.
+    partial_dtype: dtype the per-shard GEMM takes and returns.  float32 (default): the
+      partials are exactly the unsharded fp32 accumulator's pieces, but a GPU kernel then
+      computes in fp32.  None: x's own dtype (bf16 tensor cores); each partial is rounded
+      to it before the fp32 psum (a few bf16 ulps from unsharded).
 
   Returns:
     (..., N) in x's dtype, replicated over ``axis``.
@@ -494,8 +501,9 @@ def row_parallel_dense(params: QuantizedWeight, x: jax.Array, *, axis: AxisName,
       raise ValueError(f"row_parallel_dense: local x has {xl.shape[-1]} features, the "
                        f"local weight K={p.in_features}")
     lead = xl.shape[:-1]
-    y = _row_partial(p.replace(bias=None), xl.reshape(-1, xl.shape[-1]), axis, backend)
-    y = lax.psum(y, axis)
+    y = _row_partial(p.replace(bias=None), xl.reshape(-1, xl.shape[-1]), axis, backend,
+                     partial_dtype)
+    y = lax.psum(y.astype(jnp.float32), axis)
     if p.bias is not None:
       y = y + p.bias
     return y.astype(xl.dtype).reshape(*lead, p.out_features)

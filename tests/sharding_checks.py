@@ -132,6 +132,10 @@ def tp_bf16_and_batch_dims():
     got = hs.row_parallel_dense(q, x, axis="x", mesh=mesh_of(s))
     assert got.dtype == jnp.bfloat16 and got.shape == (2, 3, 384)
     close(got, want, rtol=2**-7, what=f"row bf16 tp={s}")
+    # bf16 partials (the fast kernel path): each partial rounded once before the psum.
+    got = hs.row_parallel_dense(q, x, axis="x", mesh=mesh_of(s), partial_dtype=None)
+    assert got.dtype == jnp.bfloat16
+    close(got, want, rtol=2**-5, what=f"row bf16 partials tp={s}")
 
 
 @check
