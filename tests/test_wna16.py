@@ -158,3 +158,18 @@ def test_gpu_llama_shapes(shape):
   p, x = _case(hj.QuantSpec.preset("w4a16-g128"), 16, k, n, seed=9)
   y = hj.quant_dense(p, x, backend="pallas")
   assert rel_err(y, reference.dense_reference(p, x)) <= 1e-2
+
+
+@pytest.mark.parametrize("name", A16_PRESETS)
+def test_dequantize_prepared_is_bit_exact(name):
+  p, _ = _case(hj.QuantSpec.preset(name), 1, 640, 96, seed=4)
+  np.testing.assert_array_equal(np.asarray(wna16.dequantize_prepared(hj.prepare(p))),
+                                np.asarray(hj.dequantize(p)))
+
+
+@pytest.mark.parametrize("strategy,block_m", [("fma", 1), ("fma", 4), ("dequant_gemm", 128)])
+def test_strategies_interpret(strategy, block_m):
+  p, x = _case(hj.QuantSpec.preset("w4a16-g128-zp"), 3, 512, 64, seed=12)
+  cfg = tuning.TuningConfig(block_m, 64, 2, strategy=strategy)
+  y = wna16.run(hj.prepare(p), x, interpret=True, config=cfg)
+  assert rel_err(y, reference.dense_reference(p, x)) <= 1e-2

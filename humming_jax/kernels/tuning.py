@@ -117,24 +117,25 @@ DEQUANT_GEMM_MIN_M = 1024  # measured crossover on the H200, benchmarks/NOTES.md
 
 def wna16_heuristic(m: int, n: int, k_tiles: int, *, sms: int = NUM_SMS_DEFAULT
                     ) -> TuningConfig:
-  """WnA16 tiles.  Small M is bound by weight bytes: spread N over all SMs with narrow
-  N tiles and split K until there are about two programs per SM.  Large M is bound by
-  the MMA: square-ish 128-wide tiles, more warps."""
+  """WnA16 tiles, from the H200 sweeps in benchmarks/NOTES.md.
+
+  Small M is bound by the per-weight instruction path: narrow N tiles (64) and split-K
+  until there are ~8 programs per SM (best at M = 1 and 16: 64-wide tiles, split 8, two
+  stages; swap-AB and the no-tensor-core 'fma' path measured slower for int4).  Medium M:
+  64x128 tiles, 8 warps.  Large M is compute bound: dequantize + vendor GEMM."""
   if m >= DEQUANT_GEMM_MIN_M:
     return TuningConfig(128, 128, 1, strategy="dequant_gemm")
-  if m <= 64:
-    block_m = 16 if m <= 16 else (32 if m <= 32 else 64)
-    block_n = 64 if n >= 64 * sms // 2 else 32
+  if m <= 16:
+    block_n = 64
     while n % block_n:
       block_n //= 2
     programs = max(n // block_n, 1)
     split = 1
-    for cand in (2, 3, 4, 6, 8, 12, 16):
-      if programs * split >= 2 * sms:
+    for cand in (2, 4, 8):
+      if programs * split >= 8 * sms:
         break
       if k_tiles % cand == 0 and k_tiles // cand >= 2:
         split = cand
-    return TuningConfig(block_m, block_n, split, num_warps=4, num_stages=2, swap_ab=True)
-  if m <= 256:
-    return TuningConfig(64, 64 if n % 128 else 128, 1, num_warps=4, num_stages=2)
-  return TuningConfig(128, 128 if n % 128 == 0 else 64, 1, num_warps=8, num_stages=2)
+    return TuningConfig(16, block_n, split, num_warps=4, num_stages=2)
+  block_m = 32 if m <= 32 else 64
+  return TuningConfig(block_m, 128 if n % 128 == 0 else 64, 1, num_warps=8, num_stages=2)
