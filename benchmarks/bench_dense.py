@@ -190,30 +190,7 @@ def main(argv=None):
 
 def sweep(spec_name, k, n, m, ws, x, args):
   """Time a few TuningConfigs around the heuristic; returns [(config, us)] sorted."""
-  cands = []
-  T = tuning.TuningConfig
-  if m <= 4:
-    for bn in (64, 128, 256):
-      for split in (1, 2, 4, 8):
-        for warps in (4, 8):
-          cands.append(T(1 if m == 1 else 4, bn, split, warps, 2, strategy="fma"))
-  if m <= 64:
-    for bn in (64, 128):
-      for split in (2, 4, 8):
-        for stages in (2, 3):
-          cands.append(T(16 if m <= 16 else 64, bn, split, 4, stages))
-  elif m <= 512:
-    for bm in (16, 32, 64, 128):
-      for bn in (64, 128):
-        for split in (1, 2, 4):
-          for warps in (4, 8):
-            cands.append(T(bm, bn, split, warps, 2))
-    cands.append(T(128, 128, 1, strategy="dequant_gemm"))
-  else:
-    for bm, bn, warps in ((64, 128, 4), (128, 128, 8), (128, 64, 4), (64, 256, 8)):
-      for stages in (1, 2):
-        cands.append(T(bm, bn, 1, warps, stages))
-    cands.append(T(128, 128, 1, strategy="dequant_gemm"))
+  cands = tuning.wna16_candidates(m)
   out = []
   for cfg in cands:
     try:

@@ -173,3 +173,33 @@ def test_strategies_interpret(strategy, block_m):
   cfg = tuning.TuningConfig(block_m, 64, 2, strategy=strategy)
   y = wna16.run(hj.prepare(p), x, interpret=True, config=cfg)
   assert rel_err(y, reference.dense_reference(p, x)) <= 1e-2
+
+
+def test_tuning_cache_is_consulted(tmp_path, monkeypatch):
+  """A config written by the autotune cache is the one the kernel uses."""
+  monkeypatch.setenv("HUMMING_JAX_TUNING_CACHE", str(tmp_path / "cache.json"))
+  p, x = _case(hj.QuantSpec.preset("w4a16-g128"), 2, 1024, 64, seed=6)
+  key = tuning.cache_key(wna16.FAMILY, p.spec.name, tuning.bucket_m(2), 64, 1024,
+                         tuning.device_kind())
+  cfg = tuning.TuningConfig(16, 32, 2, num_warps=2, num_stages=1)
+  tuning.store_configs({key: cfg})
+  assert tuning.cached_config(key) == cfg
+  seen = []
+  orig = wna16.pl.pallas_call
+
+  def spy(*a, **kw):
+    seen.append(kw["grid"])
+    return orig(*a, **kw)
+
+  monkeypatch.setattr(wna16.pl, "pallas_call", spy)
+  y = hj.quant_dense(p, x, backend="interpret")
+  assert seen and seen[0] == (1, 2, 2)  # 64/32 N tiles, split 2 from the cache
+  assert rel_err(y, reference.dense_reference(p, x)) <= 1e-2
+
+
+def test_tuning_config_validation():
+  with pytest.raises(ValueError, match="block_m"):
+    tuning.TuningConfig(block_m=8)
+  with pytest.raises(ValueError, match="strategy"):
+    tuning.TuningConfig(strategy="magic")
+  assert tuning.TuningConfig(1, 64, strategy="fma").block_m == 1

@@ -139,3 +139,32 @@ def wna16_heuristic(m: int, n: int, k_tiles: int, *, sms: int = NUM_SMS_DEFAULT
     return TuningConfig(16, block_n, split, num_warps=4, num_stages=2)
   block_m = 32 if m <= 32 else 64
   return TuningConfig(block_m, 128 if n % 128 == 0 else 64, 1, num_warps=8, num_stages=2)
+
+
+def wna16_candidates(m: int) -> list[TuningConfig]:
+  """The autotune search space around the heuristics (also the benchmark's --sweep)."""
+  T = TuningConfig
+  cands = []
+  if m <= 4:
+    for bn in (64, 128, 256):
+      for split in (1, 2, 4, 8):
+        for warps in (4, 8):
+          cands.append(T(1 if m == 1 else 4, bn, split, warps, 2, strategy="fma"))
+  if m <= 64:
+    for bn in (64, 128):
+      for split in (2, 4, 8):
+        for stages in (2, 3):
+          cands.append(T(16 if m <= 16 else 64, bn, split, 4, stages))
+  elif m <= 512:
+    for bm in (16, 32, 64, 128):
+      for bn in (64, 128):
+        for split in (1, 2, 4):
+          for warps in (4, 8):
+            cands.append(T(bm, bn, split, warps, 2))
+    cands.append(T(128, 128, 1, strategy="dequant_gemm"))
+  else:
+    for bm, bn, warps in ((64, 128, 4), (128, 128, 8), (128, 64, 4), (64, 256, 8)):
+      for stages in (1, 2):
+        cands.append(T(bm, bn, 1, warps, stages))
+    cands.append(T(128, 128, 1, strategy="dequant_gemm"))
+  return cands
