@@ -111,6 +111,9 @@ def test_errors_name_the_problem():
   params = {"odd": {"kernel": jax.random.normal(jax.random.key(3), (96, 32))}}
   with pytest.raises(ValueError, match="odd/kernel"):
     hj.quantize_params(params, {"*": "w4a16-g128"}, progress=False)  # 128 does not divide 96
+  nan = {"bad": {"kernel": jnp.full((128, 32), jnp.nan)}}
+  with pytest.raises(ValueError, match="bad/kernel.*NaN"):
+    hj.quantize_params(nan, {"*": "w8a16"}, progress=False)
   with pytest.raises(ValueError, match="unknown preset"):
     hj.quantize_params(params, {"*": "w3a16"}, progress=False)
   with pytest.raises(ValueError, match="not a valid regex"):
