@@ -248,3 +248,16 @@ def test_gpu_swapped_model_runs_the_kernels_and_matches_functional(recipe):
   np.testing.assert_array_equal(
       jax.jit(layer.apply)(v, x),
       jax.jit(lambda q, x: hj.quant_dense(q, x, backend=backend))(v["params"]["kernel"], x))
+
+
+@pytest.mark.gpu
+def test_gpu_quantmoe_matches_expert_loop():
+  x = _x(9, m=64).astype(jnp.bfloat16)
+  moe = hnn.QuantMoE(num_experts=E, topk=TOPK, intermediate=INTER, spec="w4a16-g128",
+                     dtype=jnp.bfloat16)
+  v = moe.init(jax.random.key(0), x)
+  p = v["params"]
+  y = np.asarray(jax.jit(moe.apply)(v, x), np.float32).reshape(-1, K)
+  ref = _moe_oracle(x.astype(jnp.float32), p["router"]["kernel"], p["gate_up"], p["down"])
+  assert np.isfinite(y).all()
+  assert np.linalg.norm(y - ref) / np.linalg.norm(ref) < 2e-2

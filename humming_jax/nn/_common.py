@@ -50,33 +50,18 @@ def quantize_dense(kernel: Any, bias: Any, spec: QuantSpec | str) -> QuantizedWe
 
 def topk_routing(logits: jax.Array, k: int, *, renormalize: bool = True
                  ) -> tuple[jax.Array, jax.Array]:
-  """Softmax router: (T, E) logits -> top-k (weights (T, k) float32, ids (T, k) int32).
-
-  Uses :func:`humming_jax.moe.topk_routing` when it exists (one definition of routing);
-  this body is only the stand-in until then."""
-  try:
-    from humming_jax import moe as _moe
-    fn = getattr(_moe, "topk_routing", None)
-  except ImportError:
-    fn = None
-  if fn is not None:
-    return fn(logits, k, renormalize=renormalize)
-  probs = jax.nn.softmax(logits.astype(jnp.float32), axis=-1)
-  w, ids = jax.lax.top_k(probs, k)
-  if renormalize:
-    w = w / jnp.sum(w, axis=-1, keepdims=True)
-  return w, ids.astype(jnp.int32)
+  """Softmax router: (T, E) logits -> top-k (weights (T, k) float32, ids (T, k) int32);
+  the one definition of routing, :func:`humming_jax.moe.topk_routing`."""
+  from humming_jax import moe
+  return moe.topk_routing(logits, k, renormalize=renormalize)
 
 
 def moe_call(gate_up: Any, down: Any, x: jax.Array, weights: jax.Array, ids: jax.Array, *,
              activation: str, backend: Any = None) -> jax.Array:
   """``hj.quant_moe`` (humming_jax/moe.py) on (T, K) tokens."""
+  from humming_jax.moe import quant_moe
   for name, w in (("gate_up", gate_up), ("down", down)):
     if not isinstance(w, QuantizedWeight) or w.num_experts is None:
       raise TypeError(f"QuantMoE: '{name}' must be a stacked-expert QuantizedWeight "
                       f"(E, K, N); got {getattr(w, 'shape', type(w).__name__)}")
-  try:
-    from humming_jax.moe import quant_moe
-  except ImportError as e:  # pragma: no cover - only before the MoE issue lands
-    raise NotImplementedError("QuantMoE needs humming_jax.moe.quant_moe") from e
   return quant_moe(gate_up, down, x, weights, ids, activation=activation, backend=backend)
