@@ -32,14 +32,19 @@ def resolve_backend(backend: Backend, spec, *, grouped: bool = False) -> str:
   """The concrete backend for ``spec``; raises for a kernel backend without a kernel."""
   if backend is not None and backend not in BACKENDS:
     raise ValueError(f"backend={backend!r}; expected one of {BACKENDS} or None")
+  kernel = registry.find(spec, grouped=grouped)
   if backend is None:
-    if on_gpu() and registry.find(spec, grouped=grouped) is not None:
+    if on_gpu() and kernel is not None and kernel.gpu_known_bad(spec) is None:
       return "pallas"
     return "xla"
-  if backend in ("pallas", "interpret") and registry.find(spec, grouped=grouped) is None:
+  if backend in ("pallas", "interpret") and kernel is None:
     kind = "grouped (MoE)" if grouped else "dense"
     raise ValueError(f"backend={backend!r}: no Pallas {kind} kernel for spec {spec.name}; "
                      "use backend='xla' (the reference path) for this spec")
+  if backend == "pallas" and (reason := kernel.gpu_known_bad(spec)) is not None:
+    raise ValueError(f"backend='pallas': the {kernel.name} kernel is known to disagree with "
+                     f"the reference on the GPU for spec {spec.name} ({reason}); use "
+                     "backend='xla' for this spec")
   if backend == "pallas" and not on_gpu():
     raise ValueError("backend='pallas' needs a GPU (jax.default_backend() is "
                      f"{jax.default_backend()!r}); use backend='interpret' to run the Pallas "

@@ -419,6 +419,15 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
   return out[:m, :n]
 
 
+def gpu_known_bad(spec: QuantSpec) -> str | None:
+  """Float (fp8/fp4) activations: relative error 1.8e-2 .. 8e-2 vs the reference on the
+  H200 (2026-11-29, tests/test_w8a8.py::test_presets_gpu), although exact in the Pallas
+  interpreter: not diagnosed yet, so never picked on a GPU.  int8 activations pass."""
+  if spec.act_format is not None and spec.act_format.is_float:
+    return "fp8/fp4-activation path measured 1.8e-2..8e-2 relative error on the H200"
+  return None
+
+
 KERNEL = registry.register(registry.DenseKernel(
     name=FAMILY, layout=FAMILY, supports=supports, prepare=prepare,
-    to_canonical=to_canonical, run=run))
+    to_canonical=to_canonical, run=run, gpu_known_bad=gpu_known_bad))
