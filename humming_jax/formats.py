@@ -157,15 +157,18 @@ class NumberFormat:
       return (q & ((1 << self.bits) - 1)).astype(jnp.uint8)
     if self.kind == "e8m0":
       return _encode_e8m0(x)
-    # Float: search the sorted table of non-negative finite magnitudes.
-    mags, mag_codes = _magnitude_table(self)
-    ax = jnp.minimum(jnp.abs(x), mags[-1])  # saturate
-    hi = jnp.clip(jnp.searchsorted(jnp.asarray(mags), ax, side="left"), 0, len(mags) - 1)
-    lo = jnp.maximum(hi - 1, 0)
-    mags_j, codes_j = jnp.asarray(mags), jnp.asarray(mag_codes)
-    d_lo, d_hi = ax - mags_j[lo], mags_j[hi] - ax
-    take_hi = (d_hi < d_lo) | ((d_hi == d_lo) & (codes_j[hi] % 2 == 0))
-    code = jnp.where(take_hi, codes_j[hi], codes_j[lo]).astype(jnp.int32)
+    # Float: round |x| on the grid of its binade, elementwise (no table search).  With
+    # ex = max(floor(log2|x|), emin) the grid step is 2**(ex - m) and q = round(|x| / step)
+    # (half to even) is an integer in [0, 2**(m+1)]; the magnitude code is then
+    # ((ex + bias - 1) << m) + q for normals and subnormals alike, a carry (q = 2**(m+1))
+    # moving into the next binade by itself, and q's parity is the mantissa LSB's: ties go
+    # to the even code.  Saturation first: |x| <= max, a grid point, never rounds past it.
+    m, emin = self.mantissa_bits, 1 - self.bias
+    ax = jnp.minimum(jnp.abs(x), jnp.float32(self.max_value))
+    ex = jnp.maximum(floor_log2(ax), emin)  # ax == 0: floor_log2 gives -149
+    inv_step = _exp2_int(m - ex)  # exact powers of two: the product is exact
+    q = jnp.round(ax * inv_step).astype(jnp.int32)
+    code = ((ex + self.bias - 1) << m) + q
     sign = (jnp.signbit(x) & (code != 0)).astype(jnp.int32) << (self.bits - 1)
     code = code | sign
     if self.has_nan:
@@ -202,6 +205,11 @@ def _log2_parts(x: jax.Array) -> tuple[jax.Array, jax.Array]:
   fl = jnp.where(sub, lead - 149, exp_field - 127)
   below = jnp.where(sub, (mant >> jnp.maximum(lead - 1, 0)) & (lead >= 1), (mant >> 22) & 1)
   return fl, below
+
+
+def _exp2_int(e: jax.Array) -> jax.Array:
+  """2.0**e (float32) for int32 -126 <= e <= 127, built from the exponent bits."""
+  return jax.lax.bitcast_convert_type((e + 127) << 23, jnp.float32)
 
 
 def floor_log2(x: jax.Array) -> jax.Array:

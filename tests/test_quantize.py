@@ -65,11 +65,27 @@ def check_codes(q: hj.QuantizedWeight) -> None:
     assert q.zeros.dtype == jnp.uint8 and z.max() <= f.max_value
 
 
-PRESET_SHAPES = [(256, 256), (2, 256, 128)]
+def _weight_key(spec: QuantSpec):
+  return (spec.weight, spec.granularity, spec.group_size, spec.block_n, spec.scale_dtype,
+          spec.zero_point, spec.global_scale)
 
 
-@pytest.mark.parametrize("shape", PRESET_SHAPES, ids=["KN", "EKN"])
-@pytest.mark.parametrize("name", sorted(PRESETS))
+# Presets that differ only in activations share their weight quantization: test each weight
+# configuration once per shape (keeps CI fast); the stacked (E, K, N) form on a subset here
+# and bit-exactly against per-expert quantization in test_stacked_equals_per_expert.
+WEIGHT_PRESETS = sorted({_weight_key(s): n for n, s in sorted(PRESETS.items())}.values())
+PRESET_CASES = ([(n, (256, 256)) for n in WEIGHT_PRESETS]
+                + [(n, (2, 256, 128)) for n in ["w4a16-g128", "w4a16-mxfp4", "w8a16-fp8",
+                                                "w4a16-ch"]])
+
+
+def test_every_preset_weight_config_is_covered():
+  assert {_weight_key(s) for s in PRESETS.values()} == {
+      _weight_key(PRESETS[n]) for n in WEIGHT_PRESETS}
+
+
+@pytest.mark.parametrize("name,shape", PRESET_CASES, ids=[f"{n}-{len(s)}d" for n, s in
+                                                         PRESET_CASES])
 def test_preset_error_bounds(name, shape):
   spec = PRESETS[name]
   w = normal(shape)
@@ -242,7 +258,7 @@ def test_zero_weights_and_zero_groups():
   w = normal((128, 32), 12).copy()
   w[:, 3] = 0.0
   w[:64, 7] = 0.0
-  for name in ["w4a16-g128", "w4a16-g128-zp", "w4a16-mxfp4", "w4a16-nvfp4", "w8a16-fp8"]:
+  for name in ["w4a16-g128-zp", "w4a16-mxfp4", "w4a16-nvfp4"]:
     d = np.asarray(hj.dequantize(hj.quantize(w, name)))
     assert np.all(np.isfinite(d)), name
     assert np.all(d[:, 3] == 0) and np.all(d[:64, 7] == 0 if "g128" not in name else True)
@@ -289,7 +305,7 @@ def test_nan_under_jit_propagates_not_garbage():
       assert np.all(np.isfinite(np.delete(d, 5, axis=1))), name  # other columns unharmed
 
 
-@settings(max_examples=6, deadline=None, derandomize=True)
+@settings(max_examples=3, deadline=None, derandomize=True)
 @given(st.sampled_from(["int", "uint", "fp4_e2m1", "fp8_e4m3", "mx"]),
        st.integers(2, 8), st.sampled_from([32, 64, 128]), st.integers(1, 3),
        st.integers(1, 12), st.booleans())

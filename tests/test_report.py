@@ -51,7 +51,7 @@ def test_four_bit_storage_bound(name, shape):
 
 
 def test_bits_per_weight_every_width():
-  for bits in range(1, 9):
+  for bits in (1, 3, 6, 8):
     p = hj.quantize(rand((256, 64)), hj.QuantSpec(f"int{bits}", "channel",
                                                   scale_dtype="float32"))
     (t,) = hj.report([p]).tensors
