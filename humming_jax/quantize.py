@@ -153,10 +153,35 @@ def _block_reduce(x: jax.Array, bk: int, bn: int, fn) -> jax.Array:
   return fn(x, axis=(-3, -1))
 
 
+def round_to_float_dtype(x: jax.Array, dtype_name: str) -> jax.Array:
+  """float32 ``x`` rounded (RNE) onto the grid of float32 / bfloat16 / float16, as float32.
+
+  Written so that no f32 -> narrow -> f32 convert chain remains for XLA's GPU
+  simplify-fp-conversions pass to fold away (see _round_fp8): the narrow value is widened
+  from its bits with integer ops (bfloat16: a 16-bit shift; float16: sign / exponent /
+  mantissa fields, subnormals, inf and NaN included)."""
+  x = x.astype(jnp.float32)
+  if dtype_name == "float32":
+    return x
+  if dtype_name == "bfloat16":
+    bits = jax.lax.bitcast_convert_type(x.astype(jnp.bfloat16), jnp.uint16)
+    return jax.lax.bitcast_convert_type(bits.astype(jnp.uint32) << 16, jnp.float32)
+  if dtype_name == "float16":
+    b = jax.lax.bitcast_convert_type(x.astype(jnp.float16), jnp.uint16).astype(jnp.int32)
+    sign, e, m = b >> 15, (b >> 10) & 0x1F, b & 0x3FF
+    normal = jax.lax.bitcast_convert_type((sign << 31) | ((e + 112) << 23) | (m << 13),
+                                          jnp.float32)
+    signed_one = (1 - 2 * sign).astype(jnp.float32)
+    sub = m.astype(jnp.float32) * jnp.float32(2.0**-24) * signed_one
+    special = jnp.where(m == 0, signed_one * jnp.inf, jnp.nan)
+    return jnp.where(e == 0, sub, jnp.where(e == 31, special, normal))
+  raise ValueError(f"dtype_name={dtype_name!r}; expected float32, bfloat16 or float16")
+
+
 def _round_scale(s: jax.Array, scale_dtype: str, emax_elem: int) -> jax.Array:
   """Round float32 scales onto their storage grid; returns float32 values."""
   if scale_dtype in _FLOAT_SCALE_DTYPES:
-    return s.astype(_FLOAT_SCALE_DTYPES[scale_dtype]).astype(jnp.float32)
+    return round_to_float_dtype(s, scale_dtype)
   if scale_dtype == "e8m0":  # s is amax here
     # Exact floor(log2): XLA's float log2 misses exact powers of two by an ulp, which would
     # halve the scale and saturate the largest element.  The lower clip keeps the scale a
@@ -398,15 +423,24 @@ def _quantize_activations_jit(x: jax.Array, spec: QuantSpec,
   return QuantizedActivations(vals.astype(_carrier_dtype(fmt)), s)
 
 
-def _round_fp8(dtype, maxv):
-  return lambda x: jnp.clip(x, -maxv, maxv).astype(dtype).astype(jnp.float32)
+def _round_fp8(dtype, fmt_name: str, maxv: float):
+  """XLA's convert to fp8 (RNE, like formats.encode: asserted in the tests), read back
+  through the format's integer decode.  Not ``.astype(dtype).astype(float32)``: with
+  xla_allow_excess_precision (the default) XLA's GPU pipeline runs
+  simplify-fp-conversions, which folds an f32 -> fp8 -> f32 convert chain into nothing,
+  silently skipping the quantization (seen on the H200: the XLA reference of every
+  fp8-activation spec computed with unquantized activations)."""
+  fmt = get_format(fmt_name)
+
+  def round_fp8(x):
+    q = jnp.clip(x, -maxv, maxv).astype(dtype)
+    return fmt.decode(jax.lax.bitcast_convert_type(q, jnp.uint8), check_nan=False)
+  return round_fp8
 
 
-# XLA's own converts round to nearest even like formats.encode (asserted in the tests);
-# they are much faster than the table search for runtime activation quantization.
 _FAST_ROUND = {
-    "fp8_e4m3": _round_fp8(jnp.float8_e4m3fn, 448.0),
-    "fp8_e5m2": _round_fp8(jnp.float8_e5m2, 57344.0),
+    "fp8_e4m3": _round_fp8(jnp.float8_e4m3fn, "fp8_e4m3", 448.0),
+    "fp8_e5m2": _round_fp8(jnp.float8_e5m2, "fp8_e5m2", 57344.0),
     # [-128, 127] like formats.encode: a dynamic scale never reaches -128, a static one can.
     "int8": lambda x: jnp.clip(jnp.round(x), -128, 127),
 }
