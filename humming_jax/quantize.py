@@ -434,7 +434,7 @@ def _round_fp8(dtype, fmt_name: str, maxv: float):
 
   def round_fp8(x):
     q = jnp.clip(x, -maxv, maxv).astype(dtype)
-    return fmt.decode(jax.lax.bitcast_convert_type(q, jnp.uint8), check_nan=False)
+    return fmt.decode(jax.lax.bitcast_convert_type(q, jnp.uint8))
   return round_fp8
 
 

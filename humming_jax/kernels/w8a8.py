@@ -44,10 +44,9 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 from jax.experimental import pallas as pl
-from jax.experimental.pallas import triton as plt
 
 from humming_jax import packing
-from humming_jax.kernels import act_quant, registry, tuning, wna16
+from humming_jax.kernels import act_quant, launch, registry, tuning, wna16
 from humming_jax.kernels import layout as lay
 from humming_jax.quantize import QuantizedWeight, scale_block, unpacked_codes
 from humming_jax.spec import QuantSpec
@@ -391,32 +390,13 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
   if has_bias:
     operands.append(jnp.pad(params.bias, (0, np_ - n)).reshape(1, np_))
     in_specs.append(n_spec(1))
-  if split_k == 1:
-    out_shape = jax.ShapeDtypeStruct((mp, np_), x.dtype)
-    out_spec = pl.BlockSpec((block_m, block_n), lambda i, j, s: (i, j))
-  else:
-    out_shape = jax.ShapeDtypeStruct((split_k, mp, np_), jnp.float32)
-    out_spec = pl.BlockSpec((None, block_m, block_n), lambda i, j, s: (s, i, j))
   kernel = functools.partial(
       _kernel, spec=spec, plan=plan, lt=lt, block_k=bk, tiles_per_split=k_tiles // split_k,
       has_s2=has_s2, has_bias=has_bias, split_k=split_k, fuse=fuse)
-  out = pl.pallas_call(
-      kernel,
-      out_shape=out_shape,
-      grid=(mp // block_m, np_ // block_n, split_k),
-      in_specs=in_specs,
-      out_specs=out_spec,
-      compiler_params=plt.CompilerParams(num_warps=config.num_warps,
-                                         num_stages=config.num_stages),
-      interpret=interpret,
-      name=f"w8a8_{spec.weight}_{spec.act}",
-  )(*operands)
-  if split_k > 1:
-    out = out.sum(axis=0)
-    if params.bias is not None:
-      out = out + jnp.pad(params.bias, (0, np_ - n))
-    out = out.astype(x.dtype)
-  return out[:m, :n]
+  return launch.launch_dense(
+      kernel, operands, in_specs, mp=mp, np_=np_, m=m, n=n, block_m=block_m,
+      block_n=block_n, split_k=split_k, out_dtype=x.dtype, bias=params.bias, config=config,
+      interpret=interpret, name=f"w8a8_{spec.weight}_{spec.act}")
 
 
 def gpu_known_bad(spec: QuantSpec) -> str | None:

@@ -23,12 +23,11 @@ import functools
 import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
-from jax.experimental.pallas import triton as plt
 
 from humming_jax.quantize import (QuantizedWeight, scale_block, unpacked_codes)
 from humming_jax.formats import get_format, uint_to_f32
 from humming_jax.kernels import layout as lay
-from humming_jax.kernels import registry, tuning
+from humming_jax.kernels import launch, registry, tuning
 from humming_jax.spec import QuantSpec
 
 FAMILY = "wna16"
@@ -43,21 +42,27 @@ def _group_rows(spec: QuantSpec, k: int) -> int:
   return spec.group_size if spec.granularity in ("group", "block") else k
 
 
-def slab_layout(spec: QuantSpec, k: int) -> lay.SlabLayout:
+def slab_layout(spec: QuantSpec, k: int, *, fit_k: bool = False) -> lay.SlabLayout:
+  """The slab layout for ``spec``; ``fit_k`` also sizes the K tile to K (see
+  layout.choose_slab; the default keeps the K-independent layout)."""
   group = spec.group_size if spec.granularity in ("group", "block") else None
-  return lay.SlabLayout(spec.weight_bits, lay.choose_slab(spec.weight_bits, group))
+  return lay.SlabLayout(spec.weight_bits, lay.choose_slab(spec.weight_bits, group,
+                                                          k if fit_k else None))
 
 
 # ----------------------------------------------------------------------------------------
 # Transform: canonical -> kernel layout (once)
 # ----------------------------------------------------------------------------------------
-def prepare(params: QuantizedWeight) -> QuantizedWeight:
-  """Canonical params -> kernel layout (padded, slab-interleaved, offset-binary ints)."""
+def prepare(params: QuantizedWeight, layout: lay.SlabLayout | None = None
+            ) -> QuantizedWeight:
+  """Canonical params -> kernel layout (padded, slab-interleaved, offset-binary ints).
+
+  ``layout``: the slab layout to use (default: :func:`slab_layout` of the spec)."""
   spec = params.spec
   if params.num_experts is not None:
-    return jax.vmap(lambda p: prepare(p))(params)  # pragma: no cover - grouped kernels
+    return jax.vmap(lambda p: prepare(p, layout))(params)  # pragma: no cover - grouped
   k, n = params.shape
-  lt = slab_layout(spec, k)
+  lt = slab_layout(spec, k) if layout is None else layout
   kp, np_ = lt.padded_k(k), lt.padded_n(n)
   codes = unpacked_codes(params)
   fmt = spec.weight_format
@@ -298,34 +303,15 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
   if has_bias:
     operands.append(jnp.pad(params.bias, (0, np_ - n)).reshape(1, np_))
     in_specs.append(n_spec(1))
-  if split_k == 1:
-    out_shape = jax.ShapeDtypeStruct((mp, np_), x.dtype)
-    out_spec = pl.BlockSpec((block_m, block_n), lambda i, j, s: (i, j))
-  else:
-    out_shape = jax.ShapeDtypeStruct((split_k, mp, np_), jnp.float32)
-    out_spec = pl.BlockSpec((None, block_m, block_n), lambda i, j, s: (s, i, j))
   kernel = functools.partial(
       _kernel, spec=spec, lt=lt, tiles_per_split=k_tiles // split_k, group_rows=group_rows,
       has_zeros=has_zeros, has_s2=has_s2, has_bias=has_bias, split_k=split_k,
       compute_dtype=compute_dtype, swap_ab=config.swap_ab and config.strategy == "mma",
       use_mma=config.strategy == "mma")
-  out = pl.pallas_call(
-      kernel,
-      out_shape=out_shape,
-      grid=(mp // block_m, np_ // block_n, split_k),
-      in_specs=in_specs,
-      out_specs=out_spec,
-      compiler_params=plt.CompilerParams(num_warps=config.num_warps,
-                                         num_stages=config.num_stages),
-      interpret=interpret,
-      name=f"wna16_{spec.weight}_{lt.name}",
-  )(*operands)
-  if split_k > 1:
-    out = out.sum(axis=0)
-    if params.bias is not None:
-      out = out + jnp.pad(params.bias, (0, np_ - n))
-    out = out.astype(x.dtype)
-  return out[:m, :n]
+  return launch.launch_dense(
+      kernel, operands, in_specs, mp=mp, np_=np_, m=m, n=n, block_m=block_m,
+      block_n=block_n, split_k=split_k, out_dtype=x.dtype, bias=params.bias, config=config,
+      interpret=interpret, name=f"wna16_{spec.weight}_{lt.name}")
 
 
 def dequantize_prepared(params: QuantizedWeight) -> jax.Array:

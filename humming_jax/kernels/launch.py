@@ -1,0 +1,43 @@
+"""The launch both dense kernel families share: grid (M tiles, N tiles, K splits), the
+output block, split-K partials summed by XLA (bias added once, then the cast), crop."""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as plt
+
+from humming_jax.kernels import tuning
+
+
+def launch_dense(kernel, operands, in_specs, *, mp: int, np_: int, m: int, n: int,
+                 block_m: int, block_n: int, split_k: int, out_dtype,
+                 bias: jax.Array | None, config: tuning.TuningConfig, interpret: bool,
+                 name: str) -> jax.Array:
+  """Run ``kernel`` over (mp // block_m, np_ // block_n, split_k) and return (m, n).
+
+  With ``split_k == 1`` the kernel writes ``out_dtype`` blocks (bias fused by the kernel);
+  otherwise it writes float32 partials (split_k, mp, np_) and ``bias`` is added here."""
+  if split_k == 1:
+    out_shape = jax.ShapeDtypeStruct((mp, np_), out_dtype)
+    out_spec = pl.BlockSpec((block_m, block_n), lambda i, j, s: (i, j))
+  else:
+    out_shape = jax.ShapeDtypeStruct((split_k, mp, np_), jnp.float32)
+    out_spec = pl.BlockSpec((None, block_m, block_n), lambda i, j, s: (s, i, j))
+  out = pl.pallas_call(
+      kernel,
+      out_shape=out_shape,
+      grid=(mp // block_m, np_ // block_n, split_k),
+      in_specs=in_specs,
+      out_specs=out_spec,
+      compiler_params=plt.CompilerParams(num_warps=config.num_warps,
+                                         num_stages=config.num_stages),
+      interpret=interpret,
+      name=name,
+  )(*operands)
+  if split_k > 1:
+    out = out.sum(axis=0)
+    if bias is not None:
+      out = out + jnp.pad(bias, (0, np_ - n))
+    out = out.astype(out_dtype)
+  return out[:m, :n]
