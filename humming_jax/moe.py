@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 
 from humming_jax import ops
-from humming_jax.kernels import grouped_wna16, registry
+from humming_jax.kernels import grouped_wna16, registry, wna16
 from humming_jax.quantize import (QuantizedWeight, dequantize, fake_quantize_activations)
 
 Activation = Literal["silu", "gelu"]
@@ -181,8 +181,15 @@ def ragged_dot_xla(params: QuantizedWeight, x: jax.Array, group_sizes: jax.Array
   dequantizes only those and runs a batched (tile, block_m, K) x (tile, K, N) dot.
   Cost: ``tiles * (K*N)`` weight elements decoded (tiles <= cdiv(M, block_m) + min(E, M),
   so at decode only the active experts) and ``tiles * block_m * K * N`` MACs; memory
-  ``chunk * K * N`` floats per step (``chunk_bytes`` bounds it), never E*M*N."""
-  params = registry.to_canonical(params)
+  ``chunk * K * N`` floats per step (``chunk_bytes`` bounds it), never E*M*N.
+  Params prepared for the grouped kernel are decoded straight from that layout (only the
+  gathered experts); other prepared layouts are converted to canonical first, which
+  re-lays out *every* expert on every call."""
+  if registry.layout_family(params.layout) == grouped_wna16.FAMILY:
+    decode = _dequantize_grouped_prepared
+  else:
+    params = registry.to_canonical(params)
+    decode = dequantize
   spec = params.spec
   e, k, n = params.shape
   m = x.shape[0]
@@ -203,7 +210,7 @@ def ragged_dot_xla(params: QuantizedWeight, x: jax.Array, group_sizes: jax.Array
         zeros=None if params.zeros is None else params.zeros[ex],
         global_scale=None if params.global_scale is None else params.global_scale[ex],
         bias=None, shape=(ex.shape[0], k, n))
-    w = dequantize(sub)  # (chunk, K, N) float32
+    w = decode(sub)  # (chunk, K, N) float32
     rows = st[:, None] + jnp.arange(bm, dtype=jnp.int32)[None, :]
     xs = a[rows]  # (chunk, bm, K)
     y = jnp.einsum("cmk,ckn->cmn", xs, w, preferred_element_type=jnp.float32)
@@ -220,13 +227,25 @@ def ragged_dot_xla(params: QuantizedWeight, x: jax.Array, group_sizes: jax.Array
   return out.astype(x.dtype)
 
 
+def _dequantize_grouped_prepared(sub: QuantizedWeight) -> jax.Array:
+  """(C, K, N) float32 from a gathered stack of grouped-kernel-layout experts."""
+  c, k, n = sub.shape
+  dense = sub.replace(shape=(k, n),
+                      layout=sub.layout.replace(grouped_wna16.FAMILY + ":",
+                                                wna16.FAMILY + ":", 1))
+  return jax.vmap(wna16.dequantize_prepared)(dense)
+
+
 def quant_ragged_dot(params: QuantizedWeight, x: jax.Array, group_sizes: jax.Array, *,
                      backend: ops.Backend = None) -> jax.Array:
   """``lax.ragged_dot`` with quantized stacked experts: (M, K) x (E, K, N) -> (M, N).
 
   Args:
-    params: ``hj.quantize`` of stacked (E, K, N) weights (canonical, or prepared once with
-      ``hj.prepare(params, grouped=True)`` -- canonical params are re-laid out per call).
+    params: ``hj.quantize`` of stacked (E, K, N) weights, canonical or prepared once with
+      ``hj.prepare(params, grouped=True)``.  Pass prepared params on the Pallas path:
+      canonical ones are prepared *inside every call* -- an unpack + re-pack of all E
+      experts' codes (about 3x the stacked weight bytes of memory traffic, whatever the
+      routing), which dominates the call at decode.  Prepared params are used as they are.
     x: (M, K) float activations, rows sorted by expert.
     group_sizes: (E,) int rows per expert; rows past ``sum(group_sizes)`` come out zero.
     backend: "pallas" | "interpret" | "xla" | None (see ops.py).

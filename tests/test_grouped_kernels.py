@@ -8,7 +8,9 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 import humming_jax as hj
+from humming_jax import ops
 from humming_jax.kernels import grouped_wna16 as gk
+from humming_jax.kernels import layout as lay
 from humming_jax.kernels import reference, registry, tuning
 
 
@@ -101,11 +103,113 @@ def test_channel_scale_fp32_activations_interpret():
 
 def test_heuristic_block_m_tracks_rows_per_expert():
   decode = gk.grouped_heuristic(8, 256, 512, 14)
-  prefill = gk.grouped_heuristic(32768, 256, 512, 14)
+  prefill = gk.grouped_heuristic(32768, 256, 7168, 1, lt=lay.SlabLayout(4, 32))
   mixtral = gk.grouped_heuristic(8192, 8, 28672, 8)
   assert decode.block_m == 16 and decode.split_k > 1
-  assert prefill.block_m == 128 and prefill.split_k == 1
-  assert mixtral.block_m == 128
+  assert prefill.block_m == 128 and prefill.split_k == 1  # one K tile: no pipelining
+  # Mixtral gate_up prefill: (128, 128, 3 stages) on a 512-row K tile needs ~864 KiB of
+  # shared memory (the H200 "OOM"); the heuristic must stay under 227 KiB.
+  assert mixtral.block_m == 64 and mixtral.num_stages == 2
+
+
+@pytest.mark.parametrize("m,e,n,k_tiles", [(8, 256, 7168, 1), (2048, 256, 7168, 1),
+                                           (32768, 256, 7168, 1), (512, 8, 28672, 8),
+                                           (8192, 8, 28672, 8), (32768, 256, 512, 14),
+                                           (8192, 8, 4096, 28), (2, 8, 28672, 8)])
+def test_heuristic_fits_shared_memory(m, e, n, k_tiles):
+  lt = lay.SlabLayout(4, 64)
+  c = gk.grouped_heuristic(m, e, n, k_tiles, lt=lt)
+  loop = k_tiles // c.split_k
+  assert gk.smem_estimate(c, lt, loop) <= gk.SMEM_BYTES
+  # The configs that failed on the H200 are over budget by the same estimate.
+  bad = tuning.TuningConfig(64, 128, 1, num_warps=4, num_stages=3)
+  assert gk.smem_estimate(bad, lt, 8) > gk.SMEM_BYTES
+
+
+def test_small_k_gets_a_fitting_k_tile():
+  """DeepSeek-V3 down (K=256, int4 g128): K tile 256, not 512 (no 2x padding)."""
+  spec = hj.QuantSpec.preset("w4a16-g128-zp")
+  q = jax.eval_shape(lambda w: hj.quantize(w, spec),
+                     jax.ShapeDtypeStruct((4, 256, 7168), jnp.bfloat16))
+  pp = jax.eval_shape(gk.prepare, q)
+  _, lt = lay.parse_layout_name(pp.layout)
+  assert lt.block_k == 256 and pp.codes.shape == (4, 256 * 4 // 32, 7168)
+  # Large K keeps the dense kernel's tile.
+  q2 = jax.eval_shape(lambda w: hj.quantize(w, spec),
+                      jax.ShapeDtypeStruct((2, 4096, 256), jnp.bfloat16))
+  assert lay.parse_layout_name(jax.eval_shape(gk.prepare, q2).layout)[1].block_k == 512
+  # choose_slab without k is unchanged (shared with the dense kernel).
+  assert lay.choose_slab(4, 128) == 64 and lay.choose_slab(4, 128, 256) == 32
+  assert lay.choose_slab(4, 128, 768) == 32 and lay.choose_slab(4, 128, 7168) == 64
+
+
+def test_small_k_interpret_matches_reference():
+  """K=256 with the fitted 256-row K tile (split-K needs >= 2 tiles, so K=512 too)."""
+  spec = hj.QuantSpec.preset("w4a16-g128-zp")
+  for k, cfg in ((256, tuning.TuningConfig(16, 64, 1)), (768, tuning.TuningConfig(16, 64, 3))):
+    p, x = _case(k, spec, 4, k, 64, 21)
+    gs = jnp.array([7, 0, 9, 3], jnp.int32)
+    pp = jax.jit(gk.prepare)(p)
+    assert lay.parse_layout_name(pp.layout)[1].block_k == 256
+    y = jax.jit(functools.partial(gk.run, interpret=True, config=cfg))(pp, x, gs)
+    assert _rel(y, reference.ragged_dot_reference(p, x, gs)) < 1e-2
+    np.testing.assert_array_equal(np.asarray(y[19:], np.float32), 0.0)
+
+
+def _big_eqns(jaxpr, limit):
+  """(primitive, aval) of every top-level equation output of > ``limit`` elements."""
+  return [(eq.primitive.name, v.aval.str_short()) for eq in jaxpr.eqns for v in eq.outvars
+          if hasattr(v.aval, "size") and v.aval.size > limit]
+
+
+@pytest.mark.parametrize("shape,tokens", [((8, 2, 28672, 4096), 4096),
+                                          ((256, 8, 7168, 256), 1)])
+def test_pallas_path_has_no_expert_sized_temporary(shape, tokens):
+  """The GPU path traced with the benchmark's real shapes (nothing allocated): besides
+  the pallas_call, no XLA op makes anything of weight size (E*K*N/64 elements already is
+  far past x, the schedule and the (M, N) output), and prepared params are not re-laid
+  out (no pack/unpack of all experts per call)."""
+  e, topk, n, k = shape
+  spec = hj.QuantSpec.preset("w4a16-g128-zp")
+  q = jax.eval_shape(lambda w: hj.quantize(w, spec),
+                     jax.ShapeDtypeStruct((e, k, n), jnp.bfloat16))
+  pp = jax.eval_shape(gk.prepare, q)
+  m = tokens * topk
+  x = jax.ShapeDtypeStruct((m, k), jnp.bfloat16)
+  gs = jax.ShapeDtypeStruct((e,), jnp.int32)
+  jp = jax.make_jaxpr(lambda p, x, g: gk.run(p, x, g, interpret=False))(pp, x, gs)
+  prims = [eq.primitive.name for eq in jp.jaxpr.eqns]
+  assert prims.count("pallas_call") == 1
+  limit = max(e * k * n // 64, 2 * m * max(n, k))
+  big = [(p_, a) for p_, a in _big_eqns(jp.jaxpr, limit) if p_ != "pallas_call"]
+  assert not big, big
+  # No while loop for the schedule (searchsorted "scan" was one: a per-call fixed cost).
+  assert "while" not in prims and "scan" not in prims
+  # Canonical params instead: the re-layout of all experts shows up (the documented cost).
+  jc = jax.make_jaxpr(lambda p, x, g: gk.run(gk.prepare(p), x, g, interpret=False))(q, x, gs)
+  assert any(a.size >= e * k * n for eq in jc.jaxpr.eqns for a in
+             (v.aval for v in eq.outvars) if hasattr(a, "size"))
+
+
+def test_prepared_params_are_not_prepared_again(monkeypatch):
+  spec = hj.QuantSpec.preset("w4a16-g128")
+  p, x = _case(3, spec, 3, 256, 64, 10)
+  gs = jnp.array([4, 0, 5], jnp.int32)
+  pp = jax.jit(gk.prepare)(p)
+  want = reference.ragged_dot_reference(p, x, gs)
+  want_xla = hj.moe.ragged_dot_xla(p, x, gs)
+
+  def boom(*a, **kw):
+    raise AssertionError("prepare called on prepared params")
+  monkeypatch.setattr(gk, "prepare", boom)
+  monkeypatch.setattr(ops, "prepare", boom)
+  y = hj.quant_ragged_dot(pp, x, gs, backend="interpret")
+  assert _rel(y, want) < 1e-2
+  # The XLA path decodes the prepared layout directly (no to_canonical of every expert).
+  monkeypatch.setattr(gk, "to_canonical", boom)
+  monkeypatch.setattr(registry, "to_canonical", boom)
+  y2 = hj.moe.ragged_dot_xla(pp, x, gs)
+  np.testing.assert_array_equal(np.asarray(y2), np.asarray(want_xla))
 
 
 # ---- GPU (H200): benchmark shapes -----------------------------------------------------------

@@ -5,6 +5,9 @@
 
 Layout: each expert is stored in the dense WnA16 slab layout (wna16.prepare per expert,
 stacked along a leading E axis), so every weight format of the dense kernel runs here too.
+The K tile is fitted to K (``wna16.slab_layout(fit_k=True)``): DeepSeek-V3 down (K=256)
+gets int4 slab 32 / K tile 256 instead of 512 rows (padding K to 512 doubled its weight
+bytes and MACs).
 
 Schedule (no host sync, static shapes): the rows are cut into *tiles* of ``block_m`` rows
 that never straddle two experts -- each expert's segment is split on its own, and the tail
@@ -19,9 +22,15 @@ of x (masked to ``< end``), runs the K loop shared with the dense kernel
 (:func:`humming_jax.kernels.wna16.accumulate_k`) on expert ``e``'s codes, and stores only
 its own rows (masked store), so tiles of different experts may share a block of rows.
 Split-K partials are float32 and summed by XLA; the bias is added by split 0 only.
+
+Cost per call (prepared params): the kernel reads only the codes of the experts that own a
+tile (inactive experts cost nothing: their codes are never loaded; the stacked-E BlockSpec
+is only a base pointer), plus x, plus a few small XLA ops for the schedule.  No (E, K, N)
+temporary exists on this path (tests/test_grouped_kernels.py checks the jaxpr).
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import jax
@@ -57,7 +66,10 @@ def prepare(params: QuantizedWeight) -> QuantizedWeight:
                      f"{params.shape}")
   if params.act_scale is not None:
     raise ValueError("grouped WnA16 params carry no activation scale")
-  out = jax.vmap(wna16.prepare)(_per_expert(params, "canonical"))
+  e, k, n = params.shape
+  lt = wna16.slab_layout(params.spec, k, fit_k=True)
+  out = jax.vmap(functools.partial(wna16.prepare, layout=lt))(
+      _per_expert(params, "canonical"))
   name = out.layout.replace(wna16.FAMILY + ":", FAMILY + ":", 1)
   return out.replace(shape=params.shape, layout=name)
 
@@ -94,7 +106,10 @@ def tile_schedule(group_sizes: jax.Array, m: int, block_m: int, num_tiles: int
   p_tiles = (p_end - p_start + block_m - 1) // block_m
   tile_end = jnp.cumsum(p_tiles)
   i = jnp.arange(num_tiles, dtype=jnp.int32)
-  piece = jnp.searchsorted(tile_end, i, side="right").astype(jnp.int32)
+  # "compare_all": one (tiles, E+1) compare-and-count fusion.  The default "scan" method is
+  # an XLA while loop of ~log2(E) iterations, each a few tiny kernels (and on the GPU a
+  # loop-predicate round trip): tens of µs of fixed cost per call at decode.
+  piece = jnp.searchsorted(tile_end, i, side="right", method="compare_all").astype(jnp.int32)
   used = piece <= e
   piece = jnp.minimum(piece, e)
   local = i - (tile_end[piece] - p_tiles[piece])
@@ -155,22 +170,60 @@ def _kernel(sched_ref, x_ref, codes_ref, scales_ref, *rest, spec: QuantSpec,
     plt.store(o_rows, jnp.zeros((block_m, block_n), o_ref.dtype), mask=out_mask)
 
 
-def choose_config(m: int, e: int, n: int, k_tiles: int, spec_name: str, k: int
+SMEM_BYTES = 232448  # H100/H200 opt-in shared memory per block (227 KiB)
+
+
+def smem_estimate(config: tuning.TuningConfig, lt: lay.SlabLayout, loop_tiles: int,
+                  x_bytes: int = 2) -> int:
+  """Rough shared memory (bytes) of one program: Triton's loop pipeliner keeps
+  ``num_stages`` copies of every load of a K tile (x: block_m x block_k, codes:
+  rows_per_tile x block_n words) plus the dequantized slab staged for the MMA.  A K loop
+  of one trip is not pipelined (measured: (128, 128, 3 stages) ran for K=256 but failed
+  with "Shared memory size limit exceeded" for K=4096 on the H200)."""
+  per_tile = config.block_m * lt.block_k * x_bytes + lt.rows_per_tile * config.block_n * 4
+  stages = config.num_stages if loop_tiles > 1 else 1
+  return stages * per_tile + lt.slab * config.block_n * x_bytes
+
+
+def fit_smem(config: tuning.TuningConfig, lt: lay.SlabLayout, loop_tiles: int,
+             x_bytes: int = 2, budget: int = SMEM_BYTES) -> tuning.TuningConfig:
+  """``config`` shrunk until :func:`smem_estimate` fits ``budget``: first 2 stages, then
+  half the rows (down to 16), then half the columns (down to 32)."""
+  c = config
+  while smem_estimate(c, lt, loop_tiles, x_bytes) > budget:
+    if c.num_stages > 2:
+      c = dataclasses.replace(c, num_stages=2)
+    elif c.block_m > 16:
+      c = dataclasses.replace(c, block_m=c.block_m // 2)
+    elif c.block_n > 32:
+      c = dataclasses.replace(c, block_n=c.block_n // 2)
+    else:
+      break
+  return c
+
+
+def choose_config(m: int, e: int, n: int, k_tiles: int, spec_name: str, k: int,
+                  lt: lay.SlabLayout | None = None, x_bytes: int = 2
                   ) -> tuning.TuningConfig:
   """The autotune cache entry for this shape if any, else :func:`grouped_heuristic`."""
   key = tuning.cache_key(f"{FAMILY}/e{e}", spec_name, tuning.bucket_m(m), n, k,
                          tuning.device_kind())
-  return tuning.cached_config(key) or grouped_heuristic(m, e, n, k_tiles,
-                                                        sms=tuning.num_sms())
+  return tuning.cached_config(key) or grouped_heuristic(
+      m, e, n, k_tiles, sms=tuning.num_sms(), lt=lt, x_bytes=x_bytes)
 
 
 def grouped_heuristic(m: int, e: int, n: int, k_tiles: int, *,
-                      sms: int = tuning.NUM_SMS_DEFAULT) -> tuning.TuningConfig:
+                      sms: int = tuning.NUM_SMS_DEFAULT, lt: lay.SlabLayout | None = None,
+                      x_bytes: int = 2) -> tuning.TuningConfig:
   """Tiles from the expected rows per *active* expert (M rows over min(E, M) experts).
 
   Decode (few rows per expert): every active expert's weights are read once, the work is
   weight-bandwidth bound -> block_m 16, narrow N tiles, split K until ~2 programs per SM.
-  Prefill (many rows per expert): MMA bound -> block_m 64/128, 128-wide N tiles."""
+  Prefill (many rows per expert): MMA bound -> block_m 64/128, 128-wide N tiles, 2 stages,
+  shrunk to fit shared memory (:func:`fit_smem`; ``lt`` default: int4 slab 64, K tile 512).
+  The prefill tiles before that cap, (64|128, 128, 3 stages) with a 512-row K tile, needed
+  288-864 KiB and failed to compile for Mixtral gate_up (reported as "OOM")."""
+  lt = lt or lay.SlabLayout(4, 64)
   active = max(min(e, m), 1)
   rows = m / active
   if rows <= 32:
@@ -185,11 +238,14 @@ def grouped_heuristic(m: int, e: int, n: int, k_tiles: int, *,
         break
       if k_tiles % cand == 0 and k_tiles // cand >= 2:
         split = cand
-    return tuning.TuningConfig(block_m, block_n, split, num_warps=4, num_stages=3)
+    c = tuning.TuningConfig(block_m, block_n, split, num_warps=4, num_stages=3)
+    return fit_smem(c, lt, k_tiles // split, x_bytes)
   bn = 128 if n % 128 == 0 else 64
   if rows <= 96:
-    return tuning.TuningConfig(64, bn, 1, num_warps=4, num_stages=3)
-  return tuning.TuningConfig(128, bn, 1, num_warps=8, num_stages=3)
+    c = tuning.TuningConfig(64, bn, 1, num_warps=4, num_stages=2)
+  else:
+    c = tuning.TuningConfig(128, bn, 1, num_warps=8, num_stages=2)
+  return fit_smem(c, lt, k_tiles, x_bytes)
 
 
 def run(params: QuantizedWeight, x: jax.Array, group_sizes: jax.Array, *,
@@ -203,7 +259,8 @@ def run(params: QuantizedWeight, x: jax.Array, group_sizes: jax.Array, *,
   np_ = params.codes.shape[2]
   k_tiles = kp // lt.block_k
   if config is None:
-    config = choose_config(m, e, np_, k_tiles, spec.name, k)
+    config = choose_config(m, e, np_, k_tiles, spec.name, k, lt,
+                           jnp.dtype(x.dtype).itemsize)
   block_m = config.block_m
   block_n = min(config.block_n, np_)
   split_k = config.split_k if k_tiles % config.split_k == 0 else 1

@@ -111,8 +111,22 @@ class SlabLayout:
     return codes.reshape(t * self.block_k, n).astype(jnp.uint8)
 
 
-def choose_slab(bits: int, group: int | None) -> int:
-  """Slab rows: at most 64 (small tiles pipeline better), dividing the scale group."""
+def choose_slab(bits: int, group: int | None, k: int | None = None) -> int:
+  """Slab rows: at most 64 (small tiles pipeline better), dividing the scale group.
+
+  ``k`` (optional; None keeps the K-independent choice): also fit the K tile to K -- among
+  the slabs allowed above, take the one with the least K padding (ties: the larger slab),
+  e.g. int4 g128 with K=256 gets slab 32 (K tile 256) instead of slab 64 (K tile 512,
+  which would double the weight bytes and MACs)."""
+  if k is not None:
+    best = choose_slab(bits, group)
+    num_slabs = 32 // min(PLANES[bits])
+    s = best
+    while s % 2 == 0 and s // 2 >= 16 and (not group or group % (s // 2) == 0):
+      s //= 2
+      if -(-k // (num_slabs * s)) * num_slabs * s < -(-k // (num_slabs * best)) * num_slabs * best:
+        best = s
+    return best
   s = 64
   if group:
     while group % s:
