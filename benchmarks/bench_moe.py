@@ -3,7 +3,9 @@
 For each (shape, tokens): random top-k routing, rows sorted by expert; one call applies the
 grouped GEMM to ``--layers`` distinct weight sets (each set is >= 100 MB, far past the 60 MB
 L2); microseconds per grouped GEMM.  Methods, in the same run:
-  hj:<spec>        hj.quant_ragged_dot, Pallas grouped kernel, prepared params
+  hj:<spec>        hj.quant_ragged_dot, Pallas grouped kernel, params prepared once per
+                   shape outside the timed call; TB/s = active experts' bytes / time
+  hj_sched:<spec>  (--breakdown) the XLA-side schedule + x padding alone
   ragged_bf16      lax.ragged_dot on bf16 weights (XLA expands it densely: OOM is caught)
   deq_ragged       XLA dequantize (to bf16) + lax.ragged_dot
   hj_xla:<spec>    hj's XLA fallback (--xla-path; tiled gather + dequant)
@@ -68,17 +70,37 @@ def _safe(fn):
     return fn()
   except Exception as ex:  # noqa: BLE001 - reported, not hidden
     msg = str(ex).splitlines()[0] if str(ex) else type(ex).__name__
-    if "RESOURCE_EXHAUSTED" in str(ex) or "out of memory" in str(ex).lower():
+    # Triton's "Shared memory size limit exceeded" is also RESOURCE_EXHAUSTED: a kernel
+    # config that does not compile, not device memory (the 2026-11-29 Mixtral "OOM").
+    if "Shared memory size limit exceeded" in str(ex):
+      msg = "SMEM: " + msg
+    elif "RESOURCE_EXHAUSTED" in str(ex) or "out of memory" in str(ex).lower():
       msg = "OOM"
     return {"error": msg[:160]}
 
 
-def bench_hj(spec_name, ws, xg, *, calls, repeats, check):
+def quantize_sets(spec_name, ws):
+  """(canonical, prepared) params per weight set: done once per shape, never timed."""
   spec = hj.QuantSpec.preset(spec_name)
   quant = jax.jit(hj.quantize, static_argnums=1)
   qs = [quant(w, spec) for w in ws]
   prep = jax.jit(functools.partial(hj.prepare, grouped=True))
-  pps = [prep(q) for q in qs]
+  pps = [jax.block_until_ready(prep(q)) for q in qs]
+  return qs, pps
+
+
+def active_bytes(pp, group_sizes) -> int:
+  """Bytes the kernel must read per call: the prepared arrays of the active experts
+  (padding included).  ``nbytes()`` of the params counts *all* E experts: the 2026-11-29
+  "1.37 TB/s" at 1 token was 245 MB of all 256 DeepSeek experts over 179 µs, not traffic."""
+  e = pp.shape[0]
+  per_expert = sum(int(np.prod(a.shape)) * a.dtype.itemsize
+                   for a in jax.tree.leaves(pp)) // e
+  return per_expert * int((np.asarray(group_sizes) > 0).sum())
+
+
+def bench_hj(spec_name, sets, xg, *, calls, repeats, check):
+  qs, pps = sets
   layer = lambda p, xg: hj.quant_ragged_dot(p, xg[0], xg[1], backend="pallas")
   res = {}
   if check:
@@ -89,9 +111,28 @@ def bench_hj(spec_name, ws, xg, *, calls, repeats, check):
     res["tail_zero"] = bool((y[total:] == 0).all())
   res["compile_s"] = common.compile_time(layer, pps[0], xg)
   res.update(common.time_chain(layer, pps, xg, calls=calls, repeats=repeats))
-  res["weight_bytes"] = qs[0].nbytes()
-  res["tbps"] = res["weight_bytes"] / (res["us"] * 1e-6) / 1e12
+  res["weight_bytes_all_experts"] = qs[0].nbytes()
+  res["weight_bytes"] = active_bytes(pps[0], xg[1])
+  res["tbps"] = res["weight_bytes"] / (res["us"] * 1e-6) / 1e12  # active experts only
   return res, qs
+
+
+def bench_schedule(pps, xg, *, calls, repeats):
+  """The XLA-side cost of a call alone: the tile schedule and the x padding (what runs
+  besides the pallas_call), to split a slow decode call into overhead and kernel."""
+  from humming_jax.kernels import grouped_wna16 as gk
+  from humming_jax.kernels import layout as lay
+
+  def sched(p, xg):
+    x, gs = xg
+    _, lt = lay.parse_layout_name(p.layout)
+    m, k = x.shape
+    cfg = gk.choose_config(m, p.shape[0], p.codes.shape[2],
+                           p.codes.shape[1] // lt.rows_per_tile, p.spec.name, k, lt)
+    t = gk.tile_schedule(gs, m, cfg.block_m, gk.max_tiles(m, p.shape[0], cfg.block_m))
+    kp = lt.padded_k(k)
+    return jnp.stack(t), jnp.pad(x, ((0, 0), (0, kp - k)))
+  return common.time_chain(sched, pps, xg, calls=calls, repeats=repeats)
 
 
 def bench_hj_xla(qs, xg, *, calls, repeats):
@@ -147,6 +188,8 @@ def main(argv=None):
   ap.add_argument("--humming", action="store_true", help="also time humming-kernels")
   ap.add_argument("--no-baselines", action="store_true")
   ap.add_argument("--xla-path", action="store_true", help="also time hj's XLA fallback")
+  ap.add_argument("--breakdown", action="store_true",
+                  help="also time the XLA-side schedule + padding alone (hj_sched)")
   ap.add_argument("--json", default=None)
   args = ap.parse_args(argv)
   info = common.device_info()
@@ -156,6 +199,10 @@ def main(argv=None):
   for shape_name in args.shapes.split(","):
     e, topk, n, k = SHAPES[shape_name]
     ws = make_sets(jax.random.PRNGKey(0), args.layers, e, k, n)
+    sets = {}
+    for spec_name in specs:
+      got = _safe(lambda: quantize_sets(spec_name, ws))
+      sets[spec_name] = got
     for tokens in map(int, args.tokens.split(",")):
       calls = _calls(tokens, args.calls)
       key = jax.random.PRNGKey(tokens)
@@ -167,8 +214,14 @@ def main(argv=None):
       t0 = time.time()
       qs_any = None
       for spec_name in specs:
-        out = _safe(lambda: bench_hj(spec_name, ws, xg, calls=calls, repeats=args.repeats,
-                                     check=True))
+        if isinstance(sets[spec_name], dict):  # quantize/prepare failed: report it
+          row[f"hj:{spec_name}"] = sets[spec_name]
+          continue
+        out = _safe(lambda: bench_hj(spec_name, sets[spec_name], xg, calls=calls,
+                                     repeats=args.repeats, check=True))
+        if args.breakdown:
+          row[f"hj_sched:{spec_name}"] = _safe(lambda: bench_schedule(
+              sets[spec_name][1], xg, calls=calls, repeats=args.repeats))
         if isinstance(out, tuple):
           row[f"hj:{spec_name}"], qs = out
           qs_any = qs_any or qs
@@ -201,7 +254,9 @@ def _us(v) -> str:
   if not isinstance(v, dict):
     return "-"
   if "error" in v:
-    return "OOM" if v["error"] == "OOM" else "err"
+    if v["error"] == "OOM":
+      return "OOM"
+    return "SMEM" if v["error"].startswith("SMEM") else "err"
   return f"{v['us']:.1f}"
 
 
