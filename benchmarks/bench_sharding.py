@@ -36,7 +36,6 @@ from benchmarks import common  # noqa: E402
 from humming_jax import moe  # noqa: E402
 from humming_jax import ops  # noqa: E402
 from humming_jax import sharding as hs  # noqa: E402
-from humming_jax.kernels import registry  # noqa: E402
 
 
 def _mesh(d: int, name: str):

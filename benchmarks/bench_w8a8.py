@@ -127,21 +127,8 @@ def xla_baselines(ws, x, *, calls, repeats):
 
 
 def bench_humming(name, ws, m, *, calls, repeats):
-  import torch
-  from humming.layer import HummingLayer
   wcfg, icfg = HUMMING_CONFIGS[name]
-  k, n = ws[0].shape
-  layers = []
-  for w in ws:
-    layer = HummingLayer(shape_n=n, shape_k=k, weight_config=dict(wcfg),
-                         input_config=None if icfg is None else dict(icfg),
-                         torch_dtype=torch.bfloat16).to("cuda")
-    layer.load_from_unquantized(torch.from_numpy(np.asarray(w).T.copy()).to(
-        "cuda", torch.bfloat16))
-    layer.transform()
-    layers.append(layer)
-  x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-  return common.time_torch_graph(layers, x, calls=calls, repeats=repeats)
+  return common.time_humming_dense(wcfg, icfg, ws, m, calls=calls, repeats=repeats)
 
 
 def sweep(qs, prepared, x, args):

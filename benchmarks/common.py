@@ -118,3 +118,24 @@ def time_torch_graph(layers, x, *, calls: int = 50, repeats: int = 5) -> dict[st
 def rel_err(y, ref) -> float:
   y, ref = jnp.asarray(y, jnp.float32), jnp.asarray(ref, jnp.float32)
   return float(jnp.linalg.norm(y - ref) / jnp.linalg.norm(ref))
+
+
+def time_humming_dense(weight_config: dict, input_config: dict | None, ws, m: int, *,
+                       calls: int = 50, repeats: int = 5) -> dict[str, float]:
+  """humming-kernels' HummingLayer for each (K, N) weight in ``ws`` (quantized from the
+  same float weights we use; Humming stores (N, K)), timed as a CUDA-graph chain."""
+  import numpy as np
+  import torch
+  from humming.layer import HummingLayer
+  k, n = ws[0].shape
+  layers = []
+  for w in ws:
+    layer = HummingLayer(shape_n=n, shape_k=k, weight_config=dict(weight_config),
+                         input_config=None if input_config is None else dict(input_config),
+                         torch_dtype=torch.bfloat16).to("cuda")
+    layer.load_from_unquantized(torch.from_numpy(np.asarray(w).T.copy()).to(
+        "cuda", torch.bfloat16))
+    layer.transform()
+    layers.append(layer)
+  x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+  return time_torch_graph(layers, x, calls=calls, repeats=repeats)

@@ -34,7 +34,7 @@ import jax
 import jax.numpy as jnp
 
 from humming_jax.quantize import QuantizedWeight, quantize
-from humming_jax.spec import PRESETS, QuantSpec
+from humming_jax.spec import QuantSpec
 
 RecipeValue = Union[str, QuantSpec, None]
 Recipe = Mapping[str, RecipeValue]

@@ -34,7 +34,7 @@ activations quantized with that global scale -- never with a per-shard scale.
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Literal, Sequence
+from typing import Any, Callable, Literal
 
 import jax
 import jax.numpy as jnp

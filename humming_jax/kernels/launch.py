@@ -41,3 +41,17 @@ def launch_dense(kernel, operands, in_specs, *, mp: int, np_: int, m: int, n: in
       out = out + jnp.pad(bias, (0, np_ - n))
     out = out.astype(out_dtype)
   return out[:m, :n]
+
+
+def store_output(acc: jax.Array, o_ref, *, s2_ref=None, bias_ref=None,
+                 split_k: int = 1) -> None:
+  """Kernel epilogue shared by the dense kernels: the per-tensor second-level scale, then
+  either bias + cast + store (one K split) or the float32 partial (split-K)."""
+  if s2_ref is not None:
+    acc = acc * s2_ref[...]
+  if split_k == 1:
+    if bias_ref is not None:
+      acc = acc + bias_ref[...]
+    o_ref[...] = acc.astype(o_ref.dtype)
+  else:
+    o_ref[...] = acc

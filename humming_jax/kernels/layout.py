@@ -62,8 +62,7 @@ class SlabLayout:
 
   def locate(self, p: int, s: int) -> tuple[int, int]:
     """(row offset within the tile, bit shift within the word) of slab s in plane p."""
-    per_word = 32 // self.planes[p]
-    rows = self.plane_rows(p)  # = block_k / per_word
+    rows = self.plane_rows(p)  # = block_k / (32 / plane bits)
     first_k = s * self.slab
     slot, row = divmod(first_k, rows)
     return self.plane_row_offset(p) + row, slot * self.planes[p]

@@ -10,7 +10,6 @@ from __future__ import annotations
 import dataclasses
 from typing import Callable
 
-import jax
 
 from humming_jax.spec import QuantSpec
 

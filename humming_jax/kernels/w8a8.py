@@ -291,14 +291,7 @@ def _kernel(*refs, spec: QuantSpec, plan: Plan, lt: lay.SlabLayout | None, block
     acc = acc * (fused_scale if fuse == "token" else sa_ref[...])
   if not plan.w_group:
     acc = acc * wna16._decode_scale_row(sw_ref[...], spec)
-  if has_s2:
-    acc = acc * s2_ref[...]
-  if split_k == 1:
-    if has_bias:
-      acc = acc + bias_ref[...]
-    o_ref[...] = acc.astype(o_ref.dtype)
-  else:
-    o_ref[...] = acc
+  launch.store_output(acc, o_ref, s2_ref=s2_ref, bias_ref=bias_ref, split_k=split_k)
 
 
 def heuristic(m: int, np_: int, k_tiles: int, plan: Plan) -> tuning.TuningConfig:

@@ -110,7 +110,7 @@ def to_canonical(prepared: QuantizedWeight) -> QuantizedWeight:
   if fmt.kind == "int":
     codes = codes ^ (1 << (fmt.bits - 1))
   bk, bn = scale_block(spec, k, n)
-  gk, gn = k // bk, n // bn
+  gk = k // bk
   s = prepared.scales[:gk, :n:bn]
   if spec.scale_dtype == "fp8_e4m3":
     s = jax.lax.bitcast_convert_type(s, jnp.float8_e4m3fn)
@@ -249,14 +249,7 @@ def _kernel(*refs, spec: QuantSpec, lt: lay.SlabLayout, tiles_per_split: int,
     acc = acc.T
   if not per_slab_scale:
     acc = acc * _decode_scale_row(scales_ref[...], spec)
-  if has_s2:
-    acc = acc * s2_ref[...]
-  if split_k == 1:
-    if has_bias:
-      acc = acc + bias_ref[...]
-    o_ref[...] = acc.astype(o_ref.dtype)
-  else:
-    o_ref[...] = acc
+  launch.store_output(acc, o_ref, s2_ref=s2_ref, bias_ref=bias_ref, split_k=split_k)
 
 
 def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
