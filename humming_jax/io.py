@@ -21,6 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from humming_jax.checkpoints._io import SafetensorsFile
 from humming_jax.quantize import QuantizedWeight
 from humming_jax.spec import QuantSpec
 
@@ -94,32 +95,6 @@ def save(path: str | os.PathLike, tree: Any) -> None:
   os.replace(tmp, path)
 
 
-def _read_header(path: str) -> tuple[dict, int]:
-  """The safetensors JSON header and the data size it promises; validates the framing."""
-  size = os.path.getsize(path)
-  with open(path, "rb") as f:
-    head = f.read(8)
-    if len(head) < 8:
-      raise ValueError(f"{path}: not a safetensors file (only {size} bytes)")
-    n = int.from_bytes(head, "little")
-    if n <= 0 or 8 + n > size:
-      raise ValueError(f"{path}: not a safetensors file or truncated (header of {n} bytes "
-                       f"in a {size}-byte file)")
-    try:
-      header = json.loads(f.read(n))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-      raise ValueError(f"{path}: damaged safetensors header ({e})") from None
-  if not isinstance(header, dict):
-    raise ValueError(f"{path}: damaged safetensors header (not a JSON object)")
-  end = max((int(v["data_offsets"][1]) for k, v in header.items()
-             if k != "__metadata__" and isinstance(v, dict) and "data_offsets" in v),
-            default=0)
-  if 8 + n + end > size:
-    raise ValueError(f"{path}: truncated checkpoint: the header promises {8 + n + end} "
-                     f"bytes, the file has {size}")
-  return header, n
-
-
 def load(path: str | os.PathLike) -> Any:
   """Read a tree written by :func:`save`; arrays come back bit-exact, as jax arrays
   (numpy arrays for 64-bit dtypes when jax's x64 mode is off, since jax would narrow them).
@@ -129,8 +104,9 @@ def load(path: str | os.PathLike) -> Any:
   path = os.fspath(path)
   if not os.path.isfile(path):
     raise ValueError(f"{path}: no such checkpoint file")
-  header, _ = _read_header(path)
-  meta = header.get("__metadata__") or {}
+  # One safetensors framing check for the library (checkpoints/_io.py): header length,
+  # JSON, every tensor's byte range inside the file.
+  meta = SafetensorsFile(path).metadata
   if _META_KEY not in meta:
     raise ValueError(f"{path}: a safetensors file without humming_jax metadata (written by "
                      "another tool?); hj.load reads files written by hj.save")
