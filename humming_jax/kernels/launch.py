@@ -10,6 +10,20 @@ from jax.experimental.pallas import triton as plt
 from humming_jax.kernels import tuning
 
 
+def epilogue_operands(params, n: int, np_: int, n_spec, *, with_bias: bool
+                      ) -> tuple[list, list]:
+  """Operands + BlockSpecs read by :func:`store_output`: the (1, 1) fp32 global scale
+  (when the params have one) and the N-padded (1, Np) bias (when ``with_bias``)."""
+  operands, specs = [], []
+  if params.global_scale is not None:
+    operands.append(params.global_scale.astype(jnp.float32).reshape(1, 1))
+    specs.append(pl.BlockSpec((1, 1), lambda i, j, s: (0, 0)))
+  if with_bias:
+    operands.append(jnp.pad(params.bias, (0, np_ - n)).reshape(1, np_))
+    specs.append(n_spec(1))
+  return operands, specs
+
+
 def launch_dense(kernel, operands, in_specs, *, mp: int, np_: int, m: int, n: int,
                  block_m: int, block_n: int, split_k: int, out_dtype,
                  bias: jax.Array | None, config: tuning.TuningConfig, interpret: bool,

@@ -377,12 +377,9 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
   operands = [a, sa, params.codes, params.scales]
   in_specs = [pl.BlockSpec((block_m, kp), lambda i, j, s: (i, 0)), sa_spec, w_spec,
               n_spec(params.scales.shape[0])]
-  if has_s2:
-    operands.append(params.global_scale.astype(jnp.float32).reshape(1, 1))
-    in_specs.append(pl.BlockSpec((1, 1), lambda i, j, s: (0, 0)))
-  if has_bias:
-    operands.append(jnp.pad(params.bias, (0, np_ - n)).reshape(1, np_))
-    in_specs.append(n_spec(1))
+  extra, extra_specs = launch.epilogue_operands(params, n, np_, n_spec, with_bias=has_bias)
+  operands += extra
+  in_specs += extra_specs
   kernel = functools.partial(
       _kernel, spec=spec, plan=plan, lt=lt, block_k=bk, tiles_per_split=k_tiles // split_k,
       has_s2=has_s2, has_bias=has_bias, split_k=split_k, fuse=fuse)

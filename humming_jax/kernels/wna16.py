@@ -290,12 +290,9 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
   if has_zeros:
     operands.append(params.zeros)
     in_specs.append(n_spec(params.zeros.shape[0]))
-  if has_s2:
-    operands.append(params.global_scale.astype(jnp.float32).reshape(1, 1))
-    in_specs.append(pl.BlockSpec((1, 1), lambda i, j, s: (0, 0)))
-  if has_bias:
-    operands.append(jnp.pad(params.bias, (0, np_ - n)).reshape(1, np_))
-    in_specs.append(n_spec(1))
+  extra, extra_specs = launch.epilogue_operands(params, n, np_, n_spec, with_bias=has_bias)
+  operands += extra
+  in_specs += extra_specs
   kernel = functools.partial(
       _kernel, spec=spec, lt=lt, tiles_per_split=k_tiles // split_k, group_rows=group_rows,
       has_zeros=has_zeros, has_s2=has_s2, has_bias=has_bias, split_k=split_k,
