@@ -154,6 +154,14 @@ def test_fp4_act_quant_matches_quantize(name):
   np.testing.assert_array_equal(np.asarray(a.scales), np.asarray(b.scales))
 
 
+def test_round_e2m1_equals_format_rne():
+  """Every representable value, every midpoint (ties) and points between, both signs."""
+  x = jnp.arange(-6 * 64, 6 * 64 + 1, dtype=jnp.float32) / 64
+  want = hj.get_format("fp4_e2m1").quantize_dequantize(x)
+  np.testing.assert_array_equal(np.asarray(jax.jit(act_quant.round_e2m1)(x)),
+                                np.asarray(want))
+
+
 @pytest.mark.parametrize("spec", [
     hj.QuantSpec("int8", "channel", 0, scale_dtype="float32", act="fp8_e4m3"),  # int8 !⊂ e4m3
     hj.QuantSpec("fp8_e4m3", "channel", 0, scale_dtype="float32", act="fp8_e5m2"),
@@ -194,13 +202,14 @@ def test_fused_act_quant_gpu():
 
 
 def test_known_bad_gpu_specs_are_never_picked(monkeypatch):
-  """On a GPU, backend=None routes fp8-activation specs to XLA and backend='pallas'
-  refuses them with the reason; int8 activations still get the kernel."""
+  """On a GPU, backend=None routes fp4-activation specs to XLA and backend='pallas'
+  refuses them with the reason; int8 and fp8 activations get the kernel."""
   from humming_jax import ops
   monkeypatch.setattr(ops, "on_gpu", lambda: True)
-  fp8 = hj.QuantSpec.preset("w8a8-fp8")
-  assert ops.resolve_backend(None, fp8) == "xla"
+  fp4 = hj.QuantSpec.preset("w4a4-nvfp4")
+  assert ops.resolve_backend(None, fp4) == "xla"
   with pytest.raises(ValueError, match="known to disagree with the reference"):
-    ops.resolve_backend("pallas", fp8)
-  assert ops.resolve_backend("interpret", fp8) == "interpret"
-  assert ops.resolve_backend(None, hj.QuantSpec.preset("w8a8-int8")) == "pallas"
+    ops.resolve_backend("pallas", fp4)
+  assert ops.resolve_backend("interpret", fp4) == "interpret"
+  for name in ("w8a8-int8", "w8a8-fp8", "w4a8-mxfp4"):
+    assert ops.resolve_backend(None, hj.QuantSpec.preset(name)) == "pallas", name

@@ -70,3 +70,15 @@ def test_weight_scale_rounding_has_no_foldable_convert_chain():
   for preset in ("w4a16-g128", "w8a16"):
     text = jax.jit(lambda v: hj.quantize(v, preset).scales).lower(w).as_text()
     assert _narrow_to_wide_chains(text) == [], preset
+
+
+@pytest.mark.parametrize("preset", ["w4a4-nvfp4", "w4a4-mxfp4"])
+def test_fp4_activation_quant_uses_no_fp4_convert(preset):
+  """The W4A4 pre-pass rounds to e2m1 arithmetically: on the H200 an XLA f32 -> f4 -> f8
+  convert chain reached the kernel as f32 -> f8 (fp4 rounding skipped)."""
+  from humming_jax.kernels import act_quant
+  spec = hj.QuantSpec.preset(preset)
+  x = jax.random.normal(jax.random.key(0), (4, 256), jnp.bfloat16)
+  text = jax.jit(lambda v: act_quant.quantize(v, spec).values).lower(x).as_text()
+  assert "f4E2M1" not in text
+  assert _narrow_to_wide_chains(text) == []

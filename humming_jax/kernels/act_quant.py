@@ -8,10 +8,14 @@ GEMM (see benchmarks/NOTES_w8a8.md for the measurement against quantizing in the
 prologue).
 
 The only thing added here is a fast rounding for fp4 e2m1 activations (W4A4): the generic
-``fmt.encode`` is a table search; XLA's own convert to ``float4_e2m1fn`` rounds to nearest
-even the same way (asserted in tests/test_w8a8.py), and e2m1 values are exact in e4m3.
-The scales still come from ``quantize_activations`` (under jit its unused values are dead
-code), so the two paths cannot drift apart.
+``fmt.encode`` is a table search.  e2m1's grid has step 0.5 below 2, 1 below 4 and 2 up to
+6, so ``round_half_even(x / step) * step`` is its RNE rounding (even multiples of the step
+are exactly the even mantissas; equality with ``fmt.encode`` is asserted in
+tests/test_w8a8.py).  Not XLA's ``float4_e2m1fn`` convert: on the H200 (2026-11-29) the
+chain f32 -> f4 -> f8 reached the kernel as plain f32 -> f8 rounding, the fp4
+quantization silently skipped (8e-2 error vs the reference).  e2m1 values are exact in
+e4m3.  The scales still come from ``quantize_activations`` (under jit its unused values are
+dead code), so the two paths cannot drift apart.
 """
 from __future__ import annotations
 
@@ -35,5 +39,12 @@ def quantize(x: jax.Array, spec: QuantSpec,
   full = jnp.repeat(jnp.repeat(s, m // s.shape[0], 0), k // s.shape[1], 1)
   xs = x.astype(jnp.float32) / full
   fmax = spec.act_format.max_value
-  vals = jnp.clip(xs, -fmax, fmax).astype(jnp.float4_e2m1fn).astype(jnp.float8_e4m3fn)
-  return QuantizedActivations(vals, s)
+  return QuantizedActivations(round_e2m1(jnp.clip(xs, -fmax, fmax)).astype(jnp.float8_e4m3fn),
+                              s)
+
+
+def round_e2m1(x: jax.Array) -> jax.Array:
+  """float32 ``x`` with |x| <= 6 rounded (RNE) onto the fp4 e2m1 grid, float32 out."""
+  ax = jnp.abs(x)
+  step = jnp.where(ax < 2.0, 0.5, jnp.where(ax < 4.0, 1.0, 2.0))
+  return jnp.round(x / step) * step  # jnp.round: half to even; x / step is exact
