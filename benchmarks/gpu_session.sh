@@ -3,7 +3,7 @@
 # Run from the repo root on the GPU machine, with .whl (humming-kernels wheel, shared/GPU.md)
 # carried:   bash benchmarks/gpu_session.sh      (logs and JSON land in $OUT)
 # Each step has its own time limit so one slow step cannot eat the whole call; pytest writes
-# a junit XML per file so a cut-off log still says which tests passed.
+# a junit XML per file; SIGINT (not KILL) at the limit makes pytest print its summary.
 set -u
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-benchmarks/results}; mkdir -p "$OUT"
@@ -18,10 +18,11 @@ step() { echo "== $1 (+$(( $(date +%s) - T0 ))s)"; }
 gpu_tests() {  # file, seconds
   local name; name=$(basename "$1" .py)
   step "$name"
-  timeout "$2" python3 -m pytest "$1" -m gpu -q -p no:cacheprovider --tb=line \
+  timeout -s INT "$2" python3 -m pytest "$1" -m gpu -q -p no:cacheprovider --tb=line \
     --junitxml="$OUT/$name.xml" > "$OUT/$name.log" 2>&1
   grep -E "passed|failed|FAILED|Error" "$OUT/$name.log" | tail -8
 }
+gpu_tests tests/test_wna16_mgpu.py 110
 gpu_tests tests/test_wna16.py 150
 gpu_tests tests/test_w8a8.py 110
 gpu_tests tests/test_grouped_kernels.py 80

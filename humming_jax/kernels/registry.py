@@ -2,8 +2,9 @@
 
 A kernel family registers a :class:`DenseKernel`: which specs it runs, how it prepares the
 canonical params into its own layout (once, not per call), how to undo that, and how it
-runs.  ops.py picks the first registered family that supports a spec; swapping a kernel
-means registering another entry, nothing else changes.
+runs.  ops.py picks the highest-priority registered family that supports a spec (ties: the
+first registered); swapping a kernel means registering another entry, nothing else
+changes.
 """
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ class DenseKernel:
   # @pytest.mark.gpu test on the H200).  backend=None never picks the kernel for them and
   # backend="pallas" refuses them with the reason; "interpret" still runs them (CPU tests).
   gpu_known_bad: Callable[[QuantSpec], str | None] = lambda spec: None
+  priority: int = 0  # higher wins when several families support a spec
 
 
 _DENSE: list[DenseKernel] = []
@@ -40,10 +42,8 @@ def register(kernel: DenseKernel) -> DenseKernel:
 
 def find(spec: QuantSpec, *, grouped: bool = False) -> DenseKernel | None:
   _load_kernels()
-  for k in (_GROUPED if grouped else _DENSE):
-    if k.supports(spec):
-      return k
-  return None
+  found = [k for k in (_GROUPED if grouped else _DENSE) if k.supports(spec)]
+  return max(found, key=lambda k: k.priority) if found else None
 
 
 def layout_family(layout: str) -> str:

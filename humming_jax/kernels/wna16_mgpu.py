@@ -1,0 +1,319 @@
+"""WnA16 on Hopper tensor cores through Mosaic GPU: integer weights dequantized in registers.
+
+``y = x @ W_deq + bias`` for int4 / int8 weights (symmetric, or unsigned with a zero point)
+with group (64, 128, ...) or per-channel scales and bf16 / fp16 activations.
+
+Why a second WnA16 kernel (benchmarks/NOTES.md, "v3"): in Pallas-Triton the dequantized
+tile has to be written to shared memory to become an MMA operand, and int4 -> bf16 is a
+per-element shift / mask / convert.  Here the GEMM is computed transposed ("swap AB"),
+``y^T (N, M) = W^T (N, K) @ x^T (K, M)``, so the *weights* are the WGMMA A operand, which
+Hopper reads from registers:
+
+  layout: codes stored K-tile-major, (Kp / block_k, Np, block_k), so the (block_n,
+       block_k) tile of one K step is one contiguous 4 KB (int4) run in HBM, not block_n
+       strided 64-byte pieces;
+  TMA: ``substeps`` W^T tiles, the x tile (block_m, substeps * block_k) and the scale (and
+       zero) rows -> shared memory, ``stages`` steps in flight (plgpu.emit_pipeline);
+  registers: the int tile is loaded in the WGMMA upcast layout, converted to bf16 with
+       Mosaic's vectorised int -> bf16 conversion, ``(c - z) * s`` per row (one scale row
+       per K step: block_k == group size), i.e. the bf16-rounded dequantized weight;
+  WGMMA: acc (block_n, block_m) f32 += W_deq (registers) @ x^T (shared memory);
+  epilogue: + bias (per acc row), cast, transposed store of the (block_m, block_n) tile.
+
+Decode (M <= 64) has a single M tile, and N / block_n CTAs stream the weights once.
+The XLA reference beside it is kernels/reference.py::dense_reference; the Pallas-Triton
+kernel (wna16.py) runs every format this one does not.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import mosaic_gpu as plgpu
+
+from humming_jax import packing
+from humming_jax.quantize import QuantizedWeight, scale_block, unpacked_codes
+from humming_jax.kernels import registry
+from humming_jax.spec import QuantSpec
+
+FAMILY = "wna16_mgpu"
+BLOCK_N = 64  # rows of W^T per warpgroup (the WGMMA M dimension)
+_WGMMA = plgpu.Layout.WGMMA
+_ROW = plgpu.Layout.WGMMA.reduce(1)
+_TRANSPOSED = plgpu.Layout.WGMMA_TRANSPOSED
+_UPCAST = {4: plgpu.Layout.WGMMA_UPCAST_4X, 8: plgpu.Layout.WGMMA_UPCAST_2X}
+_CODE_DTYPE = {4: jnp.int4, 8: jnp.int8}
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+  """Launch shape: rows of W^T per CTA, tokens per CTA, K steps in flight."""
+
+  block_m: int = 64  # tokens per CTA (WGMMA N: a multiple of 8, <= 256)
+  stages: int = 4  # pipeline steps in flight
+  substeps: int = 1  # K tiles (of block_k) per pipeline step
+  dequant_gemm_min_m: int = 512  # from this M on: XLA dequantize + cuBLAS GEMM
+
+
+def block_k_for(spec: QuantSpec) -> int:
+  """K per pipeline step: the scale group (one scale row per step), 128 per channel."""
+  return spec.group_size if spec.granularity == "group" else 128
+
+
+def hopper_or_interpreter() -> bool:
+  """WGMMA needs sm_90; on other GPUs the Pallas-Triton kernel runs these specs."""
+  d = jax.devices()[0]
+  if d.platform != "gpu":
+    return True  # backend="interpret" (the GPU interpreter runs on the CPU)
+  return str(getattr(d, "compute_capability", "0")).startswith("9")
+
+
+def supports(spec: QuantSpec) -> bool:
+  """int4 / int8 (signed) or uint4 / uint8 with zero point; group 64..256 (multiple of 64)
+  or per channel; 16-bit or fp32 scales; weight-only; a Hopper GPU (or the interpreter)."""
+  w = spec.weight_format
+  if spec.act is not None or w.kind not in ("int", "uint") or w.bits not in (4, 8):
+    return False
+  if spec.scale_dtype not in ("bfloat16", "float16", "float32"):
+    return False
+  if spec.granularity == "group":
+    ok = spec.group_size % 64 == 0 and 64 <= spec.group_size <= 256
+  else:
+    ok = spec.granularity == "channel"
+  return ok and hopper_or_interpreter()
+
+
+# ----------------------------------------------------------------------------------------
+# Transform: canonical -> kernel layout (once)
+# ----------------------------------------------------------------------------------------
+def prepare(params: QuantizedWeight) -> QuantizedWeight:
+  """Canonical params -> (Kp / block_k, Np, block_k) signed codes (uint codes minus
+  2**(b-1)) in jnp.int4 / int8, scales and zero points (minus the same offset) as
+  (K tiles, Np) rows in bf16."""
+  spec = params.spec
+  if not supports(spec):
+    raise ValueError(f"spec {spec.name}: not supported by the {FAMILY} kernel")
+  if params.num_experts is not None:
+    raise ValueError("stacked experts: use the grouped (MoE) kernels")
+  k, n = params.shape
+  bits = spec.weight_bits
+  bk = block_k_for(spec)
+  kp, np_ = -(-k // bk) * bk, -(-n // BLOCK_N) * BLOCK_N
+  codes = unpacked_codes(params).astype(jnp.int32)
+  offset = (1 << (bits - 1)) if spec.weight_format.kind == "uint" else 0
+  codes = jnp.pad((codes - offset).T, ((0, np_ - n), (0, kp - k)))
+  codes = codes.reshape(np_, kp // bk, bk).transpose(1, 0, 2)
+  s = params.scales.astype(jnp.float32)
+  if spec.granularity == "group":
+    rows = kp // bk
+  else:  # one scale row, repeated per K step so the kernel has a single code path
+    rows = kp // bk
+    s = jnp.broadcast_to(s.reshape(1, -1), (rows, s.size)) if s.size == n else \
+        jnp.full((rows, n), s.reshape(()))
+  s = jnp.pad(s, ((0, rows - s.shape[0]), (0, np_ - n)), constant_values=1.0)
+  zeros = None
+  if params.zeros is not None:
+    z = params.zeros.astype(jnp.float32) - offset
+    if spec.granularity != "group":
+      z = jnp.broadcast_to(z.reshape(1, -1), (rows, n))
+    zeros = jnp.pad(z, ((0, rows - z.shape[0]), (0, np_ - n))).astype(jnp.bfloat16)
+  # 16-bit scales keep their dtype (exact); fp32 scales are rounded to bf16 here.
+  s_dtype = jnp.float16 if spec.scale_dtype == "float16" else jnp.bfloat16
+  return params.replace(codes=codes.astype(_CODE_DTYPE[bits]), scales=s.astype(s_dtype),
+                        zeros=zeros, layout=f"{FAMILY}:b{bits}:bk{bk}")
+
+
+def to_canonical(prepared: QuantizedWeight) -> QuantizedWeight:
+  """Inverse of :func:`prepare` (scales come back rounded to bf16 if they were fp32)."""
+  spec = prepared.spec
+  k, n = prepared.shape
+  bits = spec.weight_bits
+  offset = (1 << (bits - 1)) if spec.weight_format.kind == "uint" else 0
+  t, np_, bk = prepared.codes.shape
+  codes = prepared.codes.transpose(1, 0, 2).reshape(np_, t * bk)
+  codes = (codes[:n, :k].astype(jnp.int32).T + offset)
+  codes = (codes & ((1 << bits) - 1)).astype(jnp.uint8)
+  gk, _ = scale_block(spec, k, n)
+  s = prepared.scales[:k // gk if spec.granularity == "group" else 1, :n]
+  dt = {"bfloat16": jnp.bfloat16, "float16": jnp.float16, "float32": jnp.float32}
+  s = s.astype(dt[spec.scale_dtype])
+  if spec.granularity == "tensor":
+    s = s[:, :1]
+  z = None
+  if prepared.zeros is not None:
+    z = (prepared.zeros[:s.shape[0], :s.shape[1]].astype(jnp.int32) + offset).astype(jnp.uint8)
+  return prepared.replace(codes=packing.pack_codes(codes, bits), scales=s, zeros=z,
+                          layout="canonical")
+
+
+# ----------------------------------------------------------------------------------------
+# The kernel
+# ----------------------------------------------------------------------------------------
+def _swizzled(cols: int, bits: int, what: str):
+  swizzle = plgpu.find_swizzle(cols * bits, what)
+  return (plgpu.TilingTransform((8, swizzle * 8 // bits)), plgpu.SwizzleTransform(swizzle))
+
+
+def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
+        config: Config | None = None) -> jax.Array:
+  """(M, K) bf16/fp16 activations x prepared params -> (M, N) in x.dtype.
+
+  M >= ``config.dequant_gemm_min_m`` (compute bound) and float32 activations (the WGMMA
+  kernel takes 16-bit operands and would round x and y to bf16) run
+  :func:`dequant_gemm` instead: the weights dequantized by one XLA fusion from this
+  layout, then XLA's GEMM in the activation dtype."""
+  spec = params.spec
+  k, n = params.shape
+  k_tiles, np_, bk = params.codes.shape
+  kp = k_tiles * bk
+  bits = spec.weight_bits
+  m = x.shape[0]
+  config = config or heuristic(m)
+  if m >= config.dequant_gemm_min_m or x.dtype not in (jnp.bfloat16, jnp.float16):
+    return dequant_gemm(params, x)
+  cdt = x.dtype
+  sub = config.substeps if k_tiles % config.substeps == 0 else 1
+  block_m = min(config.block_m, max(8, -(-m // 8) * 8))
+  mp = -(-m // block_m) * block_m
+  xp = jnp.pad(x.astype(cdt), ((0, mp - m), (0, kp - k)))
+  has_zeros = params.zeros is not None
+  has_bias = params.bias is not None
+  scales = params.scales.astype(cdt)
+  operands = [xp, params.codes, scales]
+  if has_zeros:
+    operands.append(params.zeros.astype(cdt))
+  if has_bias:
+    operands.append(jnp.pad(params.bias.astype(jnp.float32), (0, np_ - n)).reshape(1, np_))
+  stages = fit_stages(dataclasses.replace(config, substeps=sub), block_m, bk, bits,
+                      has_zeros)
+  x_tf = _swizzled(sub * bk, 16, "x")
+  w_tf = _swizzled(bk, bits, "w")
+  a_tf = _swizzled(bk, 16, "a")
+  o_tf = _swizzled(BLOCK_N, 16, "o")
+  k_steps = k_tiles // sub
+
+  def kernel(x_gmem, w_gmem, s_gmem, *rest, o_smem, b_smem=None, b_barrier=None,
+             a_smem=None):
+    rest = list(rest)
+    z_gmem = rest.pop(0) if has_zeros else None
+    b_gmem = rest.pop(0) if has_bias else None
+    (o_gmem,) = rest
+    ni, mi = lax.axis_index("n"), lax.axis_index("m")
+    ns = pl.ds(ni * BLOCK_N, BLOCK_N)
+    ms = pl.ds(mi * block_m, block_m)
+    if has_bias:  # in flight during the K loop
+      plgpu.copy_gmem_to_smem(b_gmem.at[:, ns], b_smem, b_barrier)
+
+    def step(_, x_smem, w_smem, s_smem, *z_smem, acc_ref):
+      for j in range(sub):  # MMA j runs while tile j + 1 is dequantized
+        w = plgpu.load(w_smem.at[j], (), layout=_UPCAST[bits], optimized=False)
+        w = plgpu.layout_cast(w, _WGMMA).astype(cdt)
+        bcast = lambda r: lax.broadcast_in_dim(plgpu.load(r.at[j], (), layout=_ROW),
+                                               w.shape, [0])
+        if z_smem:
+          w = w - bcast(z_smem[0])
+        w = w * bcast(s_smem)  # the bf16-rounded dequantized weight
+        if a_smem is not None:  # the GPU interpreter takes WGMMA operands from SMEM only
+          plgpu.wgmma_wait(0)
+          a_smem[...] = w
+          plgpu.commit_smem()
+          w = a_smem
+        plgpu.wgmma(acc_ref, w, x_smem.at[:, pl.ds(j * bk, bk)].T)
+      plgpu.wgmma_wait(0)
+
+    def scoped(acc_ref):
+      row = lambda: plgpu.BlockSpec((sub, BLOCK_N), lambda kk: (kk, 0))
+      in_specs = [plgpu.BlockSpec((block_m, sub * bk), lambda kk: (0, kk), transforms=x_tf),
+                  plgpu.BlockSpec((sub, BLOCK_N, bk), lambda kk: (kk, 0, 0), transforms=w_tf),
+                  row()] + ([row()] if has_zeros else [])
+      refs = [x_gmem.at[ms], w_gmem.at[:, ns], s_gmem.at[:, ns]]
+      if has_zeros:
+        refs.append(z_gmem.at[:, ns])
+      plgpu.emit_pipeline(functools.partial(step, acc_ref=acc_ref), grid=(k_steps,),
+                          in_specs=in_specs, max_concurrent_steps=stages)(*refs)
+      return acc_ref[...]
+
+    acc = pl.run_scoped(scoped, plgpu.ACC((BLOCK_N, block_m), jnp.float32))
+    if has_bias:
+      plgpu.barrier_wait(b_barrier)
+      bias = plgpu.load(b_smem.at[0], (), layout=_ROW)
+      acc = acc + lax.broadcast_in_dim(bias, acc.shape, [0])
+    o_smem.T[...] = plgpu.layout_cast(acc.astype(cdt), _TRANSPOSED)
+    plgpu.commit_smem()
+    plgpu.copy_smem_to_gmem(o_smem, o_gmem.at[ms, ns])
+    plgpu.wait_smem_to_gmem(0)
+
+  scratch = dict(o_smem=plgpu.SMEM((block_m, BLOCK_N), cdt, transforms=o_tf))
+  if has_bias:
+    scratch.update(b_smem=plgpu.SMEM((1, BLOCK_N), jnp.float32), b_barrier=plgpu.Barrier())
+  if interpret:
+    scratch["a_smem"] = plgpu.SMEM((BLOCK_N, bk), cdt, transforms=a_tf)
+  out = plgpu.kernel(
+      kernel, out_type=jax.ShapeDtypeStruct((mp, np_), cdt),
+      grid=(np_ // BLOCK_N, mp // block_m), grid_names=("n", "m"),
+      scratch_types=scratch,
+      interpret=plgpu.InterpretGPUParams() if interpret else False,
+  )(*operands)
+  return out[:m, :n]
+
+
+SMEM_BYTES = 232448 - 2048  # H100/H200 per-block maximum, minus barriers and alignment
+
+
+def smem_bytes(block_m: int, stages: int, substeps: int, block_k: int, bits: int,
+               has_zeros: bool) -> int:
+  """Shared memory the kernel allocates (within ~1 KB of Mosaic's count on the H200)."""
+  per_step = substeps * (block_m * block_k * 2 + BLOCK_N * block_k * bits // 8
+                         + BLOCK_N * 2 * (2 if has_zeros else 1))
+  return stages * per_step + block_m * BLOCK_N * 2 + BLOCK_N * 4
+
+
+def fit_stages(config: Config, block_m: int, block_k: int, bits: int, has_zeros: bool
+               ) -> int:
+  """``config.stages``, lowered until the pipeline fits in shared memory (>= 2)."""
+  stages = config.stages
+  while stages > 2 and smem_bytes(block_m, stages, config.substeps, block_k, bits,
+                                  has_zeros) > SMEM_BYTES:
+    stages -= 1
+  need = smem_bytes(block_m, stages, config.substeps, block_k, bits, has_zeros)
+  if need > SMEM_BYTES:
+    raise ValueError(f"config={config}: needs {need} bytes of shared memory even with 2 "
+                     f"stages (limit {SMEM_BYTES}); lower block_m or substeps")
+  return stages
+
+
+def heuristic(m: int) -> Config:
+  """Decode: one M tile; prefill: 128 tokens per CTA; large M: dequantize + GEMM.
+  (H200 sweep 2026-11-29, benchmarks/NOTES.md v3.)"""
+  return Config(block_m=64 if m <= 64 else 128, stages=4)
+
+
+def dequantize_prepared(params: QuantizedWeight, dtype=jnp.float32) -> jax.Array:
+  """(K, N) weights straight from the kernel layout: one XLA fusion (int4 -> float is a
+  native convert), same rounding as the kernel when ``dtype`` is 16-bit."""
+  k, n = params.shape
+  t, np_, bk = params.codes.shape
+  c = params.codes.astype(dtype).transpose(0, 2, 1)  # (K tiles, bk, Np)
+  if params.zeros is not None:
+    c = c - params.zeros.astype(dtype)[:, None, :]
+  w = c * params.scales.astype(dtype)[:, None, :]
+  return w.reshape(t * bk, np_)[:k, :n]
+
+
+def dequant_gemm(params: QuantizedWeight, x: jax.Array) -> jax.Array:
+  """Large M (compute bound): dequantize to the activation dtype, then XLA's GEMM."""
+  cdt = x.dtype if x.dtype in (jnp.bfloat16, jnp.float16) else jnp.float32
+  y = jnp.dot(x.astype(cdt), dequantize_prepared(params, cdt),
+              preferred_element_type=jnp.float32)
+  if params.bias is not None:
+    y = y + params.bias
+  return y.astype(x.dtype)
+
+
+KERNEL = registry.register(registry.DenseKernel(
+    name=FAMILY, layout=FAMILY, supports=supports, prepare=prepare,
+    to_canonical=to_canonical, run=run, priority=1))

@@ -1,0 +1,147 @@
+"""Mosaic GPU WnA16 kernel (kernels/wna16_mgpu.py) against the XLA reference.
+
+Interpret mode (CPU, CI): Mosaic GPU's interpreter (plgpu.InterpretGPUParams) runs the same
+kernel body, except that the dequantized WGMMA A operand goes through shared memory (the
+interpreter only takes shared-memory WGMMA operands).  GPU tests (H200) run the real
+register-operand kernel through ``hj.quant_dense`` at the benchmark shape.
+
+Tolerance: the kernel multiplies the bf16-rounded dequantized weight ((c - z) * s rounded
+once to bf16, like a dequantize-to-bf16 GEMM), so it differs from the float32 reference by
+~2**-9 per weight and by the bf16 output rounding: 1e-2 relative (issue 3's bound); the
+measured value is ~2e-3.
+"""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import humming_jax as hj
+from humming_jax.kernels import reference, registry, wna16_mgpu as mg
+
+TOL = 1e-2
+
+CASES = [  # (spec, M, K, N, bias, config)
+    (hj.QuantSpec.preset("w4a16-g128-zp"), 5, 512, 128, True, mg.Config(64, 2, 2)),
+    (hj.QuantSpec.preset("w4a16-g128"), 16, 384, 64, False, mg.Config(64, 4, 1)),
+    (hj.QuantSpec("int4", "group", 64, scale_dtype="float16"), 7, 256, 192, True,
+     mg.Config(64, 3, 2)),
+    (hj.QuantSpec("uint4", "group", 256, zero_point=True), 33, 512, 64, False,
+     mg.Config(64, 2, 1)),
+    (hj.QuantSpec.preset("w8a16"), 3, 512, 128, True, mg.Config(64, 2, 4)),
+    (hj.QuantSpec("uint8", "channel", 0, zero_point=True, scale_dtype="float32"), 1, 320,
+     136, True, mg.Config(64, 2, 1)),
+]
+
+
+def rel(y, ref):
+  y, ref = jnp.asarray(y, jnp.float32), jnp.asarray(ref, jnp.float32)
+  return float(jnp.linalg.norm(y - ref) / jnp.linalg.norm(ref))
+
+
+def make(spec, m, k, n, bias, seed=0, dtype=jnp.bfloat16):
+  kw, kb, kx = jax.random.split(jax.random.key(seed), 3)
+  w = jax.random.normal(kw, (k, n)) / np.sqrt(k)
+  b = jax.random.normal(kb, (n,)) if bias else None
+  q = jax.jit(lambda w, b: hj.quantize(w, spec, bias=b))(w, b)
+  x = jax.random.normal(kx, (m, k), jnp.float32).astype(dtype)
+  return q, x
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[0].name}-m{c[1]}")
+def test_kernel_interpret(case):
+  spec, m, k, n, bias, cfg = case
+  assert mg.supports(spec)
+  q, x = make(spec, m, k, n, bias)
+  p = mg.prepare(q)
+  y = jax.jit(lambda p, x: mg.run(p, x, interpret=True, config=cfg))(p, x)
+  ref = reference.dense_reference(q, x)
+  assert y.shape == (m, n) and y.dtype == x.dtype
+  assert not bool(jnp.isnan(y).any())
+  assert rel(y, ref) <= TOL, rel(y, ref)
+
+
+def test_fp16_and_fp32_activations():
+  spec = hj.QuantSpec.preset("w4a16-g128-zp")
+  for dtype, tol in ((jnp.float16, TOL), (jnp.float32, 1e-5)):  # fp32: dequant + fp32 dot
+    q, x = make(spec, 4, 256, 64, True, seed=1, dtype=dtype)
+    y = mg.run(mg.prepare(q), x, interpret=True)
+    assert y.dtype == dtype
+    assert rel(y, reference.dense_reference(q, x)) <= tol
+
+
+def test_prepare_round_trip_is_exact():
+  for spec, m, k, n, bias, _ in CASES:
+    q, _ = make(spec, m, k, n, bias)
+    c = mg.to_canonical(mg.prepare(q))
+    np.testing.assert_array_equal(np.asarray(c.codes), np.asarray(q.codes))
+    if spec.scale_dtype != "float32":  # fp32 scales are stored as bf16 (documented)
+      np.testing.assert_array_equal(np.asarray(c.scales, np.float32),
+                                    np.asarray(q.scales, np.float32))
+    if q.zeros is not None:
+      np.testing.assert_array_equal(np.asarray(c.zeros), np.asarray(q.zeros))
+
+
+def test_dequant_gemm_path_matches_reference():
+  spec = hj.QuantSpec.preset("w4a16-g128-zp")
+  q, x = make(spec, 40, 512, 128, True, seed=2)
+  y = mg.run(mg.prepare(q), x, config=mg.Config(dequant_gemm_min_m=32))
+  assert rel(y, reference.dense_reference(q, x)) <= TOL
+
+
+def test_registry_routes_int4_and_int8_here_and_others_to_triton():
+  assert registry.find(hj.QuantSpec.preset("w4a16-g128-zp")).name == mg.FAMILY
+  assert registry.find(hj.QuantSpec.preset("w8a16")).name == mg.FAMILY
+  for name in ("w4a16-mxfp4", "w4a16-nvfp4", "w4a16-g32"):
+    if name in hj.PRESETS:
+      assert registry.find(hj.QuantSpec.preset(name)).name == "wna16", name
+  q, x = make(hj.QuantSpec.preset("w4a16-g128-zp"), 3, 256, 64, True, seed=3)
+  p = hj.prepare(q)
+  assert p.layout.startswith(mg.FAMILY)
+  y = hj.quant_dense(p, x, backend="interpret")
+  assert rel(y, reference.dense_reference(q, x)) <= TOL
+
+
+def test_shared_memory_fit():
+  # Mosaic's count on the H200 for (block_m 64, stages 4, substeps 4, int4 + zeros) was
+  # 341032 bytes ("exceeds available shared memory"): the estimate is within 1 KB.
+  assert abs(mg.smem_bytes(64, 4, 4, 128, 4, True) - 341032) < 1024
+  assert abs(mg.smem_bytes(128, 4, 2, 128, 4, True) - 314408) < 1024
+  assert mg.fit_stages(mg.Config(64, 4, 4), 64, 128, 4, True) == 2
+  assert mg.fit_stages(mg.Config(64, 4, 1), 64, 128, 4, True) == 4
+  with pytest.raises(ValueError, match="shared memory"):
+    mg.fit_stages(mg.Config(256, 4, 4), 256, 128, 4, True)
+
+
+def test_unsupported_specs_refused():
+  for spec in (hj.QuantSpec("int4", "group", 32), hj.QuantSpec("int3", "group", 128),
+               hj.QuantSpec.preset("w8a8-int8")):
+    assert not mg.supports(spec)
+    q = hj.quantize(jax.random.normal(jax.random.key(0), (256, 64)), spec)
+    with pytest.raises(ValueError, match="not supported"):
+      mg.prepare(q)
+
+
+# ---------------------------------------------------------------------------------------
+# GPU (H200): the real kernel through hj.quant_dense, benchmark shape
+# ---------------------------------------------------------------------------------------
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", [1, 16, 128, 1024])
+@pytest.mark.parametrize("name", ["w4a16-g128-zp", "w4a16-g128", "w8a16"])
+def test_quant_dense_gpu(name, m):
+  spec = hj.QuantSpec.preset(name)
+  q, x = make(spec, m, 8192, 8192, True, seed=4)
+  p = jax.jit(hj.prepare)(q)
+  assert p.layout.startswith(mg.FAMILY)
+  y = jax.jit(lambda p, x: hj.quant_dense(p, x, backend="pallas"))(p, x)
+  e = rel(y, jax.jit(reference.dense_reference)(q, x))
+  print(f"{name} M={m}: rel err {e:.2e}")
+  assert e <= TOL
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("cfg", [mg.Config(64, 4, 2), mg.Config(64, 4, 4), mg.Config(128, 3, 2)])
+def test_configs_gpu(cfg):
+  spec = hj.QuantSpec.preset("w4a16-g128-zp")
+  q, x = make(spec, 100, 4096, 1024, True, seed=5)
+  y = jax.jit(lambda p, x: mg.run(p, x, config=cfg))(mg.prepare(q), x)
+  assert rel(y, reference.dense_reference(q, x)) <= TOL
