@@ -19,19 +19,16 @@ sys.path.insert(0, __file__.rsplit("/", 2)[0])
 import humming_jax as hj  # noqa: E402
 from benchmarks import common  # noqa: E402
 from benchmarks.bench_dense import HUMMING_CONFIGS, make_weights  # noqa: E402
-from humming_jax.kernels import reference, wna16, wna16_mgpu  # noqa: E402
+from humming_jax.kernels import reference, tuning, wna16, wna16_mgpu  # noqa: E402
 
 
 def configs(m):
-  C = wna16_mgpu.Config
-  if m <= 64:
-    return [C(64, 4, 1), C(64, 8, 1), C(64, 4, 2), C(64, 6, 2), C(64, 3, 4)]
-  return [C(128, 4, 1), C(128, 4, 2), C(128, 3, 4)]
+  return tuning.mgpu_candidates(m)
 
 
 def main():
   ap = argparse.ArgumentParser()
-  ap.add_argument("--specs", default="w4a16-g128-zp,w4a16-g128,w8a16")
+  ap.add_argument("--specs", default="w4a16-g128-zp,w4a16-g128,w8a16")  # w8a16: runs()
   ap.add_argument("--ms", default="1,16,128,1024,4096")
   ap.add_argument("--k", type=int, default=8192)
   ap.add_argument("--n", type=int, default=8192)

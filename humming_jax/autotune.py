@@ -2,7 +2,9 @@
 
   python -m humming_jax.autotune --specs w4a16-g128,w4a16-mxfp4 --shapes 8192x8192 --ms 1,16,128
 
-Each candidate of ``kernels.tuning.wna16_candidates(M)`` is timed with the chain method
+The kernel family is the one ``hj.quant_dense`` uses for the spec (registry): the Mosaic GPU
+kernel (int4/int8 on Hopper; candidates ``tuning.mgpu_candidates``) or the Pallas-Triton
+kernel (``tuning.wna16_candidates``).  Each candidate is timed with the chain method
 (8 distinct weight sets per jitted call so the L2 cache does not hold them); the fastest
 per (device kind, spec, M bucket, N, K) is merged into the cache that
 ``kernels/tuning.py`` consults at trace time (``HUMMING_JAX_TUNING_CACHE`` or
@@ -19,7 +21,7 @@ import jax.numpy as jnp
 from tqdm import tqdm
 
 import humming_jax as hj
-from humming_jax.kernels import tuning, wna16
+from humming_jax.kernels import registry, tuning, wna16, wna16_mgpu
 
 
 def _time(fn, params_list, x, calls: int) -> float:
@@ -36,26 +38,31 @@ def _time(fn, params_list, x, calls: int) -> float:
 
 
 def autotune(spec_name: str, k: int, n: int, ms: list[int], *, layers: int = 8,
-             calls: int = 20) -> dict[str, tuning.TuningConfig]:
+             calls: int = 20) -> dict:
   spec = hj.QuantSpec.preset(spec_name) if spec_name in hj.PRESETS else spec_name
+  family = registry.find(spec)
+  if family is None or family.name not in (wna16.FAMILY, wna16_mgpu.FAMILY):
+    raise ValueError(f"spec {spec.name}: no WnA16 kernel to tune")
+  mod = wna16_mgpu if family.name == wna16_mgpu.FAMILY else wna16
+  candidates = (tuning.mgpu_candidates if mod is wna16_mgpu else tuning.wna16_candidates)
   keys = jax.random.split(jax.random.key(0), layers + 1)
   quant = jax.jit(hj.quantize, static_argnums=1)
-  params = [jax.jit(hj.prepare)(quant(jax.random.normal(kk, (k, n)) / k**0.5, spec))
+  params = [jax.jit(mod.prepare)(quant(jax.random.normal(kk, (k, n)) / k**0.5, spec))
             for kk in keys[:layers]]
   best = {}
   for m in ms:
     x = jax.random.normal(keys[-1], (m, k), jnp.bfloat16)
     results = []
-    for cfg in tqdm(tuning.wna16_candidates(m), desc=f"{spec.name} M={m}", leave=False):
+    for cfg in tqdm(candidates(m), desc=f"{spec.name} M={m}", leave=False):
       try:
-        us = _time(lambda p, x, c=cfg: wna16.run(p, x, config=c), params, x, calls)
+        us = _time(lambda p, x, c=cfg: mod.run(p, x, config=c), params, x, calls)
         results.append((us, cfg))
       except Exception as e:  # noqa: BLE001 - e.g. shared memory exceeded: skip the candidate
         tqdm.write(f"  skip {cfg}: {type(e).__name__}")
     if not results:
       raise RuntimeError(f"no candidate config ran for {spec.name} M={m}")
     us, cfg = min(results, key=lambda t: t[0])
-    key = tuning.cache_key(wna16.FAMILY, spec.name, tuning.bucket_m(m), n, k,
+    key = tuning.cache_key(mod.FAMILY, spec.name, tuning.bucket_m(m), n, k,
                            tuning.device_kind())
     best[key] = cfg
     print(f"{spec.name} M={m} K={k} N={n}: {us:.1f} us/layer with {cfg}")

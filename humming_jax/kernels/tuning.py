@@ -50,6 +50,38 @@ class TuningConfig:
       raise ValueError(f"num_warps={self.num_warps} must be a power of two <= 16")
 
 
+@dataclasses.dataclass(frozen=True)
+class MgpuConfig:
+  """Launch shape of the Mosaic GPU WnA16 kernel (kernels/wna16_mgpu.py)."""
+
+  block_m: int = 64  # tokens per CTA (the WGMMA N dimension: a multiple of 8, <= 256)
+  stages: int = 4  # pipeline steps in flight (lowered to fit shared memory)
+  substeps: int = 1  # K tiles per pipeline step
+  dequant_gemm_min_m: int = 512  # from this M on: XLA dequantize + GEMM
+  # Experiments for decode, not yet measured on the GPU (benchmarks/NOTES.md v4, "next"):
+  split_k: int = 1  # CTAs per N tile along K (f32 partials summed by XLA): more warps/SM
+  optimized_load: bool = False  # Mosaic's vectorised-only smem -> register load of codes
+
+  def __post_init__(self):
+    if self.split_k < 1:
+      raise ValueError(f"split_k={self.split_k} must be >= 1")
+    if self.block_m % 8 or not 8 <= self.block_m <= 256:
+      raise ValueError(f"block_m={self.block_m} must be a multiple of 8 in [8, 256]")
+    if self.stages < 1 or self.substeps < 1:
+      raise ValueError(f"stages={self.stages} and substeps={self.substeps} must be >= 1")
+
+
+def mgpu_candidates(m: int) -> list[MgpuConfig]:
+  """The autotune grid of the Mosaic GPU kernel (large block_m x substeps that cannot fit
+  shared memory are left out)."""
+  if m <= 64:
+    return ([MgpuConfig(64, s, sub) for s, sub in ((4, 1), (8, 1), (4, 2), (6, 2), (3, 4))]
+            + [MgpuConfig(64, 4, 1, split_k=sk) for sk in (2, 4)]
+            + [MgpuConfig(64, 4, 1, optimized_load=True),
+               MgpuConfig(64, 4, 2, split_k=2, optimized_load=True)])
+  return [MgpuConfig(128, 4, 1), MgpuConfig(128, 2, 2), MgpuConfig(64, 4, 1)]
+
+
 def device_kind() -> str:
   try:
     return jax.devices()[0].device_kind
@@ -83,15 +115,16 @@ def _load_cache(path: str, mtime: float) -> dict:
     return {}
 
 
-def cached_config(key: str) -> TuningConfig | None:
+def cached_config(key: str, cls: type = TuningConfig):
+  """The cached config for ``key`` as a ``cls`` (TuningConfig or MgpuConfig), or None."""
   p = cache_path()
   if not p.exists():
     return None
   entry = _load_cache(str(p), p.stat().st_mtime).get(key)
-  return TuningConfig(**entry) if entry else None
+  return cls(**entry) if entry else None
 
 
-def store_configs(entries: dict[str, TuningConfig]) -> Path:
+def store_configs(entries: dict) -> Path:
   """Merge ``entries`` into the JSON cache (used by the autotune command)."""
   p = cache_path()
   p.parent.mkdir(parents=True, exist_ok=True)

@@ -37,7 +37,7 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from humming_jax import packing
 from humming_jax.quantize import QuantizedWeight, scale_block, unpacked_codes
-from humming_jax.kernels import registry
+from humming_jax.kernels import registry, tuning
 from humming_jax.spec import QuantSpec
 
 FAMILY = "wna16_mgpu"
@@ -49,14 +49,7 @@ _UPCAST = {4: plgpu.Layout.WGMMA_UPCAST_4X, 8: plgpu.Layout.WGMMA_UPCAST_2X}
 _CODE_DTYPE = {4: jnp.int4, 8: jnp.int8}
 
 
-@dataclasses.dataclass(frozen=True)
-class Config:
-  """Launch shape: rows of W^T per CTA, tokens per CTA, K steps in flight."""
-
-  block_m: int = 64  # tokens per CTA (WGMMA N: a multiple of 8, <= 256)
-  stages: int = 4  # pipeline steps in flight
-  substeps: int = 1  # K tiles (of block_k) per pipeline step
-  dequant_gemm_min_m: int = 512  # from this M on: XLA dequantize + cuBLAS GEMM
+Config = tuning.MgpuConfig  # frozen; lives with the other configs in tuning.py
 
 
 def block_k_for(spec: QuantSpec) -> int:
@@ -73,6 +66,13 @@ def hopper_or_interpreter() -> bool:
 
 
 def supports(spec: QuantSpec) -> bool:
+  """What ``hj.quant_dense`` routes here (registry): the 4-bit specs of :func:`runs`.
+  8-bit weights run correctly here too (GPU tests) but have no timing yet, and the Triton
+  kernel's W8A16 is measured at 24-28 us per 8192^2 layer, so they stay there for now."""
+  return runs(spec) and spec.weight_bits == 4
+
+
+def runs(spec: QuantSpec) -> bool:
   """int4 / int8 (signed) or uint4 / uint8 with zero point; group 64..256 (multiple of 64)
   or per channel; 16-bit or fp32 scales; weight-only; a Hopper GPU (or the interpreter)."""
   w = spec.weight_format
@@ -95,7 +95,7 @@ def prepare(params: QuantizedWeight) -> QuantizedWeight:
   2**(b-1)) in jnp.int4 / int8, scales and zero points (minus the same offset) as
   (K tiles, Np) rows in bf16."""
   spec = params.spec
-  if not supports(spec):
+  if not runs(spec):
     raise ValueError(f"spec {spec.name}: not supported by the {FAMILY} kernel")
   if params.num_experts is not None:
     raise ValueError("stacked experts: use the grouped (MoE) kernels")
@@ -172,7 +172,9 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
   kp = k_tiles * bk
   bits = spec.weight_bits
   m = x.shape[0]
-  config = config or heuristic(m)
+  if config is None:
+    key = tuning.cache_key(FAMILY, spec.name, tuning.bucket_m(m), n, k, tuning.device_kind())
+    config = tuning.cached_config(key, Config) or heuristic(m)
   if m >= config.dequant_gemm_min_m or x.dtype not in (jnp.bfloat16, jnp.float16):
     return dequant_gemm(params, x)
   cdt = x.dtype
@@ -181,20 +183,21 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
   mp = -(-m // block_m) * block_m
   xp = jnp.pad(x.astype(cdt), ((0, mp - m), (0, kp - k)))
   has_zeros = params.zeros is not None
-  has_bias = params.bias is not None
   scales = params.scales.astype(cdt)
   operands = [xp, params.codes, scales]
   if has_zeros:
     operands.append(params.zeros.astype(cdt))
-  if has_bias:
-    operands.append(jnp.pad(params.bias.astype(jnp.float32), (0, np_ - n)).reshape(1, np_))
+  k_steps = k_tiles // sub
+  split = config.split_k if k_steps % config.split_k == 0 else 1
+  steps = k_steps // split  # pipeline steps per CTA
+  fused_epilogue = split == 1  # else f32 partials (split, Np, Mp), summed by XLA
   stages = fit_stages(dataclasses.replace(config, substeps=sub), block_m, bk, bits,
-                      has_zeros)
+                      has_zeros, out_bytes=2 if fused_epilogue else 4)
+  has_bias = params.bias is not None and fused_epilogue  # added in the kernel
   x_tf = _swizzled(sub * bk, 16, "x")
   w_tf = _swizzled(bk, bits, "w")
   a_tf = _swizzled(bk, 16, "a")
-  o_tf = _swizzled(BLOCK_N, 16, "o")
-  k_steps = k_tiles // sub
+  o_tf = _swizzled(BLOCK_N, 16, "o") if fused_epilogue else _swizzled(block_m, 32, "o")
 
   def kernel(x_gmem, w_gmem, s_gmem, *rest, o_smem, b_smem=None, b_barrier=None,
              a_smem=None):
@@ -205,12 +208,15 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
     ni, mi = lax.axis_index("n"), lax.axis_index("m")
     ns = pl.ds(ni * BLOCK_N, BLOCK_N)
     ms = pl.ds(mi * block_m, block_m)
+    ki = lax.axis_index("k")
+    ts = pl.ds(ki * steps * sub, steps * sub)  # this CTA's K tiles
     if has_bias:  # in flight during the K loop
       plgpu.copy_gmem_to_smem(b_gmem.at[:, ns], b_smem, b_barrier)
 
     def step(_, x_smem, w_smem, s_smem, *z_smem, acc_ref):
       for j in range(sub):  # MMA j runs while tile j + 1 is dequantized
-        w = plgpu.load(w_smem.at[j], (), layout=_UPCAST[bits], optimized=False)
+        w = plgpu.load(w_smem.at[j], (), layout=_UPCAST[bits],
+                       optimized=config.optimized_load)
         w = plgpu.layout_cast(w, _WGMMA).astype(cdt)
         bcast = lambda r: lax.broadcast_in_dim(plgpu.load(r.at[j], (), layout=_ROW),
                                                w.shape, [0])
@@ -230,14 +236,21 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
       in_specs = [plgpu.BlockSpec((block_m, sub * bk), lambda kk: (0, kk), transforms=x_tf),
                   plgpu.BlockSpec((sub, BLOCK_N, bk), lambda kk: (kk, 0, 0), transforms=w_tf),
                   row()] + ([row()] if has_zeros else [])
-      refs = [x_gmem.at[ms], w_gmem.at[:, ns], s_gmem.at[:, ns]]
+      refs = [x_gmem.at[ms, pl.ds(ki * steps * sub * bk, steps * sub * bk)],
+              w_gmem.at[ts, ns], s_gmem.at[ts, ns]]
       if has_zeros:
-        refs.append(z_gmem.at[:, ns])
-      plgpu.emit_pipeline(functools.partial(step, acc_ref=acc_ref), grid=(k_steps,),
+        refs.append(z_gmem.at[ts, ns])
+      plgpu.emit_pipeline(functools.partial(step, acc_ref=acc_ref), grid=(steps,),
                           in_specs=in_specs, max_concurrent_steps=stages)(*refs)
       return acc_ref[...]
 
     acc = pl.run_scoped(scoped, plgpu.ACC((BLOCK_N, block_m), jnp.float32))
+    if not fused_epilogue:
+      o_smem[...] = acc
+      plgpu.commit_smem()
+      plgpu.copy_smem_to_gmem(o_smem, o_gmem.at[ki, ns, ms])
+      plgpu.wait_smem_to_gmem(0)
+      return
     if has_bias:
       plgpu.barrier_wait(b_barrier)
       bias = plgpu.load(b_smem.at[0], (), layout=_ROW)
@@ -247,39 +260,52 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
     plgpu.copy_smem_to_gmem(o_smem, o_gmem.at[ms, ns])
     plgpu.wait_smem_to_gmem(0)
 
-  scratch = dict(o_smem=plgpu.SMEM((block_m, BLOCK_N), cdt, transforms=o_tf))
+  if fused_epilogue:
+    scratch = dict(o_smem=plgpu.SMEM((block_m, BLOCK_N), cdt, transforms=o_tf))
+    out_type = jax.ShapeDtypeStruct((mp, np_), cdt)
+  else:
+    scratch = dict(o_smem=plgpu.SMEM((BLOCK_N, block_m), jnp.float32, transforms=o_tf))
+    out_type = jax.ShapeDtypeStruct((split, np_, mp), jnp.float32)
   if has_bias:
     scratch.update(b_smem=plgpu.SMEM((1, BLOCK_N), jnp.float32), b_barrier=plgpu.Barrier())
   if interpret:
     scratch["a_smem"] = plgpu.SMEM((BLOCK_N, bk), cdt, transforms=a_tf)
+  if has_bias:
+    operands.append(jnp.pad(params.bias.astype(jnp.float32), (0, np_ - n)).reshape(1, np_))
   out = plgpu.kernel(
-      kernel, out_type=jax.ShapeDtypeStruct((mp, np_), cdt),
-      grid=(np_ // BLOCK_N, mp // block_m), grid_names=("n", "m"),
+      kernel, out_type=out_type,
+      grid=(np_ // BLOCK_N, mp // block_m, split), grid_names=("n", "m", "k"),
       scratch_types=scratch,
       interpret=plgpu.InterpretGPUParams() if interpret else False,
   )(*operands)
-  return out[:m, :n]
+  if fused_epilogue:
+    return out[:m, :n]
+  y = out.sum(axis=0).T[:m, :n]  # one XLA fusion: split sum, transpose, bias, cast
+  if params.bias is not None:
+    y = y + params.bias
+  return y.astype(cdt)
 
 
 SMEM_BYTES = 232448 - 2048  # H100/H200 per-block maximum, minus barriers and alignment
 
 
 def smem_bytes(block_m: int, stages: int, substeps: int, block_k: int, bits: int,
-               has_zeros: bool) -> int:
+               has_zeros: bool, out_bytes: int = 2) -> int:
   """Shared memory the kernel allocates (within ~1 KB of Mosaic's count on the H200)."""
   per_step = substeps * (block_m * block_k * 2 + BLOCK_N * block_k * bits // 8
                          + BLOCK_N * 2 * (2 if has_zeros else 1))
-  return stages * per_step + block_m * BLOCK_N * 2 + BLOCK_N * 4
+  return stages * per_step + block_m * BLOCK_N * out_bytes + BLOCK_N * 4
 
 
-def fit_stages(config: Config, block_m: int, block_k: int, bits: int, has_zeros: bool
-               ) -> int:
+def fit_stages(config: Config, block_m: int, block_k: int, bits: int, has_zeros: bool,
+               out_bytes: int = 2) -> int:
   """``config.stages``, lowered until the pipeline fits in shared memory (>= 2)."""
   stages = config.stages
-  while stages > 2 and smem_bytes(block_m, stages, config.substeps, block_k, bits,
-                                  has_zeros) > SMEM_BYTES:
+  size = lambda st: smem_bytes(block_m, st, config.substeps, block_k, bits, has_zeros,
+                               out_bytes)
+  while stages > 2 and size(stages) > SMEM_BYTES:
     stages -= 1
-  need = smem_bytes(block_m, stages, config.substeps, block_k, bits, has_zeros)
+  need = size(stages)
   if need > SMEM_BYTES:
     raise ValueError(f"config={config}: needs {need} bytes of shared memory even with 2 "
                      f"stages (limit {SMEM_BYTES}); lower block_m or substeps")
