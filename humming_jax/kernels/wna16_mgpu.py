@@ -3,7 +3,7 @@
 ``y = x @ W_deq + bias`` for int4 / int8 weights (symmetric, or unsigned with a zero point)
 with group (64, 128, ...) or per-channel scales and bf16 / fp16 activations.
 
-Why a second WnA16 kernel (benchmarks/NOTES.md, "v3"): in Pallas-Triton the dequantized
+Why a second WnA16 kernel (benchmarks/NOTES.md, "v4"): in Pallas-Triton the dequantized
 tile has to be written to shared memory to become an MMA operand, and int4 -> bf16 is a
 per-element shift / mask / convert.  Here the GEMM is computed transposed ("swap AB"),
 ``y^T (N, M) = W^T (N, K) @ x^T (K, M)``, so the *weights* are the WGMMA A operand, which
@@ -18,9 +18,12 @@ Hopper reads from registers:
        Mosaic's vectorised int -> bf16 conversion, ``(c - z) * s`` per row (one scale row
        per K step: block_k == group size), i.e. the bf16-rounded dequantized weight;
   WGMMA: acc (block_n, block_m) f32 += W_deq (registers) @ x^T (shared memory);
-  epilogue: + bias (per acc row), cast, transposed store of the (block_m, block_n) tile.
+  epilogue: + bias (per acc row), cast, transposed store of the (block_m, block_n) tile;
+       with ``split_k`` > 1 each CTA stores float32 partials and XLA sums them.
 
 Decode (M <= 64) has a single M tile, and N / block_n CTAs stream the weights once.
+From M = ``dequant_gemm_min_m`` (compute bound) the weights are dequantized by one XLA
+fusion from this layout and XLA's GEMM runs (measured faster there; NOTES.md v4).
 The XLA reference beside it is kernels/reference.py::dense_reference; the Pallas-Triton
 kernel (wna16.py) runs every format this one does not.
 """
