@@ -32,6 +32,8 @@ CASES = [  # (spec, M, K, N, bias, config)
      136, True, mg.Config(64, 2, 1)),
     # split-K partials summed by XLA, and the vectorised-only code load (both unmeasured on
     # the GPU so far; benchmarks/NOTES.md v4)
+    (hj.QuantSpec.preset("w4a16-g128-zp"), 130, 256, 200, True, mg.Config(128, 2, 1)),  # 2 M tiles, N pad
+    (hj.QuantSpec("int4", "channel", 0), 20, 320, 64, True, mg.Config(64, 2, 1)),  # K pad
     (hj.QuantSpec.preset("w4a16-g128-zp"), 9, 1024, 128, True, mg.Config(64, 2, 1, split_k=4)),
     (hj.QuantSpec.preset("w4a16-g128"), 16, 512, 64, False,
      mg.Config(64, 2, 2, split_k=2, optimized_load=True)),
