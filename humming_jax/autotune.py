@@ -37,9 +37,9 @@ def _time(fn, params_list, x, calls: int) -> float:
   return statistics.median(samples)
 
 
-def autotune(spec_name: str, k: int, n: int, ms: list[int], *, layers: int = 8,
+def autotune(spec_name: "str | hj.QuantSpec", k: int, n: int, ms: list[int], *, layers: int = 8,
              calls: int = 20) -> dict:
-  spec = hj.QuantSpec.preset(spec_name) if spec_name in hj.PRESETS else spec_name
+  spec = spec_name if isinstance(spec_name, hj.QuantSpec) else hj.QuantSpec.preset(spec_name)
   family = registry.find(spec)
   if family is None or family.name not in (wna16.FAMILY, wna16_mgpu.FAMILY):
     raise ValueError(f"spec {spec.name}: no WnA16 kernel to tune")

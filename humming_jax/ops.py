@@ -90,7 +90,9 @@ def quant_dense(params: QuantizedWeight, x: jax.Array, *,
   lead = x.shape[:-1]
   x2 = x.reshape(-1, x.shape[-1])
   b = resolve_backend(backend, params.spec)
-  if b == "xla":
+  if x2.shape[0] == 0:  # no tokens: no kernel launch (a zero-size grid)
+    y = jnp.zeros((0, params.out_features), x.dtype)
+  elif b == "xla":
     y = reference.dense_reference(params, x2)
   else:
     kernel = registry.find(params.spec)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import warnings
 import os
 from pathlib import Path
 
@@ -121,7 +122,13 @@ def cached_config(key: str, cls: type = TuningConfig):
   if not p.exists():
     return None
   entry = _load_cache(str(p), p.stat().st_mtime).get(key)
-  return cls(**entry) if entry else None
+  if not entry:
+    return None
+  try:
+    return cls(**entry)
+  except (TypeError, ValueError) as e:  # another version's or another family's entry
+    warnings.warn(f"ignoring autotune cache entry {key!r} in {p}: {e}", stacklevel=2)
+    return None
 
 
 def store_configs(entries: dict) -> Path:

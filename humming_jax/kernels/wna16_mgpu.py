@@ -69,25 +69,37 @@ def hopper_or_interpreter() -> bool:
 
 
 def supports(spec: QuantSpec) -> bool:
-  """What ``hj.quant_dense`` routes here (registry): the 4-bit specs of :func:`runs`.
-  8-bit weights run correctly here too (GPU tests) but have no timing yet, and the Triton
-  kernel's W8A16 is measured at 24-28 us per 8192^2 layer, so they stay there for now."""
-  return runs(spec) and spec.weight_bits == 4
+  """What ``hj.quant_dense`` routes here (registry): the 4-bit specs of :func:`runs`, on a
+  Hopper GPU or in the interpreter.  8-bit weights run correctly here too (GPU tests) but
+  have no timing yet, and the Triton kernel's W8A16 is measured at 24-28 us per 8192^2
+  layer, so they stay there for now."""
+  return runs(spec) and spec.weight_bits == 4 and hopper_or_interpreter()
+
+
+GROUP_SIZES = (64, 128, 256)  # the int4 tile rows are 32 / 64 / 128 bytes: tested swizzles
+
+
+def unsupported_reason(spec: QuantSpec) -> str | None:
+  """Why this kernel cannot compute ``spec`` (None: it can)."""
+  w = spec.weight_format
+  if spec.act is not None:
+    return f"act={spec.act!r}: weight-only kernel, expected act=None"
+  if w.kind not in ("int", "uint") or w.bits not in (4, 8):
+    return f"weight={spec.weight!r}: expected int4, uint4, int8 or uint8"
+  if spec.scale_dtype not in ("bfloat16", "float16", "float32"):
+    return f"scale_dtype={spec.scale_dtype!r}: expected bfloat16, float16 or float32"
+  if spec.granularity == "group" and spec.group_size not in GROUP_SIZES:
+    return f"group_size={spec.group_size}: expected one of {GROUP_SIZES}"
+  if spec.granularity not in ("group", "channel"):
+    return f"granularity={spec.granularity!r}: expected 'group' or 'channel'"
+  return None
 
 
 def runs(spec: QuantSpec) -> bool:
-  """int4 / int8 (signed) or uint4 / uint8 with zero point; group 64..256 (multiple of 64)
-  or per channel; 16-bit or fp32 scales; weight-only; a Hopper GPU (or the interpreter)."""
-  w = spec.weight_format
-  if spec.act is not None or w.kind not in ("int", "uint") or w.bits not in (4, 8):
-    return False
-  if spec.scale_dtype not in ("bfloat16", "float16", "float32"):
-    return False
-  if spec.granularity == "group":
-    ok = spec.group_size % 64 == 0 and 64 <= spec.group_size <= 256
-  else:
-    ok = spec.granularity == "channel"
-  return ok and hopper_or_interpreter()
+  """Whether this kernel computes ``spec`` (any GPU check aside): int4 / int8 (signed) or
+  uint4 / uint8 with zero point, group 64 / 128 / 256 or per channel, 16-bit or fp32
+  scales, weight-only."""
+  return unsupported_reason(spec) is None
 
 
 # ----------------------------------------------------------------------------------------
@@ -95,43 +107,43 @@ def runs(spec: QuantSpec) -> bool:
 # ----------------------------------------------------------------------------------------
 def prepare(params: QuantizedWeight) -> QuantizedWeight:
   """Canonical params -> (Kp / block_k, Np, block_k) signed codes (uint codes minus
-  2**(b-1)) in jnp.int4 / int8, scales and zero points (minus the same offset) as
-  (K tiles, Np) rows in bf16."""
+  2**(b-1)) in jnp.int4 / int8, scales (their own dtype) and zero points (minus the same
+  offset, bf16: small integers, exact) as (K tiles, Np) rows.  Lossless
+  (:func:`to_canonical`)."""
   spec = params.spec
-  if not runs(spec):
-    raise ValueError(f"spec {spec.name}: not supported by the {FAMILY} kernel")
+  if (why := unsupported_reason(spec)) is not None:
+    raise ValueError(f"spec {spec.name}: not supported by the {FAMILY} kernel ({why})")
   if params.num_experts is not None:
     raise ValueError("stacked experts: use the grouped (MoE) kernels")
   k, n = params.shape
   bits = spec.weight_bits
   bk = block_k_for(spec)
   kp, np_ = -(-k // bk) * bk, -(-n // BLOCK_N) * BLOCK_N
-  codes = unpacked_codes(params).astype(jnp.int32)
+  codes = unpacked_codes(params).astype(jnp.int32)  # raw b-bit patterns
   offset = (1 << (bits - 1)) if spec.weight_format.kind == "uint" else 0
-  codes = jnp.pad((codes - offset).T, ((0, np_ - n), (0, kp - k)))
+  half = 1 << (bits - 1)
+  # Signed value in [-2**(b-1), 2**(b-1)): uint minus the offset, or the int's sign
+  # extension -- explicit, not left to a narrowing cast's wrap-around.
+  codes = codes - offset if offset else ((codes + half) & ((1 << bits) - 1)) - half
+  codes = jnp.pad(codes.T, ((0, np_ - n), (0, kp - k)))
   codes = codes.reshape(np_, kp // bk, bk).transpose(1, 0, 2)
-  s = params.scales.astype(jnp.float32)
-  if spec.granularity == "group":
-    rows = kp // bk
-  else:  # one scale row, repeated per K step so the kernel has a single code path
-    rows = kp // bk
-    s = jnp.broadcast_to(s.reshape(1, -1), (rows, s.size)) if s.size == n else \
-        jnp.full((rows, n), s.reshape(()))
-  s = jnp.pad(s, ((0, rows - s.shape[0]), (0, np_ - n)), constant_values=1.0)
+  s = params.scales
+  rows = kp // bk
+  if spec.granularity == "channel":  # one scale row, repeated per K step: one code path
+    s = jnp.broadcast_to(s.reshape(1, n), (rows, n))
+  s = jnp.pad(s, ((0, rows - s.shape[0]), (0, np_ - n)), constant_values=1)
   zeros = None
   if params.zeros is not None:
     z = params.zeros.astype(jnp.float32) - offset
-    if spec.granularity != "group":
-      z = jnp.broadcast_to(z.reshape(1, -1), (rows, n))
+    if spec.granularity == "channel":
+      z = jnp.broadcast_to(z.reshape(1, n), (rows, n))
     zeros = jnp.pad(z, ((0, rows - z.shape[0]), (0, np_ - n))).astype(jnp.bfloat16)
-  # 16-bit scales keep their dtype (exact); fp32 scales are rounded to bf16 here.
-  s_dtype = jnp.float16 if spec.scale_dtype == "float16" else jnp.bfloat16
-  return params.replace(codes=codes.astype(_CODE_DTYPE[bits]), scales=s.astype(s_dtype),
+  return params.replace(codes=codes.astype(_CODE_DTYPE[bits]), scales=s,
                         zeros=zeros, layout=f"{FAMILY}:b{bits}:bk{bk}")
 
 
 def to_canonical(prepared: QuantizedWeight) -> QuantizedWeight:
-  """Inverse of :func:`prepare` (scales come back rounded to bf16 if they were fp32)."""
+  """Inverse of :func:`prepare` (bit-exact)."""
   spec = prepared.spec
   k, n = prepared.shape
   bits = spec.weight_bits
@@ -142,10 +154,6 @@ def to_canonical(prepared: QuantizedWeight) -> QuantizedWeight:
   codes = (codes & ((1 << bits) - 1)).astype(jnp.uint8)
   gk, _ = scale_block(spec, k, n)
   s = prepared.scales[:k // gk if spec.granularity == "group" else 1, :n]
-  dt = {"bfloat16": jnp.bfloat16, "float16": jnp.float16, "float32": jnp.float32}
-  s = s.astype(dt[spec.scale_dtype])
-  if spec.granularity == "tensor":
-    s = s[:, :1]
   z = None
   if prepared.zeros is not None:
     z = (prepared.zeros[:s.shape[0], :s.shape[1]].astype(jnp.int32) + offset).astype(jnp.uint8)
@@ -165,23 +173,33 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
         config: Config | None = None) -> jax.Array:
   """(M, K) bf16/fp16 activations x prepared params -> (M, N) in x.dtype.
 
+  The weights are dequantized in the activation dtype: with fp16 activations, weights
+  (scale x code) below fp16's normal range (6e-5) lose precision, as in any fp16 GEMM.
+
   M >= ``config.dequant_gemm_min_m`` (compute bound) and float32 activations (the WGMMA
   kernel takes 16-bit operands and would round x and y to bf16) run
   :func:`dequant_gemm` instead: the weights dequantized by one XLA fusion from this
   layout, then XLA's GEMM in the activation dtype."""
   spec = params.spec
+  if registry.layout_family(params.layout) != FAMILY:
+    raise ValueError(f"params.layout={params.layout!r}: expected {FAMILY}:... params; call "
+                     f"wna16_mgpu.prepare (or hj.prepare) first")
   k, n = params.shape
+  if x.ndim != 2 or x.shape[1] != k:
+    raise ValueError(f"x must be (M, K={k}); got shape {x.shape}")
   k_tiles, np_, bk = params.codes.shape
   kp = k_tiles * bk
   bits = spec.weight_bits
   m = x.shape[0]
+  if m == 0:
+    return jnp.zeros((0, n), x.dtype)
   if config is None:
     key = tuning.cache_key(FAMILY, spec.name, tuning.bucket_m(m), n, k, tuning.device_kind())
     config = tuning.cached_config(key, Config) or heuristic(m)
   if m >= config.dequant_gemm_min_m or x.dtype not in (jnp.bfloat16, jnp.float16):
     return dequant_gemm(params, x)
   cdt = x.dtype
-  sub = config.substeps if k_tiles % config.substeps == 0 else 1
+  sub = _divisor(config.substeps, k_tiles)
   block_m = min(config.block_m, max(8, -(-m // 8) * 8))
   mp = -(-m // block_m) * block_m
   xp = jnp.pad(x.astype(cdt), ((0, mp - m), (0, kp - k)))
@@ -191,7 +209,7 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
   if has_zeros:
     operands.append(params.zeros.astype(cdt))
   k_steps = k_tiles // sub
-  split = config.split_k if k_steps % config.split_k == 0 else 1
+  split = _divisor(config.split_k, k_steps)
   steps = k_steps // split  # pipeline steps per CTA
   fused_epilogue = split == 1  # else f32 partials (split, Np, Mp), summed by XLA
   stages = fit_stages(dataclasses.replace(config, substeps=sub), block_m, bk, bits,
@@ -256,6 +274,7 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
       return
     if has_bias:
       plgpu.barrier_wait(b_barrier)
+      # (The `()` index form is deprecated in jax 0.11; kept as run on the H200.)
       bias = plgpu.load(b_smem.at[0], (), layout=_ROW)
       acc = acc + lax.broadcast_in_dim(bias, acc.shape, [0])
     o_smem.T[...] = plgpu.layout_cast(acc.astype(cdt), _TRANSPOSED)
@@ -289,6 +308,11 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
   return y.astype(cdt)
 
 
+def _divisor(want: int, total: int) -> int:
+  """The largest d <= want dividing total (configs are upper bounds, shapes decide)."""
+  return max(d for d in range(1, min(want, total) + 1) if total % d == 0)
+
+
 SMEM_BYTES = 232448 - 2048  # H100/H200 per-block maximum, minus barriers and alignment
 
 
@@ -302,7 +326,7 @@ def smem_bytes(block_m: int, stages: int, substeps: int, block_k: int, bits: int
 
 def fit_stages(config: Config, block_m: int, block_k: int, bits: int, has_zeros: bool,
                out_bytes: int = 2) -> int:
-  """``config.stages``, lowered until the pipeline fits in shared memory (>= 2)."""
+  """``config.stages``, lowered (not below 2) until the pipeline fits in shared memory."""
   stages = config.stages
   size = lambda st: smem_bytes(block_m, st, config.substeps, block_k, bits, has_zeros,
                                out_bytes)
@@ -337,7 +361,8 @@ def dequant_gemm(params: QuantizedWeight, x: jax.Array) -> jax.Array:
   """Large M (compute bound): dequantize to the activation dtype, then XLA's GEMM."""
   cdt = x.dtype if x.dtype in (jnp.bfloat16, jnp.float16) else jnp.float32
   y = jnp.dot(x.astype(cdt), dequantize_prepared(params, cdt),
-              preferred_element_type=jnp.float32)
+              preferred_element_type=jnp.float32,
+              precision=jax.lax.Precision.HIGHEST if cdt == jnp.float32 else None)
   if params.bias is not None:
     y = y + params.bias
   return y.astype(x.dtype)
