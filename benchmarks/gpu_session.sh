@@ -26,6 +26,7 @@ gpu_tests tests/test_wna16_mgpu.py 110
 gpu_tests tests/test_wna16.py 150
 gpu_tests tests/test_w8a8.py 110
 gpu_tests tests/test_grouped_kernels.py 80
+gpu_tests tests/test_grouped_w8a8.py 60
 gpu_tests tests/test_moe.py 40
 gpu_tests tests/test_nn.py 30
 step bench_dense

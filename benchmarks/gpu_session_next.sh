@@ -5,7 +5,7 @@
 #   2. its decode sweep over tuning.mgpu_candidates (split_k, optimized_load) with Humming;
 #   3. the two Flax examples on the GPU (issue 6): llama_decode and the MiniLM demo from the
 #      folder written here by `python examples/minilm_demo.py --export build/minilm_demo`;
-#   4. the w4a8-int8 M = 4096 shared-memory fix.
+#   4. the w4a8-int8 M = 4096 shared-memory fix; 5. the grouped W8A8 kernel's GPU tests.
 # Carry: [".whl", "build/minilm_demo"].  Logs land in $OUT.
 set -u
 export PYTHONUNBUFFERED=1
@@ -33,4 +33,8 @@ step w4a8_int8
 timeout -s INT 50 python3 -m pytest tests/test_w8a8.py -m gpu -k "w4a8-int8" -p no:cacheprovider \
   --tb=short -rA > "$OUT/w4a8_int8.log" 2>&1
 tail -4 "$OUT/w4a8_int8.log"
+step grouped_w8a8
+timeout -s INT 60 python3 -m pytest tests/test_grouped_w8a8.py -m gpu -p no:cacheprovider \
+  --tb=short -rA > "$OUT/grouped_w8a8.log" 2>&1
+grep -E "PASSED|FAILED|passed|failed" "$OUT/grouped_w8a8.log" | tail -10
 step done

@@ -3,3 +3,4 @@ from humming_jax.kernels import wna16_mgpu  # noqa: F401,E402  (int4/int8 on Hop
 from humming_jax.kernels import wna16  # noqa: F401,E402
 from humming_jax.kernels import w8a8  # noqa: F401,E402
 from humming_jax.kernels import grouped_wna16  # noqa: F401,E402
+from humming_jax.kernels import grouped_w8a8  # noqa: F401,E402

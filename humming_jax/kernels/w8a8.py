@@ -184,6 +184,95 @@ def _round_to_carrier(v: jax.Array, spec: QuantSpec) -> jax.Array:
   return jnp.clip(v, -fmt.max_value, fmt.max_value).astype(jnp.float8_e4m3fn)
 
 
+def accumulate(acc: jax.Array, *, spec: QuantSpec, plan: Plan, lt: lay.SlabLayout | None,
+               block_k: int, first_tile, num_tiles: int, load_a, load_sa_col, load_w,
+               load_words, load_sw_row) -> jax.Array:
+  """The K loop shared by the dense and the grouped (MoE) kernels: ``num_tiles`` K tiles
+  from ``first_tile``, each as one or more 8-bit MMAs with the K-group scales applied to
+  the partial products (or folded into bf16 operands for groups < 32).  Returns the
+  (block_m, block_n) float32 accumulator before the epilogue scales.
+
+  Loaders (the kernels' only difference): ``load_a(k0, size)`` activation carrier values;
+  ``load_sa_col(c)`` the (block_m, 1) activation scales of K group c; ``load_w(k0, size)``
+  an (N, K) chunk of direct 8-bit codes; ``load_words(row, n)`` slab words;
+  ``load_sw_row(r)`` the (1, block_n) raw weight-scale row r."""
+  fmt = spec.weight_format
+  pg = plan.pg
+  dot_t = jnp.int32 if plan.int_compute else jnp.float32
+  carrier = jnp.int8 if plan.int_compute else jnp.float8_e4m3fn
+
+  def decode_w(code):
+    """Unpacked slab codes -> exact values in the compute dtype."""
+    if plan.int_compute:  # offset binary (wna16.prepare): unsigned minus 2**(b-1)
+      return (code.astype(jnp.int32) - (1 << (fmt.bits - 1))).astype(jnp.int8)
+    return wna16.decode_codes(code, None, fmt)
+
+  def group_scale(k0):
+    """(block_m, block_n)-broadcastable scale of the K group starting at k0."""
+    sc = None
+    if plan.a_group:
+      sc = load_sa_col(k0 // plan.a_group)
+    if plan.w_group:
+      sw = wna16._decode_scale_row(load_sw_row(k0 // plan.w_group), spec)
+      sc = sw if sc is None else sc * sw
+    return sc
+
+  def chunks(t):
+    """(static offset in the tile, size, weight-chunk thunk) for each MMA of K tile t;
+    direct weight chunks are (N, K), slab chunks (K, N)."""
+    base = t * block_k
+    out = []
+    if plan.direct:
+      size = pg if pg else block_k
+      for off in range(0, block_k, size):
+        out.append((off, size, lambda off=off, size=size: load_w(base + off, size)))
+    else:
+      words = {}
+      for s in range(lt.num_slabs):
+        out.append((s * lt.slab, lt.slab,
+                    lambda s=s, words=words: decode_w(
+                        wna16.unpack_slab(load_words, lt, t, s, words))))
+    return out
+
+  def mma(a, w):
+    if plan.direct:  # w is (N, K): contract K with K (K-major B operand)
+      return jax.lax.dot_general(a, w, (((1,), (1,)), ((), ())), preferred_element_type=dot_t)
+    return jnp.dot(a, w.astype(a.dtype), preferred_element_type=dot_t)
+
+  def tile(t_local, acc):
+    t = first_tile + t_local
+    gacc = None
+    base = t * block_k
+    for off, size, w_fn in chunks(t):
+      k0 = base + off
+      a = load_a(k0, size)
+      if plan.fold:  # scales into the operands, bf16 MMA (groups < 32)
+        sc_a = load_sa_col(k0 // plan.a_group) if plan.a_group else 1.0
+        af = (a.astype(jnp.float32) * sc_a).astype(jnp.bfloat16)
+        wf = w_fn().astype(jnp.float32)
+        if plan.w_group:
+          wf = wf * wna16._decode_scale_row(load_sw_row(k0 // plan.w_group), spec)
+        acc = acc + jnp.dot(af, wf.astype(jnp.bfloat16), preferred_element_type=jnp.float32)
+        continue
+      w = w_fn()
+      part = mma(a, w if plan.direct else w.astype(carrier))
+      if not pg:
+        acc = acc + part
+        continue
+      gacc = part if gacc is None else gacc + part
+      if (off + size) % pg == 0:  # end of a scale group (tiles start on a group boundary)
+        acc = acc + gacc.astype(jnp.float32) * group_scale(base + off + size - pg)
+        gacc = None
+    return acc
+
+  return jax.lax.fori_loop(0, num_tiles, tile, acc).astype(jnp.float32)
+
+
+def acc_dtype(plan: Plan):
+  """int32 for one int8 accumulation over the whole K (no K-group scales), else float32."""
+  return jnp.int32 if (plan.int_compute and not plan.pg) else jnp.float32
+
+
 def _kernel(*refs, spec: QuantSpec, plan: Plan, lt: lay.SlabLayout | None, block_k: int,
             tiles_per_split: int, has_s2: bool, has_bias: bool, split_k: int,
             fuse: str | None):
@@ -191,13 +280,9 @@ def _kernel(*refs, spec: QuantSpec, plan: Plan, lt: lay.SlabLayout | None, block
   s2_ref = rest.pop(0) if has_s2 else None
   bias_ref = rest.pop(0) if has_bias else None
   (o_ref,) = rest
-  fmt = spec.weight_format
   block_m = a_ref.shape[0]
   block_n = w_ref.shape[0] if plan.direct else w_ref.shape[1]
   split = pl.program_id(2)
-  pg = plan.pg
-  dot_t = jnp.int32 if plan.int_compute else jnp.float32
-  carrier = jnp.int8 if plan.int_compute else jnp.float8_e4m3fn
 
   # Fused activation quantization: the row scale needs the whole row's amax first.
   fused_scale = None
@@ -217,75 +302,13 @@ def _kernel(*refs, spec: QuantSpec, plan: Plan, lt: lay.SlabLayout | None, block
     return _round_to_carrier(a_ref[:, pl.ds(k0, size)].astype(jnp.float32) / fused_scale,
                              spec)
 
-  def decode_w(code):
-    """Unpacked slab codes -> exact values in the compute dtype."""
-    if plan.int_compute:  # offset binary (wna16.prepare): unsigned minus 2**(b-1)
-      return (code.astype(jnp.int32) - (1 << (fmt.bits - 1))).astype(jnp.int8)
-    return wna16.decode_codes(code, None, fmt)
-
-  load_words = lambda r, n: w_ref[pl.ds(r, n), :]
-
-  def group_scale(k0):
-    """(block_m, block_n)-broadcastable scale of the K group starting at k0."""
-    sc = None
-    if plan.a_group:
-      sc = sa_ref[:, pl.ds(k0 // plan.a_group, 1)]
-    if plan.w_group:
-      sw = wna16._decode_scale_row(sw_ref[pl.ds(k0 // plan.w_group, 1), :], spec)
-      sc = sw if sc is None else sc * sw
-    return sc
-
-  def chunks(t):
-    """(static offset in the tile, size, weight-chunk thunk) for each MMA of K tile t;
-    direct weight chunks are (N, K), slab chunks (K, N)."""
-    base = t * block_k
-    out = []
-    if plan.direct:
-      size = pg if pg else block_k
-      for off in range(0, block_k, size):
-        out.append((off, size, lambda off=off, size=size: w_ref[:, pl.ds(base + off, size)]))
-    else:
-      words = {}
-      for s in range(lt.num_slabs):
-        out.append((s * lt.slab, lt.slab,
-                    lambda s=s, words=words: decode_w(
-                        wna16.unpack_slab(load_words, lt, t, s, words))))
-    return out
-
-  def mma(a, w):
-    if plan.direct:  # w is (N, K): contract K with K (K-major B operand)
-      return jax.lax.dot_general(a, w, (((1,), (1,)), ((), ())), preferred_element_type=dot_t)
-    return jnp.dot(a, w.astype(a.dtype), preferred_element_type=dot_t)
-
-  def tile(t_local, acc):
-    t = split * tiles_per_split + t_local
-    gacc = None
-    base = t * block_k
-    for off, size, w_fn in chunks(t):
-      k0 = base + off
-      a = load_a(k0, size)
-      if plan.fold:  # scales into the operands, bf16 MMA (groups < 32)
-        sc_a = sa_ref[:, pl.ds(k0 // plan.a_group, 1)] if plan.a_group else 1.0
-        af = (a.astype(jnp.float32) * sc_a).astype(jnp.bfloat16)
-        wf = w_fn().astype(jnp.float32)
-        if plan.w_group:
-          wf = wf * wna16._decode_scale_row(sw_ref[pl.ds(k0 // plan.w_group, 1), :], spec)
-        acc = acc + jnp.dot(af, wf.astype(jnp.bfloat16), preferred_element_type=jnp.float32)
-        continue
-      w = w_fn()
-      part = mma(a, w if plan.direct else w.astype(carrier))
-      if not pg:
-        acc = acc + part
-        continue
-      gacc = part if gacc is None else gacc + part
-      if (off + size) % pg == 0:  # end of a scale group (tiles start on a group boundary)
-        acc = acc + gacc.astype(jnp.float32) * group_scale(base + off + size - pg)
-        gacc = None
-    return acc
-
-  acc_t = jnp.int32 if (plan.int_compute and not pg) else jnp.float32
-  acc = jnp.zeros((block_m, block_n), acc_t)
-  acc = jax.lax.fori_loop(0, tiles_per_split, tile, acc).astype(jnp.float32)
+  acc = accumulate(
+      jnp.zeros((block_m, block_n), acc_dtype(plan)), spec=spec, plan=plan, lt=lt,
+      block_k=block_k, first_tile=split * tiles_per_split, num_tiles=tiles_per_split,
+      load_a=load_a, load_sa_col=lambda c: sa_ref[:, pl.ds(c, 1)],
+      load_w=lambda k0, size: w_ref[:, pl.ds(k0, size)],
+      load_words=lambda r, n: w_ref[pl.ds(r, n), :],
+      load_sw_row=lambda r: sw_ref[pl.ds(r, 1), :])
   # Epilogue: the scales that do not vary along K.
   if not plan.a_group:
     acc = acc * (fused_scale if fuse == "token" else sa_ref[...])
