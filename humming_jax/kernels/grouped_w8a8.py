@@ -39,11 +39,6 @@ def supports(spec: QuantSpec) -> bool:
 # ----------------------------------------------------------------------------------------
 # Transform: the dense W8A8 layout, once per expert
 # ----------------------------------------------------------------------------------------
-def _per_expert(params: QuantizedWeight, layout: str) -> QuantizedWeight:
-  e, k, n = params.shape
-  return params.replace(shape=(k, n), layout=layout)
-
-
 def prepare(params: QuantizedWeight) -> QuantizedWeight:
   """Canonical stacked (E, K, N) params -> per-expert dense W8A8 layout, stacked on axis 0."""
   if params.num_experts is None:
@@ -52,16 +47,12 @@ def prepare(params: QuantizedWeight) -> QuantizedWeight:
   if params.act_scale is not None:
     raise ValueError("params.act_scale is set (static activation scales): the grouped W8A8 "
                      "kernel takes dynamic activation scales only; use backend='xla'")
-  out = jax.vmap(w8a8.prepare)(_per_expert(params, "canonical"))
-  name = out.layout.replace(w8a8.FAMILY + ":", FAMILY + ":", 1)
-  return out.replace(shape=params.shape, layout=name)
+  return grouped_wna16.stack_prepare(w8a8.prepare, params, FAMILY, w8a8.FAMILY)
 
 
 def to_canonical(prepared: QuantizedWeight) -> QuantizedWeight:
   """Inverse of :func:`prepare`."""
-  dense_name = prepared.layout.replace(FAMILY + ":", w8a8.FAMILY + ":", 1)
-  out = jax.vmap(w8a8.to_canonical)(_per_expert(prepared, dense_name))
-  return out.replace(shape=prepared.shape, layout="canonical")
+  return grouped_wna16.stack_to_canonical(w8a8.to_canonical, prepared, FAMILY, w8a8.FAMILY)
 
 
 # ----------------------------------------------------------------------------------------

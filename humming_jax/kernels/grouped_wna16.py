@@ -54,9 +54,26 @@ def supports(spec: QuantSpec) -> bool:
 # ----------------------------------------------------------------------------------------
 # Transform: the dense slab layout, once per expert
 # ----------------------------------------------------------------------------------------
-def _per_expert(params: QuantizedWeight, layout: str) -> QuantizedWeight:
+def per_expert(params: QuantizedWeight, layout: str) -> QuantizedWeight:
+  """Stacked (E, K, N) params seen as one expert's (K, N) (for ``jax.vmap`` over E)."""
   e, k, n = params.shape
   return params.replace(shape=(k, n), layout=layout)
+
+
+def stack_prepare(dense_prepare, params: QuantizedWeight, family: str,
+                  dense_family: str) -> QuantizedWeight:
+  """A grouped layout = the dense family's layout per expert, stacked on axis 0."""
+  out = jax.vmap(dense_prepare)(per_expert(params, "canonical"))
+  name = out.layout.replace(dense_family + ":", family + ":", 1)
+  return out.replace(shape=params.shape, layout=name)
+
+
+def stack_to_canonical(dense_to_canonical, prepared: QuantizedWeight, family: str,
+                       dense_family: str) -> QuantizedWeight:
+  """Inverse of :func:`stack_prepare`."""
+  dense_name = prepared.layout.replace(family + ":", dense_family + ":", 1)
+  out = jax.vmap(dense_to_canonical)(per_expert(prepared, dense_name))
+  return out.replace(shape=prepared.shape, layout="canonical")
 
 
 def prepare(params: QuantizedWeight) -> QuantizedWeight:
@@ -68,17 +85,13 @@ def prepare(params: QuantizedWeight) -> QuantizedWeight:
     raise ValueError("grouped WnA16 params carry no activation scale")
   e, k, n = params.shape
   lt = wna16.slab_layout(params.spec, k, fit_k=True)
-  out = jax.vmap(functools.partial(wna16.prepare, layout=lt))(
-      _per_expert(params, "canonical"))
-  name = out.layout.replace(wna16.FAMILY + ":", FAMILY + ":", 1)
-  return out.replace(shape=params.shape, layout=name)
+  return stack_prepare(functools.partial(wna16.prepare, layout=lt), params, FAMILY,
+                       wna16.FAMILY)
 
 
 def to_canonical(prepared: QuantizedWeight) -> QuantizedWeight:
   """Inverse of :func:`prepare`."""
-  dense_name = prepared.layout.replace(FAMILY + ":", wna16.FAMILY + ":", 1)
-  out = jax.vmap(wna16.to_canonical)(_per_expert(prepared, dense_name))
-  return out.replace(shape=prepared.shape, layout="canonical")
+  return stack_to_canonical(wna16.to_canonical, prepared, FAMILY, wna16.FAMILY)
 
 
 # ----------------------------------------------------------------------------------------
