@@ -22,10 +22,6 @@ from benchmarks.bench_dense import HUMMING_CONFIGS, make_weights  # noqa: E402
 from humming_jax.kernels import reference, tuning, wna16, wna16_mgpu  # noqa: E402
 
 
-def configs(m):
-  return tuning.mgpu_candidates(m)
-
-
 def main():
   ap = argparse.ArgumentParser()
   ap.add_argument("--specs", default="w4a16-g128-zp,w4a16-g128,w8a16")  # w8a16: runs()
@@ -57,7 +53,7 @@ def main():
       row["bf16_us"] = common.time_chain(lambda w, x: x @ w, [w.astype(jnp.bfloat16) for w in ws],
                                          x, calls=args.calls, repeats=args.repeats)["us"]
       best = None
-      for cfg in configs(m):
+      for cfg in tuning.mgpu_candidates(m):
         try:
           fn = lambda p, x, cfg=cfg: wna16_mgpu.run(p, x, config=cfg)
           y = jax.jit(fn)(pm[0], x)

@@ -438,7 +438,21 @@ def _round_fp8(dtype, fmt_name: str, maxv: float):
   return round_fp8
 
 
+def round_e2m1(x: jax.Array) -> jax.Array:
+  """float32 ``x`` with |x| <= 6 rounded (RNE) onto the fp4 e2m1 grid, float32 out.
+
+  e2m1's grid has step 0.5 below 2, 1 below 4 and 2 up to 6, so ``round_half_even(x /
+  step) * step`` is its RNE rounding (even multiples of the step are exactly the even
+  mantissas).  Arithmetic, not XLA's ``float4_e2m1fn`` convert: on the H200 an
+  f32 -> f4 -> f8 convert chain lost the fp4 step (2026-11-29); and the generic
+  ``encode`` is a table search."""
+  ax = jnp.abs(x)
+  step = jnp.where(ax < 2.0, 0.5, jnp.where(ax < 4.0, 1.0, 2.0))
+  return jnp.round(x / step) * step  # jnp.round: half to even; x / step is exact
+
+
 _FAST_ROUND = {
+    "fp4_e2m1": lambda x: round_e2m1(jnp.clip(x, -6.0, 6.0)),
     "fp8_e4m3": _round_fp8(jnp.float8_e4m3fn, "fp8_e4m3", 448.0),
     "fp8_e5m2": _round_fp8(jnp.float8_e5m2, "fp8_e5m2", 57344.0),
     # [-128, 127] like formats.encode: a dynamic scale never reaches -128, a static one can.

@@ -23,7 +23,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plt
 
-from humming_jax.kernels import act_quant, grouped_wna16, registry, tuning, w8a8, wna16
+from humming_jax.kernels import grouped_wna16, registry, tuning, w8a8, wna16
 from humming_jax.kernels import layout as lay
 from humming_jax.quantize import QuantizedWeight
 from humming_jax.spec import QuantSpec
@@ -125,15 +125,7 @@ def run(params: QuantizedWeight, x: jax.Array, group_sizes: jax.Array, *,
   plan = w8a8.plan_for(spec)
   e, k, n = params.shape
   m = x.shape[0]
-  if plan.direct:
-    lt = None
-    _, np_, kp = params.codes.shape
-    block_k = max(128, plan.pg)
-  else:
-    _, lt = lay.parse_layout_name(params.layout)
-    block_k = lt.block_k
-    kp = params.codes.shape[1] // lt.rows_per_tile * lt.block_k
-    np_ = params.codes.shape[2]
+  lt, block_k, kp, np_ = w8a8.kernel_dims(params, plan)
   config = config or heuristic(m, e, np_)
   block_m = config.block_m
   block_n = min(config.block_n, np_)
@@ -143,13 +135,8 @@ def run(params: QuantizedWeight, x: jax.Array, group_sizes: jax.Array, *,
   # On the GPU masked loads/stores make rows past M harmless; the interpreter slices blocks
   # exactly, so there the row blocks must stay in bounds (pad block_m rows).
   row_pad = block_m if interpret else 0
-  qa = act_quant.quantize(x, spec, None)
-  a = jnp.pad(qa.values, ((0, row_pad), (0, kp - k)))
-  sa = qa.scales
   per_row_sa = spec.act_granularity != "tensor"
-  cols = kp // plan.a_group if plan.a_group else 1
-  sa = jnp.pad(sa, ((0, row_pad if per_row_sa else 0), (0, cols - sa.shape[1])),
-               constant_values=1.0)
+  a, sa = w8a8.act_operands(x, spec, plan, None, rows=m + row_pad, kp=kp, per_row=per_row_sa)
   sched = jnp.stack(grouped_wna16.tile_schedule(group_sizes, m, block_m, num_tiles),
                     axis=1).reshape(-1)
 

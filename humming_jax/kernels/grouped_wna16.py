@@ -268,7 +268,7 @@ def run(params: QuantizedWeight, x: jax.Array, group_sizes: jax.Array, *,
   e, k, n = params.shape
   _, lt = lay.parse_layout_name(params.layout)
   m = x.shape[0]
-  kp = params.codes.shape[1] // lt.rows_per_tile * lt.block_k
+  kp = lt.k_of_rows(params.codes.shape[1])
   np_ = params.codes.shape[2]
   k_tiles = kp // lt.block_k
   if config is None:

@@ -57,6 +57,21 @@ def launch_dense(kernel, operands, in_specs, *, mp: int, np_: int, m: int, n: in
   return out[:m, :n]
 
 
+def gemm_dequantized(x: jax.Array, dequantize, bias: jax.Array | None, *,
+                     highest_f32: bool = False) -> jax.Array:
+  """The large-M path of the WnA16 kernels: ``x @ dequantize(dtype) + bias`` with XLA's
+  GEMM in the activation dtype (bf16 / fp16, else float32), float32 accumulation, output in
+  x's dtype.  ``dequantize(dtype)`` returns the (K, N) weights from the kernel layout;
+  ``highest_f32``: float32 GEMMs at Precision.HIGHEST (not TF32)."""
+  cdt = x.dtype if x.dtype in (jnp.bfloat16, jnp.float16) else jnp.float32
+  precision = jax.lax.Precision.HIGHEST if (highest_f32 and cdt == jnp.float32) else None
+  y = jnp.dot(x.astype(cdt), dequantize(cdt), preferred_element_type=jnp.float32,
+              precision=precision)
+  if bias is not None:
+    y = y + bias
+  return y.astype(x.dtype)
+
+
 def store_output(acc: jax.Array, o_ref, *, s2_ref=None, bias_ref=None,
                  split_k: int = 1) -> None:
   """Kernel epilogue shared by the dense kernels: the per-tensor second-level scale, then

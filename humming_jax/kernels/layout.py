@@ -71,6 +71,10 @@ class SlabLayout:
   def name(self) -> str:
     return f"slab{self.slab}"
 
+  def k_of_rows(self, rows: int) -> int:
+    """The padded K held by ``rows`` uint32 rows of packed codes (the inverse of pack)."""
+    return rows // self.rows_per_tile * self.block_k
+
   def padded_k(self, k: int) -> int:
     return -(-k // self.block_k) * self.block_k
 

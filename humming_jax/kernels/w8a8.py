@@ -332,6 +332,40 @@ def heuristic(m: int, np_: int, k_tiles: int, plan: Plan) -> tuning.TuningConfig
                              num_stages=stages)
 
 
+def kernel_dims(params: QuantizedWeight, plan: Plan, block_k: int | None = None
+                ) -> tuple[lay.SlabLayout | None, int, int, int]:
+  """(slab layout or None, K per loop step, padded K, padded N) of prepared params (dense
+  or stacked experts: the last two code axes)."""
+  if plan.direct:  # (..., Np, Kp) carrier codes
+    np_, kp = params.codes.shape[-2:]
+    bk = block_k or max(128, plan.pg)
+    if bk % max(plan.pg, 1) or kp % bk:
+      raise ValueError(f"block_k={bk} must divide the padded K={kp} and be a multiple of "
+                       f"the scale group {plan.pg}")
+    return None, bk, kp, np_
+  _, lt = lay.parse_layout_name(params.layout)
+  if block_k not in (None, lt.block_k):
+    raise ValueError(f"block_k={block_k}: the slab layout fixes it to {lt.block_k}")
+  rows, np_ = params.codes.shape[-2:]
+  return lt, lt.block_k, lt.k_of_rows(rows), np_
+
+
+def act_operands(x: jax.Array, spec: QuantSpec, plan: Plan, act_scale, *, rows: int,
+                 kp: int, per_row: bool | None = None) -> tuple[jax.Array, jax.Array]:
+  """The pre-pass: activations quantized to the carrier dtype, padded to (rows, kp), and
+  their float32 scales, padded to ``rows`` (when ``per_row``; default: more than one scale
+  row) by (K groups or 1) columns with 1.0."""
+  qa = act_quant.quantize(x, spec, act_scale)
+  m, k = x.shape
+  a = jnp.pad(qa.values, ((0, rows - m), (0, kp - k)))
+  sa = qa.scales
+  per_row = sa.shape[0] > 1 if per_row is None else per_row
+  cols = kp // plan.a_group if plan.a_group else 1
+  sa = jnp.pad(sa, ((0, (rows if per_row else 1) - sa.shape[0]), (0, cols - sa.shape[1])),
+               constant_values=1.0)
+  return a, sa
+
+
 def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
         config: tuning.TuningConfig | None = None, block_k: int | None = None,
         fuse_act_quant: bool = False) -> jax.Array:
@@ -346,20 +380,7 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
     raise ValueError(f"spec {spec.name}: no W8A8 kernel path")
   k, n = params.shape
   m = x.shape[0]
-  if plan.direct:
-    lt = None
-    np_, kp = params.codes.shape
-    bk = block_k or max(128, plan.pg)
-    if bk % max(plan.pg, 1) or kp % bk:
-      raise ValueError(f"block_k={bk} must divide the padded K={kp} and be a multiple of "
-                       f"the scale group {plan.pg}")
-  else:
-    _, lt = lay.parse_layout_name(params.layout)
-    if block_k not in (None, lt.block_k):
-      raise ValueError(f"block_k={block_k}: the slab layout fixes it to {lt.block_k}")
-    bk = lt.block_k
-    kp = params.codes.shape[0] // lt.rows_per_tile * lt.block_k
-    np_ = params.codes.shape[1]
+  lt, bk, kp, np_ = kernel_dims(params, plan, block_k)
   k_tiles = kp // bk
   if config is None:
     key = tuning.cache_key(FAMILY, spec.name, tuning.bucket_m(m), n, k, tuning.device_kind())
@@ -382,12 +403,7 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
                        f"activation scales; spec {spec.name} has "
                        f"act_granularity={spec.act_granularity!r}")
   if fuse is None:
-    qa = act_quant.quantize(x, spec, params.act_scale)
-    a = jnp.pad(qa.values, ((0, mp - m), (0, kp - k)))
-    sa = qa.scales
-    cols = kp // plan.a_group if plan.a_group else 1
-    sa = jnp.pad(sa, ((0, (mp if sa.shape[0] > 1 else 1) - sa.shape[0]),
-                      (0, cols - sa.shape[1])), constant_values=1.0)
+    a, sa = act_operands(x, spec, plan, params.act_scale, rows=mp, kp=kp)
   else:
     a = jnp.pad(x, ((0, mp - m), (0, kp - k)))
     sa = (jnp.asarray(params.act_scale, jnp.float32).reshape(1, 1) if fuse == "tensor"

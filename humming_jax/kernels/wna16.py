@@ -259,7 +259,7 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
   k, n = params.shape
   _, lt = lay.parse_layout_name(params.layout)
   m = x.shape[0]
-  kp = params.codes.shape[0] // lt.rows_per_tile * lt.block_k
+  kp = lt.k_of_rows(params.codes.shape[0])
   np_ = params.codes.shape[1]
   k_tiles = kp // lt.block_k
   if config is None:
@@ -325,12 +325,8 @@ def dequantize_prepared(params: QuantizedWeight) -> jax.Array:
 def _dequant_gemm(params: QuantizedWeight, x: jax.Array) -> jax.Array:
   """Large M: dequantize the prepared weights to x's dtype in one XLA fusion, then the
   vendor GEMM.  The reference semantics are unchanged (same decode, same scales)."""
-  w = dequantize_prepared(params)
-  cdt = x.dtype if x.dtype in (jnp.bfloat16, jnp.float16) else jnp.float32
-  y = jnp.dot(x.astype(cdt), w.astype(cdt), preferred_element_type=jnp.float32)
-  if params.bias is not None:
-    y = y + params.bias
-  return y.astype(x.dtype)
+  return launch.gemm_dequantized(x, lambda dt: dequantize_prepared(params).astype(dt),
+                                 params.bias)
 
 
 KERNEL = registry.register(registry.DenseKernel(

@@ -40,7 +40,7 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from humming_jax import packing
 from humming_jax.quantize import QuantizedWeight, scale_block, unpacked_codes
-from humming_jax.kernels import registry, tuning
+from humming_jax.kernels import launch, registry, tuning
 from humming_jax.spec import QuantSpec
 
 FAMILY = "wna16_mgpu"
@@ -359,13 +359,8 @@ def dequantize_prepared(params: QuantizedWeight, dtype=jnp.float32) -> jax.Array
 
 def dequant_gemm(params: QuantizedWeight, x: jax.Array) -> jax.Array:
   """Large M (compute bound): dequantize to the activation dtype, then XLA's GEMM."""
-  cdt = x.dtype if x.dtype in (jnp.bfloat16, jnp.float16) else jnp.float32
-  y = jnp.dot(x.astype(cdt), dequantize_prepared(params, cdt),
-              preferred_element_type=jnp.float32,
-              precision=jax.lax.Precision.HIGHEST if cdt == jnp.float32 else None)
-  if params.bias is not None:
-    y = y + params.bias
-  return y.astype(x.dtype)
+  return launch.gemm_dequantized(x, functools.partial(dequantize_prepared, params),
+                                 params.bias, highest_f32=True)
 
 
 KERNEL = registry.register(registry.DenseKernel(
