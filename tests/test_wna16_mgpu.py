@@ -41,6 +41,15 @@ CASES = [  # (spec, M, K, N, bias, config)
     (hj.QuantSpec.preset("w4a16-g128-zp"), 9, 1024, 128, True, mg.Config(64, 2, 1, split_k=4)),
     (hj.QuantSpec.preset("w4a16-g128"), 16, 512, 64, False,
      mg.Config(64, 2, 2, split_k=2, optimized_load=True)),
+    # several warpgroups per CTA, each with its own K range, summed through shared memory
+    (hj.QuantSpec.preset("w4a16-g128-zp"), 1, 1024, 256, False, mg.Config(64, 2, 1,
+                                                                          warpgroups=2)),
+    (hj.QuantSpec.preset("w4a16-g128-zp"), 8, 1024, 200, True, mg.Config(64, 2, 1,
+                                                                         warpgroups=4)),
+    (hj.QuantSpec.preset("w4a16-g128"), 16, 2048, 64, True, mg.Config(64, 3, 2, warpgroups=2,
+                                                                      split_k=2)),
+    (hj.QuantSpec("uint8", "channel", 0, zero_point=True), 5, 768, 64, True,
+     mg.Config(64, 4, 1, warpgroups=4)),  # 6 K steps: 3 warpgroups, 2 stages each
 ]
 
 
@@ -182,7 +191,11 @@ def test_quant_dense_gpu(name, m):
 @pytest.mark.gpu
 @pytest.mark.parametrize("cfg", [mg.Config(64, 4, 2), mg.Config(64, 4, 4), mg.Config(128, 3, 2),
                                  mg.Config(64, 4, 1, split_k=4),
-                                 mg.Config(64, 4, 1, optimized_load=True)])
+                                 mg.Config(64, 4, 1, optimized_load=True),
+                                 mg.Config(64, 4, 1, warpgroups=2),
+                                 mg.Config(64, 4, 1, warpgroups=4),
+                                 mg.Config(64, 4, 2, warpgroups=4, split_k=2),
+                                 mg.Config(128, 4, 1, warpgroups=2)])
 def test_configs_gpu(cfg):
   spec = hj.QuantSpec.preset("w4a16-g128-zp")
   q, x = make(spec, 100, 4096, 1024, True, seed=5)

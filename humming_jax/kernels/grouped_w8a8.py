@@ -85,9 +85,11 @@ def _kernel(sched_ref, a_ref, sa_ref, w_ref, sw_ref, *rest, spec: QuantSpec,
     acc = w8a8.accumulate(
         jnp.zeros((block_m, block_n), w8a8.acc_dtype(plan)), spec=spec, plan=plan, lt=lt,
         block_k=block_k, first_tile=0, num_tiles=k_tiles,
+        # No `other`: Triton cannot splat a constant into fp8, and rows outside the
+        # group only reach accumulator rows that the masked store drops.
         load_a=lambda k0, size: plt.load(
             a_ref.at[rows, pl.ds(k0, size)],
-            mask=jnp.broadcast_to(row_ok, (block_m, size)), other=0),
+            mask=jnp.broadcast_to(row_ok, (block_m, size))),
         load_sa_col=lambda c: load_sa(pl.ds(c, 1)),
         load_w=lambda k0, size: w_ref[e, :, pl.ds(k0, size)],
         load_words=lambda r, n: w_ref[e, pl.ds(r, n), :],

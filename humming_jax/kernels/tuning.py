@@ -59,13 +59,18 @@ class MgpuConfig:
   stages: int = 4  # pipeline steps in flight (lowered to fit shared memory)
   substeps: int = 1  # K tiles per pipeline step
   dequant_gemm_min_m: int = 512  # from this M on: XLA dequantize + GEMM
-  # Experiments for decode, not yet measured on the GPU (benchmarks/NOTES.md v4, "next"):
-  split_k: int = 1  # CTAs per N tile along K (f32 partials summed by XLA): more warps/SM
+  # Decode is bound by the per-step dequant -> WGMMA chain of one warpgroup (NOTES.md v5):
+  # more warpgroups streaming different K ranges of the same output rows hide it.
+  warpgroups: int = 1  # warpgroups per CTA, each with its own K range; summed in SMEM
+  split_k: int = 1  # CTAs per N tile along K (f32 partials summed by XLA)
   optimized_load: bool = False  # Mosaic's vectorised-only smem -> register load of codes
 
   def __post_init__(self):
     if self.split_k < 1:
       raise ValueError(f"split_k={self.split_k} must be >= 1")
+    if self.warpgroups not in (1, 2, 3, 4):
+      raise ValueError(f"warpgroups={self.warpgroups} must be 1, 2, 3 or 4 (128 threads "
+                       f"each; 4 leave 128 registers per thread)")
     if self.block_m % 8 or not 8 <= self.block_m <= 256:
       raise ValueError(f"block_m={self.block_m} must be a multiple of 8 in [8, 256]")
     if self.stages < 1 or self.substeps < 1:
@@ -76,11 +81,12 @@ def mgpu_candidates(m: int) -> list[MgpuConfig]:
   """The autotune grid of the Mosaic GPU kernel (large block_m x substeps that cannot fit
   shared memory are left out)."""
   if m <= 64:
-    return ([MgpuConfig(64, s, sub) for s, sub in ((4, 1), (8, 1), (4, 2), (6, 2), (3, 4))]
-            + [MgpuConfig(64, 4, 1, split_k=sk) for sk in (2, 4)]
-            + [MgpuConfig(64, 4, 1, optimized_load=True),
-               MgpuConfig(64, 4, 2, split_k=2, optimized_load=True)])
-  return [MgpuConfig(128, 4, 1), MgpuConfig(128, 2, 2), MgpuConfig(64, 4, 1)]
+    return ([MgpuConfig(64, 4, 1, warpgroups=w) for w in (1, 2, 4)]
+            + [MgpuConfig(64, 4, 2, warpgroups=w) for w in (2, 4)]
+            + [MgpuConfig(64, 4, 1, warpgroups=w, split_k=2) for w in (2, 4)]
+            + [MgpuConfig(64, 4, 1, split_k=4), MgpuConfig(64, 6, 2)])
+  return [MgpuConfig(128, 4, 1), MgpuConfig(128, 2, 2), MgpuConfig(64, 4, 1),
+          MgpuConfig(128, 4, 1, warpgroups=2)]
 
 
 def device_kind() -> str:

@@ -211,93 +211,137 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
   k_steps = k_tiles // sub
   split = _divisor(config.split_k, k_steps)
   steps = k_steps // split  # pipeline steps per CTA
+  wgs = _divisor(config.warpgroups, steps)  # each streams steps_w of them
+  steps_w = steps // wgs
   fused_epilogue = split == 1  # else f32 partials (split, Np, Mp), summed by XLA
-  stages = fit_stages(dataclasses.replace(config, substeps=sub), block_m, bk, bits,
-                      has_zeros, out_bytes=2 if fused_epilogue else 4)
+  stages = min(steps_w, fit_stages(dataclasses.replace(config, substeps=sub, warpgroups=wgs),
+                                   block_m, bk, bits, has_zeros,
+                                   out_bytes=2 if fused_epilogue else 4))
   has_bias = params.bias is not None and fused_epilogue  # added in the kernel
   x_tf = _swizzled(sub * bk, 16, "x")
   w_tf = _swizzled(bk, bits, "w")
   a_tf = _swizzled(bk, 16, "a")
+  r_tf = _swizzled(block_m, 32, "r")
   o_tf = _swizzled(BLOCK_N, 16, "o") if fused_epilogue else _swizzled(block_m, 32, "o")
 
-  def kernel(x_gmem, w_gmem, s_gmem, *rest, o_smem, b_smem=None, b_barrier=None,
-             a_smem=None):
+  def kernel(x_gmem, w_gmem, s_gmem, *rest, x_buf, w_buf, s_buf, bars, o_smem, z_buf=None,
+             red_smem=None, red_bar=None, b_smem=None, b_barrier=None, a_smem=None):
     rest = list(rest)
     z_gmem = rest.pop(0) if has_zeros else None
     b_gmem = rest.pop(0) if has_bias else None
     (o_gmem,) = rest
-    ni, mi = lax.axis_index("n"), lax.axis_index("m")
+    ni, mi, ki = lax.axis_index("n"), lax.axis_index("m"), lax.axis_index("k")
+    wg = lax.axis_index("wg")
     ns = pl.ds(ni * BLOCK_N, BLOCK_N)
     ms = pl.ds(mi * block_m, block_m)
-    ki = lax.axis_index("k")
-    ts = pl.ds(ki * steps * sub, steps * sub)  # this CTA's K tiles
-    if has_bias:  # in flight during the K loop
-      plgpu.copy_gmem_to_smem(b_gmem.at[:, ns], b_smem, b_barrier)
+    first_tile = (ki * steps + wg * steps_w) * sub  # this warpgroup's K range
+    if has_bias:  # in flight during the K loop; warpgroup 0 runs the epilogue
+      @pl.when(wg == 0)
+      def _():
+        plgpu.copy_gmem_to_smem(b_gmem.at[:, ns], b_smem, b_barrier)
 
-    def step(_, x_smem, w_smem, s_smem, *z_smem, acc_ref):
+    # The TMA pipeline by hand: plgpu.emit_pipeline allocates per-thread scratch, which a
+    # kernel of several warpgroups cannot have; each warpgroup owns buffers [wg, slot].
+    def fetch(step, slot):
+      t = first_tile + step * sub
+      bar = bars.at[wg * stages + slot]
+      plgpu.copy_gmem_to_smem(x_gmem.at[ms, pl.ds(t * bk, sub * bk)], x_buf.at[wg, slot], bar)
+      plgpu.copy_gmem_to_smem(w_gmem.at[pl.ds(t, sub), ns], w_buf.at[wg, slot], bar)
+      plgpu.copy_gmem_to_smem(s_gmem.at[pl.ds(t, sub), ns], s_buf.at[wg, slot], bar)
+      if has_zeros:
+        plgpu.copy_gmem_to_smem(z_gmem.at[pl.ds(t, sub), ns], z_buf.at[wg, slot], bar)
+
+    def compute(slot, acc_ref):
+      x_smem = x_buf.at[wg, slot]
       for j in range(sub):  # MMA j runs while tile j + 1 is dequantized
-        w = plgpu.load(w_smem.at[j], (), layout=_UPCAST[bits],
+        w = plgpu.load(w_buf.at[wg, slot, j], layout=_UPCAST[bits],
                        optimized=config.optimized_load)
         w = plgpu.layout_cast(w, _WGMMA).astype(cdt)
-        bcast = lambda r: lax.broadcast_in_dim(plgpu.load(r.at[j], (), layout=_ROW),
+        bcast = lambda r: lax.broadcast_in_dim(plgpu.load(r.at[wg, slot, j], layout=_ROW),
                                                w.shape, [0])
-        if z_smem:
-          w = w - bcast(z_smem[0])
-        w = w * bcast(s_smem)  # the bf16-rounded dequantized weight
+        if has_zeros:
+          w = w - bcast(z_buf)
+        w = w * bcast(s_buf)  # the bf16-rounded dequantized weight
         if a_smem is not None:  # the GPU interpreter takes WGMMA operands from SMEM only
           plgpu.wgmma_wait(0)
-          a_smem[...] = w
+          a_smem.at[wg][...] = w
           plgpu.commit_smem()
-          w = a_smem
+          w = a_smem.at[wg]
         plgpu.wgmma(acc_ref, w, x_smem.at[:, pl.ds(j * bk, bk)].T)
-      plgpu.wgmma_wait(0)
+      plgpu.wgmma_wait(0)  # the slot is refilled next
 
     def scoped(acc_ref):
-      row = lambda: plgpu.BlockSpec((sub, BLOCK_N), lambda kk: (kk, 0))
-      in_specs = [plgpu.BlockSpec((block_m, sub * bk), lambda kk: (0, kk), transforms=x_tf),
-                  plgpu.BlockSpec((sub, BLOCK_N, bk), lambda kk: (kk, 0, 0), transforms=w_tf),
-                  row()] + ([row()] if has_zeros else [])
-      refs = [x_gmem.at[ms, pl.ds(ki * steps * sub * bk, steps * sub * bk)],
-              w_gmem.at[ts, ns], s_gmem.at[ts, ns]]
-      if has_zeros:
-        refs.append(z_gmem.at[ts, ns])
-      plgpu.emit_pipeline(functools.partial(step, acc_ref=acc_ref), grid=(steps,),
-                          in_specs=in_specs, max_concurrent_steps=stages)(*refs)
+      for st in range(stages):
+        fetch(st, st)
+
+      def body(step, carry):
+        slot = lax.rem(step, stages)
+        plgpu.barrier_wait(bars.at[wg * stages + slot])
+        compute(slot, acc_ref)
+
+        @pl.when(step + stages < steps_w)
+        def _():
+          fetch(step + stages, slot)
+        return carry
+
+      lax.fori_loop(0, steps_w, body, None)
       return acc_ref[...]
 
     acc = pl.run_scoped(scoped, plgpu.ACC((BLOCK_N, block_m), jnp.float32))
-    if not fused_epilogue:
-      o_smem[...] = acc
-      plgpu.commit_smem()
-      plgpu.copy_smem_to_gmem(o_smem, o_gmem.at[ki, ns, ms])
-      plgpu.wait_smem_to_gmem(0)
-      return
-    if has_bias:
-      plgpu.barrier_wait(b_barrier)
-      # (The `()` index form is deprecated in jax 0.11; kept as run on the H200.)
-      bias = plgpu.load(b_smem.at[0], (), layout=_ROW)
-      acc = acc + lax.broadcast_in_dim(bias, acc.shape, [0])
-    o_smem.T[...] = plgpu.layout_cast(acc.astype(cdt), _TRANSPOSED)
-    plgpu.commit_smem()
-    plgpu.copy_smem_to_gmem(o_smem, o_gmem.at[ms, ns])
-    plgpu.wait_smem_to_gmem(0)
+    if wgs > 1:  # partial sums of warpgroups 1.. -> shared memory -> warpgroup 0
+      @pl.when(wg > 0)
+      def _():
+        red_smem.at[wg - 1][...] = acc
+        plgpu.barrier_arrive(red_bar)
 
+    @pl.when(wg == 0)
+    def _epilogue():
+      y = acc
+      if wgs > 1:
+        plgpu.barrier_wait(red_bar)
+        for i in range(wgs - 1):
+          y = y + plgpu.load(red_smem.at[i], layout=_WGMMA)
+      if not fused_epilogue:
+        o_smem[...] = y
+        plgpu.commit_smem()
+        plgpu.copy_smem_to_gmem(o_smem, o_gmem.at[ki, ns, ms])
+        plgpu.wait_smem_to_gmem(0)
+        return
+      if has_bias:
+        plgpu.barrier_wait(b_barrier)
+        bias = plgpu.load(b_smem.at[0], layout=_ROW)
+        y = y + lax.broadcast_in_dim(bias, y.shape, [0])
+      o_smem.T[...] = plgpu.layout_cast(y.astype(cdt), _TRANSPOSED)
+      plgpu.commit_smem()
+      plgpu.copy_smem_to_gmem(o_smem, o_gmem.at[ms, ns])
+      plgpu.wait_smem_to_gmem(0)
+
+  row_buf = lambda: plgpu.SMEM((wgs, stages, sub, BLOCK_N), cdt)
+  scratch = dict(
+      x_buf=plgpu.SMEM((wgs, stages, block_m, sub * bk), cdt, transforms=x_tf),
+      w_buf=plgpu.SMEM((wgs, stages, sub, BLOCK_N, bk), params.codes.dtype, transforms=w_tf),
+      s_buf=row_buf(),
+      bars=plgpu.Barrier(num_arrivals=3 + has_zeros, num_barriers=wgs * stages))
+  if has_zeros:
+    scratch["z_buf"] = row_buf()
+  if wgs > 1:
+    scratch["red_smem"] = plgpu.SMEM((wgs - 1, BLOCK_N, block_m), jnp.float32, transforms=r_tf)
+    scratch["red_bar"] = plgpu.Barrier(num_arrivals=wgs - 1)  # counted in warpgroups
   if fused_epilogue:
-    scratch = dict(o_smem=plgpu.SMEM((block_m, BLOCK_N), cdt, transforms=o_tf))
+    scratch["o_smem"] = plgpu.SMEM((block_m, BLOCK_N), cdt, transforms=o_tf)
     out_type = jax.ShapeDtypeStruct((mp, np_), cdt)
   else:
-    scratch = dict(o_smem=plgpu.SMEM((BLOCK_N, block_m), jnp.float32, transforms=o_tf))
+    scratch["o_smem"] = plgpu.SMEM((BLOCK_N, block_m), jnp.float32, transforms=o_tf)
     out_type = jax.ShapeDtypeStruct((split, np_, mp), jnp.float32)
   if has_bias:
     scratch.update(b_smem=plgpu.SMEM((1, BLOCK_N), jnp.float32), b_barrier=plgpu.Barrier())
-  if interpret:
-    scratch["a_smem"] = plgpu.SMEM((BLOCK_N, bk), cdt, transforms=a_tf)
-  if has_bias:
     operands.append(jnp.pad(params.bias.astype(jnp.float32), (0, np_ - n)).reshape(1, np_))
+  if interpret:
+    scratch["a_smem"] = plgpu.SMEM((wgs, BLOCK_N, bk), cdt, transforms=a_tf)
   out = plgpu.kernel(
       kernel, out_type=out_type,
       grid=(np_ // BLOCK_N, mp // block_m, split), grid_names=("n", "m", "k"),
-      scratch_types=scratch,
+      num_threads=wgs, thread_name="wg", scratch_types=scratch,
       interpret=plgpu.InterpretGPUParams() if interpret else False,
   )(*operands)
   if fused_epilogue:
@@ -317,11 +361,13 @@ SMEM_BYTES = 232448 - 2048  # H100/H200 per-block maximum, minus barriers and al
 
 
 def smem_bytes(block_m: int, stages: int, substeps: int, block_k: int, bits: int,
-               has_zeros: bool, out_bytes: int = 2) -> int:
+               has_zeros: bool, out_bytes: int = 2, warpgroups: int = 1) -> int:
   """Shared memory the kernel allocates (within ~1 KB of Mosaic's count on the H200)."""
   per_step = substeps * (block_m * block_k * 2 + BLOCK_N * block_k * bits // 8
                          + BLOCK_N * 2 * (2 if has_zeros else 1))
-  return stages * per_step + block_m * BLOCK_N * out_bytes + BLOCK_N * 4
+  reduction = (warpgroups - 1) * BLOCK_N * block_m * 4
+  return (warpgroups * stages * per_step + reduction + block_m * BLOCK_N * out_bytes
+          + BLOCK_N * 4)
 
 
 def fit_stages(config: Config, block_m: int, block_k: int, bits: int, has_zeros: bool,
@@ -329,20 +375,22 @@ def fit_stages(config: Config, block_m: int, block_k: int, bits: int, has_zeros:
   """``config.stages``, lowered (not below 2) until the pipeline fits in shared memory."""
   stages = config.stages
   size = lambda st: smem_bytes(block_m, st, config.substeps, block_k, bits, has_zeros,
-                               out_bytes)
+                               out_bytes, config.warpgroups)
   while stages > 2 and size(stages) > SMEM_BYTES:
     stages -= 1
   need = size(stages)
   if need > SMEM_BYTES:
     raise ValueError(f"config={config}: needs {need} bytes of shared memory even with 2 "
-                     f"stages (limit {SMEM_BYTES}); lower block_m or substeps")
+                     f"stages (limit {SMEM_BYTES}); lower block_m, substeps or warpgroups")
   return stages
 
 
 def heuristic(m: int) -> Config:
-  """Decode: one M tile; prefill: 128 tokens per CTA; large M: dequantize + GEMM.
-  (H200 sweep 2026-11-29, benchmarks/NOTES.md v3.)"""
-  return Config(block_m=64 if m <= 64 else 128, stages=4)
+  """Decode: one M tile, four warpgroups per CTA splitting K; prefill: 128 tokens per CTA;
+  large M: dequantize + GEMM.  (H200 sweeps 2026-11-29, benchmarks/NOTES.md v3-v5.)"""
+  if m <= 64:
+    return Config(block_m=64, stages=4, warpgroups=4)
+  return Config(block_m=128, stages=4)
 
 
 def dequantize_prepared(params: QuantizedWeight, dtype=jnp.float32) -> jax.Array:
