@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 import humming_jax as hj
+from humming_jax.quantize import decode_scales, expand_scales, unpacked_codes
 from humming_jax.kernels import act_quant, reference, registry, tuning, w8a8
 
 ACT_PRESETS = sorted(n for n, s in hj.PRESETS.items() if s.act is not None)
@@ -177,6 +178,65 @@ def test_unsupported_specs_refused(spec):
     hj.quant_dense(q, x, backend="interpret")
 
 
+ROUTED = ["w4a8-mxfp4", "w4a4-mxfp4", "w4a4-nvfp4"]  # weights exact in bf16 once scaled
+
+
+def test_large_m_route_is_chosen_only_for_bf16_exact_operands():
+  routed = [n for n in ACT_PRESETS
+            if w8a8.dequant_gemm_exact(spec_of(n), w8a8.plan_for(spec_of(n)))]
+  assert sorted(routed) == sorted(ROUTED)
+  _, _, x, _, q = make("w4a8-fp8", 256, 64, 3)  # int4 x bf16 scales: 11 significant bits
+  with pytest.raises(ValueError, match="not exact in bfloat16"):
+    w8a8.dequant_gemm(_prepare(q), x)
+
+
+@pytest.mark.parametrize("name", ROUTED)
+def test_large_m_route_operands_are_bf16_numbers(name):
+  """The premise of the route: code x K-group scale is a bfloat16 number, for weights and
+  (group-scaled) activations, over scales spanning many binades.  (NVFP4 activations carry
+  a float32 second-level scale: there the kernel itself rounds the folded operand to bf16,
+  and the route does the same.)"""
+  spec = spec_of(name)
+  k, n = 256, 128
+  w = (jax.random.normal(jax.random.key(1), (k, n))
+       * jnp.exp2(jax.random.randint(jax.random.key(2), (1, n), -12, 12)))
+  q = hj.quantize(w, spec)
+  s = decode_scales(q.replace(global_scale=None))
+  wd = spec.weight_format.decode(unpacked_codes(q)) * expand_scales(s, k, n)
+  np.testing.assert_array_equal(np.asarray(wd.astype(jnp.bfloat16).astype(jnp.float32)),
+                                np.asarray(wd))
+  if w8a8.plan_for(spec).fold:
+    return
+  x = jax.random.normal(jax.random.key(3), (16, k)) * jnp.exp2(
+      jax.random.randint(jax.random.key(4), (16, 1), -12, 12))
+  qa = act_quant.quantize(x, spec, None)
+  a = qa.dequantize() if spec.act_granularity == "group" else qa.values.astype(jnp.float32)
+  np.testing.assert_array_equal(np.asarray(a.astype(jnp.bfloat16).astype(jnp.float32)),
+                                np.asarray(a))
+
+
+@pytest.mark.parametrize("name", ROUTED)
+def test_large_m_route_matches_reference(name):
+  """M >= DEQUANT_GEMM_MIN_M without a config: XLA's bf16 GEMM on the dequantized operands,
+  no Pallas kernel, equal to the reference up to float32 summation order."""
+  spec, w, x, b, q = make(name, 256, 128, w8a8.DEQUANT_GEMM_MIN_M, seed=3)
+  p = _prepare(q)
+  run = jax.jit(lambda p, x: w8a8.run(p, x))
+  assert "pallas_call" not in str(jax.make_jaxpr(run)(p, x))
+  y = run(p, x)
+  assert y.dtype == x.dtype and y.shape == (x.shape[0], 128)
+  assert rel(y, _reference(q, x)) <= 4e-3  # the output's bf16 rounding (2**-9) dominates
+  y32 = jax.jit(lambda p, x: w8a8.run(p, x))(p, x.astype(jnp.float32))
+  ref32 = _reference(q, x.astype(jnp.float32))
+  # exact operands: float32 summation order only; NVFP4: the kernel's bf16 fold rounding,
+  # which the route reproduces (same operands as the kernel, in the interpreter)
+  if w8a8.plan_for(spec).fold:
+    assert rel(y32, ref32) <= 2e-3
+    assert rel(y32, _jit_run(True, SMALL)(p, x.astype(jnp.float32))) <= 1e-5
+  else:
+    assert rel(y32, ref32) <= 1e-5
+
+
 # ---------------------------------------------------------------------------------------
 # GPU (H200): benchmark shape
 # ---------------------------------------------------------------------------------------
@@ -186,11 +246,23 @@ def test_unsupported_specs_refused(spec):
 def test_presets_gpu(name, m):
   spec, w, x, b, q = make(name, 8192, 8192, m, seed=5)
   p = jax.jit(hj.prepare)(q)
-  # The kernel itself (hj.quant_dense routes here too; the direct call keeps the test
-  # about the kernel).
+  # run() as hj.quant_dense calls it: the kernel, or at M = 4096 for ROUTED specs the XLA
+  # route (test_large_m_kernel_gpu runs the kernel there).
   y = jax.jit(lambda p, x: w8a8.run(p, x))(p, x)
   e_ref, e_float = check(name, q, w, x, b, y)
   print(f"{name} M={m}: rel err vs reference {e_ref:.2e}, vs float {e_float:.2e}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ROUTED)
+def test_large_m_kernel_gpu(name):
+  """The kernel itself at M = 4096 (what run() routes to XLA there without a config)."""
+  spec, w, x, b, q = make(name, 8192, 8192, 4096, seed=5)
+  p = jax.jit(hj.prepare)(q)
+  plan = w8a8.plan_for(spec)
+  _, bk, kp, np_ = w8a8.kernel_dims(p, plan)
+  cfg = w8a8.heuristic(4096, np_, kp // bk, plan)
+  check(name, q, w, x, b, jax.jit(lambda p, x: w8a8.run(p, x, config=cfg))(p, x))
 
 
 @pytest.mark.gpu

@@ -48,7 +48,8 @@ from jax.experimental import pallas as pl
 from humming_jax import packing
 from humming_jax.kernels import act_quant, launch, registry, tuning, wna16
 from humming_jax.kernels import layout as lay
-from humming_jax.quantize import QuantizedWeight, scale_block, unpacked_codes
+from humming_jax.quantize import (QuantizedWeight, decode_scales, expand_scales, scale_block,
+                                  unpacked_codes)
 from humming_jax.spec import QuantSpec
 
 FAMILY = "w8a8"
@@ -332,6 +333,74 @@ def heuristic(m: int, np_: int, k_tiles: int, plan: Plan) -> tuning.TuningConfig
                              num_stages=stages)
 
 
+# ----------------------------------------------------------------------------------------
+# Large M on 4-bit weights with K-group scales: dequantize both operands + XLA's GEMM
+# ----------------------------------------------------------------------------------------
+# The kernel scales each K group's fp8 partial product before adding it; at M = 4096 with
+# MXFP4 weights (group 32) that measured 40 ms per 8192^2 layer on the H200 (2026-11-29,
+# benchmarks/NOTES_w8a8.md), 50x the bf16 GEMM.  When every dequantized operand value
+# (code x its K-group scale) is a bfloat16 number -- or is the bf16 operand the kernel
+# itself forms (NVFP4's fold) -- XLA's bf16 GEMM with float32 accumulation computes the
+# same products; per-token / per-tensor scales, the global scale and the bias stay in
+# float32 after the GEMM, as in the kernel's epilogue.
+DEQUANT_GEMM_MIN_M = 512
+
+_SCALE_SIG_BITS = {"e8m0": 1, "fp8_e4m3": 4, "bfloat16": 8, "float16": 11, "float32": 24}
+
+
+def _significant_bits(fmt) -> int:
+  """Bits of precision of the format's values (floats: mantissa + implicit one)."""
+  if fmt.is_float:
+    return fmt.mantissa_bits + 1
+  return fmt.bits - 1 if fmt.signed else fmt.bits
+
+
+def dequant_gemm_exact(spec: QuantSpec, plan: Plan) -> bool:
+  """Whether the large-M route computes the kernel's numbers: slab (< 8-bit) weights with
+  K-group scales and float compute, where either both operands are exact in bfloat16 once
+  their K-group scales are applied (significant bits of value + scale <= 8: MXFP4 weights,
+  fp8 / MX activations), or the kernel itself folds the scales into bfloat16 operands
+  (groups < 32: NVFP4), which the route forms the same way.  Int4 codes x bf16 scales
+  (11 bits) are neither."""
+  if plan.direct or plan.int_compute or not plan.pg:
+    return False
+  if plan.fold:
+    return True
+  w_bits = _significant_bits(spec.weight_format) + _SCALE_SIG_BITS[spec.scale_dtype]
+  a_bits = _significant_bits(spec.act_format)
+  if plan.a_group:
+    a_bits += _SCALE_SIG_BITS[spec.act_scale_dtype]
+  return w_bits <= 8 and a_bits <= 8
+
+
+def dequant_gemm(params: QuantizedWeight, x: jax.Array) -> jax.Array:
+  """The large-M route (see :func:`dequant_gemm_exact`): activations quantized exactly as
+  for the kernel, both operands dequantized to bfloat16, XLA's GEMM, float32 epilogue."""
+  spec = params.spec
+  plan = plan_for(spec)
+  if plan is None or not dequant_gemm_exact(spec, plan):
+    raise ValueError(f"spec {spec.name}: dequantized operands are not exact in bfloat16 "
+                     f"(weight={spec.weight!r}, scale_dtype={spec.scale_dtype!r}); the "
+                     f"kernel computes it")
+  k, n = params.shape
+  canon = to_canonical(params)
+  block_scales = decode_scales(canon.replace(global_scale=None))  # s2 after the GEMM
+  w = spec.weight_format.decode(unpacked_codes(canon)) * expand_scales(block_scales, k, n)
+  qa = act_quant.quantize(x, spec, params.act_scale)
+  a = qa.values.astype(jnp.float32)
+  if plan.a_group:  # group scales into the operand (exact, or the kernel's fold)
+    a = qa.dequantize()
+  y = jnp.dot(a.astype(jnp.bfloat16), w.astype(jnp.bfloat16),
+              preferred_element_type=jnp.float32)
+  if not plan.a_group:  # per token (M, 1) or per tensor (1, 1)
+    y = y * qa.scales
+  if params.global_scale is not None:
+    y = y * params.global_scale.astype(jnp.float32)
+  if params.bias is not None:
+    y = y + params.bias
+  return y.astype(x.dtype)
+
+
 def kernel_dims(params: QuantizedWeight, plan: Plan, block_k: int | None = None
                 ) -> tuple[lay.SlabLayout | None, int, int, int]:
   """(slab layout or None, K per loop step, padded K, padded N) of prepared params (dense
@@ -373,13 +442,18 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
 
   ``block_k`` (8-bit weights only): K rows per pipelined loop iteration (default 128, or
   the scale group if larger).  ``fuse_act_quant``: quantize the activations inside the
-  kernel (per-token dynamic or static per-tensor specs) instead of in a pre-pass."""
+  kernel (per-token dynamic or static per-tensor specs) instead of in a pre-pass.
+  Without an explicit ``config``, M >= ``DEQUANT_GEMM_MIN_M`` on weights whose dequantized
+  values are bfloat16 numbers (MXFP4, NVFP4) runs :func:`dequant_gemm` instead."""
   spec = params.spec
   plan = plan_for(spec)
   if plan is None:
     raise ValueError(f"spec {spec.name}: no W8A8 kernel path")
   k, n = params.shape
   m = x.shape[0]
+  if (config is None and m >= DEQUANT_GEMM_MIN_M and not fuse_act_quant
+      and dequant_gemm_exact(spec, plan)):
+    return dequant_gemm(params, x)
   lt, bk, kp, np_ = kernel_dims(params, plan, block_k)
   k_tiles = kp // bk
   if config is None:
