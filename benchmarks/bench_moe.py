@@ -5,7 +5,7 @@ grouped GEMM to ``--layers`` distinct weight sets (each set is >= 100 MB, far pa
 L2); microseconds per grouped GEMM.  Methods, in the same run:
   hj:<spec>        hj.quant_ragged_dot, Pallas grouped kernel, params prepared once per
                    shape outside the timed call; TB/s = active experts' bytes / time
-  hj_sched:<spec>  (--breakdown) the XLA-side schedule + x padding alone
+  hj_kernels:<spec>  (--breakdown) device time per kernel name (CUPTI), us per layer
   ragged_bf16      lax.ragged_dot on bf16 weights (XLA expands it densely: OOM is caught)
   deq_ragged       XLA dequantize (to bf16) + lax.ragged_dot
   hj_xla:<spec>    hj's XLA fallback (--xla-path; tiled gather + dequant)
@@ -117,22 +117,14 @@ def bench_hj(spec_name, sets, xg, *, calls, repeats, check):
   return res, qs
 
 
-def bench_schedule(pps, xg, *, calls, repeats):
-  """The XLA-side cost of a call alone: the tile schedule and the x padding (what runs
-  besides the pallas_call), to split a slow decode call into overhead and kernel."""
-  from humming_jax.kernels import grouped_wna16 as gk
-  from humming_jax.kernels import layout as lay
-
-  def sched(p, xg):
-    x, gs = xg
-    _, lt = lay.parse_layout_name(p.layout)
-    m, k = x.shape
-    cfg = gk.choose_config(m, p.shape[0], p.codes.shape[2],
-                           p.codes.shape[1] // lt.rows_per_tile, p.spec.name, k, lt)
-    t = gk.tile_schedule(gs, m, cfg.block_m, gk.max_tiles(m, p.shape[0], cfg.block_m))
-    kp = lt.padded_k(k)
-    return jnp.stack(t), jnp.pad(x, ((0, 0), (0, kp - k)))
-  return common.time_chain(sched, pps, xg, calls=calls, repeats=repeats)
+def bench_breakdown(pps, xg):
+  """Where one grouped GEMM's time goes: the device time of every kernel of the jitted
+  chain (CUPTI), per layer.  (The previous method timed the schedule in a jit of its own,
+  which measured that call's dispatch, not a component: NOTES_moe.md session 2.)"""
+  layer = lambda p, xg: hj.quant_ragged_dot(p, xg[0], xg[1], backend="pallas")
+  fn = jax.jit(lambda ps, xg: common.chain(layer, ps, xg))
+  return {name: round(us, 2) for name, us in
+          common.kernel_times(fn, (pps, xg), per=len(pps)).items()}
 
 
 def bench_hj_xla(qs, xg, *, calls, repeats):
@@ -189,7 +181,7 @@ def main(argv=None):
   ap.add_argument("--no-baselines", action="store_true")
   ap.add_argument("--xla-path", action="store_true", help="also time hj's XLA fallback")
   ap.add_argument("--breakdown", action="store_true",
-                  help="also time the XLA-side schedule + padding alone (hj_sched)")
+                  help="also print the device time of every kernel of a call (CUPTI)")
   ap.add_argument("--json", default=None)
   args = ap.parse_args(argv)
   info = common.device_info()
@@ -220,8 +212,7 @@ def main(argv=None):
         out = _safe(lambda: bench_hj(spec_name, sets[spec_name], xg, calls=calls,
                                      repeats=args.repeats, check=True))
         if args.breakdown:
-          row[f"hj_sched:{spec_name}"] = _safe(lambda: bench_schedule(
-              sets[spec_name][1], xg, calls=calls, repeats=args.repeats))
+          row[f"hj_kernels:{spec_name}"] = _safe(lambda: bench_breakdown(sets[spec_name][1], xg))
         if isinstance(out, tuple):
           row[f"hj:{spec_name}"], qs = out
           qs_any = qs_any or qs
@@ -266,6 +257,9 @@ def format_row(row) -> str:
            f"active={row['active_experts']}"]
   for c in cols:
     v = row[c]
+    if c.startswith("hj_kernels:"):
+      parts.append(f"{c}={v}")
+      continue
     s = f"{c}={_us(v)}"
     if isinstance(v, dict) and "rel_err" in v:
       s += f" (err {v['rel_err']:.1e}, {v['tbps']:.2f} TB/s, compile {v['compile_s']:.1f}s)"
@@ -279,7 +273,8 @@ def format_table(results) -> str:
   cols = []
   for r in results:
     for c in r:
-      if (":" in c or c in ("ragged_bf16", "deq_ragged")) and c not in cols:
+      if ((":" in c or c in ("ragged_bf16", "deq_ragged")) and c not in cols
+          and not c.startswith("hj_kernels:")):
         cols.append(c)
   head = "| shape | tokens | " + " | ".join(cols) + " |"
   lines = [head, "|" + "---|" * (len(cols) + 2)]

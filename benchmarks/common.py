@@ -46,6 +46,27 @@ def time_chain(layer_fn, params_list, x, *, calls: int = 50, repeats: int = 5
           "us_max": max(per_layer), "first_call_s": first}
 
 
+def kernel_times(fn, args, *, iterations: int = 5, per: int = 1) -> dict[str, float]:
+  """Device time of each kernel ``fn(*args)`` launches, by kernel name (CUPTI, through
+  ``jax.experimental.mosaic.gpu.profiler.measure``): median over ``iterations`` of the
+  name's summed time per call, divided by ``per`` (e.g. the layers of a chain), in us.
+  Launch gaps are not in it: compare the sum with the chain's wall clock."""
+  import collections  # noqa: PLC0415
+  from jax.experimental.mosaic.gpu import profiler  # noqa: PLC0415 - GPU only
+  f = fn if hasattr(fn, "lower") else jax.jit(fn)
+  _, per_iter = profiler.measure(f, aggregate=False, iterations=iterations)(*args)
+  if iterations == 1:
+    per_iter = [per_iter]
+  samples = collections.defaultdict(list)
+  for timings in per_iter:
+    acc = collections.Counter()
+    for name, ms in timings:
+      acc[name[:60]] += ms * 1e3 / per
+    for name, us in acc.items():
+      samples[name].append(us)
+  return {name: statistics.median(v) for name, v in samples.items()}
+
+
 def compile_time(fn, *args) -> float:
   """Seconds to lower + compile ``jax.jit(fn)`` for these argument shapes (no run)."""
   t0 = time.perf_counter()

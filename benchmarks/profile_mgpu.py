@@ -3,18 +3,21 @@
 chain's wall-clock time per layer (shared/GPU.md).  The difference between the two is launch
 gaps; the kernels other than the Mosaic one are the XLA glue (pad, slice, split-K sum).
 
-  PYTHONPATH=. python3 benchmarks/profile_mgpu.py --ms 1,16 --configs default,split2,split4
+  PYTHONPATH=. python3 benchmarks/profile_mgpu.py --ms 1,16 --configs default,wg1,split4
+  PYTHONPATH=. python3 benchmarks/profile_mgpu.py --overhead   # per-launch cost, tiny layers
+
+``--overhead``: the same two numbers for a chain of 32 tiny (512 x 512, M = 1) layers on the
+Mosaic kernel, the Pallas-Triton kernel and an XLA bf16 dot: there the kernels take ~2 us,
+so wall - kernels per layer is what a launch costs (NOTES.md v5: Mosaic GPU encodes its
+TMA descriptors on the host at every launch).
 """
 from __future__ import annotations
 
 import argparse
-import collections
-import statistics
 import sys
 
 import jax
 import jax.numpy as jnp
-from jax.experimental.mosaic.gpu import profiler
 
 sys.path.insert(0, __file__.rsplit("/", 2)[0])
 import humming_jax as hj  # noqa: E402
@@ -47,23 +50,28 @@ def parse_config(name: str, m: int) -> tuning.MgpuConfig:
   return tuning.MgpuConfig(**{**cfg.__dict__, **fields})
 
 
-def kernel_times(fn, args, iterations: int, layers: int) -> dict[str, float]:
-  """Median over iterations of each kernel name's summed time, in us per layer."""
-  _, per_iter = profiler.measure(fn, aggregate=False, iterations=iterations)(*args)
-  if iterations == 1:
-    per_iter = [per_iter]
-  sums = collections.defaultdict(list)
-  for timings in per_iter:
-    acc = collections.Counter()
-    for name, ms in timings:
-      acc[name[:60]] += ms * 1e3 / layers
-    for name, us in acc.items():
-      sums[name].append(us)
-  return {name: statistics.median(v) for name, v in sums.items()}
+def overhead(layers: int = 32, size: int = 512, iterations: int = 5) -> None:
+  from humming_jax.kernels import wna16  # noqa: PLC0415 - only this mode needs it
+  spec = hj.QuantSpec.preset("w4a16-g128-zp")
+  ws = make_weights(jax.random.key(1), layers, size, size)
+  qs = [jax.jit(hj.quantize, static_argnums=1)(w, spec) for w in ws]
+  x = jax.random.normal(jax.random.key(2), (1, size), jnp.bfloat16)
+  cases = {
+      "mosaic wna16_mgpu": (wna16_mgpu.run, [jax.jit(wna16_mgpu.prepare)(q) for q in qs]),
+      "triton wna16": (wna16.run, [jax.jit(wna16.prepare)(q) for q in qs]),
+      "xla bf16 dot": (lambda w, x: x @ w, [w.astype(jnp.bfloat16) for w in ws]),
+  }
+  for name, (layer, params) in cases.items():
+    fn = jax.jit(lambda ps, x, layer=layer: common.chain(layer, ps, x))
+    kt = common.kernel_times(fn, (params, x), iterations=iterations, per=layers)
+    wall = common.time_chain(layer, params, x, calls=30, repeats=3)["us"]
+    print(f"overhead {name}: wall {wall:.1f} us/layer, kernels {sum(kt.values()):.1f} "
+          f"({', '.join(f'{k}={v:.1f}' for k, v in kt.items())})", flush=True)
 
 
 def main():
   ap = argparse.ArgumentParser()
+  ap.add_argument("--overhead", action="store_true", help="per-launch cost (tiny layers)")
   ap.add_argument("--spec", default="w4a16-g128-zp")
   ap.add_argument("--ms", default="1,16")
   ap.add_argument("--configs", default="default,split2,split4")
@@ -73,6 +81,9 @@ def main():
   ap.add_argument("--iterations", type=int, default=5)
   args = ap.parse_args()
   print("#", common.device_info(), flush=True)
+  if args.overhead:
+    overhead()
+    return
   ws = make_weights(jax.random.key(0), args.layers, args.k, args.n)
   spec = hj.QuantSpec.preset(args.spec)
   qs = [jax.jit(hj.quantize, static_argnums=1)(w, spec) for w in ws]
@@ -86,7 +97,7 @@ def main():
         layer = lambda p, x, cfg=cfg: wna16_mgpu.run(p, x, config=cfg)
         err = common.rel_err(jax.jit(layer)(pm[0], x), ref)
         fn = jax.jit(lambda ps, x, layer=layer: common.chain(layer, ps, x))
-        kt = kernel_times(fn, (pm, x), args.iterations, args.layers)
+        kt = common.kernel_times(fn, (pm, x), iterations=args.iterations, per=args.layers)
         wall = common.time_chain(layer, pm, x, calls=30, repeats=3)["us"]
         total = sum(kt.values())
         parts = ", ".join(f"{k}={v:.1f}" for k, v in sorted(kt.items(), key=lambda i: -i[1]))

@@ -13,15 +13,20 @@ Hopper reads from registers:
        block_k) tile of one K step is one contiguous 4 KB (int4) run in HBM, not block_n
        strided 64-byte pieces;
   TMA: ``substeps`` W^T tiles, the x tile (block_m, substeps * block_k) and the scale (and
-       zero) rows -> shared memory, ``stages`` steps in flight (plgpu.emit_pipeline);
+       zero) rows -> shared memory, ``stages`` steps in flight (a pipeline written out:
+       each of the CTA's ``warpgroups`` streams its own K range into its own buffers);
   registers: the int tile is loaded in the WGMMA upcast layout, converted to bf16 with
        Mosaic's vectorised int -> bf16 conversion, ``(c - z) * s`` per row (one scale row
        per K step: block_k == group size), i.e. the bf16-rounded dequantized weight;
   WGMMA: acc (block_n, block_m) f32 += W_deq (registers) @ x^T (shared memory);
+  reduction: warpgroups 1.. add their accumulators through shared memory into
+       warpgroup 0's;
   epilogue: + bias (per acc row), cast, transposed store of the (block_m, block_n) tile;
        with ``split_k`` > 1 each CTA stores float32 partials and XLA sums them.
 
-Decode (M <= 64) has a single M tile, and N / block_n CTAs stream the weights once.
+Decode (M <= 64) has a single M tile, and N / 64 CTAs of 4 warpgroups stream the weights
+once: one warpgroup's load -> convert -> WGMMA chain per K step is latency bound, four
+of them per SM hide it (benchmarks/NOTES.md v5: 31.8 -> 18.6 us per 8192^2 layer).
 From M = ``dequant_gemm_min_m`` (compute bound) the weights are dequantized by one XLA
 fusion from this layout and XLA's GEMM runs (measured faster there; NOTES.md v4).
 The XLA reference beside it is kernels/reference.py::dense_reference; the Pallas-Triton
