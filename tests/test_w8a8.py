@@ -288,3 +288,30 @@ def test_known_bad_gpu_specs_are_never_picked(monkeypatch):
   with pytest.raises(ValueError, match="known to disagree with the reference"):
     ops.resolve_backend("pallas", spec)
   assert ops.resolve_backend("interpret", spec) == "interpret"
+
+@pytest.mark.parametrize("name,nan_code", [
+    ("w4a16-mxfp4", 0xFF), ("w4a16-nvfp4", 0x7F), ("w4a8-mxfp4", 0xFF), ("w4a4-nvfp4", 0x7F)])
+def test_nan_scale_code_gives_nan_like_the_reference(name, nan_code):
+  """A NaN scale code (e8m0 0xFF, e4m3 0x7F: a corrupt checkpoint) makes its output column
+  NaN in the kernel, as in the reference -- never a finite wrong number."""
+  spec = hj.QuantSpec.preset(name)
+  kw, kx = jax.random.split(jax.random.key(9))
+  q = hj.quantize(jax.random.normal(kw, (128, 64)) / 11, spec)
+  codes = jax.lax.bitcast_convert_type(q.scales, jnp.uint8) if q.scales.dtype != jnp.uint8 \
+      else q.scales
+  codes = codes.at[1, 5].set(nan_code)
+  q = q.replace(scales=codes if q.scales.dtype == jnp.uint8
+                else jax.lax.bitcast_convert_type(codes, q.scales.dtype))
+  x = jax.random.normal(kx, (3, 128), jnp.float32).astype(jnp.bfloat16)
+  ref = reference.dense_reference(q, x)
+  y = jax.jit(lambda q, x: hj.quant_dense(q, x, backend="interpret"))(q, x)
+  assert bool(jnp.isnan(ref[:, 5]).all())
+  assert bool(jnp.isnan(y[:, 5]).all()), y[:, 5]
+  others = np.delete(np.arange(64), 5)
+  assert not bool(jnp.isnan(y[:, others]).any())
+
+
+def test_run_names_unprepared_params():
+  _, _, x, _, q = make("w4a8-mxfp4", 256, 64, 3)
+  with pytest.raises(ValueError, match="params.layout='canonical'"):
+    w8a8.run(q, x)

@@ -56,7 +56,7 @@ class MgpuConfig:
   """Launch shape of the Mosaic GPU WnA16 kernel (kernels/wna16_mgpu.py)."""
 
   block_m: int = 64  # tokens per CTA (the WGMMA N dimension: a multiple of 8, <= 256)
-  stages: int = 4  # pipeline steps in flight (lowered to fit shared memory)
+  stages: int = 4  # pipeline steps in flight per warpgroup (lowered to fit shared memory)
   substeps: int = 1  # K tiles per pipeline step
   dequant_gemm_min_m: int = 512  # from this M on: XLA dequantize + GEMM
   # Decode is bound by the per-step dequant -> WGMMA chain of one warpgroup (NOTES.md v5):

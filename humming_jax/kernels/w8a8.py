@@ -443,15 +443,19 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
   ``block_k`` (8-bit weights only): K rows per pipelined loop iteration (default 128, or
   the scale group if larger).  ``fuse_act_quant``: quantize the activations inside the
   kernel (per-token dynamic or static per-tensor specs) instead of in a pre-pass.
-  Without an explicit ``config``, M >= ``DEQUANT_GEMM_MIN_M`` on weights whose dequantized
-  values are bfloat16 numbers (MXFP4, NVFP4) runs :func:`dequant_gemm` instead."""
+  Without an explicit ``config`` / ``block_k``, M >= ``DEQUANT_GEMM_MIN_M`` on weights
+  whose dequantized values are bfloat16 numbers (MXFP4, NVFP4) runs :func:`dequant_gemm`
+  instead."""
   spec = params.spec
   plan = plan_for(spec)
   if plan is None:
     raise ValueError(f"spec {spec.name}: no W8A8 kernel path")
+  if registry.layout_family(params.layout) != FAMILY:
+    raise ValueError(f"params.layout={params.layout!r}: expected {FAMILY}:... params; call "
+                     f"w8a8.prepare (or hj.prepare) first")
   k, n = params.shape
   m = x.shape[0]
-  if (config is None and m >= DEQUANT_GEMM_MIN_M and not fuse_act_quant
+  if (config is None and block_k is None and m >= DEQUANT_GEMM_MIN_M and not fuse_act_quant
       and dequant_gemm_exact(spec, plan)):
     return dequant_gemm(params, x)
   lt, bk, kp, np_ = kernel_dims(params, plan, block_k)

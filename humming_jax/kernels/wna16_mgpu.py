@@ -12,21 +12,25 @@ Hopper reads from registers:
   layout: codes stored K-tile-major, (Kp / block_k, Np, block_k), so the (block_n,
        block_k) tile of one K step is one contiguous 4 KB (int4) run in HBM, not block_n
        strided 64-byte pieces;
-  TMA: ``substeps`` W^T tiles, the x tile (block_m, substeps * block_k) and the scale (and
-       zero) rows -> shared memory, ``stages`` steps in flight (a pipeline written out:
-       each of the CTA's ``warpgroups`` streams its own K range into its own buffers);
-  registers: the int tile is loaded in the WGMMA upcast layout, converted to bf16 with
-       Mosaic's vectorised int -> bf16 conversion, ``(c - z) * s`` per row (one scale row
-       per K step: block_k == group size), i.e. the bf16-rounded dequantized weight;
+  TMA: per pipeline step, ``substeps`` W^T tiles, the x tile (block_m, substeps *
+       block_k) and the scale (and zero) rows -> shared memory; each of the CTA's
+       ``warpgroups`` streams its own contiguous K range through its own buffers, up to
+       ``stages`` steps in flight (a pipeline written out, not plgpu.emit_pipeline);
+  registers: the int tile is loaded in the WGMMA upcast layout, converted to the
+       activation dtype (bf16 / fp16) with Mosaic's vectorised int conversion,
+       ``(c - z) * s`` per row (one scale row per K tile: block_k == group size), i.e.
+       the dequantized weight rounded once to the activation dtype;
   WGMMA: acc (block_n, block_m) f32 += W_deq (registers) @ x^T (shared memory);
   reduction: warpgroups 1.. add their accumulators through shared memory into
        warpgroup 0's;
-  epilogue: + bias (per acc row), cast, transposed store of the (block_m, block_n) tile;
-       with ``split_k`` > 1 each CTA stores float32 partials and XLA sums them.
+  epilogue (warpgroup 0): + bias (per acc row), cast, transposed store of the
+       (block_m, 64) tile; with ``split_k`` > 1 each CTA stores float32 partials and XLA
+       sums them.
 
-Decode (M <= 64) has a single M tile, and N / 64 CTAs of 4 warpgroups stream the weights
-once: one warpgroup's load -> convert -> WGMMA chain per K step is latency bound, four
-of them per SM hide it (benchmarks/NOTES.md v5: 31.8 -> 18.6 us per 8192^2 layer).
+Decode (M <= 64) has a single M tile, and N / 64 CTAs of up to 4 warpgroups (fewer when
+they do not divide the K steps or fit shared memory) stream the weights once: one
+warpgroup's load -> convert -> WGMMA chain per K step is latency bound, four of them per
+SM hide it (benchmarks/NOTES.md v5: 31.8 -> 18.6 us per 8192^2 layer).
 From M = ``dequant_gemm_min_m`` (compute bound) the weights are dequantized by one XLA
 fusion from this layout and XLA's GEMM runs (measured faster there; NOTES.md v4).
 The XLA reference beside it is kernels/reference.py::dense_reference; the Pallas-Triton
@@ -198,6 +202,7 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
   m = x.shape[0]
   if m == 0:
     return jnp.zeros((0, n), x.dtype)
+  explicit = config is not None  # checked as given; cached / heuristic ones adapt
   if config is None:
     key = tuning.cache_key(FAMILY, spec.name, tuning.bucket_m(m), n, k, tuning.device_kind())
     config = tuning.cached_config(key, Config) or heuristic(m)
@@ -216,12 +221,16 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
   k_steps = k_tiles // sub
   split = _divisor(config.split_k, k_steps)
   steps = k_steps // split  # pipeline steps per CTA
-  wgs = _divisor(config.warpgroups, steps)  # each streams steps_w of them
-  steps_w = steps // wgs
   fused_epilogue = split == 1  # else f32 partials (split, Np, Mp), summed by XLA
-  stages = min(steps_w, fit_stages(dataclasses.replace(config, substeps=sub, warpgroups=wgs),
-                                   block_m, bk, bits, has_zeros,
-                                   out_bytes=2 if fused_epilogue else 4))
+  out_bytes = 2 if fused_epilogue else 4
+  wgs = _divisor(config.warpgroups, steps)  # each streams steps_w of them
+  while not explicit and wgs > 1 and smem_bytes(
+      block_m, min(2, steps // wgs), sub, bk, bits, has_zeros, out_bytes, wgs) > SMEM_BYTES:
+    wgs = _divisor(wgs - 1, steps)  # e.g. group 256 x 64 tokens: 4 warpgroups do not fit
+  steps_w = steps // wgs
+  stages = min(config.stages, steps_w, MAX_BARRIERS // wgs)
+  stages = fit_stages(dataclasses.replace(config, stages=stages, substeps=sub, warpgroups=wgs),
+                      block_m, bk, bits, has_zeros, out_bytes=out_bytes)
   has_bias = params.bias is not None and fused_epilogue  # added in the kernel
   x_tf = _swizzled(sub * bk, 16, "x")
   w_tf = _swizzled(bk, bits, "w")
@@ -273,7 +282,7 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
           plgpu.commit_smem()
           w = a_smem.at[wg]
         plgpu.wgmma(acc_ref, w, x_smem.at[:, pl.ds(j * bk, bk)].T)
-      plgpu.wgmma_wait(0)  # the slot is refilled next
+      plgpu.wgmma_wait(0)  # the slot may be refilled next
 
     def scoped(acc_ref):
       for st in range(stages):
@@ -363,16 +372,19 @@ def _divisor(want: int, total: int) -> int:
 
 
 SMEM_BYTES = 232448 - 2048  # H100/H200 per-block maximum, minus barriers and alignment
+MAX_BARRIERS = 32  # mbarriers in one Mosaic GPU barrier group: warpgroups x stages
 
 
 def smem_bytes(block_m: int, stages: int, substeps: int, block_k: int, bits: int,
                has_zeros: bool, out_bytes: int = 2, warpgroups: int = 1) -> int:
-  """Shared memory the kernel allocates (within ~1 KB of Mosaic's count on the H200)."""
-  per_step = substeps * (block_m * block_k * 2 + BLOCK_N * block_k * bits // 8
-                         + BLOCK_N * 2 * (2 if has_zeros else 1))
-  reduction = (warpgroups - 1) * BLOCK_N * block_m * 4
-  return (warpgroups * stages * per_step + reduction + block_m * BLOCK_N * out_bytes
-          + BLOCK_N * 4)
+  """Shared memory the kernel allocates: each scratch buffer rounded up to Mosaic's 1 KB
+  alignment (checked against Mosaic's count in tests/test_wna16_mgpu.py)."""
+  kb = lambda nbytes: -(-nbytes // 1024) * 1024
+  slots = warpgroups * stages * substeps
+  rows = kb(slots * BLOCK_N * 2) * (2 if has_zeros else 1)  # scale (and zero) rows
+  return (kb(slots * block_m * block_k * 2) + kb(slots * BLOCK_N * block_k * bits // 8)
+          + rows + kb((warpgroups - 1) * BLOCK_N * block_m * 4)
+          + kb(block_m * BLOCK_N * out_bytes) + kb(BLOCK_N * 4))
 
 
 def fit_stages(config: Config, block_m: int, block_k: int, bits: int, has_zeros: bool,
@@ -391,8 +403,9 @@ def fit_stages(config: Config, block_m: int, block_k: int, bits: int, has_zeros:
 
 
 def heuristic(m: int) -> Config:
-  """Decode: one M tile, four warpgroups per CTA splitting K; prefill: 128 tokens per CTA;
-  large M: dequantize + GEMM.  (H200 sweeps 2026-11-29, benchmarks/NOTES.md v3-v5.)"""
+  """Decode: one M tile, up to four warpgroups per CTA splitting K (``run`` lowers the
+  count to what divides the K steps and fits); prefill: 128 tokens per CTA; large M:
+  dequantize + GEMM.  (H200 sweeps 2026-11-29, benchmarks/NOTES.md v3-v5.)"""
   if m <= 64:
     return Config(block_m=64, stages=4, warpgroups=4)
   return Config(block_m=128, stages=4)
