@@ -182,12 +182,18 @@ class NumberFormat:
 
   def all_values(self) -> np.ndarray:
     """Decoded value of every code 0 .. 2**bits - 1 (NaN where the code is NaN)."""
-    codes = np.arange(self.num_codes, dtype=np.uint32)
-    with jax.ensure_compile_time_eval():  # concrete even when called while tracing (jit)
-      return np.asarray(self.decode(jnp.asarray(codes)))
+    return _all_values(self).copy()
 
   def __str__(self) -> str:
     return self.name
+
+
+@functools.lru_cache(maxsize=None)
+def _all_values(fmt: NumberFormat) -> np.ndarray:
+  # Cached: kernels consult it while tracing; computing it is an eager JAX call.
+  codes = np.arange(fmt.num_codes, dtype=np.uint32)
+  with jax.ensure_compile_time_eval():  # concrete even when called while tracing (jit)
+    return np.asarray(fmt.decode(jnp.asarray(codes)))
 
 
 def _log2_parts(x: jax.Array) -> tuple[jax.Array, jax.Array]:
