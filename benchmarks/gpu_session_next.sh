@@ -6,8 +6,9 @@
 #   3. the W8A8 large-M route (MXFP4 / NVFP4 weights -> XLA bf16 GEMM), tests + timing;
 #   4. the grouped W8A8 kernel at 256 tokens (fp8 presets not run after the fill fix);
 #   5. rows cut last time: Llama-3-8B down / qkv / o, Qwen3 MoE (with --breakdown);
-#   6. ncu counters of the decode kernel: is the 18 us plateau instruction issue?
-# Step timeouts sum to 570 s.  Carry: [".whl"].  Logs land in $OUT.
+#   6. ncu counters of the decode kernel: is the 18 us plateau instruction issue?  And the
+#      v6 experiment (MgpuConfig.scale_after_mma: one multiply per accumulator element).
+# Step timeouts sum to 580 s.  Carry: [".whl"].  Logs land in $OUT.
 set -u
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-benchmarks/results}; mkdir -p "$OUT"
@@ -16,14 +17,18 @@ export PYTHONPATH=/tmp/site:.
 T0=$(date +%s)
 step() { echo "== $1 (+$(( $(date +%s) - T0 ))s)"; }
 step test_wna16_mgpu
-timeout -s INT 90 python3 -m pytest tests/test_wna16_mgpu.py -m gpu -p no:cacheprovider \
+timeout -s INT 80 python3 -m pytest tests/test_wna16_mgpu.py -m gpu -p no:cacheprovider \
   --tb=short -rA -W ignore::DeprecationWarning > "$OUT/mgpu_tests.log" 2>&1
 grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/mgpu_tests.log" | tail -8
 step overhead
 timeout -s INT 50 python3 benchmarks/profile_mgpu.py --overhead > "$OUT/overhead.log" 2>&1
 grep -E "^overhead|Error" "$OUT/overhead.log" | cut -c1-250
+step profile_v6
+timeout -s INT 40 python3 benchmarks/profile_mgpu.py --ms 1,16 --configs default,after,sub2-after \
+  > "$OUT/profile_v6.log" 2>&1
+grep -E "^M=" "$OUT/profile_v6.log" | cut -c1-250
 step ncu  # hardware counters (worked on the Firecracker runtime, KINDS.md); skip if refused
-timeout -s INT 90 ncu --clock-control none -k regex:mosaic --launch-skip 1 --launch-count 1 \
+timeout -s INT 70 ncu --clock-control none -k regex:mosaic --launch-skip 1 --launch-count 1 \
   --section SpeedOfLight --section WarpStateStats --section SchedulerStats \
   python3 benchmarks/profile_mgpu.py --ms 1 --configs default --layers 2 --iterations 1 \
   > "$OUT/ncu.log" 2>&1

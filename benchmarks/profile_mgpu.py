@@ -45,6 +45,8 @@ def parse_config(name: str, m: int) -> tuning.MgpuConfig:
       fields["block_m"] = int(tok[2:])
     elif tok == "opt":
       fields["optimized_load"] = True
+    elif tok == "after":
+      fields["scale_after_mma"] = True
     else:
       raise ValueError(f"config token {tok!r}")
   return tuning.MgpuConfig(**{**cfg.__dict__, **fields})

@@ -50,6 +50,13 @@ CASES = [  # (spec, M, K, N, bias, config)
                                                                       split_k=2)),
     (hj.QuantSpec("uint8", "channel", 0, zero_point=True), 5, 768, 64, True,
      mg.Config(64, 4, 1, warpgroups=4)),  # 6 K steps: 3 warpgroups, 2 stages each
+    # group scale applied to each K tile's float32 partial product (v6 experiment)
+    (hj.QuantSpec.preset("w4a16-g128-zp"), 3, 1024, 128, True,
+     mg.Config(64, 2, 1, warpgroups=2, scale_after_mma=True)),
+    (hj.QuantSpec.preset("w4a16-g128"), 16, 1024, 64, False,
+     mg.Config(64, 2, 2, scale_after_mma=True)),
+    (hj.QuantSpec("int4", "channel", 0, scale_dtype="float32"), 9, 512, 64, True,
+     mg.Config(64, 2, 1, warpgroups=4, split_k=2, scale_after_mma=True)),
 ]
 
 
@@ -233,7 +240,8 @@ def test_quant_dense_gpu(name, m):
                                  mg.Config(64, 4, 1, warpgroups=2),
                                  mg.Config(64, 4, 1, warpgroups=4),
                                  mg.Config(64, 4, 1, warpgroups=2, split_k=2),
-                                 mg.Config(128, 4, 1, warpgroups=2)])
+                                 mg.Config(128, 4, 1, warpgroups=2),
+                                 mg.Config(64, 4, 1, warpgroups=4, scale_after_mma=True)])
 def test_configs_gpu(cfg):
   spec = hj.QuantSpec.preset("w4a16-g128-zp")
   q, x = make(spec, 100, 4096, 1024, True, seed=5)

@@ -64,6 +64,9 @@ class MgpuConfig:
   warpgroups: int = 1  # warpgroups per CTA, each with its own K range; summed in SMEM
   split_k: int = 1  # CTAs per N tile along K (f32 partials summed by XLA)
   optimized_load: bool = False  # Mosaic's vectorised-only smem -> register load of codes
+  # v6 experiment (NOTES.md v5, "instruction budget"; not yet measured on the GPU): the
+  # group scale multiplies each K tile's float32 partial product instead of every code.
+  scale_after_mma: bool = False
 
   def __post_init__(self):
     if self.split_k < 1:
@@ -84,7 +87,8 @@ def mgpu_candidates(m: int) -> list[MgpuConfig]:
     return ([MgpuConfig(64, 4, 1, warpgroups=w) for w in (1, 2, 4)]
             + [MgpuConfig(64, 4, 2, warpgroups=w) for w in (2, 4)]
             + [MgpuConfig(64, 4, 1, warpgroups=w, split_k=2) for w in (2, 4)]
-            + [MgpuConfig(64, 4, 1, split_k=4), MgpuConfig(64, 6, 2)])
+            + [MgpuConfig(64, 4, 1, split_k=4), MgpuConfig(64, 6, 2)]
+            + [MgpuConfig(64, 4, sub, warpgroups=4, scale_after_mma=True) for sub in (1, 2)])
   return [MgpuConfig(128, 4, 1), MgpuConfig(128, 2, 2), MgpuConfig(64, 4, 1),
           MgpuConfig(128, 4, 1, warpgroups=2)]
 

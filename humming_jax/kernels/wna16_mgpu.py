@@ -265,41 +265,58 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
       if has_zeros:
         plgpu.copy_gmem_to_smem(z_gmem.at[pl.ds(t, sub), ns], z_buf.at[wg, slot], bar)
 
-    def compute(slot, acc_ref):
+    after = config.scale_after_mma
+
+    def compute(slot, acc_ref, total):
       x_smem = x_buf.at[wg, slot]
       for j in range(sub):  # MMA j runs while tile j + 1 is dequantized
         w = plgpu.load(w_buf.at[wg, slot, j], layout=_UPCAST[bits],
                        optimized=config.optimized_load)
         w = plgpu.layout_cast(w, _WGMMA).astype(cdt)
-        bcast = lambda r: lax.broadcast_in_dim(plgpu.load(r.at[wg, slot, j], layout=_ROW),
-                                               w.shape, [0])
+        row = lambda r: plgpu.load(r.at[wg, slot, j], layout=_ROW)
+        bcast = lambda v, shape: lax.broadcast_in_dim(v, shape, [0])
         if has_zeros:
-          w = w - bcast(z_buf)
-        w = w * bcast(s_buf)  # the bf16-rounded dequantized weight
+          w = w - bcast(row(z_buf), w.shape)  # small integers: exact
+        if not after:
+          w = w * bcast(row(s_buf), w.shape)  # the bf16-rounded dequantized weight
         if a_smem is not None:  # the GPU interpreter takes WGMMA operands from SMEM only
           plgpu.wgmma_wait(0)
           a_smem.at[wg][...] = w
           plgpu.commit_smem()
           w = a_smem.at[wg]
-        plgpu.wgmma(acc_ref, w, x_smem.at[:, pl.ds(j * bk, bk)].T)
+        x_t = x_smem.at[:, pl.ds(j * bk, bk)].T
+        if not after:
+          plgpu.wgmma(acc_ref, w, x_t)
+          continue
+
+        def tile_product(part_ref, w=w, x_t=x_t):  # this K tile's (c - z) @ x^T, exact
+          plgpu.wgmma(part_ref, w, x_t)
+          plgpu.wgmma_wait(0)
+          return part_ref[...]
+        part = pl.run_scoped(tile_product, plgpu.ACC((BLOCK_N, block_m), jnp.float32))
+        total = total + part * bcast(row(s_buf).astype(jnp.float32), part.shape)
       plgpu.wgmma_wait(0)  # the slot may be refilled next
+      return total
 
     def scoped(acc_ref):
       for st in range(stages):
         fetch(st, st)
 
-      def body(step, carry):
+      def body(step, total):
         slot = lax.rem(step, stages)
         plgpu.barrier_wait(bars.at[wg * stages + slot])
-        compute(slot, acc_ref)
+        total = compute(slot, acc_ref, total)
 
         @pl.when(step + stages < steps_w)
         def _():
           fetch(step + stages, slot)
-        return carry
+        return total
 
-      lax.fori_loop(0, steps_w, body, None)
-      return acc_ref[...]
+      total = None  # the running sum lives in acc_ref, or (after) in registers:
+      if after:
+        total = plgpu.layout_cast(jnp.zeros((BLOCK_N, block_m), jnp.float32), _WGMMA)
+      total = lax.fori_loop(0, steps_w, body, total)
+      return total if after else acc_ref[...]
 
     acc = pl.run_scoped(scoped, plgpu.ACC((BLOCK_N, block_m), jnp.float32))
     if wgs > 1:  # partial sums of warpgroups 1.. -> shared memory -> warpgroup 0
