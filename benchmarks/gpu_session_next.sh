@@ -8,7 +8,7 @@
 #   5. rows cut last time: Llama-3-8B down / qkv / o, Qwen3 MoE (with --breakdown);
 #   6. ncu counters of the decode kernel: is the 18 us plateau instruction issue?  And the
 #      v6 experiment (MgpuConfig.scale_after_mma: one multiply per accumulator element).
-# Step timeouts sum to 580 s.  Carry: [".whl"].  Logs land in $OUT.
+# Step timeouts sum to 590 s.  Carry: [".whl"].  Logs land in $OUT.
 set -u
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-benchmarks/results}; mkdir -p "$OUT"
@@ -24,7 +24,7 @@ step overhead
 timeout -s INT 50 python3 benchmarks/profile_mgpu.py --overhead > "$OUT/overhead.log" 2>&1
 grep -E "^overhead|Error" "$OUT/overhead.log" | cut -c1-250
 step profile_v6
-timeout -s INT 40 python3 benchmarks/profile_mgpu.py --ms 1,16 --configs default,after,sub2-after \
+timeout -s INT 50 python3 benchmarks/profile_mgpu.py --ms 1,16 --configs default,after,sub2-after,after-zmma \
   > "$OUT/profile_v6.log" 2>&1
 grep -E "^M=" "$OUT/profile_v6.log" | cut -c1-250
 step ncu  # hardware counters (worked on the Firecracker runtime, KINDS.md); skip if refused

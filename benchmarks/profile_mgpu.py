@@ -47,6 +47,8 @@ def parse_config(name: str, m: int) -> tuning.MgpuConfig:
       fields["optimized_load"] = True
     elif tok == "after":
       fields["scale_after_mma"] = True
+    elif tok == "zmma":
+      fields["zero_point_mma"] = True
     else:
       raise ValueError(f"config token {tok!r}")
   return tuning.MgpuConfig(**{**cfg.__dict__, **fields})

@@ -57,6 +57,13 @@ CASES = [  # (spec, M, K, N, bias, config)
      mg.Config(64, 2, 2, scale_after_mma=True)),
     (hj.QuantSpec("int4", "channel", 0, scale_dtype="float32"), 9, 512, 64, True,
      mg.Config(64, 2, 1, warpgroups=4, split_k=2, scale_after_mma=True)),
+    # ... and the zero point as z * sum(x) from an all-ones WGMMA
+    (hj.QuantSpec.preset("w4a16-g128-zp"), 5, 1024, 128, True,
+     mg.Config(64, 2, 1, warpgroups=2, scale_after_mma=True, zero_point_mma=True)),
+    (hj.QuantSpec("uint4", "group", 64, zero_point=True), 16, 512, 64, False,
+     mg.Config(64, 2, 2, scale_after_mma=True, zero_point_mma=True)),
+    (hj.QuantSpec("uint8", "channel", 0, zero_point=True), 2, 512, 64, True,
+     mg.Config(64, 2, 1, warpgroups=4, scale_after_mma=True, zero_point_mma=True)),
 ]
 
 
@@ -241,7 +248,9 @@ def test_quant_dense_gpu(name, m):
                                  mg.Config(64, 4, 1, warpgroups=4),
                                  mg.Config(64, 4, 1, warpgroups=2, split_k=2),
                                  mg.Config(128, 4, 1, warpgroups=2),
-                                 mg.Config(64, 4, 1, warpgroups=4, scale_after_mma=True)])
+                                 mg.Config(64, 4, 1, warpgroups=4, scale_after_mma=True),
+                                 mg.Config(64, 4, 1, warpgroups=4, scale_after_mma=True,
+                                           zero_point_mma=True)])
 def test_configs_gpu(cfg):
   spec = hj.QuantSpec.preset("w4a16-g128-zp")
   q, x = make(spec, 100, 4096, 1024, True, seed=5)
@@ -279,3 +288,21 @@ def test_config_that_cannot_fit_is_refused_by_name():
   q, x = make(hj.QuantSpec.preset("w4a16-g128-zp"), 100, 4096, 128, False, seed=6)
   with pytest.raises(ValueError, match="shared memory.*warpgroups"):
     mg.run(mg.prepare(q), x, config=mg.Config(64, 4, 2, warpgroups=4, split_k=2))
+
+
+@pytest.mark.parametrize("cfg", [
+    mg.Config(64, 2, 1, warpgroups=4),
+    mg.Config(64, 3, 2, warpgroups=2, split_k=2),
+    mg.Config(64, 2, 1, warpgroups=4, scale_after_mma=True, zero_point_mma=True),
+], ids=["wg4", "wg2-split2-sub2", "wg4-v6"])
+def test_no_races_in_the_interpreter(cfg, monkeypatch):
+  """Mosaic GPU's interpreter race detector on the multi-warpgroup pipeline (slot reuse,
+  the shared-memory reduction, the all-ones tile).  (Removing the reduction's barrier wait
+  is reported as a race: checked when the pipeline was written.)"""
+  from jax._src.pallas.mosaic_gpu.interpret import interpret_pallas_call as ipc
+  params = mg.plgpu.InterpretGPUParams
+  monkeypatch.setattr(mg.plgpu, "InterpretGPUParams", lambda: params(detect_races=True))
+  q, x = make(hj.QuantSpec.preset("w4a16-g128-zp"), 8, 1024, 128, True, seed=11)
+  y = mg.run(mg.prepare(q), x, interpret=True, config=cfg)
+  assert ipc.get_races().races_found is False
+  assert rel(y, reference.dense_reference(q, x)) <= TOL

@@ -67,6 +67,9 @@ class MgpuConfig:
   # v6 experiment (NOTES.md v5, "instruction budget"; not yet measured on the GPU): the
   # group scale multiplies each K tile's float32 partial product instead of every code.
   scale_after_mma: bool = False
+  # ... and the zero point as z * sum_k x (a second WGMMA with an all-ones A operand per K
+  # tile) instead of a subtraction per code; needs scale_after_mma.
+  zero_point_mma: bool = False
 
   def __post_init__(self):
     if self.split_k < 1:
@@ -78,6 +81,8 @@ class MgpuConfig:
       raise ValueError(f"block_m={self.block_m} must be a multiple of 8 in [8, 256]")
     if self.stages < 1 or self.substeps < 1:
       raise ValueError(f"stages={self.stages} and substeps={self.substeps} must be >= 1")
+    if self.zero_point_mma and not self.scale_after_mma:
+      raise ValueError("zero_point_mma=True needs scale_after_mma=True")
 
 
 def mgpu_candidates(m: int) -> list[MgpuConfig]:
@@ -88,7 +93,9 @@ def mgpu_candidates(m: int) -> list[MgpuConfig]:
             + [MgpuConfig(64, 4, 2, warpgroups=w) for w in (2, 4)]
             + [MgpuConfig(64, 4, 1, warpgroups=w, split_k=2) for w in (2, 4)]
             + [MgpuConfig(64, 4, 1, split_k=4), MgpuConfig(64, 6, 2)]
-            + [MgpuConfig(64, 4, sub, warpgroups=4, scale_after_mma=True) for sub in (1, 2)])
+            + [MgpuConfig(64, 4, sub, warpgroups=4, scale_after_mma=True) for sub in (1, 2)]
+            + [MgpuConfig(64, 4, 1, warpgroups=4, scale_after_mma=True,
+                          zero_point_mma=True)])
   return [MgpuConfig(128, 4, 1), MgpuConfig(128, 2, 2), MgpuConfig(64, 4, 1),
           MgpuConfig(128, 4, 1, warpgroups=2)]
 

@@ -225,7 +225,8 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
   out_bytes = 2 if fused_epilogue else 4
   wgs = _divisor(config.warpgroups, steps)  # each streams steps_w of them
   while not explicit and wgs > 1 and smem_bytes(
-      block_m, min(2, steps // wgs), sub, bk, bits, has_zeros, out_bytes, wgs) > SMEM_BYTES:
+      block_m, min(2, steps // wgs), sub, bk, bits, has_zeros, out_bytes, wgs,
+      _ones_tile(config, has_zeros)) > SMEM_BYTES:
     wgs = _divisor(wgs - 1, steps)  # e.g. group 256 x 64 tokens: 4 warpgroups do not fit
   steps_w = steps // wgs
   stages = min(config.stages, steps_w, MAX_BARRIERS // wgs)
@@ -239,7 +240,8 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
   o_tf = _swizzled(BLOCK_N, 16, "o") if fused_epilogue else _swizzled(block_m, 32, "o")
 
   def kernel(x_gmem, w_gmem, s_gmem, *rest, x_buf, w_buf, s_buf, bars, o_smem, z_buf=None,
-             red_smem=None, red_bar=None, b_smem=None, b_barrier=None, a_smem=None):
+             red_smem=None, red_bar=None, b_smem=None, b_barrier=None, a_smem=None,
+             ones_smem=None):
     rest = list(rest)
     z_gmem = rest.pop(0) if has_zeros else None
     b_gmem = rest.pop(0) if has_bias else None
@@ -266,6 +268,7 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
         plgpu.copy_gmem_to_smem(z_gmem.at[pl.ds(t, sub), ns], z_buf.at[wg, slot], bar)
 
     after = config.scale_after_mma
+    zero_mma = _ones_tile(config, has_zeros)
 
     def compute(slot, acc_ref, total):
       x_smem = x_buf.at[wg, slot]
@@ -275,7 +278,7 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
         w = plgpu.layout_cast(w, _WGMMA).astype(cdt)
         row = lambda r: plgpu.load(r.at[wg, slot, j], layout=_ROW)
         bcast = lambda v, shape: lax.broadcast_in_dim(v, shape, [0])
-        if has_zeros:
+        if has_zeros and not zero_mma:
           w = w - bcast(row(z_buf), w.shape)  # small integers: exact
         if not after:
           w = w * bcast(row(s_buf), w.shape)  # the bf16-rounded dequantized weight
@@ -289,16 +292,24 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
           plgpu.wgmma(acc_ref, w, x_t)
           continue
 
-        def tile_product(part_ref, w=w, x_t=x_t):  # this K tile's (c - z) @ x^T, exact
-          plgpu.wgmma(part_ref, w, x_t)
+        def tile_product(part_ref, sum_ref=None, w=w, x_t=x_t):
+          plgpu.wgmma(part_ref, w, x_t)  # this K tile's (c [- z]) @ x^T: exact in f32
+          if sum_ref is not None:  # every row: sum over the tile's K of x, per token
+            plgpu.wgmma(sum_ref, ones_smem.at[wg], x_t)
           plgpu.wgmma_wait(0)
-          return part_ref[...]
-        part = pl.run_scoped(tile_product, plgpu.ACC((BLOCK_N, block_m), jnp.float32))
+          return part_ref[...], None if sum_ref is None else sum_ref[...]
+        acc_t = plgpu.ACC((BLOCK_N, block_m), jnp.float32)
+        part, xsum = pl.run_scoped(tile_product, *([acc_t] * (2 if zero_mma else 1)))
+        if zero_mma:  # sum_k (c - z) x = sum_k c x - z sum_k x
+          part = part - bcast(row(z_buf).astype(jnp.float32), part.shape) * xsum
         total = total + part * bcast(row(s_buf).astype(jnp.float32), part.shape)
       plgpu.wgmma_wait(0)  # the slot may be refilled next
       return total
 
     def scoped(acc_ref):
+      if zero_mma:  # the constant all-ones WGMMA A operand of the x sums
+        ones_smem.at[wg][...] = jnp.ones((BLOCK_N, bk), cdt)
+        plgpu.commit_smem()
       for st in range(stages):
         fetch(st, st)
 
@@ -369,6 +380,8 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
     operands.append(jnp.pad(params.bias.astype(jnp.float32), (0, np_ - n)).reshape(1, np_))
   if interpret:
     scratch["a_smem"] = plgpu.SMEM((wgs, BLOCK_N, bk), cdt, transforms=a_tf)
+  if _ones_tile(config, has_zeros):
+    scratch["ones_smem"] = plgpu.SMEM((wgs, BLOCK_N, bk), cdt, transforms=a_tf)
   out = plgpu.kernel(
       kernel, out_type=out_type,
       grid=(np_ // BLOCK_N, mp // block_m, split), grid_names=("n", "m", "k"),
@@ -393,7 +406,8 @@ MAX_BARRIERS = 32  # mbarriers in one Mosaic GPU barrier group: warpgroups x sta
 
 
 def smem_bytes(block_m: int, stages: int, substeps: int, block_k: int, bits: int,
-               has_zeros: bool, out_bytes: int = 2, warpgroups: int = 1) -> int:
+               has_zeros: bool, out_bytes: int = 2, warpgroups: int = 1,
+               ones_tile: bool = False) -> int:
   """Shared memory the kernel allocates: each scratch buffer rounded up to Mosaic's 1 KB
   alignment (checked against Mosaic's count in tests/test_wna16_mgpu.py)."""
   kb = lambda nbytes: -(-nbytes // 1024) * 1024
@@ -401,7 +415,12 @@ def smem_bytes(block_m: int, stages: int, substeps: int, block_k: int, bits: int
   rows = kb(slots * BLOCK_N * 2) * (2 if has_zeros else 1)  # scale (and zero) rows
   return (kb(slots * block_m * block_k * 2) + kb(slots * BLOCK_N * block_k * bits // 8)
           + rows + kb((warpgroups - 1) * BLOCK_N * block_m * 4)
-          + kb(block_m * BLOCK_N * out_bytes) + kb(BLOCK_N * 4))
+          + kb(block_m * BLOCK_N * out_bytes) + kb(BLOCK_N * 4)
+          + (kb(warpgroups * BLOCK_N * block_k * 2) if ones_tile else 0))
+
+
+def _ones_tile(config: Config, has_zeros: bool) -> bool:
+  return config.scale_after_mma and config.zero_point_mma and has_zeros
 
 
 def fit_stages(config: Config, block_m: int, block_k: int, bits: int, has_zeros: bool,
@@ -409,7 +428,7 @@ def fit_stages(config: Config, block_m: int, block_k: int, bits: int, has_zeros:
   """``config.stages``, lowered (not below 2) until the pipeline fits in shared memory."""
   stages = config.stages
   size = lambda st: smem_bytes(block_m, st, config.substeps, block_k, bits, has_zeros,
-                               out_bytes, config.warpgroups)
+                               out_bytes, config.warpgroups, _ones_tile(config, has_zeros))
   while stages > 2 and size(stages) > SMEM_BYTES:
     stages -= 1
   need = size(stages)
