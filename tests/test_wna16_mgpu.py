@@ -306,3 +306,16 @@ def test_no_races_in_the_interpreter(cfg, monkeypatch):
   y = mg.run(mg.prepare(q), x, interpret=True, config=cfg)
   assert ipc.get_races().races_found is False
   assert rel(y, reference.dense_reference(q, x)) <= TOL
+
+
+def test_decode_runs_no_xla_op_beside_the_kernel():
+  """M = 1 with K, N on the tile grid: the jitted layer is the kernel launch alone (rows
+  past M are TMA's out-of-bounds reads / clipped stores, not pad and slice ops, each of
+  which costs a launch per layer at decode)."""
+  q, x = make(hj.QuantSpec.preset("w4a16-g128-zp"), 1, 512, 128, True, seed=12)
+  p = mg.prepare(q)
+  jaxpr = jax.make_jaxpr(lambda p, x: mg.run(p, x))(p, x)
+  prims = {str(e.primitive) for e in jaxpr.jaxpr.eqns}
+  # the launch (plgpu.kernel wraps it in a custom_vmap_call) and the bias row's reshape,
+  # which XLA makes a bitcast; no pad, slice or convert
+  assert prims <= {"custom_vmap_call", "pallas_call", "reshape"}, prims

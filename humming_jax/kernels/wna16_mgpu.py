@@ -212,7 +212,10 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
   sub = _divisor(config.substeps, k_tiles)
   block_m = min(config.block_m, max(8, -(-m // 8) * 8))
   mp = -(-m // block_m) * block_m
-  xp = jnp.pad(x.astype(cdt), ((0, mp - m), (0, kp - k)))
+  # Token rows past M are not padded: TMA reads them as zeros and clips them on the store,
+  # so decode runs no pad / slice op beside the kernel.  (K is padded: rare, and the zero
+  # columns must meet zero codes.)
+  xp = x.astype(cdt) if kp == k else jnp.pad(x.astype(cdt), ((0, 0), (0, kp - k)))
   has_zeros = params.zeros is not None
   scales = params.scales.astype(cdt)
   operands = [xp, params.codes, scales]
@@ -371,13 +374,14 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
     scratch["red_bar"] = plgpu.Barrier(num_arrivals=wgs - 1)  # counted in warpgroups
   if fused_epilogue:
     scratch["o_smem"] = plgpu.SMEM((block_m, BLOCK_N), cdt, transforms=o_tf)
-    out_type = jax.ShapeDtypeStruct((mp, np_), cdt)
+    out_type = jax.ShapeDtypeStruct((m, np_), cdt)
   else:
     scratch["o_smem"] = plgpu.SMEM((BLOCK_N, block_m), jnp.float32, transforms=o_tf)
     out_type = jax.ShapeDtypeStruct((split, np_, mp), jnp.float32)
   if has_bias:
     scratch.update(b_smem=plgpu.SMEM((1, BLOCK_N), jnp.float32), b_barrier=plgpu.Barrier())
-    operands.append(jnp.pad(params.bias.astype(jnp.float32), (0, np_ - n)).reshape(1, np_))
+    bias = params.bias.astype(jnp.float32)
+    operands.append((bias if np_ == n else jnp.pad(bias, (0, np_ - n))).reshape(1, np_))
   if interpret:
     scratch["a_smem"] = plgpu.SMEM((wgs, BLOCK_N, bk), cdt, transforms=a_tf)
   if _ones_tile(config, has_zeros):
@@ -389,7 +393,7 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
       interpret=plgpu.InterpretGPUParams() if interpret else False,
   )(*operands)
   if fused_epilogue:
-    return out[:m, :n]
+    return out if n == np_ else out[:, :n]
   y = out.sum(axis=0).T[:m, :n]  # one XLA fusion: split sum, transpose, bias, cast
   if params.bias is not None:
     y = y + params.bias
