@@ -24,7 +24,7 @@ step overhead
 timeout -s INT 50 python3 benchmarks/profile_mgpu.py --overhead > "$OUT/overhead.log" 2>&1
 grep -E "^overhead|Error" "$OUT/overhead.log" | cut -c1-250
 step profile_v6
-timeout -s INT 50 python3 benchmarks/profile_mgpu.py --ms 1,16 --configs default,after,sub2-after,after-zmma \
+timeout -s INT 50 python3 benchmarks/profile_mgpu.py --ms 1,16 --configs default,after,sub2-after,after-zmma,unpad \
   > "$OUT/profile_v6.log" 2>&1
 grep -E "^M=" "$OUT/profile_v6.log" | cut -c1-250
 step ncu  # hardware counters (worked on the Firecracker runtime, KINDS.md); skip if refused

@@ -49,6 +49,8 @@ def parse_config(name: str, m: int) -> tuning.MgpuConfig:
       fields["scale_after_mma"] = True
     elif tok == "zmma":
       fields["zero_point_mma"] = True
+    elif tok == "unpad":
+      fields["unpadded_rows"] = True
     else:
       raise ValueError(f"config token {tok!r}")
   return tuning.MgpuConfig(**{**cfg.__dict__, **fields})

@@ -64,6 +64,13 @@ CASES = [  # (spec, M, K, N, bias, config)
      mg.Config(64, 2, 2, scale_after_mma=True, zero_point_mma=True)),
     (hj.QuantSpec("uint8", "channel", 0, zero_point=True), 2, 512, 64, True,
      mg.Config(64, 2, 1, warpgroups=4, scale_after_mma=True, zero_point_mma=True)),
+    # token rows past M through TMA bounds (no XLA pad / slice), incl. N pad and 2 M tiles
+    (hj.QuantSpec.preset("w4a16-g128-zp"), 1, 512, 128, True,
+     mg.Config(64, 2, 1, warpgroups=4, unpadded_rows=True)),
+    (hj.QuantSpec.preset("w4a16-g128"), 70, 512, 200, True,
+     mg.Config(64, 2, 1, unpadded_rows=True)),
+    (hj.QuantSpec("int4", "channel", 0), 13, 320, 64, False,
+     mg.Config(64, 2, 1, warpgroups=2, unpadded_rows=True)),  # K pad
 ]
 
 
@@ -250,7 +257,8 @@ def test_quant_dense_gpu(name, m):
                                  mg.Config(128, 4, 1, warpgroups=2),
                                  mg.Config(64, 4, 1, warpgroups=4, scale_after_mma=True),
                                  mg.Config(64, 4, 1, warpgroups=4, scale_after_mma=True,
-                                           zero_point_mma=True)])
+                                           zero_point_mma=True),
+                                 mg.Config(64, 4, 1, warpgroups=4, unpadded_rows=True)])
 def test_configs_gpu(cfg):
   spec = hj.QuantSpec.preset("w4a16-g128-zp")
   q, x = make(spec, 100, 4096, 1024, True, seed=5)
@@ -308,13 +316,14 @@ def test_no_races_in_the_interpreter(cfg, monkeypatch):
   assert rel(y, reference.dense_reference(q, x)) <= TOL
 
 
-def test_decode_runs_no_xla_op_beside_the_kernel():
-  """M = 1 with K, N on the tile grid: the jitted layer is the kernel launch alone (rows
+def test_unpadded_rows_run_no_xla_op_beside_the_kernel():
+  """M = 1 with K, N on the tile grid, unpadded_rows: the jitted layer is the launch alone (rows
   past M are TMA's out-of-bounds reads / clipped stores, not pad and slice ops, each of
   which costs a launch per layer at decode)."""
   q, x = make(hj.QuantSpec.preset("w4a16-g128-zp"), 1, 512, 128, True, seed=12)
   p = mg.prepare(q)
-  jaxpr = jax.make_jaxpr(lambda p, x: mg.run(p, x))(p, x)
+  cfg = mg.Config(unpadded_rows=True)
+  jaxpr = jax.make_jaxpr(lambda p, x: mg.run(p, x, config=cfg))(p, x)
   prims = {str(e.primitive) for e in jaxpr.jaxpr.eqns}
   # the launch (plgpu.kernel wraps it in a custom_vmap_call) and the bias row's reshape,
   # which XLA makes a bitcast; no pad, slice or convert

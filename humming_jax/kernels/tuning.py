@@ -70,6 +70,9 @@ class MgpuConfig:
   # ... and the zero point as z * sum_k x (a second WGMMA with an all-ones A operand per K
   # tile) instead of a subtraction per code; needs scale_after_mma.
   zero_point_mma: bool = False
+  # Rows past M through TMA's out-of-bounds zero fill / clipped store instead of an XLA pad
+  # and slice around the kernel (one launch fewer each; not yet run on the GPU).
+  unpadded_rows: bool = False
 
   def __post_init__(self):
     if self.split_k < 1:

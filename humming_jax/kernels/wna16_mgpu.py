@@ -212,10 +212,13 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
   sub = _divisor(config.substeps, k_tiles)
   block_m = min(config.block_m, max(8, -(-m // 8) * 8))
   mp = -(-m // block_m) * block_m
-  # Token rows past M are not padded: TMA reads them as zeros and clips them on the store,
-  # so decode runs no pad / slice op beside the kernel.  (K is padded: rare, and the zero
-  # columns must meet zero codes.)
-  xp = x.astype(cdt) if kp == k else jnp.pad(x.astype(cdt), ((0, 0), (0, kp - k)))
+  # unpadded_rows: token rows past M are not padded; TMA reads them as zeros and clips them
+  # on the store, so decode runs no pad / slice op beside the kernel.  (K is padded: rare,
+  # and the zero columns must meet zero codes.)
+  rows = m if config.unpadded_rows else mp
+  xp = x.astype(cdt)
+  if (rows, kp) != (m, k):
+    xp = jnp.pad(xp, ((0, rows - m), (0, kp - k)))
   has_zeros = params.zeros is not None
   scales = params.scales.astype(cdt)
   operands = [xp, params.codes, scales]
@@ -374,7 +377,7 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
     scratch["red_bar"] = plgpu.Barrier(num_arrivals=wgs - 1)  # counted in warpgroups
   if fused_epilogue:
     scratch["o_smem"] = plgpu.SMEM((block_m, BLOCK_N), cdt, transforms=o_tf)
-    out_type = jax.ShapeDtypeStruct((m, np_), cdt)
+    out_type = jax.ShapeDtypeStruct((rows, np_), cdt)
   else:
     scratch["o_smem"] = plgpu.SMEM((BLOCK_N, block_m), jnp.float32, transforms=o_tf)
     out_type = jax.ShapeDtypeStruct((split, np_, mp), jnp.float32)
@@ -393,7 +396,7 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
       interpret=plgpu.InterpretGPUParams() if interpret else False,
   )(*operands)
   if fused_epilogue:
-    return out if n == np_ else out[:, :n]
+    return out if (rows, np_) == (m, n) else out[:m, :n]
   y = out.sum(axis=0).T[:m, :n]  # one XLA fusion: split sum, transpose, bias, cast
   if params.bias is not None:
     y = y + params.bias
