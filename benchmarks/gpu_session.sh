@@ -4,17 +4,7 @@
 # carried:   bash benchmarks/gpu_session.sh      (logs and JSON land in $OUT)
 # Each step has its own time limit so one slow step cannot eat the whole call; pytest writes
 # a junit XML per file; SIGINT (not KILL) at the limit makes pytest print its summary.
-set -u
-export PYTHONUNBUFFERED=1
-OUT=${OUT:-benchmarks/results}; mkdir -p "$OUT"
-if ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl >/dev/null 2>&1
-  export PYTHONPATH=/tmp/site:.
-else
-  export PYTHONPATH=.
-fi
-T0=$(date +%s)
-step() { echo "== $1 (+$(( $(date +%s) - T0 ))s)"; }
+source "$(dirname "$0")/gpu_env.sh"
 gpu_tests() {  # file, seconds
   local name; name=$(basename "$1" .py)
   step "$name"

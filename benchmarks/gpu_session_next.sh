@@ -7,15 +7,10 @@
 #   4. the grouped W8A8 kernel at 256 tokens (fp8 presets not run after the fill fix);
 #   5. rows cut last time: Llama-3-8B down / qkv / o, Qwen3 MoE (with --breakdown);
 #   6. ncu counters of the decode kernel: is the 18 us plateau instruction issue?  And the
-#      v6 experiment (MgpuConfig.scale_after_mma: one multiply per accumulator element).
+#      v6 experiments (MgpuConfig.scale_after_mma, zero_point_mma) and unpadded_rows, all
+#      off by default until their GPU tests here pass (test_configs_gpu runs them).
 # Step timeouts sum to 590 s.  Carry: [".whl"].  Logs land in $OUT.
-set -u
-export PYTHONUNBUFFERED=1
-OUT=${OUT:-benchmarks/results}; mkdir -p "$OUT"
-python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl >/dev/null 2>&1
-export PYTHONPATH=/tmp/site:.
-T0=$(date +%s)
-step() { echo "== $1 (+$(( $(date +%s) - T0 ))s)"; }
+source "$(dirname "$0")/gpu_env.sh"
 step test_wna16_mgpu
 timeout -s INT 80 python3 -m pytest tests/test_wna16_mgpu.py -m gpu -p no:cacheprovider \
   --tb=short -rA -W ignore::DeprecationWarning > "$OUT/mgpu_tests.log" 2>&1

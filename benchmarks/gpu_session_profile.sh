@@ -5,13 +5,7 @@
 #   3. the grouped W8A8 kernel's GPU tests after the fp8 masked-load fix;
 #   4. llama_decode (issue 6) on fewer batches / recipes than its default.
 # Carry: [".whl", "build/minilm_demo"].  Logs land in $OUT.
-set -u
-export PYTHONUNBUFFERED=1
-OUT=${OUT:-benchmarks/results}; mkdir -p "$OUT"
-python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl >/dev/null 2>&1
-export PYTHONPATH=/tmp/site:.
-T0=$(date +%s)
-step() { echo "== $1 (+$(( $(date +%s) - T0 ))s)"; }
+source "$(dirname "$0")/gpu_env.sh"
 step profile
 timeout -s INT 200 python3 benchmarks/profile_mgpu.py --ms 1,16 \
   --configs default,st8,sub2-st6,split2,split4,split8,split4-st2,opt,split4-opt \

@@ -5,13 +5,7 @@
 #   3. bench_dense: 8192^2 int4 at every M and Llama-3-8B shapes at decode, with Humming;
 #   4. bench_w8a8 (issue 4 table) and 5. bench_moe (issue 5 rows), with Humming.
 # Carry: [".whl"].  Logs land in $OUT.
-set -u
-export PYTHONUNBUFFERED=1
-OUT=${OUT:-benchmarks/results}; mkdir -p "$OUT"
-python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl >/dev/null 2>&1
-export PYTHONPATH=/tmp/site:.
-T0=$(date +%s)
-step() { echo "== $1 (+$(( $(date +%s) - T0 ))s)"; }
+source "$(dirname "$0")/gpu_env.sh"
 step test_wna16_mgpu
 timeout -s INT 100 python3 -m pytest tests/test_wna16_mgpu.py -m gpu -p no:cacheprovider \
   --tb=short -rA -W ignore::DeprecationWarning -k "configs or -1] or -16]" \

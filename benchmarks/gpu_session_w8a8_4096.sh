@@ -1,11 +1,7 @@
 #!/usr/bin/env bash
 # Last device call of 2026-11-29 session 3 (about 2.5 minutes): issue 4's M = 4096 row
 # (cut by the previous call's limit) and the corrected warpgroups x split-K GPU config test.
-set -u
-export PYTHONUNBUFFERED=1
-OUT=${OUT:-benchmarks/results}; mkdir -p "$OUT"
-python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl >/dev/null 2>&1
-export PYTHONPATH=/tmp/site:.
+source "$(dirname "$0")/gpu_env.sh"
 timeout -s INT 100 python3 benchmarks/bench_w8a8.py --specs w8a8-int8,w8a8-fp8,w4a8-mxfp4 \
   --ms 4096 --layers 4 --calls 10 --repeats 2 --humming --json "$OUT/w8a8_4096.json" \
   > "$OUT/w8a8_4096.log" 2>&1
