@@ -44,7 +44,7 @@ grep -E "^(PASSED|FAILED|ERROR)|passed|failed" "$OUT/grouped_w8a8.log" | tail -8
 step dense_rows
 timeout -s INT 60 python3 benchmarks/bench_dense.py --specs w4a16-g128-zp --ms 1,16 \
   --shapes llama3-8b-down,llama3-8b-qkv,llama3-8b-o --layers 8 --calls 20 --repeats 2 \
-  --humming --json "$OUT/dense_llama.json" > "$OUT/dense_llama.log" 2>&1
+  --humming --plot --json "$OUT/dense_llama.json" > "$OUT/dense_llama.log" 2>&1
 grep -E "^llama|ERROR" "$OUT/dense_llama.log" | cut -c1-250
 step moe_rows
 timeout -s INT 60 python3 benchmarks/bench_moe.py --shapes qwen3-30b-a3b-gate_up,qwen3-30b-a3b-down \
