@@ -83,6 +83,17 @@ class NumberFormat:
     return 1 << self.bits
 
   @property
+  def significant_bits(self) -> int:
+    """Bits of precision of a value: mantissa + implicit one for floats (e8m0: 1, a power
+    of two), magnitude bits for integers.  Two values' product is exact in a float of p
+    significant bits when their counts add up to at most p."""
+    if self.kind == "e8m0":
+      return 1
+    if self.kind == "float":
+      return self.mantissa_bits + 1
+    return self.bits - 1 if self.kind == "int" else self.bits
+
+  @property
   def max_value(self) -> float:
     """Largest finite value."""
     if self.kind == "int":

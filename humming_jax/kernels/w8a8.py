@@ -48,8 +48,8 @@ from jax.experimental import pallas as pl
 from humming_jax import packing
 from humming_jax.kernels import act_quant, launch, registry, tuning, wna16
 from humming_jax.kernels import layout as lay
-from humming_jax.quantize import (QuantizedWeight, decode_scales, expand_scales, scale_block,
-                                  unpacked_codes)
+from humming_jax.formats import get_format
+from humming_jax.quantize import QuantizedWeight, scale_block, unpacked_codes
 from humming_jax.spec import QuantSpec
 
 FAMILY = "w8a8"
@@ -345,14 +345,13 @@ def heuristic(m: int, np_: int, k_tiles: int, plan: Plan) -> tuning.TuningConfig
 # float32 after the GEMM, as in the kernel's epilogue.
 DEQUANT_GEMM_MIN_M = 512
 
-_SCALE_SIG_BITS = {"e8m0": 1, "fp8_e4m3": 4, "bfloat16": 8, "float16": 11, "float32": 24}
+_FLOAT_SCALE_BITS = {"bfloat16": 8, "float16": 11, "float32": 24}  # significant bits
 
 
-def _significant_bits(fmt) -> int:
-  """Bits of precision of the format's values (floats: mantissa + implicit one)."""
-  if fmt.is_float:
-    return fmt.mantissa_bits + 1
-  return fmt.bits - 1 if fmt.signed else fmt.bits
+def _scale_bits(scale_dtype: str) -> int:
+  if scale_dtype in _FLOAT_SCALE_BITS:
+    return _FLOAT_SCALE_BITS[scale_dtype]
+  return get_format(scale_dtype).significant_bits  # e8m0, fp8_e4m3
 
 
 def dequant_gemm_exact(spec: QuantSpec, plan: Plan) -> bool:
@@ -366,10 +365,10 @@ def dequant_gemm_exact(spec: QuantSpec, plan: Plan) -> bool:
     return False
   if plan.fold:
     return True
-  w_bits = _significant_bits(spec.weight_format) + _SCALE_SIG_BITS[spec.scale_dtype]
-  a_bits = _significant_bits(spec.act_format)
+  w_bits = spec.weight_format.significant_bits + _scale_bits(spec.scale_dtype)
+  a_bits = spec.act_format.significant_bits
   if plan.a_group:
-    a_bits += _SCALE_SIG_BITS[spec.act_scale_dtype]
+    a_bits += _scale_bits(spec.act_scale_dtype)
   return w_bits <= 8 and a_bits <= 8
 
 
@@ -382,10 +381,8 @@ def dequant_gemm(params: QuantizedWeight, x: jax.Array) -> jax.Array:
     raise ValueError(f"spec {spec.name}: dequantized operands are not exact in bfloat16 "
                      f"(weight={spec.weight!r}, scale_dtype={spec.scale_dtype!r}); the "
                      f"kernel computes it")
-  k, n = params.shape
-  canon = to_canonical(params)
-  block_scales = decode_scales(canon.replace(global_scale=None))  # s2 after the GEMM
-  w = spec.weight_format.decode(unpacked_codes(canon)) * expand_scales(block_scales, k, n)
+  # Straight from the slab layout (no re-packing); the global scale comes after the GEMM.
+  w = wna16.dequantize_prepared(params.replace(global_scale=None))
   qa = act_quant.quantize(x, spec, params.act_scale)
   a = qa.values.astype(jnp.float32)
   if plan.a_group:  # group scales into the operand (exact, or the kernel's fold)

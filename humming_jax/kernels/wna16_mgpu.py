@@ -220,6 +220,8 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
   if (rows, kp) != (m, k):
     xp = jnp.pad(xp, ((0, rows - m), (0, kp - k)))
   has_zeros = params.zeros is not None
+  after = config.scale_after_mma  # v6 experiments (tuning.MgpuConfig)
+  zero_mma = _ones_tile(config, has_zeros)
   scales = params.scales.astype(cdt)
   operands = [xp, params.codes, scales]
   if has_zeros:
@@ -232,7 +234,7 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
   wgs = _divisor(config.warpgroups, steps)  # each streams steps_w of them
   while not explicit and wgs > 1 and smem_bytes(
       block_m, min(2, steps // wgs), sub, bk, bits, has_zeros, out_bytes, wgs,
-      _ones_tile(config, has_zeros)) > SMEM_BYTES:
+      zero_mma) > SMEM_BYTES:
     wgs = _divisor(wgs - 1, steps)  # e.g. group 256 x 64 tokens: 4 warpgroups do not fit
   steps_w = steps // wgs
   stages = min(config.stages, steps_w, MAX_BARRIERS // wgs)
@@ -272,9 +274,6 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
       plgpu.copy_gmem_to_smem(s_gmem.at[pl.ds(t, sub), ns], s_buf.at[wg, slot], bar)
       if has_zeros:
         plgpu.copy_gmem_to_smem(z_gmem.at[pl.ds(t, sub), ns], z_buf.at[wg, slot], bar)
-
-    after = config.scale_after_mma
-    zero_mma = _ones_tile(config, has_zeros)
 
     def compute(slot, acc_ref, total):
       x_smem = x_buf.at[wg, slot]
@@ -387,7 +386,7 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
     operands.append((bias if np_ == n else jnp.pad(bias, (0, np_ - n))).reshape(1, np_))
   if interpret:
     scratch["a_smem"] = plgpu.SMEM((wgs, BLOCK_N, bk), cdt, transforms=a_tf)
-  if _ones_tile(config, has_zeros):
+  if zero_mma:
     scratch["ones_smem"] = plgpu.SMEM((wgs, BLOCK_N, bk), cdt, transforms=a_tf)
   out = plgpu.kernel(
       kernel, out_type=out_type,
