@@ -64,14 +64,15 @@ class MgpuConfig:
   warpgroups: int = 1  # warpgroups per CTA, each with its own K range; summed in SMEM
   split_k: int = 1  # CTAs per N tile along K (f32 partials summed by XLA)
   optimized_load: bool = False  # Mosaic's vectorised-only smem -> register load of codes
-  # v6 experiment (NOTES.md v5, "instruction budget"; not yet measured on the GPU): the
-  # group scale multiplies each K tile's float32 partial product instead of every code.
+  # v6 (NOTES.md v6, H200): the group scale multiplies each K tile's float32 partial
+  # product instead of every code (-5% kernel time at M = 1; default for decode).
   scale_after_mma: bool = False
   # ... and the zero point as z * sum_k x (a second WGMMA with an all-ones A operand per K
-  # tile) instead of a subtraction per code; needs scale_after_mma.
+  # tile) instead of a subtraction per code; needs scale_after_mma.  Measured +23% kernel
+  # time (the extra WGMMA costs more than the subtraction it saves): off.
   zero_point_mma: bool = False
   # Rows past M through TMA's out-of-bounds zero fill / clipped store instead of an XLA pad
-  # and slice around the kernel (one launch fewer each; not yet run on the GPU).
+  # and slice around the kernel (one launch fewer each; default for decode).
   unpadded_rows: bool = False
 
   def __post_init__(self):

@@ -215,7 +215,8 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
   # unpadded_rows: token rows past M are not padded; TMA reads them as zeros and clips them
   # on the store, so decode runs no pad / slice op beside the kernel.  (K is padded: rare,
   # and the zero columns must meet zero codes.)
-  rows = m if config.unpadded_rows else mp
+  # Mosaic's TMA needs the row count below its 8-row tiling or a multiple of it.
+  rows = m if config.unpadded_rows and (m < 8 or m % 8 == 0) else mp
   xp = x.astype(cdt)
   if (rows, kp) != (m, k):
     xp = jnp.pad(xp, ((0, rows - m), (0, kp - k)))
@@ -446,10 +447,14 @@ def fit_stages(config: Config, block_m: int, block_k: int, bits: int, has_zeros:
 
 def heuristic(m: int) -> Config:
   """Decode: one M tile, up to four warpgroups per CTA splitting K (``run`` lowers the
-  count to what divides the K steps and fits); prefill: 128 tokens per CTA; large M:
-  dequantize + GEMM.  (H200 sweeps 2026-11-29, benchmarks/NOTES.md v3-v5.)"""
+  count to what divides the K steps and fits), group scales on each K tile's float32
+  partial product, no pad / slice around the launch; M <= 16 two K tiles per pipeline
+  step; prefill: 128 tokens per CTA; large M: dequantize + GEMM.  (H200 sweeps
+  2026-11-29, benchmarks/NOTES.md v3-v6: CUPTI kernel time at M = 1, 8192^2 int4 g128 zp
+  31.8 us (v4) -> 18.6 (v5) -> 16.9 (v6: substeps 2 + scale_after_mma).)"""
   if m <= 64:
-    return Config(block_m=64, stages=4, warpgroups=4)
+    return Config(block_m=64, stages=4, substeps=2 if m <= 16 else 1, warpgroups=4,
+                  scale_after_mma=True, unpadded_rows=True)
   return Config(block_m=128, stages=4)
 
 
