@@ -56,7 +56,8 @@ def parse_config(name: str, m: int) -> tuning.MgpuConfig:
   return tuning.MgpuConfig(**{**cfg.__dict__, **fields})
 
 
-def overhead(layers: int = 32, size: int = 512, iterations: int = 5) -> None:
+def overhead(layers: int = 32, size: int = 512, iterations: int = 5,
+             only: tuple[str, ...] = ("mosaic", "triton", "xla")) -> None:
   from humming_jax.kernels import wna16  # noqa: PLC0415 - only this mode needs it
   spec = hj.QuantSpec.preset("w4a16-g128-zp")
   ws = make_weights(jax.random.key(1), layers, size, size)
@@ -68,6 +69,8 @@ def overhead(layers: int = 32, size: int = 512, iterations: int = 5) -> None:
       "xla bf16 dot": (lambda w, x: x @ w, [w.astype(jnp.bfloat16) for w in ws]),
   }
   for name, (layer, params) in cases.items():
+    if name.split()[0] not in only:
+      continue
     fn = jax.jit(lambda ps, x, layer=layer: common.chain(layer, ps, x))
     kt = common.kernel_times(fn, (params, x), iterations=iterations, per=layers)
     wall = common.time_chain(layer, params, x, calls=30, repeats=3)["us"]
@@ -78,6 +81,7 @@ def overhead(layers: int = 32, size: int = 512, iterations: int = 5) -> None:
 def main():
   ap = argparse.ArgumentParser()
   ap.add_argument("--overhead", action="store_true", help="per-launch cost (tiny layers)")
+  ap.add_argument("--overhead-cases", default="mosaic,triton,xla")
   ap.add_argument("--spec", default="w4a16-g128-zp")
   ap.add_argument("--ms", default="1,16")
   ap.add_argument("--configs", default="default,split2,split4")
@@ -88,7 +92,7 @@ def main():
   args = ap.parse_args()
   print("#", common.device_info(), flush=True)
   if args.overhead:
-    overhead()
+    overhead(only=tuple(args.overhead_cases.split(",")))
     return
   ws = make_weights(jax.random.key(0), args.layers, args.k, args.n)
   spec = hj.QuantSpec.preset(args.spec)

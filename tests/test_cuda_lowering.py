@@ -15,7 +15,7 @@ import pytest
 from jax._src import mesh as mesh_lib
 
 import humming_jax as hj
-from humming_jax.kernels import registry, tuning, wna16_mgpu as mg
+from humming_jax.kernels import registry, tuning, w8a8, w8a8_mgpu, wna16_mgpu as mg
 
 H200 = jax.sharding.AbstractMesh(
     (1,), ("d",), abstract_device=mesh_lib.AbstractDevice(
@@ -73,3 +73,24 @@ def test_mgpu_candidates_lower_for_h200(m):
     except ValueError as e:  # our refusal, by name, before Mosaic sees it
       assert "shared memory" in str(e), e
   assert lowered >= 3
+
+
+@pytest.mark.parametrize("cfg", [None, w8a8_mgpu.Config(128, 64), w8a8_mgpu.Config(stages=3)])
+@pytest.mark.parametrize("name", ["w8a8-int8", "w8a8-fp8"])
+def test_w8a8_mgpu_lowers_for_h200(name, cfg):
+  """The Mosaic W8A8 kernel at M = 4096, 8192^2 (w8a8.run takes it there on a Hopper GPU;
+  this CPU host is not one, so run_mgpu is called directly)."""
+  p = abstract_params(name, (8192, 8192))
+  x = jax.ShapeDtypeStruct((4096, 8192), jnp.bfloat16)
+  text = lower_for_h200(lambda p, x: w8a8.run_mgpu(p, x, config=cfg), p, x)
+  assert "custom_call" in text
+
+
+@pytest.mark.parametrize("m", [1, 12, 24, 100])
+def test_mgpu_unpadded_rows_lower_for_h200(m):
+  """unpadded_rows at token counts that are not multiples of 8 (M = 100 failed on the H200:
+  Mosaic's TMA wants fewer than 8 rows or a multiple of 8; run() pads those)."""
+  p = abstract_params("w4a16-g128-zp", (4096, 1024))
+  x = jax.ShapeDtypeStruct((m, 4096), jnp.bfloat16)
+  cfg = mg.Config(64, 4, 1, warpgroups=4, unpadded_rows=True)
+  assert "custom_call" in lower_for_h200(lambda p, x: mg.run(p, x, config=cfg), p, x)

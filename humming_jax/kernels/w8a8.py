@@ -46,7 +46,7 @@ import numpy as np
 from jax.experimental import pallas as pl
 
 from humming_jax import packing
-from humming_jax.kernels import act_quant, launch, registry, tuning, wna16
+from humming_jax.kernels import act_quant, launch, registry, tuning, w8a8_mgpu, wna16
 from humming_jax.kernels import layout as lay
 from humming_jax.formats import get_format
 from humming_jax.quantize import QuantizedWeight, scale_block, unpacked_codes
@@ -432,6 +432,42 @@ def act_operands(x: jax.Array, spec: QuantSpec, plan: Plan, act_scale, *, rows: 
   return a, sa
 
 
+def mgpu_runs(params: QuantizedWeight) -> bool:
+  """Whether the Mosaic GPU kernel (kernels/w8a8_mgpu.py) computes these prepared params:
+  direct 8-bit weights without K-group scales, padded N a multiple of 128."""
+  plan = plan_for(params.spec)
+  return (plan is not None and w8a8_mgpu.runs(plan) and params.num_experts is None
+          and params.codes.shape[-2] % 128 == 0)
+
+
+def run_mgpu(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
+             config: w8a8_mgpu.Config | None = None) -> jax.Array:
+  """Large M on Hopper: the activation pre-pass, then the Mosaic GPU 8-bit WGMMA GEMM with
+  every scale, the global scale and the bias in its epilogue."""
+  spec = params.spec
+  if not mgpu_runs(params):
+    raise ValueError(f"spec {spec.name} / layout {params.layout!r}: the Mosaic W8A8 kernel "
+                     f"needs 8-bit weights with per-channel or per-tensor scales and "
+                     f"per-token or per-tensor activation scales, N padded to 128")
+  plan = plan_for(spec)
+  k, n = params.shape
+  m = x.shape[0]
+  np_, kp = params.codes.shape
+  config = config or w8a8_mgpu.heuristic(m, np_)
+  mp = -(-m // config.tile_m) * config.tile_m
+  a, sa = act_operands(x, spec, plan, params.act_scale, rows=mp, kp=kp)
+  row_scale = jnp.broadcast_to(sa, (mp, 1)).reshape(mp)  # per token, or the tensor's
+  col_scale = wna16._decode_scale_row(params.scales, spec).reshape(np_)
+  if params.global_scale is not None:
+    col_scale = col_scale * params.global_scale.astype(jnp.float32)
+  bias = None
+  if params.bias is not None:
+    bias = jnp.pad(params.bias.astype(jnp.float32), (0, np_ - n))
+  y = w8a8_mgpu.gemm(a, params.codes, row_scale, col_scale, bias, out_dtype=x.dtype,
+                     config=config, interpret=interpret)
+  return y if (mp, np_) == (m, n) else y[:m, :n]
+
+
 def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
         config: tuning.TuningConfig | None = None, block_k: int | None = None,
         fuse_act_quant: bool = False) -> jax.Array:
@@ -442,7 +478,8 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
   kernel (per-token dynamic or static per-tensor specs) instead of in a pre-pass.
   Without an explicit ``config`` / ``block_k``, M >= ``DEQUANT_GEMM_MIN_M`` on weights
   whose dequantized values are bfloat16 numbers (MXFP4, NVFP4) runs :func:`dequant_gemm`
-  instead."""
+  instead, and M >= ``w8a8_mgpu.MIN_M`` on 8-bit weights without K-group scales (w8a8-int8,
+  w8a8-fp8) the Mosaic GPU kernel (:func:`run_mgpu`; Hopper or the interpreter)."""
   spec = params.spec
   plan = plan_for(spec)
   if plan is None:
@@ -455,6 +492,9 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
   if (config is None and block_k is None and m >= DEQUANT_GEMM_MIN_M and not fuse_act_quant
       and dequant_gemm_exact(spec, plan)):
     return dequant_gemm(params, x)
+  if (config is None and block_k is None and not fuse_act_quant and m >= w8a8_mgpu.MIN_M
+      and mgpu_runs(params) and (interpret or w8a8_mgpu.hopper())):
+    return run_mgpu(params, x, interpret=interpret)
   lt, bk, kp, np_ = kernel_dims(params, plan, block_k)
   k_tiles = kp // bk
   if config is None:

@@ -1,0 +1,253 @@
+"""W8A8 at large M on Hopper tensor cores through Mosaic GPU: 8-bit x 8-bit WGMMA.
+
+``y = (a_q @ w_q^T) * sa * sw [* s2] + bias`` for 8-bit weights with per-channel (or
+per-tensor) scales and 8-bit activations with per-token (or per-tensor) scales: the
+w8a8-int8 (s8 x s8 -> s32) and w8a8-fp8 (e4m3 x e4m3 -> f32) presets.
+
+Why (benchmarks/NOTES_w8a8.md): at M = 4096 the Pallas-Triton kernel ran 8192^2 in 615 us
+(int8) and 1338 us (fp8), XLA's own fp8 / int8 dots 762 / 390+ us, bf16 794 us; the GEMM
+is compute bound there and 8-bit WGMMA has twice bf16's rate.
+
+The kernel is a persistent, warp-specialized GEMM (the structure of jax's
+``pallas/ops/gpu/hopper_matmul_mgpu.py``, for 8-bit operands with a scaled epilogue):
+
+  operands: activations quantized by the pre-pass (kernels/act_quant.py) to (Mp, Kp)
+       int8 / e4m3; weights in w8a8's "direct" layout, (Np, Kp) -- K-major, which is what
+       an 8-bit WGMMA needs for both operands (the B tile is read through a transposed
+       view of its (tile_n, tile_k) shared-memory buffer);
+  grid: one CTA per SM, walking the (M / cta_m) x (N / cta_n) output tiles in a planar
+       snake (neighbouring CTAs share operand tiles in L2);
+  pipeline: a memory warpgroup streams (A, B) K tiles by TMA ``stages`` deep
+       (plgpu.emit_pipeline_warp_specialized); two compute warpgroups each own a
+       (tile_m, tile_n) accumulator half of the CTA tile (split along N);
+  epilogue (per compute warpgroup): float32 accumulator x per-row activation scale x
+       per-column weight scale (x global scale, folded into the column scale) + bias, cast
+       to the activation dtype, stored by TMA in 64 x 64 tiles while the next tile's K loop
+       starts.  The scale / bias vectors are fetched by TMA during the K loop.
+
+The XLA reference beside it is kernels/reference.py::dense_reference; kernels/w8a8.py (the
+Pallas-Triton kernel) runs every W8A8 spec and every M, and calls this one for the specs
+of :func:`runs` from ``MIN_M`` tokens on a Hopper GPU.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import mosaic_gpu as plgpu
+
+from humming_jax.kernels import tuning
+from humming_jax.quantize import QuantizedWeight
+
+FAMILY = "w8a8_mgpu"
+MIN_M = 512  # below this the weight bytes, not the MMAs, bound the GEMM: Triton kernel
+SMEM_BYTES = 232448 - 2048  # H100 / H200 per-block maximum, minus barriers and alignment
+EPI_TILE = 64  # output rows / columns per TMA store
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+  """Launch shape.  A CTA computes (tile_m, 2 * tile_n): two compute warpgroups side by
+  side along N, each with a (tile_m, tile_n) accumulator (tile_m * tile_n / 128 registers
+  per thread: 128 for 128 x 128)."""
+
+  tile_m: int = 128
+  tile_n: int = 128
+  tile_k: int = 128  # K elements (= bytes) per pipeline step: one 128-byte swizzle row
+  stages: int = 4  # K steps in flight (lowered to fit shared memory)
+  grid_minor_n: bool = True  # the snake walks N fastest
+  grid_tile_width: int = 8  # output tiles per snake column
+
+  def __post_init__(self):
+    if self.tile_m % 64 or not 64 <= self.tile_m <= 256:
+      raise ValueError(f"tile_m={self.tile_m} must be 64, 128, 192 or 256 (WGMMA M = 64)")
+    if self.tile_n % EPI_TILE or not EPI_TILE <= self.tile_n <= 256:
+      raise ValueError(f"tile_n={self.tile_n} must be a multiple of {EPI_TILE} in "
+                       f"[{EPI_TILE}, 256] (WGMMA N <= 256)")
+    if self.tile_k not in (64, 128):
+      raise ValueError(f"tile_k={self.tile_k} must be 64 or 128 (8-bit swizzle rows)")
+    if self.stages < 2:
+      raise ValueError(f"stages={self.stages} must be >= 2")
+    if self.tile_m * self.tile_n > 128 * 128:
+      raise ValueError(f"tile_m x tile_n = {self.tile_m} x {self.tile_n}: the accumulator "
+                       f"would need more than 128 registers per thread (max 128 x 128)")
+
+
+def runs(plan) -> bool:
+  """Whether this kernel computes a w8a8.Plan: 8-bit weights in the direct layout and no
+  K-group scales (per-channel / per-tensor weight scales, per-token / per-tensor act
+  scales) -- everything is then applied in the epilogue."""
+  return plan.direct and not plan.pg and not plan.fold
+
+
+def hopper() -> bool:
+  d = jax.devices()[0]
+  return d.platform == "gpu" and str(getattr(d, "compute_capability", "0")).startswith("9")
+
+
+def _num_sms() -> int:
+  if (dev := jax.sharding.get_abstract_mesh().abstract_device) is not None:
+    return dev.num_cores  # lowering for an abstract device (tests/test_cuda_lowering.py)
+  return tuning.num_sms()
+
+
+def smem_bytes(config: Config, stages: int, out_bytes: int = 2) -> int:
+  """Shared memory of one CTA: the pipeline's (A, B) stages, the output staging tiles and
+  the epilogue vectors, each rounded up to Mosaic's 1 KB alignment."""
+  kb = lambda nbytes: -(-nbytes // 1024) * 1024
+  a = config.tile_m * config.tile_k
+  b = 2 * config.tile_n * config.tile_k
+  return (stages * (kb(a) + kb(b)) + kb(2 * 2 * EPI_TILE * EPI_TILE * out_bytes)
+          + 3 * kb(2 * max(config.tile_m, config.tile_n) * 4))
+
+
+def fit_stages(config: Config) -> int:
+  stages = config.stages
+  while stages > 2 and smem_bytes(config, stages) > SMEM_BYTES:
+    stages -= 1
+  if smem_bytes(config, stages) > SMEM_BYTES:
+    raise ValueError(f"config={config}: needs {smem_bytes(config, stages)} bytes of shared "
+                     f"memory even with 2 stages (limit {SMEM_BYTES}); lower tile_m / tile_n")
+  return stages
+
+
+def heuristic(m: int, n: int) -> Config:
+  """128 x 256 CTA tiles (two 128 x 128 warpgroup halves); 128 x 128 when N is not a
+  multiple of 256.  (Sweep: benchmarks/NOTES_w8a8.md.)"""
+  if n % 256:
+    return Config(tile_m=128, tile_n=64)
+  return Config()
+
+
+def gemm(a: jax.Array, w: jax.Array, row_scale: jax.Array, col_scale: jax.Array,
+         bias: jax.Array | None, *, out_dtype, config: Config | None = None,
+         interpret: bool = False) -> jax.Array:
+  """(Mp, Kp) x (Np, Kp)^T 8-bit GEMM with the epilogue ``acc * row_scale[:, None] *
+  col_scale[None, :] (+ bias[None, :])`` -> (Mp, Np) ``out_dtype``.
+
+  ``a`` and ``w``: both int8 or both float8_e4m3fn.  ``row_scale`` (Mp,), ``col_scale``
+  and ``bias`` (Np,): float32.  Mp must be a multiple of ``config.tile_m``, Np of
+  ``2 * config.tile_n``, Kp of ``config.tile_k`` (the caller pads)."""
+  mp, kp = a.shape
+  np_, kp2 = w.shape
+  if a.dtype != w.dtype or a.dtype not in (jnp.int8, jnp.float8_e4m3fn):
+    raise ValueError(f"a.dtype={a.dtype}, w.dtype={w.dtype}: expected both int8 or both "
+                     f"float8_e4m3fn")
+  if kp != kp2:
+    raise ValueError(f"a.shape={a.shape}, w.shape={w.shape}: K must match")
+  config = config or heuristic(mp, np_)
+  tm, tn, tk = config.tile_m, config.tile_n, config.tile_k
+  cta_n = 2 * tn
+  if mp % tm or np_ % cta_n or kp % tk:
+    raise ValueError(f"padded shapes M={mp}, N={np_}, K={kp} must be multiples of "
+                     f"tile_m={tm}, 2 * tile_n={cta_n}, tile_k={tk}")
+  for name, v, size in (("row_scale", row_scale, mp), ("col_scale", col_scale, np_),
+                        ("bias", bias, np_)):
+    if v is not None and (v.shape != (size,) or v.dtype != jnp.float32):
+      raise ValueError(f"{name}: expected float32 ({size},), got {v.dtype} {v.shape}")
+  stages = fit_stages(config)
+  m_iters, n_iters, k_iters = mp // tm, np_ // cta_n, kp // tk
+  acc_dtype = jnp.int32 if a.dtype == jnp.int8 else jnp.float32
+  in_tf = (plgpu.TilingTransform((8, tk)), plgpu.SwizzleTransform(tk))  # 8-bit: tk bytes
+  out_sw = EPI_TILE * jnp.dtype(out_dtype).itemsize
+  out_tf = (plgpu.TilingTransform((8, out_sw // jnp.dtype(out_dtype).itemsize)),
+            plgpu.SwizzleTransform(out_sw))
+  has_bias = bias is not None
+  vectors = [row_scale.reshape(1, mp), col_scale.reshape(1, np_)]
+  if has_bias:
+    vectors.append(bias.reshape(1, np_))
+
+  def kernel(a_gmem, w_gmem, *rest):
+    *vec_gmem, o_gmem = rest
+
+    def pipeline(body, context):
+      return plgpu.emit_pipeline_warp_specialized(
+          body, grid=(k_iters,), memory_registers=40,
+          in_specs=[
+              plgpu.BlockSpec((tm, tk), lambda k: (0, k), transforms=in_tf,
+                              memory_space=plgpu.SMEM),
+              plgpu.BlockSpec((cta_n, tk), lambda k: (0, k), transforms=in_tf,
+                              memory_space=plgpu.SMEM),
+          ],
+          wg_axis="wg", num_compute_wgs=2, max_concurrent_steps=stages,
+          compute_context=context)
+
+    ignore = lambda *_, **__: None
+
+    @functools.partial(
+        pl.run_scoped,
+        allocs=pipeline(ignore, ignore).get_allocations(a_gmem, w_gmem),
+        o_smem=plgpu.SMEM((2, 2, EPI_TILE, EPI_TILE), out_dtype, transforms=out_tf),
+        rows_smem=plgpu.SMEM((2, 1, tm), jnp.float32),
+        cols_smem=plgpu.SMEM((2, len(vectors) - 1, tn), jnp.float32),
+        vec_bar=plgpu.Barrier(num_arrivals=len(vectors), num_barriers=2),
+        collective_axes="wg")
+    def scope(allocs, o_smem, rows_smem, cols_smem, vec_bar):
+      wg = lax.axis_index("wg")
+
+      @plgpu.nd_loop((m_iters * n_iters,), collective_axes="sm")
+      def _tile(info: plgpu.NDLoopInfo):
+        (lin,) = info.index
+        mi, ni = plgpu.planar_snake(
+            lin, (m_iters, n_iters),
+            1 if config.grid_minor_n else 0, config.grid_tile_width)
+        ms = pl.ds(mi * tm, tm)
+        wg_ns = pl.ds(ni * cta_n + wg * tn, tn)  # this warpgroup's output columns
+
+        def context(run_k_loop):
+          # The epilogue vectors travel while the K loop runs.
+          bar = vec_bar.at[wg]
+          plgpu.copy_gmem_to_smem(vec_gmem[0].at[:, ms], rows_smem.at[wg], bar)
+          for i, g in enumerate(vec_gmem[1:]):
+            plgpu.copy_gmem_to_smem(g.at[:, wg_ns], cols_smem.at[wg, pl.ds(i, 1)], bar)
+
+          @functools.partial(pl.run_scoped, acc_ref=plgpu.ACC((tm, tn), acc_dtype))
+          def _(acc_ref):
+            run_k_loop(acc_ref)
+            acc = acc_ref[...].astype(jnp.float32)
+            plgpu.barrier_wait(bar)
+            shape = (tm, tn)
+            row = lambda v: lax.broadcast_in_dim(v, shape, (0,))
+            col = lambda v: lax.broadcast_in_dim(v, shape, (1,))
+            y = acc * row(rows_smem[wg, 0, :]) * col(cols_smem[wg, 0, :])
+            if has_bias:
+              y = y + col(cols_smem[wg, 1, :])
+            y = y.astype(out_dtype)
+            plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # last tile's stores read out
+            for ei in range(tm // EPI_TILE):
+              for ej in range(tn // EPI_TILE):
+                slot = (ei * (tn // EPI_TILE) + ej) % 2
+                plgpu.wait_smem_to_gmem(1, wait_read_only=True)
+                o_smem[wg, slot] = y[ei * EPI_TILE:(ei + 1) * EPI_TILE,
+                                     ej * EPI_TILE:(ej + 1) * EPI_TILE]
+                plgpu.commit_smem()
+                plgpu.copy_smem_to_gmem(
+                    o_smem.at[wg, slot],
+                    o_gmem.at[ms, wg_ns].at[pl.ds(ei * EPI_TILE, EPI_TILE),
+                                            pl.ds(ej * EPI_TILE, EPI_TILE)])
+
+        def mma(_, a_smem, w_smem, acc_ref):
+          # B = w^T: the (tile_n, tile_k) K-major buffer read through a transposed view.
+          w_t = w_smem.at[pl.ds(wg * tn, tn)].transpose((1, 0))
+          plgpu.wgmma(acc_ref, a_smem, w_t)
+          plgpu.wgmma_wait(0)
+          return acc_ref
+
+        pipeline(mma, context)(a_gmem.at[ms, :], w_gmem.at[pl.ds(ni * cta_n, cta_n), :],
+                               allocations=allocs)
+
+    plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+
+  sms = _num_sms()
+  call = plgpu.kernel(
+      kernel, out_type=jax.ShapeDtypeStruct((mp, np_), out_dtype),
+      grid=(min(sms, m_iters * n_iters),), grid_names=("sm",),
+      num_threads=3, thread_name="wg",
+      compiler_params=plgpu.CompilerParams(
+          lowering_semantics=plgpu.LoweringSemantics.Warpgroup),
+      interpret=plgpu.InterpretGPUParams() if interpret else False)
+  return call(a, w, *vectors)

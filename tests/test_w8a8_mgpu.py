@@ -1,0 +1,119 @@
+"""The Mosaic GPU W8A8 kernel (kernels/w8a8_mgpu.py) against the XLA reference.
+
+Interpret mode (CPU, CI): the raw 8-bit GEMM + epilogue against a float product of the
+same operands (exact for int8, f32-rounding for fp8), the persistent tile loop with fewer
+CTAs than tiles, both tile shapes, and ``w8a8.run``'s route at M >= MIN_M for the
+per-channel presets (dynamic and static activation scales) against kernels/reference.py.
+GPU tests (H200) repeat the route at 8192 x 8192.
+"""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import humming_jax as hj
+from humming_jax.kernels import reference, w8a8, w8a8_mgpu as wm
+
+from test_w8a8 import check, make, rel
+
+
+def operands(dtype, m, n, k, seed=0):
+  k1, k2, k3, k4, k5 = jax.random.split(jax.random.key(seed), 5)
+  if dtype == jnp.int8:
+    a = jax.random.randint(k1, (m, k), -127, 128, jnp.int32).astype(jnp.int8)
+    w = jax.random.randint(k2, (n, k), -127, 128, jnp.int32).astype(jnp.int8)
+  else:
+    a = (jax.random.normal(k1, (m, k)) * 8).astype(dtype)
+    w = (jax.random.normal(k2, (n, k)) * 8).astype(dtype)
+  rows = jax.random.uniform(k3, (m,), minval=0.5, maxval=2.0)
+  cols = jax.random.uniform(k4, (n,), minval=0.5, maxval=2.0) * 1e-3
+  bias = jax.random.normal(k5, (n,))
+  return a, w, rows, cols, bias
+
+
+def float_product(a, w, rows, cols, bias):
+  y = jnp.dot(a.astype(jnp.float32), w.astype(jnp.float32).T,
+              precision=jax.lax.Precision.HIGHEST) * rows[:, None] * cols[None, :]
+  return y if bias is None else y + bias
+
+
+@pytest.mark.parametrize("dtype", [jnp.int8, jnp.float8_e4m3fn])
+@pytest.mark.parametrize("cfg,with_bias", [(wm.Config(), True), (wm.Config(64, 64), False)])
+def test_gemm_interpret(dtype, cfg, with_bias, monkeypatch):
+  """Two CTAs walk 3 x 2 (or 3 x 4) output tiles: the persistent loop, the snake and the
+  epilogue's per-row / per-column vectors of every tile."""
+  monkeypatch.setattr(wm, "_num_sms", lambda: 2)
+  m, n = 3 * cfg.tile_m, 4 * 2 * cfg.tile_n // (2 if cfg.tile_n == 128 else 1)
+  a, w, rows, cols, bias = operands(dtype, m, n, 384, seed=1)
+  bias = bias if with_bias else None
+  y = wm.gemm(a, w, rows, cols, bias, out_dtype=jnp.bfloat16, config=cfg, interpret=True)
+  ref = float_product(a, w, rows, cols, bias)
+  assert y.dtype == jnp.bfloat16 and y.shape == (m, n)
+  # int8: exact int32 sums; both: the output's bf16 rounding (2**-9) dominates
+  assert rel(y, ref) <= 4e-3
+
+
+def test_gemm_argument_errors():
+  a, w, rows, cols, _ = operands(jnp.int8, 128, 256, 128)
+  with pytest.raises(ValueError, match="both int8 or both float8"):
+    wm.gemm(a, w.astype(jnp.float8_e4m3fn), rows, cols, None, out_dtype=jnp.bfloat16)
+  with pytest.raises(ValueError, match="multiples of"):
+    wm.gemm(a[:100], w, rows[:100], cols, None, out_dtype=jnp.bfloat16)
+  with pytest.raises(ValueError, match="col_scale"):
+    wm.gemm(a, w, rows, cols[:128], None, out_dtype=jnp.bfloat16)
+  with pytest.raises(ValueError, match="tile_n"):
+    wm.Config(tile_n=96)
+  with pytest.raises(ValueError, match="registers"):
+    wm.Config(tile_m=256, tile_n=128)
+
+
+ROUTED = ["w8a8-int8", "w8a8-fp8", "w8a8-int8-static", "w8a8-fp8-static"]
+
+
+@pytest.mark.parametrize("name", ROUTED)
+def test_route_interpret(name, monkeypatch):
+  """w8a8.run at M >= MIN_M (M and K padded, N = 256) runs the Mosaic kernel and matches
+  the reference with the same activation quantization."""
+  calls = []
+  orig = wm.gemm
+  monkeypatch.setattr(wm, "gemm", lambda *a, **k: calls.append(1) or orig(*a, **k))
+  spec, w, x, b, q = make(name, 320, 256, wm.MIN_M + 8, seed=3)
+  p = jax.jit(hj.prepare)(q)
+  assert w8a8.mgpu_runs(p)
+  y = w8a8.run(p, x, interpret=True)
+  assert calls == [1]
+  check(name, q, w, x, b, y)
+
+
+def test_block_scaled_and_small_m_stay_on_triton():
+  """K-group (2-D block) weight scales and M < MIN_M are the Triton kernel's."""
+  spec = hj.QuantSpec.preset("w8a8-fp8-block")
+  assert not wm.runs(w8a8.plan_for(spec))
+  assert wm.runs(w8a8.plan_for(hj.QuantSpec.preset("w8a8-fp8")))
+  _, _, x, _, q = make("w8a8-int8", 256, 128, 16, seed=4)
+  jaxpr = str(jax.make_jaxpr(lambda p, x: w8a8.run(p, x, interpret=True))(hj.prepare(q), x))
+  assert "Warpgroup" not in jaxpr
+
+
+# ---------------------------------------------------------------------------------------
+# GPU (H200): benchmark shape
+# ---------------------------------------------------------------------------------------
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", [512, 4096])
+@pytest.mark.parametrize("name", ROUTED)
+def test_route_gpu(name, m):
+  spec, w, x, b, q = make(name, 8192, 8192, m, seed=5)
+  p = jax.jit(hj.prepare)(q)
+  y = jax.jit(lambda p, x: w8a8.run(p, x))(p, x)
+  e_ref, e_float = check(name, q, w, x, b, y)
+  print(f"{name} M={m}: rel err vs reference {e_ref:.2e}, vs float {e_float:.2e}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("cfg", [wm.Config(128, 64), wm.Config(stages=3),
+                                 wm.Config(grid_minor_n=False, grid_tile_width=4)])
+def test_configs_gpu(cfg):
+  _, w, x, b, q = make("w8a8-fp8", 4096, 2048, 1000, seed=6)
+  p = jax.jit(hj.prepare)(q)
+  y = jax.jit(lambda p, x: w8a8.run_mgpu(p, x, config=cfg))(p, x)
+  assert rel(y, reference.dense_reference(q, x)) <= 1e-2
