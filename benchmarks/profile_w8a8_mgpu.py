@@ -24,8 +24,8 @@ from benchmarks import common  # noqa: E402
 from humming_jax.kernels import reference, w8a8, w8a8_mgpu  # noqa: E402
 
 
-def parse_config(name: str, m: int, n: int) -> w8a8_mgpu.Config:
-  cfg = w8a8_mgpu.heuristic(m, n)
+def parse_config(name: str, m: int, n: int, grouped: bool) -> w8a8_mgpu.Config:
+  cfg = w8a8_mgpu.heuristic(m, n, grouped)
   if name == "default":
     return cfg
   fields = {}
@@ -47,7 +47,7 @@ def parse_config(name: str, m: int, n: int) -> w8a8_mgpu.Config:
 
 def main():
   ap = argparse.ArgumentParser()
-  ap.add_argument("--specs", default="w8a8-int8,w8a8-fp8")
+  ap.add_argument("--specs", default="w8a8-int8,w8a8-fp8,w8a8-fp8-block,w4a8-int8,w4a8-fp8")
   ap.add_argument("--ms", default="4096")
   ap.add_argument("--configs", default="default")
   ap.add_argument("--k", type=int, default=8192)
@@ -69,7 +69,8 @@ def main():
       spec = hj.QuantSpec.preset(name)
       ps = [jax.jit(lambda w: hj.prepare(hj.quantize(w, spec)))(w) for w in ws]
       for cname in args.configs.split(","):
-        cfg = parse_config(cname, m, ps[0].codes.shape[0])
+        plan = w8a8.plan_for(spec)
+        cfg = parse_config(cname, m, w8a8.kernel_dims(ps[0], plan)[3], bool(plan.pg))
         fn = jax.jit(lambda ps, x, cfg=cfg: [w8a8.run_mgpu(p, x, config=cfg) for p in ps])
         try:
           kt = common.kernel_times(fn, (ps, x), iterations=args.iterations, per=args.layers)

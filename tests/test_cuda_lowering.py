@@ -75,8 +75,10 @@ def test_mgpu_candidates_lower_for_h200(m):
   assert lowered >= 3
 
 
-@pytest.mark.parametrize("cfg", [None, w8a8_mgpu.Config(128, 64), w8a8_mgpu.Config(stages=3)])
-@pytest.mark.parametrize("name", ["w8a8-int8", "w8a8-fp8"])
+@pytest.mark.parametrize("cfg", [None, w8a8_mgpu.Config(64, 64),
+                                 w8a8_mgpu.Config(64, 128, stages=3)])
+@pytest.mark.parametrize("name", ["w8a8-int8", "w8a8-fp8", "w8a8-fp8-block", "w4a8-int8",
+                                  "w4a8-fp8"])
 def test_w8a8_mgpu_lowers_for_h200(name, cfg):
   """The Mosaic W8A8 kernel at M = 4096, 8192^2 (w8a8.run takes it there on a Hopper GPU;
   this CPU host is not one, so run_mgpu is called directly)."""

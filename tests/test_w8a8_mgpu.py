@@ -2,8 +2,9 @@
 
 Interpret mode (CPU, CI): the raw 8-bit GEMM + epilogue against a float product of the
 same operands (exact for int8, f32-rounding for fp8), the persistent tile loop with fewer
-CTAs than tiles, both tile shapes, and ``w8a8.run``'s route at M >= MIN_M for the
-per-channel presets (dynamic and static activation scales) against kernels/reference.py.
+CTAs than tiles, both tile shapes, K-group scales, and ``w8a8.run``'s route at M >= MIN_M
+for every preset it takes (per-channel with dynamic and static activation scales, 2-D
+block scales, int4 g128 weights) against kernels/reference.py.
 GPU tests (H200) repeat the route at 8192 x 8192.
 """
 import jax
@@ -53,6 +54,32 @@ def test_gemm_interpret(dtype, cfg, with_bias, monkeypatch):
   assert rel(y, ref) <= 4e-3
 
 
+@pytest.mark.parametrize("dtype", [jnp.int8, jnp.float8_e4m3fn])
+@pytest.mark.parametrize("row_groups,col_groups,with_bias", [
+    (True, True, True), (False, True, True), (True, False, False)])
+def test_gemm_k_group_scales_interpret(dtype, row_groups, col_groups, with_bias,
+                                       monkeypatch):
+  """K-group scales (DeepSeek-style): each 128-deep K step's 8-bit product scaled by its
+  row / column group scales before it joins the float32 running sum; 3 K groups, 2 x 2
+  tiles on one CTA, epilogue scales folded in, bias on the first step."""
+  monkeypatch.setattr(wm, "_num_sms", lambda: 1)
+  m, n, k = 128, 512, 384
+  a, w, rows, cols, bias = operands(dtype, m, n, k, seed=2)
+  bias = bias if with_bias else None
+  g = k // 128
+  rg = jax.random.uniform(jax.random.key(5), (g, m), minval=0.5, maxval=2.0)
+  cg = jax.random.uniform(jax.random.key(6), (g, n), minval=0.5, maxval=2.0)
+  parts = jnp.einsum("mgk,ngk->gmn", a.astype(jnp.float32).reshape(m, g, 128),
+                     w.astype(jnp.float32).reshape(n, g, 128), precision="highest")
+  scaled = parts * (rg[:, :, None] if row_groups else 1) * (cg[:, None, :] if col_groups else 1)
+  ref = float_product(a[:, :0], w[:, :0], rows, cols, bias) + (
+      scaled.sum(0) * rows[:, None] * cols[None, :])
+  y = wm.gemm(a, w, rows, cols, bias, out_dtype=jnp.bfloat16,
+              row_group_scale=rg if row_groups else None,
+              col_group_scale=cg if col_groups else None, interpret=True)
+  assert rel(y, ref) <= 4e-3
+
+
 def test_gemm_argument_errors():
   a, w, rows, cols, _ = operands(jnp.int8, 128, 256, 128)
   with pytest.raises(ValueError, match="both int8 or both float8"):
@@ -65,19 +92,26 @@ def test_gemm_argument_errors():
     wm.Config(tile_n=96)
   with pytest.raises(ValueError, match="registers"):
     wm.Config(tile_m=256, tile_n=128)
+  with pytest.raises(ValueError, match="two 128 x 128 float32 tiles"):
+    wm.gemm(a, w, rows, cols, None, out_dtype=jnp.bfloat16, config=wm.Config(),
+            col_group_scale=jnp.ones((1, 256), jnp.float32))
+  with pytest.raises(ValueError, match="row_group_scale"):
+    wm.gemm(a, w, rows, cols, None, out_dtype=jnp.bfloat16,
+            row_group_scale=jnp.ones((2, 128), jnp.float32))
 
 
-ROUTED = ["w8a8-int8", "w8a8-fp8", "w8a8-int8-static", "w8a8-fp8-static"]
+ROUTED = ["w8a8-int8", "w8a8-fp8", "w8a8-int8-static", "w8a8-fp8-static", "w8a8-fp8-block",
+          "w4a8-int8", "w4a8-fp8"]
 
 
 @pytest.mark.parametrize("name", ROUTED)
 def test_route_interpret(name, monkeypatch):
-  """w8a8.run at M >= MIN_M (M and K padded, N = 256) runs the Mosaic kernel and matches
-  the reference with the same activation quantization."""
+  """w8a8.run at M >= MIN_M (M padded, K = 384: three K groups, N = 256) runs the Mosaic
+  kernel and matches the reference with the same activation quantization."""
   calls = []
   orig = wm.gemm
   monkeypatch.setattr(wm, "gemm", lambda *a, **k: calls.append(1) or orig(*a, **k))
-  spec, w, x, b, q = make(name, 320, 256, wm.MIN_M + 8, seed=3)
+  spec, w, x, b, q = make(name, 384, 256, wm.MIN_M + 8, seed=3)
   p = jax.jit(hj.prepare)(q)
   assert w8a8.mgpu_runs(p)
   y = w8a8.run(p, x, interpret=True)
@@ -85,14 +119,15 @@ def test_route_interpret(name, monkeypatch):
   check(name, q, w, x, b, y)
 
 
-def test_block_scaled_and_small_m_stay_on_triton():
-  """K-group (2-D block) weight scales and M < MIN_M are the Triton kernel's."""
-  spec = hj.QuantSpec.preset("w8a8-fp8-block")
-  assert not wm.runs(w8a8.plan_for(spec))
-  assert wm.runs(w8a8.plan_for(hj.QuantSpec.preset("w8a8-fp8")))
+def test_group_32_and_small_m_stay_elsewhere():
+  """K groups smaller than one pipeline step (MX group 32, NVFP4 16) and M < MIN_M are not
+  this kernel's (Triton kernel / the XLA route)."""
+  for name in ("w8a8-mxfp8", "w4a8-mxfp4", "w4a4-nvfp4"):
+    _, _, _, _, q = make(name, 256, 128, 4, seed=4)
+    assert not w8a8.mgpu_runs(hj.prepare(q)), name
   _, _, x, _, q = make("w8a8-int8", 256, 128, 16, seed=4)
   jaxpr = str(jax.make_jaxpr(lambda p, x: w8a8.run(p, x, interpret=True))(hj.prepare(q), x))
-  assert "Warpgroup" not in jaxpr
+  assert "Warpgroup" not in jaxpr and "pallas_call" in jaxpr
 
 
 # ---------------------------------------------------------------------------------------

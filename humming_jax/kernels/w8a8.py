@@ -434,37 +434,71 @@ def act_operands(x: jax.Array, spec: QuantSpec, plan: Plan, act_scale, *, rows: 
 
 def mgpu_runs(params: QuantizedWeight) -> bool:
   """Whether the Mosaic GPU kernel (kernels/w8a8_mgpu.py) computes these prepared params:
-  direct 8-bit weights without K-group scales, padded N a multiple of 128."""
+  no zero point, K-group scales (weight groups / blocks, activation groups) absent or of
+  exactly one pipeline step (128), padded N a multiple of 128.  8-bit weights are read as
+  they are; narrower weights (W4A8 int4 g128) are unpacked to 8-bit once per call."""
   plan = plan_for(params.spec)
-  return (plan is not None and w8a8_mgpu.runs(plan) and params.num_experts is None
-          and params.codes.shape[-2] % 128 == 0)
+  if plan is None or plan.fold or params.num_experts is not None:
+    return False
+  if any(g not in (0, w8a8_mgpu.Config.tile_k) for g in (plan.w_group, plan.a_group)):
+    return False
+  _, _, _, np_ = kernel_dims(params, plan)
+  return np_ % 128 == 0
+
+
+def _mgpu_weights(params: QuantizedWeight, plan: Plan) -> jax.Array:
+  """(Np, Kp) 8-bit carrier codes: the direct layout as stored, or slab codes unpacked and
+  decoded (exact: int4 values in int8 / e4m3, fp4 / fp6 values in e4m3) -- one XLA fusion
+  per call, a few percent of the compute-bound GEMM it feeds."""
+  if plan.direct:
+    return params.codes
+  _, lt = lay.parse_layout_name(params.layout)
+  codes = lt.unpack(params.codes)  # (Kp, Np) unsigned codes
+  fmt = params.spec.weight_format
+  if plan.int_compute:  # offset binary (wna16.prepare): unsigned minus 2**(b-1)
+    vals = (codes.astype(jnp.int32) - (1 << (fmt.bits - 1))).astype(jnp.int8)
+  else:
+    vals = wna16.decode_codes(codes, None, fmt).astype(jnp.float8_e4m3fn)
+  return vals.T
 
 
 def run_mgpu(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
              config: w8a8_mgpu.Config | None = None) -> jax.Array:
-  """Large M on Hopper: the activation pre-pass, then the Mosaic GPU 8-bit WGMMA GEMM with
-  every scale, the global scale and the bias in its epilogue."""
+  """Large M on Hopper: the activation pre-pass, then the Mosaic GPU 8-bit WGMMA GEMM:
+  K-group scales on each 128-deep K step's partial product, per-token / per-channel /
+  global scales and the bias in the epilogue."""
   spec = params.spec
   if not mgpu_runs(params):
     raise ValueError(f"spec {spec.name} / layout {params.layout!r}: the Mosaic W8A8 kernel "
-                     f"needs 8-bit weights with per-channel or per-tensor scales and "
-                     f"per-token or per-tensor activation scales, N padded to 128")
+                     f"needs no zero point, K-group scales of 128 (or none) and N padded "
+                     f"to 128")
   plan = plan_for(spec)
   k, n = params.shape
   m = x.shape[0]
-  np_, kp = params.codes.shape
-  config = config or w8a8_mgpu.heuristic(m, np_)
+  _, _, kp, np_ = kernel_dims(params, plan)
+  grouped = bool(plan.pg)
+  config = config or w8a8_mgpu.heuristic(m, np_, grouped)
   mp = -(-m // config.tile_m) * config.tile_m
   a, sa = act_operands(x, spec, plan, params.act_scale, rows=mp, kp=kp)
-  row_scale = jnp.broadcast_to(sa, (mp, 1)).reshape(mp)  # per token, or the tensor's
-  col_scale = wna16._decode_scale_row(params.scales, spec).reshape(np_)
+  row_scale = row_groups = col_scale = col_groups = None
+  if plan.a_group:  # (mp, K groups) -> one row per K step
+    row_groups = jnp.broadcast_to(sa, (mp, sa.shape[1])).T
+  else:  # per token, or the tensor's
+    row_scale = jnp.broadcast_to(sa, (mp, 1)).reshape(mp)
+  sw = wna16._decode_scale_row(params.scales, spec)  # (K groups or 1, Np) float32
+  if plan.w_group:
+    col_groups = sw[:kp // plan.w_group]
+  else:
+    col_scale = sw.reshape(np_)
   if params.global_scale is not None:
-    col_scale = col_scale * params.global_scale.astype(jnp.float32)
+    s2 = params.global_scale.astype(jnp.float32)
+    col_scale = jnp.full((np_,), s2) if col_scale is None else col_scale * s2
   bias = None
   if params.bias is not None:
     bias = jnp.pad(params.bias.astype(jnp.float32), (0, np_ - n))
-  y = w8a8_mgpu.gemm(a, params.codes, row_scale, col_scale, bias, out_dtype=x.dtype,
-                     config=config, interpret=interpret)
+  y = w8a8_mgpu.gemm(a, _mgpu_weights(params, plan), row_scale, col_scale, bias,
+                     out_dtype=x.dtype, row_group_scale=row_groups,
+                     col_group_scale=col_groups, config=config, interpret=interpret)
   return y if (mp, np_) == (m, n) else y[:m, :n]
 
 

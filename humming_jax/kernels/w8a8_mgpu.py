@@ -95,43 +95,55 @@ def _num_sms() -> int:
   return tuning.num_sms()
 
 
-def smem_bytes(config: Config, stages: int, out_bytes: int = 2) -> int:
-  """Shared memory of one CTA: the pipeline's (A, B) stages, the output staging tiles and
-  the epilogue vectors, each rounded up to Mosaic's 1 KB alignment."""
+def smem_bytes(config: Config, stages: int, out_bytes: int = 2, grouped: bool = False
+               ) -> int:
+  """Shared memory of one CTA: the pipeline's (A, B[, K-group scale rows]) stages, the
+  output staging tiles and the epilogue vectors, each rounded up to Mosaic's 1 KB
+  alignment."""
   kb = lambda nbytes: -(-nbytes // 1024) * 1024
-  a = config.tile_m * config.tile_k
-  b = 2 * config.tile_n * config.tile_k
-  return (stages * (kb(a) + kb(b)) + kb(2 * 2 * EPI_TILE * EPI_TILE * out_bytes)
+  step = kb(config.tile_m * config.tile_k) + kb(2 * config.tile_n * config.tile_k)
+  if grouped:  # K-group scale rows: one per token tile, up to two (scale, bias) per N tile
+    step += kb(config.tile_m * 4) + 2 * kb(2 * config.tile_n * 4)
+  return (stages * step + kb(2 * 2 * EPI_TILE * EPI_TILE * out_bytes)
           + 3 * kb(2 * max(config.tile_m, config.tile_n) * 4))
 
 
-def fit_stages(config: Config) -> int:
+def fit_stages(config: Config, grouped: bool = False) -> int:
+  size = lambda st: smem_bytes(config, st, grouped=grouped)
   stages = config.stages
-  while stages > 2 and smem_bytes(config, stages) > SMEM_BYTES:
+  while stages > 2 and size(stages) > SMEM_BYTES:
     stages -= 1
-  if smem_bytes(config, stages) > SMEM_BYTES:
-    raise ValueError(f"config={config}: needs {smem_bytes(config, stages)} bytes of shared "
-                     f"memory even with 2 stages (limit {SMEM_BYTES}); lower tile_m / tile_n")
+  if size(stages) > SMEM_BYTES:
+    raise ValueError(f"config={config}: needs {size(stages)} bytes of shared memory even "
+                     f"with 2 stages (limit {SMEM_BYTES}); lower tile_m / tile_n")
   return stages
 
 
-def heuristic(m: int, n: int) -> Config:
+def heuristic(m: int, n: int, grouped: bool = False) -> Config:
   """128 x 256 CTA tiles (two 128 x 128 warpgroup halves); 128 x 128 when N is not a
-  multiple of 256.  (Sweep: benchmarks/NOTES_w8a8.md.)"""
-  if n % 256:
-    return Config(tile_m=128, tile_n=64)
-  return Config()
+  multiple of 256.  With K-group scales each warpgroup holds the scaled running sum
+  beside the WGMMA accumulator: 64 x 128 halves (two 64-register tiles).
+  (H200 sweep, benchmarks/NOTES_w8a8.md: at M = 4096 the snake and stage variants are
+  within 1 %, tile_n 64 is 12 % slower.)"""
+  tile_n = 128 if n % 256 == 0 else 64
+  return Config(tile_m=64 if grouped else 128, tile_n=tile_n)
 
 
-def gemm(a: jax.Array, w: jax.Array, row_scale: jax.Array, col_scale: jax.Array,
-         bias: jax.Array | None, *, out_dtype, config: Config | None = None,
-         interpret: bool = False) -> jax.Array:
-  """(Mp, Kp) x (Np, Kp)^T 8-bit GEMM with the epilogue ``acc * row_scale[:, None] *
-  col_scale[None, :] (+ bias[None, :])`` -> (Mp, Np) ``out_dtype``.
+def gemm(a: jax.Array, w: jax.Array, row_scale: jax.Array | None,
+         col_scale: jax.Array | None, bias: jax.Array | None, *, out_dtype,
+         row_group_scale: jax.Array | None = None, col_group_scale: jax.Array | None = None,
+         config: Config | None = None, interpret: bool = False) -> jax.Array:
+  """(Mp, Kp) x (Np, Kp)^T 8-bit GEMM -> (Mp, Np) ``out_dtype``:
 
-  ``a`` and ``w``: both int8 or both float8_e4m3fn.  ``row_scale`` (Mp,), ``col_scale``
-  and ``bias`` (Np,): float32.  Mp must be a multiple of ``config.tile_m``, Np of
-  ``2 * config.tile_n``, Kp of ``config.tile_k`` (the caller pads)."""
+    y = sum_g (a_g @ w_g^T) * rgs[g, :, None] * cgs[g, None, :]   (K groups g of tile_k)
+    y = y * row_scale[:, None] * col_scale[None, :] + bias[None, :]
+
+  ``a`` and ``w``: both int8 or both float8_e4m3fn.  Every scale / bias argument is
+  optional float32: ``row_scale`` (Mp,), ``col_scale`` and ``bias`` (Np,) in the epilogue;
+  ``row_group_scale`` (Kp / tile_k, Mp) and ``col_group_scale`` (Kp / tile_k, Np) on each
+  K step's partial product (DeepSeek-style: the 8-bit WGMMA sums one group exactly, the
+  float32 running sum takes its scales).  Mp must be a multiple of ``config.tile_m``, Np
+  of ``2 * config.tile_n``, Kp of ``config.tile_k`` (the caller pads)."""
   mp, kp = a.shape
   np_, kp2 = w.shape
   if a.dtype != w.dtype or a.dtype not in (jnp.int8, jnp.float8_e4m3fn):
@@ -139,32 +151,67 @@ def gemm(a: jax.Array, w: jax.Array, row_scale: jax.Array, col_scale: jax.Array,
                      f"float8_e4m3fn")
   if kp != kp2:
     raise ValueError(f"a.shape={a.shape}, w.shape={w.shape}: K must match")
-  config = config or heuristic(mp, np_)
+  grouped = row_group_scale is not None or col_group_scale is not None
+  config = config or heuristic(mp, np_, grouped)
   tm, tn, tk = config.tile_m, config.tile_n, config.tile_k
   cta_n = 2 * tn
   if mp % tm or np_ % cta_n or kp % tk:
     raise ValueError(f"padded shapes M={mp}, N={np_}, K={kp} must be multiples of "
                      f"tile_m={tm}, 2 * tile_n={cta_n}, tile_k={tk}")
-  for name, v, size in (("row_scale", row_scale, mp), ("col_scale", col_scale, np_),
-                        ("bias", bias, np_)):
-    if v is not None and (v.shape != (size,) or v.dtype != jnp.float32):
-      raise ValueError(f"{name}: expected float32 ({size},), got {v.dtype} {v.shape}")
-  stages = fit_stages(config)
-  m_iters, n_iters, k_iters = mp // tm, np_ // cta_n, kp // tk
+  if grouped and tm * tn > 64 * 128:
+    raise ValueError(f"config={config}: with K-group scales a warpgroup holds two "
+                     f"{tm} x {tn} float32 tiles; tile_m x tile_n must be <= 64 x 128")
+  groups = kp // tk
+  for name, v, shape in (("row_scale", row_scale, (mp,)), ("col_scale", col_scale, (np_,)),
+                         ("bias", bias, (np_,)),
+                         ("row_group_scale", row_group_scale, (groups, mp)),
+                         ("col_group_scale", col_group_scale, (groups, np_))):
+    if v is not None and (v.shape != shape or v.dtype != jnp.float32):
+      raise ValueError(f"{name}: expected float32 {shape}, got {v.dtype} {v.shape}")
+  if grouped:  # every scale on the K steps' partial products (the epilogue has none)
+    if row_scale is not None:
+      row_group_scale = (row_scale[None] if row_group_scale is None
+                         else row_group_scale * row_scale[None])
+      row_group_scale = jnp.broadcast_to(row_group_scale, (groups, mp))
+    if col_scale is not None:
+      col_group_scale = (col_scale[None] if col_group_scale is None
+                         else col_group_scale * col_scale[None])
+      col_group_scale = jnp.broadcast_to(col_group_scale, (groups, np_))
+    row_scale = col_scale = None
+  stages = fit_stages(config, grouped)
+  m_iters, n_iters, k_iters = mp // tm, np_ // cta_n, groups
   acc_dtype = jnp.int32 if a.dtype == jnp.int8 else jnp.float32
   in_tf = (plgpu.TilingTransform((8, tk)), plgpu.SwizzleTransform(tk))  # 8-bit: tk bytes
   out_sw = EPI_TILE * jnp.dtype(out_dtype).itemsize
   out_tf = (plgpu.TilingTransform((8, out_sw // jnp.dtype(out_dtype).itemsize)),
             plgpu.SwizzleTransform(out_sw))
-  has_bias = bias is not None
-  vectors = [row_scale.reshape(1, mp), col_scale.reshape(1, np_)]
-  if has_bias:
-    vectors.append(bias.reshape(1, np_))
+  # Epilogue vectors, fetched by TMA during the K loop: at most one row vector and up to
+  # two column vectors (scale, bias).
+  # With K-group scales the bias rides the pipeline too, as a (K steps, Np) array that is
+  # the bias on step 0 and zeros after (the pipeline takes only step-indexed inputs; one
+  # barrier fewer -- the GPU interpreter hung on a separate vector barrier beside the
+  # K-group inputs).
+  epi_bias = bias is not None and not grouped
+  rows = [] if row_scale is None else [row_scale.reshape(1, mp)]
+  cols = [v.reshape(1, np_) for v in (col_scale, bias if epi_bias else None) if v is not None]
+  has_col_scale = col_scale is not None
+  g_rows = [] if row_group_scale is None else [row_group_scale]
+  g_cols = [] if col_group_scale is None else [col_group_scale]
+  g_bias = []
+  if bias is not None and grouped:
+    g_bias = [jnp.zeros((groups, np_), jnp.float32).at[0].set(bias)]
 
-  def kernel(a_gmem, w_gmem, *rest):
-    *vec_gmem, o_gmem = rest
+  def kernel(a_gmem, w_gmem, *refs):
+    refs = list(refs)
+    o_gmem = refs.pop()
+    rows_gmem = [refs.pop(0) for _ in rows]
+    cols_gmem = [refs.pop(0) for _ in cols]
+    grows_gmem = [refs.pop(0) for _ in g_rows]
+    gcols_gmem = [refs.pop(0) for _ in g_cols]
+    gbias_gmem = [refs.pop(0) for _ in g_bias]
 
     def pipeline(body, context):
+      plain = lambda shape: plgpu.BlockSpec(shape, lambda k: (k, 0), memory_space=plgpu.SMEM)
       return plgpu.emit_pipeline_warp_specialized(
           body, grid=(k_iters,), memory_registers=40,
           in_specs=[
@@ -172,73 +219,111 @@ def gemm(a: jax.Array, w: jax.Array, row_scale: jax.Array, col_scale: jax.Array,
                               memory_space=plgpu.SMEM),
               plgpu.BlockSpec((cta_n, tk), lambda k: (0, k), transforms=in_tf,
                               memory_space=plgpu.SMEM),
-          ],
+              *[plain((1, tm)) for _ in g_rows],
+              *[plain((1, cta_n)) for _ in g_cols + g_bias]],
           wg_axis="wg", num_compute_wgs=2, max_concurrent_steps=stages,
           compute_context=context)
 
     ignore = lambda *_, **__: None
+    pipeline_args = lambda ms, cns: (
+        a_gmem.at[ms, :], w_gmem.at[cns, :], *[g.at[:, ms] for g in grows_gmem],
+        *[g.at[:, cns] for g in gcols_gmem], *[g.at[:, cns] for g in gbias_gmem])
+    scratch = dict(
+        allocs=pipeline(ignore, ignore).get_allocations(
+            *pipeline_args(pl.ds(0, tm), pl.ds(0, cta_n))),
+        o_smem=plgpu.SMEM((2, 2, EPI_TILE, EPI_TILE), out_dtype, transforms=out_tf))
+    if rows or cols:
+      scratch["vec_bar"] = plgpu.Barrier(num_arrivals=len(rows) + len(cols), num_barriers=2)
+    if rows:
+      scratch["rows_smem"] = plgpu.SMEM((2, 1, tm), jnp.float32)
+    if cols:
+      scratch["cols_smem"] = plgpu.SMEM((2, len(cols), tn), jnp.float32)
 
-    @functools.partial(
-        pl.run_scoped,
-        allocs=pipeline(ignore, ignore).get_allocations(a_gmem, w_gmem),
-        o_smem=plgpu.SMEM((2, 2, EPI_TILE, EPI_TILE), out_dtype, transforms=out_tf),
-        rows_smem=plgpu.SMEM((2, 1, tm), jnp.float32),
-        cols_smem=plgpu.SMEM((2, len(vectors) - 1, tn), jnp.float32),
-        vec_bar=plgpu.Barrier(num_arrivals=len(vectors), num_barriers=2),
-        collective_axes="wg")
-    def scope(allocs, o_smem, rows_smem, cols_smem, vec_bar):
+    @functools.partial(pl.run_scoped, **scratch, collective_axes="wg")
+    def scope(allocs, o_smem, vec_bar=None, rows_smem=None, cols_smem=None):
       wg = lax.axis_index("wg")
+      shape = (tm, tn)
+      bcast_row = lambda v: lax.broadcast_in_dim(v, shape, (0,))  # one value per row
+      bcast_col = lambda v: lax.broadcast_in_dim(v, shape, (1,))  # one value per column
 
       @plgpu.nd_loop((m_iters * n_iters,), collective_axes="sm")
       def _tile(info: plgpu.NDLoopInfo):
         (lin,) = info.index
-        mi, ni = plgpu.planar_snake(
-            lin, (m_iters, n_iters),
-            1 if config.grid_minor_n else 0, config.grid_tile_width)
+        mi, ni = plgpu.planar_snake(lin, (m_iters, n_iters),
+                                    1 if config.grid_minor_n else 0, config.grid_tile_width)
         ms = pl.ds(mi * tm, tm)
+        cta_ns = pl.ds(ni * cta_n, cta_n)
         wg_ns = pl.ds(ni * cta_n + wg * tn, tn)  # this warpgroup's output columns
 
-        def context(run_k_loop):
-          # The epilogue vectors travel while the K loop runs.
-          bar = vec_bar.at[wg]
-          plgpu.copy_gmem_to_smem(vec_gmem[0].at[:, ms], rows_smem.at[wg], bar)
-          for i, g in enumerate(vec_gmem[1:]):
-            plgpu.copy_gmem_to_smem(g.at[:, wg_ns], cols_smem.at[wg, pl.ds(i, 1)], bar)
+        def epilogue(y):
+          """float32 (tm, tn) sum -> epilogue vectors -> out_dtype -> TMA stores."""
+          if vec_bar is not None:
+            plgpu.barrier_wait(vec_bar.at[wg])
+          if rows:
+            y = y * bcast_row(rows_smem[wg, 0, :])
+          if has_col_scale:
+            y = y * bcast_col(cols_smem[wg, 0, :])
+          if epi_bias:
+            y = y + bcast_col(cols_smem[wg, len(cols) - 1, :])
+          y = y.astype(out_dtype)
+          plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # last tile's stores read out
+          for ei in range(tm // EPI_TILE):
+            for ej in range(tn // EPI_TILE):
+              slot = (ei * (tn // EPI_TILE) + ej) % 2
+              plgpu.wait_smem_to_gmem(1, wait_read_only=True)
+              o_smem[wg, slot] = y[ei * EPI_TILE:(ei + 1) * EPI_TILE,
+                                   ej * EPI_TILE:(ej + 1) * EPI_TILE]
+              plgpu.commit_smem()
+              plgpu.copy_smem_to_gmem(
+                  o_smem.at[wg, slot],
+                  o_gmem.at[ms, wg_ns].at[pl.ds(ei * EPI_TILE, EPI_TILE),
+                                          pl.ds(ej * EPI_TILE, EPI_TILE)])
 
-          @functools.partial(pl.run_scoped, acc_ref=plgpu.ACC((tm, tn), acc_dtype))
+        def context(run_k_loop):
+          if vec_bar is not None:  # the epilogue vectors travel while the K loop runs
+            bar = vec_bar.at[wg]
+            for g in rows_gmem:
+              plgpu.copy_gmem_to_smem(g.at[:, ms], rows_smem.at[wg], bar)
+            for i, g in enumerate(cols_gmem):
+              plgpu.copy_gmem_to_smem(g.at[:, wg_ns], cols_smem.at[wg, pl.ds(i, 1)], bar)
+          if grouped:  # the scaled running sum is the pipeline's carry (registers)
+            epilogue(run_k_loop(jnp.zeros(shape, jnp.float32)))
+            return
+
+          @functools.partial(pl.run_scoped, acc_ref=plgpu.ACC(shape, acc_dtype))
           def _(acc_ref):
             run_k_loop(acc_ref)
-            acc = acc_ref[...].astype(jnp.float32)
-            plgpu.barrier_wait(bar)
-            shape = (tm, tn)
-            row = lambda v: lax.broadcast_in_dim(v, shape, (0,))
-            col = lambda v: lax.broadcast_in_dim(v, shape, (1,))
-            y = acc * row(rows_smem[wg, 0, :]) * col(cols_smem[wg, 0, :])
-            if has_bias:
-              y = y + col(cols_smem[wg, 1, :])
-            y = y.astype(out_dtype)
-            plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # last tile's stores read out
-            for ei in range(tm // EPI_TILE):
-              for ej in range(tn // EPI_TILE):
-                slot = (ei * (tn // EPI_TILE) + ej) % 2
-                plgpu.wait_smem_to_gmem(1, wait_read_only=True)
-                o_smem[wg, slot] = y[ei * EPI_TILE:(ei + 1) * EPI_TILE,
-                                     ej * EPI_TILE:(ej + 1) * EPI_TILE]
-                plgpu.commit_smem()
-                plgpu.copy_smem_to_gmem(
-                    o_smem.at[wg, slot],
-                    o_gmem.at[ms, wg_ns].at[pl.ds(ei * EPI_TILE, EPI_TILE),
-                                            pl.ds(ej * EPI_TILE, EPI_TILE)])
+            epilogue(acc_ref[...].astype(jnp.float32))
+
+        def w_t(w_smem):
+          # B = w^T: the (tile_n, tile_k) K-major buffer read through a transposed view.
+          return w_smem.at[pl.ds(wg * tn, tn)].transpose((1, 0))
 
         def mma(_, a_smem, w_smem, acc_ref):
-          # B = w^T: the (tile_n, tile_k) K-major buffer read through a transposed view.
-          w_t = w_smem.at[pl.ds(wg * tn, tn)].transpose((1, 0))
-          plgpu.wgmma(acc_ref, a_smem, w_t)
+          plgpu.wgmma(acc_ref, a_smem, w_t(w_smem))
           plgpu.wgmma_wait(0)
           return acc_ref
 
-        pipeline(mma, context)(a_gmem.at[ms, :], w_gmem.at[pl.ds(ni * cta_n, cta_n), :],
-                               allocations=allocs)
+        def mma_grouped(_, a_smem, w_smem, *refs):
+          *g_smem, total = refs
+
+          def group_product(acc_ref):
+            plgpu.wgmma(acc_ref, a_smem, w_t(w_smem))
+            return acc_ref[...]  # waits for the WGMMA
+
+          part = pl.run_scoped(group_product, plgpu.ACC(shape, acc_dtype))
+          part = part.astype(jnp.float32)
+          g_smem = list(g_smem)
+          if g_rows:
+            part = part * bcast_row(g_smem.pop(0)[0, :])
+          if g_cols:
+            part = part * bcast_col(g_smem.pop(0)[0, pl.ds(wg * tn, tn)])
+          if g_bias:  # the bias on step 0, zeros after
+            part = part + bcast_col(g_smem.pop(0)[0, pl.ds(wg * tn, tn)])
+          return total + part
+
+        pipeline(mma_grouped if grouped else mma, context)(
+            *pipeline_args(ms, cta_ns), allocations=allocs)
 
     plgpu.wait_smem_to_gmem(0, wait_read_only=True)
 
@@ -250,4 +335,4 @@ def gemm(a: jax.Array, w: jax.Array, row_scale: jax.Array, col_scale: jax.Array,
       compiler_params=plgpu.CompilerParams(
           lowering_semantics=plgpu.LoweringSemantics.Warpgroup),
       interpret=plgpu.InterpretGPUParams() if interpret else False)
-  return call(a, w, *vectors)
+  return call(a, w, *rows, *cols, *g_rows, *g_cols, *g_bias)
