@@ -119,6 +119,18 @@ def test_route_interpret(name, monkeypatch):
   check(name, q, w, x, b, y)
 
 
+def test_quant_dense_entry_point_interpret(monkeypatch):
+  """hj.quant_dense(backend='interpret') on canonical params, (2, 260, K) activations (520
+  tokens): prepared, routed to the Mosaic kernel, reshaped back."""
+  calls = []
+  orig = wm.gemm
+  monkeypatch.setattr(wm, "gemm", lambda *a, **k: calls.append(1) or orig(*a, **k))
+  spec, w, x, b, q = make("w4a8-fp8", 256, 256, 520, seed=8)
+  y = jax.jit(lambda q, x: hj.quant_dense(q, x, backend="interpret"))(q, x.reshape(2, 260, 256))
+  assert calls == [1] and y.shape == (2, 260, 256)
+  check("w4a8-fp8", q, w, x, b, y.reshape(520, 256))
+
+
 def test_group_32_and_small_m_stay_elsewhere():
   """K groups smaller than one pipeline step (MX group 32, NVFP4 16) and M < MIN_M are not
   this kernel's (Triton kernel / the XLA route)."""
