@@ -5,7 +5,8 @@ large M, beside the XLA bf16 GEMM of the same shape, and the activation pre-pass
       --configs default,n64,st3,w4,w16,minor_m
 
 Config tokens on top of the heuristic: ``n64`` (tile_n 64), ``m64`` (tile_m 64), ``stN``
-(stages), ``wN`` (snake tile width), ``minor_m`` (snake walks M fastest).  Each line: per
+(stages), ``wN`` (snake tile width), ``minor_m`` (snake walks M fastest), ``pairs``
+(K-group specs: two groups per step, Config.group_pairs).  Each line: per
 kernel name, the median of ``--iterations`` profiled calls of a chain of ``--layers``
 distinct layers, per layer (the 8192^2 int8 weights are 64 MB: no L2 reuse across layers).
 """
@@ -40,6 +41,8 @@ def parse_config(name: str, m: int, n: int, grouped: bool) -> w8a8_mgpu.Config:
       fields["grid_tile_width"] = int(tok[1:])
     elif tok == "minor_m":
       fields["grid_minor_n"] = False
+    elif tok == "pairs":
+      fields["group_pairs"] = True
     else:
       raise ValueError(f"config token {tok!r}")
   return dataclasses.replace(cfg, **fields)

@@ -76,7 +76,8 @@ def test_mgpu_candidates_lower_for_h200(m):
 
 
 @pytest.mark.parametrize("cfg", [None, w8a8_mgpu.Config(64, 64),
-                                 w8a8_mgpu.Config(64, 128, stages=3)])
+                                 w8a8_mgpu.Config(64, 128, stages=3),
+                                 w8a8_mgpu.Config(64, 128, group_pairs=True)])
 @pytest.mark.parametrize("name", ["w8a8-int8", "w8a8-fp8", "w8a8-fp8-block", "w4a8-int8",
                                   "w4a8-fp8"])
 def test_w8a8_mgpu_lowers_for_h200(name, cfg):

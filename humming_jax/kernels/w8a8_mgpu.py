@@ -61,6 +61,10 @@ class Config:
   stages: int = 4  # K steps in flight (lowered to fit shared memory)
   grid_minor_n: bool = True  # the snake walks N fastest
   grid_tile_width: int = 8  # output tiles per snake column
+  # K-group scales only (experiment, off until timed on the GPU): two K groups per pipeline
+  # step, the first one's partial product promoted while the second's WGMMA runs (the
+  # promotion otherwise waits for every WGMMA; NOTES_w8a8.md).
+  group_pairs: bool = False
 
   def __post_init__(self):
     if self.tile_m % 64 or not 64 <= self.tile_m <= 256:
@@ -95,15 +99,21 @@ def _num_sms() -> int:
   return tuning.num_sms()
 
 
+def groups_per_step(config: Config, grouped: bool) -> int:
+  return 2 if grouped and config.group_pairs else 1
+
+
 def smem_bytes(config: Config, stages: int, out_bytes: int = 2, grouped: bool = False
                ) -> int:
   """Shared memory of one CTA: the pipeline's (A, B[, K-group scale rows]) stages, the
   output staging tiles and the epilogue vectors, each rounded up to Mosaic's 1 KB
   alignment."""
   kb = lambda nbytes: -(-nbytes // 1024) * 1024
-  step = kb(config.tile_m * config.tile_k) + kb(2 * config.tile_n * config.tile_k)
+  gps = groups_per_step(config, grouped)
+  k_step = gps * config.tile_k
+  step = kb(config.tile_m * k_step) + kb(2 * config.tile_n * k_step)
   if grouped:  # K-group scale rows: one per token tile, up to two (scale, bias) per N tile
-    step += kb(config.tile_m * 4) + 2 * kb(2 * config.tile_n * 4)
+    step += kb(gps * config.tile_m * 4) + 2 * kb(gps * 2 * config.tile_n * 4)
   return (stages * step + kb(2 * 2 * EPI_TILE * EPI_TILE * out_bytes)
           + 3 * kb(2 * max(config.tile_m, config.tile_n) * 4))
 
@@ -162,6 +172,11 @@ def gemm(a: jax.Array, w: jax.Array, row_scale: jax.Array | None,
     raise ValueError(f"config={config}: with K-group scales a warpgroup holds two "
                      f"{tm} x {tn} float32 tiles; tile_m x tile_n must be <= 64 x 128")
   groups = kp // tk
+  gps = groups_per_step(config, grouped)  # K groups per pipeline step
+  k_step = gps * tk
+  if kp % k_step:
+    raise ValueError(f"config={config}: K={kp} must be a multiple of {k_step} (two K groups "
+                     f"per step)")
   for name, v, shape in (("row_scale", row_scale, (mp,)), ("col_scale", col_scale, (np_,)),
                          ("bias", bias, (np_,)),
                          ("row_group_scale", row_group_scale, (groups, mp)),
@@ -179,7 +194,7 @@ def gemm(a: jax.Array, w: jax.Array, row_scale: jax.Array | None,
       col_group_scale = jnp.broadcast_to(col_group_scale, (groups, np_))
     row_scale = col_scale = None
   stages = fit_stages(config, grouped)
-  m_iters, n_iters, k_iters = mp // tm, np_ // cta_n, groups
+  m_iters, n_iters, k_iters = mp // tm, np_ // cta_n, kp // k_step
   acc_dtype = jnp.int32 if a.dtype == jnp.int8 else jnp.float32
   in_tf = (plgpu.TilingTransform((8, tk)), plgpu.SwizzleTransform(tk))  # 8-bit: tk bytes
   out_sw = EPI_TILE * jnp.dtype(out_dtype).itemsize
@@ -215,12 +230,12 @@ def gemm(a: jax.Array, w: jax.Array, row_scale: jax.Array | None,
       return plgpu.emit_pipeline_warp_specialized(
           body, grid=(k_iters,), memory_registers=40,
           in_specs=[
-              plgpu.BlockSpec((tm, tk), lambda k: (0, k), transforms=in_tf,
+              plgpu.BlockSpec((tm, k_step), lambda k: (0, k), transforms=in_tf,
                               memory_space=plgpu.SMEM),
-              plgpu.BlockSpec((cta_n, tk), lambda k: (0, k), transforms=in_tf,
+              plgpu.BlockSpec((cta_n, k_step), lambda k: (0, k), transforms=in_tf,
                               memory_space=plgpu.SMEM),
-              *[plain((1, tm)) for _ in g_rows],
-              *[plain((1, cta_n)) for _ in g_cols + g_bias]],
+              *[plain((gps, tm)) for _ in g_rows],
+              *[plain((gps, cta_n)) for _ in g_cols + g_bias]],
           wg_axis="wg", num_compute_wgs=2, max_concurrent_steps=stages,
           compute_context=context)
 
@@ -295,9 +310,9 @@ def gemm(a: jax.Array, w: jax.Array, row_scale: jax.Array | None,
             run_k_loop(acc_ref)
             epilogue(acc_ref[...].astype(jnp.float32))
 
-        def w_t(w_smem):
+        def w_t(w_smem, j=0):
           # B = w^T: the (tile_n, tile_k) K-major buffer read through a transposed view.
-          return w_smem.at[pl.ds(wg * tn, tn)].transpose((1, 0))
+          return w_smem.at[pl.ds(wg * tn, tn), pl.ds(j * tk, tk)].transpose((1, 0))
 
         def mma(_, a_smem, w_smem, acc_ref):
           plgpu.wgmma(acc_ref, a_smem, w_t(w_smem))
@@ -307,20 +322,28 @@ def gemm(a: jax.Array, w: jax.Array, row_scale: jax.Array | None,
         def mma_grouped(_, a_smem, w_smem, *refs):
           *g_smem, total = refs
 
-          def group_product(acc_ref):
-            plgpu.wgmma(acc_ref, a_smem, w_t(w_smem))
-            return acc_ref[...]  # waits for the WGMMA
+          def promote(total, part, j):
+            """total + this group's partial product x its row / column scales (+ bias)."""
+            part = part.astype(jnp.float32)
+            g = list(g_smem)
+            if g_rows:
+              part = part * bcast_row(g.pop(0)[j, :])
+            if g_cols:
+              part = part * bcast_col(g.pop(0)[j, pl.ds(wg * tn, tn)])
+            if g_bias:  # the bias on step 0, zeros after
+              part = part + bcast_col(g.pop(0)[j, pl.ds(wg * tn, tn)])
+            return total + part
 
-          part = pl.run_scoped(group_product, plgpu.ACC(shape, acc_dtype))
-          part = part.astype(jnp.float32)
-          g_smem = list(g_smem)
-          if g_rows:
-            part = part * bcast_row(g_smem.pop(0)[0, :])
-          if g_cols:
-            part = part * bcast_col(g_smem.pop(0)[0, pl.ds(wg * tn, tn)])
-          if g_bias:  # the bias on step 0, zeros after
-            part = part + bcast_col(g_smem.pop(0)[0, pl.ds(wg * tn, tn)])
-          return total + part
+          def group_products(*acc_refs):
+            for j, acc_ref in enumerate(acc_refs):  # every WGMMA of the step in flight ...
+              plgpu.wgmma(acc_ref, a_smem.at[:, pl.ds(j * tk, tk)], w_t(w_smem, j))
+            out = total
+            for j, acc_ref in enumerate(acc_refs):  # ... group j promoted while j + 1 runs
+              part = plgpu.wgmma_accumulator_load(acc_ref, wait_n=gps - 1 - j)
+              out = promote(out, part, j)
+            return out
+
+          return pl.run_scoped(group_products, *[plgpu.ACC(shape, acc_dtype)] * gps)
 
         pipeline(mma_grouped if grouped else mma, context)(
             *pipeline_args(ms, cta_ns), allocations=allocs)
