@@ -240,17 +240,23 @@ def test_large_m_route_matches_reference(name):
 # ---------------------------------------------------------------------------------------
 # GPU (H200): benchmark shape
 # ---------------------------------------------------------------------------------------
+def check_run_gpu(name, m):
+  """8192^2 through w8a8.run as hj.quant_dense calls it (whichever kernel or route M picks)
+  against the reference and the float product."""
+  spec, w, x, b, q = make(name, 8192, 8192, m, seed=5)
+  p = jax.jit(hj.prepare)(q)
+  y = jax.jit(lambda p, x: w8a8.run(p, x))(p, x)
+  e_ref, e_float = check(name, q, w, x, b, y)
+  print(f"{name} M={m}: rel err vs reference {e_ref:.2e}, vs float {e_float:.2e}")
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("m", [1, 4096])
 @pytest.mark.parametrize("name", ACT_PRESETS + sorted(STATIC))
 def test_presets_gpu(name, m):
-  spec, w, x, b, q = make(name, 8192, 8192, m, seed=5)
-  p = jax.jit(hj.prepare)(q)
-  # run() as hj.quant_dense calls it: the kernel, or at M = 4096 for ROUTED specs the XLA
-  # route (test_large_m_kernel_gpu runs the kernel there).
-  y = jax.jit(lambda p, x: w8a8.run(p, x))(p, x)
-  e_ref, e_float = check(name, q, w, x, b, y)
-  print(f"{name} M={m}: rel err vs reference {e_ref:.2e}, vs float {e_float:.2e}")
+  """M = 1: the Triton kernel; M = 4096: the Mosaic kernel (tests/test_w8a8_mgpu.py) or,
+  for ROUTED specs, the XLA route (test_large_m_kernel_gpu runs the Triton kernel there)."""
+  check_run_gpu(name, m)
 
 
 @pytest.mark.gpu
