@@ -15,7 +15,7 @@ import pytest
 import humming_jax as hj
 from humming_jax.kernels import reference, w8a8, w8a8_mgpu as wm
 
-from test_w8a8 import check, check_run_gpu, make, rel
+from test_w8a8 import STATIC, check, check_run_gpu, make, rel
 
 
 def operands(dtype, m, n, k, seed=0):
@@ -126,27 +126,77 @@ ROUTED = ["w8a8-int8", "w8a8-fp8", "w8a8-int8-static", "w8a8-fp8-static", "w8a8-
           "w4a8-int8", "w4a8-fp8"]
 
 
-@pytest.mark.parametrize("name", ROUTED)
-def test_route_interpret(name, monkeypatch):
-  """w8a8.run at M >= MIN_M (M padded, K = 384: three K groups, N = 256) runs the Mosaic
-  kernel and matches the reference with the same activation quantization."""
+def spy_gemm(monkeypatch) -> list:
+  """Records each trace of the Mosaic kernel (w8a8_mgpu.gemm)."""
   calls = []
   orig = wm.gemm
   monkeypatch.setattr(wm, "gemm", lambda *a, **k: calls.append(1) or orig(*a, **k))
+  return calls
+
+
+# Routed specs beyond the presets: a global scale (fp4 g128 weights with e4m3 scales), and
+# activation groups over per-channel int8 weights.
+EXTRA = {
+    "fp4-g128-s2-fp8act": hj.QuantSpec("fp4_e2m1", "group", 128, scale_dtype="fp8_e4m3",
+                                       global_scale=True, act="fp8_e4m3"),
+    "int8-ch-int8act-g128": hj.QuantSpec("int8", "channel", 0, scale_dtype="float32",
+                                         act="int8", act_granularity="group",
+                                         act_group_size=128),
+}
+
+
+@pytest.mark.parametrize("name", ROUTED + sorted(EXTRA))
+def test_route_interpret(name, monkeypatch):
+  """w8a8.run at M >= MIN_M (M padded; K = 384, padded to the layout's K step; N = 256)
+  runs the Mosaic kernel and equals the reference with the same activation quantization
+  up to float32 summation order and the output's rounding."""
+  calls = spy_gemm(monkeypatch)
+  if name in EXTRA:
+    monkeypatch.setitem(STATIC, name, EXTRA[name])  # make() looks specs up there
   spec, w, x, b, q = make(name, 384, 256, wm.MIN_M + 8, seed=3)
   p = jax.jit(hj.prepare)(q)
   assert w8a8.mgpu_runs(p)
-  y = w8a8.run(p, x, interpret=True)
+  # (the fp4 spec's dequantized operands are exact in bf16, so run() takes the XLA route
+  # there: its Mosaic kernel is called directly)
+  run = w8a8.run_mgpu if name in EXTRA and name.startswith("fp4") else w8a8.run
+  y = run(p, x, interpret=True)
   assert calls == [1]
   check(name, q, w, x, b, y)
+  assert rel(y, reference.dense_reference(q, x)) <= 2e-4
+
+
+def test_route_without_bias_in_float16(monkeypatch):
+  calls = spy_gemm(monkeypatch)
+  spec, w, x, b, q = make("w8a8-fp8-block", 256, 256, wm.MIN_M, seed=9, bias=False)
+  x = x.astype(jnp.float16)
+  y = w8a8.run(hj.prepare(q), x, interpret=True)
+  assert calls == [1] and y.dtype == jnp.float16
+  assert rel(y, reference.dense_reference(q, x)) <= 2e-4
+
+
+def test_route_input_checks(monkeypatch):
+  """float32 activations stay on the Triton kernel (the Mosaic epilogue writes 16-bit);
+  a wrong K is refused by name, not zero-padded."""
+  calls = spy_gemm(monkeypatch)
+  _, w, x, b, q = make("w8a8-int8", 256, 128, wm.MIN_M, seed=10)
+  p = hj.prepare(q)
+  x32 = x.astype(jnp.float32)
+  y = w8a8.run(p, x32, interpret=True)
+  assert calls == [] and y.dtype == jnp.float32
+  assert rel(y, reference.dense_reference(q, x32)) <= 2e-4
+  with pytest.raises(ValueError, match="x.dtype"):
+    w8a8.run_mgpu(p, x32, interpret=True)
+  with pytest.raises(ValueError, match=r"x.shape=\(512, 200\): expected \(M, 256\)"):
+    w8a8.run(p, x[:, :200], interpret=True)
+  with pytest.raises(ValueError, match="tile_k"):
+    _, _, xb, _, qb = make("w8a8-fp8-block", 256, 256, wm.MIN_M, seed=9)
+    w8a8.run_mgpu(hj.prepare(qb), xb, config=wm.Config(64, 128, tile_k=64), interpret=True)
 
 
 def test_quant_dense_entry_point_interpret(monkeypatch):
   """hj.quant_dense(backend='interpret') on canonical params, (2, 260, K) activations (520
   tokens): prepared, routed to the Mosaic kernel, reshaped back."""
-  calls = []
-  orig = wm.gemm
-  monkeypatch.setattr(wm, "gemm", lambda *a, **k: calls.append(1) or orig(*a, **k))
+  calls = spy_gemm(monkeypatch)
   spec, w, x, b, q = make("w4a8-fp8", 256, 256, 520, seed=8)
   y = jax.jit(lambda q, x: hj.quant_dense(q, x, backend="interpret"))(q, x.reshape(2, 260, 256))
   assert calls == [1] and y.shape == (2, 260, 256)
@@ -170,10 +220,12 @@ def test_group_32_and_small_m_stay_elsewhere():
 @pytest.mark.gpu
 @pytest.mark.parametrize("m", [512, 4096])
 @pytest.mark.parametrize("name", ROUTED)
-def test_route_gpu(name, m):
+def test_route_gpu(name, m, monkeypatch):
   """At MIN_M and at 4096 (test_w8a8.test_presets_gpu covers 4096 too; kept here so this
-  file alone checks the kernel on the GPU)."""
+  file alone checks the kernel on the GPU), and the route really took this kernel."""
+  calls = spy_gemm(monkeypatch)
   check_run_gpu(name, m)
+  assert calls == [1]
 
 
 @pytest.mark.gpu

@@ -432,6 +432,11 @@ def act_operands(x: jax.Array, spec: QuantSpec, plan: Plan, act_scale, *, rows: 
   return a, sa
 
 
+def _check_x(x: jax.Array, k: int) -> None:
+  if x.ndim != 2 or x.shape[1] != k:
+    raise ValueError(f"x.shape={x.shape}: expected (M, {k}) activations for these params")
+
+
 def mgpu_runs(params: QuantizedWeight) -> bool:
   """Whether the Mosaic GPU kernel (kernels/w8a8_mgpu.py) computes these prepared params:
   no zero point, K-group scales (weight groups / blocks, activation groups) absent or of
@@ -474,10 +479,17 @@ def run_mgpu(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
                      f"to 128")
   plan = plan_for(spec)
   k, n = params.shape
+  _check_x(x, k)
+  if x.dtype not in w8a8_mgpu.OUT_DTYPES:
+    raise ValueError(f"x.dtype={x.dtype}: the Mosaic W8A8 kernel writes bfloat16 or float16 "
+                     f"(float32 activations: w8a8.run, which takes the Triton kernel)")
   m = x.shape[0]
   _, _, kp, np_ = kernel_dims(params, plan)
   grouped = bool(plan.pg)
   config = config or w8a8_mgpu.heuristic(m, np_, grouped)
+  if grouped and config.tile_k != plan.pg:
+    raise ValueError(f"config.tile_k={config.tile_k}: must equal the K-group size {plan.pg} "
+                     f"of spec {spec.name} (one group per WGMMA step)")
   mp = -(-m // config.tile_m) * config.tile_m
   a, sa = act_operands(x, spec, plan, params.act_scale, rows=mp, kp=kp)
   row_scale = row_groups = col_scale = col_groups = None
@@ -512,8 +524,10 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
   kernel (per-token dynamic or static per-tensor specs) instead of in a pre-pass.
   Without an explicit ``config`` / ``block_k``, M >= ``DEQUANT_GEMM_MIN_M`` on weights
   whose dequantized values are bfloat16 numbers (MXFP4, NVFP4) runs :func:`dequant_gemm`
-  instead, and M >= ``w8a8_mgpu.MIN_M`` on 8-bit weights without K-group scales (w8a8-int8,
-  w8a8-fp8) the Mosaic GPU kernel (:func:`run_mgpu`; Hopper or the interpreter)."""
+  instead, and M >= ``w8a8_mgpu.MIN_M`` with bf16 / fp16 activations on the specs of
+  :func:`mgpu_runs` (w8a8-int8, w8a8-fp8 and their static variants, w8a8-fp8-block,
+  w4a8-int8, w4a8-fp8) the Mosaic GPU kernel (:func:`run_mgpu`; Hopper or the
+  interpreter)."""
   spec = params.spec
   plan = plan_for(spec)
   if plan is None:
@@ -522,12 +536,14 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
     raise ValueError(f"params.layout={params.layout!r}: expected {FAMILY}:... params; call "
                      f"w8a8.prepare (or hj.prepare) first")
   k, n = params.shape
+  _check_x(x, k)
   m = x.shape[0]
   if (config is None and block_k is None and m >= DEQUANT_GEMM_MIN_M and not fuse_act_quant
       and dequant_gemm_exact(spec, plan)):
     return dequant_gemm(params, x)
   if (config is None and block_k is None and not fuse_act_quant and m >= w8a8_mgpu.MIN_M
-      and mgpu_runs(params) and (interpret or w8a8_mgpu.hopper())):
+      and x.dtype in w8a8_mgpu.OUT_DTYPES and mgpu_runs(params)
+      and (interpret or w8a8_mgpu.hopper())):
     return run_mgpu(params, x, interpret=interpret)
   lt, bk, kp, np_ = kernel_dims(params, plan, block_k)
   k_tiles = kp // bk
