@@ -43,7 +43,7 @@ def float_product(a, w, rows, cols, bias):
 def test_gemm_interpret(dtype, cfg, with_bias, monkeypatch):
   """Two CTAs walk 3 x 2 (or 3 x 4) output tiles: the persistent loop, the snake and the
   epilogue's per-row / per-column vectors of every tile."""
-  monkeypatch.setattr(wm, "_num_sms", lambda: 2)
+  monkeypatch.setattr(wm.tuning, "num_sms", lambda: 2)
   m, n = 3 * cfg.tile_m, 4 * 2 * cfg.tile_n // (2 if cfg.tile_n == 128 else 1)
   a, w, rows, cols, bias = operands(dtype, m, n, 384, seed=1)
   bias = bias if with_bias else None
@@ -62,7 +62,7 @@ def test_gemm_k_group_scales_interpret(dtype, row_groups, col_groups, with_bias,
   """K-group scales (DeepSeek-style): each 128-deep K step's 8-bit product scaled by its
   row / column group scales before it joins the float32 running sum; 3 K groups, 2 x 2
   tiles on one CTA, epilogue scales folded in, bias on the first step."""
-  monkeypatch.setattr(wm, "_num_sms", lambda: 1)
+  monkeypatch.setattr(wm.tuning, "num_sms", lambda: 1)
   m, n, k = 128, 512, 384
   a, w, rows, cols, bias = operands(dtype, m, n, k, seed=2)
   bias = bias if with_bias else None
@@ -84,7 +84,7 @@ def test_gemm_k_group_scales_interpret(dtype, row_groups, col_groups, with_bias,
 def test_gemm_group_pairs_interpret(dtype, monkeypatch):
   """Config.group_pairs: two K groups per pipeline step (both WGMMAs in flight, the first
   promoted while the second runs) computes the same sums; 4 K groups, 2 x 2 tiles."""
-  monkeypatch.setattr(wm, "_num_sms", lambda: 1)
+  monkeypatch.setattr(wm.tuning, "num_sms", lambda: 1)
   m, n, k = 128, 512, 512
   a, w, rows, cols, bias = operands(dtype, m, n, k, seed=7)
   g = k // 128

@@ -183,7 +183,7 @@ def _kernel(sched_ref, x_ref, codes_ref, scales_ref, *rest, spec: QuantSpec,
     plt.store(o_rows, jnp.zeros((block_m, block_n), o_ref.dtype), mask=out_mask)
 
 
-SMEM_BYTES = 232448  # H100/H200 opt-in shared memory per block (227 KiB)
+SMEM_BYTES = tuning.SMEM_BYTES
 
 
 def smem_estimate(config: tuning.TuningConfig, lt: lay.SlabLayout, loop_tiles: int,

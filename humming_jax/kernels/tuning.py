@@ -18,6 +18,14 @@ from pathlib import Path
 import jax
 
 NUM_SMS_DEFAULT = 132  # H100 / H200 SXM
+SMEM_BYTES = 232448  # H100 / H200 opt-in shared memory per block (227 KiB)
+# What a Mosaic GPU kernel may allocate: the block maximum less its barriers and alignment.
+MOSAIC_SMEM_BUDGET = SMEM_BYTES - 2048
+
+
+def smem_round(nbytes: int) -> int:
+  """A Mosaic GPU scratch buffer's shared-memory footprint: rounded up to 1 KB."""
+  return -(-nbytes // 1024) * 1024
 
 
 @dataclasses.dataclass(frozen=True)
@@ -112,11 +120,21 @@ def device_kind() -> str:
 
 
 def num_sms() -> int:
+  """SMs of the device kernels are built for: an abstract device's (lowering without a
+  GPU, tests/test_cuda_lowering.py), else the first device's, else the H100/H200 count."""
+  if (dev := jax.sharding.get_abstract_mesh().abstract_device) is not None:
+    return dev.num_cores
   try:
     d = jax.devices()[0]
     return int(getattr(d, "core_count", 0) or NUM_SMS_DEFAULT)
   except RuntimeError:
     return NUM_SMS_DEFAULT
+
+
+def is_hopper() -> bool:
+  """Whether the first device is an sm_90 GPU (what WGMMA needs)."""
+  d = jax.devices()[0]
+  return d.platform == "gpu" and str(getattr(d, "compute_capability", "0")).startswith("9")
 
 
 def cache_path() -> Path:

@@ -345,12 +345,10 @@ def heuristic(m: int, np_: int, k_tiles: int, plan: Plan) -> tuning.TuningConfig
 # float32 after the GEMM, as in the kernel's epilogue.
 DEQUANT_GEMM_MIN_M = 512
 
-_FLOAT_SCALE_BITS = {"bfloat16": 8, "float16": 11, "float32": 24}  # significant bits
-
-
 def _scale_bits(scale_dtype: str) -> int:
-  if scale_dtype in _FLOAT_SCALE_BITS:
-    return _FLOAT_SCALE_BITS[scale_dtype]
+  """Significant bits of a scale dtype: a JAX float's mantissa + 1, or the format's."""
+  if scale_dtype in ("bfloat16", "float16", "float32"):
+    return jnp.finfo(scale_dtype).nmant + 1
   return get_format(scale_dtype).significant_bits  # e8m0, fp8_e4m3
 
 
@@ -543,7 +541,7 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
     return dequant_gemm(params, x)
   if (config is None and block_k is None and not fuse_act_quant and m >= w8a8_mgpu.MIN_M
       and x.dtype in w8a8_mgpu.OUT_DTYPES and mgpu_runs(params)
-      and (interpret or w8a8_mgpu.hopper())):
+      and (interpret or tuning.is_hopper())):
     return run_mgpu(params, x, interpret=interpret)
   lt, bk, kp, np_ = kernel_dims(params, plan, block_k)
   k_tiles = kp // bk

@@ -54,7 +54,7 @@ from humming_jax.quantize import QuantizedWeight
 
 FAMILY = "w8a8_mgpu"
 MIN_M = 512  # below this the weight bytes, not the MMAs, bound the GEMM: Triton kernel
-SMEM_BYTES = 232448 - 2048  # H100 / H200 per-block maximum, minus barriers and alignment
+SMEM_BYTES = tuning.MOSAIC_SMEM_BUDGET
 EPI_TILE = 64  # output rows / columns per TMA store
 OUT_DTYPES = (jnp.bfloat16, jnp.float16)  # 64 columns = one 128-byte swizzle row
 
@@ -91,17 +91,6 @@ class Config:
                        f"would need more than 128 registers per thread (max 128 x 128)")
 
 
-def hopper() -> bool:
-  d = jax.devices()[0]
-  return d.platform == "gpu" and str(getattr(d, "compute_capability", "0")).startswith("9")
-
-
-def _num_sms() -> int:
-  if (dev := jax.sharding.get_abstract_mesh().abstract_device) is not None:
-    return dev.num_cores  # lowering for an abstract device (tests/test_cuda_lowering.py)
-  return tuning.num_sms()
-
-
 def groups_per_step(config: Config, grouped: bool) -> int:
   return 2 if grouped and config.group_pairs else 1
 
@@ -111,7 +100,7 @@ def smem_bytes(config: Config, stages: int, out_bytes: int = 2, grouped: bool = 
   """Shared memory of one CTA: the pipeline's (A, B[, K-group scale rows]) stages, the
   output staging tiles and the epilogue vectors, each rounded up to Mosaic's 1 KB
   alignment."""
-  kb = lambda nbytes: -(-nbytes // 1024) * 1024
+  kb = tuning.smem_round
   gps = groups_per_step(config, grouped)
   k_step = gps * config.tile_k
   step = kb(config.tile_m * k_step) + kb(2 * config.tile_n * k_step)
@@ -355,7 +344,7 @@ def gemm(a: jax.Array, w: jax.Array, row_scale: jax.Array | None,
 
     plgpu.wait_smem_to_gmem(0, wait_read_only=True)
 
-  sms = _num_sms()
+  sms = tuning.num_sms()
   call = plgpu.kernel(
       kernel, out_type=jax.ShapeDtypeStruct((mp, np_), out_dtype),
       grid=(min(sms, m_iters * n_iters),), grid_names=("sm",),

@@ -71,10 +71,9 @@ def block_k_for(spec: QuantSpec) -> int:
 
 def hopper_or_interpreter() -> bool:
   """WGMMA needs sm_90; on other GPUs the Pallas-Triton kernel runs these specs."""
-  d = jax.devices()[0]
-  if d.platform != "gpu":
+  if jax.devices()[0].platform != "gpu":
     return True  # backend="interpret" (the GPU interpreter runs on the CPU)
-  return str(getattr(d, "compute_capability", "0")).startswith("9")
+  return tuning.is_hopper()
 
 
 def supports(spec: QuantSpec) -> bool:
@@ -408,7 +407,7 @@ def _divisor(want: int, total: int) -> int:
   return max(d for d in range(1, min(want, total) + 1) if total % d == 0)
 
 
-SMEM_BYTES = 232448 - 2048  # H100/H200 per-block maximum, minus barriers and alignment
+SMEM_BYTES = tuning.MOSAIC_SMEM_BUDGET
 MAX_BARRIERS = 32  # mbarriers in one Mosaic GPU barrier group: warpgroups x stages
 
 
@@ -417,7 +416,7 @@ def smem_bytes(block_m: int, stages: int, substeps: int, block_k: int, bits: int
                ones_tile: bool = False) -> int:
   """Shared memory the kernel allocates: each scratch buffer rounded up to Mosaic's 1 KB
   alignment (checked against Mosaic's count in tests/test_wna16_mgpu.py)."""
-  kb = lambda nbytes: -(-nbytes // 1024) * 1024
+  kb = tuning.smem_round
   slots = warpgroups * stages * substeps
   rows = kb(slots * BLOCK_N * 2) * (2 if has_zeros else 1)  # scale (and zero) rows
   return (kb(slots * block_m * block_k * 2) + kb(slots * BLOCK_N * block_k * bits // 8)
