@@ -5,8 +5,8 @@ large M, beside the XLA bf16 GEMM of the same shape, and the activation pre-pass
       --configs default,n64,st3,w4,w16,minor_m
 
 Config tokens on top of the heuristic: ``n64`` (tile_n 64), ``m64`` (tile_m 64), ``stN``
-(stages), ``wN`` (snake tile width), ``minor_m`` (snake walks M fastest), ``pairs``
-(K-group specs: two groups per step, Config.group_pairs).  Each line: per
+(stages), ``wN`` (snake tile width), ``minor_m`` (snake walks M fastest), ``pairs`` /
+``nopairs`` (K-group specs: two groups per step or one, Config.group_pairs).  Each line: per
 kernel name, the median of ``--iterations`` profiled calls of a chain of ``--layers``
 distinct layers, per layer (the 8192^2 int8 weights are 64 MB: no L2 reuse across layers).
 """
@@ -25,8 +25,8 @@ from benchmarks import common  # noqa: E402
 from humming_jax.kernels import reference, w8a8, w8a8_mgpu  # noqa: E402
 
 
-def parse_config(name: str, m: int, n: int, grouped: bool) -> w8a8_mgpu.Config:
-  cfg = w8a8_mgpu.heuristic(m, n, grouped)
+def parse_config(name: str, m: int, n: int, grouped: bool, k: int) -> w8a8_mgpu.Config:
+  cfg = w8a8_mgpu.heuristic(m, n, grouped, k)
   if name == "default":
     return cfg
   fields = {}
@@ -43,6 +43,8 @@ def parse_config(name: str, m: int, n: int, grouped: bool) -> w8a8_mgpu.Config:
       fields["grid_minor_n"] = False
     elif tok == "pairs":
       fields["group_pairs"] = True
+    elif tok == "nopairs":
+      fields["group_pairs"] = False
     else:
       raise ValueError(f"config token {tok!r}")
   return dataclasses.replace(cfg, **fields)
@@ -73,7 +75,8 @@ def main():
       ps = [jax.jit(lambda w: hj.prepare(hj.quantize(w, spec)))(w) for w in ws]
       for cname in args.configs.split(","):
         plan = w8a8.plan_for(spec)
-        cfg = parse_config(cname, m, w8a8.kernel_dims(ps[0], plan)[3], bool(plan.pg))
+        dims = w8a8.kernel_dims(ps[0], plan)
+        cfg = parse_config(cname, m, dims[3], bool(plan.pg), dims[2])
         fn = jax.jit(lambda ps, x, cfg=cfg: [w8a8.run_mgpu(p, x, config=cfg) for p in ps])
         try:
           kt = common.kernel_times(fn, (ps, x), iterations=args.iterations, per=args.layers)

@@ -240,10 +240,20 @@ def test_configs_gpu(cfg):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", ["w4a8-int8", "w8a8-fp8-block"])
-def test_group_pairs_gpu(name):
-  """The group_pairs experiment on the H200 (off by default until timed)."""
+@pytest.mark.parametrize("pairs", [True, False])
+def test_group_pairs_gpu(name, pairs):
+  """Both K-group step shapes on the H200 (pairs: the heuristic's choice when K allows)."""
   _, w, x, b, q = make(name, 4096, 2048, 1000, seed=6)
   p = jax.jit(hj.prepare)(q)
-  cfg = wm.Config(64, 128, group_pairs=True)
+  cfg = wm.Config(64, 128, group_pairs=pairs)
   y = jax.jit(lambda p, x: w8a8.run_mgpu(p, x, config=cfg))(p, x)
   assert rel(y, reference.dense_reference(q, x)) <= 1e-2
+
+
+def test_heuristic_group_pairs():
+  """Two K groups per step for K-group specs when the padded K is a multiple of 256;
+  one otherwise (the kernel refuses pairs there), never for per-channel specs."""
+  assert wm.heuristic(4096, 8192, True, 8192).group_pairs
+  assert not wm.heuristic(4096, 8192, True, 8320).group_pairs
+  assert not wm.heuristic(4096, 8192, False, 8192).group_pairs
+  assert not wm.heuristic(4096, 8192, True).group_pairs

@@ -484,7 +484,7 @@ def run_mgpu(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
   m = x.shape[0]
   _, _, kp, np_ = kernel_dims(params, plan)
   grouped = bool(plan.pg)
-  config = config or w8a8_mgpu.heuristic(m, np_, grouped)
+  config = config or w8a8_mgpu.heuristic(m, np_, grouped, kp)
   if grouped and config.tile_k != plan.pg:
     raise ValueError(f"config.tile_k={config.tile_k}: must equal the K-group size {plan.pg} "
                      f"of spec {spec.name} (one group per WGMMA step)")

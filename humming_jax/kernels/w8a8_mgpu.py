@@ -71,9 +71,9 @@ class Config:
   stages: int = 4  # K steps in flight (lowered to fit shared memory)
   grid_minor_n: bool = True  # the snake walks N fastest
   grid_tile_width: int = 8  # output tiles per snake column
-  # K-group scales only (experiment, off until timed on the GPU): two K groups per pipeline
-  # step, the first one's partial product promoted while the second's WGMMA runs (the
-  # promotion otherwise waits for every WGMMA; NOTES_w8a8.md).
+  # K-group scales only: two K groups per pipeline step, the first one's partial product
+  # promoted while the second's WGMMA runs (the promotion otherwise waits for every WGMMA;
+  # NOTES_w8a8.md).  The heuristic turns it on when K allows (H200: -6 % / -9 %).
   group_pairs: bool = False
 
   def __post_init__(self):
@@ -121,14 +121,17 @@ def fit_stages(config: Config, grouped: bool = False) -> int:
   return stages
 
 
-def heuristic(m: int, n: int, grouped: bool = False) -> Config:
+def heuristic(m: int, n: int, grouped: bool = False, k: int | None = None) -> Config:
   """128 x 256 CTA tiles (two 128 x 128 warpgroup halves); 128 x 128 when N is not a
   multiple of 256.  With K-group scales each warpgroup holds the scaled running sum
-  beside the WGMMA accumulator: 64 x 128 halves (two 64-register tiles).
-  (H200 sweep, benchmarks/NOTES_w8a8.md: at M = 4096 the snake and stage variants are
-  within 1 %, tile_n 64 is 12 % slower.)"""
+  beside the WGMMA accumulator: 64 x 128 halves (two 64-register tiles), and two K groups
+  per step (``group_pairs``) when the padded K is a multiple of 256.
+  (H200, benchmarks/NOTES_w8a8.md: at M = 4096 the snake and stage variants are within
+  1 %, tile_n 64 is 12 % slower; group_pairs: CUPTI kernel 626.0 -> 589.9 us (w4a8-int8),
+  619.5 -> 561.4 (w8a8-fp8-block), same error.)"""
   tile_n = 128 if n % 256 == 0 else 64
-  return Config(tile_m=64 if grouped else 128, tile_n=tile_n)
+  pairs = grouped and k is not None and k % 256 == 0
+  return Config(tile_m=64 if grouped else 128, tile_n=tile_n, group_pairs=pairs)
 
 
 def gemm(a: jax.Array, w: jax.Array, row_scale: jax.Array | None,
@@ -156,7 +159,7 @@ def gemm(a: jax.Array, w: jax.Array, row_scale: jax.Array | None,
   if kp != kp2:
     raise ValueError(f"a.shape={a.shape}, w.shape={w.shape}: K must match")
   grouped = row_group_scale is not None or col_group_scale is not None
-  config = config or heuristic(mp, np_, grouped)
+  config = config or heuristic(mp, np_, grouped, kp)
   tm, tn, tk = config.tile_m, config.tile_n, config.tile_k
   cta_n = 2 * tn
   if mp % tm or np_ % cta_n or kp % tk:
