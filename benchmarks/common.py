@@ -141,6 +141,9 @@ def rel_err(y, ref) -> float:
   return float(jnp.linalg.norm(y - ref) / jnp.linalg.norm(ref))
 
 
+_HUMMING_LAYERS: dict = {}
+
+
 def time_humming_dense(weight_config: dict, input_config: dict | None, ws, m: int, *,
                        calls: int = 50, repeats: int = 5) -> dict[str, float]:
   """humming-kernels' HummingLayer for each (K, N) weight in ``ws`` (quantized from the
@@ -149,14 +152,20 @@ def time_humming_dense(weight_config: dict, input_config: dict | None, ws, m: in
   import torch
   from humming.layer import HummingLayer
   k, n = ws[0].shape
-  layers = []
-  for w in ws:
-    layer = HummingLayer(shape_n=n, shape_k=k, weight_config=dict(weight_config),
-                         input_config=None if input_config is None else dict(input_config),
-                         torch_dtype=torch.bfloat16).to("cuda")
-    layer.load_from_unquantized(torch.from_numpy(np.asarray(w).T.copy()).to(
-        "cuda", torch.bfloat16))
-    layer.transform()
-    layers.append(layer)
+  # Quantized + transformed once per (config, weights), reused across the M ladder
+  # (4-bit 8192^2 x 8 layers: 256 MB per config).
+  key = (repr(sorted(weight_config.items())), repr(input_config), tuple(map(id, ws)))
+  layers = _HUMMING_LAYERS.get(key)
+  if layers is None:
+    layers = []
+    for w in ws:
+      layer = HummingLayer(shape_n=n, shape_k=k, weight_config=dict(weight_config),
+                           input_config=None if input_config is None else dict(input_config),
+                           torch_dtype=torch.bfloat16).to("cuda")
+      layer.load_from_unquantized(torch.from_numpy(np.asarray(w).T.copy()).to(
+          "cuda", torch.bfloat16))
+      layer.transform()
+      layers.append(layer)
+    _HUMMING_LAYERS[key] = layers
   x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
   return time_torch_graph(layers, x, calls=calls, repeats=repeats)

@@ -1,7 +1,8 @@
-"""WnA16 on Hopper tensor cores through Mosaic GPU: integer weights dequantized in registers.
+"""WnA16 on Hopper tensor cores through Mosaic GPU: 4/8-bit weights dequantized in registers.
 
 ``y = x @ W_deq + bias`` for int4 / int8 weights (symmetric, or unsigned with a zero point)
-with group (64, 128, ...) or per-channel scales and bf16 / fp16 activations.
+and fp4 e2m1 weights (MXFP4, NVFP4: e8m0 / e4m3 group scales, fp32 global scale), with
+group (16 ... 256) or per-channel scales and bf16 / fp16 activations.
 
 Why a second WnA16 kernel (benchmarks/NOTES.md, "v4"): in Pallas-Triton the dequantized
 tile has to be written to shared memory to become an MMA operand, and int4 -> bf16 is a
@@ -17,13 +18,15 @@ Hopper reads from registers:
        ``warpgroups`` streams its own contiguous K range through its own buffers, up to
        ``stages`` steps in flight (a pipeline written out, not plgpu.emit_pipeline);
   registers: the int tile is loaded in the WGMMA upcast layout, converted to the
-       activation dtype (bf16 / fp16) with Mosaic's vectorised int conversion,
-       ``(c - z) * s`` per row (one scale row per K tile: block_k == group size), i.e.
-       the dequantized weight rounded once to the activation dtype;
+       activation dtype (bf16 / fp16) with Mosaic's vectorised int conversion (fp4:
+       kernels/mgpu_convert.py's bit construction), ``(c - z) * s`` per row (one scale
+       row per K tile when block_k == group size; groups of 16 / 32 have block_k / group
+       scale rows per tile, broadcast side by side), i.e. the dequantized weight rounded
+       once to the activation dtype (exact for fp4 x e8m0 / e4m3 scales);
   WGMMA: acc (block_n, block_m) f32 += W_deq (registers) @ x^T (shared memory);
   reduction: warpgroups 1.. add their accumulators through shared memory into
        warpgroup 0's;
-  epilogue (warpgroup 0): + bias (per acc row), cast, transposed store of the
+  epilogue (warpgroup 0): x global scale, + bias (per acc row), cast, transposed store of the
        (block_m, 64) tile; with ``split_k`` > 1 each CTA stores float32 partials and XLA
        sums them.
 
@@ -48,8 +51,8 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from humming_jax import packing
-from humming_jax.quantize import QuantizedWeight, scale_block, unpacked_codes
-from humming_jax.kernels import launch, registry, tuning
+from humming_jax.quantize import E8M0, QuantizedWeight, scale_block, unpacked_codes
+from humming_jax.kernels import launch, mgpu_convert, registry, tuning
 from humming_jax.spec import QuantSpec
 
 FAMILY = "wna16_mgpu"
@@ -64,9 +67,20 @@ _CODE_DTYPE = {4: jnp.int4, 8: jnp.int8}
 Config = tuning.MgpuConfig  # frozen; lives with the other configs in tuning.py
 
 
+FP4 = "fp4_e2m1"
+
+
 def block_k_for(spec: QuantSpec) -> int:
-  """K per pipeline step: the scale group (one scale row per step), 128 per channel."""
-  return spec.group_size if spec.granularity == "group" else 128
+  """K per tile: the scale group from 64 up (one scale row per tile); 128 for smaller
+  groups (several rows per tile) and per channel."""
+  if spec.granularity == "group" and spec.group_size >= 64:
+    return spec.group_size
+  return 128
+
+
+def scale_k(spec: QuantSpec) -> int:
+  """K covered by one prepared scale row (per channel: the row repeats per tile)."""
+  return spec.group_size if spec.granularity == "group" else block_k_for(spec)
 
 
 def hopper_or_interpreter() -> bool:
@@ -84,7 +98,10 @@ def supports(spec: QuantSpec) -> bool:
   return runs(spec) and spec.weight_bits == 4 and hopper_or_interpreter()
 
 
-GROUP_SIZES = (64, 128, 256)  # the int4 tile rows are 32 / 64 / 128 bytes: tested swizzles
+# Groups of 64 / 128 / 256: the int4 tile rows are 32 / 64 / 128 bytes (tested swizzles);
+# 16 / 32: 128-deep tiles with 8 / 4 scale rows each.
+GROUP_SIZES = (16, 32, 64, 128, 256)
+SCALE_DTYPES = ("bfloat16", "float16", "float32", "e8m0", "fp8_e4m3")
 
 
 def unsupported_reason(spec: QuantSpec) -> str | None:
@@ -92,10 +109,10 @@ def unsupported_reason(spec: QuantSpec) -> str | None:
   w = spec.weight_format
   if spec.act is not None:
     return f"act={spec.act!r}: weight-only kernel, expected act=None"
-  if w.kind not in ("int", "uint") or w.bits not in (4, 8):
-    return f"weight={spec.weight!r}: expected int4, uint4, int8 or uint8"
-  if spec.scale_dtype not in ("bfloat16", "float16", "float32"):
-    return f"scale_dtype={spec.scale_dtype!r}: expected bfloat16, float16 or float32"
+  if not ((w.kind in ("int", "uint") and w.bits in (4, 8)) or w.name == FP4):
+    return f"weight={spec.weight!r}: expected int4, uint4, int8, uint8 or fp4_e2m1"
+  if spec.scale_dtype not in SCALE_DTYPES:
+    return f"scale_dtype={spec.scale_dtype!r}: expected one of {SCALE_DTYPES}"
   if spec.granularity == "group" and spec.group_size not in GROUP_SIZES:
     return f"group_size={spec.group_size}: expected one of {GROUP_SIZES}"
   if spec.granularity not in ("group", "channel"):
@@ -105,8 +122,8 @@ def unsupported_reason(spec: QuantSpec) -> str | None:
 
 def runs(spec: QuantSpec) -> bool:
   """Whether this kernel computes ``spec`` (any GPU check aside): int4 / int8 (signed) or
-  uint4 / uint8 with zero point, group 64 / 128 / 256 or per channel, 16-bit or fp32
-  scales, weight-only."""
+  uint4 / uint8 with zero point, or fp4 e2m1; group 16 ... 256 or per channel; 16-bit,
+  fp32, e8m0 or e4m3 (with a global scale) scales; weight-only."""
   return unsupported_reason(spec) is None
 
 
@@ -115,9 +132,10 @@ def runs(spec: QuantSpec) -> bool:
 # ----------------------------------------------------------------------------------------
 def prepare(params: QuantizedWeight) -> QuantizedWeight:
   """Canonical params -> (Kp / block_k, Np, block_k) signed codes (uint codes minus
-  2**(b-1)) in jnp.int4 / int8, scales (their own dtype) and zero points (minus the same
-  offset, bf16: small integers, exact) as (K tiles, Np) rows.  Lossless
-  (:func:`to_canonical`)."""
+  2**(b-1); fp4: the e2m1 bit pattern as a two's-complement nibble) in jnp.int4 / int8,
+  scales (their own dtype; e8m0 and e4m3 as bf16, exact) and zero points (minus the
+  same offset, bf16: small integers, exact) as (Kp / group, Np) rows, the global scale
+  as a float32 (1, Np) row for the epilogue.  Lossless (:func:`to_canonical`)."""
   spec = params.spec
   if (why := unsupported_reason(spec)) is not None:
     raise ValueError(f"spec {spec.name}: not supported by the {FAMILY} kernel ({why})")
@@ -136,7 +154,11 @@ def prepare(params: QuantizedWeight) -> QuantizedWeight:
   codes = jnp.pad(codes.T, ((0, np_ - n), (0, kp - k)))
   codes = codes.reshape(np_, kp // bk, bk).transpose(1, 0, 2)
   s = params.scales
-  rows = kp // bk
+  if spec.scale_dtype == "e8m0":
+    s = E8M0.decode(s).astype(jnp.bfloat16)  # 2**-127 .. 2**127: all exact in bf16
+  elif spec.scale_dtype == "fp8_e4m3":
+    s = s.astype(jnp.bfloat16)
+  rows = kp // scale_k(spec)
   if spec.granularity == "channel":  # one scale row, repeated per K step: one code path
     s = jnp.broadcast_to(s.reshape(1, n), (rows, n))
   s = jnp.pad(s, ((0, rows - s.shape[0]), (0, np_ - n)), constant_values=1)
@@ -146,8 +168,11 @@ def prepare(params: QuantizedWeight) -> QuantizedWeight:
     if spec.granularity == "channel":
       z = jnp.broadcast_to(z.reshape(1, n), (rows, n))
     zeros = jnp.pad(z, ((0, rows - z.shape[0]), (0, np_ - n))).astype(jnp.bfloat16)
-  return params.replace(codes=codes.astype(_CODE_DTYPE[bits]), scales=s,
-                        zeros=zeros, layout=f"{FAMILY}:b{bits}:bk{bk}")
+  g = params.global_scale
+  if g is not None:
+    g = jnp.broadcast_to(g.astype(jnp.float32).reshape(1, 1), (1, np_))
+  return params.replace(codes=codes.astype(_CODE_DTYPE[bits]), scales=s, zeros=zeros,
+                        global_scale=g, layout=f"{FAMILY}:b{bits}:bk{bk}")
 
 
 def to_canonical(prepared: QuantizedWeight) -> QuantizedWeight:
@@ -162,11 +187,18 @@ def to_canonical(prepared: QuantizedWeight) -> QuantizedWeight:
   codes = (codes & ((1 << bits) - 1)).astype(jnp.uint8)
   gk, _ = scale_block(spec, k, n)
   s = prepared.scales[:k // gk if spec.granularity == "group" else 1, :n]
+  if spec.scale_dtype == "e8m0":
+    s = E8M0.encode(s.astype(jnp.float32))
+  elif spec.scale_dtype == "fp8_e4m3":
+    s = s.astype(jnp.float8_e4m3fn)
+  g = prepared.global_scale
+  if g is not None:
+    g = g[0, 0]
   z = None
   if prepared.zeros is not None:
     z = (prepared.zeros[:s.shape[0], :s.shape[1]].astype(jnp.int32) + offset).astype(jnp.uint8)
   return prepared.replace(codes=packing.pack_codes(codes, bits), scales=s, zeros=z,
-                          layout="canonical")
+                          global_scale=g, layout="canonical")
 
 
 # ----------------------------------------------------------------------------------------
@@ -220,8 +252,11 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
   if (rows, kp) != (m, k):
     xp = jnp.pad(xp, ((0, rows - m), (0, kp - k)))
   has_zeros = params.zeros is not None
-  after = config.scale_after_mma  # v6 experiments (tuning.MgpuConfig)
-  zero_mma = _ones_tile(config, has_zeros)
+  gpt = bk // scale_k(spec)  # scale (and zero) rows per K tile
+  fp4 = spec.weight_format.name == FP4
+  # v6 experiments (tuning.MgpuConfig); one scale row per tile only
+  after = config.scale_after_mma and gpt == 1
+  zero_mma = _ones_tile(config, has_zeros) and gpt == 1
   scales = params.scales.astype(cdt)
   operands = [xp, params.codes, scales]
   if has_zeros:
@@ -234,13 +269,15 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
   wgs = _divisor(config.warpgroups, steps)  # each streams steps_w of them
   while not explicit and wgs > 1 and smem_bytes(
       block_m, min(2, steps // wgs), sub, bk, bits, has_zeros, out_bytes, wgs,
-      zero_mma) > SMEM_BYTES:
+      zero_mma, gpt) > SMEM_BYTES:
     wgs = _divisor(wgs - 1, steps)  # e.g. group 256 x 64 tokens: 4 warpgroups do not fit
   steps_w = steps // wgs
   stages = min(config.stages, steps_w, MAX_BARRIERS // wgs)
   stages = fit_stages(dataclasses.replace(config, stages=stages, substeps=sub, warpgroups=wgs),
-                      block_m, bk, bits, has_zeros, out_bytes=out_bytes)
+                      block_m, bk, bits, has_zeros, out_bytes=out_bytes, scale_rows=gpt)
   has_bias = params.bias is not None and fused_epilogue  # added in the kernel
+  has_global = params.global_scale is not None and fused_epilogue  # multiplied in it
+  n_ep = has_global + has_bias  # epilogue vectors, fetched during the K loop
   x_tf = _swizzled(sub * bk, 16, "x")
   w_tf = _swizzled(bk, bits, "w")
   a_tf = _swizzled(bk, 16, "a")
@@ -248,21 +285,22 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
   o_tf = _swizzled(BLOCK_N, 16, "o") if fused_epilogue else _swizzled(block_m, 32, "o")
 
   def kernel(x_gmem, w_gmem, s_gmem, *rest, x_buf, w_buf, s_buf, bars, o_smem, z_buf=None,
-             red_smem=None, red_bar=None, b_smem=None, b_barrier=None, a_smem=None,
+             red_smem=None, red_bar=None, ep_smem=None, ep_barrier=None, a_smem=None,
              ones_smem=None):
     rest = list(rest)
     z_gmem = rest.pop(0) if has_zeros else None
-    b_gmem = rest.pop(0) if has_bias else None
+    ep_gmem = [rest.pop(0) for _ in range(n_ep)]  # [global scale row], [bias]
     (o_gmem,) = rest
     ni, mi, ki = lax.axis_index("n"), lax.axis_index("m"), lax.axis_index("k")
     wg = lax.axis_index("wg")
     ns = pl.ds(ni * BLOCK_N, BLOCK_N)
     ms = pl.ds(mi * block_m, block_m)
     first_tile = (ki * steps + wg * steps_w) * sub  # this warpgroup's K range
-    if has_bias:  # in flight during the K loop; warpgroup 0 runs the epilogue
+    if n_ep:  # in flight during the K loop; warpgroup 0 runs the epilogue
       @pl.when(wg == 0)
       def _():
-        plgpu.copy_gmem_to_smem(b_gmem.at[:, ns], b_smem, b_barrier)
+        for i, v_gmem in enumerate(ep_gmem):
+          plgpu.copy_gmem_to_smem(v_gmem.at[:, ns], ep_smem.at[pl.ds(i, 1)], ep_barrier)
 
     # The TMA pipeline by hand: plgpu.emit_pipeline allocates per-thread scratch, which a
     # kernel of several warpgroups cannot have; each warpgroup owns buffers [wg, slot].
@@ -271,22 +309,35 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
       bar = bars.at[wg * stages + slot]
       plgpu.copy_gmem_to_smem(x_gmem.at[ms, pl.ds(t * bk, sub * bk)], x_buf.at[wg, slot], bar)
       plgpu.copy_gmem_to_smem(w_gmem.at[pl.ds(t, sub), ns], w_buf.at[wg, slot], bar)
-      plgpu.copy_gmem_to_smem(s_gmem.at[pl.ds(t, sub), ns], s_buf.at[wg, slot], bar)
+      rows = pl.ds(t * gpt, sub * gpt)
+      plgpu.copy_gmem_to_smem(s_gmem.at[rows, ns], s_buf.at[wg, slot], bar)
       if has_zeros:
-        plgpu.copy_gmem_to_smem(z_gmem.at[pl.ds(t, sub), ns], z_buf.at[wg, slot], bar)
+        plgpu.copy_gmem_to_smem(z_gmem.at[rows, ns], z_buf.at[wg, slot], bar)
 
     def compute(slot, acc_ref, total):
       x_smem = x_buf.at[wg, slot]
       for j in range(sub):  # MMA j runs while tile j + 1 is dequantized
         w = plgpu.load(w_buf.at[wg, slot, j], layout=_UPCAST[bits],
                        optimized=config.optimized_load)
-        w = plgpu.layout_cast(w, _WGMMA).astype(cdt)
-        row = lambda r: plgpu.load(r.at[wg, slot, j], layout=_ROW)
+        w = plgpu.layout_cast(w, _WGMMA)
+        if not fp4:
+          w = w.astype(cdt)
+        elif interpret:
+          w = mgpu_convert.to_float_interpret(w, cdt)
+        else:
+          w = mgpu_convert.to_float_ptx(w, cdt)
+        row = lambda r, i=0: plgpu.load(r.at[wg, slot, j * gpt + i], layout=_ROW)
         bcast = lambda v, shape: lax.broadcast_in_dim(v, shape, [0])
+
+        def per_k(r):  # the tile's rows, each broadcast over its group's K columns
+          if gpt == 1:
+            return bcast(row(r), w.shape)
+          return jnp.concatenate([bcast(row(r, i), (BLOCK_N, bk // gpt))
+                                  for i in range(gpt)], axis=1)
         if has_zeros and not zero_mma:
-          w = w - bcast(row(z_buf), w.shape)  # small integers: exact
+          w = w - per_k(z_buf)  # small integers: exact
         if not after:
-          w = w * bcast(row(s_buf), w.shape)  # the bf16-rounded dequantized weight
+          w = w * per_k(s_buf)  # the bf16-rounded dequantized weight
         if a_smem is not None:  # the GPU interpreter takes WGMMA operands from SMEM only
           plgpu.wgmma_wait(0)
           a_smem.at[wg][...] = w
@@ -354,16 +405,19 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
         plgpu.copy_smem_to_gmem(o_smem, o_gmem.at[ki, ns, ms])
         plgpu.wait_smem_to_gmem(0)
         return
-      if has_bias:
-        plgpu.barrier_wait(b_barrier)
-        bias = plgpu.load(b_smem.at[0], layout=_ROW)
-        y = y + lax.broadcast_in_dim(bias, y.shape, [0])
+      if n_ep:
+        plgpu.barrier_wait(ep_barrier)
+        ep = lambda i: lax.broadcast_in_dim(plgpu.load(ep_smem.at[i], layout=_ROW), y.shape, [0])
+        if has_global:
+          y = y * ep(0)
+        if has_bias:
+          y = y + ep(n_ep - 1)
       o_smem.T[...] = plgpu.layout_cast(y.astype(cdt), _TRANSPOSED)
       plgpu.commit_smem()
       plgpu.copy_smem_to_gmem(o_smem, o_gmem.at[ms, ns])
       plgpu.wait_smem_to_gmem(0)
 
-  row_buf = lambda: plgpu.SMEM((wgs, stages, sub, BLOCK_N), cdt)
+  row_buf = lambda: plgpu.SMEM((wgs, stages, sub * gpt, BLOCK_N), cdt)
   scratch = dict(
       x_buf=plgpu.SMEM((wgs, stages, block_m, sub * bk), cdt, transforms=x_tf),
       w_buf=plgpu.SMEM((wgs, stages, sub, BLOCK_N, bk), params.codes.dtype, transforms=w_tf),
@@ -380,8 +434,12 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
   else:
     scratch["o_smem"] = plgpu.SMEM((BLOCK_N, block_m), jnp.float32, transforms=o_tf)
     out_type = jax.ShapeDtypeStruct((split, np_, mp), jnp.float32)
+  if n_ep:
+    scratch.update(ep_smem=plgpu.SMEM((n_ep, BLOCK_N), jnp.float32),
+                   ep_barrier=plgpu.Barrier(num_arrivals=n_ep))
+  if has_global:
+    operands.append(params.global_scale)
   if has_bias:
-    scratch.update(b_smem=plgpu.SMEM((1, BLOCK_N), jnp.float32), b_barrier=plgpu.Barrier())
     bias = params.bias.astype(jnp.float32)
     operands.append((bias if np_ == n else jnp.pad(bias, (0, np_ - n))).reshape(1, np_))
   if interpret:
@@ -396,7 +454,9 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
   )(*operands)
   if fused_epilogue:
     return out if (rows, np_) == (m, n) else out[:m, :n]
-  y = out.sum(axis=0).T[:m, :n]  # one XLA fusion: split sum, transpose, bias, cast
+  y = out.sum(axis=0).T[:m, :n]  # one XLA fusion: split sum, transpose, scales, bias, cast
+  if params.global_scale is not None:
+    y = y * params.global_scale[0, :n]
   if params.bias is not None:
     y = y + params.bias
   return y.astype(cdt)
@@ -413,16 +473,18 @@ MAX_BARRIERS = 32  # mbarriers in one Mosaic GPU barrier group: warpgroups x sta
 
 def smem_bytes(block_m: int, stages: int, substeps: int, block_k: int, bits: int,
                has_zeros: bool, out_bytes: int = 2, warpgroups: int = 1,
-               ones_tile: bool = False) -> int:
+               ones_tile: bool = False, scale_rows: int = 1) -> int:
   """Shared memory the kernel allocates: each scratch buffer rounded up to Mosaic's 1 KB
-  alignment (checked against Mosaic's count in tests/test_wna16_mgpu.py)."""
+  alignment (checked against Mosaic's count in tests/test_wna16_mgpu.py).
+  ``scale_rows``: scale (and zero) rows per K tile."""
   kb = tuning.smem_round
   slots = warpgroups * stages * substeps
-  rows = kb(slots * BLOCK_N * 2) * (2 if has_zeros else 1)  # scale (and zero) rows
+  rows = kb(slots * scale_rows * BLOCK_N * 2) * (2 if has_zeros else 1)
   return (kb(slots * block_m * block_k * 2) + kb(slots * BLOCK_N * block_k * bits // 8)
           + rows + kb((warpgroups - 1) * BLOCK_N * block_m * 4)
           + kb(block_m * BLOCK_N * out_bytes) + kb(BLOCK_N * 4)
-          + (kb(warpgroups * BLOCK_N * block_k * 2) if ones_tile else 0))
+          + (kb(warpgroups * BLOCK_N * block_k * 2) if ones_tile else 0)
+          + 8 * (warpgroups * stages + 2))  # mbarriers: pipeline, reduction, epilogue
 
 
 def _ones_tile(config: Config, has_zeros: bool) -> bool:
@@ -430,11 +492,12 @@ def _ones_tile(config: Config, has_zeros: bool) -> bool:
 
 
 def fit_stages(config: Config, block_m: int, block_k: int, bits: int, has_zeros: bool,
-               out_bytes: int = 2) -> int:
+               out_bytes: int = 2, scale_rows: int = 1) -> int:
   """``config.stages``, lowered (not below 2) until the pipeline fits in shared memory."""
   stages = config.stages
   size = lambda st: smem_bytes(block_m, st, config.substeps, block_k, bits, has_zeros,
-                               out_bytes, config.warpgroups, _ones_tile(config, has_zeros))
+                               out_bytes, config.warpgroups,
+                               _ones_tile(config, has_zeros) and scale_rows == 1, scale_rows)
   while stages > 2 and size(stages) > SMEM_BYTES:
     stages -= 1
   need = size(stages)
@@ -462,11 +525,18 @@ def dequantize_prepared(params: QuantizedWeight, dtype=jnp.float32) -> jax.Array
   native convert), same rounding as the kernel when ``dtype`` is 16-bit."""
   k, n = params.shape
   t, np_, bk = params.codes.shape
-  c = params.codes.astype(dtype).transpose(0, 2, 1)  # (K tiles, bk, Np)
+  if params.spec.weight_format.name == FP4:
+    c = mgpu_convert.to_float_interpret(params.codes, dtype)
+  else:
+    c = params.codes.astype(dtype)
+  c = c.transpose(0, 2, 1).reshape(t * bk, np_)  # (Kp, Np)
+  rep_k = lambda r: jnp.repeat(r.astype(dtype), t * bk // r.shape[0], axis=0)
   if params.zeros is not None:
-    c = c - params.zeros.astype(dtype)[:, None, :]
-  w = c * params.scales.astype(dtype)[:, None, :]
-  return w.reshape(t * bk, np_)[:k, :n]
+    c = c - rep_k(params.zeros)
+  w = c * rep_k(params.scales)
+  if params.global_scale is not None:
+    w = w * params.global_scale.astype(dtype)
+  return w[:k, :n]
 
 
 def dequant_gemm(params: QuantizedWeight, x: jax.Array) -> jax.Array:

@@ -1,0 +1,121 @@
+"""fp4 e2m1 codes -> bf16 / fp16 in registers, for the Mosaic GPU WnA16 kernel.
+
+Hopper has no e2m1 conversion instruction (Mosaic's f4e2m1fn casts need Blackwell), so
+the kernel loads fp4 weights as int4 registers holding the raw e2m1 bit pattern
+``s e1 e0 m`` and rebuilds each value with bit operations:
+
+  the magnitude bits ``e1 e0 m`` are placed at the low end of the 16-bit float's exponent
+  field (exponent field = e, mantissa MSB = m) and the sign at bit 15.  That 16-bit float
+  is exactly ``value * 2**-(bias - 1)`` -- the e2m1 subnormal (e = 0: 0 or 0.5) lands on
+  the 16-bit float's subnormals with the same ratio -- so one multiply by
+  ``2**(bias - 1)`` (2**126 for bf16, 2**14 for fp16; exact) gives the value.
+
+Two implementations of the same function: :func:`to_float_interpret` (the format's
+decode, for the interpreter) and :func:`to_float_ptx` (inline PTX per register pair through ``plgpu.inline_mgpu``: ``prmt`` gathers the two nibbles of a
+pair into the top of each 16-bit half, then shift / and / lop3 build both halves at once
+and an ``fma.bf16x2`` applies the power of two -- five instructions per two weights).
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.experimental.pallas import mosaic_gpu as plgpu
+
+from humming_jax.formats import get_format
+
+E2M1 = get_format("fp4_e2m1")
+
+# The bit layout of the 16-bit target: where e2m1's three magnitude bits go (the
+# mantissa MSB sits at bit mantissa_bits - 1) and the power of two that undoes the
+# exponent-bias difference.
+_TARGET = {  # dtype: (shift of the nibble, bits of 2**(bias - 1))
+    jnp.dtype(jnp.bfloat16): (6, 0x7E80),   # bias 127: 2**126
+    jnp.dtype(jnp.float16): (9, 0x7400),    # bias 15: 2**14
+}
+
+
+def _target(dtype) -> tuple[int, int]:
+  dtype = jnp.dtype(dtype)
+  if dtype not in _TARGET:
+    raise ValueError(f"dtype={dtype}: fp4 weights convert to bfloat16 or float16")
+  return _TARGET[dtype]
+
+
+def to_float_interpret(codes: jax.Array, dtype) -> jax.Array:
+  """int4 array of e2m1 bit patterns (the pattern ``s e1 e0 m`` read as a two's-complement
+  nibble) -> the e2m1 values in ``dtype``, through the format's own decode (the
+  interpreter: its CPU flushes the bf16 subnormal the bit trick passes through; also the
+  XLA dequantization of the prepared layout, in any float dtype)."""
+  return E2M1.decode(codes.astype(jnp.int32) & 15).astype(dtype)
+
+
+def _pair_ptx(part: int, shift: int, scale_bits: int, float_type: str) -> str:
+  """PTX: $1 = 32-bit register of 8 nibbles shifted left by 4, $2 = the register;
+  $0 = values of nibbles (2 part, 2 part + 1) as a packed pair of 16-bit floats.
+
+  ``prmt`` puts the byte holding each nibble in its *high* half into the top byte of a
+  16-bit half (nibble at bits 15..12: the sign already at bit 15), one shift moves the
+  magnitude to bits shift+2..shift, and one ``lop3`` keeps the sign | magnitude."""
+  mag = (7 << shift) * 0x10001  # magnitude bits of both halves
+  sel = f"0x{4 + part:x}0{part:x}0"  # top bytes: byte part of $1 (even), of $2 (odd)
+  return f"""
+  {{
+  .reg .b32 t, u, sg, k, z;
+  prmt.b32 t, $1, $2, {sel};
+  shr.b32 u, t, {12 - shift};
+  and.b32 u, u, {mag:#x};
+  mov.b32 sg, 0x80008000;
+  lop3.b32 t, t, sg, u, 0xEA;
+  mov.b32 k, {scale_bits * 0x10001:#x};
+  mov.b32 z, 0x80008000;
+  fma.rn.{float_type}x2 $0, t, k, z;
+  }}
+  """
+
+
+def to_float_ptx(codes: jax.Array, dtype) -> jax.Array:
+  """Same as :func:`to_float_lax`, as inline PTX on the registers (GPU only; ``codes``
+  in the WGMMA layout, as the kernel holds them after ``layout_cast``)."""
+  shift, scale_bits = _target(dtype)
+  float_type = "bf16" if jnp.dtype(dtype) == jnp.bfloat16 else "f16"
+
+  @plgpu.inline_mgpu(
+      arg_types=(plgpu.Layout.WGMMA,),
+      return_type=plgpu.ShapeDtypeStruct(codes.shape, jnp.dtype(dtype),
+                                         layout=plgpu.Layout.WGMMA))
+  def convert(ctx, arr):
+    del ctx
+    from jax.experimental.mosaic import gpu as mgpu
+    from jax.experimental.mosaic.gpu import utils as mgpu_utils
+    from jaxlib.mlir import ir
+    from jaxlib.mlir.dialects import arith, llvm, vector
+
+    i32 = ir.IntegerType.get_signless(32)
+    out_el = ir.BF16Type.get() if float_type == "bf16" else ir.F16Type.get()
+    new_regs = np.empty_like(arr.registers)
+    for idx, reg in np.ndenumerate(arr.registers):
+      [vlen] = ir.VectorType(reg.type).shape
+      if vlen % 2:
+        raise NotImplementedError(f"fp4 conversion needs pairs; register of {vlen}")
+      op = getattr(reg.owner, "opview", None)
+      if (isinstance(op, vector.ExtractStridedSliceOp)
+          and mgpu_utils.bitwidth(op.source.type) == 32 and op.strides[0].value == 1):
+        src = mgpu_utils.bitcast(op.source, i32)  # the 8-nibble register it was cut from
+        first = op.offsets[0].value
+      else:
+        src = mgpu_utils.bitcast(reg, ir.IntegerType.get_signless(vlen * 4))
+        if vlen * 4 != 32:
+          src = arith.extui(i32, src)
+        first = 0
+      shifted = arith.shli(src, mgpu_utils.c(4, i32))
+      pairs = []
+      for q in range(vlen // 2):
+        part = first // 2 + q
+        out = llvm.inline_asm(i32, [shifted, src],
+                              _pair_ptx(part, shift, scale_bits, float_type), "=r,r,r")
+        pairs.append(mgpu_utils.bitcast(out, ir.VectorType.get((2,), out_el)))
+      new_regs[idx] = mgpu_utils.vector_concat(pairs) if len(pairs) > 1 else pairs[0]
+    return mgpu.FragmentedArray(_registers=new_regs, _layout=arr.layout, _is_signed=None)
+
+  return convert(codes)

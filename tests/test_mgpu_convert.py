@@ -1,0 +1,101 @@
+"""fp4 e2m1 -> bf16 / fp16 register conversion (kernels/mgpu_convert.py) without a GPU.
+
+The PTX the kernel inlines is executed here by a small evaluator of the instructions it
+uses (prmt, shifts, and, lop3, mov, fma on packed 16-bit floats), on every nibble value at
+every position of the 32-bit register: the bit construction is checked exactly, signed
+zeros and the e2m1 subnormal (0.5) included.  The GPU tests check the same code on the H200.
+"""
+import re
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from humming_jax.kernels import mgpu_convert as mc
+
+E2M1 = np.asarray(mc.E2M1.decode(jnp.arange(16, dtype=jnp.uint32)), np.float32)
+FLOAT = {"bf16": jnp.bfloat16, "f16": np.float16}
+
+
+def _prmt(a: int, b: int, sel: int) -> int:
+  pool = [(a >> (8 * i)) & 0xFF for i in range(4)] + [(b >> (8 * i)) & 0xFF for i in range(4)]
+  out = 0
+  for i in range(4):
+    s = (sel >> (4 * i)) & 0xF
+    byte = pool[s & 7]
+    if s & 8:  # sign-replicate mode
+      byte = 0xFF if byte & 0x80 else 0
+    out |= byte << (8 * i)
+  return out
+
+
+def _halves(v: int, ftype: str) -> np.ndarray:
+  return np.array([v & 0xFFFF, v >> 16], np.uint16).view(FLOAT[ftype]).astype(np.float32)
+
+
+def run_ptx(text: str, a1: int, a2: int) -> int:
+  """Evaluate the inline-asm body: $1, $2 inputs, $0 output (32-bit)."""
+  regs = {"$1": a1, "$2": a2}
+  val = lambda t: regs[t] if t in regs else int(t, 0)
+  for line in text.splitlines():
+    line = line.strip().rstrip(";")
+    if not line or line[0] in "{}." or line.startswith(".reg"):
+      continue
+    op, args = line.split(None, 1)
+    args = [x.strip() for x in args.split(",")]
+    d, src = args[0], [val(x) for x in args[1:]]
+    if op == "prmt.b32":
+      r = _prmt(*src)
+    elif op == "shl.b32":
+      r = src[0] << src[1]
+    elif op == "shr.b32":
+      r = src[0] >> src[1]
+    elif op == "lop3.b32":  # bit i of the LUT at index (a_i << 2 | b_i << 1 | c_i)
+      a, b, c, lut = src
+      r = 0
+      for i in range(32):
+        idx = ((a >> i) & 1) << 2 | ((b >> i) & 1) << 1 | ((c >> i) & 1)
+        r |= ((lut >> idx) & 1) << i
+    elif op == "and.b32":
+      r = src[0] & src[1]
+    elif op == "mad.lo.u32":
+      r = src[0] * src[1] + src[2]
+    elif op == "mov.b32":
+      r = src[0]
+    elif m := re.fullmatch(r"fma\.rn\.(bf16|f16)x2", op):
+      ft = m.group(1)
+      a, b, c = (_halves(x, ft) for x in src)
+      res = (a * b + c).astype(FLOAT[ft])  # exact here: a power-of-two product
+      r = int(res.view(np.uint16)[0]) | (int(res.view(np.uint16)[1]) << 16)
+    else:
+      raise AssertionError(f"unexpected instruction {op!r}")
+    regs[d] = r & 0xFFFFFFFF
+  return regs["$0"]
+
+
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])
+def test_ptx_pairs_decode_every_nibble_exactly(dtype):
+  shift, scale_bits = mc._target(dtype)
+  ftype = "bf16" if dtype == jnp.bfloat16 else "f16"
+  rng = np.random.default_rng(0)
+  nibble_sets = [np.full(8, v) for v in range(16)] + [rng.integers(0, 16, 8) for _ in range(64)]
+  for nib in nibble_sets:
+    reg = sum(int(v) << (4 * i) for i, v in enumerate(nib))
+    for part in range(4):
+      out = run_ptx(mc._pair_ptx(part, shift, scale_bits, ftype), (reg << 4) & 0xFFFFFFFF, reg)
+      got = _halves(out, ftype)
+      want = E2M1[nib[2 * part: 2 * part + 2]]
+      np.testing.assert_array_equal(got, want)
+      np.testing.assert_array_equal(np.signbit(got), np.signbit(want))
+
+
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16, jnp.float32])
+def test_interpret_conversion_is_the_format_decode(dtype):
+  codes = jnp.asarray(((np.arange(16) + 8) & 15) - 8, jnp.int4)  # patterns as int4
+  got = np.asarray(mc.to_float_interpret(codes, dtype).astype(jnp.float32))
+  np.testing.assert_array_equal(got, E2M1)
+
+
+def test_unsupported_target_is_named():
+  with pytest.raises(ValueError, match="dtype=float32"):
+    mc._target(jnp.float32)
