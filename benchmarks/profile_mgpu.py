@@ -51,6 +51,8 @@ def parse_config(name: str, m: int) -> tuning.MgpuConfig:
       fields["zero_point_mma"] = True
     elif tok == "unpad":
       fields["unpadded_rows"] = True
+    elif tok == "whole":
+      fields["fp4_whole_registers"] = True
     else:
       raise ValueError(f"config token {tok!r}")
   return tuning.MgpuConfig(**{**cfg.__dict__, **fields})

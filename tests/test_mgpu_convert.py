@@ -99,3 +99,21 @@ def test_interpret_conversion_is_the_format_decode(dtype):
 def test_unsupported_target_is_named():
   with pytest.raises(ValueError, match="dtype=float32"):
     mc._target(jnp.float32)
+
+
+@pytest.mark.parametrize("whole", [True, False])
+def test_lowering_reads_whole_registers(whole, monkeypatch):
+  """Lowered for an H200 (CPU host): with ``fp4_whole_registers`` each pair's PTX reads the
+  32-bit register of 8 nibbles it was sliced from (parts 0-3); without, every pair is
+  shifted down to the low bits first (part 0 only, ~3 instructions more per pair)."""
+  import jax
+  from test_cuda_lowering import abstract_params, lower_for_h200
+  parts = []
+  orig = mc._pair_ptx
+  monkeypatch.setattr(mc, "_pair_ptx", lambda part, *a: parts.append(part) or orig(part, *a))
+  p = abstract_params("w4a16-mxfp4", (1024, 256))
+  x = jax.ShapeDtypeStruct((1, 1024), jnp.bfloat16)
+  from humming_jax.kernels import wna16_mgpu
+  cfg = wna16_mgpu.Config(64, 4, 1, fp4_whole_registers=whole)
+  lower_for_h200(lambda p, x: wna16_mgpu.run(p, x, config=cfg), p, x)
+  assert set(parts) == ({0, 1, 2, 3} if whole else {0}), sorted(set(parts))

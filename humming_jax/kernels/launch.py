@@ -58,15 +58,20 @@ def launch_dense(kernel, operands, in_specs, *, mp: int, np_: int, m: int, n: in
 
 
 def gemm_dequantized(x: jax.Array, dequantize, bias: jax.Array | None, *,
-                     highest_f32: bool = False) -> jax.Array:
-  """The large-M path of the WnA16 kernels: ``x @ dequantize(dtype) + bias`` with XLA's
-  GEMM in the activation dtype (bf16 / fp16, else float32), float32 accumulation, output in
-  x's dtype.  ``dequantize(dtype)`` returns the (K, N) weights from the kernel layout;
+                     highest_f32: bool = False, out_scale: jax.Array | None = None
+                     ) -> jax.Array:
+  """The large-M path of the WnA16 kernels: ``x @ dequantize(dtype) * out_scale + bias``
+  with XLA's GEMM in the activation dtype (bf16 / fp16, else float32), float32
+  accumulation, output in x's dtype.  ``dequantize(dtype)`` returns the (K, N) weights
+  from the kernel layout; ``out_scale`` (a float32 scalar, e.g. NVFP4's global scale)
+  multiplies the float32 product, so it is never rounded to the activation dtype;
   ``highest_f32``: float32 GEMMs at Precision.HIGHEST (not TF32)."""
   cdt = x.dtype if x.dtype in (jnp.bfloat16, jnp.float16) else jnp.float32
   precision = jax.lax.Precision.HIGHEST if (highest_f32 and cdt == jnp.float32) else None
   y = jnp.dot(x.astype(cdt), dequantize(cdt), preferred_element_type=jnp.float32,
               precision=precision)
+  if out_scale is not None:
+    y = y * out_scale.astype(jnp.float32)
   if bias is not None:
     y = y + bias
   return y.astype(x.dtype)

@@ -13,7 +13,9 @@ the kernel loads fp4 weights as int4 registers holding the raw e2m1 bit pattern
 Two implementations of the same function: :func:`to_float_interpret` (the format's
 decode, for the interpreter) and :func:`to_float_ptx` (inline PTX per register pair through ``plgpu.inline_mgpu``: ``prmt`` gathers the two nibbles of a
 pair into the top of each 16-bit half, then shift / and / lop3 build both halves at once
-and an ``fma.bf16x2`` applies the power of two -- five instructions per two weights).
+and an ``fma.bf16x2`` applies the power of two -- five instructions per two weights when
+the PTX can read the 32-bit register of 8 nibbles, ~8 when each pair arrives on its own;
+see ``to_float_ptx``'s ``relayout``).
 """
 from __future__ import annotations
 
@@ -74,14 +76,19 @@ def _pair_ptx(part: int, shift: int, scale_bits: int, float_type: str) -> str:
   """
 
 
-def to_float_ptx(codes: jax.Array, dtype) -> jax.Array:
-  """Same as :func:`to_float_lax`, as inline PTX on the registers (GPU only; ``codes``
-  in the WGMMA layout, as the kernel holds them after ``layout_cast``)."""
+def to_float_ptx(codes: jax.Array, dtype, *, relayout: bool = False) -> jax.Array:
+  """Same as :func:`to_float_interpret`, as inline PTX on the registers (GPU only).
+
+  ``codes``: the int4 tile in the WGMMA layout, or with ``relayout`` as loaded (the
+  WGMMA_UPCAST_4X layout) and relaid out in here.  Only then is each pair's register
+  visibly a slice of a 32-bit register of 8 nibbles, which the PTX reads directly; behind
+  the ``inline_mgpu`` boundary a slice is an opaque value, so each pair is shifted down to
+  the low bits first (~3 instructions more per pair)."""
   shift, scale_bits = _target(dtype)
   float_type = "bf16" if jnp.dtype(dtype) == jnp.bfloat16 else "f16"
 
   @plgpu.inline_mgpu(
-      arg_types=(plgpu.Layout.WGMMA,),
+      arg_types=(plgpu.Layout.WGMMA_UPCAST_4X if relayout else plgpu.Layout.WGMMA,),
       return_type=plgpu.ShapeDtypeStruct(codes.shape, jnp.dtype(dtype),
                                          layout=plgpu.Layout.WGMMA))
   def convert(ctx, arr):
@@ -92,6 +99,8 @@ def to_float_ptx(codes: jax.Array, dtype) -> jax.Array:
     from jaxlib.mlir.dialects import arith, llvm, vector
 
     i32 = ir.IntegerType.get_signless(32)
+    if relayout:
+      arr = arr.to_layout(mgpu.WGMMA_LAYOUT)
     out_el = ir.BF16Type.get() if float_type == "bf16" else ir.F16Type.get()
     new_regs = np.empty_like(arr.registers)
     for idx, reg in np.ndenumerate(arr.registers):
@@ -103,7 +112,11 @@ def to_float_ptx(codes: jax.Array, dtype) -> jax.Array:
           and mgpu_utils.bitwidth(op.source.type) == 32 and op.strides[0].value == 1):
         src = mgpu_utils.bitcast(op.source, i32)  # the 8-nibble register it was cut from
         first = op.offsets[0].value
+        if first % 2:
+          raise NotImplementedError(f"fp4 conversion: slice at odd nibble {first}")
       else:
+        if vlen * 4 > 32:
+          raise NotImplementedError(f"fp4 conversion: register of {vlen} nibbles")
         src = mgpu_utils.bitcast(reg, ir.IntegerType.get_signless(vlen * 4))
         if vlen * 4 != 32:
           src = arith.extui(i32, src)

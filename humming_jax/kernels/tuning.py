@@ -82,6 +82,11 @@ class MgpuConfig:
   # Rows past M through TMA's out-of-bounds zero fill / clipped store instead of an XLA pad
   # and slice around the kernel (one launch fewer each; default for decode).
   unpadded_rows: bool = False
+  # fp4 weights: the int4 -> WGMMA relayout inside the inline PTX block, so each pair's PTX
+  # reads the 32-bit register it was sliced from (kernels/mgpu_convert.py; ~3 instructions
+  # fewer per pair than shifting each pair down first).  Lowers for the H200 on the CPU;
+  # not yet run on a GPU: off until measured.
+  fp4_whole_registers: bool = False
 
   def __post_init__(self):
     if self.split_k < 1:

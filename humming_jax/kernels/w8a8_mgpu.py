@@ -130,7 +130,7 @@ def heuristic(m: int, n: int, grouped: bool = False, k: int | None = None) -> Co
   1 %, tile_n 64 is 12 % slower; group_pairs: CUPTI kernel 626.0 -> 589.9 us (w4a8-int8),
   619.5 -> 561.4 (w8a8-fp8-block), same error.)"""
   tile_n = 128 if n % 256 == 0 else 64
-  pairs = grouped and k is not None and k % 256 == 0
+  pairs = grouped and k is not None and k % (2 * Config.tile_k) == 0
   return Config(tile_m=64 if grouped else 128, tile_n=tile_n, group_pairs=pairs)
 
 

@@ -214,7 +214,9 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
   """(M, K) bf16/fp16 activations x prepared params -> (M, N) in x.dtype.
 
   The weights are dequantized in the activation dtype: with fp16 activations, weights
-  (scale x code) below fp16's normal range (6e-5) lose precision, as in any fp16 GEMM.
+  (scale x code) below fp16's normal range (6e-5) lose precision, as in any fp16 GEMM,
+  and so do scales (cast to fp16: an e8m0 scale below 2**-24 becomes 0, one above 65504
+  inf -- use bf16 activations for such weights).
 
   M >= ``config.dequant_gemm_min_m`` (compute bound) and float32 activations (the WGMMA
   kernel takes 16-bit operands and would round x and y to bf16) run
@@ -319,13 +321,14 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
       for j in range(sub):  # MMA j runs while tile j + 1 is dequantized
         w = plgpu.load(w_buf.at[wg, slot, j], layout=_UPCAST[bits],
                        optimized=config.optimized_load)
-        w = plgpu.layout_cast(w, _WGMMA)
-        if not fp4:
-          w = w.astype(cdt)
-        elif interpret:
-          w = mgpu_convert.to_float_interpret(w, cdt)
+        if fp4 and not interpret and config.fp4_whole_registers:  # relayout inside
+          w = mgpu_convert.to_float_ptx(w, cdt, relayout=True)
+        elif fp4 and not interpret:
+          w = mgpu_convert.to_float_ptx(plgpu.layout_cast(w, _WGMMA), cdt)
+        elif fp4:
+          w = mgpu_convert.to_float_interpret(plgpu.layout_cast(w, _WGMMA), cdt)
         else:
-          w = mgpu_convert.to_float_ptx(w, cdt)
+          w = plgpu.layout_cast(w, _WGMMA).astype(cdt)
         row = lambda r, i=0: plgpu.load(r.at[wg, slot, j * gpt + i], layout=_ROW)
         bcast = lambda v, shape: lax.broadcast_in_dim(v, shape, [0])
 
@@ -520,9 +523,12 @@ def heuristic(m: int) -> Config:
   return Config(block_m=128, stages=4)
 
 
-def dequantize_prepared(params: QuantizedWeight, dtype=jnp.float32) -> jax.Array:
+def dequantize_prepared(params: QuantizedWeight, dtype=jnp.float32, *,
+                        with_global_scale: bool = True) -> jax.Array:
   """(K, N) weights straight from the kernel layout: one XLA fusion (int4 -> float is a
-  native convert), same rounding as the kernel when ``dtype`` is 16-bit."""
+  native convert), same rounding as the kernel when ``dtype`` is 16-bit and the global
+  scale is left out (the kernel applies it to the float32 sum: ``with_global_scale=False``
+  and multiply the product, as :func:`dequant_gemm` does)."""
   k, n = params.shape
   t, np_, bk = params.codes.shape
   if params.spec.weight_format.name == FP4:
@@ -534,15 +540,18 @@ def dequantize_prepared(params: QuantizedWeight, dtype=jnp.float32) -> jax.Array
   if params.zeros is not None:
     c = c - rep_k(params.zeros)
   w = c * rep_k(params.scales)
-  if params.global_scale is not None:
-    w = w * params.global_scale.astype(dtype)
+  if params.global_scale is not None and with_global_scale:
+    w = (w.astype(jnp.float32) * params.global_scale).astype(dtype)
   return w[:k, :n]
 
 
 def dequant_gemm(params: QuantizedWeight, x: jax.Array) -> jax.Array:
-  """Large M (compute bound): dequantize to the activation dtype, then XLA's GEMM."""
-  return launch.gemm_dequantized(x, functools.partial(dequantize_prepared, params),
-                                 params.bias, highest_f32=True)
+  """Large M (compute bound): dequantize to the activation dtype, then XLA's GEMM; the
+  global scale (NVFP4) on the float32 product, as in the kernel's epilogue."""
+  g = None if params.global_scale is None else params.global_scale[0, 0]
+  return launch.gemm_dequantized(
+      x, functools.partial(dequantize_prepared, params, with_global_scale=False),
+      params.bias, highest_f32=True, out_scale=g)
 
 
 KERNEL = registry.register(registry.DenseKernel(
