@@ -1,38 +1,35 @@
 #!/usr/bin/env bash
-# The next device call (about 9 minutes on an H200), prepared 2026-11-29 session 4.
-# What is open since the last GPU runs (benchmarks/NOTES*.md):
-#   1. every GPU test file once with the session-4 defaults (W8A8 Mosaic route, v6 decode);
-#   2. the decode table of every A16 preset at M = 1 / 16 / 128 with Humming (issue 3's
-#      "every other A16 format >= 2.2 TB/s" row was never measured for most formats);
-#   3. W8A8 Mosaic kernel below MIN_M = 512 (is it faster than Triton at 128 / 256?) and
-#      the grouped variant's Config.group_pairs experiment (NOTES_w8a8.md: the promotion
-#      stalls the MMA; pairs promote one group while the next one's WGMMA runs);
-#   4. MoE rows (Qwen3, Mixtral) with --breakdown.
+# The next device call (about 9 minutes on an H200), prepared 2026-11-29 session 5.
+# Open since the last GPU runs (benchmarks/NOTES.md v7):
+#   1. MgpuConfig.fp4_whole_registers (the int4 relayout inside the inline PTX block, so each
+#      fp4 pair's PTX reads its 32-bit register: ~3 instructions fewer per pair) -- GPU test
+#      and CUPTI time against the default, then flip it on if faster and correct;
+#   2. the launch gap (wall - kernel = 3-15 us per decode layer): does XLA put the Mosaic
+#      custom calls in a command buffer (CUDA graph)?  The tiny-layer chain with the default
+#      flags and with command buffers off;
+#   3. MXFP4 / NVFP4 at M = 128 and the Llama-3-8B down projection (cut by timeouts so far).
 # Step timeouts (SIGINT, SIGKILL 5 s later) sum to 560 s.  Carry: [".whl"].
 source "$(dirname "$0")/gpu_env.sh"
 T() { local t=$1; shift; timeout -k 5 -s INT "$t" "$@"; }
 step gpu_tests
-T 180 python3 -m pytest tests -m gpu -p no:cacheprovider --tb=line -q \
-  -W ignore::DeprecationWarning > "$OUT/gpu_tests.log" 2>&1
-grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/gpu_tests.log" | cut -c1-200 | tail -8
-step dense_formats
-T 110 python3 benchmarks/bench_dense.py \
-  --specs w4a16-g128-zp,w4a16-mxfp4,w4a16-nvfp4,w8a16,w8a16-fp8,w4a16-mxint4 \
-  --ms 1,16,128 --layers 8 --calls 20 --repeats 2 --humming --json "$OUT/dense.json" \
-  > "$OUT/dense.log" 2>&1
-grep -E "^8192|ERROR" "$OUT/dense.log" | cut -c1-250
-step w8a8_small_m
-T 80 python3 benchmarks/profile_w8a8_mgpu.py --specs w8a8-int8,w8a8-fp8 --ms 128,256 \
-  --layers 4 --iterations 3 > "$OUT/profile_w8a8_small.log" 2>&1
-T 50 python3 benchmarks/profile_w8a8_mgpu.py --specs w4a8-int8,w8a8-fp8-block --ms 4096 \
-  --layers 4 --iterations 3 --configs default,pairs >> "$OUT/profile_w8a8_small.log" 2>&1
-grep -E "^M=" "$OUT/profile_w8a8_small.log" | cut -c1-200
-T 50 python3 benchmarks/bench_w8a8.py --specs w8a8-int8,w8a8-fp8 --ms 16,128,256 --layers 4 \
-  --calls 10 --repeats 2 --humming > "$OUT/bench_w8a8_small.log" 2>&1
-grep -E "^M=" "$OUT/bench_w8a8_small.log" | cut -c1-200
-step moe_rows
-T 90 python3 benchmarks/bench_moe.py --shapes qwen3-30b-a3b-gate_up,qwen3-30b-a3b-down \
-  --tokens 1,256 --specs w4a16-g128-zp --layers 2 --calls 20 --repeats 2 --humming \
-  --breakdown --json "$OUT/moe_qwen.json" > "$OUT/moe_qwen.log" 2>&1
-grep -E "^qwen" "$OUT/moe_qwen.log" | cut -c1-300
+T 120 python3 -m pytest tests/test_wna16_mgpu.py -m gpu -k "whole or global_scale" \
+  -p no:cacheprovider --tb=short -q -W ignore::DeprecationWarning > "$OUT/gpu_tests.log" 2>&1
+grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/gpu_tests.log" | cut -c1-300 | tail -8
+step profile_fp4
+for s in w4a16-mxfp4 w4a16-nvfp4; do
+  T 60 python3 benchmarks/profile_mgpu.py --spec $s --ms 1,16 --configs default,whole \
+    --layers 8 --iterations 3 >> "$OUT/profile_fp4.log" 2>&1
+done
+grep -E "^M=|^#" "$OUT/profile_fp4.log" | cut -c1-200
+step launch_gap
+T 80 python3 benchmarks/profile_mgpu.py --overhead --overhead-cases mosaic,xla \
+  > "$OUT/overhead_default.log" 2>&1
+XLA_FLAGS=--xla_gpu_enable_command_buffer= T 80 python3 benchmarks/profile_mgpu.py \
+  --overhead --overhead-cases mosaic,xla > "$OUT/overhead_no_cmdbuf.log" 2>&1
+grep -H "^overhead" "$OUT"/overhead_*.log | cut -c1-220
+step dense
+T 160 python3 benchmarks/bench_dense.py --specs w4a16-mxfp4,w4a16-nvfp4,w4a16-g128-zp \
+  --ms 128 --layers 8 --calls 10 --repeats 2 --humming --json "$OUT/dense128.json" \
+  > "$OUT/dense128.log" 2>&1
+grep -E "^8192|ERROR|rror" "$OUT/dense128.log" | cut -c1-250
 step done
