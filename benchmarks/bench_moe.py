@@ -4,7 +4,9 @@ For each (shape, tokens): random top-k routing, rows sorted by expert; one call 
 grouped GEMM to ``--layers`` distinct weight sets (each set is >= 100 MB, far past the 60 MB
 L2); microseconds per grouped GEMM.  Methods, in the same run:
   hj:<spec>        hj.quant_ragged_dot, Pallas grouped kernel, params prepared once per
-                   shape outside the timed call; TB/s = active experts' bytes / time
+                   shape outside the timed call; TB/s = active experts' bytes / time;
+                   ``<spec>@mgpu``: params prepared for the Mosaic GPU grouped kernel
+                   (kernels/grouped_wna16_mgpu.py, an experiment: not the default)
   hj_kernels:<spec>  (--breakdown) device time per kernel name (CUPTI), us per layer
   ragged_bf16      lax.ragged_dot on bf16 weights (XLA expands it densely: OOM is caught)
   deq_ragged       XLA dequantize (to bf16) + lax.ragged_dot
@@ -81,10 +83,17 @@ def _safe(fn):
 
 def quantize_sets(spec_name, ws):
   """(canonical, prepared) params per weight set: done once per shape, never timed."""
-  spec = hj.QuantSpec.preset(spec_name)
+  base, _, family = spec_name.partition("@")
+  spec = hj.QuantSpec.preset(base)
   quant = jax.jit(hj.quantize, static_argnums=1)
   qs = [quant(w, spec) for w in ws]
-  prep = jax.jit(functools.partial(hj.prepare, grouped=True))
+  if family == "mgpu":
+    from humming_jax.kernels import grouped_wna16_mgpu  # noqa: PLC0415
+    prep = jax.jit(grouped_wna16_mgpu.prepare)
+  elif family:
+    raise ValueError(f"spec {spec_name!r}: unknown kernel family {family!r} (expected mgpu)")
+  else:
+    prep = jax.jit(functools.partial(hj.prepare, grouped=True))
   pps = [jax.block_until_ready(prep(q)) for q in qs]
   return qs, pps
 

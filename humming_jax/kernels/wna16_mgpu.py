@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -209,8 +210,22 @@ def _swizzled(cols: int, bits: int, what: str):
   return (plgpu.TilingTransform((8, swizzle * 8 // bits)), plgpu.SwizzleTransform(swizzle))
 
 
+class Tiles(NamedTuple):
+  """Grouped (MoE) launch: row tiles of one expert each (grouped_wna16.tile_schedule).
+
+  ``sched``: (num_tiles * 4,) int32 (expert, row start, row end, kind) per tile; the
+  kernel reads the expert and the kind.  x holds ``block_m`` rows per tile (the caller
+  gathers them: a TMA load at a data-dependent row offset into the swizzled x buffer is
+  refused by Mosaic's layout inference unless the offset is provably a multiple of 8);
+  tile ``i`` computes its rows [i * block_m, (i + 1) * block_m) against its expert's
+  weights; kind 0 tiles do nothing."""
+  sched: jax.Array
+  num_tiles: int
+  block_m: int
+
+
 def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
-        config: Config | None = None) -> jax.Array:
+        config: Config | None = None, tiles: Tiles | None = None) -> jax.Array:
   """(M, K) bf16/fp16 activations x prepared params -> (M, N) in x.dtype.
 
   The weights are dequantized in the activation dtype: with fp16 activations, weights
@@ -221,15 +236,19 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
   M >= ``config.dequant_gemm_min_m`` (compute bound) and float32 activations (the WGMMA
   kernel takes 16-bit operands and would round x and y to bf16) run
   :func:`dequant_gemm` instead: the weights dequantized by one XLA fusion from this
-  layout, then XLA's GEMM in the activation dtype."""
+  layout, then XLA's GEMM in the activation dtype.
+
+  ``tiles`` (grouped_wna16_mgpu): stacked-expert params, one expert per row tile; returns
+  the (num_tiles * block_m, N) tile rows (the caller gathers)."""
   spec = params.spec
-  if registry.layout_family(params.layout) != FAMILY:
+  grouped = tiles is not None
+  if not grouped and registry.layout_family(params.layout) != FAMILY:
     raise ValueError(f"params.layout={params.layout!r}: expected {FAMILY}:... params; call "
                      f"wna16_mgpu.prepare (or hj.prepare) first")
-  k, n = params.shape
+  k, n = params.shape[-2:]
   if x.ndim != 2 or x.shape[1] != k:
     raise ValueError(f"x must be (M, K={k}); got shape {x.shape}")
-  k_tiles, np_, bk = params.codes.shape
+  k_tiles, np_, bk = params.codes.shape[-3:]
   kp = k_tiles * bk
   bits = spec.weight_bits
   m = x.shape[0]
@@ -239,17 +258,26 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
   if config is None:
     key = tuning.cache_key(FAMILY, spec.name, tuning.bucket_m(m), n, k, tuning.device_kind())
     config = tuning.cached_config(key, Config) or heuristic(m)
-  if m >= config.dequant_gemm_min_m or x.dtype not in (jnp.bfloat16, jnp.float16):
+  if not grouped and (m >= config.dequant_gemm_min_m
+                      or x.dtype not in (jnp.bfloat16, jnp.float16)):
     return dequant_gemm(params, x)
+  if x.dtype not in (jnp.bfloat16, jnp.float16):
+    raise ValueError(f"x.dtype={x.dtype}: the grouped Mosaic kernel takes bfloat16 / float16")
   cdt = x.dtype
   sub = _divisor(config.substeps, k_tiles)
-  block_m = min(config.block_m, max(8, -(-m // 8) * 8))
-  mp = -(-m // block_m) * block_m
-  # unpadded_rows: token rows past M are not padded; TMA reads them as zeros and clips them
-  # on the store, so decode runs no pad / slice op beside the kernel.  (K is padded: rare,
-  # and the zero columns must meet zero codes.)
-  # Mosaic's TMA needs the row count below its 8-row tiling or a multiple of it.
-  rows = m if config.unpadded_rows and (m < 8 or m % 8 == 0) else mp
+  if grouped:  # x: block_m rows per tile, gathered by the caller
+    block_m = tiles.block_m
+    mp = rows = tiles.num_tiles * block_m
+    if m != mp:
+      raise ValueError(f"x must hold num_tiles * block_m = {mp} rows; got {m}")
+  else:
+    block_m = min(config.block_m, max(8, -(-m // 8) * 8))
+    mp = -(-m // block_m) * block_m
+    # unpadded_rows: token rows past M are not padded; TMA reads them as zeros and clips
+    # them on the store, so decode runs no pad / slice op beside the kernel.  (K is
+    # padded: rare, and the zero columns must meet zero codes.)
+    # Mosaic's TMA needs the row count below its 8-row tiling or a multiple of it.
+    rows = m if config.unpadded_rows and (m < 8 or m % 8 == 0) else mp
   xp = x.astype(cdt)
   if (rows, kp) != (m, k):
     xp = jnp.pad(xp, ((0, rows - m), (0, kp - k)))
@@ -260,11 +288,11 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
   after = config.scale_after_mma and gpt == 1
   zero_mma = _ones_tile(config, has_zeros) and gpt == 1
   scales = params.scales.astype(cdt)
-  operands = [xp, params.codes, scales]
+  operands = ([tiles.sched] if grouped else []) + [xp, params.codes, scales]
   if has_zeros:
     operands.append(params.zeros.astype(cdt))
   k_steps = k_tiles // sub
-  split = _divisor(config.split_k, k_steps)
+  split = 1 if grouped else _divisor(config.split_k, k_steps)
   steps = k_steps // split  # pipeline steps per CTA
   fused_epilogue = split == 1  # else f32 partials (split, Np, Mp), summed by XLA
   out_bytes = 2 if fused_epilogue else 4
@@ -286,139 +314,149 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
   r_tf = _swizzled(block_m, 32, "r")
   o_tf = _swizzled(BLOCK_N, 16, "o") if fused_epilogue else _swizzled(block_m, 32, "o")
 
-  def kernel(x_gmem, w_gmem, s_gmem, *rest, x_buf, w_buf, s_buf, bars, o_smem, z_buf=None,
-             red_smem=None, red_bar=None, ep_smem=None, ep_barrier=None, a_smem=None,
-             ones_smem=None):
-    rest = list(rest)
+  def kernel(*refs, x_buf, w_buf, s_buf, bars, o_smem, z_buf=None, red_smem=None,
+             red_bar=None, ep_smem=None, ep_barrier=None, a_smem=None, ones_smem=None):
+    rest = list(refs)
+    sched_gmem = rest.pop(0) if grouped else None
+    x_gmem, w_gmem, s_gmem = rest.pop(0), rest.pop(0), rest.pop(0)
     z_gmem = rest.pop(0) if has_zeros else None
     ep_gmem = [rest.pop(0) for _ in range(n_ep)]  # [global scale row], [bias]
     (o_gmem,) = rest
     ni, mi, ki = lax.axis_index("n"), lax.axis_index("m"), lax.axis_index("k")
+    ms = pl.ds(mi * block_m, block_m)  # output rows
     wg = lax.axis_index("wg")
     ns = pl.ds(ni * BLOCK_N, BLOCK_N)
-    ms = pl.ds(mi * block_m, block_m)
     first_tile = (ki * steps + wg * steps_w) * sub  # this warpgroup's K range
-    if n_ep:  # in flight during the K loop; warpgroup 0 runs the epilogue
-      @pl.when(wg == 0)
-      def _():
-        for i, v_gmem in enumerate(ep_gmem):
-          plgpu.copy_gmem_to_smem(v_gmem.at[:, ns], ep_smem.at[pl.ds(i, 1)], ep_barrier)
 
-    # The TMA pipeline by hand: plgpu.emit_pipeline allocates per-thread scratch, which a
-    # kernel of several warpgroups cannot have; each warpgroup owns buffers [wg, slot].
-    def fetch(step, slot):
-      t = first_tile + step * sub
-      bar = bars.at[wg * stages + slot]
-      plgpu.copy_gmem_to_smem(x_gmem.at[ms, pl.ds(t * bk, sub * bk)], x_buf.at[wg, slot], bar)
-      plgpu.copy_gmem_to_smem(w_gmem.at[pl.ds(t, sub), ns], w_buf.at[wg, slot], bar)
-      rows = pl.ds(t * gpt, sub * gpt)
-      plgpu.copy_gmem_to_smem(s_gmem.at[rows, ns], s_buf.at[wg, slot], bar)
-      if has_zeros:
-        plgpu.copy_gmem_to_smem(z_gmem.at[rows, ns], z_buf.at[wg, slot], bar)
-
-    def compute(slot, acc_ref, total):
-      x_smem = x_buf.at[wg, slot]
-      for j in range(sub):  # MMA j runs while tile j + 1 is dequantized
-        w = plgpu.load(w_buf.at[wg, slot, j], layout=_UPCAST[bits],
-                       optimized=config.optimized_load)
-        if fp4 and not interpret and config.fp4_whole_registers:  # relayout inside
-          w = mgpu_convert.to_float_ptx(w, cdt, relayout=True)
-        elif fp4 and not interpret:
-          w = mgpu_convert.to_float_ptx(plgpu.layout_cast(w, _WGMMA), cdt)
-        elif fp4:
-          w = mgpu_convert.to_float_interpret(plgpu.layout_cast(w, _WGMMA), cdt)
-        else:
-          w = plgpu.layout_cast(w, _WGMMA).astype(cdt)
-        row = lambda r, i=0: plgpu.load(r.at[wg, slot, j * gpt + i], layout=_ROW)
-        bcast = lambda v, shape: lax.broadcast_in_dim(v, shape, [0])
-
-        def per_k(r):  # the tile's rows, each broadcast over its group's K columns
-          if gpt == 1:
-            return bcast(row(r), w.shape)
-          return jnp.concatenate([bcast(row(r, i), (BLOCK_N, bk // gpt))
-                                  for i in range(gpt)], axis=1)
-        if has_zeros and not zero_mma:
-          w = w - per_k(z_buf)  # small integers: exact
-        if not after:
-          w = w * per_k(s_buf)  # the bf16-rounded dequantized weight
-        if a_smem is not None:  # the GPU interpreter takes WGMMA operands from SMEM only
-          plgpu.wgmma_wait(0)
-          a_smem.at[wg][...] = w
-          plgpu.commit_smem()
-          w = a_smem.at[wg]
-        x_t = x_smem.at[:, pl.ds(j * bk, bk)].T
-        if not after:
-          plgpu.wgmma(acc_ref, w, x_t)
-          continue
-
-        def tile_product(part_ref, sum_ref=None, w=w, x_t=x_t):
-          plgpu.wgmma(part_ref, w, x_t)  # this K tile's (c [- z]) @ x^T: exact in f32
-          if sum_ref is not None:  # every row: sum over the tile's K of x, per token
-            plgpu.wgmma(sum_ref, ones_smem.at[wg], x_t)
-          plgpu.wgmma_wait(0)
-          return part_ref[...], None if sum_ref is None else sum_ref[...]
-        acc_t = plgpu.ACC((BLOCK_N, block_m), jnp.float32)
-        part, xsum = pl.run_scoped(tile_product, *([acc_t] * (2 if zero_mma else 1)))
-        if zero_mma:  # sum_k (c - z) x = sum_k c x - z sum_k x
-          part = part - bcast(row(z_buf).astype(jnp.float32), part.shape) * xsum
-        total = total + part * bcast(row(s_buf).astype(jnp.float32), part.shape)
-      plgpu.wgmma_wait(0)  # the slot may be refilled next
-      return total
-
-    def scoped(acc_ref):
-      if zero_mma:  # the constant all-ones WGMMA A operand of the x sums
-        ones_smem.at[wg][...] = jnp.ones((BLOCK_N, bk), cdt)
-        plgpu.commit_smem()
-      for st in range(stages):
-        fetch(st, st)
-
-      def body(step, total):
-        slot = lax.rem(step, stages)
-        plgpu.barrier_wait(bars.at[wg * stages + slot])
-        total = compute(slot, acc_ref, total)
-
-        @pl.when(step + stages < steps_w)
+    def tile(xs, pick):  # xs: the x rows; pick: the arrays of the tile's expert
+      if n_ep:  # in flight during the K loop; warpgroup 0 runs the epilogue
+        @pl.when(wg == 0)
         def _():
-          fetch(step + stages, slot)
+          for i, v_gmem in enumerate(ep_gmem):
+            plgpu.copy_gmem_to_smem(pick(v_gmem).at[:, ns], ep_smem.at[pl.ds(i, 1)],
+                                    ep_barrier)
+
+      # The TMA pipeline by hand: plgpu.emit_pipeline allocates per-thread scratch, which a
+      # kernel of several warpgroups cannot have; each warpgroup owns buffers [wg, slot].
+      def fetch(step, slot):
+        t = first_tile + step * sub
+        bar = bars.at[wg * stages + slot]
+        plgpu.copy_gmem_to_smem(x_gmem.at[xs, pl.ds(t * bk, sub * bk)], x_buf.at[wg, slot], bar)
+        plgpu.copy_gmem_to_smem(pick(w_gmem).at[pl.ds(t, sub), ns], w_buf.at[wg, slot], bar)
+        rows = pl.ds(t * gpt, sub * gpt)
+        plgpu.copy_gmem_to_smem(pick(s_gmem).at[rows, ns], s_buf.at[wg, slot], bar)
+        if has_zeros:
+          plgpu.copy_gmem_to_smem(pick(z_gmem).at[rows, ns], z_buf.at[wg, slot], bar)
+
+      def compute(slot, acc_ref, total):
+        x_smem = x_buf.at[wg, slot]
+        for j in range(sub):  # MMA j runs while tile j + 1 is dequantized
+          w = plgpu.load(w_buf.at[wg, slot, j], layout=_UPCAST[bits],
+                         optimized=config.optimized_load)
+          if fp4 and not interpret and config.fp4_whole_registers:  # relayout inside
+            w = mgpu_convert.to_float_ptx(w, cdt, relayout=True)
+          elif fp4 and not interpret:
+            w = mgpu_convert.to_float_ptx(plgpu.layout_cast(w, _WGMMA), cdt)
+          elif fp4:
+            w = mgpu_convert.to_float_interpret(plgpu.layout_cast(w, _WGMMA), cdt)
+          else:
+            w = plgpu.layout_cast(w, _WGMMA).astype(cdt)
+          row = lambda r, i=0: plgpu.load(r.at[wg, slot, j * gpt + i], layout=_ROW)
+          bcast = lambda v, shape: lax.broadcast_in_dim(v, shape, [0])
+
+          def per_k(r):  # the tile's rows, each broadcast over its group's K columns
+            if gpt == 1:
+              return bcast(row(r), w.shape)
+            return jnp.concatenate([bcast(row(r, i), (BLOCK_N, bk // gpt))
+                                    for i in range(gpt)], axis=1)
+          if has_zeros and not zero_mma:
+            w = w - per_k(z_buf)  # small integers: exact
+          if not after:
+            w = w * per_k(s_buf)  # the bf16-rounded dequantized weight
+          if a_smem is not None:  # the GPU interpreter takes WGMMA operands from SMEM only
+            plgpu.wgmma_wait(0)
+            a_smem.at[wg][...] = w
+            plgpu.commit_smem()
+            w = a_smem.at[wg]
+          x_t = x_smem.at[:, pl.ds(j * bk, bk)].T
+          if not after:
+            plgpu.wgmma(acc_ref, w, x_t)
+            continue
+
+          def tile_product(part_ref, sum_ref=None, w=w, x_t=x_t):
+            plgpu.wgmma(part_ref, w, x_t)  # this K tile's (c [- z]) @ x^T: exact in f32
+            if sum_ref is not None:  # every row: sum over the tile's K of x, per token
+              plgpu.wgmma(sum_ref, ones_smem.at[wg], x_t)
+            plgpu.wgmma_wait(0)
+            return part_ref[...], None if sum_ref is None else sum_ref[...]
+          acc_t = plgpu.ACC((BLOCK_N, block_m), jnp.float32)
+          part, xsum = pl.run_scoped(tile_product, *([acc_t] * (2 if zero_mma else 1)))
+          if zero_mma:  # sum_k (c - z) x = sum_k c x - z sum_k x
+            part = part - bcast(row(z_buf).astype(jnp.float32), part.shape) * xsum
+          total = total + part * bcast(row(s_buf).astype(jnp.float32), part.shape)
+        plgpu.wgmma_wait(0)  # the slot may be refilled next
         return total
 
-      total = None  # the running sum lives in acc_ref, or (after) in registers:
-      if after:
-        total = plgpu.layout_cast(jnp.zeros((BLOCK_N, block_m), jnp.float32), _WGMMA)
-      total = lax.fori_loop(0, steps_w, body, total)
-      return total if after else acc_ref[...]
+      def scoped(acc_ref):
+        if zero_mma:  # the constant all-ones WGMMA A operand of the x sums
+          ones_smem.at[wg][...] = jnp.ones((BLOCK_N, bk), cdt)
+          plgpu.commit_smem()
+        for st in range(stages):
+          fetch(st, st)
 
-    acc = pl.run_scoped(scoped, plgpu.ACC((BLOCK_N, block_m), jnp.float32))
-    if wgs > 1:  # partial sums of warpgroups 1.. -> shared memory -> warpgroup 0
-      @pl.when(wg > 0)
-      def _():
-        red_smem.at[wg - 1][...] = acc
-        plgpu.barrier_arrive(red_bar)
+        def body(step, total):
+          slot = lax.rem(step, stages)
+          plgpu.barrier_wait(bars.at[wg * stages + slot])
+          total = compute(slot, acc_ref, total)
 
-    @pl.when(wg == 0)
-    def _epilogue():
-      y = acc
-      if wgs > 1:
-        plgpu.barrier_wait(red_bar)
-        for i in range(wgs - 1):
-          y = y + plgpu.load(red_smem.at[i], layout=_WGMMA)
-      if not fused_epilogue:
-        o_smem[...] = y
+          @pl.when(step + stages < steps_w)
+          def _():
+            fetch(step + stages, slot)
+          return total
+
+        total = None  # the running sum lives in acc_ref, or (after) in registers:
+        if after:
+          total = plgpu.layout_cast(jnp.zeros((BLOCK_N, block_m), jnp.float32), _WGMMA)
+        total = lax.fori_loop(0, steps_w, body, total)
+        return total if after else acc_ref[...]
+
+      acc = pl.run_scoped(scoped, plgpu.ACC((BLOCK_N, block_m), jnp.float32))
+      if wgs > 1:  # partial sums of warpgroups 1.. -> shared memory -> warpgroup 0
+        @pl.when(wg > 0)
+        def _():
+          red_smem.at[wg - 1][...] = acc
+          plgpu.barrier_arrive(red_bar)
+
+      @pl.when(wg == 0)
+      def _epilogue():
+        y = acc
+        if wgs > 1:
+          plgpu.barrier_wait(red_bar)
+          for i in range(wgs - 1):
+            y = y + plgpu.load(red_smem.at[i], layout=_WGMMA)
+        if not fused_epilogue:
+          o_smem[...] = y
+          plgpu.commit_smem()
+          plgpu.copy_smem_to_gmem(o_smem, o_gmem.at[ki, ns, ms])
+          plgpu.wait_smem_to_gmem(0)
+          return
+        if n_ep:
+          plgpu.barrier_wait(ep_barrier)
+          ep = lambda i: lax.broadcast_in_dim(plgpu.load(ep_smem.at[i], layout=_ROW), y.shape, [0])
+          if has_global:
+            y = y * ep(0)
+          if has_bias:
+            y = y + ep(n_ep - 1)
+        o_smem.T[...] = plgpu.layout_cast(y.astype(cdt), _TRANSPOSED)
         plgpu.commit_smem()
-        plgpu.copy_smem_to_gmem(o_smem, o_gmem.at[ki, ns, ms])
+        plgpu.copy_smem_to_gmem(o_smem, o_gmem.at[ms, ns])
         plgpu.wait_smem_to_gmem(0)
-        return
-      if n_ep:
-        plgpu.barrier_wait(ep_barrier)
-        ep = lambda i: lax.broadcast_in_dim(plgpu.load(ep_smem.at[i], layout=_ROW), y.shape, [0])
-        if has_global:
-          y = y * ep(0)
-        if has_bias:
-          y = y + ep(n_ep - 1)
-      o_smem.T[...] = plgpu.layout_cast(y.astype(cdt), _TRANSPOSED)
-      plgpu.commit_smem()
-      plgpu.copy_smem_to_gmem(o_smem, o_gmem.at[ms, ns])
-      plgpu.wait_smem_to_gmem(0)
+
+    if not grouped:
+      tile(ms, lambda ref: ref)
+    else:  # one expert per row tile; kind-0 tiles (past the rows, idle) do nothing
+      expert, kind = sched_gmem[mi * 4], sched_gmem[mi * 4 + 3]
+      pl.when(kind == 1)(lambda: tile(ms, lambda ref: ref.at[expert]))
 
   row_buf = lambda: plgpu.SMEM((wgs, stages, sub * gpt, BLOCK_N), cdt)
   scratch = dict(
@@ -433,7 +471,7 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
     scratch["red_bar"] = plgpu.Barrier(num_arrivals=wgs - 1)  # counted in warpgroups
   if fused_epilogue:
     scratch["o_smem"] = plgpu.SMEM((block_m, BLOCK_N), cdt, transforms=o_tf)
-    out_type = jax.ShapeDtypeStruct((rows, np_), cdt)
+    out_type = jax.ShapeDtypeStruct((mp if grouped else rows, np_), cdt)
   else:
     scratch["o_smem"] = plgpu.SMEM((BLOCK_N, block_m), jnp.float32, transforms=o_tf)
     out_type = jax.ShapeDtypeStruct((split, np_, mp), jnp.float32)
@@ -442,9 +480,11 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
                    ep_barrier=plgpu.Barrier(num_arrivals=n_ep))
   if has_global:
     operands.append(params.global_scale)
-  if has_bias:
+  if has_bias:  # (1, Np) float32 row (per expert when grouped)
     bias = params.bias.astype(jnp.float32)
-    operands.append((bias if np_ == n else jnp.pad(bias, (0, np_ - n))).reshape(1, np_))
+    if np_ != n:
+      bias = jnp.pad(bias, [(0, 0)] * (bias.ndim - 1) + [(0, np_ - n)])
+    operands.append(bias.reshape(*bias.shape[:-1], 1, np_))
   if interpret:
     scratch["a_smem"] = plgpu.SMEM((wgs, BLOCK_N, bk), cdt, transforms=a_tf)
   if zero_mma:
@@ -455,6 +495,8 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
       num_threads=wgs, thread_name="wg", scratch_types=scratch,
       interpret=plgpu.InterpretGPUParams() if interpret else False,
   )(*operands)
+  if grouped:
+    return out[:, :n]  # (num_tiles * block_m, N)
   if fused_epilogue:
     return out if (rows, np_) == (m, n) else out[:m, :n]
   y = out.sum(axis=0).T[:m, :n]  # one XLA fusion: split sum, transpose, scales, bias, cast

@@ -1,0 +1,101 @@
+"""Grouped (MoE) WnA16 on the Mosaic GPU kernel: one expert per row tile (decode).
+
+``y[r] = x[r] @ W_deq[expert(r)] + bias[expert(r)]`` for rows sorted by expert
+(``group_sizes`` (E,) consecutive segments), ``lax.ragged_dot`` semantics: rows past
+``sum(group_sizes)`` are zero.
+
+Why: at decode every active expert's weights are read once and the work is weight-bandwidth
+bound -- the regime of the dense Mosaic kernel (kernels/wna16_mgpu.py: int4 / fp4 codes
+dequantized in registers as the WGMMA A operand, several warpgroups per CTA splitting K).
+The Pallas-Triton grouped kernel (grouped_wna16.py) trails Humming by ~3x there
+(benchmarks/NOTES_moe.md).
+
+How: the dense kernel with a tile axis (``wna16_mgpu.Tiles``): the rows are cut into
+tiles of ``block_m`` rows of one expert each (grouped_wna16.tile_schedule, computed on the
+device: no host sync, static shapes); one XLA gather lays x out as ``block_m`` rows per tile
+(Mosaic refuses a TMA load at a data-dependent row offset into the swizzled x buffer); tile
+``i`` reads its expert from the schedule, streams that expert's codes / scales by TMA
+(inactive experts are never read) and writes its own ``block_m`` output rows; a second
+gather picks each row back from its tile.  Layout: the dense layout per expert, stacked on
+axis 0.
+
+Status: interpreter-exact and lowers for the H200 (tests/test_grouped_wna16_mgpu.py); **not
+yet run on a GPU**, so it is registered below the Pallas-Triton grouped kernel: prepare
+with :func:`prepare` (not ``hj.prepare``) to use it.  No split-K; for many rows per expert
+(prefill) the Triton grouped kernel stays the choice.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from humming_jax.kernels import grouped_wna16, registry, wna16_mgpu
+from humming_jax.quantize import QuantizedWeight
+from humming_jax.spec import QuantSpec
+
+FAMILY = "grouped_wna16_mgpu"
+
+
+def supports(spec: QuantSpec) -> bool:
+  return wna16_mgpu.supports(spec)
+
+
+def prepare(params: QuantizedWeight) -> QuantizedWeight:
+  """Canonical stacked (E, K, N) params -> the dense Mosaic layout per expert, stacked."""
+  if params.num_experts is None:
+    raise ValueError(f"grouped kernels need stacked experts (E, K, N); got shape "
+                     f"{params.shape}")
+  if (why := wna16_mgpu.unsupported_reason(params.spec)) is not None:
+    raise ValueError(f"spec {params.spec.name}: not supported by the {FAMILY} kernel ({why})")
+  return grouped_wna16.stack_prepare(wna16_mgpu.prepare, params, FAMILY, wna16_mgpu.FAMILY)
+
+
+def to_canonical(prepared: QuantizedWeight) -> QuantizedWeight:
+  """Inverse of :func:`prepare` (bit-exact)."""
+  return grouped_wna16.stack_to_canonical(wna16_mgpu.to_canonical, prepared, FAMILY,
+                                          wna16_mgpu.FAMILY)
+
+
+def block_rows(m: int, num_experts: int) -> int:
+  """Rows per tile: the expected rows per active expert (M rows over min(E, M) experts),
+  rounded up to the 8-row granule, at most 64."""
+  rows = -(-m // max(min(num_experts, m), 1))
+  return min(64, max(8, -(-rows // 8) * 8))
+
+
+def run(params: QuantizedWeight, x: jax.Array, group_sizes: jax.Array, *,
+        interpret: bool = False, config: wna16_mgpu.Config | None = None) -> jax.Array:
+  """(M, K) bf16 / fp16 rows sorted by expert x prepared stacked params -> (M, N)."""
+  if registry.layout_family(params.layout) != FAMILY:
+    raise ValueError(f"params.layout={params.layout!r}: expected {FAMILY}:... params; call "
+                     f"grouped_wna16_mgpu.prepare first")
+  e, k, n = params.shape
+  if x.ndim != 2 or x.shape[1] != k:
+    raise ValueError(f"x must be (M, K={k}); got shape {x.shape}")
+  if group_sizes.shape != (e,):
+    raise ValueError(f"group_sizes must be ({e},); got shape {group_sizes.shape}")
+  m = x.shape[0]
+  if m == 0:
+    return jnp.zeros((0, n), x.dtype)
+  block_m = block_rows(m, e)
+  num_tiles = grouped_wna16.max_tiles(m, e, block_m)
+  expert, start, end, kind = grouped_wna16.tile_schedule(group_sizes, m, block_m, num_tiles)
+  sched = jnp.stack([expert, start, end, kind], axis=1).reshape(-1)
+  config = config or wna16_mgpu.heuristic(block_m)
+  rows = start[:, None] + jnp.arange(block_m, dtype=jnp.int32)[None, :]  # (tiles, block_m)
+  valid = (rows < end[:, None]) & (kind[:, None] == 1)
+  x_tiles = x[jnp.where(valid, rows, 0).reshape(-1)]  # slots past a tile's end: row 0
+  y_tiles = wna16_mgpu.run(params, x_tiles, interpret=interpret, config=config,
+                           tiles=wna16_mgpu.Tiles(sched, num_tiles, block_m))
+  # Row r comes from tile i, row r - start_i, for the compute tile whose [start, end) holds
+  # it; rows past sum(group_sizes) from an appended zero row.
+  src = jnp.full((m,), num_tiles * block_m, jnp.int32)
+  src = src.at[jnp.where(valid, rows, m).reshape(-1)].set(
+      jnp.arange(num_tiles * block_m, dtype=jnp.int32), mode="drop")
+  y_tiles = jnp.concatenate([y_tiles, jnp.zeros((1, n), y_tiles.dtype)])
+  return y_tiles[src]
+
+
+KERNEL = registry.register(registry.DenseKernel(
+    name=FAMILY, layout=FAMILY, supports=supports, prepare=prepare,
+    to_canonical=to_canonical, run=run, grouped=True, priority=-1))
