@@ -323,12 +323,12 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
     ep_gmem = [rest.pop(0) for _ in range(n_ep)]  # [global scale row], [bias]
     (o_gmem,) = rest
     ni, mi, ki = lax.axis_index("n"), lax.axis_index("m"), lax.axis_index("k")
-    ms = pl.ds(mi * block_m, block_m)  # output rows
+    ms = pl.ds(mi * block_m, block_m)  # the x and output rows of this tile
     wg = lax.axis_index("wg")
     ns = pl.ds(ni * BLOCK_N, BLOCK_N)
     first_tile = (ki * steps + wg * steps_w) * sub  # this warpgroup's K range
 
-    def tile(xs, pick):  # xs: the x rows; pick: the arrays of the tile's expert
+    def tile(pick):  # pick: the tile's expert's arrays (itself when dense)
       if n_ep:  # in flight during the K loop; warpgroup 0 runs the epilogue
         @pl.when(wg == 0)
         def _():
@@ -341,7 +341,7 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
       def fetch(step, slot):
         t = first_tile + step * sub
         bar = bars.at[wg * stages + slot]
-        plgpu.copy_gmem_to_smem(x_gmem.at[xs, pl.ds(t * bk, sub * bk)], x_buf.at[wg, slot], bar)
+        plgpu.copy_gmem_to_smem(x_gmem.at[ms, pl.ds(t * bk, sub * bk)], x_buf.at[wg, slot], bar)
         plgpu.copy_gmem_to_smem(pick(w_gmem).at[pl.ds(t, sub), ns], w_buf.at[wg, slot], bar)
         rows = pl.ds(t * gpt, sub * gpt)
         plgpu.copy_gmem_to_smem(pick(s_gmem).at[rows, ns], s_buf.at[wg, slot], bar)
@@ -453,10 +453,10 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
         plgpu.wait_smem_to_gmem(0)
 
     if not grouped:
-      tile(ms, lambda ref: ref)
+      tile(lambda ref: ref)
     else:  # one expert per row tile; kind-0 tiles (past the rows, idle) do nothing
       expert, kind = sched_gmem[mi * 4], sched_gmem[mi * 4 + 3]
-      pl.when(kind == 1)(lambda: tile(ms, lambda ref: ref.at[expert]))
+      pl.when(kind == 1)(lambda: tile(lambda ref: ref.at[expert]))
 
   row_buf = lambda: plgpu.SMEM((wgs, stages, sub * gpt, BLOCK_N), cdt)
   scratch = dict(
