@@ -138,3 +138,28 @@ def test_qwen3_decode_gpu(name, tokens):
   p = jax.jit(gm.prepare)(q)
   y = jax.jit(gm.run)(p, x, g)
   assert rel(y, jax.jit(reference.ragged_dot_reference)(q, x, g)) <= TOL
+
+
+def test_tile_schedule_covers_every_row_once():
+  """Random splits (empty experts, long and short segments, sum < M): tiles start at a
+  multiple of 8, own rows of one expert, cover each row below sum(group_sizes) exactly once
+  and fit the static bound."""
+  rng = np.random.default_rng(0)
+  for _ in range(200):
+    e = int(rng.integers(1, 12))
+    gs = rng.integers(0, 20, e) * (rng.random(e) < 0.7)
+    m = int(gs.sum() + rng.integers(0, 9))
+    if m == 0:
+      continue
+    bm = gm.block_rows(m, e)
+    nt = gm.max_tiles(m, e, bm)
+    expert, row0, own, end, kind = map(np.asarray, gm.tile_schedule(jnp.asarray(gs), m, bm, nt))
+    seg_end = np.cumsum(gs)
+    seg_start = seg_end - gs
+    hits = np.zeros(m, int)
+    for i in np.flatnonzero(kind):
+      assert row0[i] % 8 == 0 and row0[i] <= own[i] < end[i] <= row0[i] + bm
+      assert seg_start[expert[i]] <= own[i] and end[i] <= seg_end[expert[i]]
+      hits[own[i]:end[i]] += 1
+    total = int(gs.sum())
+    assert (hits[:total] == 1).all() and (hits[total:] == 0).all(), (gs, m)

@@ -10,14 +10,15 @@ dequantized in registers as the WGMMA A operand, several warpgroups per CTA spli
 The Pallas-Triton grouped kernel (grouped_wna16.py) trails Humming by ~3x there
 (benchmarks/NOTES_moe.md).
 
-How: the dense kernel with a tile axis (``wna16_mgpu.Tiles``): the rows are cut into
-tiles of ``block_m`` rows of one expert each (grouped_wna16.tile_schedule, computed on the
-device: no host sync, static shapes); one XLA gather lays x out as ``block_m`` rows per tile
-(Mosaic refuses a TMA load at a data-dependent row offset into the swizzled x buffer); tile
-``i`` reads its expert from the schedule, streams that expert's codes / scales by TMA
-(inactive experts are never read) and writes its own ``block_m`` output rows; a second
-gather picks each row back from its tile.  Layout: the dense layout per expert, stacked on
-axis 0.
+How: the dense kernel with a tile axis (``wna16_mgpu.Tiles``): each expert's rows are cut
+into tiles of ``block_m`` rows starting at the expert's first row rounded down to a
+multiple of 8 (:func:`tile_schedule`, computed on the device: no host sync, static shapes)
+-- Mosaic's TMA into the swizzled x buffer needs the row offset provably a multiple of 8;
+rows of the previous expert in front are computed and dropped.  Tile ``i`` reads its
+(expert, first row) from the schedule, streams that expert's codes / scales by TMA
+(inactive experts are never read) and x rows [first, first + block_m) straight from x, and
+writes its own ``block_m`` output rows; one XLA gather picks each row from its tile (rows
+past ``sum(group_sizes)`` zero).  Layout: the dense layout per expert, stacked on axis 0.
 
 Status: interpreter-exact and lowers for the H200 (tests/test_grouped_wna16_mgpu.py); **not
 yet run on a GPU**, so it is registered below the Pallas-Triton grouped kernel: prepare
@@ -63,6 +64,39 @@ def block_rows(m: int, num_experts: int) -> int:
   return min(64, max(8, -(-rows // 8) * 8))
 
 
+def max_tiles(m: int, num_experts: int, block_m: int) -> int:
+  """Static bound on the tiles of any split: each of the at most min(E, M) non-empty
+  segments adds up to 7 rows (its start rounded down to 8) and one partial tile."""
+  active = min(num_experts, m)
+  return -(-(m + 7 * active) // block_m) + active
+
+
+def tile_schedule(group_sizes: jax.Array, m: int, block_m: int, num_tiles: int
+                  ) -> tuple[jax.Array, ...]:
+  """Per tile: (expert, first x row (a multiple of 8), first own row, end, kind) int32.
+
+  Expert e's rows [start_e, end_e) (clipped to M) are covered by tiles starting at
+  ``8 * (start_e // 8)``; tile rows outside [own, end) belong to other experts or none and
+  are dropped.  kind 1: a tile to compute; 0: unused (all fields 0)."""
+  gs = jnp.maximum(group_sizes.astype(jnp.int32), 0)
+  e = gs.shape[0]
+  ends = jnp.minimum(jnp.cumsum(gs), m)
+  starts = jnp.concatenate([jnp.zeros((1,), jnp.int32), ends[:-1]])
+  first = starts // 8 * 8
+  seg_tiles = jnp.where(ends > starts, (ends - first + block_m - 1) // block_m, 0)
+  tile_end = jnp.cumsum(seg_tiles)
+  i = jnp.arange(num_tiles, dtype=jnp.int32)
+  # One compare-and-count fusion (no XLA while loop): see grouped_wna16.tile_schedule.
+  piece = jnp.searchsorted(tile_end, i, side="right", method="compare_all").astype(jnp.int32)
+  used = piece < e
+  piece = jnp.minimum(piece, e - 1)
+  row0 = first[piece] + (i - (tile_end[piece] - seg_tiles[piece])) * block_m
+  own = jnp.maximum(row0, starts[piece])
+  end = jnp.minimum(row0 + block_m, ends[piece])
+  zero = lambda v: jnp.where(used, v, 0)
+  return piece, zero(row0), zero(own), zero(end), used.astype(jnp.int32)
+
+
 def run(params: QuantizedWeight, x: jax.Array, group_sizes: jax.Array, *,
         interpret: bool = False, config: wna16_mgpu.Config | None = None) -> jax.Array:
   """(M, K) bf16 / fp16 rows sorted by expert x prepared stacked params -> (M, N)."""
@@ -78,17 +112,16 @@ def run(params: QuantizedWeight, x: jax.Array, group_sizes: jax.Array, *,
   if m == 0:
     return jnp.zeros((0, n), x.dtype)
   block_m = block_rows(m, e)
-  num_tiles = grouped_wna16.max_tiles(m, e, block_m)
-  expert, start, end, kind = grouped_wna16.tile_schedule(group_sizes, m, block_m, num_tiles)
-  sched = jnp.stack([expert, start, end, kind], axis=1).reshape(-1)
+  num_tiles = max_tiles(m, e, block_m)
+  expert, row0, own, end, kind = tile_schedule(group_sizes, m, block_m, num_tiles)
+  sched = jnp.stack([expert, row0, end, kind], axis=1).reshape(-1)
   config = config or wna16_mgpu.heuristic(block_m)
-  rows = start[:, None] + jnp.arange(block_m, dtype=jnp.int32)[None, :]  # (tiles, block_m)
-  valid = (rows < end[:, None]) & (kind[:, None] == 1)
-  x_tiles = x[jnp.where(valid, rows, 0).reshape(-1)]  # slots past a tile's end: row 0
-  y_tiles = wna16_mgpu.run(params, x_tiles, interpret=interpret, config=config,
+  y_tiles = wna16_mgpu.run(params, x, interpret=interpret, config=config,
                            tiles=wna16_mgpu.Tiles(sched, num_tiles, block_m))
-  # Row r comes from tile i, row r - start_i, for the compute tile whose [start, end) holds
-  # it; rows past sum(group_sizes) from an appended zero row.
+  # Row r comes from slot r - row0_i of the compute tile i whose [own, end) holds it; rows
+  # past sum(group_sizes) from an appended zero row.
+  rows = row0[:, None] + jnp.arange(block_m, dtype=jnp.int32)[None, :]  # (tiles, block_m)
+  valid = (rows >= own[:, None]) & (rows < end[:, None]) & (kind[:, None] == 1)
   src = jnp.full((m,), num_tiles * block_m, jnp.int32)
   src = src.at[jnp.where(valid, rows, m).reshape(-1)].set(
       jnp.arange(num_tiles * block_m, dtype=jnp.int32), mode="drop")

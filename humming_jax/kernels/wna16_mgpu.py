@@ -213,12 +213,11 @@ def _swizzled(cols: int, bits: int, what: str):
 class Tiles(NamedTuple):
   """Grouped (MoE) launch: row tiles of one expert each (grouped_wna16.tile_schedule).
 
-  ``sched``: (num_tiles * 4,) int32 (expert, row start, row end, kind) per tile; the
-  kernel reads the expert and the kind.  x holds ``block_m`` rows per tile (the caller
-  gathers them: a TMA load at a data-dependent row offset into the swizzled x buffer is
-  refused by Mosaic's layout inference unless the offset is provably a multiple of 8);
-  tile ``i`` computes its rows [i * block_m, (i + 1) * block_m) against its expert's
-  weights; kind 0 tiles do nothing."""
+  ``sched``: (num_tiles * 4,) int32 (expert, first x row, -, kind) per tile; tile ``i``
+  computes x rows [first, first + block_m) -- ``first`` a multiple of 8 (Mosaic's TMA
+  into the swizzled x buffer needs that proven), rows past M read as zeros -- against its
+  expert's weights and writes output rows [i * block_m, (i + 1) * block_m); the caller
+  picks each row from its tile.  kind 0 tiles do nothing."""
   sched: jax.Array
   num_tiles: int
   block_m: int
@@ -265,11 +264,10 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
     raise ValueError(f"x.dtype={x.dtype}: the grouped Mosaic kernel takes bfloat16 / float16")
   cdt = x.dtype
   sub = _divisor(config.substeps, k_tiles)
-  if grouped:  # x: block_m rows per tile, gathered by the caller
+  if grouped:  # x rows read from each tile's first row; output: block_m rows per tile
     block_m = tiles.block_m
-    mp = rows = tiles.num_tiles * block_m
-    if m != mp:
-      raise ValueError(f"x must hold num_tiles * block_m = {mp} rows; got {m}")
+    mp = tiles.num_tiles * block_m
+    rows = -(-m // 8) * 8  # TMA: rows past M read as zeros (a multiple of 8 for Mosaic)
   else:
     block_m = min(config.block_m, max(8, -(-m // 8) * 8))
     mp = -(-m // block_m) * block_m
@@ -323,12 +321,12 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
     ep_gmem = [rest.pop(0) for _ in range(n_ep)]  # [global scale row], [bias]
     (o_gmem,) = rest
     ni, mi, ki = lax.axis_index("n"), lax.axis_index("m"), lax.axis_index("k")
-    ms = pl.ds(mi * block_m, block_m)  # the x and output rows of this tile
+    ms = pl.ds(mi * block_m, block_m)  # output rows (and x rows when dense)
     wg = lax.axis_index("wg")
     ns = pl.ds(ni * BLOCK_N, BLOCK_N)
     first_tile = (ki * steps + wg * steps_w) * sub  # this warpgroup's K range
 
-    def tile(pick):  # pick: the tile's expert's arrays (itself when dense)
+    def tile(xs, pick):  # xs: the x rows; pick: the tile's expert's arrays (dense: same)
       if n_ep:  # in flight during the K loop; warpgroup 0 runs the epilogue
         @pl.when(wg == 0)
         def _():
@@ -341,7 +339,7 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
       def fetch(step, slot):
         t = first_tile + step * sub
         bar = bars.at[wg * stages + slot]
-        plgpu.copy_gmem_to_smem(x_gmem.at[ms, pl.ds(t * bk, sub * bk)], x_buf.at[wg, slot], bar)
+        plgpu.copy_gmem_to_smem(x_gmem.at[xs, pl.ds(t * bk, sub * bk)], x_buf.at[wg, slot], bar)
         plgpu.copy_gmem_to_smem(pick(w_gmem).at[pl.ds(t, sub), ns], w_buf.at[wg, slot], bar)
         rows = pl.ds(t * gpt, sub * gpt)
         plgpu.copy_gmem_to_smem(pick(s_gmem).at[rows, ns], s_buf.at[wg, slot], bar)
@@ -453,10 +451,11 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
         plgpu.wait_smem_to_gmem(0)
 
     if not grouped:
-      tile(lambda ref: ref)
+      tile(ms, lambda ref: ref)
     else:  # one expert per row tile; kind-0 tiles (past the rows, idle) do nothing
-      expert, kind = sched_gmem[mi * 4], sched_gmem[mi * 4 + 3]
-      pl.when(kind == 1)(lambda: tile(lambda ref: ref.at[expert]))
+      expert, first, kind = (sched_gmem[mi * 4 + f] for f in (0, 1, 3))
+      xs = pl.ds(pl.multiple_of(first, 8), block_m)
+      pl.when(kind == 1)(lambda: tile(xs, lambda ref: ref.at[expert]))
 
   row_buf = lambda: plgpu.SMEM((wgs, stages, sub * gpt, BLOCK_N), cdt)
   scratch = dict(
