@@ -11,11 +11,12 @@ the kernel loads fp4 weights as int4 registers holding the raw e2m1 bit pattern
   ``2**(bias - 1)`` (2**126 for bf16, 2**14 for fp16; exact) gives the value.
 
 Two implementations of the same function: :func:`to_float_interpret` (the format's
-decode, for the interpreter) and :func:`to_float_ptx` (inline PTX per register pair through ``plgpu.inline_mgpu``: ``prmt`` gathers the two nibbles of a
-pair into the top of each 16-bit half, then shift / and / lop3 build both halves at once
-and an ``fma.bf16x2`` applies the power of two -- five instructions per two weights when
-the PTX can read the 32-bit register of 8 nibbles, ~8 when each pair arrives on its own;
-see ``to_float_ptx``'s ``relayout``).
+decode, for the interpreter) and :func:`to_float_ptx` (inline PTX per register pair
+through ``plgpu.inline_mgpu``: ``prmt`` gathers the two nibbles of a pair into the top of
+each 16-bit half, then shift / and / lop3 build both halves at once and an
+``fma.bf16x2`` applies the power of two -- five instructions per two weights when the PTX
+can read the 32-bit register of 8 nibbles, ~8 when each pair arrives on its own; see
+``to_float_ptx``'s ``relayout``).
 """
 from __future__ import annotations
 
