@@ -102,6 +102,22 @@ def max_tiles(m: int, num_experts: int, block_m: int) -> int:
   return -(-m // block_m) + min(num_experts, m)
 
 
+def tiles_of_pieces(piece_tiles: jax.Array, num_tiles: int
+                    ) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """Tile i -> (piece, tile index within the piece, used) for pieces of ``piece_tiles``
+  consecutive tiles each; tiles past the last piece are unused (piece clipped to the last).
+
+  "compare_all": one (tiles, pieces) compare-and-count fusion.  The default "scan" method
+  is an XLA while loop of ~log2(pieces) iterations, each a few tiny kernels (and on the GPU
+  a loop-predicate round trip): tens of µs of fixed cost per call at decode."""
+  tile_end = jnp.cumsum(piece_tiles)
+  i = jnp.arange(num_tiles, dtype=jnp.int32)
+  piece = jnp.searchsorted(tile_end, i, side="right", method="compare_all").astype(jnp.int32)
+  used = piece < piece_tiles.shape[0]
+  piece = jnp.minimum(piece, piece_tiles.shape[0] - 1)
+  return piece, i - (tile_end[piece] - piece_tiles[piece]), used
+
+
 def tile_schedule(group_sizes: jax.Array, m: int, block_m: int, num_tiles: int
                   ) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
   """Per tile: (expert, row start, row end, kind) int32 arrays of length ``num_tiles``.
@@ -117,15 +133,7 @@ def tile_schedule(group_sizes: jax.Array, m: int, block_m: int, num_tiles: int
   p_start = jnp.concatenate([starts, total[None]])  # E expert segments + the zero tail
   p_end = jnp.concatenate([ends, jnp.full((1,), m, jnp.int32)])
   p_tiles = (p_end - p_start + block_m - 1) // block_m
-  tile_end = jnp.cumsum(p_tiles)
-  i = jnp.arange(num_tiles, dtype=jnp.int32)
-  # "compare_all": one (tiles, E+1) compare-and-count fusion.  The default "scan" method is
-  # an XLA while loop of ~log2(E) iterations, each a few tiny kernels (and on the GPU a
-  # loop-predicate round trip): tens of µs of fixed cost per call at decode.
-  piece = jnp.searchsorted(tile_end, i, side="right", method="compare_all").astype(jnp.int32)
-  used = piece <= e
-  piece = jnp.minimum(piece, e)
-  local = i - (tile_end[piece] - p_tiles[piece])
+  piece, local, used = tiles_of_pieces(p_tiles, num_tiles)
   start = p_start[piece] + local * block_m
   end = jnp.minimum(start + block_m, p_end[piece])
   start = jnp.where(used, start, 0)

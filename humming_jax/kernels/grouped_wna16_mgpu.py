@@ -79,18 +79,12 @@ def tile_schedule(group_sizes: jax.Array, m: int, block_m: int, num_tiles: int
   ``8 * (start_e // 8)``; tile rows outside [own, end) belong to other experts or none and
   are dropped.  kind 1: a tile to compute; 0: unused (all fields 0)."""
   gs = jnp.maximum(group_sizes.astype(jnp.int32), 0)
-  e = gs.shape[0]
   ends = jnp.minimum(jnp.cumsum(gs), m)
   starts = jnp.concatenate([jnp.zeros((1,), jnp.int32), ends[:-1]])
   first = starts // 8 * 8
   seg_tiles = jnp.where(ends > starts, (ends - first + block_m - 1) // block_m, 0)
-  tile_end = jnp.cumsum(seg_tiles)
-  i = jnp.arange(num_tiles, dtype=jnp.int32)
-  # One compare-and-count fusion (no XLA while loop): see grouped_wna16.tile_schedule.
-  piece = jnp.searchsorted(tile_end, i, side="right", method="compare_all").astype(jnp.int32)
-  used = piece < e
-  piece = jnp.minimum(piece, e - 1)
-  row0 = first[piece] + (i - (tile_end[piece] - seg_tiles[piece])) * block_m
+  piece, local, used = grouped_wna16.tiles_of_pieces(seg_tiles, num_tiles)
+  row0 = first[piece] + local * block_m
   own = jnp.maximum(row0, starts[piece])
   end = jnp.minimum(row0 + block_m, ends[piece])
   zero = lambda v: jnp.where(used, v, 0)

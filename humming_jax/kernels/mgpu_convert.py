@@ -107,17 +107,23 @@ def to_float_ptx(codes: jax.Array, dtype, *, relayout: bool = False) -> jax.Arra
     for idx, reg in np.ndenumerate(arr.registers):
       [vlen] = ir.VectorType(reg.type).shape
       if vlen % 2:
-        raise NotImplementedError(f"fp4 conversion needs pairs; register of {vlen}")
+        raise NotImplementedError(f"fp4 weights: this jax's Mosaic GPU holds WGMMA int4 "
+                                  f"registers of {vlen} values (expected pairs); use the "
+                                  f"Pallas-Triton kernel (wna16) for fp4 on it")
       op = getattr(reg.owner, "opview", None)
       if (isinstance(op, vector.ExtractStridedSliceOp)
           and mgpu_utils.bitwidth(op.source.type) == 32 and op.strides[0].value == 1):
         src = mgpu_utils.bitcast(op.source, i32)  # the 8-nibble register it was cut from
         first = op.offsets[0].value
         if first % 2:
-          raise NotImplementedError(f"fp4 conversion: slice at odd nibble {first}")
+          raise NotImplementedError(f"fp4 weights: this jax's Mosaic GPU slices WGMMA int4 "
+                                    f"registers at odd nibble {first}; use the "
+                                    f"Pallas-Triton kernel (wna16) for fp4 on it")
       else:
         if vlen * 4 > 32:
-          raise NotImplementedError(f"fp4 conversion: register of {vlen} nibbles")
+          raise NotImplementedError(f"fp4 weights: this jax's Mosaic GPU holds WGMMA int4 "
+                                    f"registers of {vlen} values (over 32 bits); use the "
+                                    f"Pallas-Triton kernel (wna16) for fp4 on it")
         src = mgpu_utils.bitcast(reg, ir.IntegerType.get_signless(vlen * 4))
         if vlen * 4 != 32:
           src = arith.extui(i32, src)

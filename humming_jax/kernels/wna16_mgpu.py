@@ -52,7 +52,8 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from humming_jax import packing
-from humming_jax.quantize import E8M0, QuantizedWeight, scale_block, unpacked_codes
+from humming_jax.quantize import (E8M0, QuantizedWeight, expand_scales, scale_block,
+                                  unpacked_codes)
 from humming_jax.kernels import launch, mgpu_convert, registry, tuning
 from humming_jax.spec import QuantSpec
 
@@ -211,7 +212,7 @@ def _swizzled(cols: int, bits: int, what: str):
 
 
 class Tiles(NamedTuple):
-  """Grouped (MoE) launch: row tiles of one expert each (grouped_wna16.tile_schedule).
+  """Grouped (MoE) launch: row tiles of one expert each (grouped_wna16_mgpu.tile_schedule).
 
   ``sched``: (num_tiles * 4,) int32 (expert, first x row, -, kind) per tile; tile ``i``
   computes x rows [first, first + block_m) -- ``first`` a multiple of 8 (Mosaic's TMA
@@ -577,7 +578,7 @@ def dequantize_prepared(params: QuantizedWeight, dtype=jnp.float32, *,
   else:
     c = params.codes.astype(dtype)
   c = c.transpose(0, 2, 1).reshape(t * bk, np_)  # (Kp, Np)
-  rep_k = lambda r: jnp.repeat(r.astype(dtype), t * bk // r.shape[0], axis=0)
+  rep_k = lambda r: expand_scales(r.astype(dtype), t * bk, np_)  # rows over their K
   if params.zeros is not None:
     c = c - rep_k(params.zeros)
   w = c * rep_k(params.scales)
