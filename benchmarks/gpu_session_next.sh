@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # The next device call (about 9 minutes on an H200), prepared 2026-11-29 session 5.
 # Open since the last GPU runs (benchmarks/NOTES.md v7):
+#   0. re-confirm the Mosaic WnA16 kernel after its body moved into a per-tile function
+#      (quant_dense / configs GPU tests; last H200 run 17:17 UTC, before that change);
 #   1. MgpuConfig.fp4_whole_registers (the int4 relayout inside the inline PTX block, so each
 #      fp4 pair's PTX reads its 32-bit register: ~3 instructions fewer per pair) -- GPU test
 #      and CUPTI time against the default, then flip it on if faster and correct;
@@ -11,12 +13,12 @@
 #      lowers for the H200, never run on a GPU): its GPU tests, then Qwen3 decode rows
 #      beside the Triton grouped kernel and Humming (issue 5's decode gap is ~3x).
 # (Still open after this call: MXFP4 / NVFP4 at M = 128, the Llama-3-8B table.)
-# Step timeouts (SIGINT, SIGKILL 5 s later) sum to 490 s.  Carry: [".whl"].
+# Step timeouts (SIGINT, SIGKILL 5 s later) sum to 540 s.  Carry: [".whl"].
 source "$(dirname "$0")/gpu_env.sh"
 T() { local t=$1; shift; timeout -k 5 -s INT "$t" "$@"; }
 step gpu_tests
-T 150 python3 -m pytest tests/test_wna16_mgpu.py tests/test_grouped_wna16_mgpu.py -m gpu \
-  -k "whole or global_scale or qwen3" -p no:cacheprovider --tb=short -q \
+T 200 python3 -m pytest tests/test_wna16_mgpu.py tests/test_grouped_wna16_mgpu.py -m gpu \
+  -k "quant_dense or whole or configs or qwen3" -p no:cacheprovider --tb=short -q \
   -W ignore::DeprecationWarning > "$OUT/gpu_tests.log" 2>&1
 grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/gpu_tests.log" | cut -c1-300 | tail -8
 step profile_fp4
