@@ -89,6 +89,8 @@ def main():
   ap.add_argument("--configs", default="default,split2,split4")
   ap.add_argument("--k", type=int, default=8192)
   ap.add_argument("--n", type=int, default=8192)
+  ap.add_argument("--shapes", default=None,
+                  help="KxN list, e.g. 14336x4096,4096x6144 (overrides --k / --n)")
   ap.add_argument("--layers", type=int, default=8)
   ap.add_argument("--iterations", type=int, default=5)
   args = ap.parse_args()
@@ -96,12 +98,20 @@ def main():
   if args.overhead:
     overhead(only=tuple(args.overhead_cases.split(",")))
     return
-  ws = make_weights(jax.random.key(0), args.layers, args.k, args.n)
+  shapes = ([tuple(map(int, s.split("x"))) for s in args.shapes.split(",")] if args.shapes
+            else [(args.k, args.n)])
+  for k, n in shapes:
+    print(f"# K={k} N={n} {args.spec}", flush=True)
+    profile_shape(args, k, n)
+
+
+def profile_shape(args, k: int, n: int) -> None:
+  ws = make_weights(jax.random.key(0), args.layers, k, n)
   spec = hj.QuantSpec.preset(args.spec)
   qs = [jax.jit(hj.quantize, static_argnums=1)(w, spec) for w in ws]
   pm = [jax.jit(wna16_mgpu.prepare)(q) for q in qs]
   for m in map(int, args.ms.split(",")):
-    x = jax.random.normal(jax.random.key(m), (m, args.k), jnp.bfloat16)
+    x = jax.random.normal(jax.random.key(m), (m, k), jnp.bfloat16)
     ref = jax.jit(reference.dense_reference)(qs[0], x)
     for name in args.configs.split(","):
       try:
@@ -110,7 +120,7 @@ def main():
         err = common.rel_err(jax.jit(layer)(pm[0], x), ref)
         fn = jax.jit(lambda ps, x, layer=layer: common.chain(layer, ps, x))
         kt = common.kernel_times(fn, (pm, x), iterations=args.iterations, per=args.layers)
-        wall = common.time_chain(layer, pm, x, calls=30, repeats=3)["us"]
+        wall = common.time_chain(layer, pm, x, calls=20, repeats=2)["us"]
         total = sum(kt.values())
         parts = ", ".join(f"{k}={v:.1f}" for k, v in sorted(kt.items(), key=lambda i: -i[1]))
         print(f"M={m} {name}: wall {wall:.1f} us/layer, kernels {total:.1f} ({parts}) "

@@ -52,6 +52,24 @@ def test_tile_schedule_covers_each_row_once(sizes, m, block_m):
   assert (covered == 1).all()
 
 
+@settings(max_examples=15, deadline=None)
+@given(st.lists(st.integers(0, 40), min_size=5, max_size=5), st.sampled_from([1, 37, 90]),
+       st.sampled_from([1, 16]))
+def test_tile_at_one_tile_is_the_schedule_row(sizes, m, block_m):
+  """What a kernel program computes for its own tile (scalar index, experts padded to a
+  power of two) is that tile's row of the vectorised schedule."""
+  gs = jnp.asarray(sizes, jnp.int32)
+  n_tiles = gk.max_tiles(m, len(sizes), block_m)
+  table = np.stack([np.asarray(v) for v in gk.tile_schedule(gs, m, block_m, n_tiles)], 1)
+  padded = gk.pow2_experts(gs)
+  assert padded.shape == (8,) and int(padded[5:].sum()) == 0
+  one = jax.jit(lambda g, i: jnp.stack(gk.tile_at(g, m, block_m, i)))
+  for i in range(n_tiles):
+    got = np.array(one(padded, i))
+    got[0] = min(got[0], len(sizes) - 1)  # as the kernels clip it
+    np.testing.assert_array_equal(got, table[i], err_msg=f"tile {i}")
+
+
 def test_prepare_roundtrip_and_registry():
   spec = hj.QuantSpec.preset("w4a16-g128-zp")
   p, _ = _case(0, spec, 3, 256, 64, 4)
@@ -183,8 +201,11 @@ def test_pallas_path_has_no_expert_sized_temporary(shape, tokens):
   limit = max(e * k * n // 64, 2 * m * max(n, k))
   big = [(p_, a) for p_, a in _big_eqns(jp.jaxpr, limit) if p_ != "pallas_call"]
   assert not big, big
-  # No while loop for the schedule (searchsorted "scan" was one: a per-call fixed cost).
+  # No while loop for the schedule (searchsorted "scan" was one: a per-call fixed cost),
+  # and no schedule ops at all: each program computes its tile from the group sizes (the
+  # prepared decode call is the launch alone -- split-K's sum at most).
   assert "while" not in prims and "scan" not in prims
+  assert "cumsum" not in prims and "concatenate" not in prims, prims
   # Canonical params instead: the re-layout of all experts shows up (the documented cost).
   jc = jax.make_jaxpr(lambda p, x, g: gk.run(gk.prepare(p), x, g, interpret=False))(q, x, gs)
   assert any(a.size >= e * k * n for eq in jc.jaxpr.eqns for a in

@@ -281,6 +281,28 @@ def test_quant_dense_gpu(name, m):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("m", [1, 16])
+@pytest.mark.parametrize("name", ["w4a16-g128-zp", "w4a16-nvfp4"])
+def test_narrow_n_split_k_gpu(name, m):
+  """Llama-3-8B down (K 14336, N 4096): the heuristic's grid split-K (f32 partials summed
+  by XLA, global scale after the sum) through hj.quant_dense."""
+  assert mg.heuristic(m, 4096).split_k == 2
+  spec = hj.QuantSpec.preset(name)
+  q, x = make(spec, m, 14336, 4096, True, seed=5)
+  y = jax.jit(lambda p, x: hj.quant_dense(p, x, backend="pallas"))(jax.jit(hj.prepare)(q), x)
+  e = rel(y, jax.jit(reference.dense_reference)(q, x))
+  print(f"{name} M={m} 14336x4096: rel err {e:.2e}")
+  assert e <= TOL
+
+
+def test_heuristic_splits_k_only_for_narrow_n():
+  """Split-K 2 where N's 64-column CTAs fill at most half the SMs, at decode only."""
+  assert mg.heuristic(1, 4096).split_k == 2 and mg.heuristic(16, 4224).split_k == 2
+  assert mg.heuristic(1, 4288).split_k == 1 and mg.heuristic(1, 8192).split_k == 1
+  assert mg.heuristic(1).split_k == 1 and mg.heuristic(128, 4096).split_k == 1
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("cfg", [mg.Config(64, 4, 2), mg.Config(64, 4, 4), mg.Config(128, 3, 2),
                                  mg.Config(64, 4, 1, split_k=4),
                                  mg.Config(64, 4, 1, optimized_load=True),

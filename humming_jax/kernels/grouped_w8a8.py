@@ -3,9 +3,9 @@
 ``y[rows of expert e] = A_deq[rows] @ W_deq[e]`` for x sorted by expert, on the same 8-bit
 tensor-core K loop as the dense kernel (``w8a8.accumulate``: int8 x int8 -> int32 or
 e4m3 x e4m3 -> f32, K-group scales on the partial products, bf16 fold for groups < 32) and
-the same on-device tile schedule as the grouped WnA16 kernel
-(``grouped_wna16.tile_schedule``: expert-pure row tiles, a zero-writing tail, a static
-number of programs, no host sync).
+the same tile schedule as the grouped WnA16 kernel, computed by each program from the
+group sizes (``grouped_wna16.tile_at``: expert-pure row tiles, a zero-writing tail, a
+static number of programs, no host sync, no schedule ops beside the launch).
 
 Activations are quantized once for all rows by the dense pre-pass (kernels/act_quant.py):
 per-token and per-(token, K group) scales belong to the row, not to the expert.  Static
@@ -29,7 +29,6 @@ from humming_jax.quantize import QuantizedWeight
 from humming_jax.spec import QuantSpec
 
 FAMILY = "grouped_w8a8"
-_SCHED_FIELDS = 4  # expert, row start, row end, kind (grouped_wna16.tile_schedule)
 
 
 def supports(spec: QuantSpec) -> bool:
@@ -58,19 +57,17 @@ def to_canonical(prepared: QuantizedWeight) -> QuantizedWeight:
 # ----------------------------------------------------------------------------------------
 # The kernel
 # ----------------------------------------------------------------------------------------
-def _kernel(sched_ref, a_ref, sa_ref, w_ref, sw_ref, *rest, spec: QuantSpec,
+def _kernel(gs_ref, a_ref, sa_ref, w_ref, sw_ref, *rest, spec: QuantSpec,
             plan: w8a8.Plan, lt: lay.SlabLayout | None, block_k: int, k_tiles: int,
-            block_m: int, per_row_sa: bool, has_s2: bool, has_bias: bool):
+            block_m: int, m: int, num_experts: int, per_row_sa: bool, has_s2: bool,
+            has_bias: bool):
   rest = list(rest)
   s2_ref = rest.pop(0) if has_s2 else None
   bias_ref = rest.pop(0) if has_bias else None
   (o_ref,) = rest
   block_n = o_ref.shape[-1]
-  base = pl.program_id(0) * _SCHED_FIELDS
-  e = sched_ref[base]
-  start = sched_ref[base + 1]
-  end = sched_ref[base + 2]
-  kind = sched_ref[base + 3]
+  e, start, end, kind = grouped_wna16.tile_at(gs_ref[...], m, block_m, pl.program_id(0))
+  e = jnp.minimum(e, num_experts - 1)  # padded (empty) experts own no tile
   row_ok = (start + jnp.arange(block_m, dtype=jnp.int32) < end)[:, None]
   rows = pl.ds(start, block_m)
   o_rows = o_ref.at[rows, :]
@@ -139,16 +136,15 @@ def run(params: QuantizedWeight, x: jax.Array, group_sizes: jax.Array, *,
   row_pad = block_m if interpret else 0
   per_row_sa = spec.act_granularity != "tensor"
   a, sa = w8a8.act_operands(x, spec, plan, None, rows=m + row_pad, kp=kp, per_row=per_row_sa)
-  sched = jnp.stack(grouped_wna16.tile_schedule(group_sizes, m, block_m, num_tiles),
-                    axis=1).reshape(-1)
+  gs = grouped_wna16.pow2_experts(group_sizes)  # each program computes its own tile
 
   full = lambda shape: pl.BlockSpec(shape, lambda i, j: (0,) * len(shape))
   if plan.direct:  # (E, Np, Kp): N blocks on axis 1
     w_spec = pl.BlockSpec((e, block_n, kp), lambda i, j: (0, j, 0))
   else:  # (E, words, Np)
     w_spec = pl.BlockSpec((e, params.codes.shape[1], block_n), lambda i, j: (0, 0, j))
-  operands = [sched, a, sa, params.codes, params.scales]
-  in_specs = [full(sched.shape), full(a.shape), full(sa.shape), w_spec,
+  operands = [gs, a, sa, params.codes, params.scales]
+  in_specs = [full(gs.shape), full(a.shape), full(sa.shape), w_spec,
               pl.BlockSpec((e, params.scales.shape[1], block_n), lambda i, j: (0, 0, j))]
   has_s2 = params.global_scale is not None
   has_bias = params.bias is not None
@@ -162,7 +158,7 @@ def run(params: QuantizedWeight, x: jax.Array, group_sizes: jax.Array, *,
   mo = m + row_pad
   kernel = functools.partial(
       _kernel, spec=spec, plan=plan, lt=lt, block_k=block_k, k_tiles=kp // block_k,
-      block_m=block_m, per_row_sa=per_row_sa, has_s2=has_s2, has_bias=has_bias)
+      block_m=block_m, m=m, num_experts=e, per_row_sa=per_row_sa, has_s2=has_s2, has_bias=has_bias)
   out = pl.pallas_call(
       kernel,
       out_shape=jax.ShapeDtypeStruct((mo, np_), x.dtype),

@@ -14,8 +14,10 @@ that never straddle two experts -- each expert's segment is split on its own, an
 ``[sum(group_sizes), M)`` forms one more segment whose tiles write zeros.  A segment of
 ``g`` rows takes ``cdiv(g, block_m)`` tiles, so ``cdiv(M, block_m) + min(E, M)`` tiles
 always suffice; that static count is the grid's first axis, unused tiles do nothing.
-The per-tile ``(expert, row start, row end, kind)`` table is computed on the device by
-:func:`tile_schedule` and read in the kernel by program id.
+Each program computes its tile's ``(expert, row start, row end, kind)`` from the (E,)
+group sizes itself (:func:`tile_at`: two cumsums and a few reductions over E), so a call
+is one launch -- at decode the schedule's former XLA ops (4 kernels, 4.4 us device time,
+each with its launch gap) cost more than a third of the call (NOTES_moe.md session 6).
 
 Kernel: grid = (tiles, N tiles, K splits).  A program loads rows ``[start, start+block_m)``
 of x (masked to ``< end``), runs the K loop shared with the dense kernel
@@ -25,7 +27,7 @@ Split-K partials are float32 and summed by XLA; the bias is added by split 0 onl
 
 Cost per call (prepared params): the kernel reads only the codes of the experts that own a
 tile (inactive experts cost nothing: their codes are never loaded; the stacked-E BlockSpec
-is only a base pointer), plus x, plus a few small XLA ops for the schedule.  No (E, K, N)
+is only a base pointer), plus x and the (E,) group sizes.  No (E, K, N)
 temporary exists on this path (tests/test_grouped_kernels.py checks the jaxpr).
 """
 from __future__ import annotations
@@ -44,7 +46,6 @@ from humming_jax.quantize import QuantizedWeight
 from humming_jax.spec import QuantSpec
 
 FAMILY = "grouped_wna16"
-_SCHED_FIELDS = 4  # expert, row start, row end, kind (1 = compute, 0 = write zeros / idle)
 
 
 def supports(spec: QuantSpec) -> bool:
@@ -118,48 +119,74 @@ def tiles_of_pieces(piece_tiles: jax.Array, num_tiles: int
   return piece, i - (tile_end[piece] - piece_tiles[piece]), used
 
 
-def tile_schedule(group_sizes: jax.Array, m: int, block_m: int, num_tiles: int
-                  ) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
-  """Per tile: (expert, row start, row end, kind) int32 arrays of length ``num_tiles``.
+def tile_at(group_sizes: jax.Array, m: int, block_m: int, i: jax.Array
+            ) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
+  """(expert, row start, row end, kind) int32 of tile ``i`` (a scalar, or an array of tile
+  indices: fields of the same shape).
 
   kind 1: rows [start, end) of ``expert``; kind 0: rows [start, end) are written with zeros
   (the tail past ``sum(group_sizes)``; idle tiles have start == end).  Segments past row
-  ``m`` are clipped (``lax.ragged_dot`` leaves sum(group_sizes) > M undefined)."""
+  ``m`` are clipped (``lax.ragged_dot`` leaves sum(group_sizes) > M undefined).
+
+  Written with cumsums and compare-and-count reductions over the E experts only, so the
+  same code runs inside a Triton kernel (each program computes its own tile from the (E,)
+  group sizes: no schedule ops or launches beside the kernel) and in XLA
+  (:func:`tile_schedule`).  E must be a power of two inside a kernel (pad with empty experts)."""
   gs = jnp.maximum(group_sizes.astype(jnp.int32), 0)
   e = gs.shape[0]
-  ends = jnp.minimum(jnp.cumsum(gs), m)
-  starts = jnp.concatenate([jnp.zeros((1,), jnp.int32), ends[:-1]])
-  total = ends[-1]
-  p_start = jnp.concatenate([starts, total[None]])  # E expert segments + the zero tail
-  p_end = jnp.concatenate([ends, jnp.full((1,), m, jnp.int32)])
-  p_tiles = (p_end - p_start + block_m - 1) // block_m
-  piece, local, used = tiles_of_pieces(p_tiles, num_tiles)
-  start = p_start[piece] + local * block_m
-  end = jnp.minimum(start + block_m, p_end[piece])
+  c = jnp.cumsum(gs)
+  ends = jnp.minimum(c, m)
+  starts = jnp.minimum(c - gs, m)
+  seg_tiles = (ends - starts + block_m - 1) // block_m
+  tile_end = jnp.cumsum(seg_tiles)
+  i = jnp.asarray(i, jnp.int32)
+  before = tile_end <= i[..., None]  # experts whose tiles all come before tile i
+  piece = jnp.sum(before.astype(jnp.int32), axis=-1)  # tile i's expert; e: the zero tail
+  pick = lambda v: jnp.sum(
+      jnp.where(jnp.arange(e, dtype=jnp.int32) == piece[..., None], v, 0), axis=-1)
+  local = i - jnp.sum(jnp.where(before, seg_tiles, 0), axis=-1)  # tile within its piece
+  is_expert = piece < e
+  seg_start = jnp.where(is_expert, pick(starts), jnp.max(ends))
+  seg_end = jnp.where(is_expert, pick(ends), m)
+  start = seg_start + local * block_m
+  used = start < seg_end
+  end = jnp.where(used, jnp.minimum(start + block_m, seg_end), 0)
   start = jnp.where(used, start, 0)
-  end = jnp.where(used, end, 0)
-  kind = (used & (piece < e)).astype(jnp.int32)
+  kind = (used & is_expert).astype(jnp.int32)
   return jnp.minimum(piece, e - 1), start, end, kind
+
+
+def tile_schedule(group_sizes: jax.Array, m: int, block_m: int, num_tiles: int
+                  ) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
+  """:func:`tile_at` for tiles 0 .. num_tiles - 1: (num_tiles,) int32 arrays."""
+  return tile_at(group_sizes, m, block_m, jnp.arange(num_tiles, dtype=jnp.int32))
+
+
+def pow2_experts(group_sizes: jax.Array) -> jax.Array:
+  """(E,) -> (2^ceil(log2 E),) int32 group sizes, padded with empty experts (a Triton block
+  is a power of two long; empty experts own no tile)."""
+  e = group_sizes.shape[0]
+  gs = group_sizes.astype(jnp.int32)
+  p = 1 << max(e - 1, 0).bit_length()
+  return gs if p == e else jnp.pad(gs, (0, p - e))
 
 
 # ----------------------------------------------------------------------------------------
 # The kernel
 # ----------------------------------------------------------------------------------------
-def _kernel(sched_ref, x_ref, codes_ref, scales_ref, *rest, spec: QuantSpec,
+def _kernel(gs_ref, x_ref, codes_ref, scales_ref, *rest, spec: QuantSpec,
             lt: lay.SlabLayout, tiles_per_split: int, group_rows: int, has_zeros: bool,
-            has_s2: bool, has_bias: bool, split_k: int, block_m: int, compute_dtype):
+            has_s2: bool, has_bias: bool, split_k: int, block_m: int, m: int,
+            num_experts: int, compute_dtype):
   rest = list(rest)
   zeros_ref = rest.pop(0) if has_zeros else None
   s2_ref = rest.pop(0) if has_s2 else None
   bias_ref = rest.pop(0) if has_bias else None
   (o_ref,) = rest
   block_n = o_ref.shape[-1]
-  i, split = pl.program_id(0), pl.program_id(2)
-  base = i * _SCHED_FIELDS
-  e = sched_ref[base]
-  start = sched_ref[base + 1]
-  end = sched_ref[base + 2]
-  kind = sched_ref[base + 3]
+  split = pl.program_id(2)
+  e, start, end, kind = tile_at(gs_ref[...], m, block_m, pl.program_id(0))
+  e = jnp.minimum(e, num_experts - 1)  # padded (empty) experts own no tile
   row_ok = (start + jnp.arange(block_m, dtype=jnp.int32) < end)[:, None]
   out_mask = jnp.broadcast_to(row_ok, (block_m, block_n))
   o_rows = o_ref.at[pl.ds(start, block_m), :]
@@ -292,7 +319,7 @@ def run(params: QuantizedWeight, x: jax.Array, group_sizes: jax.Array, *,
   row_pad = block_m if interpret else 0
   xp = x if (kp == k and not row_pad) else jnp.pad(x, ((0, row_pad), (0, kp - k)))
   mo = m + row_pad
-  sched = jnp.stack(tile_schedule(group_sizes, m, block_m, num_tiles), axis=1).reshape(-1)
+  gs = pow2_experts(group_sizes)  # each program computes its own tile from these
 
   has_zeros = params.zeros is not None
   has_s2 = params.global_scale is not None
@@ -300,8 +327,8 @@ def run(params: QuantizedWeight, x: jax.Array, group_sizes: jax.Array, *,
   full = lambda shape: pl.BlockSpec(shape, lambda i, j, s: (0,) * len(shape))
   n_block = lambda a: pl.BlockSpec((*a.shape[:-1], block_n),
                                    lambda i, j, s: (0,) * (a.ndim - 1) + (j,))
-  operands = [sched, xp, params.codes, params.scales]
-  in_specs = [full(sched.shape), full(xp.shape), n_block(params.codes),
+  operands = [gs, xp, params.codes, params.scales]
+  in_specs = [full(gs.shape), full(xp.shape), n_block(params.codes),
               n_block(params.scales)]
   if has_zeros:
     operands.append(params.zeros)
@@ -322,7 +349,8 @@ def run(params: QuantizedWeight, x: jax.Array, group_sizes: jax.Array, *,
   kernel = functools.partial(
       _kernel, spec=spec, lt=lt, tiles_per_split=k_tiles // split_k,
       group_rows=wna16._group_rows(spec, k), has_zeros=has_zeros, has_s2=has_s2,
-      has_bias=has_bias, split_k=split_k, block_m=block_m, compute_dtype=compute_dtype)
+      has_bias=has_bias, split_k=split_k, block_m=block_m, m=m, num_experts=e,
+      compute_dtype=compute_dtype)
   out = pl.pallas_call(
       kernel,
       out_shape=out_shape,

@@ -257,7 +257,7 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
   explicit = config is not None  # checked as given; cached / heuristic ones adapt
   if config is None:
     key = tuning.cache_key(FAMILY, spec.name, tuning.bucket_m(m), n, k, tuning.device_kind())
-    config = tuning.cached_config(key, Config) or heuristic(m)
+    config = tuning.cached_config(key, Config) or heuristic(m, n)
   if not grouped and (m >= config.dequant_gemm_min_m
                       or x.dtype not in (jnp.bfloat16, jnp.float16)):
     return dequant_gemm(params, x)
@@ -552,16 +552,22 @@ def fit_stages(config: Config, block_m: int, block_k: int, bits: int, has_zeros:
   return stages
 
 
-def heuristic(m: int) -> Config:
+def heuristic(m: int, n: int | None = None) -> Config:
   """Decode: one M tile, up to four warpgroups per CTA splitting K (``run`` lowers the
   count to what divides the K steps and fits), group scales on each K tile's float32
   partial product, no pad / slice around the launch; M <= 16 two K tiles per pipeline
   step; prefill: 128 tokens per CTA; large M: dequantize + GEMM.  (H200 sweeps
   2026-11-29, benchmarks/NOTES.md v3-v6: CUPTI kernel time at M = 1, 8192^2 int4 g128 zp
-  31.8 us (v4) -> 18.6 (v5) -> 16.9 (v6: substeps 2 + scale_after_mma).)"""
+  31.8 us (v4) -> 18.6 (v5) -> 16.9 (v6: substeps 2 + scale_after_mma).)
+
+  Narrow N (``n`` given, at most half as many 64-column CTAs as SMs): grid split-K 2, so
+  the SMs the N tiles leave idle stream the other half of K (float32 partials summed by
+  XLA).  NOTES.md v8, Llama-3-8B down (K 14336, N 4096) at M = 1 / 16: 25.4 / 26.9 us
+  kernel -> 15.2 + 1.1 sum / 15.8 + 1.3; o_proj (4096^2) 9.6 -> 6.0 + 1.1."""
   if m <= 64:
+    narrow = n is not None and 2 * -(-n // BLOCK_N) <= tuning.NUM_SMS_DEFAULT
     return Config(block_m=64, stages=4, substeps=2 if m <= 16 else 1, warpgroups=4,
-                  scale_after_mma=True, unpadded_rows=True)
+                  scale_after_mma=True, unpadded_rows=True, split_k=2 if narrow else 1)
   return Config(block_m=128, stages=4)
 
 
