@@ -11,6 +11,7 @@ $OUT or benchmarks/results/.
 from __future__ import annotations
 
 import argparse
+import json
 import dataclasses
 import sys
 import time
@@ -125,7 +126,17 @@ def main(argv=None):
                   help="try a small grid of TuningConfigs per point and report the best")
   ap.add_argument("--json", default=None)
   ap.add_argument("--plot", action="store_true")
+  ap.add_argument("--plot-from", default=None, metavar="JSON[,JSON...]",
+                  help="no benchmark: plot saved runs (e.g. on a CPU machine with matplotlib)")
   args = ap.parse_args(argv)
+  if args.plot_from:
+    paths = args.plot_from.split(",")
+    payloads = [json.load(open(p_)) for p_ in paths]
+    device = payloads[0].get("info", {}).get("device", "?")
+    for shape in sorted({r["shape"] for d in payloads for r in d["rows"]}):
+      plot([r for d in payloads for r in d["rows"]], paths[0].replace(".json", f"_{shape}.png"),
+           shape=shape, device=device)
+    return
 
   info = common.device_info()
   print(f"# {info}", flush=True)
@@ -172,7 +183,9 @@ def main(argv=None):
   print(f"# wrote {path}")
   print_table(rows)
   if args.plot:
-    plot(rows, str(path).replace(".json", ".png"))
+    for shape_name in args.shapes.split(","):
+      plot(rows, str(path).replace(".json", f"_{shape_name}.png"), shape=shape_name,
+           device=info["device"])
 
 
 def sweep(spec_name, k, n, m, ws, x, args):
@@ -221,34 +234,46 @@ def print_table(rows):
           f"{r.get('rel_err', float('nan')):.1e} |")
 
 
-def plot(rows, path):
+def plot(rows, path, *, shape: str = "8192x8192", device: str | None = None):
+  """µs per layer, effective weight TB/s and TFLOP/s against M for one shape: every spec,
+  with the same run's XLA bf16 and Humming times (dashed) and the HBM / bf16 roofs."""
   try:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
   except ImportError:
-    print("# matplotlib missing: no plot")
+    print("# matplotlib missing: no plot (plot later with --plot-from the JSON)")
     return
-  fig, (a1, a2) = plt.subplots(1, 2, figsize=(12, 4.5))
+  rows = [r for r in rows if r["shape"] == shape and "error" not in r]
+  if not rows:
+    return
+  fig, (a0, a1, a2) = plt.subplots(1, 3, figsize=(16, 4.5))
   for spec in sorted({r["spec"] for r in rows}):
-    rs = [r for r in rows if r["spec"] == spec and "error" not in r and r["shape"] == "8192x8192"]
-    if not rs:
-      continue
+    rs = sorted((r for r in rows if r["spec"] == spec), key=lambda r: r["M"])
+    line, = a0.plot([r["M"] for r in rs], [r["us"] for r in rs], "o-", label=spec)
+    hs = [r for r in rs if r.get("humming_us")]
+    if hs:
+      a0.plot([r["M"] for r in hs], [r["humming_us"] for r in hs], "x--",
+              color=line.get_color(), label=f"Humming {spec}")
     a1.plot([r["M"] for r in rs], [r["tbps"] for r in rs], "o-", label=spec)
     a2.plot([r["M"] for r in rs], [r["tflops"] for r in rs], "o-", label=spec)
+  bf = {r["M"]: r["xla_bf16_us"] for r in rows if r.get("xla_bf16_us")}
+  if bf:
+    a0.plot(sorted(bf), [bf[m] for m in sorted(bf)], "k:", label="XLA bf16")
   a1.axhline(HBM_TBPS, color="k", ls="--", label="HBM 4.3 TB/s")
   a2.axhline(PEAK_TFLOPS, color="k", ls="--", label="bf16 peak ~800 TF/s")
-  for a, t in ((a1, "effective weight TB/s"), (a2, "TFLOP/s")):
+  for a, t in ((a0, "µs per layer"), (a1, "effective weight TB/s"), (a2, "TFLOP/s")):
     a.set_xscale("log", base=2)
     a.set_xlabel("M (tokens)")
     a.set_ylabel(t)
     a.grid(alpha=.3)
     a.legend(fontsize=7)
-  fig.suptitle("humming_jax dense 8192x8192 on " + common.device_info()["device"])
+  a0.set_yscale("log")
+  device = device or common.device_info()["device"]
+  fig.suptitle(f"humming_jax dense {shape} on {device}")
   fig.tight_layout()
   fig.savefig(path, dpi=110)
   print(f"# wrote {path}")
-
 
 if __name__ == "__main__":
   main()

@@ -2,7 +2,9 @@
 
 For each (shape, tokens): random top-k routing, rows sorted by expert; one call applies the
 grouped GEMM to ``--layers`` distinct weight sets (each set is >= 100 MB, far past the 60 MB
-L2); microseconds per grouped GEMM.  Methods, in the same run:
+L2; default 8 -- at decode a chain of 2 measured the call's host cost, not the GEMM: the
+same 17.3 us kernel timed 47.7 us per layer in a chain of 2 and 19.2 in a chain of 8);
+microseconds per grouped GEMM.  Methods, in the same run:
   hj:<spec>        hj.quant_ragged_dot, Pallas grouped kernel, params prepared once per
                    shape outside the timed call; TB/s = active experts' bytes / time;
                    ``<spec>@mgpu``: params prepared for the Mosaic GPU grouped kernel
@@ -183,7 +185,9 @@ def main(argv=None):
   ap.add_argument("--shapes", default=",".join(SHAPES))
   ap.add_argument("--tokens", default="1,16,64,256,1024,4096")
   ap.add_argument("--specs", default="w4a16-g128-zp,w4a16-mxfp4")
-  ap.add_argument("--layers", type=int, default=2, help="distinct weight sets per call")
+  ap.add_argument("--layers", type=int, default=8,
+                  help="distinct weight sets per call (>= 8: a chain of 2 leaves the jitted "
+                       "call's host cost in the per-layer time; NOTES_moe.md session 6)")
   ap.add_argument("--calls", type=int, default=30)
   ap.add_argument("--repeats", type=int, default=3)
   ap.add_argument("--humming", action="store_true", help="also time humming-kernels")
