@@ -106,17 +106,18 @@ def align_tokens(topk_ids: jax.Array, num_experts: int, block_m: int) -> SortedT
   """Like :func:`sort_tokens`, but every expert's segment is padded to a multiple of
   ``block_m`` rows (vLLM's ``moe_align_block_size``), so no kernel tile mixes experts.
 
-  The row count is static: ``T*k + E*(block_m - 1)`` rounded up to ``block_m`` (the worst
-  case); unused rows at the end are padding (``valid`` False, past sum(group_sizes)).
-  The grouped kernels here do not need this (they mask rows per expert), so it costs
-  rows at decode; it is for callers that want block-aligned segments."""
+  The row count is static: ``T*k + min(E, T*k)*(block_m - 1)`` rounded up to ``block_m``
+  (the worst case: at most min(E, T*k) experts are non-empty); unused rows at the end are
+  padding (``valid`` False, past sum(group_sizes)).  :func:`quant_moe` uses it for params
+  prepared for the Mosaic grouped kernel (each tile then stores its rows in place); the
+  Triton grouped kernels do not need it (they mask rows per expert)."""
   _check_ids(topk_ids, num_experts)
   if not isinstance(block_m, int) or block_m < 1:
     raise ValueError(f"block_m={block_m!r} must be a positive int")
   base = sort_tokens(topk_ids, num_experts)
   t, k = topk_ids.shape
   n = t * k
-  rows = -(-(n + num_experts * (block_m - 1)) // block_m) * block_m
+  rows = -(-(n + min(num_experts, n) * (block_m - 1)) // block_m) * block_m
   padded = (base.group_sizes + block_m - 1) // block_m * block_m
   seg_start = jnp.cumsum(padded) - padded
   raw_start = jnp.cumsum(base.group_sizes) - base.group_sizes
@@ -311,8 +312,29 @@ def quant_moe(gate_up_params: QuantizedWeight, down_params: QuantizedWeight, x: 
                      f"must both be (tokens={x.shape[0]}, k)")
   if activation not in ACTIVATIONS:
     raise ValueError(f"activation={activation!r}; expected one of {ACTIVATIONS}")
-  r = sort_tokens(topk_ids, e)
+  if _aligned_mosaic(gate_up_params, down_params, x, backend):
+    # Segments padded to the tile (align_tokens): each Mosaic tile reads and writes its own
+    # rows in place -- no row gather after either GEMM, a one-fusion schedule.
+    from humming_jax.kernels import grouped_wna16_mgpu  # noqa: PLC0415 - GPU family
+    bm = grouped_wna16_mgpu.block_rows(topk_ids.size, e)
+    r = align_tokens(topk_ids, e, bm)
+    run = lambda p, a: grouped_wna16_mgpu.run_aligned(
+        p, a, r.group_sizes, block_m=bm, interpret=ops.resolve_backend(
+            backend, p.spec, grouped=True) == "interpret")
+  else:
+    r = sort_tokens(topk_ids, e)
+    run = lambda p, a: quant_ragged_dot(p, a, r.group_sizes, backend=backend)
   xs = jnp.take(x, r.token_of_row, axis=0)
-  hid = quant_ragged_dot(gate_up_params, xs, r.group_sizes, backend=backend)
-  ys = quant_ragged_dot(down_params, glu(hid, activation), r.group_sizes, backend=backend)
+  hid = run(gate_up_params, xs)
+  ys = run(down_params, glu(hid, activation))
   return combine(ys, topk_weights, r).astype(x.dtype)
+
+
+def _aligned_mosaic(gate_up_params, down_params, x, backend) -> bool:
+  """Both expert stacks prepared for the Mosaic grouped kernel, 16-bit tokens, a kernel
+  backend: quant_moe runs them on tile-aligned segments."""
+  from humming_jax.kernels import grouped_wna16_mgpu  # noqa: PLC0415
+  fam = grouped_wna16_mgpu.FAMILY
+  return (all(registry.layout_family(p.layout) == fam for p in (gate_up_params, down_params))
+          and x.dtype in (jnp.bfloat16, jnp.float16)
+          and ops.resolve_backend(backend, gate_up_params.spec, grouped=True) != "xla")

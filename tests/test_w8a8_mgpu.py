@@ -7,6 +7,8 @@ for every preset it takes (per-channel with dynamic and static activation scales
 block scales, int4 g128 weights) against kernels/reference.py.
 GPU tests (H200) repeat the route at 8192 x 8192.
 """
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -250,6 +252,16 @@ def test_group_pairs_gpu(name, pairs):
   assert rel(y, reference.dense_reference(q, x)) <= 1e-2
 
 
+@pytest.mark.gpu
+def test_unpack_words_first_gpu():
+  """W4A8 int4 g128 at M = 4096 with the words-first operand unpack (off by default)."""
+  _, w, x, b, q = make("w4a8-int8", 4096, 2048, 1000, seed=6)
+  p = jax.jit(hj.prepare)(q)
+  cfg = dataclasses.replace(wm.heuristic(4096, 1024, True, 2048), unpack_words_first=True)
+  y = jax.jit(lambda p, x: w8a8.run_mgpu(p, x, config=cfg))(p, x)
+  assert rel(y, reference.dense_reference(q, x)) <= 1e-2
+
+
 def test_heuristic_group_pairs():
   """Two K groups per step for K-group specs when the padded K is a multiple of 256;
   one otherwise (the kernel refuses pairs there), never for per-channel specs."""
@@ -257,3 +269,19 @@ def test_heuristic_group_pairs():
   assert not wm.heuristic(4096, 8192, True, 8320).group_pairs
   assert not wm.heuristic(4096, 8192, False, 8192).group_pairs
   assert not wm.heuristic(4096, 8192, True).group_pairs
+
+
+@pytest.mark.parametrize("name,shape", [("w4a8-int8", (512, 384)), ("w4a8-fp8", (1024, 256)),
+                                        ("w4a8-mxfp4", (256, 128))])
+def test_unpack_words_first_is_bit_identical(name, shape):
+  """Config.unpack_words_first: the (N, K) 8-bit operand built from transposed words is
+  the operand built from unpacked codes, bit for bit (int8, e4m3 carriers)."""
+  spec = hj.QuantSpec.preset(name)
+  q = hj.quantize(jax.random.normal(jax.random.key(3), shape), spec)
+  p = hj.prepare(q)
+  plan = w8a8.plan_for(spec)
+  assert not plan.direct
+  a = np.asarray(w8a8._mgpu_weights(p, plan).view(jnp.uint8))
+  b = np.asarray(jax.jit(lambda p: w8a8._mgpu_weights(p, plan, True))(p).view(jnp.uint8))
+  assert a.shape == b.shape and (a != 0).any()
+  np.testing.assert_array_equal(a, b)

@@ -75,6 +75,11 @@ class Config:
   # promoted while the second's WGMMA runs (the promotion otherwise waits for every WGMMA;
   # NOTES_w8a8.md).  The heuristic turns it on when K allows (H200: -6 % / -9 %).
   group_pairs: bool = False
+  # < 8-bit weights (W4A8): the caller's per-call unpack to the (N, K) 8-bit operand
+  # transposes the packed words first (32 MB at 8192^2) and unpacks along K after, instead
+  # of unpacking (K, N) codes and transposing the bytes (64 MB): bit-identical, predicted
+  # ~45 us instead of the measured 87-89 (NOTES_w8a8.md).  Off until measured.
+  unpack_words_first: bool = False
 
   def __post_init__(self):
     if self.tile_m % 64 or not 64 <= self.tile_m <= 256:

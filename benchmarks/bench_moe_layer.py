@@ -1,0 +1,103 @@
+"""The whole routed MoE MLP, ``hj.quant_moe`` (routing sort, gate/up grouped GEMM, GLU, down
+grouped GEMM, weighted combine), on the GPU with the chain method of shared/GPU.md.
+
+Per (shape, tokens): a chain of ``--layers`` distinct expert stacks in one jitted call;
+microseconds per MoE layer, and (--breakdown) the device time of every kernel (CUPTI).
+Kernel families: ``triton`` (``hj.prepare(grouped=True)``: the Pallas-Triton grouped
+kernel, rows sorted by expert) and ``mgpu`` (``grouped_wna16_mgpu.prepare``: the Mosaic
+grouped kernel on tile-aligned segments, ``moe.align_tokens``: no row gather).  Each
+result is checked against the same layer on the XLA path.
+
+  PYTHONPATH=. python3 benchmarks/bench_moe_layer.py --tokens 1,16,64 --breakdown
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+sys.path.insert(0, __file__.rsplit("/", 2)[0])
+import humming_jax as hj  # noqa: E402
+from benchmarks import common  # noqa: E402
+from humming_jax import moe  # noqa: E402
+
+MODELS = {  # name: (E, top-k, hidden H, expert intermediate I)
+    "qwen3-30b-a3b": (128, 8, 2048, 768),
+    "deepseek-v3": (256, 8, 7168, 256),
+    "tiny": (4, 2, 256, 128),  # a CPU smoke run of this script (XLA path there)
+}
+
+
+def make_layers(key, layers, e, h, inter, spec):
+  """Canonical (gate_up (E, H, 2I), down (E, I, H)) params per layer, made on the device."""
+  quant = jax.jit(lambda kk: (
+      hj.quantize(jax.random.normal(kk, (e, h, 2 * inter), jnp.float32) / np.sqrt(h), spec),
+      hj.quantize(jax.random.normal(jax.random.fold_in(kk, 1), (e, inter, h), jnp.float32)
+                  / np.sqrt(inter), spec)))
+  return [quant(kk) for kk in jax.random.split(key, layers)]
+
+
+def prepare(layers, family):
+  if family == "triton":
+    prep = jax.jit(lambda p: hj.prepare(p, grouped=True))
+  else:
+    from humming_jax.kernels import grouped_wna16_mgpu  # noqa: PLC0415
+    prep = jax.jit(grouped_wna16_mgpu.prepare)
+  return [tuple(jax.block_until_ready(prep(p)) for p in pair) for pair in layers]
+
+
+def main(argv=None):
+  ap = argparse.ArgumentParser(description=__doc__)
+  ap.add_argument("--models", default="qwen3-30b-a3b")
+  ap.add_argument("--tokens", default="1,16,64")
+  ap.add_argument("--spec", default="w4a16-g128-zp")
+  ap.add_argument("--families", default="triton,mgpu")
+  ap.add_argument("--layers", type=int, default=8)
+  ap.add_argument("--calls", type=int, default=20)
+  ap.add_argument("--repeats", type=int, default=2)
+  ap.add_argument("--breakdown", action="store_true")
+  ap.add_argument("--json", default=None)
+  args = ap.parse_args(argv)
+  info = common.device_info()
+  print("#", info, flush=True)
+  spec = hj.QuantSpec.preset(args.spec)
+  results = []
+  for model in args.models.split(","):
+    e, topk, h, inter = MODELS[model]
+    canon = make_layers(jax.random.key(0), args.layers, e, h, inter, spec)
+    fams = {f: prepare(canon, f) for f in args.families.split(",")}
+    for tokens in map(int, args.tokens.split(",")):
+      key = jax.random.key(tokens)
+      x = jax.random.normal(key, (tokens, h), jnp.bfloat16)
+      w, ids = moe.topk_routing(jax.random.normal(jax.random.fold_in(key, 1), (tokens, e)),
+                                topk)
+      ref = jax.jit(lambda p, x, w, ids: hj.quant_moe(*p, x, w, ids, backend="xla"))(
+          canon[0], x, w, ids)
+      row = {"model": model, "tokens": tokens, "spec": args.spec}
+      for fam, layers in fams.items():
+        layer = lambda p, a: hj.quant_moe(*p, a[0], a[1], a[2])
+        try:
+          y = jax.jit(layer)(layers[0], (x, w, ids))
+          err = common.rel_err(y, ref)
+          t = common.time_chain(layer, layers, (x, w, ids), calls=args.calls,
+                                repeats=args.repeats)
+          row[fam] = {"us": round(t["us"], 1), "err": err}
+          if args.breakdown:
+            fn = jax.jit(lambda ps, a: common.chain(layer, ps, a))
+            row[fam]["kernels"] = {k: round(v, 2) for k, v in common.kernel_times(
+                fn, (layers, (x, w, ids)), iterations=3, per=len(layers)).items()}
+        except Exception as ex:  # noqa: BLE001 - reported in the row
+          row[fam] = {"error": f"{type(ex).__name__}: {str(ex)[:200]}"}
+      results.append(row)
+      print(row, flush=True)
+  path = common.write_json(args.json or f"moe_layer_{time.strftime('%Y%m%d_%H%M%S')}.json",
+                           {"info": info, "args": vars(args), "results": results})
+  print(f"# wrote {path}")
+
+
+if __name__ == "__main__":
+  main()
