@@ -9,9 +9,13 @@
 #      CUPTI per kernel): the Mosaic kernel was 11.9 us vs 17.5 at Qwen3 decode, its gather
 #      glue is gone now -- flip quant_moe's default family for decode if it wins;
 #   2. W4A8 int4 at M = 4096: words-first unpack vs default (predicted ~45 vs 87 us);
-#   3. the dense 8192^2 ladder with the plot (issue 3's table; last full ladder: session 3-4).
-# Then `gpu_session_tables.sh` (Llama-3-8B table, MoE table with a chain of 8).
-# Step timeouts (SIGINT, SIGKILL 5 s later) sum to 550 s.  Carry: [".whl"].
+#   3. M = 128 (issue 3: <= 25 us, 58.5 measured): 128-token tiles run one warpgroup per
+#      CTA; 2 / 4 warpgroups splitting K, with and without the scale after the MMA;
+#   4. W8A16 on the Mosaic kernel (never timed: int8 stays on Triton, 24-28 us), and the
+#      candidate path for W8A8 decode (issue 4: <= 20 us at M <= 16).
+# Then `gpu_session_tables.sh` (dense ladder, Llama-3-8B, other A16 formats) and
+# `gpu_session_moe_tables.sh` (MoE table with a chain of 8).
+# Step timeouts (SIGINT, SIGKILL 5 s later) sum to 490 s.  Carry: [".whl"].
 source "$(dirname "$0")/gpu_env.sh"
 T() { local t=$1; shift; timeout -k 5 -s INT "$t" "$@"; }
 step gpu_tests
@@ -27,9 +31,12 @@ step w4a8_unpack
 T 70 python3 benchmarks/profile_w8a8_mgpu.py --specs w4a8-int8 --ms 4096 \
   --configs default,wfirst > "$OUT/w4a8_unpack.log" 2>&1
 grep -E "^M=|rror" "$OUT/w4a8_unpack.log" | cut -c1-250
-step dense_ladder
-T 220 python3 benchmarks/bench_dense.py --specs w4a16-g128-zp,w4a16-mxfp4,w4a16-nvfp4 \
-  --ms 1,16,128,1024,4096 --humming --calls 20 --repeats 2 --plot \
-  --json "$OUT/dense_8192.json" > "$OUT/dense_8192.log" 2>&1
-grep -E "^\|" "$OUT/dense_8192.log" | cut -c1-250
+step m128
+T 100 python3 benchmarks/profile_mgpu.py --ms 128 --configs default,wg2,wg4,wg2-after,wg4-after \
+  --layers 8 --iterations 3 > "$OUT/m128.log" 2>&1
+grep -E "^M=|rror" "$OUT/m128.log" | cut -c1-220
+step w8a16_mosaic
+T 60 python3 benchmarks/profile_mgpu.py --spec w8a16 --ms 1,16 --configs default \
+  --layers 8 --iterations 3 > "$OUT/w8a16_mosaic.log" 2>&1
+grep -E "^M=|rror" "$OUT/w8a16_mosaic.log" | cut -c1-220
 step done
