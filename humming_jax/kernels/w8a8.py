@@ -471,11 +471,11 @@ def _mgpu_weights(params: QuantizedWeight, plan: Plan, words_first: bool = False
     # Within a K tile, code k = slot * word_rows + row (layout.SlabLayout.unpack).
     slots = [(wt >> (j * pb)) & ((1 << pb) - 1) for j in range(per_word)]
     codes = jnp.stack(slots, axis=2).reshape(np_, t * lt.block_k).astype(jnp.uint8)
-    return _carrier(codes, plan, fmt)  # (Np, Kp)
-  return _carrier(lt.unpack(params.codes), plan, fmt).T  # (Kp, Np) -> (Np, Kp)
+    return _carrier_values(codes, plan, fmt)  # (Np, Kp)
+  return _carrier_values(lt.unpack(params.codes), plan, fmt).T  # (Kp, Np) -> (Np, Kp)
 
 
-def _carrier(codes: jax.Array, plan: Plan, fmt) -> jax.Array:
+def _carrier_values(codes: jax.Array, plan: Plan, fmt) -> jax.Array:
   """Unsigned slab codes -> exact 8-bit carrier values (int8, or e4m3 for float formats)."""
   if plan.int_compute:  # offset binary (wna16.prepare): unsigned minus 2**(b-1)
     return (codes.astype(jnp.int32) - (1 << (fmt.bits - 1))).astype(jnp.int8)

@@ -565,7 +565,7 @@ def heuristic(m: int, n: int | None = None) -> Config:
   XLA).  NOTES.md v8, Llama-3-8B down (K 14336, N 4096) at M = 1 / 16: 25.4 / 26.9 us
   kernel -> 15.2 + 1.1 sum / 15.8 + 1.3; o_proj (4096^2) 9.6 -> 6.0 + 1.1."""
   if m <= 64:
-    narrow = n is not None and 2 * -(-n // BLOCK_N) <= tuning.NUM_SMS_DEFAULT
+    narrow = n is not None and 2 * -(-n // BLOCK_N) <= tuning.num_sms()
     return Config(block_m=64, stages=4, substeps=2 if m <= 16 else 1, warpgroups=4,
                   scale_after_mma=True, unpadded_rows=True, split_k=2 if narrow else 1)
   return Config(block_m=128, stages=4)
