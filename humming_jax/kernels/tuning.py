@@ -127,7 +127,8 @@ def device_kind() -> str:
 def num_sms() -> int:
   """SMs of the device kernels are built for: an abstract device's (lowering without a
   GPU, tests/test_cuda_lowering.py), else the first device's, else the H100/H200 count."""
-  if (dev := jax.sharding.get_abstract_mesh().abstract_device) is not None:
+  dev = jax.sharding.get_abstract_mesh().abstract_device
+  if dev is not None and dev.num_cores:  # inside shard_map on a CPU mesh: None
     return dev.num_cores
   try:
     d = jax.devices()[0]
