@@ -10,7 +10,8 @@
 #      glue is gone now -- flip quant_moe's default family for decode if it wins;
 #   2. W4A8 int4 at M = 4096: words-first unpack vs default (predicted ~45 vs 87 us);
 #   3. M = 128 (issue 3: <= 25 us, 58.5 measured): 128-token tiles run one warpgroup per
-#      CTA; 2 / 4 warpgroups splitting K, with and without the scale after the MMA;
+#      CTA; 2 warpgroups splitting K (4 do not fit shared memory with 128-token tiles: CPU
+#      lowering), or two 64-token tiles of 2 / 4 warpgroups, scale after the MMA or not;
 #   4. W8A16 on the Mosaic kernel (never timed: int8 stays on Triton, 24-28 us), and the
 #      candidate path for W8A8 decode (issue 4: <= 20 us at M <= 16).
 # Then `gpu_session_tables.sh` (dense ladder, Llama-3-8B, other A16 formats) and
@@ -32,7 +33,7 @@ T 70 python3 benchmarks/profile_w8a8_mgpu.py --specs w4a8-int8 --ms 4096 \
   --configs default,wfirst > "$OUT/w4a8_unpack.log" 2>&1
 grep -E "^M=|rror" "$OUT/w4a8_unpack.log" | cut -c1-250
 step m128
-T 100 python3 benchmarks/profile_mgpu.py --ms 128 --configs default,wg2,wg4,wg2-after,wg4-after \
+T 100 python3 benchmarks/profile_mgpu.py --ms 128 --configs default,wg2,wg2-after,bm64-wg4-after,bm64-wg2-after \
   --layers 8 --iterations 3 > "$OUT/m128.log" 2>&1
 grep -E "^M=|rror" "$OUT/m128.log" | cut -c1-220
 step w8a16_mosaic
