@@ -294,6 +294,12 @@ def quant_moe(gate_up_params: QuantizedWeight, down_params: QuantizedWeight, x: 
     topk_ids: (T, k) int expert ids; ids outside [0, E) contribute nothing.
     activation: "silu" (SwiGLU) or "gelu" (exact-erf GeGLU).
     backend: as :func:`quant_ragged_dot`.
+
+  Kernels: params prepared with ``hj.prepare(p, grouped=True)`` (or canonical ones) run on
+  the Pallas-Triton grouped kernel, rows sorted by expert.  Both stacks prepared with
+  ``kernels.grouped_wna16_mgpu.prepare`` (bf16 / fp16 tokens) run on the Mosaic GPU
+  grouped kernel with each expert's rows padded to its tile (:func:`align_tokens`), so
+  every tile reads and writes its rows in place (no row gather; benchmarks/NOTES_moe.md).
   """
   for name, p in (("gate_up_params", gate_up_params), ("down_params", down_params)):
     if not isinstance(p, QuantizedWeight) or p.num_experts is None:
@@ -318,9 +324,9 @@ def quant_moe(gate_up_params: QuantizedWeight, down_params: QuantizedWeight, x: 
     from humming_jax.kernels import grouped_wna16_mgpu  # noqa: PLC0415 - GPU family
     bm = grouped_wna16_mgpu.block_rows(topk_ids.size, e)
     r = align_tokens(topk_ids, e, bm)
-    run = lambda p, a: grouped_wna16_mgpu.run_aligned(
-        p, a, r.group_sizes, block_m=bm, interpret=ops.resolve_backend(
-            backend, p.spec, grouped=True) == "interpret")
+    interpret = ops.resolve_backend(backend, gate_up_params.spec, grouped=True) == "interpret"
+    run = lambda p, a: grouped_wna16_mgpu.run_aligned(p, a, r.group_sizes, block_m=bm,
+                                                       interpret=interpret)
   else:
     r = sort_tokens(topk_ids, e)
     run = lambda p, a: quant_ragged_dot(p, a, r.group_sizes, backend=backend)
