@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 
 from humming_jax import ops
-from humming_jax.kernels import grouped_wna16, registry, wna16
+from humming_jax.kernels import grouped_wna16, grouped_wna16_mgpu, registry, wna16
 from humming_jax.quantize import (QuantizedWeight, dequantize, fake_quantize_activations)
 
 Activation = Literal["silu", "gelu"]
@@ -318,15 +318,14 @@ def quant_moe(gate_up_params: QuantizedWeight, down_params: QuantizedWeight, x: 
                      f"must both be (tokens={x.shape[0]}, k)")
   if activation not in ACTIVATIONS:
     raise ValueError(f"activation={activation!r}; expected one of {ACTIVATIONS}")
-  if _aligned_mosaic(gate_up_params, down_params, x, backend):
+  b = ops.resolve_backend(backend, gate_up_params.spec, grouped=True)
+  if _aligned_mosaic(gate_up_params, down_params, x, b):
     # Segments padded to the tile (align_tokens): each Mosaic tile reads and writes its own
-    # rows in place -- no row gather after either GEMM, a one-fusion schedule.
-    from humming_jax.kernels import grouped_wna16_mgpu  # noqa: PLC0415 - GPU family
+    # rows in place -- no row gather after either GEMM.
     bm = grouped_wna16_mgpu.block_rows(topk_ids.size, e)
     r = align_tokens(topk_ids, e, bm)
-    interpret = ops.resolve_backend(backend, gate_up_params.spec, grouped=True) == "interpret"
     run = lambda p, a: grouped_wna16_mgpu.run_aligned(p, a, r.group_sizes, block_m=bm,
-                                                       interpret=interpret)
+                                                       interpret=b == "interpret")
   else:
     r = sort_tokens(topk_ids, e)
     run = lambda p, a: quant_ragged_dot(p, a, r.group_sizes, backend=backend)
@@ -336,11 +335,9 @@ def quant_moe(gate_up_params: QuantizedWeight, down_params: QuantizedWeight, x: 
   return combine(ys, topk_weights, r).astype(x.dtype)
 
 
-def _aligned_mosaic(gate_up_params, down_params, x, backend) -> bool:
+def _aligned_mosaic(gate_up_params, down_params, x, resolved_backend: str) -> bool:
   """Both expert stacks prepared for the Mosaic grouped kernel, 16-bit tokens, a kernel
   backend: quant_moe runs them on tile-aligned segments."""
-  from humming_jax.kernels import grouped_wna16_mgpu  # noqa: PLC0415
   fam = grouped_wna16_mgpu.FAMILY
   return (all(registry.layout_family(p.layout) == fam for p in (gate_up_params, down_params))
-          and x.dtype in (jnp.bfloat16, jnp.float16)
-          and ops.resolve_backend(backend, gate_up_params.spec, grouped=True) != "xla")
+          and x.dtype in (jnp.bfloat16, jnp.float16) and resolved_backend != "xla")

@@ -135,7 +135,8 @@ def run_aligned(params: QuantizedWeight, x: jax.Array, group_sizes: jax.Array, *
   Contract (not checked on the device): every ``group_sizes[e]`` is a multiple of
   ``block_m`` and x's R rows are a multiple of ``block_m`` covering them.  Tile ``i`` is
   rows [i * block_m, (i + 1) * block_m) of its expert, so it reads x and writes the output
-  in place: no gather, and the schedule is one cumsum and a compare-and-count.  Output rows
+  in place: no gather, and the schedule is grouped_wna16's (cumsums and a compare-and-count
+  over E).  Output rows
   past ``sum(group_sizes)`` are **unspecified** (no tile writes them): callers read only
   the rows they routed (``moe.combine`` does)."""
   e, k, n = params.shape
@@ -150,12 +151,10 @@ def run_aligned(params: QuantizedWeight, x: jax.Array, group_sizes: jax.Array, *
   if group_sizes.shape != (e,):
     raise ValueError(f"group_sizes must be ({e},); got shape {group_sizes.shape}")
   num_tiles = r // block_m
-  tile_end = jnp.cumsum(jnp.maximum(group_sizes.astype(jnp.int32), 0) // block_m)
-  i = jnp.arange(num_tiles, dtype=jnp.int32)
-  expert = jnp.minimum(jnp.sum((tile_end[None, :] <= i[:, None]).astype(jnp.int32), 1), e - 1)
-  kind = (i < tile_end[-1]).astype(jnp.int32)
-  first = i * block_m
-  sched = jnp.stack([expert, first, first + block_m, kind], axis=1).reshape(-1)
+  # The plain expert-pure tiling: with aligned segments tile i starts at row i * block_m,
+  # which is where the kernel writes it.
+  expert, start, end, kind = grouped_wna16.tile_schedule(group_sizes, r, block_m, num_tiles)
+  sched = jnp.stack([expert, start, end, kind], axis=1).reshape(-1)
   config = config or wna16_mgpu.heuristic(block_m)
   return wna16_mgpu.run(params, x, interpret=interpret, config=config,
                         tiles=wna16_mgpu.Tiles(sched, num_tiles, block_m))

@@ -98,20 +98,27 @@ class SlabLayout:
       tiles.append(words)
     return jnp.concatenate(tiles, axis=1).reshape(t * self.rows_per_tile, n)
 
-  def unpack(self, words: jax.Array) -> jax.Array:
-    """Inverse of :meth:`pack`: -> (Kp, Np) uint8 codes."""
+  def unpack(self, words: jax.Array, transposed: bool = False) -> jax.Array:
+    """Inverse of :meth:`pack`: -> (Kp, Np) uint8 codes.
+
+    ``transposed``: -> (Np, Kp), transposing the packed words (32 / bits codes each)
+    before unpacking instead of the codes after: fewer bytes through the transpose."""
     rows, n = words.shape
     t = rows // self.rows_per_tile
-    w = words.reshape(t, self.rows_per_tile, n)
-    codes = jnp.zeros((t, self.block_k, n), jnp.uint32)
+    if transposed:  # (Np, K tiles, word rows): code axes are (tile, slot, row) either way
+      w, slot_axis, shape = words.T.reshape(n, t, self.rows_per_tile), 2, (n, t, self.block_k)
+    else:
+      w, slot_axis, shape = words.reshape(t, self.rows_per_tile, n), 1, (t, self.block_k, n)
+    codes = jnp.zeros(shape, jnp.uint32)
     for p, pb in enumerate(self.planes):
       per_word = 32 // pb
       r0 = self.plane_row_offset(p)
-      pw = w[:, r0:r0 + self.plane_rows(p)]
+      pw = jax.lax.slice_in_dim(w, r0, r0 + self.plane_rows(p), axis=2 if transposed else 1)
       slots = [(pw >> (slot * pb)) & ((1 << pb) - 1) for slot in range(per_word)]
-      plane = jnp.stack(slots, axis=1).reshape(t, self.block_k, n)
+      plane = jnp.stack(slots, axis=slot_axis).reshape(shape)
       codes = codes | (plane << self.plane_bit_offset(p))
-    return codes.reshape(t * self.block_k, n).astype(jnp.uint8)
+    out = (n, t * self.block_k) if transposed else (t * self.block_k, n)
+    return codes.reshape(out).astype(jnp.uint8)
 
 
 def choose_slab(bits: int, group: int | None, k: int | None = None) -> int:

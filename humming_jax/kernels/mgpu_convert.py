@@ -29,20 +29,17 @@ from humming_jax.formats import get_format
 
 E2M1 = get_format("fp4_e2m1")
 
-# The bit layout of the 16-bit target: where e2m1's three magnitude bits go (the
-# mantissa MSB sits at bit mantissa_bits - 1) and the power of two that undoes the
-# exponent-bias difference.
-_TARGET = {  # dtype: (shift of the nibble, bits of 2**(bias - 1))
-    jnp.dtype(jnp.bfloat16): (6, 0x7E80),   # bias 127: 2**126
-    jnp.dtype(jnp.float16): (9, 0x7400),    # bias 15: 2**14
-}
-
-
 def _target(dtype) -> tuple[int, int]:
+  """The bit layout of the 16-bit target: where e2m1's three magnitude bits go (the
+  mantissa MSB sits at bit nmant - 1: bf16 6, fp16 9) and the bits of 2**(bias - 1), the
+  power of two that undoes the exponent-bias difference (bf16 2**126 = 0x7E80, fp16
+  2**14 = 0x7400)."""
   dtype = jnp.dtype(dtype)
-  if dtype not in _TARGET:
+  if dtype not in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)):
     raise ValueError(f"dtype={dtype}: fp4 weights convert to bfloat16 or float16")
-  return _TARGET[dtype]
+  fi = jnp.finfo(dtype)
+  bias = fi.maxexp - 1
+  return fi.nmant - 1, ((bias - 1) + bias) << fi.nmant
 
 
 def to_float_interpret(codes: jax.Array, dtype) -> jax.Array:
