@@ -151,13 +151,12 @@ def test_dequant_gemm_path_matches_reference():
   assert rel(y, reference.dense_reference(q, x)) <= TOL
 
 
-def test_registry_routes_4bit_here_and_others_to_triton():
-  for name in ("w4a16-g128-zp", "w4a16-mxfp4", "w4a16-nvfp4", "w4a16-mxint4"):
+def test_registry_routes_int4_int8_fp4_here_and_others_to_triton():
+  for name in ("w4a16-g128-zp", "w4a16-mxfp4", "w4a16-nvfp4", "w4a16-mxint4", "w8a16"):
     assert registry.find(hj.QuantSpec.preset(name)).name == mg.FAMILY, name
-  # int8 runs here (tests above) but is routed to the measured Triton W8A16 for now
-  assert mg.runs(hj.QuantSpec.preset("w8a16")) and not mg.supports(hj.QuantSpec.preset("w8a16"))
-  for spec in (hj.QuantSpec.preset("w8a16"), hj.QuantSpec.preset("w8a16-fp8"),
-               hj.QuantSpec("int4", "group", 48), hj.QuantSpec("fp6_e2m3", "group", 32)):
+  assert registry.find(hj.QuantSpec("uint8", "channel", 0, zero_point=True)).name == mg.FAMILY
+  for spec in (hj.QuantSpec.preset("w8a16-fp8"), hj.QuantSpec("int4", "group", 48),
+               hj.QuantSpec("fp6_e2m3", "group", 32), hj.QuantSpec("int3", "group", 128)):
     assert registry.find(spec).name == "wna16", spec.name
   q, x = make(hj.QuantSpec.preset("w4a16-g128-zp"), 3, 256, 64, True, seed=3)
   p = hj.prepare(q)
@@ -269,12 +268,10 @@ def test_autotune_cache_entry_of_another_version_is_ignored(tmp_path, monkeypatc
 def test_quant_dense_gpu(name, m):
   spec = hj.QuantSpec.preset(name)
   q, x = make(spec, m, 8192, 8192, True, seed=4)
-  if mg.supports(spec):  # what quant_dense routes here
-    p = jax.jit(hj.prepare)(q)
-    assert p.layout.startswith(mg.FAMILY)
-    y = jax.jit(lambda p, x: hj.quant_dense(p, x, backend="pallas"))(p, x)
-  else:  # int8: runs here, routed to Triton by default
-    y = jax.jit(mg.run)(jax.jit(mg.prepare)(q), x)
+  assert mg.supports(spec)  # what quant_dense routes here
+  p = jax.jit(hj.prepare)(q)
+  assert p.layout.startswith(mg.FAMILY)
+  y = jax.jit(lambda p, x: hj.quant_dense(p, x, backend="pallas"))(p, x)
   e = rel(y, jax.jit(reference.dense_reference)(q, x))
   print(f"{name} M={m}: rel err {e:.2e}")
   assert e <= TOL

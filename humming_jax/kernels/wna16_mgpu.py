@@ -93,11 +93,11 @@ def hopper_or_interpreter() -> bool:
 
 
 def supports(spec: QuantSpec) -> bool:
-  """What ``hj.quant_dense`` routes here (registry): the 4-bit specs of :func:`runs`, on a
-  Hopper GPU or in the interpreter.  8-bit weights run correctly here too (GPU tests) but
-  have no timing yet, and the Triton kernel's W8A16 is measured at 24-28 us per 8192^2
-  layer, so they stay there for now."""
-  return runs(spec) and spec.weight_bits == 4 and hopper_or_interpreter()
+  """What ``hj.quant_dense`` routes here (registry): every spec of :func:`runs` (4- and
+  8-bit integer, fp4), on a Hopper GPU or in the interpreter.  W8A16 moved here from the
+  Triton kernel when measured (NOTES.md v9, 8192^2 int8 per channel, CUPTI: 19.8 / 20.6 us
+  at M = 1 / 16 here vs 24-28 us for the Triton kernel)."""
+  return runs(spec) and hopper_or_interpreter()
 
 
 # Groups of 64 / 128 / 256: the int4 tile rows are 32 / 64 / 128 bytes (tested swizzles);
@@ -563,12 +563,16 @@ def heuristic(m: int, n: int | None = None) -> Config:
   Narrow N (``n`` given, at most half as many 64-column CTAs as SMs): grid split-K 2, so
   the SMs the N tiles leave idle stream the other half of K (float32 partials summed by
   XLA).  NOTES.md v8, Llama-3-8B down (K 14336, N 4096) at M = 1 / 16: 25.4 / 26.9 us
-  kernel -> 15.2 + 1.1 sum / 15.8 + 1.3; o_proj (4096^2) 9.6 -> 6.0 + 1.1."""
+  kernel -> 15.2 + 1.1 sum / 15.8 + 1.3; o_proj (4096^2) 9.6 -> 6.0 + 1.1.
+
+  M > 64: 128-token tiles, two warpgroups splitting K (four do not fit shared memory with
+  128-token tiles), scales on the float32 partials.  NOTES.md v9, 8192^2 int4 g128 zp at
+  M = 128: 55.0 us kernel with one warpgroup -> 37.5 (relative error 2.3e-3 -> 4.2e-5)."""
   if m <= 64:
     narrow = n is not None and 2 * -(-n // BLOCK_N) <= tuning.num_sms()
     return Config(block_m=64, stages=4, substeps=2 if m <= 16 else 1, warpgroups=4,
                   scale_after_mma=True, unpadded_rows=True, split_k=2 if narrow else 1)
-  return Config(block_m=128, stages=4)
+  return Config(block_m=128, stages=4, warpgroups=2, scale_after_mma=True)
 
 
 def dequantize_prepared(params: QuantizedWeight, dtype=jnp.float32, *,
