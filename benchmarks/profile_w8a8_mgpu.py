@@ -38,6 +38,8 @@ def parse_config(name: str, m: int, n: int, grouped: bool, k: int) -> w8a8_mgpu.
       fields["tile_m"] = 64
     elif tok.startswith("st"):
       fields["stages"] = int(tok[2:])
+    elif tok == "wfirst":
+      fields["unpack_words_first"] = True
     elif tok.startswith("w"):
       fields["grid_tile_width"] = int(tok[1:])
     elif tok == "minor_m":
@@ -46,8 +48,6 @@ def parse_config(name: str, m: int, n: int, grouped: bool, k: int) -> w8a8_mgpu.
       fields["group_pairs"] = True
     elif tok == "nopairs":
       fields["group_pairs"] = False
-    elif tok == "wfirst":
-      fields["unpack_words_first"] = True
     else:
       raise ValueError(f"config token {tok!r}")
   return dataclasses.replace(cfg, **fields)
