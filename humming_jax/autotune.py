@@ -1,6 +1,7 @@
 """Autotune the WnA16 kernel configs for given shapes and write the JSON cache.
 
   python -m humming_jax.autotune --specs w4a16-g128,w4a16-mxfp4 --shapes 8192x8192 --ms 1,16,128
+  python -m humming_jax.autotune --specs w4a16-g128-zp --grouped 256:8:7168x512 --tokens 64,1024
 
 The kernel family is the one ``hj.quant_dense`` uses for the spec (registry): the Mosaic GPU
 kernel (int4/int8 on Hopper; candidates ``tuning.mgpu_candidates``) or the Pallas-Triton
@@ -9,6 +10,12 @@ kernel (``tuning.wna16_candidates``).  Each candidate is timed with the chain me
 per (device kind, spec, M bucket, N, K) is merged into the cache that
 ``kernels/tuning.py`` consults at trace time (``HUMMING_JAX_TUNING_CACHE`` or
 ``~/.cache/humming_jax/tuning.json``).  Needs a GPU.
+
+``--grouped E:TOPK:KxN`` tunes the MoE grouped kernel (``kernels/grouped_wna16.py``,
+candidates ``grouped_wna16.grouped_candidates``) for stacked (E, K, N) experts at the given
+token counts: tokens x TOPK rows routed uniformly at random, the chain of 8 expert stacks;
+the winner is checked against ``reference.ragged_dot_reference`` before it is stored, under
+the key ``grouped_wna16.choose_config`` looks up.
 """
 from __future__ import annotations
 
@@ -21,17 +28,20 @@ import jax.numpy as jnp
 from tqdm import tqdm
 
 import humming_jax as hj
-from humming_jax.kernels import registry, tuning, wna16, wna16_mgpu
+from humming_jax import moe
+from humming_jax.kernels import grouped_wna16, layout, reference, registry, tuning, wna16
+from humming_jax.kernels import wna16_mgpu
 
 
-def _time(fn, params_list, x, calls: int) -> float:
-  f = jax.jit(lambda ps, x: tuple(fn(p, x) for p in ps))
-  jax.block_until_ready(f(params_list, x))
+def _time(fn, params_list, args: tuple, calls: int) -> float:
+  """Microseconds per layer of ``fn(p, *args)`` over the chain of ``params_list``."""
+  f = jax.jit(lambda ps, *a: tuple(fn(p, *a) for p in ps))
+  jax.block_until_ready(f(params_list, *args))
   samples = []
   for _ in range(3):
     t0 = time.perf_counter()
     for _ in range(calls):
-      out = f(params_list, x)
+      out = f(params_list, *args)
     jax.block_until_ready(out)
     samples.append((time.perf_counter() - t0) / (calls * len(params_list)) * 1e6)
   return statistics.median(samples)
@@ -55,7 +65,7 @@ def autotune(spec_name: "str | hj.QuantSpec", k: int, n: int, ms: list[int], *, 
     results = []
     for cfg in tqdm(candidates(m), desc=f"{spec.name} M={m}", leave=False):
       try:
-        us = _time(lambda p, x, c=cfg: mod.run(p, x, config=c), params, x, calls)
+        us = _time(lambda p, x, c=cfg: mod.run(p, x, config=c), params, (x,), calls)
         results.append((us, cfg))
       except Exception as e:  # noqa: BLE001 - e.g. shared memory exceeded: skip the candidate
         tqdm.write(f"  skip {cfg}: {type(e).__name__}")
@@ -69,19 +79,91 @@ def autotune(spec_name: "str | hj.QuantSpec", k: int, n: int, ms: list[int], *, 
   return best
 
 
+def autotune_grouped(spec_name: "str | hj.QuantSpec", num_experts: int, topk: int, k: int,
+                     n: int, tokens: list[int], *, layers: int = 8, calls: int = 20,
+                     interpret: bool = False, candidates=None, tol: float = 1e-2) -> dict:
+  """Time the grouped kernel's candidates at each token count; return {cache key: best}.
+
+  ``candidates(m, e, n_padded, k_tiles)`` overrides the search space (tests);
+  ``interpret`` runs the kernels in the Pallas interpreter (CPU tests: timings there mean
+  nothing, the keys and the correctness check do)."""
+  spec = spec_name if isinstance(spec_name, hj.QuantSpec) else hj.QuantSpec.preset(spec_name)
+  if not grouped_wna16.supports(spec):
+    raise ValueError(f"spec {spec.name}: the grouped WnA16 kernel does not run it")
+  if not 1 <= topk <= num_experts:
+    raise ValueError(f"topk={topk}: expected 1 <= topk <= num_experts={num_experts}")
+  keys = jax.random.split(jax.random.key(0), layers + 2)
+  quant = jax.jit(hj.quantize, static_argnums=1)
+  qs = [quant(jax.random.normal(kk, (num_experts, k, n)) / k**0.5, spec) for kk in keys[:layers]]
+  params = [jax.jit(grouped_wna16.prepare)(q) for q in qs]
+  _, lt = layout.parse_layout_name(params[0].layout)
+  np_ = params[0].codes.shape[2]
+  k_tiles = lt.k_of_rows(params[0].codes.shape[1]) // lt.block_k
+  cands = candidates or (lambda m, e, n_, kt: grouped_wna16.grouped_candidates(
+      m, e, n_, kt, lt=lt))
+  best = {}
+  for t in tokens:
+    ids = jnp.argsort(jax.random.uniform(jax.random.fold_in(keys[-2], t), (t, num_experts)),
+                      axis=1)[:, :topk].astype(jnp.int32)
+    routed = moe.sort_tokens(ids, num_experts)
+    x = jax.random.normal(jax.random.fold_in(keys[-1], t), (t, k), jnp.bfloat16)
+    xr, gs = jnp.take(x, routed.token_of_row, axis=0), routed.group_sizes
+    m = xr.shape[0]
+    results = []
+    for cfg in tqdm(cands(m, num_experts, np_, k_tiles), desc=f"{spec.name} E={num_experts} "
+                    f"T={t}", leave=False):
+      run = lambda p, x, g, c=cfg: grouped_wna16.run(p, x, g, config=c, interpret=interpret)
+      try:
+        results.append((_time(run, params, (xr, gs), calls), cfg))
+      except Exception as e:  # noqa: BLE001 - e.g. shared memory exceeded: skip it
+        tqdm.write(f"  skip {cfg}: {type(e).__name__}")
+    if not results:
+      raise RuntimeError(f"no candidate config ran for {spec.name} E={num_experts} T={t}")
+    us, cfg = min(results, key=lambda r: r[0])
+    y = grouped_wna16.run(params[0], xr, gs, config=cfg, interpret=interpret)
+    ref = reference.ragged_dot_reference(qs[0], xr, gs)
+    err = float(jnp.linalg.norm((y - ref).astype(jnp.float32))
+                / jnp.maximum(jnp.linalg.norm(ref.astype(jnp.float32)), 1e-30))
+    if not err <= tol:
+      raise RuntimeError(f"{spec.name} E={num_experts} T={t}: config {cfg} gives relative "
+                         f"error {err:.2e} vs the reference (limit {tol}); not stored")
+    key = tuning.cache_key(f"{grouped_wna16.FAMILY}/e{num_experts}", spec.name,
+                           tuning.bucket_m(m), np_, k, tuning.device_kind())
+    best[key] = cfg
+    print(f"{spec.name} E={num_experts} top{topk} T={t} (M={m}) K={k} N={n}: {us:.1f} us "
+          f"per grouped GEMM with {cfg} (rel err {err:.1e})")
+  return best
+
+
+def _parse_grouped(item: str) -> tuple[int, int, int, int]:
+  try:
+    e, topk, shape = item.split(":")
+    k, n = (int(v) for v in shape.lower().split("x"))
+    return int(e), int(topk), k, n
+  except ValueError:
+    raise SystemExit(f"--grouped {item!r}: expected E:TOPK:KxN, e.g. 256:8:7168x512") from None
+
+
 def main(argv=None) -> None:
   ap = argparse.ArgumentParser(description=__doc__,
                                formatter_class=argparse.RawDescriptionHelpFormatter)
   ap.add_argument("--specs", default="w4a16-g128")
   ap.add_argument("--shapes", default="8192x8192", help="KxN[,KxN...]")
   ap.add_argument("--ms", default="1,16,128")
+  ap.add_argument("--grouped", default=None,
+                  help="MoE experts E:TOPK:KxN[,...] (tunes the grouped kernel instead)")
+  ap.add_argument("--tokens", default="1,64,1024", help="token counts for --grouped")
   args = ap.parse_args(argv)
+  groups = [_parse_grouped(g) for g in args.grouped.split(",")] if args.grouped else []
   if jax.default_backend() != "gpu":
     raise SystemExit("autotune needs a GPU (jax.default_backend() is "
                      f"{jax.default_backend()!r})")
   entries = {}
   for spec_name in args.specs.split(","):
-    for shape in args.shapes.split(","):
+    for e, topk, k, n in groups:
+      entries.update(autotune_grouped(spec_name, e, topk, k, n,
+                                      [int(t) for t in args.tokens.split(",")]))
+    for shape in ([] if groups else args.shapes.split(",")):
       k, n = (int(v) for v in shape.lower().split("x"))
       entries.update(autotune(spec_name, k, n, [int(m) for m in args.ms.split(",")]))
   path = tuning.store_configs(entries)

@@ -296,6 +296,40 @@ def grouped_heuristic(m: int, e: int, n: int, k_tiles: int, *,
   return fit_smem(c, lt, k_tiles, x_bytes)
 
 
+def grouped_candidates(m: int, e: int, n: int, k_tiles: int, *,
+                       lt: lay.SlabLayout | None = None, x_bytes: int = 2
+                       ) -> list[tuning.TuningConfig]:
+  """The autotune search space for M routed rows over E experts (``python -m
+  humming_jax.autotune --grouped``): the heuristic's config first, then row tiles covering
+  the expected rows per active expert (and the next smaller one), N tiles 32 ... 256, split
+  K 1 / 2 / 4 while rows are few (decode).  Wide N tiles are in the space because an
+  expert's activations are re-read once per N tile: at DeepSeek-V3 gate_up, 1024 tokens
+  (32 rows per expert, N 512), the heuristic's 32-wide tiles read them 16 times, 1.9 GB
+  beside 470 MB of weights (NOTES_moe.md session 7).  Every candidate is shrunk to fit
+  shared memory (:func:`fit_smem`); duplicates dropped."""
+  lt = lt or lay.SlabLayout(4, 64)
+  rows = m / max(min(e, m), 1)
+  cover = 16
+  while cover < min(rows, 128):
+    cover *= 2
+  block_ms = sorted({max(16, cover // 2), cover})
+  splits = (1, 2, 4) if rows <= 32 else (1,)
+  out = [grouped_heuristic(m, e, n, k_tiles, sms=tuning.num_sms(), lt=lt, x_bytes=x_bytes)]
+  for bm in block_ms:
+    for bn in (32, 64, 128, 256):
+      if bn > n or n % bn:
+        continue
+      for split in splits:
+        if k_tiles % split or k_tiles // split < 1:
+          continue
+        c = tuning.TuningConfig(bm, bn, split, num_warps=8 if bm * bn >= 128 * 128 else 4,
+                                num_stages=3 if rows <= 32 else 2)
+        c = fit_smem(c, lt, k_tiles // split, x_bytes)
+        if c not in out:
+          out.append(c)
+  return out
+
+
 def run(params: QuantizedWeight, x: jax.Array, group_sizes: jax.Array, *,
         interpret: bool = False, config: tuning.TuningConfig | None = None) -> jax.Array:
   """(M, K) rows sorted by expert x prepared stacked params -> (M, N) in x.dtype."""
