@@ -73,7 +73,9 @@ def quantize_chain(name, ws, x):
 INTERPRET = False  # --interpret: a CPU smoke run of this script (tiny shapes)
 
 
-def layer_fn(spec, *, config=None, block_k=None, fuse=False):
+def layer_fn(spec, *, config=None, block_k=None, fuse=False, decode_mgpu=False):
+  if decode_mgpu:  # W8A8 int8 on the Mosaic WnA16 kernel (w8a8.run_decode_mgpu)
+    return lambda p, x: w8a8.run_decode_mgpu(p, x, interpret=INTERPRET)
   if spec.act is None:
     return lambda p, x: hj.quant_dense(p, x, backend="interpret" if INTERPRET else "pallas")
   return lambda p, x: w8a8.run(p, x, config=config, block_k=block_k, fuse_act_quant=fuse,
@@ -187,6 +189,26 @@ def act_quant_study(ws, k, ms, args):
   return rows
 
 
+def decode_study(ws, k, ms, args):
+  """W8A8 int8 at decode: the Triton W8A8 kernel (what w8a8.run takes at small M) vs
+  w8a8.run_decode_mgpu (int8 codes as bf16 operands of the Mosaic WnA16 kernel)."""
+  rows = []
+  for m in ms:
+    x = jax.random.normal(jax.random.key(m), (m, k), jnp.bfloat16)
+    for name in ("w8a8-int8", "w8a8-int8-static"):
+      qs, prepared = quantize_chain(name, ws, x)
+      row = {"spec": name, "M": m}
+      for label, kw in (("triton", {}), ("decode_mgpu", {"decode_mgpu": True})):
+        try:
+          r = bench_point(qs, prepared, x, calls=args.calls, repeats=args.repeats, **kw)
+          row[f"{label}_us"], row[f"{label}_err"] = r["us"], r["rel_err"]
+        except Exception as e:  # noqa: BLE001 - report and go on
+          row[f"{label}_error"] = f"{type(e).__name__}: {str(e)[:200]}"
+      print(row, flush=True)
+      rows.append(row)
+  return rows
+
+
 def main(argv=None):
   ap = argparse.ArgumentParser(description=__doc__)
   ap.add_argument("--specs", default=SPECS)
@@ -200,6 +222,8 @@ def main(argv=None):
   ap.add_argument("--sweep", action="store_true", help="try a grid of configs per point")
   ap.add_argument("--act-quant-study", action="store_true",
                   help="only the fused-vs-pre-pass activation quantization measurement")
+  ap.add_argument("--decode-study", action="store_true",
+                  help="only W8A8 int8 at decode: Triton kernel vs w8a8.run_decode_mgpu")
   ap.add_argument("--json", default=None)
   ap.add_argument("--interpret", action="store_true", help=argparse.SUPPRESS)
   args = ap.parse_args(argv)
@@ -222,6 +246,12 @@ def main(argv=None):
     for r in rows:
       print(f"| {r['spec']} | {r['M']} | {r['prepass_us']:.1f} | {r['fused_us']:.1f} | "
             f"{r['act_quant_alone_us']:.1f} |")
+    return
+  if args.decode_study:
+    rows = decode_study(ws, k, ms, args)
+    path = common.write_json(args.json or f"bench_w8a8_decode_{int(time.time())}.json",
+                             {"info": info, "method": method, "rows": rows})
+    print(f"# wrote {path}")
     return
   rows = []
   for m in ms:

@@ -8,28 +8,33 @@
 #      grouped_heuristic rules, then re-run the MoE table;
 #   2. the Mosaic grouped kernel (quant_ragged_dot on `@mgpu`-prepared params) at 64 / 1024
 #      tokens, where its WGMMA should beat the Triton kernel's mma.sync (1.35x at 16 tokens);
-#   3. the dense ladder rows cut in session 7 (M = 1024 / 4096) and the Llama-3-8B table.
-# Step timeouts sum to 530 s.  Carry: [".whl"].
+#   3. W8A8 int8 at decode on the Mosaic WnA16 kernel (w8a8.run_decode_mgpu, CPU-tested):
+#      its GPU tests, then Triton vs Mosaic at M = 1 / 16 (issue 4: <= 20 us; Triton 38.0;
+#      W8A16 on that kernel 21.0) -- if it wins, set w8a8.DECODE_MGPU_MAX_M = 16;
+#   4. the dense ladder rows cut in session 7 (M = 1024 / 4096).
+# Step timeouts sum to 560 s.  Carry: [".whl"].
 source "$(dirname "$0")/gpu_env.sh"
 T() { local t=$1; shift; timeout -k 5 -s INT "$t" "$@"; }
 export HUMMING_JAX_TUNING_CACHE="$OUT/tuning.json"
 step grouped_autotune
-T 200 python3 -m humming_jax.autotune --specs w4a16-g128-zp \
+T 180 python3 -m humming_jax.autotune --specs w4a16-g128-zp \
   --grouped 256:8:7168x512,128:8:2048x1536 --tokens 64,1024 > "$OUT/grouped_autotune.log" 2>&1
 grep -E "us per grouped|rror" "$OUT/grouped_autotune.log" | cut -c1-250
 step moe_tuned_and_mgpu
-T 170 python3 benchmarks/bench_moe.py --shapes deepseek-v3-gate_up,qwen3-30b-a3b-gate_up \
+T 150 python3 benchmarks/bench_moe.py --shapes deepseek-v3-gate_up,qwen3-30b-a3b-gate_up \
   --tokens 64,1024 --specs w4a16-g128-zp,w4a16-g128-zp@mgpu --no-baselines --humming \
   --calls 10 --repeats 2 --json "$OUT/moe_tuned.json" > "$OUT/moe_tuned.log" 2>&1
 grep -E "hj:|rror" "$OUT/moe_tuned.log" | cut -c1-300
 unset HUMMING_JAX_TUNING_CACHE
+step w8a8_decode
+T 110 python3 -m pytest tests/test_w8a8_mgpu.py -m gpu -k decode -p no:cacheprovider --tb=short \
+  -rA -W ignore::DeprecationWarning > "$OUT/w8a8_decode_tests.log" 2>&1
+grep -E "^(PASSED|FAILED|ERROR)|passed|failed" "$OUT/w8a8_decode_tests.log" | cut -c1-200 | tail -6
+T 60 python3 benchmarks/bench_w8a8.py --decode-study --ms 1,16 --calls 20 --repeats 2 \
+  --json "$OUT/w8a8_decode.json" > "$OUT/w8a8_decode.log" 2>&1
+grep -E "^\{|rror" "$OUT/w8a8_decode.log" | cut -c1-300
 step dense_large_m
-T 80 python3 benchmarks/bench_dense.py --specs w4a16-g128-zp,w4a16-mxfp4 --ms 1024,4096 \
+T 60 python3 benchmarks/bench_dense.py --specs w4a16-g128-zp,w4a16-mxfp4 --ms 1024,4096 \
   --humming --calls 10 --repeats 2 --json "$OUT/dense_large_m.json" > "$OUT/dense_large_m.log" 2>&1
 grep -E "^8192|rror" "$OUT/dense_large_m.log" | cut -c1-250
-step llama
-T 80 python3 benchmarks/bench_dense.py --shapes llama3-8b-qkv,llama3-8b-gate_up --ms 1,16,128 \
-  --specs w4a16-g128-zp --humming --calls 20 --repeats 2 \
-  --json "$OUT/dense_llama.json" > "$OUT/dense_llama.log" 2>&1
-grep -E "^llama|^[0-9]+x|rror" "$OUT/dense_llama.log" | cut -c1-250
 step done

@@ -97,3 +97,21 @@ def test_mgpu_unpadded_rows_lower_for_h200(m):
   x = jax.ShapeDtypeStruct((m, 4096), jnp.bfloat16)
   cfg = mg.Config(64, 4, 1, warpgroups=4, unpadded_rows=True)
   assert "custom_call" in lower_for_h200(lambda p, x: mg.run(p, x, config=cfg), p, x)
+
+
+@pytest.mark.parametrize("m", [1, 16])
+@pytest.mark.parametrize("name", ["w8a8-int8", "w8a8-int8-static"])
+def test_w8a8_decode_mgpu_lowers_for_h200(name, m):
+  """W8A8 int8 at decode on the Mosaic WnA16 kernel, reading W8A8's (N, K) codes in place
+  (one TMA box per K tile, two per pipeline step at M <= 16)."""
+  spec = (hj.QuantSpec("int8", "channel", 0, scale_dtype="float32", act="int8",
+                       act_granularity="tensor", act_static=True)
+          if name.endswith("static") else hj.QuantSpec.preset(name))
+  w = jax.ShapeDtypeStruct((8192, 8192), jnp.float32)
+  s = jax.ShapeDtypeStruct((), jnp.float32)
+  q = jax.eval_shape(lambda w, s: hj.quantize(w, spec, act_scale=s if spec.act_static else None),
+                     w, s)
+  p = jax.eval_shape(hj.prepare, q)
+  x = jax.ShapeDtypeStruct((m, 8192), jnp.bfloat16)
+  text = lower_for_h200(lambda p, x: w8a8.run_decode_mgpu(p, x), p, x)
+  assert "mosaic_gpu" in text  # the Mosaic kernel, not an XLA path

@@ -285,3 +285,76 @@ def test_unpack_words_first_is_bit_identical(name, shape):
   b = np.asarray(jax.jit(lambda p: w8a8._mgpu_weights(p, plan, True))(p).view(jnp.uint8))
   assert a.shape == b.shape and (a != 0).any()
   np.testing.assert_array_equal(a, b)
+
+
+# ---------------------------------------------------------------------------------------
+# W8A8 int8 at decode on the Mosaic WnA16 kernel (w8a8.run_decode_mgpu; off in run() until
+# timed): int8 activation codes as exact bf16 operands, the stored (N, K) codes read as is.
+# ---------------------------------------------------------------------------------------
+DECODE = ["w8a8-int8", "w8a8-int8-static"]
+
+
+@pytest.mark.parametrize("name", DECODE)
+@pytest.mark.parametrize("m,k,n,bias", [(1, 384, 200, True), (5, 512, 128, False),
+                                        (16, 256, 320, True)])
+def test_decode_mgpu_interpret(name, m, k, n, bias):
+  spec, w, x, b, q = make(name, k, n, m, seed=7, bias=bias)
+  p = w8a8.prepare(q)
+  assert w8a8.decode_mgpu_runs(p)
+  y = jax.jit(lambda p, x: w8a8.run_decode_mgpu(p, x, interpret=True))(p, x)
+  check(name, q, w, x, b, y)
+  # the same integer GEMM as the Triton W8A8 kernel, up to the output roundings
+  y_triton = jax.jit(lambda p, x: w8a8.run(p, x, interpret=True))(p, x)
+  assert rel(y, y_triton) <= 8e-3
+
+
+def test_decode_mgpu_route_and_errors(monkeypatch):
+  spec, w, x, b, q = make("w8a8-int8", 256, 128, 3, seed=8)
+  p = w8a8.prepare(q)
+  calls = []
+  real = w8a8.run_decode_mgpu
+  monkeypatch.setattr(w8a8, "run_decode_mgpu",
+                      lambda *a, **kw: calls.append(1) or real(*a, **kw))
+  w8a8.run(p, x, interpret=True)
+  assert not calls  # off until timed (DECODE_MGPU_MAX_M = 0)
+  monkeypatch.setattr(w8a8, "DECODE_MGPU_MAX_M", 16)
+  w8a8.run(p, x, interpret=True)
+  assert calls == [1]
+  w8a8.run(p, jnp.concatenate([x] * 6), interpret=True)  # M = 18 > 16: the Triton kernel
+  assert calls == [1]
+  _, _, xf, _, qf = make("w8a8-fp8", 256, 128, 3, seed=8)
+  with pytest.raises(ValueError, match="run_decode_mgpu takes int8 x int8"):
+    w8a8.run_decode_mgpu(w8a8.prepare(qf), xf, interpret=True)
+  with pytest.raises(ValueError, match="x.dtype=float32"):
+    w8a8.run_decode_mgpu(p, x.astype(jnp.float32), interpret=True)
+  with pytest.raises(ValueError, match=r"x.shape=\(3, 100\)"):
+    w8a8.run_decode_mgpu(p, x[:, :100], interpret=True)
+
+
+def test_run_direct_argument_errors():
+  from humming_jax.kernels import wna16_mgpu
+  codes = jnp.zeros((128, 256), jnp.int8)
+  x = jnp.ones((1, 256), jnp.bfloat16)
+  col = jnp.ones((1, 128), jnp.float32)
+  with pytest.raises(ValueError, match="codes: expected int8"):
+    wna16_mgpu.run_direct(codes.astype(jnp.int32), x, col, n=128, interpret=True)
+  with pytest.raises(ValueError, match="codes: expected int8"):
+    wna16_mgpu.run_direct(codes[:, :200], x[:, :200], col, n=128, interpret=True)
+  with pytest.raises(ValueError, match=r"col_scale \(1, 64\)"):
+    wna16_mgpu.run_direct(codes, x, col[:, :64], n=128, interpret=True)
+  with pytest.raises(ValueError, match=r"expected x \(M, K <= 256\)"):
+    wna16_mgpu.run_direct(codes, jnp.ones((1, 300), jnp.bfloat16), col, n=128, interpret=True)
+  with pytest.raises(ValueError, match="dequant_gemm_min_m"):
+    wna16_mgpu.run_direct(codes, jnp.ones((600, 256), jnp.bfloat16), col, n=128,
+                          interpret=True)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", [1, 16])
+@pytest.mark.parametrize("name", DECODE)
+def test_decode_mgpu_gpu(name, m):
+  spec, w, x, b, q = make(name, 8192, 8192, m, seed=5)
+  p = jax.jit(hj.prepare)(q)
+  y = jax.jit(w8a8.run_decode_mgpu)(p, x)
+  e_ref, e_float = check(name, q, w, x, b, y)
+  print(f"{name} M={m} decode on Mosaic: rel err vs reference {e_ref:.2e}, float {e_float:.2e}")

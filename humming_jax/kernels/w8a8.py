@@ -47,6 +47,7 @@ from jax.experimental import pallas as pl
 
 from humming_jax import packing
 from humming_jax.kernels import act_quant, launch, registry, tuning, w8a8_mgpu, wna16
+from humming_jax.kernels import wna16_mgpu
 from humming_jax.kernels import layout as lay
 from humming_jax.formats import get_format
 from humming_jax.quantize import QuantizedWeight, scale_block, unpacked_codes
@@ -522,6 +523,57 @@ def run_mgpu(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
   return y if (mp, np_) == (m, n) else y[:m, :n]
 
 
+# M up to which `run` takes `run_decode_mgpu` for W8A8 int8: 0 (off) until it is timed on
+# the H200 against the Triton kernel (38.0 us at 8192^2, M = 16; NOTES_w8a8.md session 7).
+DECODE_MGPU_MAX_M = 0
+
+
+def decode_mgpu_runs(params: QuantizedWeight) -> bool:
+  """Whether :func:`run_decode_mgpu` computes these prepared params: int8 x int8 with
+  per-channel (or tensor) weight scales and per-token (or tensor) activation scales, the
+  direct (N, K) layout, one weight matrix."""
+  plan = plan_for(params.spec)
+  return (plan is not None and plan.direct and plan.int_compute and not plan.w_group
+          and not plan.a_group and params.num_experts is None
+          and registry.layout_family(params.layout) == FAMILY)
+
+
+def run_decode_mgpu(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
+                    config: wna16_mgpu.Config | None = None) -> jax.Array:
+  """W8A8 int8 at decode on the Mosaic WnA16 kernel (Hopper, or the interpreter).
+
+  The activations are quantized by the pre-pass as in :func:`run`; their int8 codes are
+  exact in bf16, and so is every int8 x int8 product in the kernel's float32 accumulator,
+  so ``wna16_mgpu.run_direct`` on the stored (N, K) int8 codes computes the integer GEMM up
+  to float32 summation.  The weight scale (and a per-tensor activation scale) is applied in
+  the kernel's float32 epilogue; a per-token scale and then the bias by one XLA fusion
+  after it (the kernel's bf16 output is rounded once more there)."""
+  if not decode_mgpu_runs(params):
+    raise ValueError(f"spec {params.spec.name} / layout {params.layout!r}: run_decode_mgpu "
+                     f"takes int8 x int8 specs with per-channel or tensor weight scales and "
+                     f"per-token or tensor activation scales, prepared by w8a8.prepare")
+  spec = params.spec
+  k, n = params.shape
+  _check_x(x, k)
+  if x.dtype not in (jnp.bfloat16, jnp.float16):
+    raise ValueError(f"x.dtype={x.dtype}: expected bfloat16 or float16")
+  np_, kp = params.codes.shape
+  m = x.shape[0]
+  a, sa = act_operands(x, spec, plan_for(spec), params.act_scale, rows=m, kp=kp)
+  col = wna16._decode_scale_row(params.scales, spec)  # (1, Np) float32
+  if params.global_scale is not None:
+    col = col * params.global_scale.astype(jnp.float32).reshape(())
+  if spec.act_granularity != "token":  # one activation scale: into the epilogue too
+    return wna16_mgpu.run_direct(params.codes, a.astype(x.dtype), col * sa.reshape(()),
+                                 n=n, bias=params.bias, interpret=interpret, config=config)
+  y = wna16_mgpu.run_direct(params.codes, a.astype(x.dtype), col, n=n, interpret=interpret,
+                            config=config)
+  y = y.astype(jnp.float32) * sa[:m]
+  if params.bias is not None:
+    y = y + params.bias.astype(jnp.float32)
+  return y.astype(x.dtype)
+
+
 def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
         config: tuning.TuningConfig | None = None, block_k: int | None = None,
         fuse_act_quant: bool = False) -> jax.Array:
@@ -553,6 +605,10 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
       and x.dtype in w8a8_mgpu.OUT_DTYPES and mgpu_runs(params)
       and (interpret or tuning.is_hopper())):
     return run_mgpu(params, x, interpret=interpret)
+  if (config is None and block_k is None and not fuse_act_quant and m <= DECODE_MGPU_MAX_M
+      and x.dtype in (jnp.bfloat16, jnp.float16) and decode_mgpu_runs(params)
+      and (interpret or tuning.is_hopper())):
+    return run_decode_mgpu(params, x, interpret=interpret)
   lt, bk, kp, np_ = kernel_dims(params, plan, block_k)
   k_tiles = kp // bk
   if config is None:

@@ -248,8 +248,14 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
   k, n = params.shape[-2:]
   if x.ndim != 2 or x.shape[1] != k:
     raise ValueError(f"x must be (M, K={k}); got shape {x.shape}")
-  k_tiles, np_, bk = params.codes.shape[-3:]
-  kp = k_tiles * bk
+  direct = params.codes.ndim == 2  # (Np, Kp) 8-bit codes: W8A8's layout (run_direct)
+  if direct:
+    np_, kp = params.codes.shape
+    bk = DIRECT_BLOCK_K
+    k_tiles = kp // bk
+  else:
+    k_tiles, np_, bk = params.codes.shape[-3:]
+    kp = k_tiles * bk
   bits = spec.weight_bits
   m = x.shape[0]
   if m == 0:
@@ -260,6 +266,10 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
     config = tuning.cached_config(key, Config) or heuristic(m, n)
   if not grouped and (m >= config.dequant_gemm_min_m
                       or x.dtype not in (jnp.bfloat16, jnp.float16)):
+    if direct:
+      raise ValueError(f"run_direct: M={m} >= dequant_gemm_min_m="
+                       f"{config.dequant_gemm_min_m} or x.dtype={x.dtype} (expected "
+                       f"bfloat16 / float16): the direct layout is for the decode kernel")
     return dequant_gemm(params, x)
   if x.dtype not in (jnp.bfloat16, jnp.float16):
     raise ValueError(f"x.dtype={x.dtype}: the grouped Mosaic kernel takes bfloat16 / float16")
@@ -341,7 +351,12 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
         t = first_tile + step * sub
         bar = bars.at[wg * stages + slot]
         plgpu.copy_gmem_to_smem(x_gmem.at[xs, pl.ds(t * bk, sub * bk)], x_buf.at[wg, slot], bar)
-        plgpu.copy_gmem_to_smem(pick(w_gmem).at[pl.ds(t, sub), ns], w_buf.at[wg, slot], bar)
+        if direct:  # (Np, Kp): one (BLOCK_N, bk) box per K tile, same SMEM tile
+          for j in range(sub):
+            plgpu.copy_gmem_to_smem(w_gmem.at[ns, pl.ds((t + j) * bk, bk)],
+                                    w_buf.at[wg, slot, j], bar)
+        else:
+          plgpu.copy_gmem_to_smem(pick(w_gmem).at[pl.ds(t, sub), ns], w_buf.at[wg, slot], bar)
         rows = pl.ds(t * gpt, sub * gpt)
         plgpu.copy_gmem_to_smem(pick(s_gmem).at[rows, ns], s_buf.at[wg, slot], bar)
         if has_zeros:
@@ -463,7 +478,8 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
       x_buf=plgpu.SMEM((wgs, stages, block_m, sub * bk), cdt, transforms=x_tf),
       w_buf=plgpu.SMEM((wgs, stages, sub, BLOCK_N, bk), params.codes.dtype, transforms=w_tf),
       s_buf=row_buf(),
-      bars=plgpu.Barrier(num_arrivals=3 + has_zeros, num_barriers=wgs * stages))
+      bars=plgpu.Barrier(num_arrivals=2 + (sub if direct else 1) + has_zeros,
+                         num_barriers=wgs * stages))
   if has_zeros:
     scratch["z_buf"] = row_buf()
   if wgs > 1:
@@ -505,6 +521,35 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
   if params.bias is not None:
     y = y + params.bias
   return y.astype(cdt)
+
+
+DIRECT_BLOCK_K = 128  # K per tile of the direct (Np, Kp) int8 layout (128-byte rows)
+
+
+def run_direct(codes: jax.Array, x: jax.Array, col_scale: jax.Array, *, n: int,
+               bias: jax.Array | None = None, interpret: bool = False,
+               config: Config | None = None) -> jax.Array:
+  """(M, K <= Kp) 16-bit x times int8 codes stored (Np, Kp) -- W8A8's carrier layout
+  (``w8a8.prepare``), no copy -- with a float32 (1, Np) column scale and an optional (N,)
+  bias in the float32 epilogue: ``(x @ codes[:n, :K].T) * col_scale[:n] + bias`` in
+  x.dtype.
+
+  The decode path of W8A8 int8 (``w8a8.run_decode_mgpu``): int8 activation codes are exact
+  in bf16 and products of two int8 codes are exact in the float32 WGMMA accumulator, so the
+  product is the W8A8 integer GEMM up to float32 summation; the scales stay float32."""
+  np_, kp = codes.shape
+  if codes.ndim != 2 or codes.dtype != jnp.int8 or kp % DIRECT_BLOCK_K or np_ % BLOCK_N:
+    raise ValueError(f"codes: expected int8 (Np, Kp) with Kp a multiple of "
+                     f"{DIRECT_BLOCK_K} and Np of {BLOCK_N}; got {codes.dtype} {codes.shape}")
+  k = x.shape[-1]
+  if x.ndim != 2 or not (k <= kp and n <= np_) or col_scale.shape != (1, np_):
+    raise ValueError(f"x {x.shape}, n={n}, col_scale {col_scale.shape}: expected x (M, K <= "
+                     f"{kp}), n <= {np_}, col_scale (1, {np_})")
+  view = QuantizedWeight(
+      codes=codes, scales=jnp.ones((kp // DIRECT_BLOCK_K, np_), x.dtype), zeros=None,
+      global_scale=col_scale.astype(jnp.float32), bias=bias, act_scale=None,
+      spec=QuantSpec("int8", "channel", 0), shape=(k, n), layout=f"{FAMILY}:direct:b8")
+  return run(view, x, interpret=interpret, config=config)
 
 
 def _divisor(want: int, total: int) -> int:
