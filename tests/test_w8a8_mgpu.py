@@ -308,6 +308,23 @@ def test_decode_mgpu_interpret(name, m, k, n, bias):
   assert rel(y, y_triton) <= 8e-3
 
 
+def test_decode_mgpu_pipeline_warpgroups_and_fp16_interpret():
+  """K = 2048 in 128-deep tiles, two per step, two warpgroups of 4 steps each over 2
+  buffers: slot reuse and the warpgroup reduction on the direct layout; fp16 activations
+  (the kernel still runs on bf16 codes: no fp16 overflow before the per-token scale)."""
+  from humming_jax.kernels import wna16_mgpu
+  spec, w, x, b, q = make("w8a8-int8", 2048, 128, 5, seed=9)
+  p = w8a8.prepare(q)
+  cfg = wna16_mgpu.Config(64, stages=2, substeps=2, warpgroups=2, scale_after_mma=True,
+                          unpadded_rows=True)
+  y = jax.jit(lambda p, x: w8a8.run_decode_mgpu(p, x, interpret=True, config=cfg))(p, x)
+  check("w8a8-int8", q, w, x, b, y)
+  x16 = x.astype(jnp.float16)
+  y16 = jax.jit(lambda p, x: w8a8.run_decode_mgpu(p, x, interpret=True))(p, x16)
+  assert y16.dtype == jnp.float16
+  assert rel(y16, y) <= 8e-3
+
+
 def test_decode_mgpu_route_and_errors(monkeypatch):
   spec, w, x, b, q = make("w8a8-int8", 256, 128, 3, seed=8)
   p = w8a8.prepare(q)
@@ -344,6 +361,10 @@ def test_run_direct_argument_errors():
     wna16_mgpu.run_direct(codes, x, col[:, :64], n=128, interpret=True)
   with pytest.raises(ValueError, match=r"expected x \(M, K <= 256\)"):
     wna16_mgpu.run_direct(codes, jnp.ones((1, 300), jnp.bfloat16), col, n=128, interpret=True)
+  with pytest.raises(ValueError, match="codes: expected int8"):
+    wna16_mgpu.run_direct(codes[None], x, col, n=128, interpret=True)
+  with pytest.raises(ValueError, match=r"bias.shape=\(64,\): expected \(128,\)"):
+    wna16_mgpu.run_direct(codes, x, col, n=128, bias=jnp.ones((64,)), interpret=True)
   with pytest.raises(ValueError, match="dequant_gemm_min_m"):
     wna16_mgpu.run_direct(codes, jnp.ones((600, 256), jnp.bfloat16), col, n=128,
                           interpret=True)

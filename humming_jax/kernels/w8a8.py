@@ -563,10 +563,14 @@ def run_decode_mgpu(params: QuantizedWeight, x: jax.Array, *, interpret: bool = 
   col = wna16._decode_scale_row(params.scales, spec)  # (1, Np) float32
   if params.global_scale is not None:
     col = col * params.global_scale.astype(jnp.float32).reshape(())
+  # bf16 operands and output whatever x's dtype: the codes are exact in it, and before the
+  # per-token scale the sums are ~127 / amax(x) times the result (fp16 could overflow).
+  codes_x = a.astype(jnp.bfloat16)
   if spec.act_granularity != "token":  # one activation scale: into the epilogue too
-    return wna16_mgpu.run_direct(params.codes, a.astype(x.dtype), col * sa.reshape(()),
-                                 n=n, bias=params.bias, interpret=interpret, config=config)
-  y = wna16_mgpu.run_direct(params.codes, a.astype(x.dtype), col, n=n, interpret=interpret,
+    y = wna16_mgpu.run_direct(params.codes, codes_x, col * sa.reshape(()), n=n,
+                              bias=params.bias, interpret=interpret, config=config)
+    return y.astype(x.dtype)
+  y = wna16_mgpu.run_direct(params.codes, codes_x, col, n=n, interpret=interpret,
                             config=config)
   y = y.astype(jnp.float32) * sa[:m]
   if params.bias is not None:

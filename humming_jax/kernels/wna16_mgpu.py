@@ -261,8 +261,9 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
   if m == 0:
     return jnp.zeros((0, n), x.dtype)
   explicit = config is not None  # checked as given; cached / heuristic ones adapt
-  if config is None:
-    key = tuning.cache_key(FAMILY, spec.name, tuning.bucket_m(m), n, k, tuning.device_kind())
+  if config is None:  # run_direct's views tune apart from W8A16 (same spec, other layout)
+    name = spec.name + (":direct" if direct else "")
+    key = tuning.cache_key(FAMILY, name, tuning.bucket_m(m), n, k, tuning.device_kind())
     config = tuning.cached_config(key, Config) or heuristic(m, n)
   if not grouped and (m >= config.dequant_gemm_min_m
                       or x.dtype not in (jnp.bfloat16, jnp.float16)):
@@ -537,14 +538,17 @@ def run_direct(codes: jax.Array, x: jax.Array, col_scale: jax.Array, *, n: int,
   The decode path of W8A8 int8 (``w8a8.run_decode_mgpu``): int8 activation codes are exact
   in bf16 and products of two int8 codes are exact in the float32 WGMMA accumulator, so the
   product is the W8A8 integer GEMM up to float32 summation; the scales stay float32."""
-  np_, kp = codes.shape
-  if codes.ndim != 2 or codes.dtype != jnp.int8 or kp % DIRECT_BLOCK_K or np_ % BLOCK_N:
+  if (codes.ndim != 2 or codes.dtype != jnp.int8 or codes.shape[1] % DIRECT_BLOCK_K
+      or codes.shape[0] % BLOCK_N):
     raise ValueError(f"codes: expected int8 (Np, Kp) with Kp a multiple of "
                      f"{DIRECT_BLOCK_K} and Np of {BLOCK_N}; got {codes.dtype} {codes.shape}")
+  np_, kp = codes.shape
   k = x.shape[-1]
   if x.ndim != 2 or not (k <= kp and n <= np_) or col_scale.shape != (1, np_):
     raise ValueError(f"x {x.shape}, n={n}, col_scale {col_scale.shape}: expected x (M, K <= "
                      f"{kp}), n <= {np_}, col_scale (1, {np_})")
+  if bias is not None and bias.shape != (n,):
+    raise ValueError(f"bias.shape={bias.shape}: expected ({n},)")
   view = QuantizedWeight(
       codes=codes, scales=jnp.ones((kp // DIRECT_BLOCK_K, np_), x.dtype), zeros=None,
       global_scale=col_scale.astype(jnp.float32), bias=bias, act_scale=None,
