@@ -17,6 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from hypothesis import given, settings, strategies as st
 
 import humming_jax as hj
 from humming_jax.kernels import reference, registry, wna16_mgpu as mg
@@ -409,3 +410,26 @@ def test_fp4_whole_registers_gpu(name, m):
   cfg = dataclasses.replace(mg.heuristic(m), fp4_whole_registers=True)
   y = jax.jit(lambda p, x: mg.run(p, x, config=cfg))(jax.jit(mg.prepare)(q), x)
   assert rel(y, jax.jit(reference.dense_reference)(q, x)) <= TOL
+
+
+# ---------------------------------------------------------------------------------------
+# The default route (hj.prepare + hj.quant_dense, heuristic configs) over a sweep of shapes
+# (issue 3: M = 1, 7, 16, 33, 128; K and N odd multiples of the tile, N off the tile too).
+# ---------------------------------------------------------------------------------------
+SWEEP_SPECS = ["w4a16-g128-zp", "w4a16-g128", "w4a16-mxfp4", "w4a16-nvfp4", "w4a16-mxint4",
+               "w8a16"]
+
+
+@pytest.mark.parametrize("m", [1, 7, 16, 33, 128])
+@settings(max_examples=3, deadline=None, derandomize=True)
+@given(name=st.sampled_from(SWEEP_SPECS), k_tiles=st.sampled_from([1, 3, 5]),
+       n=st.sampled_from([64, 192, 200, 320]), bias=st.booleans(),
+       seed=st.integers(0, 2**16))
+def test_quant_dense_sweep_interpret(m, name, k_tiles, n, bias, seed):
+  spec = hj.QuantSpec.preset(name)
+  q, x = make(spec, m, 128 * k_tiles, n, bias, seed=seed)
+  p = hj.prepare(q)
+  assert p.layout.startswith(mg.FAMILY)
+  y = jax.jit(lambda p, x: hj.quant_dense(p, x, backend="interpret"))(p, x)
+  assert y.shape == (m, n) and y.dtype == x.dtype
+  assert rel(y, reference.dense_reference(q, x)) <= TOL, (name, m, k_tiles, n)
