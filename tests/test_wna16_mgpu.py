@@ -34,6 +34,11 @@ CASES = [  # (spec, M, K, N, bias, config)
     (hj.QuantSpec.preset("w8a16"), 3, 512, 128, True, mg.Config(64, 2, 4)),
     (hj.QuantSpec("uint8", "channel", 0, zero_point=True, scale_dtype="float32"), 1, 320,
      136, True, mg.Config(64, 2, 1)),
+    # fp8 e4m3 weights (runs here, not routed here until timed): e4m3 -> f16 -> bf16 in
+    # registers; one with several K steps, two substeps, two warpgroups
+    (hj.QuantSpec.preset("w8a16-fp8"), 5, 384, 200, True, mg.Config(64, 2, 1)),
+    (hj.QuantSpec("fp8_e4m3", "group", 128, scale_dtype="bfloat16"), 16, 1024, 128, False,
+     mg.Config(64, 2, 2, warpgroups=2, scale_after_mma=True)),
     # split-K partials summed by XLA, and the vectorised-only code load (both unmeasured on
     # the GPU so far; benchmarks/NOTES.md v4)
     (hj.QuantSpec.preset("w4a16-g128-zp"), 130, 256, 200, True, mg.Config(128, 2, 1)),  # 2 M tiles, N pad
@@ -120,7 +125,9 @@ def test_fp16_and_fp32_activations():
   spec = hj.QuantSpec.preset("w4a16-g128-zp")
   spec32 = hj.QuantSpec("uint4", "group", 128, zero_point=True, scale_dtype="float32")
   mx, nv = hj.QuantSpec.preset("w4a16-mxfp4"), hj.QuantSpec.preset("w4a16-nvfp4")
+  f8 = hj.QuantSpec.preset("w8a16-fp8")
   for sp, dtype, tol in ((spec, jnp.float16, TOL), (spec, jnp.float32, 1e-5),
+                         (f8, jnp.float16, TOL),  # e4m3 -> f16 directly
                          (spec32, jnp.float32, 1e-5),  # fp32 x: dequant + fp32 dot
                          (mx, jnp.float16, TOL), (nv, jnp.float16, TOL),
                          (nv, jnp.float32, 1e-5)):
@@ -156,6 +163,7 @@ def test_registry_routes_int4_int8_fp4_here_and_others_to_triton():
   for name in ("w4a16-g128-zp", "w4a16-mxfp4", "w4a16-nvfp4", "w4a16-mxint4", "w8a16"):
     assert registry.find(hj.QuantSpec.preset(name)).name == mg.FAMILY, name
   assert registry.find(hj.QuantSpec("uint8", "channel", 0, zero_point=True)).name == mg.FAMILY
+  assert mg.runs(hj.QuantSpec.preset("w8a16-fp8"))  # runs here, routed to Triton until timed
   for spec in (hj.QuantSpec.preset("w8a16-fp8"), hj.QuantSpec("int4", "group", 48),
                hj.QuantSpec("fp6_e2m3", "group", 32), hj.QuantSpec("int3", "group", 128)):
     assert registry.find(spec).name == "wna16", spec.name
@@ -433,3 +441,15 @@ def test_quant_dense_sweep_interpret(m, name, k_tiles, n, bias, seed):
   y = jax.jit(lambda p, x: hj.quant_dense(p, x, backend="interpret"))(p, x)
   assert y.shape == (m, n) and y.dtype == x.dtype
   assert rel(y, reference.dense_reference(q, x)) <= TOL, (name, m, k_tiles, n)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", [1, 16, 128])
+def test_fp8_weights_gpu(m):
+  """fp8 e4m3 weights on this kernel (not routed here by quant_dense until timed)."""
+  spec = hj.QuantSpec.preset("w8a16-fp8")
+  q, x = make(spec, m, 8192, 8192, True, seed=4)
+  y = jax.jit(mg.run)(jax.jit(mg.prepare)(q), x)
+  e = rel(y, jax.jit(reference.dense_reference)(q, x))
+  print(f"w8a16-fp8 M={m}: rel err {e:.2e}")
+  assert e <= TOL

@@ -1,7 +1,8 @@
 """WnA16 on Hopper tensor cores through Mosaic GPU: 4/8-bit weights dequantized in registers.
 
-``y = x @ W_deq + bias`` for int4 / int8 weights (symmetric, or unsigned with a zero point)
-and fp4 e2m1 weights (MXFP4, NVFP4: e8m0 / e4m3 group scales, fp32 global scale), with
+``y = x @ W_deq + bias`` for int4 / int8 weights (symmetric, or unsigned with a zero point),
+fp4 e2m1 weights (MXFP4, NVFP4: e8m0 / e4m3 group scales, fp32 global scale) and fp8 e4m3
+weights (converted e4m3 -> f16 [-> bf16] in registers; not routed here until timed), with
 group (16 ... 256) or per-channel scales and bf16 / fp16 activations.
 
 Why a second WnA16 kernel (benchmarks/NOTES.md, "v4"): in Pallas-Triton the dequantized
@@ -70,6 +71,7 @@ Config = tuning.MgpuConfig  # frozen; lives with the other configs in tuning.py
 
 
 FP4 = "fp4_e2m1"
+FP8 = "fp8_e4m3"  # stored as jnp.float8_e4m3fn codes; converted in registers (cvt)
 
 
 def block_k_for(spec: QuantSpec) -> int:
@@ -96,8 +98,9 @@ def supports(spec: QuantSpec) -> bool:
   """What ``hj.quant_dense`` routes here (registry): every spec of :func:`runs` (4- and
   8-bit integer, fp4), on a Hopper GPU or in the interpreter.  W8A16 moved here from the
   Triton kernel when measured (NOTES.md v9, 8192^2 int8 per channel, CUPTI: 19.8 / 20.6 us
-  at M = 1 / 16 here vs 24-28 us for the Triton kernel)."""
-  return runs(spec) and hopper_or_interpreter()
+  at M = 1 / 16 here vs 24-28 us for the Triton kernel).  fp8 e4m3 weights run here
+  (``prepare`` / ``run``) but stay on the Triton kernel until timed on the H200."""
+  return runs(spec) and spec.weight_format.name != FP8 and hopper_or_interpreter()
 
 
 # Groups of 64 / 128 / 256: the int4 tile rows are 32 / 64 / 128 bytes (tested swizzles);
@@ -111,8 +114,8 @@ def unsupported_reason(spec: QuantSpec) -> str | None:
   w = spec.weight_format
   if spec.act is not None:
     return f"act={spec.act!r}: weight-only kernel, expected act=None"
-  if not ((w.kind in ("int", "uint") and w.bits in (4, 8)) or w.name == FP4):
-    return f"weight={spec.weight!r}: expected int4, uint4, int8, uint8 or fp4_e2m1"
+  if not ((w.kind in ("int", "uint") and w.bits in (4, 8)) or w.name in (FP4, FP8)):
+    return f"weight={spec.weight!r}: expected int4, uint4, int8, uint8, fp4_e2m1 or fp8_e4m3"
   if spec.scale_dtype not in SCALE_DTYPES:
     return f"scale_dtype={spec.scale_dtype!r}: expected one of {SCALE_DTYPES}"
   if spec.granularity == "group" and spec.group_size not in GROUP_SIZES:
@@ -173,7 +176,10 @@ def prepare(params: QuantizedWeight) -> QuantizedWeight:
   g = params.global_scale
   if g is not None:
     g = jnp.broadcast_to(g.astype(jnp.float32).reshape(1, 1), (1, np_))
-  return params.replace(codes=codes.astype(_CODE_DTYPE[bits]), scales=s, zeros=zeros,
+  codes = codes.astype(_CODE_DTYPE[bits])
+  if spec.weight_format.name == FP8:  # the same byte, typed for the in-register cvt
+    codes = jax.lax.bitcast_convert_type(codes, jnp.float8_e4m3fn)
+  return params.replace(codes=codes, scales=s, zeros=zeros,
                         global_scale=g, layout=f"{FAMILY}:b{bits}:bk{bk}")
 
 
@@ -184,7 +190,10 @@ def to_canonical(prepared: QuantizedWeight) -> QuantizedWeight:
   bits = spec.weight_bits
   offset = (1 << (bits - 1)) if spec.weight_format.kind == "uint" else 0
   t, np_, bk = prepared.codes.shape
-  codes = prepared.codes.transpose(1, 0, 2).reshape(np_, t * bk)
+  codes = prepared.codes
+  if codes.dtype == jnp.float8_e4m3fn:
+    codes = jax.lax.bitcast_convert_type(codes, jnp.int8)
+  codes = codes.transpose(1, 0, 2).reshape(np_, t * bk)
   codes = (codes[:n, :k].astype(jnp.int32).T + offset)
   codes = (codes & ((1 << bits) - 1)).astype(jnp.uint8)
   gk, _ = scale_block(spec, k, n)
@@ -294,6 +303,7 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
   has_zeros = params.zeros is not None
   gpt = bk // scale_k(spec)  # scale (and zero) rows per K tile
   fp4 = spec.weight_format.name == FP4
+  fp8 = spec.weight_format.name == FP8
   # v6 experiments (tuning.MgpuConfig); one scale row per tile only
   after = config.scale_after_mma and gpt == 1
   zero_mma = _ones_tile(config, has_zeros) and gpt == 1
@@ -374,6 +384,8 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
             w = mgpu_convert.to_float_ptx(plgpu.layout_cast(w, _WGMMA), cdt)
           elif fp4:
             w = mgpu_convert.to_float_interpret(plgpu.layout_cast(w, _WGMMA), cdt)
+          elif fp8 and cdt != jnp.float16:  # Hopper's cvt goes e4m3 -> f16 only
+            w = plgpu.layout_cast(w, _WGMMA).astype(jnp.float16).astype(cdt)
           else:
             w = plgpu.layout_cast(w, _WGMMA).astype(cdt)
           row = lambda r, i=0: plgpu.load(r.at[wg, slot, j * gpt + i], layout=_ROW)
