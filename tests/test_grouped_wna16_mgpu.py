@@ -37,6 +37,8 @@ CASES = [  # (preset, E, K, N, group_sizes, M, bias): uneven, empty experts, a z
     ("w4a16-mxfp4", 3, 256, 64, [1, 1, 1], 3, False),  # decode: one row per expert
     ("w4a16-nvfp4", 5, 512, 192, [0, 7, 2, 0, 9], 20, True),  # per-expert global scale
     ("w4a16-mxint4", 8, 384, 64, [2, 2, 2, 2, 2, 2, 2, 2], 16, True),
+    ("w8a16", 3, 256, 64, [4, 0, 3], 9, True),  # 8-bit codes
+    ("w8a16-fp8", 3, 256, 128, [2, 5, 0], 8, False),  # e4m3 codes (not routed here yet)
 ]
 
 
