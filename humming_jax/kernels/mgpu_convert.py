@@ -1,4 +1,5 @@
-"""fp4 e2m1 codes -> bf16 / fp16 in registers, for the Mosaic GPU WnA16 kernel.
+"""fp4 e2m1 (and fp8 e4m3) codes -> bf16 / fp16 in registers, for the Mosaic GPU WnA16
+kernel.
 
 Hopper has no e2m1 conversion instruction (Mosaic's f4e2m1fn casts need Blackwell), so
 the kernel loads fp4 weights as int4 registers holding the raw e2m1 bit pattern
@@ -136,3 +137,13 @@ def to_float_ptx(codes: jax.Array, dtype, *, relayout: bool = False) -> jax.Arra
     return mgpu.FragmentedArray(_registers=new_regs, _layout=arr.layout, _is_signed=None)
 
   return convert(codes)
+
+
+def e4m3_to_float(codes, dtype):
+  """float8_e4m3fn registers (a Mosaic fragmented array, or a jnp array in the
+  interpreter) -> ``dtype``.  Hopper's ``cvt`` converts e4m3 pairs to f16 only (this
+  ptxas has no e4m3 -> bf16: tests/test_cuda_lowering.py), so bf16 goes through f16;
+  exact either way (e4m3 values, 3 mantissa bits, 2**-9 .. 448, fit both)."""
+  if jnp.dtype(dtype) == jnp.dtype(jnp.float16):
+    return codes.astype(jnp.float16)
+  return codes.astype(jnp.float16).astype(dtype)

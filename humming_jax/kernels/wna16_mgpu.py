@@ -384,8 +384,8 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
             w = mgpu_convert.to_float_ptx(plgpu.layout_cast(w, _WGMMA), cdt)
           elif fp4:
             w = mgpu_convert.to_float_interpret(plgpu.layout_cast(w, _WGMMA), cdt)
-          elif fp8 and cdt != jnp.float16:  # Hopper's cvt goes e4m3 -> f16 only
-            w = plgpu.layout_cast(w, _WGMMA).astype(jnp.float16).astype(cdt)
+          elif fp8:
+            w = mgpu_convert.e4m3_to_float(plgpu.layout_cast(w, _WGMMA), cdt)
           else:
             w = plgpu.layout_cast(w, _WGMMA).astype(cdt)
           row = lambda r, i=0: plgpu.load(r.at[wg, slot, j * gpt + i], layout=_ROW)
