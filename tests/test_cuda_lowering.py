@@ -119,10 +119,25 @@ def test_w8a8_decode_mgpu_lowers_for_h200(name, m):
 
 @pytest.mark.parametrize("m", [1, 16, 128])
 def test_mgpu_fp8_weights_lower_for_h200(m):
-  """fp8 e4m3 weights on the Mosaic WnA16 kernel (the e4m3 -> 16-bit cvt in registers);
-  not routed there by default until timed."""
+  """fp8 e4m3 weights on the Mosaic WnA16 kernel (the e4m3 -> 16-bit cvt in registers)."""
   p = jax.eval_shape(mg.prepare, jax.eval_shape(
       lambda w: hj.quantize(w, hj.QuantSpec.preset("w8a16-fp8")),
       jax.ShapeDtypeStruct((8192, 8192), jnp.float32)))
   x = jax.ShapeDtypeStruct((m, 8192), jnp.bfloat16)
   assert "mosaic_gpu" in lower_for_h200(lambda p, x: mg.run(p, x), p, x)
+
+
+@pytest.mark.parametrize("shape,tokens,topk", [((256, 7168, 512), 1024, 8),  # 48-row tiles
+                                               ((128, 2048, 1536), 1024, 8),  # 80
+                                               ((8, 4096, 28672), 1024, 2)])  # 128
+def test_mgpu_grouped_prefill_tiles_lower_for_h200(shape, tokens, topk):
+  """The Mosaic grouped kernel at the MoE benchmark's prefill shapes, where block_rows
+  picks tiles of 48 / 80 / 128 rows (the last two: two warpgroups per CTA)."""
+  from humming_jax.kernels import grouped_wna16_mgpu as gm
+  q = jax.eval_shape(lambda w: hj.quantize(w, hj.QuantSpec.preset("w4a16-g128-zp")),
+                     jax.ShapeDtypeStruct(shape, jnp.float32))
+  p = jax.eval_shape(gm.prepare, q)
+  x = jax.ShapeDtypeStruct((tokens * topk, shape[1]), jnp.bfloat16)
+  gs = jax.ShapeDtypeStruct((shape[0],), jnp.int32)
+  assert gm.block_rows(tokens * topk, shape[0]) >= 48
+  assert "mosaic_gpu" in lower_for_h200(lambda p, x, gs: gm.run(p, x, gs), p, x, gs)

@@ -38,7 +38,7 @@ CASES = [  # (preset, E, K, N, group_sizes, M, bias): uneven, empty experts, a z
     ("w4a16-nvfp4", 5, 512, 192, [0, 7, 2, 0, 9], 20, True),  # per-expert global scale
     ("w4a16-mxint4", 8, 384, 64, [2, 2, 2, 2, 2, 2, 2, 2], 16, True),
     ("w8a16", 3, 256, 64, [4, 0, 3], 9, True),  # 8-bit codes
-    ("w8a16-fp8", 3, 256, 128, [2, 5, 0], 8, False),  # e4m3 codes (not routed here yet)
+    ("w8a16-fp8", 3, 256, 128, [2, 5, 0], 8, False),  # e4m3 codes
 ]
 
 
@@ -167,7 +167,30 @@ def test_tile_schedule_covers_every_row_once():
     assert (hits[:total] == 1).all() and (hits[total:] == 0).all(), (gs, m)
 
 
-@pytest.mark.parametrize("name,bm", [("w4a16-g128-zp", 8), ("w4a16-nvfp4", 16)])
+def test_block_rows_covers_a_random_routing():
+  assert gm.block_rows(8, 8) == 8  # decode: one row per active expert
+  assert gm.block_rows(8192, 256) == 48  # DeepSeek-V3, 1024 tokens: 32 +- 6 rows
+  assert gm.block_rows(8192, 128) == 80  # Qwen3-30B-A3B, 1024 tokens: 64 +- 8
+  assert gm.block_rows(2048, 8) == gm.MAX_BLOCK_M  # Mixtral, 1024 tokens: capped
+
+
+def test_many_rows_per_expert_two_warpgroup_tiles():
+  """Tiles above 64 rows (block_rows of ~90 rows per expert) run the two-warpgroup
+  configuration; an expert larger than one tile and a zero tail included."""
+  gs = [150, 0, 31]
+  m = 190
+  q, x = make("w4a16-g128-zp", 3, 512, 128, m, True, seed=5)
+  bm = gm.block_rows(m, 3)
+  assert 64 < bm <= gm.MAX_BLOCK_M
+  g = jnp.asarray(gs, jnp.int32)
+  y = jax.jit(lambda p, x, g: gm.run(p, x, g, interpret=True))(gm.prepare(q), x, g)
+  ref = reference.ragged_dot_reference(q, x, g)
+  assert rel(y[:181], ref[:181]) <= TOL, rel(y[:181], ref[:181])
+  assert not bool(jnp.any(y[181:] != 0))
+
+
+@pytest.mark.parametrize("name,bm", [("w4a16-g128-zp", 8), ("w4a16-nvfp4", 16),
+                                     ("w4a16-mxfp4", 72)])
 def test_run_aligned_rows_in_place(name, bm):
   """Tile-aligned segments (empty experts, several tiles per expert, unused tiles at the
   end): every routed row equals the per-expert reference; rows past the segments are

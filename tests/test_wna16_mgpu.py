@@ -159,12 +159,12 @@ def test_dequant_gemm_path_matches_reference():
   assert rel(y, reference.dense_reference(q, x)) <= TOL
 
 
-def test_registry_routes_int4_int8_fp4_here_and_others_to_triton():
-  for name in ("w4a16-g128-zp", "w4a16-mxfp4", "w4a16-nvfp4", "w4a16-mxint4", "w8a16"):
+def test_registry_routes_int4_int8_fp4_fp8_here_and_others_to_triton():
+  for name in ("w4a16-g128-zp", "w4a16-mxfp4", "w4a16-nvfp4", "w4a16-mxint4", "w8a16",
+               "w8a16-fp8"):
     assert registry.find(hj.QuantSpec.preset(name)).name == mg.FAMILY, name
   assert registry.find(hj.QuantSpec("uint8", "channel", 0, zero_point=True)).name == mg.FAMILY
-  assert mg.runs(hj.QuantSpec.preset("w8a16-fp8"))  # runs here, routed to Triton until timed
-  for spec in (hj.QuantSpec.preset("w8a16-fp8"), hj.QuantSpec("int4", "group", 48),
+  for spec in (hj.QuantSpec("fp8_e5m2", "channel", 0), hj.QuantSpec("int4", "group", 48),
                hj.QuantSpec("fp6_e2m3", "group", 32), hj.QuantSpec("int3", "group", 128)):
     assert registry.find(spec).name == "wna16", spec.name
   q, x = make(hj.QuantSpec.preset("w4a16-g128-zp"), 3, 256, 64, True, seed=3)

@@ -276,7 +276,10 @@ def grouped_heuristic(m: int, e: int, n: int, k_tiles: int, *,
   rows = m / active
   if rows <= 32:
     block_m = 16 if rows <= 16 else 32
-    block_n = 64 if n >= 64 * sms // 2 else 32
+    # Each N tile re-reads its expert's activation rows: with more than one row per expert
+    # 64-wide tiles halve that.  H200 grouped autotune (NOTES_moe.md session 8), DeepSeek-V3
+    # gate_up (N 512): 64 tokens 316.9 -> 277.9 us, 1024 tokens 1949.6 -> 685.4.
+    block_n = 64 if n >= 64 * sms // 2 or rows >= 2 else 32
     while n % block_n:
       block_n //= 2
     programs = active * -(-int(rows) // block_m) * max(n // block_n, 1)

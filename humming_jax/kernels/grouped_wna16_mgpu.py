@@ -32,6 +32,8 @@ bound (benchmarks/NOTES_moe.md).  No split-K; above 16 tokens it is not yet time
 """
 from __future__ import annotations
 
+import math
+
 import jax
 import jax.numpy as jnp
 
@@ -62,11 +64,19 @@ def to_canonical(prepared: QuantizedWeight) -> QuantizedWeight:
                                           wna16_mgpu.FAMILY)
 
 
+MAX_BLOCK_M = 128  # above 64 rows: two warpgroups (wna16_mgpu.heuristic's prefill tile)
+
+
 def block_rows(m: int, num_experts: int) -> int:
-  """Rows per tile: the expected rows per active expert (M rows over min(E, M) experts),
-  rounded up to the 8-row granule, at most 64."""
-  rows = -(-m // max(min(num_experts, m), 1))
-  return min(64, max(8, -(-rows // 8) * 8))
+  """Rows per tile: the expected rows per active expert (M rows over min(E, M) experts)
+  plus two standard deviations of a random routing, rounded up to the 8-row granule, at
+  most 128.  Every tile dequantizes its expert's whole weight slab, so an expert cut into
+  two tiles costs twice the dequantization: at DeepSeek-V3 gate_up, 1024 tokens (32 rows
+  per expert on average) 32-row tiles split ~half the experts in two (H200 session 8: 493
+  us); 48-row tiles almost none."""
+  rows = m / max(min(num_experts, m), 1)
+  want = math.ceil(rows + 2 * math.sqrt(rows))
+  return min(MAX_BLOCK_M, max(8, -(-want // 8) * 8))
 
 
 def max_tiles(m: int, num_experts: int, block_m: int) -> int:
@@ -144,8 +154,8 @@ def run_aligned(params: QuantizedWeight, x: jax.Array, group_sizes: jax.Array, *
   r = x.shape[0]
   if registry.layout_family(params.layout) != FAMILY:
     raise ValueError(f"params.layout={params.layout!r}: expected {FAMILY}:... params")
-  if block_m % 8 or not 8 <= block_m <= 64:
-    raise ValueError(f"block_m={block_m} must be a multiple of 8 in [8, 64]")
+  if block_m % 8 or not 8 <= block_m <= MAX_BLOCK_M:
+    raise ValueError(f"block_m={block_m} must be a multiple of 8 in [8, {MAX_BLOCK_M}]")
   if x.ndim != 2 or x.shape[1] != k or r % block_m:
     raise ValueError(f"x must be (R, K={k}) with R a multiple of block_m={block_m}; got "
                      f"shape {x.shape}")
