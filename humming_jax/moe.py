@@ -256,11 +256,7 @@ def quant_ragged_dot(params: QuantizedWeight, x: jax.Array, group_sizes: jax.Arr
   b = ops.resolve_backend(backend, params.spec, grouped=True)
   if b == "xla":
     return ragged_dot_xla(params, x, group_sizes)
-  kernel = registry.find(params.spec, grouped=True)
-  if params.layout != "canonical":  # prepared for a grouped family on purpose: run there
-    chosen = registry.by_layout(params.layout)
-    if chosen.grouped and chosen.supports(params.spec):
-      kernel = chosen
+  kernel = ops.kernel_for(params, grouped=True)  # the family they were prepared for
   p = (params if registry.layout_family(params.layout) == kernel.layout
        else ops.prepare(params, grouped=True))
   return kernel.run(p, x, group_sizes, interpret=(b == "interpret"))

@@ -52,18 +52,45 @@ def resolve_backend(backend: Backend, spec, *, grouped: bool = False) -> str:
   return backend
 
 
-def prepare(params: QuantizedWeight, *, grouped: bool = False) -> QuantizedWeight:
+def prepare(params: QuantizedWeight, *, grouped: bool = False,
+            kernel: str | None = None) -> QuantizedWeight:
   """Transform canonical params into the kernel layout once (pad, permute, interleave).
 
   ``quant_dense`` accepts canonical params too and prepares them inside the call, which
   costs a re-layout of the codes (about one extra read+write of the weight bytes) per
-  call; prepare once and keep the result to avoid it."""
-  kernel = registry.find(params.spec, grouped=grouped)
-  if kernel is None:
-    raise ValueError(f"no Pallas kernel for spec {params.spec.name}: nothing to prepare")
+  call; prepare once and keep the result to avoid it.
+
+  ``kernel``: a registered family name (``"wna16"``, ``"wna16_mgpu"``; grouped:
+  ``"grouped_wna16"``, ``"grouped_wna16_mgpu"``, ``"grouped_w8a8"``) to prepare for
+  instead of the default choice for this spec and shape; the params then run on that
+  family.  E.g. the Mosaic grouped kernel for prefill-heavy MoE experts with K < 4096,
+  where it beats the default at 1024 tokens but not at decode (docs/moe.md)."""
+  if kernel is not None:
+    chosen = registry.by_name(kernel, grouped=grouped)
+    if not chosen.supports(params.spec):
+      raise ValueError(f"kernel={kernel!r} does not run spec {params.spec.name} on this "
+                       f"device")
+  else:
+    chosen = registry.find(params.spec, grouped=grouped, shape=params.shape)
+    if chosen is None:
+      raise ValueError(f"no Pallas kernel for spec {params.spec.name}: nothing to prepare")
+  kernel = chosen
   if registry.layout_family(params.layout) == kernel.layout:
     return params
   return kernel.prepare(registry.to_canonical(params))
+
+
+def kernel_for(params: QuantizedWeight, *, grouped: bool = False) -> registry.DenseKernel:
+  """The family that runs ``params``: the one they were prepared for (``hj.prepare``, also
+  with ``kernel=``), else the default for their spec and shape."""
+  if params.layout != "canonical":
+    chosen = registry.by_layout(params.layout)
+    if chosen.grouped == grouped and chosen.supports(params.spec):
+      return chosen
+  kernel = registry.find(params.spec, grouped=grouped, shape=params.shape)
+  if kernel is None:
+    raise ValueError(f"no Pallas kernel for spec {params.spec.name}")
+  return kernel
 
 
 def _check_x(params: QuantizedWeight, x: jax.Array, what: str) -> None:
@@ -95,7 +122,7 @@ def quant_dense(params: QuantizedWeight, x: jax.Array, *,
   elif b == "xla":
     y = reference.dense_reference(params, x2)
   else:
-    kernel = registry.find(params.spec)
+    kernel = kernel_for(params)
     p = params if registry.layout_family(params.layout) == kernel.layout else prepare(params)
     y = kernel.run(p, x2, interpret=(b == "interpret"))
   return y.reshape(*lead, params.out_features)

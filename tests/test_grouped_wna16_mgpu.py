@@ -284,3 +284,52 @@ def test_quant_moe_aligned_gpu(tokens):
   prep = jax.jit(lambda p: hj.prepare(p, grouped=True))
   want = f(prep(gu), prep(dn), x, w, ids)
   assert rel(y, want) <= TOL
+
+
+def abstract_q(name, shape):
+  return jax.eval_shape(lambda w: hj.quantize(w, hj.QuantSpec.preset(name)),
+                        jax.ShapeDtypeStruct(shape, jnp.float32))
+
+
+@pytest.mark.parametrize("shape,family", [
+    ((256, 7168, 512), gm.FAMILY),  # DeepSeek-V3 gate_up: K >= 4096
+    ((8, 14336, 4096), gm.FAMILY),  # Mixtral down
+    ((128, 2048, 1536), "grouped_wna16"),  # Qwen3 gate_up: short K, Triton at decode
+    ((256, 256, 7168), "grouped_wna16"),  # DeepSeek-V3 down
+])
+def test_default_grouped_family_depends_on_k(shape, family):
+  q = abstract_q("w4a16-g128-zp", shape)
+  assert registry.find(q.spec, grouped=True, shape=shape).name == family
+  assert registry.layout_family(jax.eval_shape(
+      lambda q: hj.prepare(q, grouped=True), q).layout) == family
+  # Without a shape the spec-level priority stands (the Triton grouped kernel).
+  assert registry.find(q.spec, grouped=True).name == "grouped_wna16"
+  # A spec the Mosaic kernel cannot run stays on Triton whatever K.
+  q3 = abstract_q("w4a16-g128-zp", shape).replace(spec=hj.QuantSpec("int3", "group", 128))
+  assert registry.find(q3.spec, grouped=True, shape=shape).name == "grouped_wna16"
+
+
+def test_prepare_kernel_choice_runs_there():
+  """hj.prepare(..., kernel=FAMILY) prepares for that family below the default; the
+  ragged dot then runs on it (no re-layout per call) and matches the reference."""
+  q, x = make("w4a16-g128-zp", 3, 256, 64, 9, True, seed=31)
+  p = hj.prepare(q, grouped=True, kernel=gm.FAMILY)
+  assert registry.layout_family(p.layout) == gm.FAMILY
+  assert registry.layout_family(hj.prepare(q, grouped=True).layout) == "grouped_wna16"
+  g = jnp.asarray([4, 0, 5], jnp.int32)
+  y = jax.jit(lambda p, x, g: hj.quant_ragged_dot(p, x, g, backend="interpret"))(p, x, g)
+  assert rel(y, reference.ragged_dot_reference(q, x, g)) <= TOL
+  from humming_jax import ops
+  assert ops.kernel_for(p, grouped=True).name == gm.FAMILY
+
+
+def test_prepare_kernel_choice_errors_name_the_argument():
+  q, _ = make("w4a16-g128-zp", 2, 256, 64, 1, False)
+  with pytest.raises(ValueError, match=r"kernel='nope'.*grouped_wna16_mgpu"):
+    hj.prepare(q, grouped=True, kernel="nope")
+  with pytest.raises(ValueError, match="kernel='wna16'.*no grouped"):
+    hj.prepare(q, grouped=True, kernel="wna16")  # a dense family for stacked experts
+  q3 = hj.quantize(jax.random.normal(jax.random.key(1), (2, 256, 64)),
+                   hj.QuantSpec("int3", "group", 128))
+  with pytest.raises(ValueError, match="does not run spec"):
+    hj.prepare(q3, grouped=True, kernel=gm.FAMILY)

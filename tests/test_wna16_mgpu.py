@@ -453,3 +453,17 @@ def test_fp8_weights_gpu(m):
   e = rel(y, jax.jit(reference.dense_reference)(q, x))
   print(f"w8a16-fp8 M={m}: rel err {e:.2e}")
   assert e <= TOL
+
+
+def test_prepare_kernel_choice_dense():
+  """hj.prepare(q, kernel="wna16") keeps an int4 spec on the Pallas-Triton layout (the
+  default is this kernel); quant_dense runs the params where they were prepared."""
+  q, x = make(hj.QuantSpec.preset("w4a16-g128-zp"), 5, 256, 64, True, seed=41)
+  p = hj.prepare(q, kernel="wna16")
+  assert registry.layout_family(p.layout) == "wna16"
+  from humming_jax import ops
+  assert ops.kernel_for(p).name == "wna16"
+  assert ops.kernel_for(hj.prepare(q)).name == mg.FAMILY
+  y = hj.quant_dense(p, x, backend="interpret")
+  ref = hj.quant_dense(q, x, backend="xla")
+  assert rel(y, ref) <= TOL

@@ -20,15 +20,15 @@ rows of the previous expert in front are computed and dropped.  Tile ``i`` reads
 writes its own ``block_m`` output rows; one XLA gather picks each row from its tile (rows
 past ``sum(group_sizes)`` zero).  Layout: the dense layout per expert, stacked on axis 0.
 
-Status: interpreter-exact, lowers for the H200, GPU tests pass (session 6).  At Qwen3
-decode its kernel takes 11.9 us against the Triton grouped kernel's 17.5 (CUPTI), but the
-schedule and the row gather of :func:`run` are ~10 small XLA ops, so the call is slower;
-it stays registered below the Pallas-Triton grouped kernel: prepare with :func:`prepare`
-(not ``hj.prepare``) to use it.  :func:`run_aligned` (what ``hj.quant_moe`` uses for these
-params) drops the gather: tile-aligned segments, rows read and written in place; GPU
-tests pass (session 7), and the whole Qwen3 MoE layer takes 143 us against 194 on the
-Triton kernels at 16 tokens but 72 against 37 at 1 token, where its two launches are host
-bound (benchmarks/NOTES_moe.md).  No split-K; above 16 tokens it is not yet timed.
+Status: interpreter-exact, lowers for the H200, GPU tests pass (sessions 6-8).
+:func:`run` adds ~10 small XLA ops (schedule, row gather) beside the kernel;
+:func:`run_aligned` (what ``hj.quant_moe`` uses when both stacks are in this layout) drops
+the gather: tile-aligned segments, rows read and written in place.  Session 8 timed it on
+every MoE benchmark shape (gate_up at 1 / 64 / 1024 tokens, down at 1 / 1024;
+benchmarks/NOTES_moe.md):
+``hj.prepare(..., grouped=True)`` picks it for experts with K >= 4096, where it beats the
+Pallas-Triton grouped kernel at every token count (:func:`priority_for`); with shorter K
+the Triton kernel stays the default (faster at decode).  No split-K.
 """
 from __future__ import annotations
 
@@ -171,6 +171,26 @@ def run_aligned(params: QuantizedWeight, x: jax.Array, group_sizes: jax.Array, *
                         tiles=wna16_mgpu.Tiles(sched, num_tiles, block_m))
 
 
+MIN_DEFAULT_K = 4096
+
+
+def priority_for(spec: QuantSpec, shape: tuple[int, ...]) -> int:
+  """Above the Pallas-Triton grouped kernel for experts with K >= 4096, below it else.
+
+  H200, session 8, int4 g128 zp, chain of 8, us per grouped GEMM, this kernel vs Triton
+  (benchmarks/NOTES_moe.md): K >= 4096 it wins at every token count measured --
+  DeepSeek-V3 gate_up (K 7168) 24.8 / 246.9 / 419.2 vs 29.1 / 283.6 / 708.5 at 1 / 64 /
+  1024 tokens, Mixtral gate_up (K 4096) 78.2 / 338.8 / 1510.7 vs 98.6 / 393.9 / 4078.3,
+  Mixtral down (K 14336) 37.3 / 729.1 vs 61.6 / 2126.1 at 1 / 1024.  With short K (Qwen3
+  K 2048 / 768, DeepSeek-V3 down K 256) its K split has little to split and it loses at
+  decode (42.1 vs 21.8, 25.3 vs 18.1, 23.5 vs 16.6 at 1 token) though it wins at 1024
+  tokens (306.4 vs 721.9, 217.0 vs 322.0): decode decides the default there;
+  ``hj.prepare(p, grouped=True, kernel=FAMILY)`` picks this kernel for prefill."""
+  k = shape[-2] if len(shape) >= 2 else 0
+  return 1 if k >= MIN_DEFAULT_K else -1
+
+
 KERNEL = registry.register(registry.DenseKernel(
     name=FAMILY, layout=FAMILY, supports=supports, prepare=prepare,
-    to_canonical=to_canonical, run=run, grouped=True, priority=-1))
+    to_canonical=to_canonical, run=run, grouped=True, priority=-1,
+    priority_for=priority_for))

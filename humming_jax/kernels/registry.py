@@ -29,6 +29,14 @@ class DenseKernel:
   # backend="pallas" refuses them with the reason; "interpret" still runs them (CPU tests).
   gpu_known_bad: Callable[[QuantSpec], str | None] = lambda spec: None
   priority: int = 0  # higher wins when several families support a spec
+  # Optional shape-dependent priority: (spec, weight shape) -> priority, consulted when the
+  # caller knows the shape (hj.prepare, canonical params in quant_ragged_dot).
+  priority_for: Callable[[QuantSpec, tuple[int, ...]], int] | None = None
+
+  def rank(self, spec: QuantSpec, shape: tuple[int, ...] | None) -> int:
+    if shape is None or self.priority_for is None:
+      return self.priority
+    return self.priority_for(spec, tuple(shape))
 
 
 _DENSE: list[DenseKernel] = []
@@ -40,10 +48,28 @@ def register(kernel: DenseKernel) -> DenseKernel:
   return kernel
 
 
-def find(spec: QuantSpec, *, grouped: bool = False) -> DenseKernel | None:
+def find(spec: QuantSpec, *, grouped: bool = False,
+         shape: tuple[int, ...] | None = None) -> DenseKernel | None:
+  """The registered family that runs ``spec``: the highest (shape-dependent, when ``shape``
+  is given) priority among those that support it; ties: the first registered."""
   _load_kernels()
   found = [k for k in (_GROUPED if grouped else _DENSE) if k.supports(spec)]
-  return max(found, key=lambda k: k.priority) if found else None
+  if not found:
+    return None
+  best = max(k.rank(spec, shape) for k in found)
+  return next(k for k in found if k.rank(spec, shape) == best)
+
+
+def by_name(name: str, *, grouped: bool = False) -> DenseKernel:
+  """The registered family called ``name``; a ValueError lists the valid names."""
+  _load_kernels()
+  kernels = _GROUPED if grouped else _DENSE
+  for k in kernels:
+    if k.name == name:
+      return k
+  kind = "grouped" if grouped else "dense"
+  raise ValueError(f"kernel={name!r}: no {kind} kernel family of that name; expected one of "
+                   f"{[k.name for k in kernels]}")
 
 
 def layout_family(layout: str) -> str:
