@@ -7,8 +7,9 @@ same 17.3 us kernel timed 47.7 us per layer in a chain of 2 and 19.2 in a chain 
 microseconds per grouped GEMM.  Methods, in the same run:
   hj:<spec>        hj.quant_ragged_dot, Pallas grouped kernel, params prepared once per
                    shape outside the timed call; TB/s = active experts' bytes / time;
-                   ``<spec>@mgpu``: params prepared for the Mosaic GPU grouped kernel
-                   (kernels/grouped_wna16_mgpu.py, an experiment: not the default)
+                   (the default family for the shape: Mosaic for K >= 4096 since
+                   session 8, Pallas-Triton below); ``<spec>@mgpu`` / ``<spec>@triton``:
+                   params prepared for that family (``hj.prepare(..., kernel=)``)
   hj_kernels:<spec>  (--breakdown) device time per kernel name (CUPTI), us per layer
   ragged_bf16      lax.ragged_dot on bf16 weights (XLA expands it densely: OOM is caught)
   deq_ragged       XLA dequantize (to bf16) + lax.ragged_dot
@@ -83,19 +84,19 @@ def _safe(fn):
     return {"error": msg[:160]}
 
 
+FAMILIES = {"mgpu": "grouped_wna16_mgpu", "triton": "grouped_wna16"}  # <spec>@<family>
+
+
 def quantize_sets(spec_name, ws):
   """(canonical, prepared) params per weight set: done once per shape, never timed."""
   base, _, family = spec_name.partition("@")
   spec = hj.QuantSpec.preset(base)
   quant = jax.jit(hj.quantize, static_argnums=1)
   qs = [quant(w, spec) for w in ws]
-  if family == "mgpu":
-    from humming_jax.kernels import grouped_wna16_mgpu  # noqa: PLC0415
-    prep = jax.jit(grouped_wna16_mgpu.prepare)
-  elif family:
-    raise ValueError(f"spec {spec_name!r}: unknown kernel family {family!r} (expected mgpu)")
-  else:
-    prep = jax.jit(functools.partial(hj.prepare, grouped=True))
+  if family and family not in FAMILIES:
+    raise ValueError(f"spec {spec_name!r}: unknown kernel family {family!r} (expected one "
+                     f"of {sorted(FAMILIES)})")
+  prep = jax.jit(functools.partial(hj.prepare, grouped=True, kernel=FAMILIES.get(family)))
   pps = [jax.block_until_ready(prep(q)) for q in qs]
   return qs, pps
 

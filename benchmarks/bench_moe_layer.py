@@ -3,9 +3,10 @@ grouped GEMM, weighted combine), on the GPU with the chain method of shared/GPU.
 
 Per (shape, tokens): a chain of ``--layers`` distinct expert stacks in one jitted call;
 microseconds per MoE layer, and (--breakdown) the device time of every kernel (CUPTI).
-Kernel families: ``triton`` (``hj.prepare(grouped=True)``: the Pallas-Triton grouped
-kernel, rows sorted by expert) and ``mgpu`` (``grouped_wna16_mgpu.prepare``: the Mosaic
-grouped kernel on tile-aligned segments, ``moe.align_tokens``: no row gather).  Each
+Kernel families: ``default`` (``hj.prepare(grouped=True)``: picked per stack by its shape),
+``triton`` (the Pallas-Triton grouped kernel, rows sorted by expert) and ``mgpu`` (the Mosaic
+grouped kernel; two such stacks run on tile-aligned segments, ``moe.align_tokens``: no row
+gather).  Each
 result is checked against the same layer on the XLA path.
 
   PYTHONPATH=. python3 benchmarks/bench_moe_layer.py --tokens 1,16,64 --breakdown
@@ -28,6 +29,7 @@ from humming_jax import moe  # noqa: E402
 MODELS = {  # name: (E, top-k, hidden H, expert intermediate I)
     "qwen3-30b-a3b": (128, 8, 2048, 768),
     "deepseek-v3": (256, 8, 7168, 256),
+    "mixtral": (8, 2, 4096, 14336),
     "tiny": (4, 2, 256, 128),  # a CPU smoke run of this script (XLA path there)
 }
 
@@ -41,12 +43,13 @@ def make_layers(key, layers, e, h, inter, spec):
   return [quant(kk) for kk in jax.random.split(key, layers)]
 
 
+FAMILIES = {"default": None, "triton": "grouped_wna16", "mgpu": "grouped_wna16_mgpu"}
+
+
 def prepare(layers, family):
-  if family == "triton":
-    prep = jax.jit(lambda p: hj.prepare(p, grouped=True))
-  else:
-    from humming_jax.kernels import grouped_wna16_mgpu  # noqa: PLC0415
-    prep = jax.jit(grouped_wna16_mgpu.prepare)
+  if family not in FAMILIES:
+    raise ValueError(f"--families: unknown family {family!r}; expected {sorted(FAMILIES)}")
+  prep = jax.jit(lambda p: hj.prepare(p, grouped=True, kernel=FAMILIES[family]))
   return [tuple(jax.block_until_ready(prep(p)) for p in pair) for pair in layers]
 
 
@@ -55,7 +58,7 @@ def main(argv=None):
   ap.add_argument("--models", default="qwen3-30b-a3b")
   ap.add_argument("--tokens", default="1,16,64")
   ap.add_argument("--spec", default="w4a16-g128-zp")
-  ap.add_argument("--families", default="triton,mgpu")
+  ap.add_argument("--families", default="default,triton,mgpu")
   ap.add_argument("--layers", type=int, default=8)
   ap.add_argument("--calls", type=int, default=20)
   ap.add_argument("--repeats", type=int, default=2)

@@ -92,6 +92,11 @@ def autotune_grouped(spec_name: "str | hj.QuantSpec", num_experts: int, topk: in
     raise ValueError(f"spec {spec.name}: the grouped WnA16 kernel does not run it")
   if not 1 <= topk <= num_experts:
     raise ValueError(f"topk={topk}: expected 1 <= topk <= num_experts={num_experts}")
+  default = registry.find(spec, grouped=True, shape=(num_experts, k, n))
+  if default is not None and default.name != grouped_wna16.FAMILY:
+    # The entries still serve params prepared with kernel="grouped_wna16".
+    tqdm.write(f"note: hj.prepare(grouped=True) picks {default.name} for (E={num_experts}, "
+               f"K={k}, N={n}); this tunes the {grouped_wna16.FAMILY} kernel")
   keys = jax.random.split(jax.random.key(0), layers + 2)
   quant = jax.jit(hj.quantize, static_argnums=1)
   qs = [quant(jax.random.normal(kk, (num_experts, k, n)) / k**0.5, spec) for kk in keys[:layers]]

@@ -256,9 +256,9 @@ def quant_ragged_dot(params: QuantizedWeight, x: jax.Array, group_sizes: jax.Arr
   b = ops.resolve_backend(backend, params.spec, grouped=True)
   if b == "xla":
     return ragged_dot_xla(params, x, group_sizes)
-  kernel = ops.kernel_for(params, grouped=True)  # the family they were prepared for
+  kernel = ops.kernel_for(params, grouped=True, x_dtype=x.dtype)
   p = (params if registry.layout_family(params.layout) == kernel.layout
-       else ops.prepare(params, grouped=True))
+       else kernel.prepare(registry.to_canonical(params)))
   return kernel.run(p, x, group_sizes, interpret=(b == "interpret"))
 
 
@@ -291,11 +291,14 @@ def quant_moe(gate_up_params: QuantizedWeight, down_params: QuantizedWeight, x: 
     activation: "silu" (SwiGLU) or "gelu" (exact-erf GeGLU).
     backend: as :func:`quant_ragged_dot`.
 
-  Kernels: params prepared with ``hj.prepare(p, grouped=True)`` (or canonical ones) run on
-  the Pallas-Triton grouped kernel, rows sorted by expert.  Both stacks prepared with
-  ``kernels.grouped_wna16_mgpu.prepare`` (bf16 / fp16 tokens) run on the Mosaic GPU
-  grouped kernel with each expert's rows padded to its tile (:func:`align_tokens`), so
-  every tile reads and writes its rows in place (no row gather; benchmarks/NOTES_moe.md).
+  Kernels: each stack runs on the grouped family it was prepared for (``hj.prepare(p,
+  grouped=True)`` picks by shape: the Mosaic GPU kernel for K >= 4096, Pallas-Triton
+  below; ``kernel=`` overrides; canonical params get the same choice, prepared inside the
+  call).  When both stacks are on the Mosaic kernel and the tokens are bf16 / fp16, each
+  expert's rows are padded to its tile (:func:`align_tokens`) so every tile reads and
+  writes its rows in place (no row gather; benchmarks/NOTES_moe.md).  Otherwise (e.g.
+  DeepSeek-V3: gate_up K 7168 on Mosaic, down K 256 on Triton) rows are sorted by expert
+  (:func:`sort_tokens`) and each GEMM is :func:`quant_ragged_dot` on its own family.
   """
   for name, p in (("gate_up_params", gate_up_params), ("down_params", down_params)):
     if not isinstance(p, QuantizedWeight) or p.num_experts is None:

@@ -63,13 +63,17 @@ def prepare(params: QuantizedWeight, *, grouped: bool = False,
   ``kernel``: a registered family name (``"wna16"``, ``"wna16_mgpu"``; grouped:
   ``"grouped_wna16"``, ``"grouped_wna16_mgpu"``, ``"grouped_w8a8"``) to prepare for
   instead of the default choice for this spec and shape; the params then run on that
-  family.  E.g. the Mosaic grouped kernel for prefill-heavy MoE experts with K < 4096,
-  where it beats the default at 1024 tokens but not at decode (docs/moe.md)."""
+  family.  E.g. the Mosaic grouped kernel for prefill-heavy Qwen3-style MoE experts
+  (K 768 / 2048), where it beat the default at 1024 tokens but not at decode
+  (docs/moe.md).  The default for stacked experts with K >= 4096 is that Mosaic kernel,
+  which takes bf16 / fp16 tokens: float32 tokens then run the Pallas-Triton grouped kernel
+  after a re-layout inside every call -- prepare with ``kernel="grouped_wna16"`` for
+  float32 models."""
   if kernel is not None:
     chosen = registry.by_name(kernel, grouped=grouped)
     if not chosen.supports(params.spec):
       raise ValueError(f"kernel={kernel!r} does not run spec {params.spec.name} on this "
-                       f"device")
+                       f"device (its formats, group sizes and GPU: docs/wna16.md)")
   else:
     chosen = registry.find(params.spec, grouped=grouped, shape=params.shape)
     if chosen is None:
@@ -80,16 +84,21 @@ def prepare(params: QuantizedWeight, *, grouped: bool = False,
   return kernel.prepare(registry.to_canonical(params))
 
 
-def kernel_for(params: QuantizedWeight, *, grouped: bool = False) -> registry.DenseKernel:
-  """The family that runs ``params``: the one they were prepared for (``hj.prepare``, also
-  with ``kernel=``), else the default for their spec and shape."""
+def kernel_for(params: QuantizedWeight, *, grouped: bool = False,
+               x_dtype=None) -> registry.DenseKernel:
+  """The family that runs ``params`` on activations of ``x_dtype``: the one they were
+  prepared for (``hj.prepare``, also with ``kernel=``) when it takes that dtype, else the
+  default for their spec, shape and dtype (e.g. float32 tokens on experts prepared for the
+  Mosaic grouped kernel, which takes bf16 / fp16 only: the Pallas-Triton grouped kernel,
+  after a re-layout inside the call)."""
   if params.layout != "canonical":
     chosen = registry.by_layout(params.layout)
-    if chosen.grouped == grouped and chosen.supports(params.spec):
+    if chosen.grouped == grouped and chosen.supports(params.spec) and chosen.accepts(x_dtype):
       return chosen
-  kernel = registry.find(params.spec, grouped=grouped, shape=params.shape)
+  kernel = registry.find(params.spec, grouped=grouped, shape=params.shape, x_dtype=x_dtype)
   if kernel is None:
-    raise ValueError(f"no Pallas kernel for spec {params.spec.name}")
+    raise ValueError(f"no Pallas kernel for spec {params.spec.name}"
+                     + (f" and x.dtype={x_dtype}" if x_dtype is not None else ""))
   return kernel
 
 
@@ -122,7 +131,8 @@ def quant_dense(params: QuantizedWeight, x: jax.Array, *,
   elif b == "xla":
     y = reference.dense_reference(params, x2)
   else:
-    kernel = kernel_for(params)
-    p = params if registry.layout_family(params.layout) == kernel.layout else prepare(params)
+    kernel = kernel_for(params, x_dtype=x.dtype)
+    p = (params if registry.layout_family(params.layout) == kernel.layout
+         else kernel.prepare(registry.to_canonical(params)))
     y = kernel.run(p, x2, interpret=(b == "interpret"))
   return y.reshape(*lead, params.out_features)

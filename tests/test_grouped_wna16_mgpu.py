@@ -3,8 +3,8 @@ per-expert XLA reference (kernels/reference.py::ragged_dot_reference).
 
 Interpret mode (CPU, CI) runs the same kernel body as the dense Mosaic kernel tests; the
 CPU lowering test builds the GPU program for an abstract H200 at the MoE benchmark shapes;
-the @pytest.mark.gpu tests run on the H200 (they pass since session 6; the family stays
-registered below the Pallas-Triton grouped kernel: its call is slower, NOTES_moe.md).
+the @pytest.mark.gpu tests run on the H200 (they pass since session 6).  hj.prepare picks
+this family for experts with K >= 4096 and bf16 / fp16 tokens (session 8, NOTES_moe.md).
 """
 import jax
 import jax.numpy as jnp
@@ -58,7 +58,7 @@ def test_kernel_interpret(case):
 
 def test_float16_and_many_rows_per_expert():
   q, x = make("w4a16-g128-zp", 2, 256, 64, 80, True, seed=3, dtype=jnp.float16)
-  g = jnp.asarray([50, 30], jnp.int32)  # 40 rows per expert: 40-row tiles
+  g = jnp.asarray([50, 30], jnp.int32)  # 40 +- 13 rows per expert: 56-row tiles
   y = gm.run(gm.prepare(q), x, g, interpret=True)
   assert y.dtype == jnp.float16
   assert rel(y, reference.ragged_dot_reference(q, x, g)) <= TOL
@@ -80,9 +80,10 @@ def test_prepared_params_run_through_quant_ragged_dot(monkeypatch):
   assert rel(y, reference.ragged_dot_reference(q, x, g)) <= TOL
 
 
-def test_default_grouped_family_is_still_triton():
+def test_default_grouped_family_without_a_shape_is_triton():
   spec = hj.QuantSpec.preset("w4a16-g128-zp")
   assert registry.find(spec, grouped=True).name == "grouped_wna16"
+  assert gm.priority_for(spec, (8, 4095, 64)) < 0 < gm.priority_for(spec, (8, 4096, 64))
 
 
 def test_prepare_round_trip_is_exact():
@@ -333,3 +334,23 @@ def test_prepare_kernel_choice_errors_name_the_argument():
                    hj.QuantSpec("int3", "group", 128))
   with pytest.raises(ValueError, match="does not run spec"):
     hj.prepare(q3, grouped=True, kernel=gm.FAMILY)
+
+
+def test_float32_tokens_on_k4096_experts_run_the_triton_kernel():
+  """The Mosaic grouped kernel (the default for K >= 4096) takes 16-bit tokens only:
+  float32 tokens run the Pallas-Triton grouped kernel, whether the params are canonical or
+  prepared for the Mosaic kernel (re-laid out inside the call), and match the reference;
+  bf16 tokens on the same params stay on the Mosaic kernel."""
+  from humming_jax import ops
+  q, x = make("w4a16-g128-zp", 2, 4096, 64, 5, True, seed=51, dtype=jnp.float32)
+  g = jnp.asarray([3, 1], jnp.int32)
+  p = hj.prepare(q, grouped=True)
+  assert registry.layout_family(p.layout) == gm.FAMILY
+  assert ops.kernel_for(p, grouped=True, x_dtype=jnp.float32).name == "grouped_wna16"
+  assert ops.kernel_for(q, grouped=True, x_dtype=jnp.float32).name == "grouped_wna16"
+  assert ops.kernel_for(p, grouped=True, x_dtype=jnp.bfloat16).name == gm.FAMILY
+  ref = reference.ragged_dot_reference(q, x, g)
+  for params in (q, p):
+    y = hj.quant_ragged_dot(params, x, g, backend="interpret")
+    assert y.dtype == jnp.float32
+    assert rel(y[:4], ref[:4]) <= TOL, rel(y[:4], ref[:4])

@@ -34,7 +34,7 @@ CASES = [  # (spec, M, K, N, bias, config)
     (hj.QuantSpec.preset("w8a16"), 3, 512, 128, True, mg.Config(64, 2, 4)),
     (hj.QuantSpec("uint8", "channel", 0, zero_point=True, scale_dtype="float32"), 1, 320,
      136, True, mg.Config(64, 2, 1)),
-    # fp8 e4m3 weights (runs here, not routed here until timed): e4m3 -> f16 -> bf16 in
+    # fp8 e4m3 weights (routed here since session 8): e4m3 -> f16 -> bf16 in
     # registers; one with several K steps, two substeps, two warpgroups
     (hj.QuantSpec.preset("w8a16-fp8"), 5, 384, 200, True, mg.Config(64, 2, 1)),
     (hj.QuantSpec("fp8_e4m3", "group", 128, scale_dtype="bfloat16"), 16, 1024, 128, False,
@@ -446,7 +446,7 @@ def test_quant_dense_sweep_interpret(m, name, k_tiles, n, bias, seed):
 @pytest.mark.gpu
 @pytest.mark.parametrize("m", [1, 16, 128])
 def test_fp8_weights_gpu(m):
-  """fp8 e4m3 weights on this kernel (not routed here by quant_dense until timed)."""
+  """fp8 e4m3 weights on this kernel (quant_dense's route for them since session 8)."""
   spec = hj.QuantSpec.preset("w8a16-fp8")
   q, x = make(spec, m, 8192, 8192, True, seed=4)
   y = jax.jit(mg.run)(jax.jit(mg.prepare)(q), x)

@@ -183,9 +183,11 @@ def priority_for(spec: QuantSpec, shape: tuple[int, ...]) -> int:
   1024 tokens, Mixtral gate_up (K 4096) 78.2 / 338.8 / 1510.7 vs 98.6 / 393.9 / 4078.3,
   Mixtral down (K 14336) 37.3 / 729.1 vs 61.6 / 2126.1 at 1 / 1024.  With short K (Qwen3
   K 2048 / 768, DeepSeek-V3 down K 256) its K split has little to split and it loses at
-  decode (42.1 vs 21.8, 25.3 vs 18.1, 23.5 vs 16.6 at 1 token) though it wins at 1024
-  tokens (306.4 vs 721.9, 217.0 vs 322.0): decode decides the default there;
-  ``hj.prepare(p, grouped=True, kernel=FAMILY)`` picks this kernel for prefill."""
+  decode (42.1 vs 21.8, 25.3 vs 18.1, 23.5 vs 16.6 at 1 token); at 1024 tokens it wins for
+  Qwen3 (306.4 vs 721.9, 217.0 vs 322.0) and ties for DeepSeek-V3 down (494.1 vs 485.3):
+  decode decides the default there; ``hj.prepare(p, grouped=True, kernel=FAMILY)`` picks
+  this kernel for prefill.  bf16 / fp16 tokens only (``x_dtypes``): float32 tokens run the
+  Pallas-Triton grouped kernel."""
   k = shape[-2] if len(shape) >= 2 else 0
   return 1 if k >= MIN_DEFAULT_K else -1
 
@@ -193,4 +195,4 @@ def priority_for(spec: QuantSpec, shape: tuple[int, ...]) -> int:
 KERNEL = registry.register(registry.DenseKernel(
     name=FAMILY, layout=FAMILY, supports=supports, prepare=prepare,
     to_canonical=to_canonical, run=run, grouped=True, priority=-1,
-    priority_for=priority_for))
+    priority_for=priority_for, x_dtypes=("bfloat16", "float16")))

@@ -11,6 +11,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Callable
 
+import jax.numpy as jnp
+
 
 from humming_jax.spec import QuantSpec
 
@@ -32,6 +34,12 @@ class DenseKernel:
   # Optional shape-dependent priority: (spec, weight shape) -> priority, consulted when the
   # caller knows the shape (hj.prepare, canonical params in quant_ragged_dot).
   priority_for: Callable[[QuantSpec, tuple[int, ...]], int] | None = None
+  # Activation dtypes ``run`` takes (names, e.g. ("bfloat16", "float16")); None: any float.
+  x_dtypes: tuple[str, ...] | None = None
+
+  def accepts(self, x_dtype) -> bool:
+    return (x_dtype is None or self.x_dtypes is None
+            or jnp.dtype(x_dtype).name in self.x_dtypes)
 
   def rank(self, spec: QuantSpec, shape: tuple[int, ...] | None) -> int:
     if shape is None or self.priority_for is None:
@@ -48,12 +56,14 @@ def register(kernel: DenseKernel) -> DenseKernel:
   return kernel
 
 
-def find(spec: QuantSpec, *, grouped: bool = False,
-         shape: tuple[int, ...] | None = None) -> DenseKernel | None:
-  """The registered family that runs ``spec``: the highest (shape-dependent, when ``shape``
-  is given) priority among those that support it; ties: the first registered."""
+def find(spec: QuantSpec, *, grouped: bool = False, shape: tuple[int, ...] | None = None,
+         x_dtype=None) -> DenseKernel | None:
+  """The registered family that runs ``spec`` (and activations of ``x_dtype`` when given):
+  the highest (shape-dependent, when ``shape`` is given) priority among those that support
+  it; ties: the first registered."""
   _load_kernels()
-  found = [k for k in (_GROUPED if grouped else _DENSE) if k.supports(spec)]
+  found = [k for k in (_GROUPED if grouped else _DENSE)
+           if k.supports(spec) and k.accepts(x_dtype)]
   if not found:
     return None
   best = max(k.rank(spec, shape) for k in found)
@@ -68,8 +78,11 @@ def by_name(name: str, *, grouped: bool = False) -> DenseKernel:
     if k.name == name:
       return k
   kind = "grouped" if grouped else "dense"
+  other = [k.name for k in (_DENSE if grouped else _GROUPED)]
+  hint = (f" ({name!r} is a {'dense' if grouped else 'grouped'} family: pass "
+          f"grouped={not grouped})" if name in other else "")
   raise ValueError(f"kernel={name!r}: no {kind} kernel family of that name; expected one of "
-                   f"{[k.name for k in kernels]}")
+                   f"{[k.name for k in kernels]}{hint}")
 
 
 def layout_family(layout: str) -> str:

@@ -2,7 +2,7 @@
 
 ``y = x @ W_deq + bias`` for int4 / int8 weights (symmetric, or unsigned with a zero point),
 fp4 e2m1 weights (MXFP4, NVFP4: e8m0 / e4m3 group scales, fp32 global scale) and fp8 e4m3
-weights (converted e4m3 -> f16 [-> bf16] in registers; not routed here until timed), with
+weights (converted e4m3 -> f16 [-> bf16] in registers; routed here since session 8), with
 group (16 ... 256) or per-channel scales and bf16 / fp16 activations.
 
 Why a second WnA16 kernel (benchmarks/NOTES.md, "v4"): in Pallas-Triton the dequantized
