@@ -8,6 +8,13 @@ compile a chain of ``--layers`` distinct Mosaic W4A16 layers (M = 1), count the
 ``command_buffer`` computation, then time the chain (GPU.md chain method) and its kernels
 (CUPTI).
 
+Session 8 (source reading, not yet run): XLA forms command buffers from the *thunk
+sequence* after compilation (command_buffer_conversion_pass.cc), so the optimized HLO never
+shows them -- session 7's "0 of 16 captured" counted the wrong artifact.  The Mosaic FFI
+handler carries the kCmdBufferCompatible trait since jax 0.8.0.  So each child also dumps
+(``--xla_dump_to``) and counts ``kCommandBuffer`` / custom-call thunks in
+``*thunk_sequence_after_thunk_passes.txt``, printing the file's head for the log.
+
     python benchmarks/probe_command_buffer.py --sizes 512,4096
 """
 from __future__ import annotations
@@ -17,12 +24,14 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 FLAG_SETS = {
     "default": "",
+    "min1": "--xla_gpu_graph_min_graph_size=1",
     "custom_call": "--xla_gpu_enable_command_buffer=FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL",
     "custom_call_min1": ("--xla_gpu_enable_command_buffer=FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL "
                          "--xla_gpu_graph_min_graph_size=1"),
@@ -58,6 +67,14 @@ def child(size: int, layers: int) -> None:
   layer = lambda p, x: wna16_mgpu.run(p, x)
   fn = jax.jit(lambda ps, x: common.chain(layer, ps, x))
   total, inside = captured(fn.lower(ps, x).compile().as_text())
+  dump = os.environ.get("PROBE_DUMP_DIR")
+  if dump:
+    for f in sorted(Path(dump).glob("*thunk_sequence_after_thunk_passes*")):
+      text = f.read_text(errors="replace")
+      print(f"thunks {f.name}: kCommandBuffer lines {text.count('kCommandBuffer')}, "
+            f"custom-call lines {len(re.findall(r'(?i)custom.?call', text))}", flush=True)
+      for line in text.splitlines()[:30]:
+        print(f"thunks| {line[:160]}", flush=True)
   kt = common.kernel_times(fn, (ps, x), iterations=3, per=layers)
   wall = common.time_chain(layer, ps, x, calls=20, repeats=3)["us"]
   print(f"size={size} layers={layers}: mosaic calls {total}, in command buffers {inside}; "
@@ -76,16 +93,18 @@ def main() -> None:
     child(args.child, args.layers)
     return
   for name in args.flags.split(","):
-    env = {**os.environ, "XLA_FLAGS": FLAG_SETS[name]}
     for size in map(int, args.sizes.split(",")):
+      dump = tempfile.mkdtemp(prefix=f"probe_{name}_{size}_")
+      env = {**os.environ, "PROBE_DUMP_DIR": dump,
+             "XLA_FLAGS": f"{FLAG_SETS[name]} --xla_dump_to={dump}".strip()}
       print(f"# flags {name}: [{FLAG_SETS[name]}]", flush=True)
       try:
         r = subprocess.run([sys.executable, __file__, "--child", str(size), "--layers",
                             str(args.layers)], env=env, capture_output=True, text=True,
                            timeout=args.timeout)
         lines = [l for l in (r.stdout + r.stderr).splitlines()
-                 if l.startswith("size=") or "rror" in l]
-        print("\n".join(lines[-3:]) or f"rc {r.returncode}", flush=True)
+                 if l.startswith(("size=", "thunks")) or "rror" in l]
+        print("\n".join(lines[-40:]) or f"rc {r.returncode}", flush=True)
       except subprocess.TimeoutExpired:
         print(f"size={size}: timed out after {args.timeout} s", flush=True)
 
