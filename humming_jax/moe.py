@@ -168,7 +168,7 @@ def _check_grouped(params: QuantizedWeight, x: jax.Array, group_sizes: jax.Array
 
 
 def _xla_block_m(m: int, e: int) -> int:
-  rows = m / max(min(e, m), 1)
+  rows = grouped_wna16.rows_per_active_expert(m, e)
   return 8 if rows <= 8 else (32 if rows <= 32 else 128)
 
 
@@ -257,9 +257,8 @@ def quant_ragged_dot(params: QuantizedWeight, x: jax.Array, group_sizes: jax.Arr
   if b == "xla":
     return ragged_dot_xla(params, x, group_sizes)
   kernel = ops.kernel_for(params, grouped=True, x_dtype=x.dtype)
-  p = (params if registry.layout_family(params.layout) == kernel.layout
-       else kernel.prepare(registry.to_canonical(params)))
-  return kernel.run(p, x, group_sizes, interpret=(b == "interpret"))
+  return kernel.run(ops.in_layout_of(kernel, params), x, group_sizes,
+                    interpret=(b == "interpret"))
 
 
 # ----------------------------------------------------------------------------------------

@@ -78,7 +78,13 @@ def prepare(params: QuantizedWeight, *, grouped: bool = False,
     chosen = registry.find(params.spec, grouped=grouped, shape=params.shape)
     if chosen is None:
       raise ValueError(f"no Pallas kernel for spec {params.spec.name}: nothing to prepare")
-  kernel = chosen
+  return in_layout_of(chosen, params)
+
+
+def in_layout_of(kernel: registry.DenseKernel, params: QuantizedWeight) -> QuantizedWeight:
+  """``params`` in ``kernel``'s layout: as they are when already there, else re-laid out
+  from the canonical layout (a full pass over the codes: prepare time, or per call for
+  params that were not prepared for this kernel)."""
   if registry.layout_family(params.layout) == kernel.layout:
     return params
   return kernel.prepare(registry.to_canonical(params))
@@ -132,7 +138,5 @@ def quant_dense(params: QuantizedWeight, x: jax.Array, *,
     y = reference.dense_reference(params, x2)
   else:
     kernel = kernel_for(params, x_dtype=x.dtype)
-    p = (params if registry.layout_family(params.layout) == kernel.layout
-         else kernel.prepare(registry.to_canonical(params)))
-    y = kernel.run(p, x2, interpret=(b == "interpret"))
+    y = kernel.run(in_layout_of(kernel, params), x2, interpret=(b == "interpret"))
   return y.reshape(*lead, params.out_features)

@@ -111,7 +111,7 @@ def _kernel(gs_ref, a_ref, sa_ref, w_ref, sw_ref, *rest, spec: QuantSpec,
 def heuristic(m: int, e: int, np_: int) -> tuning.TuningConfig:
   """Rows per active expert pick the row tile (decode: 16; prefill: up to 64); 64-wide N
   tiles (128 when rows are many and N allows)."""
-  rows = m / max(min(e, m), 1)
+  rows = grouped_wna16.rows_per_active_expert(m, e)
   block_m = 16 if rows <= 16 else (32 if rows <= 32 else 64)
   block_n = 128 if (rows > 32 and np_ % 128 == 0) else 64
   return tuning.TuningConfig(block_m, min(block_n, np_), 1, num_warps=4, num_stages=2)

@@ -260,6 +260,12 @@ def choose_config(m: int, e: int, n: int, k_tiles: int, spec_name: str, k: int,
       m, e, n, k_tiles, sms=tuning.num_sms(), lt=lt, x_bytes=x_bytes)
 
 
+def rows_per_active_expert(m: int, e: int) -> float:
+  """The expected rows per active expert: M routed rows over min(E, M) experts (at most M
+  of them can be non-empty); the quantity every grouped tiling rule starts from."""
+  return m / max(min(e, m), 1)
+
+
 def grouped_heuristic(m: int, e: int, n: int, k_tiles: int, *,
                       sms: int = tuning.NUM_SMS_DEFAULT, lt: lay.SlabLayout | None = None,
                       x_bytes: int = 2) -> tuning.TuningConfig:
@@ -273,7 +279,7 @@ def grouped_heuristic(m: int, e: int, n: int, k_tiles: int, *,
   288-864 KiB and failed to compile for Mixtral gate_up (reported as "OOM")."""
   lt = lt or lay.SlabLayout(4, 64)
   active = max(min(e, m), 1)
-  rows = m / active
+  rows = rows_per_active_expert(m, e)
   if rows <= 32:
     block_m = 16 if rows <= 16 else 32
     # Each N tile re-reads its expert's activation rows: with more than one row per expert
@@ -311,7 +317,7 @@ def grouped_candidates(m: int, e: int, n: int, k_tiles: int, *,
   beside 470 MB of weights (NOTES_moe.md session 7).  Every candidate is shrunk to fit
   shared memory (:func:`fit_smem`); duplicates dropped."""
   lt = lt or lay.SlabLayout(4, 64)
-  rows = m / max(min(e, m), 1)
+  rows = rows_per_active_expert(m, e)
   cover = 16
   while cover < min(rows, 128):
     cover *= 2

@@ -74,7 +74,7 @@ def block_rows(m: int, num_experts: int) -> int:
   two tiles costs twice the dequantization: at DeepSeek-V3 gate_up, 1024 tokens (32 rows
   per expert on average) 32-row tiles split ~half the experts in two (H200 session 8: 493
   us); 48-row tiles almost none."""
-  rows = m / max(min(num_experts, m), 1)
+  rows = grouped_wna16.rows_per_active_expert(m, num_experts)
   want = math.ceil(rows + 2 * math.sqrt(rows))
   return min(MAX_BLOCK_M, max(8, -(-want // 8) * 8))
 

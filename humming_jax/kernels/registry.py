@@ -13,7 +13,6 @@ from typing import Callable
 
 import jax.numpy as jnp
 
-
 from humming_jax.spec import QuantSpec
 
 

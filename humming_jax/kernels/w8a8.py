@@ -523,8 +523,9 @@ def run_mgpu(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
   return y if (mp, np_) == (m, n) else y[:m, :n]
 
 
-# M up to which `run` takes `run_decode_mgpu` for W8A8 int8: 0 (off) until it is timed on
-# the H200 against the Triton kernel (38.0 us at 8192^2, M = 16; NOTES_w8a8.md session 7).
+# M up to which `run` takes `run_decode_mgpu` for W8A8 int8: 0 (off).  Timed on the H200
+# in session 8 (NOTES_w8a8.md), 8192^2: 25.3 / 25.0 us at M = 1 / 16 against the Triton
+# path's 23.1 / 25.8 -- no gain.
 DECODE_MGPU_MAX_M = 0
 
 

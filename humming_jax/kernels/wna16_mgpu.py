@@ -96,7 +96,7 @@ def hopper_or_interpreter() -> bool:
 
 def supports(spec: QuantSpec) -> bool:
   """What ``hj.quant_dense`` routes here (registry): every spec of :func:`runs` (4- and
-  8-bit integer, fp4), on a Hopper GPU or in the interpreter.  W8A16 moved here from the
+  8-bit integer, fp4, fp8 e4m3), on a Hopper GPU or in the interpreter.  W8A16 moved here from the
   Triton kernel when measured (NOTES.md v9, 8192^2 int8 per channel, CUPTI: 19.8 / 20.6 us
   at M = 1 / 16 here vs 24-28 us for the Triton kernel), and fp8 e4m3 weights when
   measured (session 8, 8192^2 per channel, chain of 8: 26.5 / 28.1 us per layer at
