@@ -49,6 +49,8 @@ def parse_config(name: str, m: int) -> tuning.MgpuConfig | None:
       fields["optimized_load"] = True
     elif tok == "after":
       fields["scale_after_mma"] = True
+    elif tok == "acc":  # every K tile straight into the WGMMA accumulator
+      fields["scale_after_mma"] = False
     elif tok == "zmma":
       fields["zero_point_mma"] = True
     elif tok == "unpad":

@@ -212,6 +212,36 @@ def test_shared_memory_estimate_with_scale_rows(name, cfg, args, monkeypatch):
   assert 0 <= mg.smem_bytes(*args) - count < 2048, (mg.smem_bytes(*args), count)
 
 
+@pytest.mark.parametrize("name,cfg,args", [
+    ("w8a16-fp8", mg.Config(64, 4, 2, warpgroups=4),
+     (64, 4, 2, 128, 8, False, 2, 4, False, 1, True)),
+    ("w8a16", mg.Config(64, 8, 2, warpgroups=2),
+     (64, 8, 2, 128, 8, False, 2, 2, False, 1, True)),
+])
+def test_shared_memory_estimate_with_column_scales(name, cfg, args, monkeypatch):
+  """Per channel: no scale rows in the pipeline (the scale is an epilogue row)."""
+  count = _mosaic_smem_count(64, 8192, cfg, monkeypatch, spec=hj.QuantSpec.preset(name))
+  assert 0 <= mg.smem_bytes(*args) - count < 2048, (mg.smem_bytes(*args), count)
+
+
+def test_channel_scales_are_one_float32_epilogue_row():
+  """Per-channel params keep one float32 (1, Np) scale row (no per-K-tile rows, no per-call
+  cast); params laid out the old way (a row per K tile) are refused by name."""
+  spec = hj.QuantSpec.preset("w8a16-fp8")
+  q, x = make(spec, 3, 512, 200, True, seed=11)
+  p = mg.prepare(q)
+  assert mg.column_scaled(spec) and p.layout.endswith(":cs")
+  assert p.scales.shape == (1, 256) and p.scales.dtype == jnp.float32
+  np.testing.assert_array_equal(np.asarray(p.scales[0, :200]),
+                                np.asarray(q.scales, np.float32).reshape(-1))
+  y = mg.run(p, x, interpret=True)
+  assert rel(y, reference.dense_reference(q, x)) <= TOL
+  old = p.replace(scales=jnp.ones((4, 256), jnp.float32))
+  with pytest.raises(ValueError, match=r"params.scales.shape=\(4, 256\).*\(1, 256\)"):
+    mg.run(old, x, interpret=True)
+  assert not mg.column_scaled(hj.QuantSpec.preset("w4a16-g128-zp"))
+
+
 def test_shared_memory_fit():
   assert mg.fit_stages(mg.Config(64, 4, 4), 64, 128, 4, True) == 2
   assert mg.fit_stages(mg.Config(64, 4, 1), 64, 128, 4, True) == 4
@@ -288,7 +318,7 @@ def test_quant_dense_gpu(name, m):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("m", [1, 16])
-@pytest.mark.parametrize("name", ["w4a16-g128-zp", "w4a16-nvfp4"])
+@pytest.mark.parametrize("name", ["w4a16-g128-zp", "w4a16-nvfp4", "w8a16"])
 def test_narrow_n_split_k_gpu(name, m):
   """Llama-3-8B down (K 14336, N 4096): the heuristic's grid split-K (f32 partials summed
   by XLA, global scale after the sum) through hj.quant_dense."""

@@ -165,9 +165,11 @@ def prepare(params: QuantizedWeight) -> QuantizedWeight:
   elif spec.scale_dtype == "fp8_e4m3":
     s = s.astype(jnp.bfloat16)
   rows = kp // scale_k(spec)
-  if spec.granularity == "channel":  # one scale row, repeated per K step: one code path
-    s = jnp.broadcast_to(s.reshape(1, n), (rows, n))
-  s = jnp.pad(s, ((0, rows - s.shape[0]), (0, np_ - n)), constant_values=1)
+  if column_scaled(spec):  # a float32 (1, Np) row for the epilogue: exact, no per-call cast
+    s = jnp.pad(s.reshape(1, n).astype(jnp.float32), ((0, 0), (0, np_ - n)),
+                constant_values=1)
+  else:
+    s = jnp.pad(s, ((0, rows - s.shape[0]), (0, np_ - n)), constant_values=1)
   zeros = None
   if params.zeros is not None:
     z = params.zeros.astype(jnp.float32) - offset
@@ -180,8 +182,16 @@ def prepare(params: QuantizedWeight) -> QuantizedWeight:
   codes = codes.astype(_CODE_DTYPE[bits])
   if spec.weight_format.name == FP8:  # the same byte, typed for the in-register cvt
     codes = jax.lax.bitcast_convert_type(codes, jnp.float8_e4m3fn)
-  return params.replace(codes=codes, scales=s, zeros=zeros,
-                        global_scale=g, layout=f"{FAMILY}:b{bits}:bk{bk}")
+  return params.replace(codes=codes, scales=s, zeros=zeros, global_scale=g,
+                        layout=f"{FAMILY}:b{bits}:bk{bk}" + (":cs" if column_scaled(spec) else ""))
+
+
+def column_scaled(spec: QuantSpec) -> bool:
+  """Per-channel scales are one float32 (1, Np) row multiplied in the epilogue, on the
+  float32 sum (not a scale row per K tile): no per-tile multiply, no scale loads in the K
+  loop, no per-call cast of float32 scales to the activation dtype (2.2 us per 8192^2
+  fp8 layer, NOTES.md v10), and the scale is never rounded to bf16."""
+  return spec.granularity == "channel"
 
 
 def to_canonical(prepared: QuantizedWeight) -> QuantizedWeight:
@@ -199,7 +209,9 @@ def to_canonical(prepared: QuantizedWeight) -> QuantizedWeight:
   codes = (codes & ((1 << bits) - 1)).astype(jnp.uint8)
   gk, _ = scale_block(spec, k, n)
   s = prepared.scales[:k // gk if spec.granularity == "group" else 1, :n]
-  if spec.scale_dtype == "e8m0":
+  if column_scaled(spec):  # float32 row -> the canonical (1, N) dtype (exact: it came from it)
+    s = s.astype(jnp.dtype(spec.scale_dtype))
+  elif spec.scale_dtype == "e8m0":
     s = E8M0.encode(s.astype(jnp.float32))
   elif spec.scale_dtype == "fp8_e4m3":
     s = s.astype(jnp.float8_e4m3fn)
@@ -305,11 +317,20 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
   gpt = bk // scale_k(spec)  # scale (and zero) rows per K tile
   fp4 = spec.weight_format.name == FP4
   fp8 = spec.weight_format.name == FP8
-  # v6 experiments (tuning.MgpuConfig); one scale row per tile only
-  after = config.scale_after_mma and gpt == 1
+  col = column_scaled(spec)  # the scale is an epilogue row, not a row per K tile
+  if col and params.scales.shape[-2:] != (1, np_):
+    raise ValueError(f"params.scales.shape={params.scales.shape}: expected a (1, {np_}) "
+                     f"column-scale row for per-channel {FAMILY} params (layout "
+                     f"{params.layout!r}); prepare them again with this version")
   zero_mma = _ones_tile(config, has_zeros) and gpt == 1
-  scales = params.scales.astype(cdt)
-  operands = ([tiles.sched] if grouped else []) + [xp, params.codes, scales]
+  # v6 experiments (tuning.MgpuConfig); one scale row per tile only.  Column scales keep
+  # the per-tile float32 partials too (no multiply; NOTES.md v11: accumulating every tile
+  # straight into the WGMMA accumulator, config scale_after_mma=False, took 1-6 % less
+  # kernel time but timed 4-6 us per layer slower in the chain, so the default stays).
+  after = config.scale_after_mma and gpt == 1
+  operands = ([tiles.sched] if grouped else []) + [xp, params.codes]
+  if not col:
+    operands.append(params.scales.astype(cdt))
   if has_zeros:
     operands.append(params.zeros.astype(cdt))
   k_steps = k_tiles // sub
@@ -320,28 +341,32 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
   wgs = _divisor(config.warpgroups, steps)  # each streams steps_w of them
   while not explicit and wgs > 1 and smem_bytes(
       block_m, min(2, steps // wgs), sub, bk, bits, has_zeros, out_bytes, wgs,
-      zero_mma, gpt) > SMEM_BYTES:
+      zero_mma, gpt, col) > SMEM_BYTES:
     wgs = _divisor(wgs - 1, steps)  # e.g. group 256 x 64 tokens: 4 warpgroups do not fit
   steps_w = steps // wgs
   stages = min(config.stages, steps_w, MAX_BARRIERS // wgs)
   stages = fit_stages(dataclasses.replace(config, stages=stages, substeps=sub, warpgroups=wgs),
-                      block_m, bk, bits, has_zeros, out_bytes=out_bytes, scale_rows=gpt)
+                      block_m, bk, bits, has_zeros, out_bytes=out_bytes, scale_rows=gpt,
+                      column_scale=col)
   has_bias = params.bias is not None and fused_epilogue  # added in the kernel
-  has_global = params.global_scale is not None and fused_epilogue  # multiplied in it
-  n_ep = has_global + has_bias  # epilogue vectors, fetched during the K loop
+  # Epilogue rows multiplied in the kernel: the global scale, the column scale.
+  scale_rows = [r for r in (params.global_scale, params.scales if col else None)
+                if r is not None] if fused_epilogue else []
+  n_ep = len(scale_rows) + has_bias  # epilogue vectors, fetched during the K loop
   x_tf = _swizzled(sub * bk, 16, "x")
   w_tf = _swizzled(bk, bits, "w")
   a_tf = _swizzled(bk, 16, "a")
   r_tf = _swizzled(block_m, 32, "r")
   o_tf = _swizzled(BLOCK_N, 16, "o") if fused_epilogue else _swizzled(block_m, 32, "o")
 
-  def kernel(*refs, x_buf, w_buf, s_buf, bars, o_smem, z_buf=None, red_smem=None,
+  def kernel(*refs, x_buf, w_buf, bars, o_smem, s_buf=None, z_buf=None, red_smem=None,
              red_bar=None, ep_smem=None, ep_barrier=None, a_smem=None, ones_smem=None):
     rest = list(refs)
     sched_gmem = rest.pop(0) if grouped else None
-    x_gmem, w_gmem, s_gmem = rest.pop(0), rest.pop(0), rest.pop(0)
+    x_gmem, w_gmem = rest.pop(0), rest.pop(0)
+    s_gmem = None if col else rest.pop(0)
     z_gmem = rest.pop(0) if has_zeros else None
-    ep_gmem = [rest.pop(0) for _ in range(n_ep)]  # [global scale row], [bias]
+    ep_gmem = [rest.pop(0) for _ in range(n_ep)]  # [global scale], [column scale], [bias]
     (o_gmem,) = rest
     ni, mi, ki = lax.axis_index("n"), lax.axis_index("m"), lax.axis_index("k")
     ms = pl.ds(mi * block_m, block_m)  # output rows (and x rows when dense)
@@ -370,7 +395,8 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
         else:
           plgpu.copy_gmem_to_smem(pick(w_gmem).at[pl.ds(t, sub), ns], w_buf.at[wg, slot], bar)
         rows = pl.ds(t * gpt, sub * gpt)
-        plgpu.copy_gmem_to_smem(pick(s_gmem).at[rows, ns], s_buf.at[wg, slot], bar)
+        if not col:
+          plgpu.copy_gmem_to_smem(pick(s_gmem).at[rows, ns], s_buf.at[wg, slot], bar)
         if has_zeros:
           plgpu.copy_gmem_to_smem(pick(z_gmem).at[rows, ns], z_buf.at[wg, slot], bar)
 
@@ -399,7 +425,7 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
                                     for i in range(gpt)], axis=1)
           if has_zeros and not zero_mma:
             w = w - per_k(z_buf)  # small integers: exact
-          if not after:
+          if not after and not col:
             w = w * per_k(s_buf)  # the bf16-rounded dequantized weight
           if a_smem is not None:  # the GPU interpreter takes WGMMA operands from SMEM only
             plgpu.wgmma_wait(0)
@@ -421,7 +447,8 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
           part, xsum = pl.run_scoped(tile_product, *([acc_t] * (2 if zero_mma else 1)))
           if zero_mma:  # sum_k (c - z) x = sum_k c x - z sum_k x
             part = part - bcast(row(z_buf).astype(jnp.float32), part.shape) * xsum
-          total = total + part * bcast(row(s_buf).astype(jnp.float32), part.shape)
+          total = total + (part if col else
+                           part * bcast(row(s_buf).astype(jnp.float32), part.shape))
         plgpu.wgmma_wait(0)  # the slot may be refilled next
         return total
 
@@ -471,8 +498,8 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
         if n_ep:
           plgpu.barrier_wait(ep_barrier)
           ep = lambda i: lax.broadcast_in_dim(plgpu.load(ep_smem.at[i], layout=_ROW), y.shape, [0])
-          if has_global:
-            y = y * ep(0)
+          for i in range(len(scale_rows)):
+            y = y * ep(i)
           if has_bias:
             y = y + ep(n_ep - 1)
         o_smem.T[...] = plgpu.layout_cast(y.astype(cdt), _TRANSPOSED)
@@ -491,9 +518,10 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
   scratch = dict(
       x_buf=plgpu.SMEM((wgs, stages, block_m, sub * bk), cdt, transforms=x_tf),
       w_buf=plgpu.SMEM((wgs, stages, sub, BLOCK_N, bk), params.codes.dtype, transforms=w_tf),
-      s_buf=row_buf(),
-      bars=plgpu.Barrier(num_arrivals=2 + (sub if direct else 1) + has_zeros,
+      bars=plgpu.Barrier(num_arrivals=1 + (sub if direct else 1) + (not col) + has_zeros,
                          num_barriers=wgs * stages))
+  if not col:
+    scratch["s_buf"] = row_buf()
   if has_zeros:
     scratch["z_buf"] = row_buf()
   if wgs > 1:
@@ -508,8 +536,7 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
   if n_ep:
     scratch.update(ep_smem=plgpu.SMEM((n_ep, BLOCK_N), jnp.float32),
                    ep_barrier=plgpu.Barrier(num_arrivals=n_ep))
-  if has_global:
-    operands.append(params.global_scale)
+  operands.extend(scale_rows)  # (1, Np) float32 rows (per expert when grouped)
   if has_bias:  # (1, Np) float32 row (per expert when grouped)
     bias = params.bias.astype(jnp.float32)
     if np_ != n:
@@ -532,6 +559,8 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
   y = out.sum(axis=0).T[:m, :n]  # one XLA fusion: split sum, transpose, scales, bias, cast
   if params.global_scale is not None:
     y = y * params.global_scale[0, :n]
+  if col:
+    y = y * params.scales[0, :n]
   if params.bias is not None:
     y = y + params.bias
   return y.astype(cdt)
@@ -562,10 +591,10 @@ def run_direct(codes: jax.Array, x: jax.Array, col_scale: jax.Array, *, n: int,
                      f"{kp}), n <= {np_}, col_scale (1, {np_})")
   if bias is not None and bias.shape != (n,):
     raise ValueError(f"bias.shape={bias.shape}: expected ({n},)")
-  view = QuantizedWeight(
-      codes=codes, scales=jnp.ones((kp // DIRECT_BLOCK_K, np_), x.dtype), zeros=None,
-      global_scale=col_scale.astype(jnp.float32), bias=bias, act_scale=None,
-      spec=QuantSpec("int8", "channel", 0), shape=(k, n), layout=f"{FAMILY}:direct:b8")
+  view = QuantizedWeight(  # per channel: the column scale is the epilogue row
+      codes=codes, scales=col_scale.astype(jnp.float32), zeros=None, global_scale=None,
+      bias=bias, act_scale=None, spec=QuantSpec("int8", "channel", 0), shape=(k, n),
+      layout=f"{FAMILY}:direct:b8:cs")
   return run(view, x, interpret=interpret, config=config)
 
 
@@ -580,13 +609,15 @@ MAX_BARRIERS = 32  # mbarriers in one Mosaic GPU barrier group: warpgroups x sta
 
 def smem_bytes(block_m: int, stages: int, substeps: int, block_k: int, bits: int,
                has_zeros: bool, out_bytes: int = 2, warpgroups: int = 1,
-               ones_tile: bool = False, scale_rows: int = 1) -> int:
+               ones_tile: bool = False, scale_rows: int = 1,
+               column_scale: bool = False) -> int:
   """Shared memory the kernel allocates: each scratch buffer rounded up to Mosaic's 1 KB
   alignment (checked against Mosaic's count in tests/test_wna16_mgpu.py).
-  ``scale_rows``: scale (and zero) rows per K tile."""
+  ``scale_rows``: scale (and zero) rows per K tile; ``column_scale``: no scale rows (the
+  scale is an epilogue row)."""
   kb = tuning.smem_round
   slots = warpgroups * stages * substeps
-  rows = kb(slots * scale_rows * BLOCK_N * 2) * (2 if has_zeros else 1)
+  rows = kb(slots * scale_rows * BLOCK_N * 2) * ((not column_scale) + has_zeros)
   return (kb(slots * block_m * block_k * 2) + kb(slots * BLOCK_N * block_k * bits // 8)
           + rows + kb((warpgroups - 1) * BLOCK_N * block_m * 4)
           + kb(block_m * BLOCK_N * out_bytes) + kb(BLOCK_N * 4)
@@ -599,12 +630,13 @@ def _ones_tile(config: Config, has_zeros: bool) -> bool:
 
 
 def fit_stages(config: Config, block_m: int, block_k: int, bits: int, has_zeros: bool,
-               out_bytes: int = 2, scale_rows: int = 1) -> int:
+               out_bytes: int = 2, scale_rows: int = 1, column_scale: bool = False) -> int:
   """``config.stages``, lowered (not below 2) until the pipeline fits in shared memory."""
   stages = config.stages
   size = lambda st: smem_bytes(block_m, st, config.substeps, block_k, bits, has_zeros,
                                out_bytes, config.warpgroups,
-                               _ones_tile(config, has_zeros) and scale_rows == 1, scale_rows)
+                               _ones_tile(config, has_zeros) and scale_rows == 1, scale_rows,
+                               column_scale)
   while stages > 2 and size(stages) > SMEM_BYTES:
     stages -= 1
   need = size(stages)
@@ -642,7 +674,8 @@ def dequantize_prepared(params: QuantizedWeight, dtype=jnp.float32, *,
   """(K, N) weights straight from the kernel layout: one XLA fusion (int4 -> float is a
   native convert), same rounding as the kernel when ``dtype`` is 16-bit and the global
   scale is left out (the kernel applies it to the float32 sum: ``with_global_scale=False``
-  and multiply the product, as :func:`dequant_gemm` does)."""
+  and multiply the product, as :func:`dequant_gemm` does).  ``with_global_scale=False``
+  leaves column scales (per-channel params, :func:`column_scaled`) out too."""
   k, n = params.shape
   t, np_, bk = params.codes.shape
   if params.spec.weight_format.name == FP4:
@@ -653,6 +686,13 @@ def dequantize_prepared(params: QuantizedWeight, dtype=jnp.float32, *,
   rep_k = lambda r: expand_scales(r.astype(dtype), t * bk, np_)  # rows over their K
   if params.zeros is not None:
     c = c - rep_k(params.zeros)
+  if column_scaled(params.spec):  # the float32 row, once on the float32 weight
+    if not with_global_scale:
+      return c[:k, :n]
+    w = c.astype(jnp.float32) * params.scales
+    if params.global_scale is not None:
+      w = w * params.global_scale
+    return w.astype(dtype)[:k, :n]
   w = c * rep_k(params.scales)
   if params.global_scale is not None and with_global_scale:
     w = (w.astype(jnp.float32) * params.global_scale).astype(dtype)
@@ -661,8 +701,12 @@ def dequantize_prepared(params: QuantizedWeight, dtype=jnp.float32, *,
 
 def dequant_gemm(params: QuantizedWeight, x: jax.Array) -> jax.Array:
   """Large M (compute bound): dequantize to the activation dtype, then XLA's GEMM; the
-  global scale (NVFP4) on the float32 product, as in the kernel's epilogue."""
+  global scale (NVFP4) and column scales on the float32 product, as in the kernel's
+  epilogue."""
   g = None if params.global_scale is None else params.global_scale[0, 0]
+  if column_scaled(params.spec):
+    n = params.shape[1]
+    g = params.scales[0, :n] if g is None else g * params.scales[0, :n]
   return launch.gemm_dequantized(
       x, functools.partial(dequantize_prepared, params, with_global_scale=False),
       params.bias, highest_f32=True, out_scale=g)
