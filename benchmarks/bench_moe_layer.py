@@ -3,7 +3,7 @@ grouped GEMM, weighted combine), on the GPU with the chain method of shared/GPU.
 
 Per (shape, tokens): a chain of ``--layers`` distinct expert stacks in one jitted call;
 microseconds per MoE layer, and (--breakdown) the device time of every kernel (CUPTI).
-Kernel families: ``default`` (``hj.prepare(grouped=True)``: picked per stack by its shape),
+Kernel families: ``default`` (``moe.prepare_experts``: picked for the layer by its shapes),
 ``triton`` (the Pallas-Triton grouped kernel, rows sorted by expert) and ``mgpu`` (the Mosaic
 grouped kernel; two such stacks run on tile-aligned segments, ``moe.align_tokens``: no row
 gather).  Each
@@ -49,8 +49,8 @@ FAMILIES = {"default": None, "triton": "grouped_wna16", "mgpu": "grouped_wna16_m
 def prepare(layers, family):
   if family not in FAMILIES:
     raise ValueError(f"--families: unknown family {family!r}; expected {sorted(FAMILIES)}")
-  prep = jax.jit(lambda p: hj.prepare(p, grouped=True, kernel=FAMILIES[family]))
-  return [tuple(jax.block_until_ready(prep(p)) for p in pair) for pair in layers]
+  prep = jax.jit(lambda gu, dn: moe.prepare_experts(gu, dn, kernel=FAMILIES[family]))
+  return [jax.block_until_ready(prep(*pair)) for pair in layers]
 
 
 def main(argv=None):

@@ -274,6 +274,41 @@ def glu(h: jax.Array, activation: Activation = "silu") -> jax.Array:
   return (act * u).astype(h.dtype)
 
 
+def layer_kernel(gate_up_params: QuantizedWeight, down_params: QuantizedWeight) -> str | None:
+  """The grouped kernel family for both expert stacks of one MoE layer, or None (each
+  stack on its own default, ``hj.prepare(p, grouped=True)``).
+
+  Both stacks go to the Mosaic grouped kernel whenever it runs both specs (Hopper, or the
+  interpreter), so :func:`quant_moe` takes its tile-aligned path (no row gather).  Whole
+  layers on the H200 (benchmarks/NOTES_moe.md session 9; int4 g128 zp, chain of 8, us per
+  layer, both stacks on Mosaic vs the per-stack default):
+  DeepSeek-V3 (H 7168, I 256) 41.4 / 168.7 / 331.3 vs 53.5 / 210.4 / 457.3 at 1 / 16 / 64
+  tokens; Qwen3-30B-A3B (H 2048, I 768) vs both on Pallas-Triton 43.8 / 147.8 vs 50.1 /
+  200.0 at 1 / 16 (CUPTI kernel sums 23.8 / 140.8 vs 33.2 / 190.1), 228.5 vs 243.1 at 64.
+  A single grouped GEMM (``quant_ragged_dot``) keeps the per-stack default, where short-K
+  stacks stay on Triton at decode.  The Mosaic kernel takes 16-bit tokens: prepare a
+  float32 model's experts with ``kernel="grouped_wna16"``."""
+  mosaic = registry.by_name(grouped_wna16_mgpu.FAMILY, grouped=True)
+  if mosaic.supports(gate_up_params.spec) and mosaic.supports(down_params.spec):
+    return mosaic.name
+  return None
+
+
+def prepare_experts(gate_up_params: QuantizedWeight, down_params: QuantizedWeight, *,
+                    kernel: str | None = None) -> tuple[QuantizedWeight, QuantizedWeight]:
+  """Both expert stacks of one MoE layer in a kernel layout, chosen for the layer
+  (:func:`layer_kernel`) unless ``kernel`` names a grouped family: the ``hj.prepare`` of
+  :func:`quant_moe`'s two stacks.  ``recipes.prepare_params`` applies it to every
+  ``gate_up`` / ``down`` pair of a parameter tree."""
+  for name, p in (("gate_up_params", gate_up_params), ("down_params", down_params)):
+    if not isinstance(p, QuantizedWeight) or p.num_experts is None:
+      raise TypeError(f"{name} must be a stacked-expert QuantizedWeight (E, K, N); got "
+                      f"{getattr(p, 'shape', type(p).__name__)}")
+  kernel = kernel or layer_kernel(gate_up_params, down_params)
+  return (ops.prepare(gate_up_params, grouped=True, kernel=kernel),
+          ops.prepare(down_params, grouped=True, kernel=kernel))
+
+
 def quant_moe(gate_up_params: QuantizedWeight, down_params: QuantizedWeight, x: jax.Array,
               topk_weights: jax.Array, topk_ids: jax.Array, *,
               activation: Activation = "silu", backend: ops.Backend = None) -> jax.Array:
@@ -290,14 +325,14 @@ def quant_moe(gate_up_params: QuantizedWeight, down_params: QuantizedWeight, x: 
     activation: "silu" (SwiGLU) or "gelu" (exact-erf GeGLU).
     backend: as :func:`quant_ragged_dot`.
 
-  Kernels: each stack runs on the grouped family it was prepared for (``hj.prepare(p,
-  grouped=True)`` picks by shape: the Mosaic GPU kernel for K >= 4096, Pallas-Triton
-  below; ``kernel=`` overrides; canonical params get the same choice, prepared inside the
-  call).  When both stacks are on the Mosaic kernel and the tokens are bf16 / fp16, each
+  Kernels: each stack runs on the grouped family it was prepared for
+  (:func:`prepare_experts` picks for the layer: both on the Mosaic GPU kernel where it
+  runs both specs, else each stack's ``hj.prepare(p, grouped=True)`` default; canonical
+  params with bf16 / fp16 tokens get the same choice, prepared inside the call).  When both stacks are on the Mosaic kernel and the tokens are bf16 / fp16, each
   expert's rows are padded to its tile (:func:`align_tokens`) so every tile reads and
   writes its rows in place (no row gather; benchmarks/NOTES_moe.md).  Otherwise (e.g.
-  DeepSeek-V3: gate_up K 7168 on Mosaic, down K 256 on Triton) rows are sorted by expert
-  (:func:`sort_tokens`) and each GEMM is :func:`quant_ragged_dot` on its own family.
+  stacks prepared one by one, gate_up on Mosaic and down on Triton) rows are sorted by
+  expert (:func:`sort_tokens`) and each GEMM is :func:`quant_ragged_dot` on its own family.
   """
   for name, p in (("gate_up_params", gate_up_params), ("down_params", down_params)):
     if not isinstance(p, QuantizedWeight) or p.num_experts is None:
@@ -317,6 +352,13 @@ def quant_moe(gate_up_params: QuantizedWeight, down_params: QuantizedWeight, x: 
   if activation not in ACTIVATIONS:
     raise ValueError(f"activation={activation!r}; expected one of {ACTIVATIONS}")
   b = ops.resolve_backend(backend, gate_up_params.spec, grouped=True)
+  if (b != "xla" and x.dtype in (jnp.bfloat16, jnp.float16)
+      and "canonical" in (gate_up_params.layout, down_params.layout)
+      and (fam := layer_kernel(gate_up_params, down_params)) is not None):
+    # canonical stacks: the layer's choice, prepared inside the call (a re-layout per call)
+    gate_up_params, down_params = (
+        p if p.layout != "canonical" else ops.prepare(p, grouped=True, kernel=fam)
+        for p in (gate_up_params, down_params))
   if _aligned_mosaic(gate_up_params, down_params, x, b):
     # Segments padded to the tile (align_tokens): each Mosaic tile reads and writes its own
     # rows in place -- no row gather after either GEMM.

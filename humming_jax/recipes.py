@@ -224,18 +224,40 @@ def prepare_params(tree: Any, *, backend: Any = None) -> Any:
   """Every QuantizedWeight of ``tree`` that ``backend`` runs with a Pallas kernel, moved
   into that kernel's layout once (``hj.prepare``), so jitted calls skip the per-call
   re-layout.  Others (the XLA path, e.g. on the CPU) are returned as they are.  Keep the
-  canonical tree for ``hj.dequantize`` / ``hj.error_report``."""
-  from humming_jax import ops
+  canonical tree for ``hj.dequantize`` / ``hj.error_report``.
 
-  def prep(q):
-    if not isinstance(q, QuantizedWeight):
+  Expert stacks named ``gate_up`` and ``down`` under one parent (``QuantMoE``) are
+  prepared as a layer (``moe.prepare_experts``: both on the Mosaic grouped kernel where it
+  runs them, so ``quant_moe`` takes its tile-aligned path; that kernel takes bf16 / fp16
+  tokens, so a float32 model should prepare its experts with
+  ``moe.prepare_experts(..., kernel="grouped_wna16")``)."""
+  from humming_jax import moe, ops
+
+  is_q = lambda x: isinstance(x, QuantizedWeight)
+  stacks = {(path[:-1], _key(path[-1])): q  # (parent path, name) -> stacked experts
+            for path, q in jax.tree_util.tree_flatten_with_path(tree, is_leaf=is_q)[0]
+            if path and is_q(q) and q.num_experts is not None}
+  layer_kernel = {  # parent path -> the family for its gate_up / down pair
+      parent: moe.layer_kernel(q, stacks[parent, "down"])
+      for (parent, name), q in stacks.items()
+      if name == "gate_up" and (parent, "down") in stacks}
+
+  def prep(path, q):
+    if not is_q(q):
       return q
     grouped = q.num_experts is not None
     if ops.resolve_backend(backend, q.spec, grouped=grouped) == "xla":
       return q
-    return ops.prepare(q, grouped=grouped)
+    pair = path[:-1] if path and _key(path[-1]) in ("gate_up", "down") else None
+    return ops.prepare(q, grouped=grouped, kernel=layer_kernel.get(pair) if grouped else None)
 
-  return jax.tree.map(prep, tree, is_leaf=lambda x: isinstance(x, QuantizedWeight))
+  return jax.tree_util.tree_map_with_path(prep, tree, is_leaf=is_q)
+
+
+def _key(entry) -> Any:
+  """The name of one tree-path entry (a dict key or an attribute name)."""
+  return getattr(entry, "key", getattr(entry, "name", None))
+
 
 
 __all__ = ["RECIPES", "prepare_params", "ATTENTION_PATTERN", "MLP_PATTERN", "quantize_params", "plan",

@@ -239,7 +239,9 @@ def test_quant_moe_on_mosaic_params_interpret():
   f = jax.jit(hj.quant_moe, static_argnames=("activation", "backend"))
   assert moe._aligned_mosaic(gm.prepare(gu), gm.prepare(dn), x, "interpret")
   y = f(gm.prepare(gu), gm.prepare(dn), x, w, ids, backend="interpret")
-  want = f(gu, dn, x, w, ids, backend="interpret")  # Triton grouped kernel path
+  triton = moe.prepare_experts(gu, dn, kernel="grouped_wna16")
+  assert not moe._aligned_mosaic(*triton, x, "interpret")
+  want = f(*triton, x, w, ids, backend="interpret")  # the Triton grouped kernel path
   assert y.shape == (t, h) and y.dtype == x.dtype
   assert rel(y, want) <= TOL
 
@@ -354,3 +356,57 @@ def test_float32_tokens_on_k4096_experts_run_the_triton_kernel():
     y = hj.quant_ragged_dot(params, x, g, backend="interpret")
     assert y.dtype == jnp.float32
     assert rel(y[:4], ref[:4]) <= TOL, rel(y[:4], ref[:4])
+
+
+@pytest.mark.parametrize("h,inter", [
+    (7168, 256),  # DeepSeek-V3: down (K 256, Triton on its own) joins gate_up on Mosaic
+    (4096, 14336),  # Mixtral: both K >= 4096 anyway
+    (2048, 768),  # Qwen3-30B-A3B: both short K (each on Triton on its own)
+])
+def test_layer_kernel_puts_both_stacks_on_mosaic(h, inter):
+  """moe.prepare_experts: both stacks on the Mosaic grouped kernel (the session-9 layer
+  measurements), so quant_moe takes the aligned path; recipes.prepare_params pairs a
+  tree's gate_up / down the same way; a lone stack keeps its per-stack default."""
+  from humming_jax import moe
+  e = 4
+  gu, dn = abstract_q("w4a16-g128-zp", (e, h, 2 * inter)), abstract_q("w4a16-g128-zp",
+                                                                      (e, inter, h))
+  assert moe.layer_kernel(gu, dn) == gm.FAMILY
+  pgu, pdn = jax.eval_shape(moe.prepare_experts, gu, dn)
+  want = gm.FAMILY
+  assert registry.layout_family(pgu.layout) == want
+  assert registry.layout_family(pdn.layout) == want
+  alone = {"down": dn, "up": gu}  # not a gate_up / down pair: per-stack defaults
+  out = jax.eval_shape(lambda t: hj.recipes.prepare_params(t, backend="interpret"), alone)
+  for name, q in alone.items():
+    assert out[name].layout == jax.eval_shape(lambda q: hj.prepare(q, grouped=True), q).layout
+  # The other grouped family on request.
+  tgu, tdn = jax.eval_shape(lambda a, b: moe.prepare_experts(a, b, kernel="grouped_wna16"),
+                            gu, dn)
+  assert {registry.layout_family(p.layout) for p in (tgu, tdn)} == {"grouped_wna16"}
+  tree = {"layers_0": {"moe": {"gate_up": gu, "down": dn}, "other": 3}}
+  out = jax.eval_shape(lambda t: hj.recipes.prepare_params(t, backend="interpret"), tree)
+  assert registry.layout_family(out["layers_0"]["moe"]["down"].layout) == want
+  assert registry.layout_family(out["layers_0"]["moe"]["gate_up"].layout) == want
+  # An int3 down stack (no Mosaic kernel) leaves each stack on its own default.
+  dn3 = dn.replace(spec=hj.QuantSpec("int3", "group", 128))
+  assert moe.layer_kernel(gu, dn3) is None
+  with pytest.raises(TypeError, match="down_params must be a stacked-expert"):
+    moe.prepare_experts(gu, abstract_q("w4a16-g128-zp", (inter, h)))  # not stacked
+
+
+def test_quant_moe_canonical_stacks_take_the_aligned_path(monkeypatch):
+  """Canonical stacks: quant_moe prepares both for the Mosaic kernel inside the call and
+  runs the aligned path (traced only, not run)."""
+  from humming_jax import moe
+  e, h, inter, t = 4, 4096, 128, 3
+  gu, dn = abstract_q("w4a16-g128-zp", (e, h, 2 * inter)), abstract_q("w4a16-g128-zp",
+                                                                      (e, inter, h))
+  calls = []
+  real = gm.run_aligned
+  monkeypatch.setattr(gm, "run_aligned", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+  x = jax.ShapeDtypeStruct((t, h), jnp.bfloat16)
+  w = jax.ShapeDtypeStruct((t, 2), jnp.float32)
+  ids = jax.ShapeDtypeStruct((t, 2), jnp.int32)
+  y = jax.eval_shape(lambda *a: hj.quant_moe(*a, backend="interpret"), gu, dn, x, w, ids)
+  assert y.shape == (t, h) and calls == [1, 1]
