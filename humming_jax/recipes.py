@@ -220,7 +220,7 @@ def quantize_params(params: Any, recipe: Recipe | str, *, progress: bool = True)
       bar.close()
 
 
-def prepare_params(tree: Any, *, backend: Any = None) -> Any:
+def prepare_params(tree: Any, *, backend: Any = None, x_dtype: Any = None) -> Any:
   """Every QuantizedWeight of ``tree`` that ``backend`` runs with a Pallas kernel, moved
   into that kernel's layout once (``hj.prepare``), so jitted calls skip the per-call
   re-layout.  Others (the XLA path, e.g. on the CPU) are returned as they are.  Keep the
@@ -228,19 +228,21 @@ def prepare_params(tree: Any, *, backend: Any = None) -> Any:
 
   Expert stacks named ``gate_up`` and ``down`` under one parent (``QuantMoE``) are
   prepared as a layer (``moe.prepare_experts``: both on the Mosaic grouped kernel where it
-  runs them, so ``quant_moe`` takes its tile-aligned path; that kernel takes bf16 / fp16
-  tokens, so a float32 model should prepare its experts with
-  ``moe.prepare_experts(..., kernel="grouped_wna16")``)."""
+  runs them, so ``quant_moe`` takes its tile-aligned path).  That kernel takes bf16 / fp16
+  tokens: pass ``x_dtype=jnp.float32`` for a float32 model, and its pairs keep each
+  stack's own default instead of a re-layout inside every call.  Flax linen (``{"gate_up":
+  q}``) and nnx (``{"gate_up": Param(value=q)}``) trees are paired alike."""
   from humming_jax import moe, ops
 
   is_q = lambda x: isinstance(x, QuantizedWeight)
-  stacks = {(path[:-1], _key(path[-1])): q  # (parent path, name) -> stacked experts
+  pairs = x_dtype is None or jnp.dtype(x_dtype) in (jnp.bfloat16, jnp.float16)
+  stacks = {_named(path): q  # (parent path, name) -> stacked experts
             for path, q in jax.tree_util.tree_flatten_with_path(tree, is_leaf=is_q)[0]
             if path and is_q(q) and q.num_experts is not None}
   layer_kernel = {  # parent path -> the family for its gate_up / down pair
       parent: moe.layer_kernel(q, stacks[parent, "down"])
       for (parent, name), q in stacks.items()
-      if name == "gate_up" and (parent, "down") in stacks}
+      if pairs and name == "gate_up" and (parent, "down") in stacks}
 
   def prep(path, q):
     if not is_q(q):
@@ -248,15 +250,20 @@ def prepare_params(tree: Any, *, backend: Any = None) -> Any:
     grouped = q.num_experts is not None
     if ops.resolve_backend(backend, q.spec, grouped=grouped) == "xla":
       return q
-    pair = path[:-1] if path and _key(path[-1]) in ("gate_up", "down") else None
-    return ops.prepare(q, grouped=grouped, kernel=layer_kernel.get(pair) if grouped else None)
+    parent, name = _named(path) if path else (None, None)
+    kernel = layer_kernel.get(parent) if grouped and name in ("gate_up", "down") else None
+    return ops.prepare(q, grouped=grouped, kernel=kernel)
 
   return jax.tree_util.tree_map_with_path(prep, tree, is_leaf=is_q)
 
 
-def _key(entry) -> Any:
-  """The name of one tree-path entry (a dict key or an attribute name)."""
-  return getattr(entry, "key", getattr(entry, "name", None))
+def _named(path: tuple) -> tuple[tuple, Any]:
+  """(parent path, name) of a leaf: its last key, looking through a trailing ``value``
+  (the field of a Flax nnx ``Param``)."""
+  key = lambda entry: getattr(entry, "key", getattr(entry, "name", None))
+  if len(path) > 1 and key(path[-1]) == "value":
+    path = path[:-1]
+  return path[:-1], key(path[-1])
 
 
 

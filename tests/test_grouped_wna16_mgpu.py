@@ -410,3 +410,24 @@ def test_quant_moe_canonical_stacks_take_the_aligned_path(monkeypatch):
   ids = jax.ShapeDtypeStruct((t, 2), jnp.int32)
   y = jax.eval_shape(lambda *a: hj.quant_moe(*a, backend="interpret"), gu, dn, x, w, ids)
   assert y.shape == (t, h) and calls == [1, 1]
+
+
+def test_prepare_params_pairs_nnx_stacks_and_honours_float32():
+  """An nnx QuantMoE's state (``gate_up`` / ``down`` Params: a trailing ``value`` in the
+  tree path) is paired like a linen tree; ``x_dtype=float32`` keeps each stack's own
+  default (the Mosaic kernel takes 16-bit tokens)."""
+  from flax import nnx
+  from humming_jax import nnx as hnnx
+  model = hnnx.QuantMoE(256, 4, 2, 128, spec="w4a16-g128-zp", rngs=nnx.Rngs(0))
+  state = nnx.state(model)
+  is_q = lambda x: isinstance(x, hj.QuantizedWeight)
+
+  def families(tree):
+    return {str(path[0].key): registry.layout_family(q.layout)
+            for path, q in jax.tree_util.tree_flatten_with_path(tree, is_leaf=is_q)[0]
+            if is_q(q)}
+  assert families(hj.recipes.prepare_params(state, backend="interpret")) == {
+      "gate_up": gm.FAMILY, "down": gm.FAMILY}
+  assert families(hj.recipes.prepare_params(state, backend="interpret",
+                                            x_dtype=jnp.float32)) == {
+      "gate_up": "grouped_wna16", "down": "grouped_wna16"}

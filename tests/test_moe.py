@@ -197,7 +197,10 @@ def test_quant_moe_xla_vs_oracle(topk, activation):
   assert _rel(y, _moe_oracle(gu, dn, x, np.asarray(w), np.asarray(ids), activation)) < 2e-2
 
 
-def test_quant_moe_interpret_vs_oracle():
+@pytest.mark.parametrize("kernel", [None, "grouped_wna16"])
+def test_quant_moe_interpret_vs_oracle(kernel):
+  """Canonical stacks (the layer default: the Mosaic grouped kernel, aligned rows) and
+  stacks prepared for the Pallas-Triton grouped kernel (rows sorted by expert)."""
   e, h, inter, t, topk = 4, 128, 64, 6, 2
   ks = jax.random.split(jax.random.PRNGKey(11), 5)
   spec = hj.QuantSpec.preset("w4a16-mxfp4")
@@ -207,7 +210,8 @@ def test_quant_moe_interpret_vs_oracle():
   w, ids = moe.topk_routing(jax.random.normal(ks[3], (t, e)), topk)
   ids = ids.at[0, 0].set(3).at[0, 1].set(0)  # fixed: expert 1 or 2 may also stay empty
   f = jax.jit(hj.quant_moe, static_argnames=("activation", "backend"))
-  y = f(gu, dn, x, w, ids, backend="interpret")
+  pgu, pdn = (gu, dn) if kernel is None else moe.prepare_experts(gu, dn, kernel=kernel)
+  y = f(pgu, pdn, x, w, ids, backend="interpret")
   r = _moe_oracle(gu, dn, x, np.asarray(w), np.asarray(ids), "silu")
   assert _rel(y, r) < 2e-2
 

@@ -71,6 +71,11 @@ CASES = [  # (spec, M, K, N, bias, config)
      mg.Config(64, 2, 2, scale_after_mma=True, zero_point_mma=True)),
     (hj.QuantSpec("uint8", "channel", 0, zero_point=True), 2, 512, 64, True,
      mg.Config(64, 2, 1, warpgroups=4, scale_after_mma=True, zero_point_mma=True)),
+    # per channel with e4m3 scales and a global scale: two epilogue scale rows + bias
+    (hj.QuantSpec("int4", "channel", 0, scale_dtype="fp8_e4m3", global_scale=True), 3, 256,
+     136, True, mg.Config(64, 2, 1)),
+    (hj.QuantSpec("int4", "channel", 0, scale_dtype="fp8_e4m3", global_scale=True), 5, 512,
+     64, True, mg.Config(64, 2, 1, split_k=2)),  # both rows after the XLA sum
     # token rows past M through TMA bounds (no XLA pad / slice), incl. N pad and 2 M tiles
     (hj.QuantSpec.preset("w4a16-g128-zp"), 1, 512, 128, True,
      mg.Config(64, 2, 1, warpgroups=4, unpadded_rows=True)),

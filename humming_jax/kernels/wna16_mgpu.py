@@ -210,7 +210,8 @@ def to_canonical(prepared: QuantizedWeight) -> QuantizedWeight:
   gk, _ = scale_block(spec, k, n)
   s = prepared.scales[:k // gk if spec.granularity == "group" else 1, :n]
   if column_scaled(spec):  # float32 row -> the canonical (1, N) dtype (exact: it came from it)
-    s = s.astype(jnp.dtype(spec.scale_dtype))
+    s = s.astype(jnp.float8_e4m3fn if spec.scale_dtype == "fp8_e4m3"
+                 else jnp.dtype(spec.scale_dtype))
   elif spec.scale_dtype == "e8m0":
     s = E8M0.encode(s.astype(jnp.float32))
   elif spec.scale_dtype == "fp8_e4m3":
