@@ -37,6 +37,8 @@ SHAPES = {  # name: (K, N)
 }
 
 # Our preset -> humming-kernels weight/input config (GPU.md).
+CHAIN = "outputs"  # --chain: common.CHAINS key
+
 HUMMING_CONFIGS = {
     "w4a16-g128-zp": (dict(dtype="uint4", scale_dtype="bfloat16", group_size=128,
                            has_zero_point=True), None),
@@ -86,7 +88,7 @@ def bench_point(spec_name, k, n, m, ws, x, *, calls, repeats, check=True, config
     res["rel_err"] = common.rel_err(y, ref)
     res["nan"] = bool(jnp.isnan(y).any())
   res["compile_s"] = common.compile_time(layer, prepared[0], x)
-  t = common.time_chain(layer, prepared, x, calls=calls, repeats=repeats)
+  t = common.CHAINS[CHAIN](layer, prepared, x, calls=calls, repeats=repeats)
   res.update(t)
   nbytes = weight_bytes(qs[0])
   res["weight_bytes"] = nbytes
@@ -97,10 +99,10 @@ def bench_point(spec_name, k, n, m, ws, x, *, calls, repeats, check=True, config
 
 def bench_xla_baselines(ws, qs, x, *, calls, repeats):
   wb = [w.astype(jnp.bfloat16) for w in ws]
-  bf16 = common.time_chain(lambda w, x: jnp.dot(x, w, preferred_element_type=jnp.float32
-                                                ).astype(x.dtype), wb, x,
-                           calls=calls, repeats=repeats)
-  deq = common.time_chain(
+  bf16 = common.CHAINS[CHAIN](lambda w, x: jnp.dot(x, w, preferred_element_type=jnp.float32
+                                                   ).astype(x.dtype), wb, x,
+                              calls=calls, repeats=repeats)
+  deq = common.CHAINS[CHAIN](
       lambda q, x: jnp.dot(x, hj.dequantize(q).astype(jnp.bfloat16),
                            preferred_element_type=jnp.float32).astype(x.dtype),
       qs, x, calls=calls, repeats=repeats)
@@ -118,6 +120,10 @@ def main(argv=None):
   ap.add_argument("--ms", default="1,16,128,1024,4096")
   ap.add_argument("--shapes", default="8192x8192")
   ap.add_argument("--layers", type=int, default=8)
+  ap.add_argument("--chain", choices=sorted(common.CHAINS), default="outputs",
+                  help="outputs: every layer on the same x, all outputs returned (GPU.md); "
+                       "sequential: x -> layer_1 -> ... with a donated state, as in a model "
+                       "(square shapes only; Humming stays a CUDA graph of the same layers)")
   ap.add_argument("--calls", type=int, default=50)
   ap.add_argument("--repeats", type=int, default=3)
   ap.add_argument("--humming", action="store_true", help="also time humming-kernels")
@@ -138,6 +144,8 @@ def main(argv=None):
            shape=shape, device=device)
     return
 
+  global CHAIN
+  CHAIN = args.chain
   info = common.device_info()
   print(f"# {info}", flush=True)
   ms = [int(v) for v in args.ms.split(",")]
@@ -175,9 +183,9 @@ def main(argv=None):
             row["humming_error"] = f"{type(e).__name__}: {str(e)[:200]}"
         rows.append(row)
         print_row(row, flush=True)
-  payload = {"info": info, "method": "chain of %d distinct layers per jitted call, %d calls, "
-             "median of %d repeats, wall clock / (calls*layers)" % (args.layers, args.calls,
-                                                                    args.repeats),
+  payload = {"info": info, "method": "%s chain of %d distinct layers per jitted call, %d "
+             "calls, median of %d repeats, wall clock / (calls*layers)" % (
+                 args.chain, args.layers, args.calls, args.repeats),
              "rows": rows}
   path = common.write_json(args.json or f"bench_dense_{int(time.time())}.json", payload)
   print(f"# wrote {path}")

@@ -60,6 +60,10 @@ def main(argv=None):
   ap.add_argument("--spec", default="w4a16-g128-zp")
   ap.add_argument("--families", default="default,triton,mgpu")
   ap.add_argument("--layers", type=int, default=8)
+  ap.add_argument("--chain", choices=sorted(common.CHAINS), default="outputs",
+                  help="outputs: every layer on the same tokens, all outputs returned; "
+                       "sequential: tokens -> layer_1 -> ... with a donated state, the same "
+                       "routing for every layer (as in a model, routing aside)")
   ap.add_argument("--calls", type=int, default=20)
   ap.add_argument("--repeats", type=int, default=2)
   ap.add_argument("--breakdown", action="store_true")
@@ -86,8 +90,12 @@ def main(argv=None):
         try:
           y = jax.jit(layer)(layers[0], (x, w, ids))
           err = common.rel_err(y, ref)
-          t = common.time_chain(layer, layers, (x, w, ids), calls=args.calls,
-                                repeats=args.repeats)
+          if args.chain == "sequential":  # x threads through; the routing is fixed
+            seq = lambda p, y, w=w, ids=ids: hj.quant_moe(*p, y, w, ids)
+            t = common.time_sequential(seq, layers, x, calls=args.calls, repeats=args.repeats)
+          else:
+            t = common.time_chain(layer, layers, (x, w, ids), calls=args.calls,
+                                  repeats=args.repeats)
           row[fam] = {"us": round(t["us"], 1), "err": err}
           if args.breakdown:
             fn = jax.jit(lambda ps, a: common.chain(layer, ps, a))

@@ -46,6 +46,44 @@ def time_chain(layer_fn, params_list, x, *, calls: int = 50, repeats: int = 5
           "us_max": max(per_layer), "first_call_s": first}
 
 
+def time_sequential(layer_fn, params_list, x, *, calls: int = 50, repeats: int = 5,
+                    scale: float = 0.03) -> dict[str, float]:
+  """The chain method with the layers applied in sequence, as in a model: ``x -> layer_1
+  -> ... -> layer_L`` (each output times ``scale``, one small fusion, to keep values
+  bounded), only the last output returned, and a donated state fed back each call, so
+  every buffer keeps its address across calls (XLA re-records a Mosaic launch into its
+  CUDA graph when buffers move: NOTES.md v11).  Needs layers that map x's shape to
+  itself.  Microseconds per layer, as :func:`time_chain`."""
+  def seq(ps, x, state):
+    y = x + state
+    for p in ps:
+      y = layer_fn(p, y) * jnp.asarray(scale, y.dtype)
+    return y
+
+  f = jax.jit(seq, donate_argnums=2)
+  state = jnp.zeros_like(x)
+  t0 = time.perf_counter()
+  state = jax.block_until_ready(f(params_list, x, state))
+  first = time.perf_counter() - t0
+  if state.shape != x.shape or state.dtype != x.dtype:
+    raise ValueError(f"sequential chain: a layer maps {x.shape} {x.dtype} to {state.shape} "
+                     f"{state.dtype}; it needs square layers (use the outputs chain)")
+  state = jax.block_until_ready(f(params_list, x, jnp.zeros_like(x)))  # warm
+  per_layer = []
+  for _ in range(repeats):
+    state = jax.block_until_ready(jnp.zeros_like(x))
+    t0 = time.perf_counter()
+    for _ in range(calls):
+      state = f(params_list, x, state)
+    jax.block_until_ready(state)
+    per_layer.append((time.perf_counter() - t0) / (calls * len(params_list)) * 1e6)
+  return {"us": statistics.median(per_layer), "us_min": min(per_layer),
+          "us_max": max(per_layer), "first_call_s": first}
+
+
+CHAINS = {"outputs": time_chain, "sequential": time_sequential}
+
+
 def kernel_times(fn, args, *, iterations: int = 5, per: int = 1) -> dict[str, float]:
   """Device time of each kernel ``fn(*args)`` launches, by kernel name (CUPTI, through
   ``jax.experimental.mosaic.gpu.profiler.measure``): median over ``iterations`` of the
