@@ -11,6 +11,7 @@ import json
 import os
 import statistics
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -82,6 +83,22 @@ def time_sequential(layer_fn, params_list, x, *, calls: int = 50, repeats: int =
 
 
 CHAINS = {"outputs": time_chain, "sequential": time_sequential}
+
+
+def run_child(script: str, size: int, child_args: list[str], xla_flags: str, *,
+              timeout: int, keep: tuple[str, ...] = ("size=",), last: int = 20,
+              env: dict | None = None) -> None:
+  """Run ``script --child size *child_args`` in a subprocess with ``XLA_FLAGS`` (read once
+  per process, hence the child) and print its lines starting with ``keep`` and its errors
+  (the probes of the launch cost: probe_command_buffer.py, probe_launch.py)."""
+  env = {**os.environ, **(env or {}), "XLA_FLAGS": xla_flags}
+  try:
+    r = subprocess.run([sys.executable, script, "--child", str(size), *child_args], env=env,
+                       capture_output=True, text=True, timeout=timeout)
+    lines = [l for l in (r.stdout + r.stderr).splitlines() if l.startswith(keep) or "rror" in l]
+    print("\n".join(lines[-last:]) or f"rc {r.returncode}", flush=True)
+  except subprocess.TimeoutExpired:
+    print(f"size={size}: timed out after {timeout} s", flush=True)
 
 
 def kernel_times(fn, args, *, iterations: int = 5, per: int = 1) -> dict[str, float]:

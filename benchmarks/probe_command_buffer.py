@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import os
 import re
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -92,21 +91,14 @@ def main() -> None:
   if args.child:
     child(args.child, args.layers)
     return
+  from benchmarks import common  # noqa: PLC0415 - imports jax; children set XLA_FLAGS first
   for name in args.flags.split(","):
     for size in map(int, args.sizes.split(",")):
       dump = tempfile.mkdtemp(prefix=f"probe_{name}_{size}_")
-      env = {**os.environ, "PROBE_DUMP_DIR": dump,
-             "XLA_FLAGS": f"{FLAG_SETS[name]} --xla_dump_to={dump}".strip()}
       print(f"# flags {name}: [{FLAG_SETS[name]}]", flush=True)
-      try:
-        r = subprocess.run([sys.executable, __file__, "--child", str(size), "--layers",
-                            str(args.layers)], env=env, capture_output=True, text=True,
-                           timeout=args.timeout)
-        lines = [l for l in (r.stdout + r.stderr).splitlines()
-                 if l.startswith(("size=", "thunks")) or "rror" in l]
-        print("\n".join(lines[-40:]) or f"rc {r.returncode}", flush=True)
-      except subprocess.TimeoutExpired:
-        print(f"size={size}: timed out after {args.timeout} s", flush=True)
+      common.run_child(__file__, size, ["--layers", str(args.layers)],
+                       f"{FLAG_SETS[name]} --xla_dump_to={dump}".strip(), timeout=args.timeout,
+                       keep=("size=", "thunks"), last=40, env={"PROBE_DUMP_DIR": dump})
 
 
 if __name__ == "__main__":

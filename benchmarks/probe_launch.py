@@ -24,8 +24,6 @@ plus the kernel time (CUPTI) and an XLA bf16 dot chain for reference, for each
 from __future__ import annotations
 
 import argparse
-import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -123,19 +121,12 @@ def main() -> None:
   if args.child:
     child(args.child, args.layers, args.calls)
     return
+  from benchmarks import common  # noqa: PLC0415 - imports jax; children set XLA_FLAGS first
   for name in args.flags.split(","):
     for size in map(int, args.sizes.split(",")):
-      env = {**os.environ, "XLA_FLAGS": FLAG_SETS[name]}
       print(f"# flags {name}: [{FLAG_SETS[name]}]", flush=True)
-      try:
-        r = subprocess.run([sys.executable, __file__, "--child", str(size), "--layers",
-                            str(args.layers), "--calls", str(args.calls)], env=env,
-                           capture_output=True, text=True, timeout=args.timeout)
-        lines = [l for l in (r.stdout + r.stderr).splitlines()
-                 if l.startswith("size=") or "rror" in l]
-        print("\n".join(lines[-20:]) or f"rc {r.returncode}", flush=True)
-      except subprocess.TimeoutExpired:
-        print(f"size={size}: timed out after {args.timeout} s", flush=True)
+      common.run_child(__file__, size, ["--layers", str(args.layers), "--calls",
+                                        str(args.calls)], FLAG_SETS[name], timeout=args.timeout)
 
 
 if __name__ == "__main__":
