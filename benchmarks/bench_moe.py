@@ -23,6 +23,7 @@ Prints a table, writes JSON to $OUT or benchmarks/results/.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import sys
 import time
@@ -84,7 +85,23 @@ def _safe(fn):
     return {"error": msg[:160]}
 
 
-FAMILIES = {"mgpu": "grouped_wna16_mgpu", "triton": "grouped_wna16"}  # <spec>@<family>
+FAMILIES = {"mgpu": "grouped_wna16_mgpu", "triton": "grouped_wna16",  # <spec>@<family>
+            "mgpu-xn": "grouped_wna16_mgpu"}  # ... with four warpgroups sharing x tiles
+
+
+def ragged_dot_fn(spec_name):
+  """The timed call: ``hj.quant_ragged_dot``, or for ``@mgpu-xn`` the Mosaic grouped kernel
+  with its warpgroups splitting N over one shared x tile (MgpuConfig.split_warpgroups="n",
+  four warpgroups; not a default until timed)."""
+  if not spec_name.endswith("@mgpu-xn"):
+    return lambda p, xg: hj.quant_ragged_dot(p, xg[0], xg[1], backend="pallas")
+  from humming_jax.kernels import grouped_wna16_mgpu as gm, wna16_mgpu  # noqa: PLC0415
+
+  def run(p, xg):
+    cfg = dataclasses.replace(wna16_mgpu.heuristic(gm.block_rows(xg[0].shape[0], p.shape[0])),
+                              warpgroups=4, scale_after_mma=True, split_warpgroups="n")
+    return gm.run(p, xg[0], xg[1], config=cfg)
+  return run
 
 
 def quantize_sets(spec_name, ws):
@@ -113,7 +130,7 @@ def active_bytes(pp, group_sizes) -> int:
 
 def bench_hj(spec_name, sets, xg, *, calls, repeats, check):
   qs, pps = sets
-  layer = lambda p, xg: hj.quant_ragged_dot(p, xg[0], xg[1], backend="pallas")
+  layer = ragged_dot_fn(spec_name)
   res = {}
   if check:
     y = jax.jit(layer)(pps[0], xg)
@@ -129,11 +146,11 @@ def bench_hj(spec_name, sets, xg, *, calls, repeats, check):
   return res, qs
 
 
-def bench_breakdown(pps, xg):
+def bench_breakdown(spec_name, pps, xg):
   """Where one grouped GEMM's time goes: the device time of every kernel of the jitted
   chain (CUPTI), per layer.  (The previous method timed the schedule in a jit of its own,
   which measured that call's dispatch, not a component: NOTES_moe.md session 2.)"""
-  layer = lambda p, xg: hj.quant_ragged_dot(p, xg[0], xg[1], backend="pallas")
+  layer = ragged_dot_fn(spec_name)
   fn = jax.jit(lambda ps, xg: common.chain(layer, ps, xg))
   return {name: round(us, 2) for name, us in
           common.kernel_times(fn, (pps, xg), per=len(pps)).items()}
@@ -226,7 +243,7 @@ def main(argv=None):
         out = _safe(lambda: bench_hj(spec_name, sets[spec_name], xg, calls=calls,
                                      repeats=args.repeats, check=True))
         if args.breakdown:
-          row[f"hj_kernels:{spec_name}"] = _safe(lambda: bench_breakdown(sets[spec_name][1], xg))
+          row[f"hj_kernels:{spec_name}"] = _safe(lambda: bench_breakdown(spec_name, sets[spec_name][1], xg))
         if isinstance(out, tuple):
           row[f"hj:{spec_name}"], qs = out
           qs_any = qs_any or qs

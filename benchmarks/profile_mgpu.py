@@ -51,6 +51,8 @@ def parse_config(name: str, m: int) -> tuning.MgpuConfig | None:
       fields["scale_after_mma"] = True
     elif tok == "acc":  # every K tile straight into the WGMMA accumulator
       fields["scale_after_mma"] = False
+    elif tok == "xn":  # warpgroups split N over one shared x tile
+      fields["split_warpgroups"] = "n"
     elif tok == "zmma":
       fields["zero_point_mma"] = True
     elif tok == "unpad":

@@ -141,3 +141,35 @@ def test_mgpu_grouped_prefill_tiles_lower_for_h200(shape, tokens, topk):
   gs = jax.ShapeDtypeStruct((shape[0],), jnp.int32)
   assert gm.block_rows(tokens * topk, shape[0]) == {256: 48, 128: 80, 8: 128}[shape[0]]
   assert "mosaic_gpu" in lower_for_h200(lambda p, x, gs: gm.run(p, x, gs), p, x, gs)
+
+
+@pytest.mark.parametrize("m,cfg", [
+    (128, mg.Config(128, 4, 1, warpgroups=4, scale_after_mma=True, split_warpgroups="n")),
+    (128, mg.Config(128, 4, 1, warpgroups=2, scale_after_mma=True, split_warpgroups="n")),
+    (64, mg.Config(64, 4, 1, warpgroups=4, scale_after_mma=True, split_warpgroups="n")),
+    (128, mg.Config(128, 4, 1, warpgroups=2, split_k=2, split_warpgroups="n")),
+])
+@pytest.mark.parametrize("name", ["w4a16-g128-zp", "w4a16-nvfp4", "w8a16-fp8"])
+def test_mgpu_shared_x_lowers_for_h200(name, m, cfg):
+  """Warpgroups splitting N over one shared x tile (MgpuConfig.split_warpgroups="n"; not
+  a default until timed): 8192^2 at the benchmark's M, up to four warpgroups (the CPU
+  interpreter tests stop at two).  ``run`` lowers the stages to what fits."""
+  p = abstract_params(name, (8192, 8192))
+  x = jax.ShapeDtypeStruct((m, 8192), jnp.bfloat16)
+  assert "mosaic_gpu" in lower_for_h200(lambda p, x: mg.run(p, x, config=cfg), p, x)
+
+
+@pytest.mark.parametrize("shape,tokens,topk", [((256, 7168, 512), 1024, 8),
+                                               ((8, 4096, 28672), 1024, 2)])
+def test_mgpu_grouped_shared_x_lowers_for_h200(shape, tokens, topk):
+  """The grouped kernel's prefill tiles with four warpgroups sharing each x tile."""
+  from humming_jax.kernels import grouped_wna16_mgpu as gm
+  q = jax.eval_shape(lambda w: hj.quantize(w, hj.QuantSpec.preset("w4a16-g128-zp")),
+                     jax.ShapeDtypeStruct(shape, jnp.float32))
+  p = jax.eval_shape(gm.prepare, q)
+  x = jax.ShapeDtypeStruct((tokens * topk, shape[1]), jnp.bfloat16)
+  gs = jax.ShapeDtypeStruct((shape[0],), jnp.int32)
+  bm = gm.block_rows(tokens * topk, shape[0])
+  cfg = mg.Config(bm, 4, 1, warpgroups=4, scale_after_mma=True, split_warpgroups="n")
+  assert "mosaic_gpu" in lower_for_h200(lambda p, x, gs: gm.run(p, x, gs, config=cfg),
+                                        p, x, gs)

@@ -431,3 +431,36 @@ def test_prepare_params_pairs_nnx_stacks_and_honours_float32():
   assert families(hj.recipes.prepare_params(state, backend="interpret",
                                             x_dtype=jnp.float32)) == {
       "gate_up": "grouped_wna16", "down": "grouped_wna16"}
+
+
+@pytest.mark.parametrize("m,sizes", [(30, [7, 0, 20, 3]), (300, [90, 0, 200, 10])])
+def test_shared_x_tiles_interpret(m, sizes):
+  """Two warpgroups splitting N over one shared x tile per slot (split_warpgroups="n"):
+  16-row tiles (30 rows) and 96-row tiles (300 rows; block_rows), against the reference."""
+  from humming_jax.kernels import wna16_mgpu
+  q, x = make("w4a16-g128-zp", 4, 256, 256, m, True, seed=61)
+  g = jnp.asarray(sizes, jnp.int32)
+  assert gm.block_rows(m, 4) == {30: 16, 300: 96}[m]
+  cfg = wna16_mgpu.Config(64, 2, 1, warpgroups=2, scale_after_mma=True, split_warpgroups="n")
+  y = jax.jit(lambda p, x, g: gm.run(p, x, g, interpret=True, config=cfg))(gm.prepare(q), x, g)
+  assert rel(y, reference.ragged_dot_reference(q, x, g)) <= TOL
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape,tokens,topk", [((256, 7168, 512), 1024, 8),
+                                               ((8, 4096, 28672), 256, 2)])
+def test_shared_x_tiles_gpu(shape, tokens, topk):
+  """Four warpgroups sharing each x tile at the MoE benchmark's prefill shapes."""
+  from humming_jax import moe
+  from humming_jax.kernels import wna16_mgpu
+  e, k, n = shape
+  q, x = make("w4a16-g128-zp", e, k, n, tokens * topk, False, seed=62)
+  _, ids = moe.topk_routing(jax.random.normal(jax.random.key(3), (tokens, e)), topk)
+  g = jnp.bincount(ids.reshape(-1), length=e).astype(jnp.int32)
+  cfg = wna16_mgpu.Config(gm.block_rows(tokens * topk, e), 4, 1, warpgroups=4,
+                          scale_after_mma=True, split_warpgroups="n")
+  y = jax.jit(lambda p, x, g: gm.run(p, x, g, config=cfg))(jax.jit(gm.prepare)(q), x, g)
+  ref = jax.jit(reference.ragged_dot_reference)(q, x, g)
+  e_ = rel(y, ref)
+  print(f"shared x {shape} tokens={tokens}: rel err {e_:.2e}")
+  assert e_ <= TOL

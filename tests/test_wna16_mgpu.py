@@ -76,6 +76,23 @@ CASES = [  # (spec, M, K, N, bias, config)
      136, True, mg.Config(64, 2, 1)),
     (hj.QuantSpec("int4", "channel", 0, scale_dtype="fp8_e4m3", global_scale=True), 5, 512,
      64, True, mg.Config(64, 2, 1, split_k=2)),  # both rows after the XLA sum
+    # warpgroups split N and share one x tile per slot (split_warpgroups="n").  Two
+    # warpgroups at most here: with three or more, the GPU interpreter on a 2-core machine
+    # can leave one warpgroup thread unscheduled while the others wait on their barriers
+    # (seen in session 9; the H200 lowering test covers four).
+    (hj.QuantSpec.preset("w4a16-g128-zp"), 5, 512, 256, True,
+     mg.Config(64, 2, 1, warpgroups=2, split_warpgroups="n")),
+    (hj.QuantSpec.preset("w4a16-mxfp4"), 16, 512, 128, False,
+     mg.Config(64, 3, 2, warpgroups=2, scale_after_mma=True, split_warpgroups="n")),
+    (hj.QuantSpec.preset("w4a16-nvfp4"), 70, 256, 200, True,  # N pad; 2 M tiles
+     mg.Config(64, 2, 1, warpgroups=2, split_warpgroups="n")),
+    (hj.QuantSpec.preset("w8a16"), 9, 1024, 128, True,  # column scale after the split sum
+     mg.Config(64, 2, 1, warpgroups=2, split_k=2, split_warpgroups="n")),
+    (hj.QuantSpec("uint4", "group", 128, zero_point=True), 3, 512, 128, True,
+     mg.Config(64, 2, 1, warpgroups=2, scale_after_mma=True, zero_point_mma=True,
+               split_warpgroups="n")),
+    (hj.QuantSpec.preset("w4a16-g128"), 128, 512, 192, True,  # 3 column blocks: 1 warpgroup
+     mg.Config(128, 2, 1, warpgroups=2, scale_after_mma=True, split_warpgroups="n")),
     # token rows past M through TMA bounds (no XLA pad / slice), incl. N pad and 2 M tiles
     (hj.QuantSpec.preset("w4a16-g128-zp"), 1, 512, 128, True,
      mg.Config(64, 2, 1, warpgroups=4, unpadded_rows=True)),
@@ -229,6 +246,18 @@ def test_shared_memory_estimate_with_column_scales(name, cfg, args, monkeypatch)
   assert 0 <= mg.smem_bytes(*args) - count < 2048, (mg.smem_bytes(*args), count)
 
 
+@pytest.mark.parametrize("m,cfg,args", [
+    (128, mg.Config(128, 6, 1, warpgroups=4, split_warpgroups="n"),
+     (128, 6, 1, 128, 4, True, 2, 4, False, 1, False, True)),
+    (64, mg.Config(64, 8, 2, warpgroups=2, scale_after_mma=True, split_warpgroups="n"),
+     (64, 8, 2, 128, 4, True, 2, 2, False, 1, False, True)),
+])
+def test_shared_memory_estimate_with_shared_x(m, cfg, args, monkeypatch):
+  """Warpgroups splitting N: one x tile per slot, an output tile and epilogue rows each."""
+  count = _mosaic_smem_count(m, 8192, cfg, monkeypatch)
+  assert 0 <= mg.smem_bytes(*args) - count < 4096, (mg.smem_bytes(*args), count)
+
+
 def test_channel_scales_are_one_float32_epilogue_row():
   """Per-channel params keep one float32 (1, Np) scale row (no per-K-tile rows, no per-call
   cast); params laid out the old way (a row per K tile) are refused by name."""
@@ -354,7 +383,10 @@ def test_heuristic_splits_k_only_for_narrow_n():
                                  mg.Config(64, 4, 1, warpgroups=4, scale_after_mma=True),
                                  mg.Config(64, 4, 1, warpgroups=2, scale_after_mma=True,
                                            zero_point_mma=True),
-                                 mg.Config(64, 4, 1, warpgroups=4, unpadded_rows=True)])
+                                 mg.Config(64, 4, 1, warpgroups=4, unpadded_rows=True),
+                                 mg.Config(128, 4, 1, warpgroups=4, scale_after_mma=True,
+                                           split_warpgroups="n"),
+                                 mg.Config(64, 4, 1, warpgroups=2, split_warpgroups="n")])
 def test_configs_gpu(cfg):
   spec = hj.QuantSpec.preset("w4a16-g128-zp")
   q, x = make(spec, 100, 4096, 1024, True, seed=5)

@@ -87,8 +87,17 @@ class MgpuConfig:
   # fewer per pair than shifting each pair down first).  H200, 8192^2, M = 1, CUPTI:
   # MXFP4 21.6 -> 19.2 us, NVFP4 21.4 -> 19.3, same output (benchmarks/NOTES.md v8): on.
   fp4_whole_registers: bool = True
+  # What the warpgroups of a CTA split: "k" (each its own K range of the same 64 output
+  # columns, summed in SMEM: decode hides the dequant -> WGMMA latency this way) or "n"
+  # (each its own 64 columns over all of K, sharing one x tile in SMEM: the x tile is read
+  # from L2 once per CTA instead of once per 64 columns -- the traffic that bounds
+  # 128-row tiles, ~2 MB of x per 64 columns at 8192^2 M = 128; NOTES.md v11).  Not yet
+  # timed: off.
+  split_warpgroups: str = "k"
 
   def __post_init__(self):
+    if self.split_warpgroups not in ("k", "n"):
+      raise ValueError(f"split_warpgroups={self.split_warpgroups!r}: expected 'k' or 'n'")
     if self.split_k < 1:
       raise ValueError(f"split_k={self.split_k} must be >= 1")
     if self.warpgroups not in (1, 2, 3, 4):
@@ -112,9 +121,15 @@ def mgpu_candidates(m: int) -> list[MgpuConfig]:
             + [MgpuConfig(64, 4, 1, split_k=4), MgpuConfig(64, 6, 2)]
             + [MgpuConfig(64, 4, sub, warpgroups=4, scale_after_mma=True) for sub in (1, 2)]
             + [MgpuConfig(64, 4, 1, warpgroups=4, scale_after_mma=True,
-                          zero_point_mma=True)])
-  return [MgpuConfig(128, 4, 1), MgpuConfig(128, 2, 2), MgpuConfig(64, 4, 1),
-          MgpuConfig(128, 4, 1, warpgroups=2)]
+                          zero_point_mma=True)]
+            + [MgpuConfig(64, 4, 1, warpgroups=2, scale_after_mma=True,
+                          split_warpgroups="n")])
+  return ([MgpuConfig(128, 4, 1), MgpuConfig(128, 2, 2), MgpuConfig(64, 4, 1),
+           MgpuConfig(128, 4, 1, warpgroups=2)]
+          + [MgpuConfig(128, 4, 1, warpgroups=w, scale_after_mma=True, split_warpgroups="n")
+             for w in (2, 4)]
+          + [MgpuConfig(128, 4, 1, warpgroups=2, scale_after_mma=True, split_k=2,
+                        split_warpgroups="n")])
 
 
 def device_kind() -> str:

@@ -339,16 +339,21 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
   steps = k_steps // split  # pipeline steps per CTA
   fused_epilogue = split == 1  # else f32 partials (split, Np, Mp), summed by XLA
   out_bytes = 2 if fused_epilogue else 4
-  wgs = _divisor(config.warpgroups, steps)  # each streams steps_w of them
+  # Warpgroups split K (each streams steps_w of the steps into its own buffers) or, with
+  # share_x, N (each its own 64 columns over every step, one x tile shared in SMEM).
+  share_x = config.split_warpgroups == "n"
+  splits = np_ // BLOCK_N if share_x else steps  # what the warpgroups divide
+  wgs = _divisor(config.warpgroups, splits)
   while not explicit and wgs > 1 and smem_bytes(
-      block_m, min(2, steps // wgs), sub, bk, bits, has_zeros, out_bytes, wgs,
-      zero_mma, gpt, col) > SMEM_BYTES:
-    wgs = _divisor(wgs - 1, steps)  # e.g. group 256 x 64 tokens: 4 warpgroups do not fit
-  steps_w = steps // wgs
-  stages = min(config.stages, steps_w, MAX_BARRIERS // wgs)
+      block_m, min(2, steps if share_x else steps // wgs), sub, bk, bits, has_zeros,
+      out_bytes, wgs, zero_mma, gpt, col, share_x) > SMEM_BYTES:
+    wgs = _divisor(wgs - 1, splits)  # e.g. group 256 x 64 tokens: 4 warpgroups do not fit
+  steps_w = steps if share_x else steps // wgs
+  stages = min(config.stages, steps_w, MAX_BARRIERS // (1 if share_x else wgs))
   stages = fit_stages(dataclasses.replace(config, stages=stages, substeps=sub, warpgroups=wgs),
                       block_m, bk, bits, has_zeros, out_bytes=out_bytes, scale_rows=gpt,
                       column_scale=col)
+  eg = wgs if share_x else 1  # warpgroups with their own epilogue (output columns)
   has_bias = params.bias is not None and fused_epilogue  # added in the kernel
   # Epilogue rows multiplied in the kernel: the global scale, the column scale.
   scale_rows = [r for r in (params.global_scale, params.scales if col else None)
@@ -361,7 +366,8 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
   o_tf = _swizzled(BLOCK_N, 16, "o") if fused_epilogue else _swizzled(block_m, 32, "o")
 
   def kernel(*refs, x_buf, w_buf, bars, o_smem, s_buf=None, z_buf=None, red_smem=None,
-             red_bar=None, ep_smem=None, ep_barrier=None, a_smem=None, ones_smem=None):
+             red_bar=None, ep_smem=None, ep_barrier=None, a_smem=None, ones_smem=None,
+             free=None, out_bar=None):
     rest = list(refs)
     sched_gmem = rest.pop(0) if grouped else None
     x_gmem, w_gmem = rest.pop(0), rest.pop(0)
@@ -372,37 +378,53 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
     ni, mi, ki = lax.axis_index("n"), lax.axis_index("m"), lax.axis_index("k")
     ms = pl.ds(mi * block_m, block_m)  # output rows (and x rows when dense)
     wg = lax.axis_index("wg")
-    ns = pl.ds(ni * BLOCK_N, BLOCK_N)
-    first_tile = (ki * steps + wg * steps_w) * sub  # this warpgroup's K range
+    cols = lambda g: pl.ds((ni * eg + g) * BLOCK_N, BLOCK_N)  # warpgroup g's columns
+    ns = cols(wg if share_x else 0)
+    first_tile = (ki * steps + (0 if share_x else wg * steps_w)) * sub  # this K range
+    e = wg if share_x else 0  # this warpgroup's epilogue slot
 
     def tile(xs, pick):  # xs: the x rows; pick: the tile's expert's arrays (dense: same)
-      if n_ep:  # in flight during the K loop; warpgroup 0 runs the epilogue
-        @pl.when(wg == 0)
+      if n_ep:  # in flight during the K loop; warpgroup 0 (share_x: each) runs the epilogue
+        @pl.when(wg == 0)  # (share_x: for every warpgroup; one issuer of all copies)
         def _():
-          for i, v_gmem in enumerate(ep_gmem):
-            plgpu.copy_gmem_to_smem(pick(v_gmem).at[:, ns], ep_smem.at[pl.ds(i, 1)],
-                                    ep_barrier)
+          for g in range(eg):
+            for i, v_gmem in enumerate(ep_gmem):
+              plgpu.copy_gmem_to_smem(pick(v_gmem).at[:, cols(g)],
+                                      ep_smem.at[pl.ds(g * n_ep + i, 1)], ep_barrier.at[g])
 
       # The TMA pipeline by hand: plgpu.emit_pipeline allocates per-thread scratch, which a
-      # kernel of several warpgroups cannot have; each warpgroup owns buffers [wg, slot].
-      def fetch(step, slot):
-        t = first_tile + step * sub
-        bar = bars.at[wg * stages + slot]
-        plgpu.copy_gmem_to_smem(x_gmem.at[xs, pl.ds(t * bk, sub * bk)], x_buf.at[wg, slot], bar)
+      # kernel of several warpgroups cannot have; each warpgroup owns buffers [wg, slot]
+      # (share_x: warpgroup 0 fills every warpgroup's slot and the one shared x tile).
+      def fetch_one(t, slot, g, ng, bar):  # warpgroup g's weight, scale and zero rows
         if direct:  # (Np, Kp): one (BLOCK_N, bk) box per K tile, same SMEM tile
           for j in range(sub):
-            plgpu.copy_gmem_to_smem(w_gmem.at[ns, pl.ds((t + j) * bk, bk)],
-                                    w_buf.at[wg, slot, j], bar)
+            plgpu.copy_gmem_to_smem(w_gmem.at[ng, pl.ds((t + j) * bk, bk)],
+                                    w_buf.at[g, slot, j], bar)
         else:
-          plgpu.copy_gmem_to_smem(pick(w_gmem).at[pl.ds(t, sub), ns], w_buf.at[wg, slot], bar)
+          plgpu.copy_gmem_to_smem(pick(w_gmem).at[pl.ds(t, sub), ng], w_buf.at[g, slot], bar)
         rows = pl.ds(t * gpt, sub * gpt)
         if not col:
-          plgpu.copy_gmem_to_smem(pick(s_gmem).at[rows, ns], s_buf.at[wg, slot], bar)
+          plgpu.copy_gmem_to_smem(pick(s_gmem).at[rows, ng], s_buf.at[g, slot], bar)
         if has_zeros:
-          plgpu.copy_gmem_to_smem(pick(z_gmem).at[rows, ns], z_buf.at[wg, slot], bar)
+          plgpu.copy_gmem_to_smem(pick(z_gmem).at[rows, ng], z_buf.at[g, slot], bar)
+
+      def fetch(step, slot):
+        t = first_tile + step * sub
+        x_src = x_gmem.at[xs, pl.ds(t * bk, sub * bk)]
+        if not share_x:
+          bar = bars.at[wg * stages + slot]
+          plgpu.copy_gmem_to_smem(x_src, x_buf.at[wg, slot], bar)
+          fetch_one(t, slot, wg, ns, bar)
+          return
+
+        @pl.when(wg == 0)
+        def _():
+          plgpu.copy_gmem_to_smem(x_src, x_buf.at[0, slot], bars.at[slot])
+          for g in range(wgs):
+            fetch_one(t, slot, g, cols(g), bars.at[slot])
 
       def compute(slot, acc_ref, total):
-        x_smem = x_buf.at[wg, slot]
+        x_smem = x_buf.at[0 if share_x else wg, slot]
         for j in range(sub):  # MMA j runs while tile j + 1 is dequantized
           w = plgpu.load(w_buf.at[wg, slot, j], layout=_UPCAST[bits],
                          optimized=config.optimized_load)
@@ -462,11 +484,14 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
 
         def body(step, total):
           slot = lax.rem(step, stages)
-          plgpu.barrier_wait(bars.at[wg * stages + slot])
+          plgpu.barrier_wait(bars.at[slot if share_x else wg * stages + slot])
           total = compute(slot, acc_ref, total)
 
           @pl.when(step + stages < steps_w)
           def _():
+            if share_x:  # this warpgroup is done with the shared slot; warpgroup 0
+              plgpu.barrier_arrive(free.at[slot])  # refills it once every one is
+              pl.when(wg == 0)(lambda: plgpu.barrier_wait(free.at[slot]))
             fetch(step + stages, slot)
           return total
 
@@ -477,36 +502,46 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
         return total if after else acc_ref[...]
 
       acc = pl.run_scoped(scoped, plgpu.ACC((BLOCK_N, block_m), jnp.float32))
-      if wgs > 1:  # partial sums of warpgroups 1.. -> shared memory -> warpgroup 0
+      if wgs > 1 and not share_x:  # partial sums of warpgroups 1.. -> SMEM -> warpgroup 0
         @pl.when(wg > 0)
         def _():
           red_smem.at[wg - 1][...] = acc
           plgpu.barrier_arrive(red_bar)
 
-      @pl.when(wg == 0)
+      @pl.when((wg == 0) | share_x)
       def _epilogue():
         y = acc
-        if wgs > 1:
+        if wgs > 1 and not share_x:
           plgpu.barrier_wait(red_bar)
           for i in range(wgs - 1):
             y = y + plgpu.load(red_smem.at[i], layout=_WGMMA)
+        out_smem = o_smem.at[e]
         if not fused_epilogue:
-          o_smem[...] = y
-          plgpu.commit_smem()
-          plgpu.copy_smem_to_gmem(o_smem, o_gmem.at[ki, ns, ms])
-          plgpu.wait_smem_to_gmem(0)
-          return
-        if n_ep:
-          plgpu.barrier_wait(ep_barrier)
-          ep = lambda i: lax.broadcast_in_dim(plgpu.load(ep_smem.at[i], layout=_ROW), y.shape, [0])
-          for i in range(len(scale_rows)):
-            y = y * ep(i)
-          if has_bias:
-            y = y + ep(n_ep - 1)
-        o_smem.T[...] = plgpu.layout_cast(y.astype(cdt), _TRANSPOSED)
+          out_smem[...] = y
+        else:
+          if n_ep:
+            plgpu.barrier_wait(ep_barrier.at[e])
+            ep = lambda i: lax.broadcast_in_dim(
+                plgpu.load(ep_smem.at[e * n_ep + i], layout=_ROW), y.shape, [0])
+            for i in range(len(scale_rows)):
+              y = y * ep(i)
+            if has_bias:
+              y = y + ep(n_ep - 1)
+          out_smem.T[...] = plgpu.layout_cast(y.astype(cdt), _TRANSPOSED)
         plgpu.commit_smem()
-        plgpu.copy_smem_to_gmem(o_smem, o_gmem.at[ms, ns])
-        plgpu.wait_smem_to_gmem(0)
+        if share_x and wgs > 1:  # warpgroup 0 stores every warpgroup's tile (one issuer,
+          @pl.when(wg > 0)       # as for the loads)
+          def _():
+            plgpu.barrier_arrive(out_bar)
+
+        @pl.when(wg == 0)
+        def _store():
+          if share_x and wgs > 1:
+            plgpu.barrier_wait(out_bar)
+          for g in range(eg):
+            dst = o_gmem.at[ms, cols(g)] if fused_epilogue else o_gmem.at[ki, cols(g), ms]
+            plgpu.copy_smem_to_gmem(o_smem.at[g], dst)
+          plgpu.wait_smem_to_gmem(0)
 
     if not grouped:
       tile(ms, lambda ref: ref)
@@ -516,27 +551,33 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
       pl.when(kind == 1)(lambda: tile(xs, lambda ref: ref.at[expert]))
 
   row_buf = lambda: plgpu.SMEM((wgs, stages, sub * gpt, BLOCK_N), cdt)
+  copies = (sub if direct else 1) + (not col) + has_zeros  # per warpgroup and slot, + x
   scratch = dict(
-      x_buf=plgpu.SMEM((wgs, stages, block_m, sub * bk), cdt, transforms=x_tf),
+      x_buf=plgpu.SMEM((1 if share_x else wgs, stages, block_m, sub * bk), cdt,
+                       transforms=x_tf),
       w_buf=plgpu.SMEM((wgs, stages, sub, BLOCK_N, bk), params.codes.dtype, transforms=w_tf),
-      bars=plgpu.Barrier(num_arrivals=1 + (sub if direct else 1) + (not col) + has_zeros,
-                         num_barriers=wgs * stages))
+      bars=(plgpu.Barrier(num_arrivals=1 + wgs * copies, num_barriers=stages) if share_x
+            else plgpu.Barrier(num_arrivals=1 + copies, num_barriers=wgs * stages)))
+  if share_x:  # slot released: one arrival per warpgroup; output tiles written
+    scratch["free"] = plgpu.Barrier(num_arrivals=wgs, num_barriers=stages)
+    if wgs > 1:
+      scratch["out_bar"] = plgpu.Barrier(num_arrivals=wgs - 1)
   if not col:
     scratch["s_buf"] = row_buf()
   if has_zeros:
     scratch["z_buf"] = row_buf()
-  if wgs > 1:
+  if wgs > 1 and not share_x:
     scratch["red_smem"] = plgpu.SMEM((wgs - 1, BLOCK_N, block_m), jnp.float32, transforms=r_tf)
     scratch["red_bar"] = plgpu.Barrier(num_arrivals=wgs - 1)  # counted in warpgroups
   if fused_epilogue:
-    scratch["o_smem"] = plgpu.SMEM((block_m, BLOCK_N), cdt, transforms=o_tf)
+    scratch["o_smem"] = plgpu.SMEM((eg, block_m, BLOCK_N), cdt, transforms=o_tf)
     out_type = jax.ShapeDtypeStruct((mp if grouped else rows, np_), cdt)
   else:
-    scratch["o_smem"] = plgpu.SMEM((BLOCK_N, block_m), jnp.float32, transforms=o_tf)
+    scratch["o_smem"] = plgpu.SMEM((eg, BLOCK_N, block_m), jnp.float32, transforms=o_tf)
     out_type = jax.ShapeDtypeStruct((split, np_, mp), jnp.float32)
   if n_ep:
-    scratch.update(ep_smem=plgpu.SMEM((n_ep, BLOCK_N), jnp.float32),
-                   ep_barrier=plgpu.Barrier(num_arrivals=n_ep))
+    scratch.update(ep_smem=plgpu.SMEM((eg * n_ep, BLOCK_N), jnp.float32),
+                   ep_barrier=plgpu.Barrier(num_arrivals=n_ep, num_barriers=eg))
   operands.extend(scale_rows)  # (1, Np) float32 rows (per expert when grouped)
   if has_bias:  # (1, Np) float32 row (per expert when grouped)
     bias = params.bias.astype(jnp.float32)
@@ -549,7 +590,7 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
     scratch["ones_smem"] = plgpu.SMEM((wgs, BLOCK_N, bk), cdt, transforms=a_tf)
   out = plgpu.kernel(
       kernel, out_type=out_type,
-      grid=(np_ // BLOCK_N, mp // block_m, split), grid_names=("n", "m", "k"),
+      grid=(np_ // (BLOCK_N * eg), mp // block_m, split), grid_names=("n", "m", "k"),
       num_threads=wgs, thread_name="wg", scratch_types=scratch,
       interpret=plgpu.InterpretGPUParams() if interpret else False,
   )(*operands)
@@ -611,19 +652,23 @@ MAX_BARRIERS = 32  # mbarriers in one Mosaic GPU barrier group: warpgroups x sta
 def smem_bytes(block_m: int, stages: int, substeps: int, block_k: int, bits: int,
                has_zeros: bool, out_bytes: int = 2, warpgroups: int = 1,
                ones_tile: bool = False, scale_rows: int = 1,
-               column_scale: bool = False) -> int:
+               column_scale: bool = False, share_x: bool = False) -> int:
   """Shared memory the kernel allocates: each scratch buffer rounded up to Mosaic's 1 KB
   alignment (checked against Mosaic's count in tests/test_wna16_mgpu.py).
   ``scale_rows``: scale (and zero) rows per K tile; ``column_scale``: no scale rows (the
-  scale is an epilogue row)."""
+  scale is an epilogue row); ``share_x``: warpgroups split N and share one x tile per
+  slot (``MgpuConfig.split_warpgroups="n"``: no reduction buffer, an epilogue each)."""
   kb = tuning.smem_round
   slots = warpgroups * stages * substeps
   rows = kb(slots * scale_rows * BLOCK_N * 2) * ((not column_scale) + has_zeros)
-  return (kb(slots * block_m * block_k * 2) + kb(slots * BLOCK_N * block_k * bits // 8)
-          + rows + kb((warpgroups - 1) * BLOCK_N * block_m * 4)
-          + kb(block_m * BLOCK_N * out_bytes) + kb(BLOCK_N * 4)
+  x_slots = stages * substeps if share_x else slots
+  eg = warpgroups if share_x else 1  # epilogues (output tiles, epilogue rows)
+  return (kb(x_slots * block_m * block_k * 2) + kb(slots * BLOCK_N * block_k * bits // 8)
+          + rows + (0 if share_x else kb((warpgroups - 1) * BLOCK_N * block_m * 4))
+          + kb(eg * block_m * BLOCK_N * out_bytes) + kb(eg * 3 * BLOCK_N * 4)
           + (kb(warpgroups * BLOCK_N * block_k * 2) if ones_tile else 0)
-          + 8 * (warpgroups * stages + 2))  # mbarriers: pipeline, reduction, epilogue
+          # mbarriers: pipeline (+ slot release), reduction, epilogue
+          + 8 * (2 * stages + eg if share_x else warpgroups * stages + 2))
 
 
 def _ones_tile(config: Config, has_zeros: bool) -> bool:
@@ -637,7 +682,7 @@ def fit_stages(config: Config, block_m: int, block_k: int, bits: int, has_zeros:
   size = lambda st: smem_bytes(block_m, st, config.substeps, block_k, bits, has_zeros,
                                out_bytes, config.warpgroups,
                                _ones_tile(config, has_zeros) and scale_rows == 1, scale_rows,
-                               column_scale)
+                               column_scale, config.split_warpgroups == "n")
   while stages > 2 and size(stages) > SMEM_BYTES:
     stages -= 1
   need = size(stages)
