@@ -382,6 +382,8 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
     ns = cols(wg if share_x else 0)
     first_tile = (ki * steps + (0 if share_x else wg * steps_w)) * sub  # this K range
     e = wg if share_x else 0  # this warpgroup's epilogue slot
+    # share_x: one output tile and epilogue barrier per warpgroup (else the single ones)
+    own = (lambda ref, i: ref.at[i]) if share_x else (lambda ref, i: ref)
 
     def tile(xs, pick):  # xs: the x rows; pick: the tile's expert's arrays (dense: same)
       if n_ep:  # in flight during the K loop; warpgroup 0 (share_x: each) runs the epilogue
@@ -390,7 +392,7 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
           for g in range(eg):
             for i, v_gmem in enumerate(ep_gmem):
               plgpu.copy_gmem_to_smem(pick(v_gmem).at[:, cols(g)],
-                                      ep_smem.at[pl.ds(g * n_ep + i, 1)], ep_barrier.at[g])
+                                      ep_smem.at[pl.ds(g * n_ep + i, 1)], own(ep_barrier, g))
 
       # The TMA pipeline by hand: plgpu.emit_pipeline allocates per-thread scratch, which a
       # kernel of several warpgroups cannot have; each warpgroup owns buffers [wg, slot]
@@ -515,12 +517,12 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
           plgpu.barrier_wait(red_bar)
           for i in range(wgs - 1):
             y = y + plgpu.load(red_smem.at[i], layout=_WGMMA)
-        out_smem = o_smem.at[e]
+        out_smem = own(o_smem, e)
         if not fused_epilogue:
           out_smem[...] = y
         else:
           if n_ep:
-            plgpu.barrier_wait(ep_barrier.at[e])
+            plgpu.barrier_wait(own(ep_barrier, e))
             ep = lambda i: lax.broadcast_in_dim(
                 plgpu.load(ep_smem.at[e * n_ep + i], layout=_ROW), y.shape, [0])
             for i in range(len(scale_rows)):
@@ -529,19 +531,22 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
               y = y + ep(n_ep - 1)
           out_smem.T[...] = plgpu.layout_cast(y.astype(cdt), _TRANSPOSED)
         plgpu.commit_smem()
-        if share_x and wgs > 1:  # warpgroup 0 stores every warpgroup's tile (one issuer,
-          @pl.when(wg > 0)       # as for the loads)
-          def _():
-            plgpu.barrier_arrive(out_bar)
 
-        @pl.when(wg == 0)
-        def _store():
-          if share_x and wgs > 1:
-            plgpu.barrier_wait(out_bar)
+        def store():
           for g in range(eg):
             dst = o_gmem.at[ms, cols(g)] if fused_epilogue else o_gmem.at[ki, cols(g), ms]
-            plgpu.copy_smem_to_gmem(o_smem.at[g], dst)
+            plgpu.copy_smem_to_gmem(own(o_smem, g), dst)
           plgpu.wait_smem_to_gmem(0)
+        if not (share_x and wgs > 1):
+          store()  # warpgroup 0 (or the only one)
+          return
+        # share_x: warpgroup 0 stores every warpgroup's tile (one issuer, as for the loads)
+        pl.when(wg > 0)(lambda: plgpu.barrier_arrive(out_bar))
+
+        @pl.when(wg == 0)
+        def _():
+          plgpu.barrier_wait(out_bar)
+          store()
 
     if not grouped:
       tile(ms, lambda ref: ref)
@@ -570,14 +575,16 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
     scratch["red_smem"] = plgpu.SMEM((wgs - 1, BLOCK_N, block_m), jnp.float32, transforms=r_tf)
     scratch["red_bar"] = plgpu.Barrier(num_arrivals=wgs - 1)  # counted in warpgroups
   if fused_epilogue:
-    scratch["o_smem"] = plgpu.SMEM((eg, block_m, BLOCK_N), cdt, transforms=o_tf)
+    scratch["o_smem"] = plgpu.SMEM((eg,) * share_x + (block_m, BLOCK_N), cdt, transforms=o_tf)
     out_type = jax.ShapeDtypeStruct((mp if grouped else rows, np_), cdt)
   else:
-    scratch["o_smem"] = plgpu.SMEM((eg, BLOCK_N, block_m), jnp.float32, transforms=o_tf)
+    scratch["o_smem"] = plgpu.SMEM((eg,) * share_x + (BLOCK_N, block_m), jnp.float32,
+                                   transforms=o_tf)
     out_type = jax.ShapeDtypeStruct((split, np_, mp), jnp.float32)
   if n_ep:
     scratch.update(ep_smem=plgpu.SMEM((eg * n_ep, BLOCK_N), jnp.float32),
-                   ep_barrier=plgpu.Barrier(num_arrivals=n_ep, num_barriers=eg))
+                   ep_barrier=plgpu.Barrier(num_arrivals=n_ep, num_barriers=eg) if share_x
+                   else plgpu.Barrier(num_arrivals=n_ep))
   operands.extend(scale_rows)  # (1, Np) float32 rows (per expert when grouped)
   if has_bias:  # (1, Np) float32 row (per expert when grouped)
     bias = params.bias.astype(jnp.float32)
