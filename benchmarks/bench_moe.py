@@ -23,7 +23,6 @@ Prints a table, writes JSON to $OUT or benchmarks/results/.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import functools
 import sys
 import time
@@ -98,8 +97,7 @@ def ragged_dot_fn(spec_name):
   from humming_jax.kernels import grouped_wna16_mgpu as gm, wna16_mgpu  # noqa: PLC0415
 
   def run(p, xg):
-    cfg = dataclasses.replace(wna16_mgpu.heuristic(gm.block_rows(xg[0].shape[0], p.shape[0])),
-                              warpgroups=4, scale_after_mma=True, split_warpgroups="n")
+    cfg = wna16_mgpu.shared_x_config(gm.block_rows(xg[0].shape[0], p.shape[0]))
     return gm.run(p, xg[0], xg[1], config=cfg)
   return run
 

@@ -20,7 +20,7 @@ T 80 python3 -m pytest tests/test_wna16_mgpu.py tests/test_grouped_wna16_mgpu.py
 grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/gpu_tests.log" | cut -c1-200 | tail -8
 step profile_shared_x
 T 70 python3 benchmarks/profile_mgpu.py --ms 128,64 \
-  --configs default,wg4-after-xn,wg2-after-xn,wg2-after-xn-split2 --iterations 3 \
+  --configs default,wg4-acc-xn,wg2-xn,wg2-xn-split2 --iterations 3 \
   > "$OUT/profile_shared_x.log" 2>&1
 grep -E "^M=" "$OUT/profile_shared_x.log" | cut -c1-220
 step moe_shared_x

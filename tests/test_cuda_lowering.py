@@ -144,7 +144,7 @@ def test_mgpu_grouped_prefill_tiles_lower_for_h200(shape, tokens, topk):
 
 
 @pytest.mark.parametrize("m,cfg", [
-    (128, mg.Config(128, 4, 1, warpgroups=4, scale_after_mma=True, split_warpgroups="n")),
+    (128, mg.shared_x_config(128)),
     (128, mg.Config(128, 4, 1, warpgroups=2, scale_after_mma=True, split_warpgroups="n")),
     (64, mg.Config(64, 4, 1, warpgroups=4, scale_after_mma=True, split_warpgroups="n")),
     (128, mg.Config(128, 4, 1, warpgroups=2, split_k=2, split_warpgroups="n")),
@@ -170,6 +170,7 @@ def test_mgpu_grouped_shared_x_lowers_for_h200(shape, tokens, topk):
   x = jax.ShapeDtypeStruct((tokens * topk, shape[1]), jnp.bfloat16)
   gs = jax.ShapeDtypeStruct((shape[0],), jnp.int32)
   bm = gm.block_rows(tokens * topk, shape[0])
-  cfg = mg.Config(bm, 4, 1, warpgroups=4, scale_after_mma=True, split_warpgroups="n")
+  cfg = mg.shared_x_config(bm)
+  assert cfg.scale_after_mma == (bm <= 64) and cfg.split_warpgroups == "n"
   assert "mosaic_gpu" in lower_for_h200(lambda p, x, gs: gm.run(p, x, gs, config=cfg),
                                         p, x, gs)

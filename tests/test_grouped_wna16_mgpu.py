@@ -457,8 +457,7 @@ def test_shared_x_tiles_gpu(shape, tokens, topk):
   q, x = make("w4a16-g128-zp", e, k, n, tokens * topk, False, seed=62)
   _, ids = moe.topk_routing(jax.random.normal(jax.random.key(3), (tokens, e)), topk)
   g = jnp.bincount(ids.reshape(-1), length=e).astype(jnp.int32)
-  cfg = wna16_mgpu.Config(gm.block_rows(tokens * topk, e), 4, 1, warpgroups=4,
-                          scale_after_mma=True, split_warpgroups="n")
+  cfg = wna16_mgpu.shared_x_config(gm.block_rows(tokens * topk, e))
   y = jax.jit(lambda p, x, g: gm.run(p, x, g, config=cfg))(jax.jit(gm.prepare)(q), x, g)
   ref = jax.jit(reference.ragged_dot_reference)(q, x, g)
   e_ = rel(y, ref)

@@ -384,8 +384,7 @@ def test_heuristic_splits_k_only_for_narrow_n():
                                  mg.Config(64, 4, 1, warpgroups=2, scale_after_mma=True,
                                            zero_point_mma=True),
                                  mg.Config(64, 4, 1, warpgroups=4, unpadded_rows=True),
-                                 mg.Config(128, 4, 1, warpgroups=4, scale_after_mma=True,
-                                           split_warpgroups="n"),
+                                 mg.shared_x_config(128), mg.shared_x_config(64),
                                  mg.Config(64, 4, 1, warpgroups=2, split_warpgroups="n")])
 def test_configs_gpu(cfg):
   spec = hj.QuantSpec.preset("w4a16-g128-zp")

@@ -126,8 +126,9 @@ def mgpu_candidates(m: int) -> list[MgpuConfig]:
                           split_warpgroups="n")])
   return ([MgpuConfig(128, 4, 1), MgpuConfig(128, 2, 2), MgpuConfig(64, 4, 1),
            MgpuConfig(128, 4, 1, warpgroups=2)]
-          + [MgpuConfig(128, 4, 1, warpgroups=w, scale_after_mma=True, split_warpgroups="n")
-             for w in (2, 4)]
+          + [MgpuConfig(128, 4, 1, warpgroups=2, scale_after_mma=True, split_warpgroups="n"),
+             # four warpgroups: 128 registers per thread, no room for the partials
+             MgpuConfig(128, 4, 1, warpgroups=4, split_warpgroups="n")]
           + [MgpuConfig(128, 4, 1, warpgroups=2, scale_after_mma=True, split_k=2,
                         split_warpgroups="n")])
 

@@ -675,7 +675,7 @@ def smem_bytes(block_m: int, stages: int, substeps: int, block_k: int, bits: int
           + kb(eg * block_m * BLOCK_N * out_bytes) + kb(eg * 3 * BLOCK_N * 4)
           + (kb(warpgroups * BLOCK_N * block_k * 2) if ones_tile else 0)
           # mbarriers: pipeline (+ slot release), reduction, epilogue
-          + 8 * (2 * stages + eg if share_x else warpgroups * stages + 2))
+          + 8 * (2 * stages + eg + 1 if share_x else warpgroups * stages + 2))
 
 
 def _ones_tile(config: Config, has_zeros: bool) -> bool:
@@ -720,6 +720,16 @@ def heuristic(m: int, n: int | None = None) -> Config:
     return Config(block_m=64, stages=4, substeps=2 if m <= 16 else 1, warpgroups=4,
                   scale_after_mma=True, unpadded_rows=True, split_k=2 if narrow else 1)
   return Config(block_m=128, stages=4, warpgroups=2, scale_after_mma=True)
+
+
+def shared_x_config(block_m: int, warpgroups: int = 4) -> Config:
+  """The launch shape to time ``split_warpgroups="n"`` with (NOTES.md v11; not a default):
+  ``warpgroups`` warpgroups of 64 columns sharing each x tile.  Scales after the MMA only
+  up to 64 rows: four warpgroups leave 128 registers per thread, and a 128-row tile's
+  accumulator, running sum and K-tile partial would take 3 x 64 of them."""
+  return Config(block_m=min(256, max(64, -(-block_m // 8) * 8)), stages=4,
+                warpgroups=warpgroups, scale_after_mma=block_m <= 64 or warpgroups <= 2,
+                split_warpgroups="n")
 
 
 def dequantize_prepared(params: QuantizedWeight, dtype=jnp.float32, *,
