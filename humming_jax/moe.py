@@ -328,8 +328,9 @@ def quant_moe(gate_up_params: QuantizedWeight, down_params: QuantizedWeight, x: 
   Kernels: each stack runs on the grouped family it was prepared for
   (:func:`prepare_experts` picks for the layer: both on the Mosaic GPU kernel where it
   runs both specs, else each stack's ``hj.prepare(p, grouped=True)`` default; canonical
-  params with bf16 / fp16 tokens get the same choice, prepared inside the call).  When both stacks are on the Mosaic kernel and the tokens are bf16 / fp16, each
-  expert's rows are padded to its tile (:func:`align_tokens`) so every tile reads and
+  params with bf16 / fp16 tokens get the same choice, prepared inside the call).  When
+  both stacks are on the Mosaic kernel and the tokens are bf16 / fp16, each expert's rows
+  are padded to its tile (:func:`align_tokens`) so every tile reads and
   writes its rows in place (no row gather; benchmarks/NOTES_moe.md).  Otherwise (e.g.
   stacks prepared one by one, gate_up on Mosaic and down on Triton) rows are sorted by
   expert (:func:`sort_tokens`) and each GEMM is :func:`quant_ragged_dot` on its own family.

@@ -191,8 +191,8 @@ def _round_scale(s: jax.Array, scale_dtype: str, emax_elem: int) -> jax.Array:
   raise AssertionError(scale_dtype)
 
 
-def _store_scale(s: jax.Array, scale_dtype: str) -> jax.Array:
-  """float32 scale values (already on grid) -> storage array."""
+def store_scale(s: jax.Array, scale_dtype: str) -> jax.Array:
+  """Scale values (already on grid) -> the storage array of ``scale_dtype``."""
   if scale_dtype in _FLOAT_SCALE_DTYPES:
     return s.astype(_FLOAT_SCALE_DTYPES[scale_dtype])
   if scale_dtype == "e8m0":
@@ -303,7 +303,7 @@ def _quantize_arrays(w: jax.Array, spec: QuantSpec):
   finite = ~_block_reduce(~jnp.isfinite(w32), bk, bn, jnp.any)
   s = jnp.where(finite, s, jnp.nan)
   codes = fmt.encode(scaled)
-  return (packing.pack_codes(codes, fmt.bits), _store_scale(s, spec.scale_dtype), zeros,
+  return (packing.pack_codes(codes, fmt.bits), store_scale(s, spec.scale_dtype), zeros,
           global_scale)
 
 

@@ -25,10 +25,11 @@ Status: interpreter-exact, lowers for the H200, GPU tests pass (sessions 6-8).
 :func:`run_aligned` (what ``hj.quant_moe`` uses when both stacks are in this layout) drops
 the gather: tile-aligned segments, rows read and written in place.  Session 8 timed it on
 every MoE benchmark shape (gate_up at 1 / 64 / 1024 tokens, down at 1 / 1024;
-benchmarks/NOTES_moe.md):
-``hj.prepare(..., grouped=True)`` picks it for experts with K >= 4096, where it beats the
-Pallas-Triton grouped kernel at every token count (:func:`priority_for`); with shorter K
-the Triton kernel stays the default (faster at decode).  No split-K.
+benchmarks/NOTES_moe.md): ``hj.prepare(..., grouped=True)`` picks it for experts with
+K >= 4096, where it beats the Pallas-Triton grouped kernel at every token count
+(:func:`priority_for`); with shorter K the Triton kernel stays the per-stack default
+(faster for a lone grouped GEMM at decode).  A whole MoE layer (``moe.prepare_experts``)
+puts both of its stacks here wherever this kernel runs them (session 9).  No split-K.
 """
 from __future__ import annotations
 

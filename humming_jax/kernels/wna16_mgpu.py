@@ -54,7 +54,7 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from humming_jax import packing
 from humming_jax.quantize import (E8M0, QuantizedWeight, expand_scales, scale_block,
-                                  unpacked_codes)
+                                  store_scale, unpacked_codes)
 from humming_jax.kernels import launch, mgpu_convert, registry, tuning
 from humming_jax.spec import QuantSpec
 
@@ -96,8 +96,8 @@ def hopper_or_interpreter() -> bool:
 
 def supports(spec: QuantSpec) -> bool:
   """What ``hj.quant_dense`` routes here (registry): every spec of :func:`runs` (4- and
-  8-bit integer, fp4, fp8 e4m3), on a Hopper GPU or in the interpreter.  W8A16 moved here from the
-  Triton kernel when measured (NOTES.md v9, 8192^2 int8 per channel, CUPTI: 19.8 / 20.6 us
+  8-bit integer, fp4, fp8 e4m3), on a Hopper GPU or in the interpreter.  W8A16 moved here
+  from the Triton kernel when measured (NOTES.md v9, 8192^2 int8 per channel, CUPTI: 19.8 / 20.6 us
   at M = 1 / 16 here vs 24-28 us for the Triton kernel), and fp8 e4m3 weights when
   measured (session 8, 8192^2 per channel, chain of 8: 26.5 / 28.1 us per layer at
   M = 1 / 16 here vs 33.0 on the Triton kernel)."""
@@ -182,8 +182,8 @@ def prepare(params: QuantizedWeight) -> QuantizedWeight:
   codes = codes.astype(_CODE_DTYPE[bits])
   if spec.weight_format.name == FP8:  # the same byte, typed for the in-register cvt
     codes = jax.lax.bitcast_convert_type(codes, jnp.float8_e4m3fn)
-  return params.replace(codes=codes, scales=s, zeros=zeros, global_scale=g,
-                        layout=f"{FAMILY}:b{bits}:bk{bk}" + (":cs" if column_scaled(spec) else ""))
+  layout = f"{FAMILY}:b{bits}:bk{bk}" + (":cs" if column_scaled(spec) else "")
+  return params.replace(codes=codes, scales=s, zeros=zeros, global_scale=g, layout=layout)
 
 
 def column_scaled(spec: QuantSpec) -> bool:
@@ -209,13 +209,7 @@ def to_canonical(prepared: QuantizedWeight) -> QuantizedWeight:
   codes = (codes & ((1 << bits) - 1)).astype(jnp.uint8)
   gk, _ = scale_block(spec, k, n)
   s = prepared.scales[:k // gk if spec.granularity == "group" else 1, :n]
-  if column_scaled(spec):  # float32 row -> the canonical (1, N) dtype (exact: it came from it)
-    s = s.astype(jnp.float8_e4m3fn if spec.scale_dtype == "fp8_e4m3"
-                 else jnp.dtype(spec.scale_dtype))
-  elif spec.scale_dtype == "e8m0":
-    s = E8M0.encode(s.astype(jnp.float32))
-  elif spec.scale_dtype == "fp8_e4m3":
-    s = s.astype(jnp.float8_e4m3fn)
+  s = store_scale(s.astype(jnp.float32), spec.scale_dtype)  # exact: values came from it
   g = prepared.global_scale
   if g is not None:
     g = g[0, 0]
