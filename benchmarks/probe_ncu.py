@@ -1,0 +1,79 @@
+"""One Mosaic WnA16 launch for Nsight Compute: where the decode kernel's time goes.
+
+The weights are made (jax.random: XLA kernels, not profiled) and prepared before the kernel under study runs, then the jitted layer
+runs ``--runs`` times; profile only the Mosaic kernel (its symbol ends in ``_mosaic_gpu``):
+
+  ncu --clock-control none --kernel-name regex:mosaic_gpu --launch-skip 1 --launch-count 1 \\
+      --section SpeedOfLight --section SchedulerStats --section WarpStateStats \\
+      python3 benchmarks/probe_ncu.py --case dense --m 1
+
+Cases: ``dense`` (K x N weights, M token rows, ``--config`` as in profile_mgpu.py) and
+``grouped`` (DeepSeek-V3-style gate_up stack, E experts, top-k routing of ``--m`` tokens,
+through ``grouped_wna16_mgpu.run``).  Question it answers (NOTES.md v5/v6): is the M = 1
+plateau (~17-18 us per 8192^2 int4 layer, ~1.9 TB/s) instruction issue, barrier / TMA
+latency, or DRAM?  The hypothesis of v5 (issue-bound at ~0.5 IPC) was never measured.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+sys.path.insert(0, __file__.rsplit("/", 2)[0])
+import humming_jax as hj  # noqa: E402
+from benchmarks.profile_mgpu import parse_config  # noqa: E402
+from humming_jax import moe  # noqa: E402
+from humming_jax.kernels import grouped_wna16_mgpu, wna16_mgpu  # noqa: E402
+
+
+def main() -> None:
+  ap = argparse.ArgumentParser()
+  ap.add_argument("--case", choices=("dense", "grouped"), default="dense")
+  ap.add_argument("--spec", default="w4a16-g128-zp")
+  ap.add_argument("--m", type=int, default=1, help="token rows (grouped: tokens)")
+  ap.add_argument("--k", type=int, default=8192)
+  ap.add_argument("--n", type=int, default=8192)
+  ap.add_argument("--experts", type=int, default=256)
+  ap.add_argument("--topk", type=int, default=8)
+  ap.add_argument("--config", default="default")
+  ap.add_argument("--runs", type=int, default=3)
+  ap.add_argument("--interpret", action="store_true", help="CPU check of the script")
+  args = ap.parse_args()
+  spec = hj.QuantSpec.preset(args.spec)
+  rng = np.random.default_rng(0)
+  if args.case == "dense":
+    w = jax.random.normal(jax.random.key(0), (args.k, args.n), jnp.float32) / np.sqrt(args.k)
+    params = jax.jit(wna16_mgpu.prepare)(jax.jit(hj.quantize, static_argnums=1)(w, spec))
+    x = jnp.asarray(rng.standard_normal((args.m, args.k), np.float32), jnp.bfloat16)
+    cfg = parse_config(args.config, args.m)
+    fn = jax.jit(lambda p, x: wna16_mgpu.run(p, x, config=cfg,
+                                                 interpret=args.interpret))
+    inputs = (params, x)
+  else:
+    e, k, n = args.experts, args.k, args.n
+    w = (jax.random.normal(jax.random.key(0), (e, k, n), jnp.float32) / np.sqrt(k)
+         ).astype(jnp.bfloat16)
+    params = jax.jit(grouped_wna16_mgpu.prepare)(
+        jax.jit(hj.quantize, static_argnums=1)(w, spec))
+    ids = jnp.asarray(np.argsort(rng.random((args.m, e)), axis=1)[:, :args.topk], jnp.int32)
+    r = moe.sort_tokens(ids, e)
+    xt = jnp.asarray(rng.standard_normal((args.m, k), np.float32), jnp.bfloat16)
+    x = xt[r.token_of_row]
+    block_m = grouped_wna16_mgpu.block_rows(x.shape[0], e)
+    cfg = None if args.config == "default" else parse_config(args.config, block_m)
+    fn = jax.jit(lambda p, x, g: grouped_wna16_mgpu.run(
+        p, x, g, config=cfg, interpret=args.interpret))
+    inputs = (params, x, r.group_sizes)
+  jax.block_until_ready(inputs)
+  for _ in range(args.runs):
+    out = jax.block_until_ready(fn(*inputs))
+  print(f"probe_ncu {args.case} {args.spec} m={args.m} k={args.k} n={args.n} "
+        f"config={args.config}: out {out.shape} finite={bool(jnp.isfinite(out).all())}",
+        flush=True)
+
+
+if __name__ == "__main__":
+  main()
