@@ -86,34 +86,51 @@ def _safe(fn):
 
 FAMILIES = {"mgpu": "grouped_wna16_mgpu", "triton": "grouped_wna16",  # <spec>@<family>
             "mgpu-xn": "grouped_wna16_mgpu"}  # ... with four warpgroups sharing x tiles
+# <spec>@mgpu:<tokens>: the Mosaic grouped kernel with profile_mgpu.py's config tokens on
+# top of the heuristic for the tile rows, e.g. w4a16-g128-zp@mgpu:wg2-xn or @mgpu:split2.
+
+
+def family_of(spec_name: str) -> str | None:
+  """The kernel family of ``<spec>[@<family>[:<config tokens>]]`` (None: hj.prepare's)."""
+  family = spec_name.partition("@")[2].partition(":")[0]
+  if family and family not in FAMILIES:
+    raise ValueError(f"spec {spec_name!r}: unknown kernel family {family!r} (expected one "
+                     f"of {sorted(FAMILIES)}, or mgpu:<config tokens>)")
+  return FAMILIES.get(family)
 
 
 def ragged_dot_fn(spec_name):
-  """The timed call: ``hj.quant_ragged_dot``, or for ``@mgpu-xn`` the Mosaic grouped kernel
-  with its warpgroups splitting N over one shared x tile (MgpuConfig.split_warpgroups="n",
-  four warpgroups; not a default until timed)."""
-  if not spec_name.endswith("@mgpu-xn"):
+  """The timed call: ``hj.quant_ragged_dot``, or for ``@mgpu-xn`` / ``@mgpu:<tokens>`` the
+  Mosaic grouped kernel with an explicit launch config (``@mgpu-xn``: four warpgroups
+  splitting N over one shared x tile, MgpuConfig.split_warpgroups="n")."""
+  family, _, tokens = spec_name.partition("@")[2].partition(":")
+  if family != "mgpu-xn" and not tokens:
     return lambda p, xg: hj.quant_ragged_dot(p, xg[0], xg[1], backend="pallas")
+  from benchmarks.profile_mgpu import parse_config  # noqa: PLC0415
   from humming_jax.kernels import grouped_wna16_mgpu as gm, wna16_mgpu  # noqa: PLC0415
 
   def run(p, xg):
-    cfg = wna16_mgpu.shared_x_config(gm.block_rows(xg[0].shape[0], p.shape[0]))
+    rows = gm.block_rows(xg[0].shape[0], p.shape[0])
+    cfg = (parse_config(tokens, rows) if tokens else wna16_mgpu.shared_x_config(rows))
     return gm.run(p, xg[0], xg[1], config=cfg)
   return run
 
 
 def quantize_sets(spec_name, ws):
   """(canonical, prepared) params per weight set: done once per shape, never timed."""
-  base, _, family = spec_name.partition("@")
-  spec = hj.QuantSpec.preset(base)
-  quant = jax.jit(hj.quantize, static_argnums=1)
-  qs = [quant(w, spec) for w in ws]
-  if family and family not in FAMILIES:
-    raise ValueError(f"spec {spec_name!r}: unknown kernel family {family!r} (expected one "
-                     f"of {sorted(FAMILIES)})")
-  prep = jax.jit(functools.partial(hj.prepare, grouped=True, kernel=FAMILIES.get(family)))
-  pps = [jax.block_until_ready(prep(q)) for q in qs]
-  return qs, pps
+  family = family_of(spec_name)
+  key = (spec_name.partition("@")[0], family, id(ws))  # @mgpu:<tokens> variants share
+  if key not in _SETS:
+    _SETS.clear()  # one weight set at a time: keep device memory bounded
+    spec = hj.QuantSpec.preset(key[0])
+    quant = jax.jit(hj.quantize, static_argnums=1)
+    qs = [quant(w, spec) for w in ws]
+    prep = jax.jit(functools.partial(hj.prepare, grouped=True, kernel=family))
+    _SETS[key] = (qs, [jax.block_until_ready(prep(q)) for q in qs])
+  return _SETS[key]
+
+
+_SETS: dict = {}
 
 
 def active_bytes(pp, group_sizes) -> int:

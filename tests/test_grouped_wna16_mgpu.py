@@ -463,3 +463,52 @@ def test_shared_x_tiles_gpu(shape, tokens, topk):
   e_ = rel(y, ref)
   print(f"shared x {shape} tokens={tokens}: rel err {e_:.2e}")
   assert e_ <= TOL
+
+
+@pytest.mark.parametrize("name", ["w4a16-nvfp4", "w8a16", "w4a16-g128-zp"])
+def test_grid_split_k_interpret(name):
+  """Narrow experts at decode take grid split-K 2 (grouped_wna16_mgpu.heuristic): float32
+  partials per tile, summed by XLA with each row's expert's global scale (NVFP4), column
+  scale (per-channel int8) and bias; through run (row gather) and run_aligned."""
+  from humming_jax import moe
+  e, k, n = 5, 512, 128
+  q, x = make(name, e, k, n, 9, True, seed=71)
+  g = jnp.asarray([2, 0, 4, 3, 0], jnp.int32)
+  assert gm.heuristic(min(e, 9), n, gm.block_rows(9, e)).split_k == 2  # 4 x 2 CTAs
+  p = gm.prepare(q)
+  y = jax.jit(lambda p, x, g: gm.run(p, x, g, interpret=True))(p, x, g)
+  ref = reference.ragged_dot_reference(q, x, g)
+  assert rel(y, ref) <= TOL, rel(y, ref)
+  ids = jnp.asarray([[0, 2], [3, 2], [2, 0], [3, 2], [3, 0]], jnp.int32)
+  r = moe.align_tokens(ids, e, 8)
+  xs = jnp.take(x[:5], r.token_of_row, axis=0)
+  ya = jax.jit(lambda p, a, g: gm.run_aligned(p, a, g, block_m=8, interpret=True))(
+      p, xs, r.group_sizes)
+  want = reference.ragged_dot_reference(q, xs, r.group_sizes)
+  valid = np.asarray(r.valid)
+  assert rel(np.asarray(ya, np.float32)[valid], np.asarray(want, np.float32)[valid]) <= TOL
+
+
+def test_heuristic_splits_only_narrow_decode():
+  """DeepSeek-V3 gate_up (N 512) at 1 token: 8 experts x 8 column blocks -> split 2;
+  Qwen3 gate_up (N 1536) and 16-token DeepSeek rows keep one CTA per tile."""
+  assert gm.heuristic(8, 512, 8).split_k == 2
+  assert gm.heuristic(8, 1536, 8).split_k == 1
+  assert gm.heuristic(128, 512, 8).split_k == 1
+  assert gm.heuristic(2, 512, 128).split_k == 1  # prefill tiles: no split
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["w4a16-g128-zp", "w4a16-nvfp4", "w8a16"])
+def test_deepseek_decode_split_k_gpu(name):
+  """DeepSeek-V3 gate_up (E=256, K=7168, N=512), one token's 8 rows: the split-K default."""
+  e, k, n = 256, 7168, 512
+  q, _ = make(name, e, k, n, 1, True, seed=72)
+  ids = jax.random.choice(jax.random.key(73), e, (8,), replace=False)
+  g = jnp.bincount(ids, length=e).astype(jnp.int32)
+  x = jax.random.normal(jax.random.key(74), (8, k), jnp.bfloat16)
+  assert gm.heuristic(8, n, gm.block_rows(8, e)).split_k == 2
+  y = jax.jit(gm.run)(jax.jit(gm.prepare)(q), x, g)
+  e_ = rel(y, jax.jit(reference.ragged_dot_reference)(q, x, g))
+  print(f"split-K decode {name}: rel err {e_:.2e}")
+  assert e_ <= TOL

@@ -29,16 +29,18 @@ benchmarks/NOTES_moe.md): ``hj.prepare(..., grouped=True)`` picks it for experts
 K >= 4096, where it beats the Pallas-Triton grouped kernel at every token count
 (:func:`priority_for`); with shorter K the Triton kernel stays the per-stack default
 (faster for a lone grouped GEMM at decode).  A whole MoE layer (``moe.prepare_experts``)
-puts both of its stacks here wherever this kernel runs them (session 9).  No split-K.
+puts both of its stacks here wherever this kernel runs them (session 9).  Grid split-K 2
+for narrow experts at decode (:func:`heuristic`; session 10).
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import jax
 import jax.numpy as jnp
 
-from humming_jax.kernels import grouped_wna16, registry, wna16_mgpu
+from humming_jax.kernels import grouped_wna16, registry, tuning, wna16_mgpu
 from humming_jax.quantize import QuantizedWeight
 from humming_jax.spec import QuantSpec
 
@@ -78,6 +80,20 @@ def block_rows(m: int, num_experts: int) -> int:
   rows = grouped_wna16.rows_per_active_expert(m, num_experts)
   want = math.ceil(rows + 2 * math.sqrt(rows))
   return min(MAX_BLOCK_M, max(8, -(-want // 8) * 8))
+
+
+def heuristic(tiles: int, n: int, block_m: int) -> wna16_mgpu.Config:
+  """The dense kernel's launch shape for ``block_m``-row tiles, plus grid split-K 2 when
+  the ``tiles`` expected to compute (about the active experts) times their 64-column CTAs
+  fill at most half the SMs (the dense narrow-N
+  rule, NOTES.md v8): decode of narrow experts, e.g. DeepSeek-V3 gate_up at 1 token -- 8
+  experts x 8 column blocks = 64 CTAs on 132 SMs.  Each CTA then streams half the K range
+  and XLA sums the two float32 partials (scales and bias after the sum)."""
+  config = wna16_mgpu.heuristic(block_m)
+  ctas = tiles * -(-n // wna16_mgpu.BLOCK_N)
+  if block_m <= 64 and 2 * ctas <= tuning.num_sms():
+    config = dataclasses.replace(config, split_k=2)
+  return config
 
 
 def max_tiles(m: int, num_experts: int, block_m: int) -> int:
@@ -125,7 +141,7 @@ def run(params: QuantizedWeight, x: jax.Array, group_sizes: jax.Array, *,
   num_tiles = max_tiles(m, e, block_m)
   expert, row0, own, end, kind = tile_schedule(group_sizes, m, block_m, num_tiles)
   sched = jnp.stack([expert, row0, end, kind], axis=1).reshape(-1)
-  config = config or wna16_mgpu.heuristic(block_m)
+  config = config or heuristic(min(e, m), n, block_m)  # M rows: <= M experts
   y_tiles = wna16_mgpu.run(params, x, interpret=interpret, config=config,
                            tiles=wna16_mgpu.Tiles(sched, num_tiles, block_m))
   # Row r comes from slot r - row0_i of the compute tile i whose [own, end) holds it; rows
@@ -167,7 +183,7 @@ def run_aligned(params: QuantizedWeight, x: jax.Array, group_sizes: jax.Array, *
   # which is where the kernel writes it.
   expert, start, end, kind = grouped_wna16.tile_schedule(group_sizes, r, block_m, num_tiles)
   sched = jnp.stack([expert, start, end, kind], axis=1).reshape(-1)
-  config = config or wna16_mgpu.heuristic(block_m)
+  config = config or heuristic(min(e, num_tiles), n, block_m)
   return wna16_mgpu.run(params, x, interpret=interpret, config=config,
                         tiles=wna16_mgpu.Tiles(sched, num_tiles, block_m))
 

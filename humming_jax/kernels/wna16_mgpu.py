@@ -329,7 +329,7 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
   if has_zeros:
     operands.append(params.zeros.astype(cdt))
   k_steps = k_tiles // sub
-  split = 1 if grouped else _divisor(config.split_k, k_steps)
+  split = _divisor(config.split_k, k_steps)
   steps = k_steps // split  # pipeline steps per CTA
   fused_epilogue = split == 1  # else f32 partials (split, Np, Mp), summed by XLA
   out_bytes = 2 if fused_epilogue else 4
@@ -595,17 +595,24 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
       num_threads=wgs, thread_name="wg", scratch_types=scratch,
       interpret=plgpu.InterpretGPUParams() if interpret else False,
   )(*operands)
-  if grouped:
-    return out[:, :n]  # (num_tiles * block_m, N)
   if fused_epilogue:
+    if grouped:
+      return out[:, :n]  # (num_tiles * block_m, N)
     return out if (rows, np_) == (m, n) else out[:m, :n]
-  y = out.sum(axis=0).T[:m, :n]  # one XLA fusion: split sum, transpose, scales, bias, cast
+  # One XLA fusion: split sum, transpose, scales, bias, cast.  Grouped: every row takes its
+  # tile's expert's rows (kind-0 tiles' rows are garbage; the callers never read them).
+  y = out.sum(axis=0).T[:, :n] if grouped else out.sum(axis=0).T[:m, :n]
+  if grouped:
+    row_expert = jnp.repeat(tiles.sched.reshape(-1, 4)[:, 0], block_m)  # (num_tiles * bm,)
+    row = lambda v: v.reshape(v.shape[0], -1)[row_expert, :n]  # (E, [1,] Np) -> per row
+  else:
+    row = lambda v: v.reshape(-1)[:n]
   if params.global_scale is not None:
-    y = y * params.global_scale[0, :n]
+    y = y * row(params.global_scale)
   if col:
-    y = y * params.scales[0, :n]
+    y = y * row(params.scales)
   if params.bias is not None:
-    y = y + params.bias
+    y = y + row(params.bias)
   return y.astype(cdt)
 
 
