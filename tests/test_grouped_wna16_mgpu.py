@@ -474,7 +474,7 @@ def test_grid_split_k_interpret(name):
   e, k, n = 5, 512, 128
   q, x = make(name, e, k, n, 9, True, seed=71)
   g = jnp.asarray([2, 0, 4, 3, 0], jnp.int32)
-  assert gm.heuristic(min(e, 9), n, gm.block_rows(9, e)).split_k == 2  # 4 x 2 CTAs
+  assert gm.heuristic(min(e, 9), n, k // 128, gm.block_rows(9, e)).split_k == 2  # 5 x 2 CTAs
   p = gm.prepare(q)
   y = jax.jit(lambda p, x, g: gm.run(p, x, g, interpret=True))(p, x, g)
   ref = reference.ragged_dot_reference(q, x, g)
@@ -489,13 +489,20 @@ def test_grid_split_k_interpret(name):
   assert rel(np.asarray(ya, np.float32)[valid], np.asarray(want, np.float32)[valid]) <= TOL
 
 
-def test_heuristic_splits_only_narrow_decode():
-  """DeepSeek-V3 gate_up (N 512) at 1 token: 8 experts x 8 column blocks -> split 2;
-  Qwen3 gate_up (N 1536) and 16-token DeepSeek rows keep one CTA per tile."""
-  assert gm.heuristic(8, 512, 8).split_k == 2
-  assert gm.heuristic(8, 1536, 8).split_k == 1
-  assert gm.heuristic(128, 512, 8).split_k == 1
-  assert gm.heuristic(2, 512, 128).split_k == 1  # prefill tiles: no split
+def test_heuristic_follows_the_session_10_sweep():
+  """The launch shapes the H200 sweep chose (NOTES_moe.md session 10), by (tiles, N, K
+  tiles, rows per tile): split-K 2 for DeepSeek-V3 gate_up at 1 token, shared x tiles for
+  16+-row tiles and for Qwen3's short-K experts at 64 tokens, the K split elsewhere."""
+  shape = lambda *a: (gm.heuristic(*a).split_warpgroups, gm.heuristic(*a).split_k)
+  assert shape(8, 512, 56, 8) == ("k", 2)  # DeepSeek-V3 gate_up, 1 token
+  assert shape(8, 1536, 16, 8) == ("k", 1)  # Qwen3 gate_up, 1 token
+  assert shape(219, 512, 56, 8) == ("k", 1)  # DeepSeek-V3 gate_up, 64 tokens: long K
+  assert shape(219, 7168, 2, 8) == ("k", 1)  # DeepSeek-V3 down, 64 tokens: one K step
+  assert shape(128, 1536, 16, 8) == ("n", 1)  # Qwen3 gate_up, 64 tokens
+  assert shape(128, 2048, 6, 8) == ("n", 1)  # Qwen3 down, 64 tokens
+  assert shape(256, 512, 56, 48) == ("n", 1)  # DeepSeek-V3 gate_up, 1024 tokens
+  cfg = gm.heuristic(8, 28672, 32, 128)  # Mixtral gate_up, 1024 tokens
+  assert (cfg.split_warpgroups, cfg.warpgroups, cfg.scale_after_mma) == ("n", 4, False)
 
 
 @pytest.mark.gpu

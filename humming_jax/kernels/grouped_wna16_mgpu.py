@@ -29,8 +29,9 @@ benchmarks/NOTES_moe.md): ``hj.prepare(..., grouped=True)`` picks it for experts
 K >= 4096, where it beats the Pallas-Triton grouped kernel at every token count
 (:func:`priority_for`); with shorter K the Triton kernel stays the per-stack default
 (faster for a lone grouped GEMM at decode).  A whole MoE layer (``moe.prepare_experts``)
-puts both of its stacks here wherever this kernel runs them (session 9).  Grid split-K 2
-for narrow experts at decode (:func:`heuristic`; session 10).
+puts both of its stacks here wherever this kernel runs them (session 9).  Launch shapes by
+rows per tile, K and active experts (:func:`heuristic`, session 10): shared x tiles for
+prefill, grid split-K 2 for narrow experts at decode.
 """
 from __future__ import annotations
 
@@ -82,16 +83,36 @@ def block_rows(m: int, num_experts: int) -> int:
   return min(MAX_BLOCK_M, max(8, -(-want // 8) * 8))
 
 
-def heuristic(tiles: int, n: int, block_m: int) -> wna16_mgpu.Config:
-  """The dense kernel's launch shape for ``block_m``-row tiles, plus grid split-K 2 when
-  the ``tiles`` expected to compute (about the active experts) times their 64-column CTAs
-  fill at most half the SMs (the dense narrow-N
-  rule, NOTES.md v8): decode of narrow experts, e.g. DeepSeek-V3 gate_up at 1 token -- 8
-  experts x 8 column blocks = 64 CTAs on 132 SMs.  Each CTA then streams half the K range
-  and XLA sums the two float32 partials (scales and bias after the sum)."""
+def heuristic(tiles: int, n: int, k_tiles: int, block_m: int) -> wna16_mgpu.Config:
+  """Launch shape for ``block_m``-row tiles of one expert each, ``tiles`` of them expected
+  to compute (about the active experts), ``k_tiles`` K tiles per expert.  H200 sweeps of
+  session 10 (benchmarks/NOTES_moe.md; int4 g128 zp, us per grouped GEMM):
+
+  - 16+ rows per tile: warpgroups splitting N over one shared x tile
+    (:func:`wna16_mgpu.shared_x_config`): each CTA reads its x rows once instead of once per
+    64 columns.  DeepSeek-V3 gate_up / down at 1024 tokens (48-row tiles) 418.0 -> 345.7 /
+    494.1 -> 415.9, Mixtral gate_up at 64 / 1024 tokens 336.7 -> 299.9 / 1491.5 -> 1175.9,
+    Qwen3-30B-A3B gate_up / down at 1024 tokens 290.9 -> 232.0 / 213.9 -> 155.2.  Above 64
+    rows the scales go on the bf16 weights before the MMA (register limit): relative error
+    ~2.4e-3, the class of any bf16-dequantizing kernel.
+  - 8-row tiles (decode): warpgroups splitting K (the dense decode shape), except when that
+    leaves each warpgroup at most 2 of at least 3 K steps and the shared-x CTAs still make
+    two waves: Qwen3 gate_up / down at 64 tokens 198.2 -> 143.3 / 99.1 -> 90.3.  It loses
+    with long K (DeepSeek-V3 gate_up, 64 tokens: 246.3 -> 273.4), with one K step
+    (DeepSeek-V3 down: 134.1 -> 279.0) and with few tiles (1 token: 26.2 -> 37.6).
+  - Grid split-K 2 when the tiles' 64-column CTAs fill at most half the SMs (the dense
+    narrow-N rule, NOTES.md v8): DeepSeek-V3 gate_up at 1 token (8 experts x 8 column
+    blocks = 64 CTAs) 35.1 -> 29.6; XLA sums the two float32 partials."""
+  if block_m >= 16:
+    return wna16_mgpu.shared_x_config(block_m)
   config = wna16_mgpu.heuristic(block_m)
-  ctas = tiles * -(-n // wna16_mgpu.BLOCK_N)
-  if block_m <= 64 and 2 * ctas <= tuning.num_sms():
+  steps = max(1, k_tiles // config.substeps)
+  col_blocks = tiles * -(-n // wna16_mgpu.BLOCK_N)
+  wgs = config.warpgroups
+  per_wg = steps // max(d for d in range(1, min(wgs, steps) + 1) if steps % d == 0)
+  if steps >= 3 and per_wg <= 2 and col_blocks >= 2 * wgs * tuning.num_sms():
+    return dataclasses.replace(config, split_warpgroups="n")
+  if 2 * col_blocks <= tuning.num_sms():
     config = dataclasses.replace(config, split_k=2)
   return config
 
@@ -141,7 +162,7 @@ def run(params: QuantizedWeight, x: jax.Array, group_sizes: jax.Array, *,
   num_tiles = max_tiles(m, e, block_m)
   expert, row0, own, end, kind = tile_schedule(group_sizes, m, block_m, num_tiles)
   sched = jnp.stack([expert, row0, end, kind], axis=1).reshape(-1)
-  config = config or heuristic(min(e, m), n, block_m)  # M rows: <= M experts
+  config = config or heuristic(min(e, m), n, params.codes.shape[-3], block_m)
   y_tiles = wna16_mgpu.run(params, x, interpret=interpret, config=config,
                            tiles=wna16_mgpu.Tiles(sched, num_tiles, block_m))
   # Row r comes from slot r - row0_i of the compute tile i whose [own, end) holds it; rows
@@ -183,7 +204,7 @@ def run_aligned(params: QuantizedWeight, x: jax.Array, group_sizes: jax.Array, *
   # which is where the kernel writes it.
   expert, start, end, kind = grouped_wna16.tile_schedule(group_sizes, r, block_m, num_tiles)
   sched = jnp.stack([expert, start, end, kind], axis=1).reshape(-1)
-  config = config or heuristic(min(e, num_tiles), n, block_m)
+  config = config or heuristic(min(e, num_tiles), n, params.codes.shape[-3], block_m)
   return wna16_mgpu.run(params, x, interpret=interpret, config=config,
                         tiles=wna16_mgpu.Tiles(sched, num_tiles, block_m))
 

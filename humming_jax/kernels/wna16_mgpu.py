@@ -338,6 +338,8 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
   share_x = config.split_warpgroups == "n"
   splits = np_ // BLOCK_N if share_x else steps  # what the warpgroups divide
   wgs = _divisor(config.warpgroups, splits)
+  if interpret and share_x:  # the CPU interpreter can leave a third warpgroup thread
+    wgs = _divisor(min(wgs, 2), splits)  # unscheduled on a 2-core machine (NOTES.md v11)
   while not explicit and wgs > 1 and smem_bytes(
       block_m, min(2, steps if share_x else steps // wgs), sub, bk, bits, has_zeros,
       out_bytes, wgs, zero_mma, gpt, col, share_x) > SMEM_BYTES:
