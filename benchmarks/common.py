@@ -203,7 +203,6 @@ def time_humming_dense(weight_config: dict, input_config: dict | None, ws, m: in
                        calls: int = 50, repeats: int = 5) -> dict[str, float]:
   """humming-kernels' HummingLayer for each (K, N) weight in ``ws`` (quantized from the
   same float weights we use; Humming stores (N, K)), timed as a CUDA-graph chain."""
-  import numpy as np
   import torch
   from humming.layer import HummingLayer
   k, n = ws[0].shape
@@ -217,10 +216,22 @@ def time_humming_dense(weight_config: dict, input_config: dict | None, ws, m: in
       layer = HummingLayer(shape_n=n, shape_k=k, weight_config=dict(weight_config),
                            input_config=None if input_config is None else dict(input_config),
                            torch_dtype=torch.bfloat16).to("cuda")
-      layer.load_from_unquantized(torch.from_numpy(np.asarray(w).T.copy()).to(
-          "cuda", torch.bfloat16))
+      layer.load_from_unquantized(torch_from_jax(jnp.asarray(w).T))
       layer.transform()
       layers.append(layer)
     _HUMMING_LAYERS[key] = layers
   x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
   return time_torch_graph(layers, x, calls=calls, repeats=repeats)
+
+
+def torch_from_jax(a):
+  """A jax array as a contiguous bf16 CUDA torch tensor: on the device through DLPack
+  (no host round trip: building Humming's DeepSeek-V3 weight sets through numpy took over
+  110 s in session 10), through numpy where DLPack is refused."""
+  import numpy as np  # noqa: PLC0415 - only the Humming baselines need these
+  import torch  # noqa: PLC0415
+  a = jnp.asarray(a, jnp.bfloat16)
+  try:
+    return torch.from_dlpack(a).contiguous()
+  except Exception:  # noqa: BLE001 - e.g. a CPU array: the slow path, same values
+    return torch.from_numpy(np.asarray(a.astype(jnp.float32))).to("cuda", torch.bfloat16)

@@ -57,6 +57,8 @@ def parse_config(name: str, m: int) -> tuning.MgpuConfig | None:
       fields["zero_point_mma"] = True
     elif tok == "unpad":
       fields["unpadded_rows"] = True
+    elif tok == "ptx":  # int4 codes and zero point through one PTX block per pair
+      fields["int4_ptx"] = True
     elif tok == "whole":
       fields["fp4_whole_registers"] = True
     else:

@@ -148,22 +148,28 @@ def test_tile_schedule_covers_every_row_once():
   multiple of 8, own rows of one expert, cover each row below sum(group_sizes) exactly once
   and fit the static bound."""
   rng = np.random.default_rng(0)
-  for _ in range(60):
-    e = int(rng.integers(1, 12))
-    gs = rng.integers(0, 20, e) * (rng.random(e) < 0.7)
-    m = int(gs.sum() + rng.integers(0, 9))
+  decode = [np.asarray([1] * 8 + [0] * 8), np.asarray([0, 1, 1, 0, 1, 1, 1, 0, 1, 1, 1])]
+  for i in range(62):
+    if i < 60:
+      e = int(rng.integers(1, 12))
+      gs = rng.integers(0, 20, e) * (rng.random(e) < 0.7)
+      m = int(gs.sum() + rng.integers(0, 9))
+    else:  # decode, one row per active expert: the bound is M tiles
+      gs = decode[i - 60]
+      e, m = len(gs), int(gs.sum())
     if m == 0:
       continue
     bm = gm.block_rows(m, e)
     nt = gm.max_tiles(m, e, bm)
+    assert i < 60 or nt == m
     expert, row0, own, end, kind = map(np.asarray, gm.tile_schedule(jnp.asarray(gs), m, bm, nt))
     seg_end = np.cumsum(gs)
     seg_start = seg_end - gs
     hits = np.zeros(m, int)
-    for i in np.flatnonzero(kind):
-      assert row0[i] % 8 == 0 and row0[i] <= own[i] < end[i] <= row0[i] + bm
-      assert seg_start[expert[i]] <= own[i] and end[i] <= seg_end[expert[i]]
-      hits[own[i]:end[i]] += 1
+    for t in np.flatnonzero(kind):
+      assert row0[t] % 8 == 0 and row0[t] <= own[t] < end[t] <= row0[t] + bm
+      assert seg_start[expert[t]] <= own[t] and end[t] <= seg_end[expert[t]]
+      hits[own[t]:end[t]] += 1
     total = int(gs.sum())
     assert (hits[:total] == 1).all() and (hits[total:] == 0).all(), (gs, m)
 
@@ -466,7 +472,7 @@ def test_shared_x_tiles_gpu(shape, tokens, topk):
 
 
 @pytest.mark.parametrize("name", ["w4a16-nvfp4", "w8a16", "w4a16-g128-zp"])
-def test_grid_split_k_interpret(name):
+def test_grid_split_k_interpret(name, monkeypatch):
   """Narrow experts at decode take grid split-K 2 (grouped_wna16_mgpu.heuristic): float32
   partials per tile, summed by XLA with each row's expert's global scale (NVFP4), column
   scale (per-channel int8) and bias; through run (row gather) and run_aligned."""
@@ -476,7 +482,13 @@ def test_grid_split_k_interpret(name):
   g = jnp.asarray([2, 0, 4, 3, 0], jnp.int32)
   assert gm.heuristic(min(e, 9), n, k // 128, gm.block_rows(9, e)).split_k == 2  # 5 x 2 CTAs
   p = gm.prepare(q)
+  from jax.experimental.pallas import mosaic_gpu as plgpu
+  launches = []
+  orig = plgpu.kernel
+  monkeypatch.setattr(plgpu, "kernel", lambda *a, **kw: launches.append(kw["out_type"])
+                      or orig(*a, **kw))
   y = jax.jit(lambda p, x, g: gm.run(p, x, g, interpret=True))(p, x, g)
+  assert launches and launches[-1].shape[0] == 2 and launches[-1].dtype == jnp.float32
   ref = reference.ragged_dot_reference(q, x, g)
   assert rel(y, ref) <= TOL, rel(y, ref)
   ids = jnp.asarray([[0, 2], [3, 2], [2, 0], [3, 2], [3, 0]], jnp.int32)
@@ -514,7 +526,7 @@ def test_deepseek_decode_split_k_gpu(name):
   ids = jax.random.choice(jax.random.key(73), e, (8,), replace=False)
   g = jnp.bincount(ids, length=e).astype(jnp.int32)
   x = jax.random.normal(jax.random.key(74), (8, k), jnp.bfloat16)
-  assert gm.heuristic(8, n, gm.block_rows(8, e)).split_k == 2
+  assert gm.heuristic(8, n, k // 128, gm.block_rows(8, e)).split_k == 2  # 56 K tiles
   y = jax.jit(gm.run)(jax.jit(gm.prepare)(q), x, g)
   e_ = rel(y, jax.jit(reference.ragged_dot_reference)(q, x, g))
   print(f"split-K decode {name}: rel err {e_:.2e}")

@@ -1,7 +1,8 @@
-"""fp4 e2m1 -> bf16 / fp16 register conversion (kernels/mgpu_convert.py) without a GPU.
+"""fp4 e2m1 and int4 -> bf16 / fp16 register conversions (kernels/mgpu_convert.py) without
+a GPU.
 
 The PTX the kernel inlines is executed here by a small evaluator of the instructions it
-uses (prmt, shifts, and, lop3, mov, fma on packed 16-bit floats), on every nibble value at
+uses (prmt, shifts, and, lop3, mov, fma and sub on packed 16-bit floats), on every nibble value at
 every position of the 32-bit register: the bit construction is checked exactly, signed
 zeros and the e2m1 subnormal (0.5) included.  The GPU tests check the same code on the H200.
 """
@@ -33,9 +34,9 @@ def _halves(v: int, ftype: str) -> np.ndarray:
   return np.array([v & 0xFFFF, v >> 16], np.uint16).view(FLOAT[ftype]).astype(np.float32)
 
 
-def run_ptx(text: str, a1: int, a2: int) -> int:
-  """Evaluate the inline-asm body: $1, $2 inputs, $0 output (32-bit)."""
-  regs = {"$1": a1, "$2": a2}
+def run_ptx(text: str, a1: int, a2: int, a3: int | None = None) -> int:
+  """Evaluate the inline-asm body: $1, $2 [, $3] inputs, $0 output (32-bit)."""
+  regs = {"$1": a1, "$2": a2} | ({} if a3 is None else {"$3": a3})
   val = lambda t: regs[t] if t in regs else int(t, 0)
   for line in text.splitlines():
     line = line.strip().rstrip(";")
@@ -66,6 +67,11 @@ def run_ptx(text: str, a1: int, a2: int) -> int:
       ft = m.group(1)
       a, b, c = (_halves(x, ft) for x in src)
       res = (a * b + c).astype(FLOAT[ft])  # exact here: a power-of-two product
+      r = int(res.view(np.uint16)[0]) | (int(res.view(np.uint16)[1]) << 16)
+    elif m := re.fullmatch(r"sub\.rn\.(bf16|f16)x2", op):
+      ft = m.group(1)
+      a, b = (_halves(x, ft) for x in src)
+      res = (a - b).astype(FLOAT[ft])  # exact here: small integers
       r = int(res.view(np.uint16)[0]) | (int(res.view(np.uint16)[1]) << 16)
     else:
       raise AssertionError(f"unexpected instruction {op!r}")
@@ -117,3 +123,62 @@ def test_lowering_reads_whole_registers(whole, monkeypatch):
   cfg = wna16_mgpu.Config(64, 4, 1, fp4_whole_registers=whole)
   lower_for_h200(lambda p, x: wna16_mgpu.run(p, x, config=cfg), p, x)
   assert set(parts) == ({0, 1, 2, 3} if whole else {0}), sorted(set(parts))
+
+
+def _pack(pair, ftype: str) -> int:
+  h = np.asarray(pair, np.float32).astype(FLOAT[ftype]).view(np.uint16)
+  return int(h[0]) | int(h[1]) << 16
+
+
+@pytest.mark.parametrize("zero_point", [True, False])
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])
+def test_int4_ptx_pairs_are_code_minus_zero_exactly(dtype, zero_point):
+  """MgpuConfig.int4_ptx: every signed int4 code at every nibble position of the 32-bit
+  register, minus every zero point (folded into the offset row), exactly."""
+  ftype = "bf16" if dtype == jnp.bfloat16 else "f16"
+  magic = mc._magic(dtype)
+  const = None if zero_point else int(np.array(mc.int4_offset(dtype), dtype).view(np.uint16))
+  rng = np.random.default_rng(1)
+  nibble_sets = [np.full(8, v) for v in range(16)] + [rng.integers(0, 16, 8) for _ in range(64)]
+  zeros = range(-8, 8) if zero_point else [0]
+  for nib in nibble_sets:
+    reg = sum(int(v) << (4 * i) for i, v in enumerate(nib))
+    codes = np.where(nib >= 8, nib - 16, nib)  # two's complement nibbles
+    for z in zeros:
+      off = _pack([mc.int4_offset(dtype) + z] * 2, ftype) if zero_point else None
+      for part in range(4):
+        out = run_ptx(mc._int4_pair_ptx(part, magic, ftype, const), reg, reg >> 4, off)
+        np.testing.assert_array_equal(_halves(out, ftype),
+                                      codes[2 * part: 2 * part + 2].astype(np.float32) - z)
+
+
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])
+def test_int4_reference_matches_the_cast(dtype):
+  codes = jnp.asarray(np.arange(-8, 8), jnp.int4)
+  z = jnp.asarray(np.random.default_rng(2).integers(-8, 8, 16), dtype)
+  want = codes.astype(jnp.float32) - z.astype(jnp.float32)
+  np.testing.assert_array_equal(
+      np.asarray(mc.int4_to_float_reference(codes, dtype, z).astype(jnp.float32)), want)
+
+
+@pytest.mark.parametrize("name", ["w4a16-g128-zp", "w4a16-g128", "w4a16-mxint4"])
+def test_int4_ptx_lowers_reading_whole_registers(name, monkeypatch):
+  """Lowered for an H200 with int4_ptx: each pair's PTX reads the 32-bit register of 8
+  codes it was sliced from (parts 0-3), with a zero-point offset operand only for
+  zero-point specs; fp16 activations too."""
+  import jax
+  from test_cuda_lowering import abstract_params, lower_for_h200
+  from humming_jax.kernels import wna16_mgpu
+  calls = []
+  orig = mc._int4_pair_ptx
+  monkeypatch.setattr(mc, "_int4_pair_ptx",
+                      lambda part, magic, ft, const: calls.append((part, ft, const)) or
+                      orig(part, magic, ft, const))
+  p = abstract_params(name, (1024, 256))
+  cfg = wna16_mgpu.Config(64, 4, 1, int4_ptx=True)
+  for dt in (jnp.bfloat16, jnp.float16):
+    x = jax.ShapeDtypeStruct((1, 1024), dt)
+    lower_for_h200(lambda p, x: wna16_mgpu.run(p, x, config=cfg), p, x)
+  assert {c[0] for c in calls} == {0, 1, 2, 3}
+  assert {c[1] for c in calls} == {"bf16", "f16"}
+  assert {c[2] is None for c in calls} == {name.endswith("-zp")}

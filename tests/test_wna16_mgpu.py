@@ -393,6 +393,39 @@ def test_configs_gpu(cfg):
   assert rel(y, reference.dense_reference(q, x)) <= TOL
 
 
+INT4_PTX_CASES = ([(name, m, jnp.bfloat16) for name in ("w4a16-g128-zp", "w4a16-g128",
+                                                         "w4a16-mxint4", "w4a16-ch")
+                   for m in (1, 16, 128)]
+                  + [("w4a16-g128-zp", 1, jnp.float16), ("w4a16-g128", 128, jnp.float16)])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name,m,dtype", INT4_PTX_CASES,
+                         ids=lambda v: getattr(v, "__name__", str(v)))
+def test_int4_ptx_gpu(name, m, dtype, monkeypatch):
+  """MgpuConfig.int4_ptx (int4 codes and the zero point through one PTX block per pair):
+  the PTX path is taken, and it gives the same dequantized values as Mosaic's conversion,
+  so the same output bit for bit as the heuristic's launch with it off (split-K 2 at
+  M <= 64 for this N), and within the tolerance of the reference."""
+  from humming_jax.kernels import mgpu_convert as mc
+  pairs = []
+  orig = mc._int4_pair_ptx
+  monkeypatch.setattr(mc, "_int4_pair_ptx", lambda *a: pairs.append(a) or orig(*a))
+  q, x = make(hj.QuantSpec.preset(name), m, 4096, 4096, True, seed=9, dtype=dtype)
+  p = jax.jit(mg.prepare)(q)
+  base = mg.heuristic(m, 4096)
+  on = dataclasses.replace(base, int4_ptx=True)
+  y0 = jax.jit(lambda p, x: mg.run(p, x, config=base))(p, x)
+  assert not pairs
+  y1 = jax.jit(lambda p, x: mg.run(p, x, config=on))(p, x)
+  assert pairs, "the int4 PTX conversion was not used"
+  e = rel(y1, jax.jit(reference.dense_reference)(q, x))
+  print(f"int4_ptx {name} M={m} {jnp.dtype(dtype).name}: rel err {e:.2e}, "
+        f"max |on - off| {float(jnp.max(jnp.abs(y1.astype(jnp.float32) - y0))):.2e}")
+  assert e <= TOL
+  np.testing.assert_array_equal(np.asarray(y1, np.float32), np.asarray(y0, np.float32))
+
+
 def test_tuning_cache_is_consulted(tmp_path, monkeypatch):
   """An MgpuConfig in the autotune cache is the one run() uses."""
   from humming_jax.kernels import tuning

@@ -106,10 +106,10 @@ def heuristic(tiles: int, n: int, k_tiles: int, block_m: int) -> wna16_mgpu.Conf
   if block_m >= 16:
     return wna16_mgpu.shared_x_config(block_m)
   config = wna16_mgpu.heuristic(block_m)
-  steps = max(1, k_tiles // config.substeps)
+  steps = k_tiles // wna16_mgpu.divisor(config.substeps, k_tiles)  # as run() does
   col_blocks = tiles * -(-n // wna16_mgpu.BLOCK_N)
   wgs = config.warpgroups
-  per_wg = steps // max(d for d in range(1, min(wgs, steps) + 1) if steps % d == 0)
+  per_wg = steps // wna16_mgpu.divisor(wgs, steps)
   if steps >= 3 and per_wg <= 2 and col_blocks >= 2 * wgs * tuning.num_sms():
     return dataclasses.replace(config, split_warpgroups="n")
   if 2 * col_blocks <= tuning.num_sms():
@@ -119,9 +119,12 @@ def heuristic(tiles: int, n: int, k_tiles: int, block_m: int) -> wna16_mgpu.Conf
 
 def max_tiles(m: int, num_experts: int, block_m: int) -> int:
   """Static bound on the tiles of any split: each of the at most min(E, M) non-empty
-  segments adds up to 7 rows (its start rounded down to 8) and one partial tile."""
+  segments adds up to 7 rows (its start rounded down to 8) and one partial tile; and every
+  tile holds at least one of the M rows as its own, so at most M tiles.  (The grid is this
+  bound: at 1 token, top-8, the first bound alone launched twice the CTAs, half of them
+  idle -- Nsight Compute, NOTES_moe.md session 10.)"""
   active = min(num_experts, m)
-  return -(-(m + 7 * active) // block_m) + active
+  return min(m, -(-(m + 7 * active) // block_m) + active)
 
 
 def tile_schedule(group_sizes: jax.Array, m: int, block_m: int, num_tiles: int

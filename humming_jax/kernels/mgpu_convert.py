@@ -139,6 +139,122 @@ def to_float_ptx(codes: jax.Array, dtype, *, relayout: bool = False) -> jax.Arra
   return convert(codes)
 
 
+def _magic(dtype) -> int:
+  """Bits of 2**nmant in the 16-bit float ``dtype`` (bf16 0x4300 = 128, fp16 0x6400 =
+  1024): the float whose last mantissa place is 1, so OR-ing a nibble u into its low bits
+  gives exactly 2**nmant + u."""
+  dtype = jnp.dtype(dtype)
+  if dtype not in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)):
+    raise ValueError(f"dtype={dtype}: int4 weights convert to bfloat16 or float16")
+  return int(np.array(2.0 ** jnp.finfo(dtype).nmant, dtype).view(np.uint16))
+
+
+def int4_offset(dtype) -> float:
+  """What :func:`int4_to_float_ptx` subtracts from each ``2**nmant + (v + 8)`` besides the
+  zero point: ``2**nmant + 8`` (136 for bf16, 1032 for fp16)."""
+  _magic(dtype)
+  return 2.0 ** jnp.finfo(dtype).nmant + 8
+
+
+def _int4_pair_ptx(part: int, magic: int, float_type: str, const_offset: int | None) -> str:
+  """PTX: $1 = 32-bit register of 8 signed int4 codes, $2 = it shifted right by 4,
+  [$3 = the pair's offset, two 16-bit floats]; $0 = codes (2 part, 2 part + 1) minus the
+  offset as a packed pair.
+
+  ``prmt`` puts byte ``part`` of $1 (its low nibble: the even code) in the low half and
+  byte ``part`` of $2 (the odd code) in the high half; one ``lop3`` keeps each half's low
+  nibble with its sign bit flipped (two's complement v -> v + 8 in [0, 16)) under the
+  magic float's bits; one ``sub`` removes 2**nmant + 8 + z.  Every step is exact."""
+  sel = part | part << 4 | (4 + part) << 8 | (4 + part) << 12
+  const = (magic | 0x8) * 0x10001  # the magic exponent; bit 3 flips the nibble's sign
+  off = "$3" if const_offset is None else "o"
+  mov_off = "" if const_offset is None else f"mov.b32 o, {const_offset * 0x10001:#x};"
+  return f"""
+  {{
+  .reg .b32 t, m, c, o;
+  prmt.b32 t, $1, $2, {sel:#x};
+  mov.b32 m, 0x000f000f;
+  mov.b32 c, {const:#x};
+  lop3.b32 t, t, m, c, 0x6A;
+  {mov_off}
+  sub.rn.{float_type}x2 $0, t, {off};
+  }}
+  """
+
+
+def int4_to_float_ptx(codes: jax.Array, dtype, offsets: jax.Array | None = None
+                      ) -> jax.Array:
+  """Signed int4 codes (as loaded: the WGMMA_UPCAST_4X layout) -> ``codes - zero`` in the
+  16-bit ``dtype``, WGMMA layout, as inline PTX: three instructions per pair of codes and
+  one shift per 8 (Mosaic's own conversion plus a zero-point subtraction is ~4.5 per pair:
+  benchmarks/NOTES.md v5 / v12).
+
+  ``offsets``: None for symmetric codes, else a WGMMA-layout ``dtype`` array of the same
+  shape holding ``int4_offset(dtype) + zero`` for each code (the zero point is constant
+  along a K tile, so this is a broadcast row; its add happens once per row).  GPU only:
+  the interpreter path is ``codes.astype(dtype) - zero``."""
+  magic = _magic(dtype)
+  float_type = "bf16" if jnp.dtype(dtype) == jnp.bfloat16 else "f16"
+  const_offset = (None if offsets is not None else
+                  int(np.array(int4_offset(dtype), dtype).view(np.uint16)))
+  arg_types = (plgpu.Layout.WGMMA_UPCAST_4X,) + ((plgpu.Layout.WGMMA,) if offsets is not
+                                                   None else ())
+
+  @plgpu.inline_mgpu(
+      arg_types=arg_types,
+      return_type=plgpu.ShapeDtypeStruct(codes.shape, jnp.dtype(dtype),
+                                         layout=plgpu.Layout.WGMMA))
+  def convert(ctx, arr, *off):
+    del ctx
+    from jax.experimental.mosaic import gpu as mgpu
+    from jax.experimental.mosaic.gpu import utils as mgpu_utils
+    from jaxlib.mlir import ir
+    from jaxlib.mlir.dialects import arith, llvm, vector
+
+    i32 = ir.IntegerType.get_signless(32)
+    arr = arr.to_layout(mgpu.WGMMA_LAYOUT)
+    if off and off[0].registers.shape != arr.registers.shape:
+      raise NotImplementedError(f"int4 PTX conversion: offset registers "
+                                f"{off[0].registers.shape} vs code registers "
+                                f"{arr.registers.shape}")
+    out_el = ir.BF16Type.get() if float_type == "bf16" else ir.F16Type.get()
+    new_regs = np.empty_like(arr.registers)
+    for idx, reg in np.ndenumerate(arr.registers):
+      [vlen] = ir.VectorType(reg.type).shape
+      op = getattr(reg.owner, "opview", None)
+      if not (vlen == 2 and isinstance(op, vector.ExtractStridedSliceOp)
+              and mgpu_utils.bitwidth(op.source.type) == 32 and op.strides[0].value == 1
+              and op.offsets[0].value % 2 == 0):
+        raise NotImplementedError("int4 PTX conversion: this jax's Mosaic GPU does not hold "
+                                  "WGMMA int4 pairs as slices of 32-bit registers; leave "
+                                  "MgpuConfig.int4_ptx off")
+      src = mgpu_utils.bitcast(op.source, i32)
+      shifted = arith.shrui(src, mgpu_utils.c(4, i32))
+      args, cons = [src, shifted], "=r,r,r"
+      if off:
+        args.append(mgpu_utils.bitcast(off[0].registers[idx], i32))
+        cons += ",r"
+      out = llvm.inline_asm(i32, args, _int4_pair_ptx(op.offsets[0].value // 2, magic,
+                                                       float_type, const_offset), cons)
+      new_regs[idx] = mgpu_utils.bitcast(out, ir.VectorType.get((2,), out_el))
+    return mgpu.FragmentedArray(_registers=new_regs, _layout=arr.layout, _is_signed=None)
+
+  return convert(codes, *(() if offsets is None else (offsets,)))
+
+
+def int4_to_float_reference(codes: jax.Array, dtype, zeros: jax.Array | None = None
+                            ) -> jax.Array:
+  """What :func:`int4_to_float_ptx` computes, in plain jnp on the bit patterns (the check
+  of its arithmetic on the CPU): ``2**nmant + (v ^ 8 as unsigned)`` built by the same
+  bit operations, minus ``2**nmant + 8 + zero``."""
+  magic = _magic(dtype)
+  u = (codes.astype(jnp.int32) & 15) ^ 8  # two's complement nibble -> v + 8
+  bits = (u | magic).astype(jnp.uint16)
+  f = jax.lax.bitcast_convert_type(bits, jnp.dtype(dtype))
+  off = int4_offset(dtype) + (0.0 if zeros is None else zeros.astype(jnp.float32))
+  return f - jnp.asarray(off, jnp.float32).astype(dtype)
+
+
 def e4m3_to_float(codes, dtype):
   """float8_e4m3fn registers (a Mosaic fragmented array, or a jnp array in the
   interpreter) -> ``dtype``.  Hopper's ``cvt`` converts e4m3 pairs to f16 only (this

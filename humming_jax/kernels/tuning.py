@@ -91,9 +91,16 @@ class MgpuConfig:
   # columns, summed in SMEM: decode hides the dequant -> WGMMA latency this way) or "n"
   # (each its own 64 columns over all of K, sharing one x tile in SMEM: the x tile is read
   # from L2 once per CTA instead of once per 64 columns -- the traffic that bounds
-  # 128-row tiles, ~2 MB of x per 64 columns at 8192^2 M = 128; NOTES.md v11).  Not yet
-  # timed: off.
+  # 128-row tiles, ~2 MB of x per 64 columns at 8192^2 M = 128; NOTES.md v11).  H200
+  # session 10: loses on the dense kernel (L2 serves the re-reads), wins 1.12-1.38x on
+  # grouped prefill tiles (grouped_wna16_mgpu.heuristic picks it there); off here.
   split_warpgroups: str = "k"
+  # int4 codes: one inline PTX block per pair (prmt, lop3, sub) with the zero point folded
+  # into the magic-number constant (kernels/mgpu_convert.int4_to_float_ptx) instead of
+  # Mosaic's conversion plus a subtraction per pair.  Nsight Compute (NOTES.md v12): the
+  # decode kernel issues ~4.2 instructions per weight; this saves ~0.6 of them (predicted
+  # ~-15 % at M = 1).  Built without a GPU: off until its GPU tests pass.
+  int4_ptx: bool = False
 
   def __post_init__(self):
     if self.split_warpgroups not in ("k", "n"):

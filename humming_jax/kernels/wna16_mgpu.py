@@ -292,7 +292,7 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
   if x.dtype not in (jnp.bfloat16, jnp.float16):
     raise ValueError(f"x.dtype={x.dtype}: the grouped Mosaic kernel takes bfloat16 / float16")
   cdt = x.dtype
-  sub = _divisor(config.substeps, k_tiles)
+  sub = divisor(config.substeps, k_tiles)
   if grouped:  # x rows read from each tile's first row; output: block_m rows per tile
     block_m = tiles.block_m
     mp = tiles.num_tiles * block_m
@@ -318,6 +318,10 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
                      f"column-scale row for per-channel {FAMILY} params (layout "
                      f"{params.layout!r}); prepare them again with this version")
   zero_mma = _ones_tile(config, has_zeros) and gpt == 1
+  # int4 codes through mgpu_convert.int4_to_float_ptx (the GPU only; one zero row per K
+  # tile, as the offset is a broadcast row).
+  int4_ptx = (config.int4_ptx and bits == 4 and not fp4 and not interpret and not zero_mma
+              and (gpt == 1 or not has_zeros))
   # v6 experiments (tuning.MgpuConfig); one scale row per tile only.  Column scales keep
   # the per-tile float32 partials too (no multiply; NOTES.md v11: accumulating every tile
   # straight into the WGMMA accumulator, config scale_after_mma=False, took 1-6 % less
@@ -329,7 +333,7 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
   if has_zeros:
     operands.append(params.zeros.astype(cdt))
   k_steps = k_tiles // sub
-  split = _divisor(config.split_k, k_steps)
+  split = divisor(config.split_k, k_steps)
   steps = k_steps // split  # pipeline steps per CTA
   fused_epilogue = split == 1  # else f32 partials (split, Np, Mp), summed by XLA
   out_bytes = 2 if fused_epilogue else 4
@@ -337,13 +341,13 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
   # share_x, N (each its own 64 columns over every step, one x tile shared in SMEM).
   share_x = config.split_warpgroups == "n"
   splits = np_ // BLOCK_N if share_x else steps  # what the warpgroups divide
-  wgs = _divisor(config.warpgroups, splits)
+  wgs = divisor(config.warpgroups, splits)
   if interpret and share_x:  # the CPU interpreter can leave a third warpgroup thread
-    wgs = _divisor(min(wgs, 2), splits)  # unscheduled on a 2-core machine (NOTES.md v11)
+    wgs = divisor(min(wgs, 2), splits)  # unscheduled on a 2-core machine (NOTES.md v11)
   while not explicit and wgs > 1 and smem_bytes(
       block_m, min(2, steps if share_x else steps // wgs), sub, bk, bits, has_zeros,
       out_bytes, wgs, zero_mma, gpt, col, share_x) > SMEM_BYTES:
-    wgs = _divisor(wgs - 1, splits)  # e.g. group 256 x 64 tokens: 4 warpgroups do not fit
+    wgs = divisor(wgs - 1, splits)  # e.g. group 256 x 64 tokens: 4 warpgroups do not fit
   steps_w = steps if share_x else steps // wgs
   stages = min(config.stages, steps_w, MAX_BARRIERS // (1 if share_x else wgs))
   stages = fit_stages(dataclasses.replace(config, stages=stages, substeps=sub, warpgroups=wgs),
@@ -424,6 +428,8 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
       def compute(slot, acc_ref, total):
         x_smem = x_buf.at[0 if share_x else wg, slot]
         for j in range(sub):  # MMA j runs while tile j + 1 is dequantized
+          row = lambda r, i=0, j=j: plgpu.load(r.at[wg, slot, j * gpt + i], layout=_ROW)
+          bcast = lambda v, shape: lax.broadcast_in_dim(v, shape, [0])
           w = plgpu.load(w_buf.at[wg, slot, j], layout=_UPCAST[bits],
                          optimized=config.optimized_load)
           if fp4 and not interpret and config.fp4_whole_registers:  # relayout inside
@@ -434,17 +440,21 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
             w = mgpu_convert.to_float_interpret(plgpu.layout_cast(w, _WGMMA), cdt)
           elif fp8:
             w = mgpu_convert.e4m3_to_float(plgpu.layout_cast(w, _WGMMA), cdt)
+          elif int4_ptx:  # c - z in one PTX block per pair: z folded into the magic offset
+            off = None
+            if has_zeros:
+              off = bcast((row(z_buf).astype(jnp.float32) + mgpu_convert.int4_offset(cdt)
+                           ).astype(cdt), (BLOCK_N, bk))
+            w = mgpu_convert.int4_to_float_ptx(w, cdt, off)
           else:
             w = plgpu.layout_cast(w, _WGMMA).astype(cdt)
-          row = lambda r, i=0: plgpu.load(r.at[wg, slot, j * gpt + i], layout=_ROW)
-          bcast = lambda v, shape: lax.broadcast_in_dim(v, shape, [0])
 
           def per_k(r):  # the tile's rows, each broadcast over its group's K columns
             if gpt == 1:
               return bcast(row(r), w.shape)
             return jnp.concatenate([bcast(row(r, i), (BLOCK_N, bk // gpt))
                                     for i in range(gpt)], axis=1)
-          if has_zeros and not zero_mma:
+          if has_zeros and not zero_mma and not int4_ptx:
             w = w - per_k(z_buf)  # small integers: exact
           if not after and not col:
             w = w * per_k(s_buf)  # the bf16-rounded dequantized weight
@@ -650,7 +660,7 @@ def run_direct(codes: jax.Array, x: jax.Array, col_scale: jax.Array, *, n: int,
   return run(view, x, interpret=interpret, config=config)
 
 
-def _divisor(want: int, total: int) -> int:
+def divisor(want: int, total: int) -> int:
   """The largest d <= want dividing total (configs are upper bounds, shapes decide)."""
   return max(d for d in range(1, min(want, total) + 1) if total % d == 0)
 
