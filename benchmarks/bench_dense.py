@@ -68,17 +68,18 @@ def quantized_layers(spec_name, ws):
   key = (spec_name, id(ws))
   if key not in _QUANT_CACHE:
     _QUANT_CACHE.clear()  # one weight set at a time: keep device memory bounded
-    spec = hj.QuantSpec.preset(spec_name) if spec_name in hj.PRESETS else spec_name
+    name, _, family = spec_name.partition("@")  # <preset>@<kernel family>: hj.prepare's
+    spec = hj.QuantSpec.preset(name) if name in hj.PRESETS else name  # kernel= choice
     quant = jax.jit(hj.quantize, static_argnums=1)
     qs = [quant(w, spec) for w in ws]
-    _QUANT_CACHE[key] = (qs, [jax.jit(hj.prepare)(q) for q in qs])
+    prep = jax.jit(lambda q: hj.prepare(q, kernel=family or None))
+    _QUANT_CACHE[key] = (qs, [prep(q) for q in qs])
   return _QUANT_CACHE[key]
 
 
 def bench_point(spec_name, k, n, m, ws, x, *, calls, repeats, check=True, config=None):
   qs, prepared = quantized_layers(spec_name, ws)
-  spec = qs[0].spec
-  kernel = registry.find(spec)
+  kernel = registry.by_layout(prepared[0].layout)
   layer = (lambda p, x: kernel.run(p, x, config=config)) if config else \
       (lambda p, x: hj.quant_dense(p, x, backend="pallas"))
   res = {}

@@ -9,23 +9,27 @@
 #   2. grouped_wna16_mgpu.max_tiles <= M: at 1 token the grid no longer launches twice the
 #      CTAs (Nsight Compute: 128 of 256 idle).  Prediction: a few us off DeepSeek-V3 gate_up
 #      at 1 token (29.6 / 27.1 us wall, 16.9 us kernel).
-#   3. Same-run Humming rows for the grouped GEMM (weights handed over by DLPack now).
-# Step timeouts sum to 520 s.  Carry: [".whl"].
+#   3. The opt-in wnam_mgpu family: W4A8 / W8A8 / W4A4 at decode on the WnA16 Mosaic
+#      kernel (activations fake-quantized).  Prediction: W4A8 at M <= 16 from the W8A8
+#      Triton kernel's ~50 us (session 2) to W4A16's ~22 us + ~2 us of activation
+#      quantization; if so, make it the default below M = 512 (issue 4: W4A8 never slower
+#      than W4A16).
+#   4. Same-run Humming rows for the grouped GEMM (weights handed over by DLPack now).
+# Step timeouts sum to 560 s.  Carry: [".whl"].
 source "$(dirname "$0")/gpu_env.sh"
 T() { local t=$1; shift; timeout -k 5 -s INT "$t" "$@"; }
 command -v ncu >/dev/null || export PATH="$PATH:$(ls -d /opt/nvidia/nsight-compute/*/ 2>/dev/null | head -1)"
 step gpu_tests
-T 150 python3 -m pytest tests/test_wna16_mgpu.py tests/test_grouped_wna16_mgpu.py -m gpu \
-  -k "int4_ptx or split_k or qwen3_decode" -p no:cacheprovider --tb=short -rA \
+T 170 python3 -m pytest tests/test_wna16_mgpu.py tests/test_grouped_wna16_mgpu.py \
+  tests/test_wnam_mgpu.py -m gpu -k "int4_ptx or split_k or qwen3_decode or decode_gpu" \
+  -p no:cacheprovider --tb=short -rA \
   -W ignore::DeprecationWarning > "$OUT/gpu_tests.log" 2>&1
 grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/gpu_tests.log" | cut -c1-200 | tail -12
-grep -E "int4_ptx .*rel err" "$OUT/gpu_tests.log" | head -8
+grep -E "(int4_ptx|wnam_mgpu) .*rel err" "$OUT/gpu_tests.log" | head -12
 step profile_int4_ptx
-for spec in w4a16-g128-zp w4a16-g128; do
-  T 60 python3 benchmarks/profile_mgpu.py --spec $spec --ms 1,16,128 --configs default,ptx \
-    --iterations 3 > "$OUT/profile_ptx_$spec.log" 2>&1
-  grep -E "^M=" "$OUT/profile_ptx_$spec.log" | cut -c1-200
-done
+T 70 python3 benchmarks/profile_mgpu.py --spec w4a16-g128-zp --ms 1,16,128 \
+  --configs default,ptx --iterations 3 > "$OUT/profile_ptx.log" 2>&1
+grep -E "^M=" "$OUT/profile_ptx.log" | cut -c1-200
 step ncu_int4_ptx
 export XLA_PYTHON_CLIENT_PREALLOCATE=false
 T 60 ncu --clock-control none --kernel-name regex:mosaic_gpu --launch-skip 1 --launch-count 1 \
@@ -34,8 +38,13 @@ T 60 ncu --clock-control none --kernel-name regex:mosaic_gpu --launch-skip 1 --l
 grep -E "Duration|DRAM Throughput|Issue Slots Busy|Executed Ipc Active|SM Active" \
   "$OUT/ncu_ptx_m1.log" | head -6
 unset XLA_PYTHON_CLIENT_PREALLOCATE
+step w4a8_decode
+T 90 python3 benchmarks/bench_dense.py --shapes 8192x8192 --ms 1,16 \
+  --specs w4a16-g128,w4a8-int8,w4a8-int8@wnam_mgpu,w4a16-mxfp4,w4a8-mxfp4,w4a8-mxfp4@wnam_mgpu \
+  --calls 20 --repeats 2 --json "$OUT/w4a8_decode.json" > "$OUT/w4a8_decode.log" 2>&1
+grep -E "^8192|rror" "$OUT/w4a8_decode.log" | cut -c1-250
 step moe_with_humming
-T 170 python3 benchmarks/bench_moe.py --shapes deepseek-v3-gate_up,qwen3-30b-a3b-gate_up \
+T 140 python3 benchmarks/bench_moe.py --shapes deepseek-v3-gate_up,qwen3-30b-a3b-gate_up \
   --tokens 1,64,1024 --specs w4a16-g128-zp@mgpu --humming --no-baselines \
   --calls 10 --repeats 2 --json "$OUT/moe_humming.json" > "$OUT/moe_humming.log" 2>&1
 grep -E "T=|rror" "$OUT/moe_humming.log" | cut -c1-400

@@ -60,7 +60,8 @@ def prepare(params: QuantizedWeight, *, grouped: bool = False,
   costs a re-layout of the codes (about one extra read+write of the weight bytes) per
   call; prepare once and keep the result to avoid it.
 
-  ``kernel``: a registered family name (``"wna16"``, ``"wna16_mgpu"``; grouped:
+  ``kernel``: a registered family name (``"wna16"``, ``"wna16_mgpu"``, ``"w8a8"``,
+  ``"wnam_mgpu"`` -- quantized-activation specs on the WnA16 kernel, for decode; grouped:
   ``"grouped_wna16"``, ``"grouped_wna16_mgpu"``, ``"grouped_w8a8"``) to prepare for
   instead of the default choice for this spec and shape; the params then run on that
   family.  E.g. the Mosaic grouped kernel for prefill-heavy Qwen3-style MoE experts

@@ -163,10 +163,34 @@ def test_round_e2m1_equals_format_rne():
                                 np.asarray(want))
 
 
-@pytest.mark.parametrize("spec", [
+NO_CARRIER = [  # no 8-bit tensor-core carrier: the W8A8 family refuses them
     hj.QuantSpec("int8", "channel", 0, scale_dtype="float32", act="fp8_e4m3"),  # int8 !⊂ e4m3
     hj.QuantSpec("fp8_e4m3", "channel", 0, scale_dtype="float32", act="fp8_e5m2"),
     hj.QuantSpec("uint4", "group", 128, zero_point=True, act="int8"),
+]
+
+
+@pytest.mark.parametrize("spec", NO_CARRIER)
+def test_specs_without_a_carrier_run_on_the_wna16_kernel(spec):
+  """The W8A8 family refuses them; the wnam_mgpu family (activations quantized, then
+  rounded to bf16, on the WnA16 Mosaic kernel) computes them within the bf16 rounding."""
+  from humming_jax.kernels import reference, registry
+  assert not w8a8.supports(spec)
+  assert registry.find(spec).name == "wnam_mgpu"
+  k, n = 256, 128
+  w = jax.random.normal(jax.random.key(4), (k, n))
+  q = hj.quantize(w, spec)
+  x = jax.random.normal(jax.random.key(5), (2, k), jnp.bfloat16)
+  y = hj.quant_dense(q, x, backend="interpret")
+  ref = reference.dense_reference(q, x)
+  assert float(jnp.linalg.norm((y - ref).astype(jnp.float32))
+               / jnp.linalg.norm(ref.astype(jnp.float32))) <= 1e-2
+
+
+@pytest.mark.parametrize("spec", [
+    hj.QuantSpec("fp8_e4m3", "block", 128, block_n=128, scale_dtype="float32",
+                 act="fp8_e5m2"),
+    hj.QuantSpec("int8", "block", 128, block_n=128, scale_dtype="float32", act="fp8_e4m3"),
 ])
 def test_unsupported_specs_refused(spec):
   assert not w8a8.supports(spec)

@@ -1,0 +1,114 @@
+"""Quantized-activation specs on the Mosaic WnA16 kernel (kernels/wnam_mgpu.py, opt-in).
+
+Interpret mode (CPU, CI): every supported activation-quantized preset and a static
+per-tensor spec against kernels/reference.py (the same activation quantization) and against
+the default W8A8 family; the layout round trip; named errors; the H200 lowering.  The
+@pytest.mark.gpu test runs the 8192^2 decode shapes on the H200 (queued in
+benchmarks/gpu_session_next.sh; not yet run).
+"""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import humming_jax as hj
+from humming_jax.kernels import reference, registry, wnam_mgpu as wm
+
+TOL = 1e-2  # relative, vs the reference: one bf16 rounding of each activation (~2**-9)
+STATIC = hj.QuantSpec("int8", "channel", 0, scale_dtype="float32", act="int8",
+                      act_granularity="tensor", act_static=True)
+SPECS = {n: hj.QuantSpec.preset(n) for n in ("w4a8-int8", "w4a8-fp8", "w4a8-mxfp4",
+                                              "w8a8-int8", "w8a8-fp8", "w8a8-mxfp8",
+                                              "w4a4-nvfp4", "w4a4-mxfp4")}
+SPECS["w8a8-int8-static"] = STATIC
+
+
+def rel(y, ref):
+  y, ref = jnp.asarray(y, jnp.float32), jnp.asarray(ref, jnp.float32)
+  return float(jnp.linalg.norm(y - ref) / jnp.linalg.norm(ref))
+
+
+def make(spec, m, k, n, seed=0, dtype=jnp.bfloat16):
+  kw, kb, kx = jax.random.split(jax.random.key(seed), 3)
+  w = jax.random.normal(kw, (k, n)) / np.sqrt(k)
+  b = jax.random.normal(kb, (n,))
+  x = jax.random.normal(kx, (m, k), jnp.float32).astype(dtype)
+  s = (float(jnp.max(jnp.abs(x.astype(jnp.float32)))) / spec.act_format.max_value
+       if spec.act_static else None)
+  q = hj.quantize(w, spec, bias=b, act_scale=s)
+  return q, x
+
+
+@pytest.mark.parametrize("name", sorted(SPECS))
+def test_matches_the_reference_and_the_w8a8_family(name):
+  spec = SPECS[name]
+  assert wm.supports(spec) and registry.find(spec).name == "w8a8"  # opt-in, not default
+  q, x = make(spec, 5, 256, 192, seed=1)
+  p = hj.prepare(q, kernel=wm.FAMILY)
+  assert registry.layout_family(p.layout) == wm.FAMILY and p.spec == spec
+  y = jax.jit(lambda p, x: hj.quant_dense(p, x, backend="interpret"))(p, x)
+  assert y.shape == (5, 192) and y.dtype == x.dtype
+  assert rel(y, reference.dense_reference(q, x)) <= TOL
+  y8 = hj.quant_dense(hj.prepare(q), x, backend="interpret")  # the default W8A8 family
+  assert rel(y, y8) <= TOL
+
+
+def test_float16_activations():
+  spec = SPECS["w4a8-int8"]
+  q, x = make(spec, 3, 256, 64, seed=2, dtype=jnp.float16)
+  y = wm.run(wm.prepare(q), x, interpret=True)
+  assert y.dtype == jnp.float16
+  assert rel(y, reference.dense_reference(q, x)) <= TOL
+
+
+@pytest.mark.parametrize("name", ["w4a8-int8", "w4a4-nvfp4", "w8a8-int8-static"])
+def test_prepare_round_trip_is_exact(name):
+  q, _ = make(SPECS[name], 1, 256, 64, seed=3)
+  back = wm.to_canonical(wm.prepare(q))
+  assert back.layout == "canonical" and back.spec == q.spec
+  for a, b in zip(jax.tree.leaves(back), jax.tree.leaves(q)):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_bad_inputs_are_named():
+  with pytest.raises(ValueError, match="act=None"):
+    wm.prepare(hj.quantize(jnp.ones((256, 64)), "w4a16-g128"))
+  with pytest.raises(ValueError, match="granularity='block'"):
+    wm.prepare(hj.quantize(jax.random.normal(jax.random.key(0), (256, 128)),
+                           "w8a8-fp8-block"))
+  q, x = make(SPECS["w4a8-int8"], 2, 256, 64)
+  with pytest.raises(ValueError, match="expected wnam_mgpu"):
+    wm.run(hj.prepare(q), x)
+  with pytest.raises(ValueError, match=r"x must be \(M, K=256\)"):
+    wm.run(wm.prepare(q), x[:, :128], interpret=True)
+
+
+@pytest.mark.parametrize("name", ["w4a8-int8", "w4a4-nvfp4"])
+def test_lowers_for_h200(name):
+  from test_cuda_lowering import lower_for_h200
+  spec = SPECS[name]
+  q = jax.eval_shape(lambda w: hj.quantize(w, spec), jax.ShapeDtypeStruct((8192, 8192),
+                                                                         jnp.float32))
+  p = jax.eval_shape(wm.prepare, q)
+  x = jax.ShapeDtypeStruct((16, 8192), jnp.bfloat16)
+  assert "custom_call" in lower_for_h200(lambda p, x: wm.run(p, x), p, x)
+
+
+GPU_SPECS = dict(SPECS, **{  # + specs only this family runs (no 8-bit carrier: W8A8 refuses)
+    "w8a8-int8-fp8act": hj.QuantSpec("int8", "channel", 0, scale_dtype="float32",
+                                     act="fp8_e4m3"),
+    "w4a8-uint4-zp": hj.QuantSpec("uint4", "group", 128, zero_point=True, act="int8")})
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", [1, 16])
+@pytest.mark.parametrize("name", ["w4a8-int8", "w4a8-mxfp4", "w8a8-int8", "w4a4-nvfp4",
+                                  "w8a8-int8-fp8act", "w4a8-uint4-zp"])
+def test_decode_gpu(name, m):
+  spec = GPU_SPECS[name]
+  q, x = make(spec, m, 8192, 8192, seed=4)
+  p = jax.jit(lambda q: hj.prepare(q, kernel=wm.FAMILY))(q)
+  y = jax.jit(lambda p, x: hj.quant_dense(p, x, backend="pallas"))(p, x)
+  e = rel(y, jax.jit(reference.dense_reference)(q, x))
+  print(f"wnam_mgpu {name} M={m}: rel err {e:.2e}")
+  assert e <= TOL
