@@ -333,9 +333,7 @@ def local_weight(q: QuantizedWeight) -> QuantizedWeight:
 # ----------------------------------------------------------------------------------------
 def _weight_only(q: QuantizedWeight) -> QuantizedWeight:
   """The same weight with activations left unquantized (the spec's act fields cleared)."""
-  spec = q.spec.replace(act=None, act_granularity="token", act_group_size=0,
-                        act_scale_dtype="float32", act_static=False)
-  return q.replace(spec=spec, act_scale=None)
+  return q.replace(spec=q.spec.weight_only(), act_scale=None)
 
 
 def _row_activation_plan(spec) -> str:

@@ -104,6 +104,11 @@ class QuantSpec:
   def replace(self, **changes) -> "QuantSpec":
     return dataclasses.replace(self, **changes)
 
+  def weight_only(self) -> "QuantSpec":
+    """The same weight quantization with activations left unquantized (WnA16)."""
+    return self.replace(act=None, act_granularity="token", act_group_size=0,
+                        act_scale_dtype="float32", act_static=False)
+
   # ---- presets -------------------------------------------------------------------------
   @staticmethod
   def preset(name: str) -> "QuantSpec":

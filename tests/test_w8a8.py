@@ -193,7 +193,9 @@ def test_specs_without_a_carrier_run_on_the_wna16_kernel(spec):
     hj.QuantSpec("int8", "block", 128, block_n=128, scale_dtype="float32", act="fp8_e4m3"),
 ])
 def test_unsupported_specs_refused(spec):
-  assert not w8a8.supports(spec)
+  from humming_jax.kernels import registry, wnam_mgpu
+  assert not w8a8.supports(spec) and registry.find(spec) is None
+  assert "granularity='block'" in wnam_mgpu.unsupported_reason(spec)
   k, n = 256, 128
   w = jax.random.normal(jax.random.key(4), (k, n))
   q = hj.quantize(w, spec)
