@@ -140,3 +140,47 @@ def test_decode_gpu(name, m):
   e = rel(y, jax.jit(reference.dense_reference)(q, x))
   print(f"wnam_mgpu {name} M={m}: rel err {e:.2e}")
   assert e <= TOL
+
+
+@pytest.mark.parametrize("name", ["w4a8-int8", "w4a8-fp8", "w8a8-int8-static"])
+def test_prefill_runs_the_8bit_gemm_from_this_layout(name, monkeypatch):
+  """M >= 512: the W8A8 family's Mosaic 8-bit GEMM on the weights unpacked from the WnA16
+  layout -- the same result as that family's own prefill path (w8a8.run_mgpu), and the
+  reference with the same activation quantization."""
+  from humming_jax.kernels import w8a8, w8a8_mgpu
+  calls = []
+  orig = w8a8_mgpu.gemm
+  monkeypatch.setattr(w8a8_mgpu, "gemm", lambda *a, **kw: calls.append(1) or orig(*a, **kw))
+  spec = SPECS[name]
+  q, x = make(spec, w8a8_mgpu.MIN_M + 8, 384, 256, seed=6)
+  p = wm.prepare(q)
+  assert wm.prefill_8bit_runs(p, x.dtype)
+  y = wm.run(p, x, interpret=True)
+  assert calls == [1]
+  y8 = w8a8.run_mgpu(hj.prepare(q), x, interpret=True)
+  assert rel(y, y8) <= 1e-6
+  assert rel(y, reference.dense_reference(q, x)) <= 2e-4
+
+
+def test_prefill_without_an_exact_carrier_takes_the_wna16_path():
+  """w4a8-mxfp4 (K groups of 32) and zero-point weights: no 8-bit GEMM; M >= 512 runs
+  wna16_mgpu.run on the fake-quantized activations (XLA's dequantize + GEMM)."""
+  for spec in (SPECS["w4a8-mxfp4"], hj.QuantSpec("uint4", "group", 128, zero_point=True,
+                                                 act="int8")):
+    q, _ = make(spec, 1, 256, 128, seed=7)
+    assert not wm.prefill_8bit_runs(wm.prepare(q), jnp.bfloat16)
+
+
+@pytest.mark.gpu
+def test_prefill_gpu():
+  """w4a8-int8 at 8192^2, M = 1024: the 8-bit GEMM on weights unpacked from this layout."""
+  from humming_jax.kernels import w8a8
+  spec = SPECS["w4a8-int8"]
+  q, x = make(spec, 1024, 8192, 8192, seed=8)
+  p = jax.jit(wm.prepare)(q)
+  assert wm.prefill_8bit_runs(p, x.dtype)
+  y = jax.jit(wm.run)(p, x)
+  e = rel(y, jax.jit(reference.dense_reference)(q, x))
+  e8 = rel(y, jax.jit(w8a8.run_mgpu)(jax.jit(hj.prepare)(q), x))
+  print(f"wnam_mgpu prefill w4a8-int8 M=1024: rel err {e:.2e}, vs w8a8.run_mgpu {e8:.2e}")
+  assert e <= 2e-4 and e8 <= 1e-6

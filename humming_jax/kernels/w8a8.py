@@ -491,8 +491,26 @@ def run_mgpu(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
   if x.dtype not in w8a8_mgpu.OUT_DTYPES:
     raise ValueError(f"x.dtype={x.dtype}: the Mosaic W8A8 kernel writes bfloat16 or float16 "
                      f"(float32 activations: w8a8.run, which takes the Triton kernel)")
-  m = x.shape[0]
   _, _, kp, np_ = kernel_dims(params, plan)
+  return gemm_8bit(
+      x, params, lambda config: _mgpu_weights(params, plan, config.unpack_words_first),
+      wna16._decode_scale_row(params.scales, spec), kp=kp, np_=np_, config=config,
+      interpret=interpret)
+
+
+def gemm_8bit(x: jax.Array, params: QuantizedWeight, weights, w_scales: jax.Array, *,
+              kp: int, np_: int, config: w8a8_mgpu.Config | None = None,
+              interpret: bool = False) -> jax.Array:
+  """The activation pre-pass and the Mosaic 8-bit GEMM, whatever layout the weights come
+  from (:func:`run_mgpu`: this family's; ``wnam_mgpu``: the WnA16 Mosaic layout).
+
+  ``weights(config)``: the (Np, Kp) 8-bit carrier codes; ``w_scales``: float32 weight
+  scales, (K groups, Np) or one (1, Np) row; ``params``: spec, shape, act_scale, bias and
+  the global scale (a scalar or a (1, Np) row)."""
+  spec = params.spec
+  plan = plan_for(spec)
+  n = params.shape[1]
+  m = x.shape[0]
   grouped = bool(plan.pg)
   config = config or w8a8_mgpu.heuristic(m, np_, grouped, kp)
   if grouped and config.tile_k != plan.pg:
@@ -505,19 +523,17 @@ def run_mgpu(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
     row_groups = jnp.broadcast_to(sa, (mp, sa.shape[1])).T
   else:  # per token, or the tensor's
     row_scale = jnp.broadcast_to(sa, (mp, 1)).reshape(mp)
-  sw = wna16._decode_scale_row(params.scales, spec)  # (K groups or 1, Np) float32
   if plan.w_group:
-    col_groups = sw[:kp // plan.w_group]
+    col_groups = w_scales[:kp // plan.w_group]
   else:
-    col_scale = sw.reshape(np_)
+    col_scale = w_scales.reshape(np_)
   if params.global_scale is not None:
-    s2 = params.global_scale.astype(jnp.float32)
-    col_scale = jnp.full((np_,), s2) if col_scale is None else col_scale * s2
+    s2 = jnp.broadcast_to(params.global_scale.astype(jnp.float32).reshape(-1), (np_,))
+    col_scale = s2 if col_scale is None else col_scale * s2
   bias = None
   if params.bias is not None:
     bias = jnp.pad(params.bias.astype(jnp.float32), (0, np_ - n))
-  y = w8a8_mgpu.gemm(a, _mgpu_weights(params, plan, config.unpack_words_first),
-                     row_scale, col_scale, bias,
+  y = w8a8_mgpu.gemm(a, weights(config), row_scale, col_scale, bias,
                      out_dtype=x.dtype, row_group_scale=row_groups,
                      col_group_scale=col_groups, config=config, interpret=interpret)
   return y if (mp, np_) == (m, n) else y[:m, :n]

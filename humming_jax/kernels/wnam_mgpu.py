@@ -11,9 +11,11 @@ How: the spec's own activation quantization (``quantize.fake_quantize_activation
 the reference runs), rounded once to x's 16-bit dtype, then ``wna16_mgpu.run`` on the
 weight half of the spec in that kernel's layout.  The error against the reference (exact
 integer / fp8 products) is that one rounding of ``code * scale``: ~2**-9 relative per
-activation for bf16 (at most 2**-8), the error class of WnA16 itself.  M >= ``dequant_gemm_min_m``:
-``wna16_mgpu.run`` takes XLA's dequantize + GEMM in the activation dtype, slower than the
-W8A8 family's 8-bit Mosaic GEMM at prefill (NOTES_w8a8.md).
+activation for bf16 (at most 2**-8), the error class of WnA16 itself.  M >= 512 (prefill):
+the W8A8 family's 8-bit Mosaic GEMM on the weights unpacked from this layout to the 8-bit
+carrier per call (:func:`run_prefill_8bit`; the same GEMM and unpack cost as that family's
+own prefill path) where its carrier is exact; else ``wna16_mgpu.run``'s XLA dequantize +
+GEMM.
 
 Status (session 10): interpreter-tested against the reference and the W8A8 family; lowers
 for the H200.  Not timed on a GPU, so opt-in: ``hj.prepare(p, kernel="wnam_mgpu")``.  The
@@ -22,15 +24,15 @@ Specs the W8A8 family refuses (no 8-bit carrier: zero-point weights with quantiz
 activations, e5m2 activations, int8 weights with fp8 activations, activation groups that do
 not nest in the weight groups) have only this kernel; until its GPU tests pass it is
 fenced for them on the GPU (``gpu_known_bad``: ``backend=None`` computes them with XLA as
-before) and runs them in the interpreter.  Making it the default below M = 512 for the
-presets needs a dispatch by M inside one family and one layout for both paths (the W8A8
-family keeps 4-bit weights in the Triton slab layout): not designed yet.
+before) and runs them in the interpreter.  One prepared copy serves both regimes (decode
+on the WnA16 kernel, prefill on the 8-bit GEMM), so making this family the default for the
+W4A8 presets is a priority change once the GPU timing supports it.
 """
 from __future__ import annotations
 
 import jax
 
-from humming_jax.kernels import registry, wna16_mgpu
+from humming_jax.kernels import mgpu_convert, registry, w8a8, w8a8_mgpu, wna16_mgpu
 from humming_jax.quantize import QuantizedWeight, fake_quantize_activations
 from humming_jax.spec import QuantSpec
 
@@ -58,7 +60,6 @@ def supports(spec: QuantSpec) -> bool:
 def gpu_known_bad(spec: QuantSpec) -> str | None:
   """The WnA16 kernel's own fences, and (until their GPU test passes) the specs only this
   family runs."""
-  from humming_jax.kernels import w8a8  # noqa: PLC0415 - registration order
   if (why := wna16_mgpu.KERNEL.gpu_known_bad(weight_spec(spec))) is not None:
     return why
   if not w8a8.supports(spec):
@@ -104,9 +105,56 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
     raise ValueError(f"x must be (M, K={k}); got shape {x.shape}")
   if x.shape[0] == 0:
     return jax.numpy.zeros((0, n), x.dtype)
+  if x.shape[0] >= w8a8_mgpu.MIN_M and prefill_8bit_runs(params, x.dtype):
+    return run_prefill_8bit(params, x, interpret=interpret)
   xq = fake_quantize_activations(x, params.spec, params.act_scale).astype(x.dtype)
   return wna16_mgpu.run(_view(params, _renamed(params.layout, wna16_mgpu.FAMILY)), xq,
                         interpret=interpret, config=config)
+
+
+def prefill_8bit_runs(params: QuantizedWeight, x_dtype) -> bool:
+  """Whether the W8A8 family's Mosaic 8-bit GEMM computes these params from this layout:
+  an exact 8-bit carrier for weights and activations (``w8a8.plan_for``), K-group scales
+  of one WGMMA step (128) or none, N padded to 128, 16-bit activations."""
+  plan = w8a8.plan_for(params.spec)
+  if plan is None or plan.fold or params.num_experts is not None:
+    return False
+  if any(g not in (0, w8a8_mgpu.Config.tile_k) for g in (plan.w_group, plan.a_group)):
+    return False
+  return (params.codes.shape[-2] % 128 == 0
+          and jax.numpy.dtype(x_dtype) in map(jax.numpy.dtype, w8a8_mgpu.OUT_DTYPES))
+
+
+def _carrier_codes(params: QuantizedWeight, int_compute: bool) -> jax.Array:
+  """(Kp / bk, Np, bk) WnA16-layout codes -> (Np, Kp) 8-bit carrier values, exact: int4 /
+  int8 values as int8 (or e4m3), fp4 e2m1 and fp8 e4m3 values as e4m3."""
+  jnp = jax.numpy
+  codes = params.codes
+  t, np_, bk = codes.shape
+  if params.spec.weight_format.name == wna16_mgpu.FP4:
+    vals = mgpu_convert.to_float_interpret(codes, jnp.float32).astype(jnp.float8_e4m3fn)
+  elif int_compute:
+    vals = codes.astype(jnp.int8)
+  else:
+    vals = codes.astype(jnp.float32).astype(jnp.float8_e4m3fn)
+  return vals.transpose(1, 0, 2).reshape(np_, t * bk)
+
+
+def run_prefill_8bit(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
+                     config: w8a8_mgpu.Config | None = None) -> jax.Array:
+  """Prefill: the W8A8 family's activation pre-pass and Mosaic 8-bit GEMM
+  (``w8a8.gemm_8bit``) on the weights unpacked from this layout to the 8-bit carrier once
+  per call -- the same GEMM, carrier values and scales as ``w8a8.run_mgpu`` on the W8A8
+  family's own layout, so one prepared copy serves decode and prefill."""
+  if not prefill_8bit_runs(params, x.dtype):
+    raise ValueError(f"spec {params.spec.name}: the 8-bit GEMM needs an exact 8-bit carrier, "
+                     f"K-group scales of 128 (or none), N padded to 128 and 16-bit x; got "
+                     f"x.dtype={x.dtype}, padded N={params.codes.shape[-2]}")
+  plan = w8a8.plan_for(params.spec)
+  t, np_, bk = params.codes.shape
+  scales = params.scales.astype(jax.numpy.float32)  # (Kp / group, Np) or the (1, Np) row
+  return w8a8.gemm_8bit(x, params, lambda config: _carrier_codes(params, plan.int_compute),
+                        scales, kp=t * bk, np_=np_, config=config, interpret=interpret)
 
 
 KERNEL = registry.register(registry.DenseKernel(
