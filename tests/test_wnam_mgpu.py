@@ -142,17 +142,24 @@ def test_decode_gpu(name, m):
   assert e <= TOL
 
 
-@pytest.mark.parametrize("name", ["w4a8-int8", "w4a8-fp8", "w8a8-int8-static"])
-def test_prefill_runs_the_8bit_gemm_from_this_layout(name, monkeypatch):
+PREFILL = dict(SPECS, **{"fp4-g128-fp8act": hj.QuantSpec("fp4_e2m1", "group", 128,
+                                                         act="fp8_e4m3")})
+
+
+@pytest.mark.parametrize("name,k", [("w4a8-int8", 384), ("w4a8-fp8", 384),
+                                    ("w8a8-int8", 320), ("w8a8-int8-static", 384),
+                                    ("w8a8-fp8", 320), ("fp4-g128-fp8act", 384)])
+def test_prefill_runs_the_8bit_gemm_from_this_layout(name, k, monkeypatch):
   """M >= 512: the W8A8 family's Mosaic 8-bit GEMM on the weights unpacked from the WnA16
-  layout -- the same result as that family's own prefill path (w8a8.run_mgpu), and the
-  reference with the same activation quantization."""
+  layout (int4 -> int8 / e4m3, fp8 as is, fp4 -> e4m3; per-channel K = 320 padded) -- the same
+  result as that family's own prefill path (w8a8.run_mgpu), and the reference with the
+  same activation quantization."""
   from humming_jax.kernels import w8a8, w8a8_mgpu
   calls = []
   orig = w8a8_mgpu.gemm
   monkeypatch.setattr(w8a8_mgpu, "gemm", lambda *a, **kw: calls.append(1) or orig(*a, **kw))
-  spec = SPECS[name]
-  q, x = make(spec, w8a8_mgpu.MIN_M + 8, 384, 256, seed=6)
+  spec = PREFILL[name]
+  q, x = make(spec, w8a8_mgpu.MIN_M + 8, k, 256, seed=6)
   p = wm.prepare(q)
   assert wm.prefill_8bit_runs(p, x.dtype)
   y = wm.run(p, x, interpret=True)

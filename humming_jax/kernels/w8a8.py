@@ -486,8 +486,7 @@ def run_mgpu(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
                      f"needs no zero point, K-group scales of 128 (or none) and N padded "
                      f"to 128")
   plan = plan_for(spec)
-  k, n = params.shape
-  _check_x(x, k)
+  _check_x(x, params.shape[0])
   if x.dtype not in w8a8_mgpu.OUT_DTYPES:
     raise ValueError(f"x.dtype={x.dtype}: the Mosaic W8A8 kernel writes bfloat16 or float16 "
                      f"(float32 activations: w8a8.run, which takes the Triton kernel)")

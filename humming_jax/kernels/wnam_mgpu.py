@@ -1,4 +1,5 @@
-"""Quantized-activation specs (W8A8, W4A8, W4A4) on the Mosaic WnA16 kernel, for decode.
+"""Quantized-activation specs (W8A8, W4A8, W4A4) on the Mosaic WnA16 kernel at decode, and
+on the W8A8 family's 8-bit GEMM at prefill, from one prepared copy of the weights.
 
 At small M a GEMM streams its weights: the time is the weight bytes over the bandwidth,
 whatever the activations' format, so the 8-bit tensor cores buy nothing there.  The
@@ -13,9 +14,10 @@ weight half of the spec in that kernel's layout.  The error against the referenc
 integer / fp8 products) is that one rounding of ``code * scale``: ~2**-9 relative per
 activation for bf16 (at most 2**-8), the error class of WnA16 itself.  M >= 512 (prefill):
 the W8A8 family's 8-bit Mosaic GEMM on the weights unpacked from this layout to the 8-bit
-carrier per call (:func:`run_prefill_8bit`; the same GEMM and unpack cost as that family's
-own prefill path) where its carrier is exact; else ``wna16_mgpu.run``'s XLA dequantize +
-GEMM.
+carrier per call (:func:`run_prefill_8bit`: the same GEMM as that family's own prefill
+path; the unpack is an int4 -> int8 convert and a transpose of 128-wide K tiles, its cost
+not yet measured) where the carrier is exact, K groups are 128 or none and padded N is a
+multiple of 128 with 16-bit x; else ``wna16_mgpu.run``'s XLA dequantize + GEMM.
 
 Status (session 10): interpreter-tested against the reference and the W8A8 family; lowers
 for the H200.  Not timed on a GPU, so opt-in: ``hj.prepare(p, kernel="wnam_mgpu")``.  The
@@ -96,7 +98,9 @@ def to_canonical(prepared: QuantizedWeight) -> QuantizedWeight:
 def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
         config: wna16_mgpu.Config | None = None) -> jax.Array:
   """(M, K) float activations x prepared params -> (M, N) in x.dtype: the activations
-  quantized as the spec says and rounded to x.dtype, times the weights on the WnA16 kernel."""
+  quantized as the spec says and rounded to x.dtype, times the weights on the WnA16 kernel;
+  without an explicit ``config``, M >= 512 with an exact 8-bit carrier
+  (:func:`prefill_8bit_runs`) takes :func:`run_prefill_8bit`."""
   if registry.layout_family(params.layout) != FAMILY:
     raise ValueError(f"params.layout={params.layout!r}: expected {FAMILY}:... params; call "
                      f"hj.prepare(params, kernel={FAMILY!r}) first")
@@ -105,7 +109,7 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
     raise ValueError(f"x must be (M, K={k}); got shape {x.shape}")
   if x.shape[0] == 0:
     return jax.numpy.zeros((0, n), x.dtype)
-  if x.shape[0] >= w8a8_mgpu.MIN_M and prefill_8bit_runs(params, x.dtype):
+  if config is None and x.shape[0] >= w8a8_mgpu.MIN_M and prefill_8bit_runs(params, x.dtype):
     return run_prefill_8bit(params, x, interpret=interpret)
   xq = fake_quantize_activations(x, params.spec, params.act_scale).astype(x.dtype)
   return wna16_mgpu.run(_view(params, _renamed(params.layout, wna16_mgpu.FAMILY)), xq,
@@ -117,11 +121,13 @@ def prefill_8bit_runs(params: QuantizedWeight, x_dtype) -> bool:
   an exact 8-bit carrier for weights and activations (``w8a8.plan_for``), K-group scales
   of one WGMMA step (128) or none, N padded to 128, 16-bit activations."""
   plan = w8a8.plan_for(params.spec)
-  if plan is None or plan.fold or params.num_experts is not None:
+  if (plan is None or plan.fold or params.num_experts is not None or params.codes.ndim != 3
+      or registry.layout_family(params.layout) != FAMILY):
     return False
   if any(g not in (0, w8a8_mgpu.Config.tile_k) for g in (plan.w_group, plan.a_group)):
     return False
-  return (params.codes.shape[-2] % 128 == 0
+  return (params.codes.shape[-2] % 128 == 0  # N: two 64 / 128-column WGMMA tiles per CTA
+          and params.codes.shape[-1] % w8a8_mgpu.Config.tile_k == 0  # K tiles of 128
           and jax.numpy.dtype(x_dtype) in map(jax.numpy.dtype, w8a8_mgpu.OUT_DTYPES))
 
 
@@ -135,7 +141,9 @@ def _carrier_codes(params: QuantizedWeight, int_compute: bool) -> jax.Array:
     vals = mgpu_convert.to_float_interpret(codes, jnp.float32).astype(jnp.float8_e4m3fn)
   elif int_compute:
     vals = codes.astype(jnp.int8)
-  else:
+  elif codes.dtype == jnp.float8_e4m3fn:  # fp8 e4m3 weights: already the carrier
+    vals = codes
+  else:  # int4 values, exact in e4m3
     vals = codes.astype(jnp.float32).astype(jnp.float8_e4m3fn)
   return vals.transpose(1, 0, 2).reshape(np_, t * bk)
 
@@ -150,6 +158,9 @@ def run_prefill_8bit(params: QuantizedWeight, x: jax.Array, *, interpret: bool =
     raise ValueError(f"spec {params.spec.name}: the 8-bit GEMM needs an exact 8-bit carrier, "
                      f"K-group scales of 128 (or none), N padded to 128 and 16-bit x; got "
                      f"x.dtype={x.dtype}, padded N={params.codes.shape[-2]}")
+  w8a8._check_x(x, params.shape[0])
+  if x.shape[0] == 0:
+    return jax.numpy.zeros((0, params.shape[1]), x.dtype)
   plan = w8a8.plan_for(params.spec)
   t, np_, bk = params.codes.shape
   scales = params.scales.astype(jax.numpy.float32)  # (Kp / group, Np) or the (1, Np) row
