@@ -75,6 +75,22 @@ def _pair_ptx(part: int, shift: int, scale_bits: int, float_type: str) -> str:
   """
 
 
+def _sliced_word(reg):
+  """(the i32 register, first nibble) when Mosaic cut the fragment register ``reg`` from a
+  32-bit register of 8 nibbles by a unit-stride slice, else None (then the PTX cannot read
+  the whole word)."""
+  from jax.experimental.mosaic.gpu import utils as mgpu_utils
+  from jaxlib.mlir import ir
+  from jaxlib.mlir.dialects import vector
+
+  op = getattr(reg.owner, "opview", None)
+  if not (isinstance(op, vector.ExtractStridedSliceOp)
+          and mgpu_utils.bitwidth(op.source.type) == 32 and op.strides[0].value == 1):
+    return None
+  return (mgpu_utils.bitcast(op.source, ir.IntegerType.get_signless(32)),
+          op.offsets[0].value)
+
+
 def to_float_ptx(codes: jax.Array, dtype, *, relayout: bool = False) -> jax.Array:
   """Same as :func:`to_float_interpret`, as inline PTX on the registers (GPU only).
 
@@ -95,7 +111,7 @@ def to_float_ptx(codes: jax.Array, dtype, *, relayout: bool = False) -> jax.Arra
     from jax.experimental.mosaic import gpu as mgpu
     from jax.experimental.mosaic.gpu import utils as mgpu_utils
     from jaxlib.mlir import ir
-    from jaxlib.mlir.dialects import arith, llvm, vector
+    from jaxlib.mlir.dialects import arith, llvm
 
     i32 = ir.IntegerType.get_signless(32)
     if relayout:
@@ -108,11 +124,8 @@ def to_float_ptx(codes: jax.Array, dtype, *, relayout: bool = False) -> jax.Arra
         raise NotImplementedError(f"fp4 weights: this jax's Mosaic GPU holds WGMMA int4 "
                                   f"registers of {vlen} values (expected pairs); use the "
                                   f"Pallas-Triton kernel (wna16) for fp4 on it")
-      op = getattr(reg.owner, "opview", None)
-      if (isinstance(op, vector.ExtractStridedSliceOp)
-          and mgpu_utils.bitwidth(op.source.type) == 32 and op.strides[0].value == 1):
-        src = mgpu_utils.bitcast(op.source, i32)  # the 8-nibble register it was cut from
-        first = op.offsets[0].value
+      if (word := _sliced_word(reg)) is not None:
+        src, first = word  # the 8-nibble register it was cut from
         if first % 2:
           raise NotImplementedError(f"fp4 weights: this jax's Mosaic GPU slices WGMMA int4 "
                                     f"registers at odd nibble {first}; use the "
@@ -209,7 +222,7 @@ def int4_to_float_ptx(codes: jax.Array, dtype, offsets: jax.Array | None = None
     from jax.experimental.mosaic import gpu as mgpu
     from jax.experimental.mosaic.gpu import utils as mgpu_utils
     from jaxlib.mlir import ir
-    from jaxlib.mlir.dialects import arith, llvm, vector
+    from jaxlib.mlir.dialects import arith, llvm
 
     i32 = ir.IntegerType.get_signless(32)
     arr = arr.to_layout(mgpu.WGMMA_LAYOUT)
@@ -221,21 +234,19 @@ def int4_to_float_ptx(codes: jax.Array, dtype, offsets: jax.Array | None = None
     new_regs = np.empty_like(arr.registers)
     for idx, reg in np.ndenumerate(arr.registers):
       [vlen] = ir.VectorType(reg.type).shape
-      op = getattr(reg.owner, "opview", None)
-      if not (vlen == 2 and isinstance(op, vector.ExtractStridedSliceOp)
-              and mgpu_utils.bitwidth(op.source.type) == 32 and op.strides[0].value == 1
-              and op.offsets[0].value % 2 == 0):
+      word = _sliced_word(reg)
+      if vlen != 2 or word is None or word[1] % 2:
         raise NotImplementedError("int4 PTX conversion: this jax's Mosaic GPU does not hold "
                                   "WGMMA int4 pairs as slices of 32-bit registers; leave "
                                   "MgpuConfig.int4_ptx off")
-      src = mgpu_utils.bitcast(op.source, i32)
+      src, first = word
       shifted = arith.shrui(src, mgpu_utils.c(4, i32))
       args, cons = [src, shifted], "=r,r,r"
       if off:
         args.append(mgpu_utils.bitcast(off[0].registers[idx], i32))
         cons += ",r"
-      out = llvm.inline_asm(i32, args, _int4_pair_ptx(op.offsets[0].value // 2, magic,
-                                                       float_type, const_offset), cons)
+      out = llvm.inline_asm(i32, args, _int4_pair_ptx(first // 2, magic, float_type,
+                                                       const_offset), cons)
       new_regs[idx] = mgpu_utils.bitcast(out, ir.VectorType.get((2,), out_el))
     return mgpu.FragmentedArray(_registers=new_regs, _layout=arr.layout, _is_signed=None)
 

@@ -613,11 +613,12 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
     return out if (rows, np_) == (m, n) else out[:m, :n]
   # One XLA fusion: split sum, transpose, scales, bias, cast.  Grouped: every row takes its
   # tile's expert's rows (kind-0 tiles' rows are garbage; the callers never read them).
-  y = out.sum(axis=0).T[:, :n] if grouped else out.sum(axis=0).T[:m, :n]
   if grouped:
+    y = out.sum(axis=0).T[:, :n]
     row_expert = jnp.repeat(tiles.sched.reshape(-1, 4)[:, 0], block_m)  # (num_tiles * bm,)
     row = lambda v: v.reshape(v.shape[0], -1)[row_expert, :n]  # (E, [1,] Np) -> per row
   else:
+    y = out.sum(axis=0).T[:m, :n]
     row = lambda v: v.reshape(-1)[:n]
   if params.global_scale is not None:
     y = y * row(params.global_scale)
@@ -745,6 +746,15 @@ def shared_x_config(block_m: int, warpgroups: int = 4) -> Config:
                 split_warpgroups="n")
 
 
+def code_values(params: QuantizedWeight, dtype) -> jax.Array:
+  """The (Kp / bk, Np, bk) codes of this layout as values in ``dtype`` (zero points and
+  scales not applied): integers as they are, fp4 e2m1 through the format's decode, fp8 as
+  its values.  Exact in any float dtype that holds them (and int8 for integer codes)."""
+  if params.spec.weight_format.name == FP4:
+    return mgpu_convert.to_float_interpret(params.codes, dtype)
+  return params.codes.astype(dtype)
+
+
 def dequantize_prepared(params: QuantizedWeight, dtype=jnp.float32, *,
                         with_global_scale: bool = True) -> jax.Array:
   """(K, N) weights straight from the kernel layout: one XLA fusion (int4 -> float is a
@@ -754,11 +764,7 @@ def dequantize_prepared(params: QuantizedWeight, dtype=jnp.float32, *,
   leaves column scales (per-channel params, :func:`column_scaled`) out too."""
   k, n = params.shape
   t, np_, bk = params.codes.shape
-  if params.spec.weight_format.name == FP4:
-    c = mgpu_convert.to_float_interpret(params.codes, dtype)
-  else:
-    c = params.codes.astype(dtype)
-  c = c.transpose(0, 2, 1).reshape(t * bk, np_)  # (Kp, Np)
+  c = code_values(params, dtype).transpose(0, 2, 1).reshape(t * bk, np_)  # (Kp, Np)
   rep_k = lambda r: expand_scales(r.astype(dtype), t * bk, np_)  # rows over their K
   if params.zeros is not None:
     c = c - rep_k(params.zeros)

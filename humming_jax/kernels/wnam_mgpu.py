@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import jax
 
-from humming_jax.kernels import mgpu_convert, registry, w8a8, w8a8_mgpu, wna16_mgpu
+from humming_jax.kernels import registry, w8a8, w8a8_mgpu, wna16_mgpu
 from humming_jax.quantize import QuantizedWeight, fake_quantize_activations
 from humming_jax.spec import QuantSpec
 
@@ -131,20 +131,12 @@ def prefill_8bit_runs(params: QuantizedWeight, x_dtype) -> bool:
           and jax.numpy.dtype(x_dtype) in map(jax.numpy.dtype, w8a8_mgpu.OUT_DTYPES))
 
 
-def _carrier_codes(params: QuantizedWeight, int_compute: bool) -> jax.Array:
-  """(Kp / bk, Np, bk) WnA16-layout codes -> (Np, Kp) 8-bit carrier values, exact: int4 /
-  int8 values as int8 (or e4m3), fp4 e2m1 and fp8 e4m3 values as e4m3."""
-  jnp = jax.numpy
-  codes = params.codes
-  t, np_, bk = codes.shape
-  if params.spec.weight_format.name == wna16_mgpu.FP4:
-    vals = mgpu_convert.to_float_interpret(codes, jnp.float32).astype(jnp.float8_e4m3fn)
-  elif int_compute:
-    vals = codes.astype(jnp.int8)
-  elif codes.dtype == jnp.float8_e4m3fn:  # fp8 e4m3 weights: already the carrier
-    vals = codes
-  else:  # int4 values, exact in e4m3
-    vals = codes.astype(jnp.float32).astype(jnp.float8_e4m3fn)
+def _carrier_codes(params: QuantizedWeight) -> jax.Array:
+  """(Kp / bk, Np, bk) WnA16-layout codes -> (Np, Kp) values in the 8-bit carrier of the
+  spec (``w8a8._carrier``: int8, or e4m3), exact for every spec of
+  :func:`prefill_8bit_runs` (int4 / int8 in int8; int4, fp4 e2m1 and fp8 e4m3 in e4m3)."""
+  t, np_, bk = params.codes.shape
+  vals = wna16_mgpu.code_values(params, jax.numpy.float32).astype(w8a8._carrier(params.spec))
   return vals.transpose(1, 0, 2).reshape(np_, t * bk)
 
 
@@ -161,11 +153,10 @@ def run_prefill_8bit(params: QuantizedWeight, x: jax.Array, *, interpret: bool =
   w8a8._check_x(x, params.shape[0])
   if x.shape[0] == 0:
     return jax.numpy.zeros((0, params.shape[1]), x.dtype)
-  plan = w8a8.plan_for(params.spec)
   t, np_, bk = params.codes.shape
   scales = params.scales.astype(jax.numpy.float32)  # (Kp / group, Np) or the (1, Np) row
-  return w8a8.gemm_8bit(x, params, lambda config: _carrier_codes(params, plan.int_compute),
-                        scales, kp=t * bk, np_=np_, config=config, interpret=interpret)
+  return w8a8.gemm_8bit(x, params, lambda config: _carrier_codes(params), scales,
+                        kp=t * bk, np_=np_, config=config, interpret=interpret)
 
 
 KERNEL = registry.register(registry.DenseKernel(
