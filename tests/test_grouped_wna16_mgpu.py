@@ -172,6 +172,12 @@ def test_tile_schedule_covers_every_row_once():
       hits[own[t]:end[t]] += 1
     total = int(gs.sum())
     assert (hits[:total] == 1).all() and (hits[total:] == 0).all(), (gs, m)
+    # The output gather's source rows: row r from the slot of the tile that owns it.
+    want = np.full(m, nt * bm)
+    for t in np.flatnonzero(kind):
+      want[own[t]:end[t]] = t * bm + np.arange(own[t], end[t]) - row0[t]
+    got = np.asarray(gm.output_rows(jnp.asarray(gs), m, bm, nt))
+    np.testing.assert_array_equal(got, want, err_msg=str((gs, m)))
 
 
 def test_block_rows_covers_a_random_routing():
