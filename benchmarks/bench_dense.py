@@ -77,6 +77,9 @@ def quantized_layers(spec_name, ws):
   return _QUANT_CACHE[key]
 
 
+KERNEL_TIMES = False  # --kernel-times: also CUPTI device time per layer
+
+
 def bench_point(spec_name, k, n, m, ws, x, *, calls, repeats, check=True, config=None):
   qs, prepared = quantized_layers(spec_name, ws)
   kernel = registry.by_layout(prepared[0].layout)
@@ -91,6 +94,11 @@ def bench_point(spec_name, k, n, m, ws, x, *, calls, repeats, check=True, config
   res["compile_s"] = common.compile_time(layer, prepared[0], x)
   t = common.CHAINS[CHAIN](layer, prepared, x, calls=calls, repeats=repeats)
   res.update(t)
+  if KERNEL_TIMES:  # the launch-free number: chain walls move with the host (NOTES.md v11)
+    chained = jax.jit(lambda ps, x: common.chain(layer, ps, x))
+    kt = common.kernel_times(chained, (prepared, x), iterations=3, per=len(prepared))
+    res["kernel_us"] = sum(kt.values())
+    res["kernels"] = kt
   nbytes = weight_bytes(qs[0])
   res["weight_bytes"] = nbytes
   res["tbps"] = nbytes / (t["us"] * 1e-6) / 1e12
@@ -131,6 +139,8 @@ def main(argv=None):
   ap.add_argument("--no-baselines", action="store_true")
   ap.add_argument("--sweep", action="store_true",
                   help="try a small grid of TuningConfigs per point and report the best")
+  ap.add_argument("--kernel-times", action="store_true",
+                  help="also the CUPTI device time per layer of every kernel it launches")
   ap.add_argument("--json", default=None)
   ap.add_argument("--plot", action="store_true")
   ap.add_argument("--plot-from", default=None, metavar="JSON[,JSON...]",
@@ -145,8 +155,9 @@ def main(argv=None):
            shape=shape, device=device)
     return
 
-  global CHAIN
+  global CHAIN, KERNEL_TIMES
   CHAIN = args.chain
+  KERNEL_TIMES = args.kernel_times
   info = common.device_info()
   print(f"# {info}", flush=True)
   ms = [int(v) for v in args.ms.split(",")]
@@ -218,7 +229,8 @@ def print_row(r, flush=False):
     print(f"{r['shape']:<18} M={r['M']:<5} {r['spec']:<16} ERROR {r['error']}", flush=flush)
     return
   h = r.get("humming_us")
-  print(f"{r['shape']:<18} M={r['M']:<5} {r['spec']:<16} {r['us']:8.1f} us  "
+  kern = f"kernels={r['kernel_us']:.1f}  " if "kernel_us" in r else ""
+  print(f"{r['shape']:<18} M={r['M']:<5} {r['spec']:<16} {r['us']:8.1f} us  {kern}"
         f"{r['tbps']:5.2f} TB/s {r['tflops']:6.1f} TF/s  err={r.get('rel_err', 0):.1e}  "
         f"compile={r['compile_s']:.2f}s  bf16={r.get('xla_bf16_us', float('nan')):.1f}  "
         f"deq={r.get('xla_deq_us', float('nan')):.1f}  humming="

@@ -59,6 +59,8 @@ def parse_config(name: str, m: int) -> tuning.MgpuConfig | None:
       fields["unpadded_rows"] = True
     elif tok == "ptx":  # int4 codes and zero point through one PTX block per pair
       fields["int4_ptx"] = True
+    elif tok == "noptx":  # Mosaic's int4 conversion (the default before session 11)
+      fields["int4_ptx"] = False
     elif tok == "whole":
       fields["fp4_whole_registers"] = True
     else:

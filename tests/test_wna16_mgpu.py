@@ -403,9 +403,9 @@ INT4_PTX_CASES = ([(name, m, jnp.bfloat16) for name in ("w4a16-g128-zp", "w4a16-
 @pytest.mark.parametrize("name,m,dtype", INT4_PTX_CASES,
                          ids=lambda v: getattr(v, "__name__", str(v)))
 def test_int4_ptx_gpu(name, m, dtype, monkeypatch):
-  """MgpuConfig.int4_ptx (int4 codes and the zero point through one PTX block per pair):
-  the PTX path is taken, and it gives the same dequantized values as Mosaic's conversion,
-  so the same output bit for bit as the heuristic's launch with it off (split-K 2 at
+  """MgpuConfig.int4_ptx (int4 codes and the zero point through one PTX block per pair; the
+  default): the PTX path is taken, and it gives the same dequantized values as Mosaic's
+  conversion, so the same output bit for bit as the heuristic's launch with it off (split-K 2 at
   M <= 64 for this N), and within the tolerance of the reference."""
   from humming_jax.kernels import mgpu_convert as mc
   pairs = []
@@ -413,7 +413,7 @@ def test_int4_ptx_gpu(name, m, dtype, monkeypatch):
   monkeypatch.setattr(mc, "_int4_pair_ptx", lambda *a: pairs.append(a) or orig(*a))
   q, x = make(hj.QuantSpec.preset(name), m, 4096, 4096, True, seed=9, dtype=dtype)
   p = jax.jit(mg.prepare)(q)
-  base = mg.heuristic(m, 4096)
+  base = dataclasses.replace(mg.heuristic(m, 4096), int4_ptx=False)
   on = dataclasses.replace(base, int4_ptx=True)
   y0 = jax.jit(lambda p, x: mg.run(p, x, config=base))(p, x)
   assert not pairs

@@ -4,15 +4,17 @@ Interpret mode (CPU, CI): every supported activation-quantized preset and a stat
 per-tensor spec against kernels/reference.py (the same activation quantization) and against
 the default W8A8 family; the layout round trip; named errors; the H200 lowering.  The
 @pytest.mark.gpu test runs the 8192^2 decode shapes on the H200 (queued in
-benchmarks/gpu_session_next.sh; not yet run).
+benchmarks/gpu_session_next.sh; passed on the H200 in session 11).
 """
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 import humming_jax as hj
-from humming_jax.kernels import reference, registry, wnam_mgpu as wm
+from humming_jax.kernels import reference, registry, w8a8, wna16_mgpu, wnam_mgpu as wm
 
 TOL = 1e-2  # relative, vs the reference: one bf16 rounding of each activation (<= 2**-8)
 STATIC = hj.QuantSpec("int8", "channel", 0, scale_dtype="float32", act="int8",
@@ -97,12 +99,19 @@ def test_bad_inputs_are_named():
     wm.run(wm.prepare(q), x[:, :128], interpret=True)
 
 
-def test_specs_only_this_family_runs_are_fenced_on_the_gpu_until_tested():
-  """No 8-bit carrier (the W8A8 family refuses the spec): gpu_known_bad names the reason,
-  so backend=None computes them with XLA on a GPU; the presets are not fenced."""
+def test_no_carrier_specs_are_not_fenced_but_the_wna16_fences_hold(monkeypatch):
+  """No 8-bit carrier (the W8A8 family refuses the spec): this family runs it on the GPU
+  (test_decode_gpu passed on the H200, session 11); a fence of the WnA16 kernel on the
+  weight half still applies."""
   no_carrier = hj.QuantSpec("uint4", "group", 128, zero_point=True, act="int8")
-  assert "not run on a GPU" in wm.KERNEL.gpu_known_bad(no_carrier)
+  assert not w8a8.supports(no_carrier) and wm.supports(no_carrier)
+  assert wm.KERNEL.gpu_known_bad(no_carrier) is None
   assert all(wm.KERNEL.gpu_known_bad(SPECS[n]) is None for n in SPECS)
+  fenced = dataclasses.replace(
+      wna16_mgpu.KERNEL, gpu_known_bad=lambda s: "fenced" if s == no_carrier.weight_only()
+      else None)
+  monkeypatch.setattr(wna16_mgpu, "KERNEL", fenced)
+  assert wm.KERNEL.gpu_known_bad(no_carrier) == "fenced"
 
 
 def test_empty_batch():
@@ -136,7 +145,7 @@ def test_decode_gpu(name, m):
   spec = GPU_SPECS[name]
   q, x = make(spec, m, 8192, 8192, seed=4)
   p = jax.jit(wm.prepare)(q)
-  y = jax.jit(wm.run)(p, x)  # (direct: the no-carrier specs are fenced in quant_dense)
+  y = jax.jit(wm.run)(p, x)
   e = rel(y, jax.jit(reference.dense_reference)(q, x))
   print(f"wnam_mgpu {name} M={m}: rel err {e:.2e}")
   assert e <= TOL

@@ -238,7 +238,7 @@ def int4_to_float_ptx(codes: jax.Array, dtype, offsets: jax.Array | None = None
       if vlen != 2 or word is None or word[1] % 2:
         raise NotImplementedError("int4 PTX conversion: this jax's Mosaic GPU does not hold "
                                   "WGMMA int4 pairs as slices of 32-bit registers; leave "
-                                  "MgpuConfig.int4_ptx off")
+                                  "MgpuConfig.int4_ptx=False")
       src, first = word
       shifted = arith.shrui(src, mgpu_utils.c(4, i32))
       args, cons = [src, shifted], "=r,r,r"

@@ -24,9 +24,8 @@ for the H200.  Not timed on a GPU, so opt-in: ``hj.prepare(p, kernel="wnam_mgpu"
 default for these specs stays the W8A8 family until ``gpu_session_next.sh`` times it.
 Specs the W8A8 family refuses (no 8-bit carrier: zero-point weights with quantized
 activations, e5m2 activations, int8 weights with fp8 activations, activation groups that do
-not nest in the weight groups) have only this kernel; until its GPU tests pass it is
-fenced for them on the GPU (``gpu_known_bad``: ``backend=None`` computes them with XLA as
-before) and runs them in the interpreter.  One prepared copy serves both regimes (decode
+not nest in the weight groups) have only this kernel, on the GPU too since their decode
+tests passed on the H200 (session 11).  One prepared copy serves both regimes (decode
 on the WnA16 kernel, prefill on the 8-bit GEMM), so making this family the default for the
 W4A8 presets is a priority change once the GPU timing supports it.
 """
@@ -60,14 +59,9 @@ def supports(spec: QuantSpec) -> bool:
 
 
 def gpu_known_bad(spec: QuantSpec) -> str | None:
-  """The WnA16 kernel's own fences, and (until their GPU test passes) the specs only this
-  family runs."""
-  if (why := wna16_mgpu.KERNEL.gpu_known_bad(weight_spec(spec))) is not None:
-    return why
-  if not w8a8.supports(spec):
-    return (f"spec {spec.name}: no 8-bit carrier, so only the {FAMILY} kernel runs it, and "
-            f"that path has not run on a GPU yet (tests/test_wnam_mgpu.py::test_decode_gpu)")
-  return None
+  """The WnA16 kernel's own fences (the specs only this family runs, with no 8-bit carrier,
+  passed their H200 decode tests in session 11: tests/test_wnam_mgpu.py::test_decode_gpu)."""
+  return wna16_mgpu.KERNEL.gpu_known_bad(weight_spec(spec))
 
 
 def _view(params: QuantizedWeight, layout: str) -> QuantizedWeight:
