@@ -30,10 +30,10 @@ def lower_for_h200(fn, *args):
     return f.trace(*args).lower(lowering_platforms=("cuda",)).as_text()
 
 
-def abstract_params(name, shape, grouped=False):
+def abstract_params(name, shape, grouped=False, kernel=None):
   spec = hj.QuantSpec.preset(name)
   q = jax.eval_shape(lambda w: hj.quantize(w, spec), jax.ShapeDtypeStruct(shape, jnp.float32))
-  return jax.eval_shape(lambda q: hj.prepare(q, grouped=grouped), q)
+  return jax.eval_shape(lambda q: hj.prepare(q, grouped=grouped, kernel=kernel), q)
 
 
 @pytest.mark.parametrize("m", [1, 16, 128])
@@ -83,7 +83,7 @@ def test_mgpu_candidates_lower_for_h200(m):
 def test_w8a8_mgpu_lowers_for_h200(name, cfg):
   """The Mosaic W8A8 kernel at M = 4096, 8192^2 (w8a8.run takes it there on a Hopper GPU;
   this CPU host is not one, so run_mgpu is called directly)."""
-  p = abstract_params(name, (8192, 8192))
+  p = abstract_params(name, (8192, 8192), kernel="w8a8")
   x = jax.ShapeDtypeStruct((4096, 8192), jnp.bfloat16)
   text = lower_for_h200(lambda p, x: w8a8.run_mgpu(p, x, config=cfg), p, x)
   assert "custom_call" in text

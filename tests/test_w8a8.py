@@ -54,7 +54,7 @@ def make(name, k, n, m, seed=0, bias=True):
 _quantize = jax.jit(lambda w, spec, b, s: hj.quantize(w, spec, bias=b, act_scale=s),
                     static_argnums=1)
 _reference = jax.jit(reference.dense_reference)
-_prepare = jax.jit(hj.prepare)
+_prepare = jax.jit(lambda q: hj.prepare(q, kernel="w8a8"))  # this family, also for W4A8
 _to_canonical = jax.jit(registry.to_canonical)
 
 
@@ -85,7 +85,9 @@ def test_presets_interpret(name):
   K=384 / N=192 exercise K and N padding (N=256 for the 128x128-block preset)."""
   n = 256 if spec_of(name).granularity == "block" else 192
   spec, w, x, b, q = make(name, 384, n, 5)
-  assert registry.find(spec).name == "w8a8"
+  # The default family: this one for 8-bit weights, wnam_mgpu (the WnA16 kernel at decode)
+  # for fewer bits (its priority_for; tests/test_wnam_mgpu.py).
+  assert registry.find(spec).name == ("w8a8" if spec.weight_bits == 8 else "wnam_mgpu")
   p = _prepare(q)
   assert p.layout.startswith("w8a8:")
   back = _to_canonical(p)
@@ -96,12 +98,13 @@ def test_presets_interpret(name):
 
 
 def test_quant_dense_interpret_entry_point():
-  """hj.quant_dense(backend='interpret') routes to this kernel (canonical params in)."""
-  spec, w, x, b, q = make("w4a8-int8", 256, 64, 3)
+  """hj.quant_dense(backend='interpret') routes to this kernel (canonical params in; 8-bit
+  weights: this family is their default)."""
+  spec, w, x, b, q = make("w8a8-int8", 256, 64, 3)
   run = jax.jit(lambda q, x: hj.quant_dense(q, x, backend="interpret"))
   y = run(q, x.reshape(1, 3, 256))
   assert y.shape == (1, 3, 64)
-  check("w4a8-int8", q, w, x, b, y.reshape(3, 64))
+  check("w8a8-int8", q, w, x, b, y.reshape(3, 64))
 
 
 @pytest.mark.parametrize("name,cfg", [
@@ -139,7 +142,7 @@ def test_in_kernel_int8_rounding_is_rne():
 def test_fused_act_quant_refuses_group_scales():
   spec, w, x, b, q = make("w8a8-fp8-block", 256, 128, 2)
   with pytest.raises(ValueError, match="fuse_act_quant"):
-    w8a8.run(hj.prepare(q), x, interpret=True, fuse_act_quant=True)
+    w8a8.run(_prepare(q), x, interpret=True, fuse_act_quant=True)
 
 
 @pytest.mark.parametrize("name", ["w4a4-nvfp4", "w4a4-mxfp4"])
@@ -270,7 +273,7 @@ def check_run_gpu(name, m):
   """8192^2 through w8a8.run as hj.quant_dense calls it (whichever kernel or route M picks)
   against the reference and the float product."""
   spec, w, x, b, q = make(name, 8192, 8192, m, seed=5)
-  p = jax.jit(hj.prepare)(q)
+  p = _prepare(q)  # this family (W4A8 presets default to wnam_mgpu)
   y = jax.jit(lambda p, x: w8a8.run(p, x))(p, x)
   e_ref, e_float = check(name, q, w, x, b, y)
   print(f"{name} M={m}: rel err vs reference {e_ref:.2e}, vs float {e_float:.2e}")
@@ -290,7 +293,7 @@ def test_presets_gpu(name, m):
 def test_large_m_kernel_gpu(name):
   """The kernel itself at M = 4096 (what run() routes to XLA there without a config)."""
   spec, w, x, b, q = make(name, 8192, 8192, 4096, seed=5)
-  p = jax.jit(hj.prepare)(q)
+  p = jax.jit(lambda q: hj.prepare(q, kernel="w8a8"))(q)
   plan = w8a8.plan_for(spec)
   _, bk, kp, np_ = w8a8.kernel_dims(p, plan)
   cfg = w8a8.heuristic(4096, np_, kp // bk, plan)
@@ -300,7 +303,7 @@ def test_large_m_kernel_gpu(name):
 @pytest.mark.gpu
 def test_fused_act_quant_gpu():
   spec, w, x, b, q = make("w8a8-fp8", 8192, 8192, 256, seed=6)
-  p = jax.jit(hj.prepare)(q)
+  p = jax.jit(lambda q: hj.prepare(q, kernel="w8a8"))(q)
   y = jax.jit(lambda p, x: w8a8.run(p, x, fuse_act_quant=True))(p, x)
   check("w8a8-fp8", q, w, x, b, y)
 

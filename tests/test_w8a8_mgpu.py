@@ -156,7 +156,7 @@ def test_route_interpret(name, monkeypatch):
   if name in EXTRA:
     monkeypatch.setitem(STATIC, name, EXTRA[name])  # make() looks specs up there
   spec, w, x, b, q = make(name, 384, 256, wm.MIN_M + 8, seed=3)
-  p = jax.jit(hj.prepare)(q)
+  p = jax.jit(lambda q: hj.prepare(q, kernel="w8a8"))(q)
   assert w8a8.mgpu_runs(p)
   # (the fp4 spec's dequantized operands are exact in bf16, so run() takes the XLA route
   # there: its Mosaic kernel is called directly)
@@ -171,7 +171,7 @@ def test_route_without_bias_in_float16(monkeypatch):
   calls = spy_gemm(monkeypatch)
   spec, w, x, b, q = make("w8a8-fp8-block", 256, 256, wm.MIN_M, seed=9, bias=False)
   x = x.astype(jnp.float16)
-  y = w8a8.run(hj.prepare(q), x, interpret=True)
+  y = w8a8.run(hj.prepare(q, kernel="w8a8"), x, interpret=True)
   assert calls == [1] and y.dtype == jnp.float16
   assert rel(y, reference.dense_reference(q, x)) <= 2e-4
 
@@ -181,7 +181,7 @@ def test_route_input_checks(monkeypatch):
   a wrong K is refused by name, not zero-padded."""
   calls = spy_gemm(monkeypatch)
   _, w, x, b, q = make("w8a8-int8", 256, 128, wm.MIN_M, seed=10)
-  p = hj.prepare(q)
+  p = hj.prepare(q, kernel="w8a8")
   x32 = x.astype(jnp.float32)
   y = w8a8.run(p, x32, interpret=True)
   assert calls == [] and y.dtype == jnp.float32
@@ -192,7 +192,7 @@ def test_route_input_checks(monkeypatch):
     w8a8.run(p, x[:, :200], interpret=True)
   with pytest.raises(ValueError, match="tile_k"):
     _, _, xb, _, qb = make("w8a8-fp8-block", 256, 256, wm.MIN_M, seed=9)
-    w8a8.run_mgpu(hj.prepare(qb), xb, config=wm.Config(64, 128, tile_k=64), interpret=True)
+    w8a8.run_mgpu(hj.prepare(qb, kernel="w8a8"), xb, config=wm.Config(64, 128, tile_k=64), interpret=True)
 
 
 def test_quant_dense_entry_point_interpret(monkeypatch):
@@ -210,9 +210,9 @@ def test_group_32_and_small_m_stay_elsewhere():
   this kernel's (Triton kernel / the XLA route)."""
   for name in ("w8a8-mxfp8", "w4a8-mxfp4", "w4a4-nvfp4"):
     _, _, _, _, q = make(name, 256, 128, 4, seed=4)
-    assert not w8a8.mgpu_runs(hj.prepare(q)), name
+    assert not w8a8.mgpu_runs(hj.prepare(q, kernel="w8a8")), name
   _, _, x, _, q = make("w8a8-int8", 256, 128, 16, seed=4)
-  jaxpr = str(jax.make_jaxpr(lambda p, x: w8a8.run(p, x, interpret=True))(hj.prepare(q), x))
+  jaxpr = str(jax.make_jaxpr(lambda p, x: w8a8.run(p, x, interpret=True))(hj.prepare(q, kernel="w8a8"), x))
   assert "Warpgroup" not in jaxpr and "pallas_call" in jaxpr
 
 
@@ -235,7 +235,7 @@ def test_route_gpu(name, m, monkeypatch):
                                  wm.Config(grid_minor_n=False, grid_tile_width=4)])
 def test_configs_gpu(cfg):
   _, w, x, b, q = make("w8a8-fp8", 4096, 2048, 1000, seed=6)
-  p = jax.jit(hj.prepare)(q)
+  p = jax.jit(lambda q: hj.prepare(q, kernel="w8a8"))(q)
   y = jax.jit(lambda p, x: w8a8.run_mgpu(p, x, config=cfg))(p, x)
   assert rel(y, reference.dense_reference(q, x)) <= 1e-2
 
@@ -246,7 +246,7 @@ def test_configs_gpu(cfg):
 def test_group_pairs_gpu(name, pairs):
   """Both K-group step shapes on the H200 (pairs: the heuristic's choice when K allows)."""
   _, w, x, b, q = make(name, 4096, 2048, 1000, seed=6)
-  p = jax.jit(hj.prepare)(q)
+  p = jax.jit(lambda q: hj.prepare(q, kernel="w8a8"))(q)
   cfg = wm.Config(64, 128, group_pairs=pairs)
   y = jax.jit(lambda p, x: w8a8.run_mgpu(p, x, config=cfg))(p, x)
   assert rel(y, reference.dense_reference(q, x)) <= 1e-2
@@ -256,7 +256,7 @@ def test_group_pairs_gpu(name, pairs):
 def test_unpack_words_first_gpu():
   """W4A8 int4 g128 at M = 4096 with the words-first operand unpack (off by default)."""
   _, w, x, b, q = make("w4a8-int8", 4096, 2048, 1000, seed=6)
-  p = jax.jit(hj.prepare)(q)
+  p = jax.jit(lambda q: hj.prepare(q, kernel="w8a8"))(q)
   cfg = dataclasses.replace(wm.heuristic(4096, 1024, True, 2048), unpack_words_first=True)
   y = jax.jit(lambda p, x: w8a8.run_mgpu(p, x, config=cfg))(p, x)
   assert rel(y, reference.dense_reference(q, x)) <= 1e-2
@@ -278,7 +278,7 @@ def test_unpack_words_first_is_bit_identical(name, shape):
   the operand built from unpacked codes, bit for bit (int8, e4m3 carriers)."""
   spec = hj.QuantSpec.preset(name)
   q = hj.quantize(jax.random.normal(jax.random.key(3), shape), spec)
-  p = hj.prepare(q)
+  p = hj.prepare(q, kernel="w8a8")
   plan = w8a8.plan_for(spec)
   assert not plan.direct
   a = np.asarray(w8a8._mgpu_weights(p, plan).view(jnp.uint8))
@@ -375,7 +375,7 @@ def test_run_direct_argument_errors():
 @pytest.mark.parametrize("name", DECODE)
 def test_decode_mgpu_gpu(name, m):
   spec, w, x, b, q = make(name, 8192, 8192, m, seed=5)
-  p = jax.jit(hj.prepare)(q)
+  p = jax.jit(lambda q: hj.prepare(q, kernel="w8a8"))(q)
   y = jax.jit(w8a8.run_decode_mgpu)(p, x)
   e_ref, e_float = check(name, q, w, x, b, y)
   print(f"{name} M={m} decode on Mosaic: rel err vs reference {e_ref:.2e}, float {e_float:.2e}")

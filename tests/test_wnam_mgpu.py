@@ -46,14 +46,18 @@ def make(spec, m, k, n, seed=0, dtype=jnp.bfloat16):
 @pytest.mark.parametrize("name", sorted(SPECS))
 def test_matches_the_reference_and_the_w8a8_family(name):
   spec = SPECS[name]
-  assert wm.supports(spec) and registry.find(spec).name == "w8a8"  # opt-in, not default
+  # The default for sub-8-bit weights (wnam_mgpu.priority_for, H200 session 11); 8-bit
+  # weights stay on the W8A8 family, which reads its own int8 layout at prefill.
+  default = wm.FAMILY if spec.weight_bits < 8 else "w8a8"
+  assert wm.supports(spec) and registry.find(spec).name == default
+  assert registry.find(spec, shape=(256, 192)).name == default
   q, x = make(spec, 5, 256, 192, seed=1)
   p = hj.prepare(q, kernel=wm.FAMILY)
   assert registry.layout_family(p.layout) == wm.FAMILY and p.spec == spec
   y = jax.jit(lambda p, x: hj.quant_dense(p, x, backend="interpret"))(p, x)
   assert y.shape == (5, 192) and y.dtype == x.dtype
   assert rel(y, reference.dense_reference(q, x)) <= TOL
-  y8 = hj.quant_dense(hj.prepare(q), x, backend="interpret")  # the default W8A8 family
+  y8 = hj.quant_dense(hj.prepare(q, kernel="w8a8"), x, backend="interpret")  # the W8A8 family
   assert rel(y, y8) <= TOL
   # Exactly the spec's activation quantization, rounded to bf16, on the WnA16 kernel (and
   # not the bare activations: a dropped quantization would sit within TOL for int8).
@@ -94,7 +98,7 @@ def test_bad_inputs_are_named():
                            "w8a8-fp8-block"))
   q, x = make(SPECS["w4a8-int8"], 2, 256, 64)
   with pytest.raises(ValueError, match="expected wnam_mgpu"):
-    wm.run(hj.prepare(q), x)
+    wm.run(hj.prepare(q, kernel="w8a8"), x)
   with pytest.raises(ValueError, match=r"x must be \(M, K=256\)"):
     wm.run(wm.prepare(q), x[:, :128], interpret=True)
 
@@ -173,7 +177,7 @@ def test_prefill_runs_the_8bit_gemm_from_this_layout(name, k, monkeypatch):
   assert wm.prefill_8bit_runs(p, x.dtype)
   y = wm.run(p, x, interpret=True)
   assert calls == [1]
-  y8 = w8a8.run_mgpu(hj.prepare(q), x, interpret=True)
+  y8 = w8a8.run_mgpu(hj.prepare(q, kernel="w8a8"), x, interpret=True)
   assert rel(y, y8) <= 1e-6
   assert rel(y, reference.dense_reference(q, x)) <= 2e-4
 
@@ -197,6 +201,6 @@ def test_prefill_gpu():
   assert wm.prefill_8bit_runs(p, x.dtype)
   y = jax.jit(wm.run)(p, x)
   e = rel(y, jax.jit(reference.dense_reference)(q, x))
-  e8 = rel(y, jax.jit(w8a8.run_mgpu)(jax.jit(hj.prepare)(q), x))
+  e8 = rel(y, jax.jit(w8a8.run_mgpu)(jax.jit(lambda q: hj.prepare(q, kernel="w8a8"))(q), x))
   print(f"wnam_mgpu prefill w4a8-int8 M=1024: rel err {e:.2e}, vs w8a8.run_mgpu {e8:.2e}")
   assert e <= 2e-4 and e8 <= 1e-6

@@ -30,8 +30,8 @@ class DenseKernel:
   # backend="pallas" refuses them with the reason; "interpret" still runs them (CPU tests).
   gpu_known_bad: Callable[[QuantSpec], str | None] = lambda spec: None
   priority: int = 0  # higher wins when several families support a spec
-  # Optional shape-dependent priority: (spec, weight shape) -> priority, consulted when the
-  # caller knows the shape (hj.prepare, canonical params in quant_ragged_dot).
+  # Optional spec- and shape-dependent priority: (spec, weight shape) -> priority; the shape
+  # is () when the caller does not know it (hj.prepare and quant_dense pass it).
   priority_for: Callable[[QuantSpec, tuple[int, ...]], int] | None = None
   # Activation dtypes ``run`` takes (names, e.g. ("bfloat16", "float16")); None: any float.
   x_dtypes: tuple[str, ...] | None = None
@@ -41,9 +41,9 @@ class DenseKernel:
             or jnp.dtype(x_dtype).name in self.x_dtypes)
 
   def rank(self, spec: QuantSpec, shape: tuple[int, ...] | None) -> int:
-    if shape is None or self.priority_for is None:
+    if self.priority_for is None:
       return self.priority
-    return self.priority_for(spec, tuple(shape))
+    return self.priority_for(spec, tuple(shape or ()))  # () when the shape is not known
 
 
 _DENSE: list[DenseKernel] = []

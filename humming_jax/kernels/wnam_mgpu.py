@@ -153,6 +153,19 @@ def run_prefill_8bit(params: QuantizedWeight, x: jax.Array, *, interpret: bool =
                         kp=t * bk, np_=np_, config=config, interpret=interpret)
 
 
+def priority_for(spec: QuantSpec, shape: tuple[int, ...]) -> int:
+  """Above the W8A8 family for weights of fewer than 8 bits (W4A8, W4A4), below it for
+  8-bit weights.  H200 session 11, 8192^2, CUPTI kernel time per layer, this family vs the
+  W8A8 family (benchmarks/NOTES_w8a8.md): W4A8 int4 g128 -> int8 at M = 1 / 16 / 1024
+  15.7 / 16.3 / 207.2 vs 30.1 / 30.9 / 242.2 us (W4A16 of the same weights 15.4 / 15.9 /
+  225.7); W4A8 MXFP4 at M = 16 / 4096 20.6 / 770.5 vs 51.2 / 774.9.  8-bit weights: W8A8
+  int8 at M = 16 20.5 vs 22.6, but at prefill the W8A8 family reads its own (N, K) int8
+  layout where this one unpacks the codes per call, so 8-bit weights stay there."""
+  del shape
+  return 1 if spec.weight_bits < 8 else -1
+
+
 KERNEL = registry.register(registry.DenseKernel(
     name=FAMILY, layout=FAMILY, supports=supports, prepare=prepare,
-    to_canonical=to_canonical, run=run, priority=-1, gpu_known_bad=gpu_known_bad))
+    to_canonical=to_canonical, run=run, priority=-1, priority_for=priority_for,
+    gpu_known_bad=gpu_known_bad))
