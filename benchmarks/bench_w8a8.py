@@ -67,7 +67,7 @@ def quantize_chain(name, ws, x):
        if spec.act_static else None)
   quant = jax.jit(lambda w, s: hj.quantize(w, spec, act_scale=s))
   qs = [quant(w, s) for w in ws]
-  return qs, [jax.jit(hj.prepare)(q) for q in qs]
+  return qs, [jax.jit(lambda q: hj.prepare(q, kernel="w8a8"))(q) for q in qs]  # this family
 
 
 INTERPRET = False  # --interpret: a CPU smoke run of this script (tiny shapes)

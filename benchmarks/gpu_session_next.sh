@@ -1,26 +1,35 @@
 #!/usr/bin/env bash
-# Session 11, device call 3 (~7.5 minutes on an H200).  Since call 2 (CPU-checked):
-#   - wnam_mgpu is the default family for sub-8-bit weights with quantized activations
-#     (W4A8, W4A4): its M = 4096 prefill (8-bit GEMM on weights unpacked from the WnA16
-#     layout) was cut by the step limit twice; timed here against the W8A8 family.
-#   - The dense ladder with int4_ptx on, Humming in the same run (issue 3's table).
-#   - Grouped rows cut in call 2 (Qwen3 gate_up 64 tokens; DeepSeek-V3 1024) with Humming.
-# Step timeouts sum to 440 s.  Carry: [".whl"].
+# The next device call (~8 minutes on an H200), prepared 2026-11-30 session 11.
+# Open since session 11 (built after the device time was spent; CPU-checked only):
+#   1. The WnA16 large-M route (M >= 512: XLA dequantize + GEMM) lets the GEMM write bf16
+#      itself when there is no bias or float32 output scale.  Session 11 call 4 (8192^2,
+#      M = 4096, CUPTI): dequant fusion 42.3 + cuBLAS 667.5 + a separate f32 -> bf16
+#      convert 47.3 us.  Prediction: the convert kernel gone, ~757 -> ~710 us of kernels.
+#      Same-run baselines: XLA bf16 with a float32 product + convert (the form so far, and
+#      BASELINES.md's 769 us) and plain `x @ w` (bf16 out, what a user writes).
+#   2. Dense ladder M = 16 / 128 with Humming (session 11's ladder step was cut at M = 1).
+#   3. The MoE down projections with Humming in the same run.
+# Step timeouts sum to 540 s.  Carry: [".whl"].
 source "$(dirname "$0")/gpu_env.sh"
 T() { local t=$1; shift; timeout -k 5 -s INT "$t" "$@"; }
-step w4a8_prefill
-T 200 python3 benchmarks/bench_dense.py --shapes 8192x8192 --ms 4096 \
-  --specs w4a8-int8@wnam_mgpu,w4a8-int8@w8a8,w4a16-g128 --kernel-times --no-baselines \
-  --calls 5 --repeats 2 --json "$OUT/w4a8_prefill.json" > "$OUT/w4a8_prefill.log" 2>&1
-grep -E "^8192|rror" "$OUT/w4a8_prefill.log" | cut -c1-250
+step gpu_tests
+T 90 python3 -m pytest tests/test_wna16_mgpu.py -m gpu \
+  -k "dequant_gemm_output or (quant_dense_gpu and 1024)" \
+  -p no:cacheprovider --tb=short -rA -W ignore::DeprecationWarning > "$OUT/gpu_tests.log" 2>&1
+grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/gpu_tests.log" | cut -c1-200 | tail -8
+step large_m
+T 120 python3 benchmarks/bench_dense.py --shapes 8192x8192 --ms 1024,4096 \
+  --specs w4a16-g128-zp,w4a16-g128,w4a16-nvfp4 --kernel-times --calls 5 --repeats 2 \
+  --json "$OUT/large_m.json" > "$OUT/large_m.log" 2>&1
+grep -E "^8192|rror" "$OUT/large_m.log" | cut -c1-250
 step dense_ladder
-T 130 python3 benchmarks/bench_dense.py --shapes 8192x8192 --ms 1,16,128 \
+T 170 python3 benchmarks/bench_dense.py --shapes 8192x8192 --ms 16,128 \
   --specs w4a16-g128-zp,w4a16-mxfp4,w4a16-nvfp4 --kernel-times --humming \
   --calls 20 --repeats 2 --json "$OUT/dense_ladder.json" > "$OUT/dense_ladder.log" 2>&1
 grep -E "^8192|rror" "$OUT/dense_ladder.log" | cut -c1-250
-step moe_with_humming
-T 110 python3 benchmarks/bench_moe.py --shapes qwen3-30b-a3b-gate_up,deepseek-v3-gate_up \
-  --tokens 64,1024 --specs w4a16-g128-zp@mgpu --humming --no-baselines \
+step moe_down_with_humming
+T 160 python3 benchmarks/bench_moe.py --shapes qwen3-30b-a3b-down,deepseek-v3-down \
+  --tokens 1,64,1024 --specs w4a16-g128-zp@mgpu --humming --no-baselines \
   --calls 10 --repeats 2 --json "$OUT/moe_humming.json" > "$OUT/moe_humming.log" 2>&1
 grep -E "T=|rror" "$OUT/moe_humming.log" | cut -c1-400
 step done

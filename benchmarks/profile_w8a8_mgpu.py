@@ -75,7 +75,7 @@ def main():
     del wb
     for name in args.specs.split(","):
       spec = hj.QuantSpec.preset(name)
-      ps = [jax.jit(lambda w: hj.prepare(hj.quantize(w, spec)))(w) for w in ws]
+      ps = [jax.jit(lambda w: hj.prepare(hj.quantize(w, spec), kernel="w8a8"))(w) for w in ws]
       for cname in args.configs.split(","):
         plan = w8a8.plan_for(spec)
         dims = w8a8.kernel_dims(ps[0], plan)

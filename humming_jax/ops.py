@@ -28,18 +28,24 @@ def on_gpu() -> bool:
     return False
 
 
-def resolve_backend(backend: Backend, spec, *, grouped: bool = False) -> str:
-  """The concrete backend for ``spec``; raises for a kernel backend without a kernel."""
+def resolve_backend(backend: Backend, spec, *, grouped: bool = False, x_dtype=None,
+                    kernel: registry.DenseKernel | None = None) -> str:
+  """The concrete backend for ``spec`` (and activations of ``x_dtype`` when given: with
+  ``backend=None``, XLA when no kernel takes that dtype); raises for a kernel backend
+  without a kernel.  ``kernel``: the family that would run (params prepared for a family
+  other than the default: its GPU fences apply); default: the registry's choice."""
   if backend is not None and backend not in BACKENDS:
     raise ValueError(f"backend={backend!r}; expected one of {BACKENDS} or None")
-  kernel = registry.find(spec, grouped=grouped)
+  if kernel is None:
+    kernel = registry.find(spec, grouped=grouped, x_dtype=x_dtype)
   if backend is None:
     if on_gpu() and kernel is not None and kernel.gpu_known_bad(spec) is None:
       return "pallas"
     return "xla"
   if backend in ("pallas", "interpret") and kernel is None:
     kind = "grouped (MoE)" if grouped else "dense"
-    raise ValueError(f"backend={backend!r}: no Pallas {kind} kernel for spec {spec.name}; "
+    dt = "" if x_dtype is None else f" and x.dtype={jnp.dtype(x_dtype).name}"
+    raise ValueError(f"backend={backend!r}: no Pallas {kind} kernel for spec {spec.name}{dt}; "
                      "use backend='xla' (the reference path) for this spec")
   if backend == "pallas" and (reason := kernel.gpu_known_bad(spec)) is not None:
     raise ValueError(f"backend='pallas': the {kernel.name} kernel is known to disagree with "
@@ -132,12 +138,17 @@ def quant_dense(params: QuantizedWeight, x: jax.Array, *,
     raise ValueError(f"params hold stacked experts {params.shape}; use quant_ragged_dot")
   lead = x.shape[:-1]
   x2 = x.reshape(-1, x.shape[-1])
-  b = resolve_backend(backend, params.spec)
+  kernel = None
+  if backend != "xla":
+    try:
+      kernel = kernel_for(params, x_dtype=x.dtype)
+    except ValueError:  # none takes this spec / dtype: resolve_backend says what happens
+      kernel = None
+  b = resolve_backend(backend, params.spec, x_dtype=x.dtype, kernel=kernel)
   if x2.shape[0] == 0:  # no tokens: no kernel launch (a zero-size grid)
     y = jnp.zeros((0, params.out_features), x.dtype)
   elif b == "xla":
     y = reference.dense_reference(params, x2)
   else:
-    kernel = kernel_for(params, x_dtype=x.dtype)
     y = kernel.run(in_layout_of(kernel, params), x2, interpret=(b == "interpret"))
   return y.reshape(*lead, params.out_features)

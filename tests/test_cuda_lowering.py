@@ -36,11 +36,18 @@ def abstract_params(name, shape, grouped=False, kernel=None):
   return jax.eval_shape(lambda q: hj.prepare(q, grouped=grouped, kernel=kernel), q)
 
 
+ACT_4BIT = sorted(n for n in hj.PRESETS
+                  if hj.PRESETS[n].act is not None and hj.PRESETS[n].weight_bits < 8)
+
+
 @pytest.mark.parametrize("m", [1, 16, 128])
-@pytest.mark.parametrize("name", sorted(hj.PRESETS))
-def test_dense_kernels_lower_for_h200(name, m):
-  p = abstract_params(name, (8192, 8192))
-  kernel = registry.find(p.spec)
+@pytest.mark.parametrize("name,family", [(n, None) for n in sorted(hj.PRESETS)]
+                         + [(n, "w8a8") for n in ACT_4BIT])
+def test_dense_kernels_lower_for_h200(name, family, m):
+  """Every preset on its default family, and the sub-8-bit-weight activation presets on the
+  W8A8 family too (their default is wnam_mgpu)."""
+  p = abstract_params(name, (8192, 8192), kernel=family)
+  kernel = registry.find(p.spec) if family is None else registry.by_name(family)
   x = jax.ShapeDtypeStruct((m, 8192), jnp.bfloat16)
   text = lower_for_h200(lambda p, x: kernel.run(p, x), p, x)
   assert "custom_call" in text  # a kernel launch, not an XLA-only path

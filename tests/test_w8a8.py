@@ -318,17 +318,19 @@ def test_known_bad_gpu_specs_are_never_picked(monkeypatch):
   spec = hj.QuantSpec.preset("w4a4-nvfp4")
   assert ops.resolve_backend(None, spec) == "pallas"
   fenced = dc.replace(registry.find(spec), gpu_known_bad=lambda s: "measured wrong")
-  monkeypatch.setattr(registry, "find", lambda s, grouped=False: fenced)
+  monkeypatch.setattr(registry, "find", lambda s, grouped=False, **kw: fenced)
   assert ops.resolve_backend(None, spec) == "xla"
   with pytest.raises(ValueError, match="known to disagree with the reference"):
     ops.resolve_backend("pallas", spec)
   assert ops.resolve_backend("interpret", spec) == "interpret"
 
-@pytest.mark.parametrize("name,nan_code", [
-    ("w4a16-mxfp4", 0xFF), ("w4a16-nvfp4", 0x7F), ("w4a8-mxfp4", 0xFF), ("w4a4-nvfp4", 0x7F)])
-def test_nan_scale_code_gives_nan_like_the_reference(name, nan_code):
+@pytest.mark.parametrize("name,nan_code,kernel", [
+    ("w4a16-mxfp4", 0xFF, None), ("w4a16-nvfp4", 0x7F, None), ("w4a8-mxfp4", 0xFF, None),
+    ("w4a4-nvfp4", 0x7F, None), ("w4a8-mxfp4", 0xFF, "w8a8"), ("w4a4-nvfp4", 0x7F, "w8a8")])
+def test_nan_scale_code_gives_nan_like_the_reference(name, nan_code, kernel):
   """A NaN scale code (e8m0 0xFF, e4m3 0x7F: a corrupt checkpoint) makes its output column
-  NaN in the kernel, as in the reference -- never a finite wrong number."""
+  NaN in the kernel, as in the reference -- never a finite wrong number.  W4A8 / W4A4: the
+  default family (wnam_mgpu) and this one."""
   spec = hj.QuantSpec.preset(name)
   kw, kx = jax.random.split(jax.random.key(9))
   q = hj.quantize(jax.random.normal(kw, (128, 64)) / 11, spec)
@@ -339,7 +341,8 @@ def test_nan_scale_code_gives_nan_like_the_reference(name, nan_code):
                 else jax.lax.bitcast_convert_type(codes, q.scales.dtype))
   x = jax.random.normal(kx, (3, 128), jnp.float32).astype(jnp.bfloat16)
   ref = reference.dense_reference(q, x)
-  y = jax.jit(lambda q, x: hj.quant_dense(q, x, backend="interpret"))(q, x)
+  p = q if kernel is None else hj.prepare(q, kernel=kernel)
+  y = jax.jit(lambda p, x: hj.quant_dense(p, x, backend="interpret"))(p, x)
   assert bool(jnp.isnan(ref[:, 5]).all())
   assert bool(jnp.isnan(y[:, 5]).all()), y[:, 5]
   others = np.delete(np.arange(64), 5)

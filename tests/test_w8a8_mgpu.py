@@ -192,7 +192,8 @@ def test_route_input_checks(monkeypatch):
     w8a8.run(p, x[:, :200], interpret=True)
   with pytest.raises(ValueError, match="tile_k"):
     _, _, xb, _, qb = make("w8a8-fp8-block", 256, 256, wm.MIN_M, seed=9)
-    w8a8.run_mgpu(hj.prepare(qb, kernel="w8a8"), xb, config=wm.Config(64, 128, tile_k=64), interpret=True)
+    w8a8.run_mgpu(hj.prepare(qb, kernel="w8a8"), xb, config=wm.Config(64, 128, tile_k=64),
+                  interpret=True)
 
 
 def test_quant_dense_entry_point_interpret(monkeypatch):
@@ -212,7 +213,8 @@ def test_group_32_and_small_m_stay_elsewhere():
     _, _, _, _, q = make(name, 256, 128, 4, seed=4)
     assert not w8a8.mgpu_runs(hj.prepare(q, kernel="w8a8")), name
   _, _, x, _, q = make("w8a8-int8", 256, 128, 16, seed=4)
-  jaxpr = str(jax.make_jaxpr(lambda p, x: w8a8.run(p, x, interpret=True))(hj.prepare(q, kernel="w8a8"), x))
+  jaxpr = str(jax.make_jaxpr(lambda p, x: w8a8.run(p, x, interpret=True))(
+      hj.prepare(q, kernel="w8a8"), x))
   assert "Warpgroup" not in jaxpr and "pallas_call" in jaxpr
 
 

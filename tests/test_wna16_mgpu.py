@@ -174,11 +174,54 @@ def test_prepare_round_trip_is_exact():
       assert float(c.global_scale) == float(q.global_scale)
 
 
-def test_dequant_gemm_path_matches_reference():
-  spec = hj.QuantSpec.preset("w4a16-g128-zp")
-  q, x = make(spec, 40, 512, 128, True, seed=2)
-  y = mg.run(mg.prepare(q), x, config=mg.Config(dequant_gemm_min_m=32))
+@pytest.mark.parametrize("name", ["w4a16-g128-zp", "w4a16-g128", "w4a16-ch", "w4a16-mxfp4",
+                                  "w4a16-nvfp4", "w8a16", "w8a16-fp8"])
+def test_dequant_gemm_path_matches_reference(name):
+  """The large-M route (weights dequantized (N, K) by XLA, then its GEMM): every format,
+  with bias, N padded (72), against the reference; and the (K, N)
+  dequantization equals the canonical one."""
+  spec = hj.QuantSpec.preset(name)
+  q, x = make(spec, 40, 384, 72, True, seed=2)
+  p = mg.prepare(q)
+  y = mg.run(p, x, config=mg.Config(dequant_gemm_min_m=32))
+  assert y.shape == (40, 72) and y.dtype == x.dtype
   assert rel(y, reference.dense_reference(q, x)) <= TOL
+  np.testing.assert_allclose(np.asarray(mg.dequantize_prepared(p)),
+                             np.asarray(hj.dequantize(q), np.float32), rtol=1e-6, atol=0)
+
+
+def _gemm_output_vs_cast(m, k, n, dtype):
+  """launch.gemm_dequantized with nothing to apply in float32 (the GEMM writes x's dtype)
+  and the float32 product cast afterwards: (relative difference, whether bit-equal)."""
+  from humming_jax.kernels import launch
+  kx, kw = jax.random.split(jax.random.key(11))
+  x = jax.random.normal(kx, (m, k), dtype)
+  w = (jax.random.normal(kw, (k, n)) / np.sqrt(k)).astype(dtype)
+  y = jax.jit(lambda x, w: launch.gemm_dequantized(x, lambda dt: w.astype(dt), None))(x, w)
+  want = jax.jit(lambda x, w: jnp.dot(x, w, preferred_element_type=jnp.float32
+                                      ).astype(dtype))(x, w)
+  assert y.dtype == dtype and y.shape == (m, n)
+  y, want = np.asarray(y, np.float32), np.asarray(want, np.float32)
+  return rel(y, want), bool((y == want).all())
+
+
+def test_dequant_gemm_output_rounds_once():
+  """On the CPU the GEMM accumulates in float32 and rounds once: bit-equal."""
+  for dtype in (jnp.bfloat16, jnp.float16):
+    assert _gemm_output_vs_cast(64, 512, 256, dtype)[1]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m,k,n", [(4096, 8192, 8192), (512, 14336, 4096)])
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16], ids=["bf16", "fp16"])
+def test_dequant_gemm_output_gpu(m, k, n, dtype):
+  """The large-M route's GEMM writing x's dtype itself vs the float32 product cast: within
+  a few output roundings where XLA / cuBLAS split K (the narrow-N, long-K shape invites
+  it); the bit-equality is printed."""
+  e, same = _gemm_output_vs_cast(m, k, n, dtype)
+  print(f"gemm output {jnp.dtype(dtype).name} {m}x{k}x{n}: rel diff {e:.2e}, "
+        f"bit-equal {same}")
+  assert e <= 4e-3
 
 
 def test_registry_routes_int4_int8_fp4_fp8_here_and_others_to_triton():
@@ -441,6 +484,9 @@ def test_tuning_cache_is_consulted(tmp_path, monkeypatch):
   y = mg.run(mg.prepare(q), x, interpret=True)
   assert seen == [1]
   assert rel(y, reference.dense_reference(q, x)) <= TOL
+  # An entry written under the old default (int4_ptx off) does not pin it: not tuned.
+  tuning.store_configs({key: mg.Config(stages=3, int4_ptx=False)})
+  assert tuning.cached_config(key, mg.Config) == mg.Config(stages=3)
 
 
 def test_config_validation():

@@ -1,10 +1,11 @@
-"""Quantized-activation specs on the Mosaic WnA16 kernel (kernels/wnam_mgpu.py, opt-in).
+"""Quantized-activation specs on the Mosaic WnA16 kernel (kernels/wnam_mgpu.py; the default
+family for W4A8 / W4A4).
 
 Interpret mode (CPU, CI): every supported activation-quantized preset and a static
 per-tensor spec against kernels/reference.py (the same activation quantization) and against
-the default W8A8 family; the layout round trip; named errors; the H200 lowering.  The
-@pytest.mark.gpu test runs the 8192^2 decode shapes on the H200 (queued in
-benchmarks/gpu_session_next.sh; passed on the H200 in session 11).
+the W8A8 family; the prefill routes; the layout round trip; named errors; the H200
+lowering.  The @pytest.mark.gpu tests run the 8192^2 decode and prefill shapes on the H200
+(passed in session 11, except the e5m2-activation case, added after).
 """
 import dataclasses
 
@@ -103,13 +104,15 @@ def test_bad_inputs_are_named():
     wm.run(wm.prepare(q), x[:, :128], interpret=True)
 
 
-def test_no_carrier_specs_are_not_fenced_but_the_wna16_fences_hold(monkeypatch):
+def test_gpu_fences(monkeypatch):
   """No 8-bit carrier (the W8A8 family refuses the spec): this family runs it on the GPU
-  (test_decode_gpu passed on the H200, session 11); a fence of the WnA16 kernel on the
-  weight half still applies."""
+  (test_decode_gpu passed on the H200, session 11), except e5m2 activations (not run on a
+  GPU yet); a fence of the WnA16 kernel on the weight half still applies."""
   no_carrier = hj.QuantSpec("uint4", "group", 128, zero_point=True, act="int8")
   assert not w8a8.supports(no_carrier) and wm.supports(no_carrier)
   assert wm.KERNEL.gpu_known_bad(no_carrier) is None
+  e5m2 = hj.QuantSpec("int4", "group", 128, act="fp8_e5m2")
+  assert wm.supports(e5m2) and "e5m2" in wm.KERNEL.gpu_known_bad(e5m2)
   assert all(wm.KERNEL.gpu_known_bad(SPECS[n]) is None for n in SPECS)
   fenced = dataclasses.replace(
       wna16_mgpu.KERNEL, gpu_known_bad=lambda s: "fenced" if s == no_carrier.weight_only()
@@ -138,13 +141,14 @@ def test_lowers_for_h200(name):
 GPU_SPECS = dict(SPECS, **{  # + specs only this family runs (no 8-bit carrier: W8A8 refuses)
     "w8a8-int8-fp8act": hj.QuantSpec("int8", "channel", 0, scale_dtype="float32",
                                      act="fp8_e4m3"),
-    "w4a8-uint4-zp": hj.QuantSpec("uint4", "group", 128, zero_point=True, act="int8")})
+    "w4a8-uint4-zp": hj.QuantSpec("uint4", "group", 128, zero_point=True, act="int8"),
+    "w4a8-e5m2act": hj.QuantSpec("int4", "group", 128, act="fp8_e5m2")})
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("m", [1, 16])
 @pytest.mark.parametrize("name", ["w4a8-int8", "w4a8-mxfp4", "w8a8-int8", "w4a4-nvfp4",
-                                  "w8a8-int8-fp8act", "w4a8-uint4-zp"])
+                                  "w8a8-int8-fp8act", "w4a8-uint4-zp", "w4a8-e5m2act"])
 def test_decode_gpu(name, m):
   spec = GPU_SPECS[name]
   q, x = make(spec, m, 8192, 8192, seed=4)
@@ -182,13 +186,53 @@ def test_prefill_runs_the_8bit_gemm_from_this_layout(name, k, monkeypatch):
   assert rel(y, reference.dense_reference(q, x)) <= 2e-4
 
 
-def test_prefill_without_an_exact_carrier_takes_the_wna16_path():
-  """w4a8-mxfp4 (K groups of 32) and zero-point weights: no 8-bit GEMM; M >= 512 runs
-  wna16_mgpu.run on the fake-quantized activations (XLA's dequantize + GEMM)."""
-  for spec in (SPECS["w4a8-mxfp4"], hj.QuantSpec("uint4", "group", 128, zero_point=True,
-                                                 act="int8")):
-    q, _ = make(spec, 1, 256, 128, seed=7)
-    assert not wm.prefill_8bit_runs(wm.prepare(q), jnp.bfloat16)
+@pytest.mark.parametrize("name", ["w4a8-mxfp4", "w4a4-mxfp4", "w4a4-nvfp4"])
+def test_prefill_with_exact_bf16_operands_takes_the_w8a8_route(name, monkeypatch):
+  """MXFP4 / NVFP4 weights (K groups below 128: no 8-bit GEMM here): M >= 512 runs the W8A8
+  family's large-M route (w8a8.dequant_gemm: exact bf16 operands, activation scales in the
+  float32 epilogue) on weights dequantized from this layout -- the same numbers as that
+  family on its own layout, and the reference's, not the decode path's bf16 rounding of
+  code * scale."""
+  from humming_jax.kernels import w8a8
+  calls = []
+  orig = w8a8.dequant_gemm
+  monkeypatch.setattr(w8a8, "dequant_gemm", lambda *a, **kw: calls.append(1) or orig(*a, **kw))
+  q, x = make(SPECS[name], w8a8.DEQUANT_GEMM_MIN_M + 8, 256, 136, seed=7)
+  p = wm.prepare(q)
+  assert not wm.prefill_8bit_runs(p, x.dtype)
+  y = jax.jit(lambda p, x: wm.run(p, x, interpret=True))(p, x)
+  assert calls == [1] and y.shape == (x.shape[0], 136) and y.dtype == x.dtype
+  y8 = orig(hj.prepare(q, kernel="w8a8"), x)
+  assert rel(y, y8) <= 1e-6
+  # NVFP4 activations: groups of 16 fold their scales into bf16 operands, as the W8A8
+  # kernel does (w8a8.dequant_gemm_exact), so the WnA16 error class; else exact operands.
+  bound = TOL if w8a8.plan_for(q.spec).fold else 2e-4
+  assert rel(y, reference.dense_reference(q, x)) <= bound
+
+
+def test_prefill_without_an_exact_route_takes_the_wna16_path():
+  """Zero-point weights with int8 activations (no 8-bit carrier, no exact bf16 operands):
+  M >= 512 runs wna16_mgpu.run on the fake-quantized activations."""
+  from humming_jax.kernels import w8a8
+  spec = hj.QuantSpec("uint4", "group", 128, zero_point=True, act="int8")
+  q, x = make(spec, w8a8.DEQUANT_GEMM_MIN_M + 8, 256, 128, seed=7)
+  p = wm.prepare(q)
+  assert not wm.prefill_8bit_runs(p, x.dtype) and not wm._exact_dequant(spec)
+  y = jax.jit(lambda p, x: wm.run(p, x, interpret=True))(p, x)
+  assert rel(y, reference.dense_reference(q, x)) <= TOL
+
+
+def test_float32_activations_run_elsewhere():
+  """The WnA16 kernel takes 16-bit x: float32 x on W4A8 params prepared here runs the W8A8
+  family (after a re-layout), and a no-carrier spec with float32 x goes to XLA under
+  backend=None."""
+  spec = SPECS["w4a8-int8"]
+  assert registry.find(spec, x_dtype=jnp.float32).name == "w8a8"
+  assert registry.find(spec, x_dtype=jnp.bfloat16).name == wm.FAMILY
+  no_carrier = hj.QuantSpec("uint4", "group", 128, zero_point=True, act="int8")
+  assert registry.find(no_carrier, x_dtype=jnp.float32) is None
+  from humming_jax import ops
+  assert ops.resolve_backend(None, no_carrier, x_dtype=jnp.float32) == "xla"
 
 
 @pytest.mark.gpu
@@ -204,3 +248,21 @@ def test_prefill_gpu():
   e8 = rel(y, jax.jit(w8a8.run_mgpu)(jax.jit(lambda q: hj.prepare(q, kernel="w8a8"))(q), x))
   print(f"wnam_mgpu prefill w4a8-int8 M=1024: rel err {e:.2e}, vs w8a8.run_mgpu {e8:.2e}")
   assert e <= 2e-4 and e8 <= 1e-6
+
+
+def test_fences_of_the_prepared_family_apply(monkeypatch):
+  """W4A8 params prepared for the W8A8 family (not the default): that family's GPU fence
+  decides, not the default family's -- backend=None computes them with XLA, 'pallas'
+  refuses by name."""
+  from humming_jax import ops
+  q, x = make(SPECS["w4a8-int8"], 3, 256, 64, seed=2)
+  p = hj.prepare(q, kernel="w8a8")
+  fenced = dataclasses.replace(registry.by_name("w8a8"),
+                               gpu_known_bad=lambda s: "measured wrong")
+  monkeypatch.setattr(registry, "by_layout", lambda layout: fenced)
+  monkeypatch.setattr(ops, "on_gpu", lambda: True)
+  assert wm.KERNEL.gpu_known_bad(q.spec) is None  # the default family is not fenced
+  y = hj.quant_dense(p, x)
+  np.testing.assert_array_equal(np.asarray(y), np.asarray(reference.dense_reference(q, x)))
+  with pytest.raises(ValueError, match="w8a8 kernel is known to disagree"):
+    hj.quant_dense(p, x, backend="pallas")

@@ -21,7 +21,8 @@ writes its own ``block_m`` output rows; one XLA gather picks each row from its t
 past ``sum(group_sizes)`` zero).  Layout: the dense layout per expert, stacked on axis 0.
 
 Status: interpreter-exact, lowers for the H200, GPU tests pass (sessions 6-8).
-:func:`run` adds ~10 small XLA ops (schedule, row gather) beside the kernel;
+:func:`run` adds a few small XLA ops (the schedule, the output gather; session 11: no
+scatter) beside the kernel;
 :func:`run_aligned` (what ``hj.quant_moe`` uses when both stacks are in this layout) drops
 the gather: tile-aligned segments, rows read and written in place.  Session 8 timed it on
 every MoE benchmark shape (gate_up at 1 / 64 / 1024 tokens, down at 1 / 1024;
@@ -157,10 +158,12 @@ def tile_schedule(group_sizes: jax.Array, m: int, block_m: int, num_tiles: int
 
 def output_rows(group_sizes: jax.Array, m: int, block_m: int, num_tiles: int) -> jax.Array:
   """(M,) int32: the row of the (num_tiles * block_m, N) stacked tile outputs that output
-  row r takes, or num_tiles * block_m (out of range: a zero row).  Row r of expert e lies in e's tile
-  ``(r - first_e) // block_m`` at slot ``(r - first_e) % block_m``; rows past
-  sum(group_sizes) take the zero row.  Gathers only (no scatter), so XLA fuses it into the
-  output gather: one kernel fewer per call at decode."""
+  row r takes, or num_tiles * block_m (out of range: the fill-mode gather's zero).  Row r
+  of expert e lies in e's tile ``(r - first_e) // block_m`` at slot
+  ``(r - first_e) % block_m``; rows past sum(group_sizes) take the zero.  Gathers only
+  (no scatter), so XLA fuses it into the output gather: one kernel fewer per call at
+  decode.  The expert search compares every row with every expert's end (M x E: ~33 M
+  compares at 16k tokens x top-8 x 256 experts; still one small fusion)."""
   starts, ends, first, seg_tiles = _segments(group_sizes, m, block_m)
   r = jnp.arange(m, dtype=jnp.int32)
   e = jnp.minimum(jnp.searchsorted(ends, r, side="right", method="compare_all"),

@@ -58,8 +58,8 @@ def register(kernel: DenseKernel) -> DenseKernel:
 def find(spec: QuantSpec, *, grouped: bool = False, shape: tuple[int, ...] | None = None,
          x_dtype=None) -> DenseKernel | None:
   """The registered family that runs ``spec`` (and activations of ``x_dtype`` when given):
-  the highest (shape-dependent, when ``shape`` is given) priority among those that support
-  it; ties: the first registered."""
+  the highest priority (:meth:`DenseKernel.rank`: spec- and shape-dependent where the
+  family says so) among those that support it; ties: the first registered."""
   _load_kernels()
   found = [k for k in (_GROUPED if grouped else _DENSE)
            if k.supports(spec) and k.accepts(x_dtype)]

@@ -185,14 +185,22 @@ def _load_cache(path: str, mtime: float) -> dict:
     return {}
 
 
+# Fields the autotune command does not search: their stored value is the default at tuning
+# time, so a cache written before a default changed must not pin the old one (the int4
+# PTX conversion went on in session 11; it gives the same bits, only faster).
+NOT_TUNED = ("int4_ptx",)
+
+
 def cached_config(key: str, cls: type = TuningConfig):
-  """The cached config for ``key`` as a ``cls`` (TuningConfig or MgpuConfig), or None."""
+  """The cached config for ``key`` as a ``cls`` (TuningConfig or MgpuConfig), or None;
+  fields in :data:`NOT_TUNED` take the current default."""
   p = cache_path()
   if not p.exists():
     return None
   entry = _load_cache(str(p), p.stat().st_mtime).get(key)
   if not entry:
     return None
+  entry = {k: v for k, v in entry.items() if k not in NOT_TUNED}
   try:
     return cls(**entry)
   except (TypeError, ValueError) as e:  # another version's or another family's entry

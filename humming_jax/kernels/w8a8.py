@@ -371,9 +371,12 @@ def dequant_gemm_exact(spec: QuantSpec, plan: Plan) -> bool:
   return w_bits <= 8 and a_bits <= 8
 
 
-def dequant_gemm(params: QuantizedWeight, x: jax.Array) -> jax.Array:
+def dequant_gemm(params: QuantizedWeight, x: jax.Array, weights=None) -> jax.Array:
   """The large-M route (see :func:`dequant_gemm_exact`): activations quantized exactly as
-  for the kernel, both operands dequantized to bfloat16, XLA's GEMM, float32 epilogue."""
+  for the kernel, both operands dequantized to bfloat16, XLA's GEMM, float32 epilogue.
+
+  ``weights``: the (K, N) float32 dequantized weights without the global scale, when the
+  params are in another family's layout (``wnam_mgpu``); default: from this family's slab."""
   spec = params.spec
   plan = plan_for(spec)
   if plan is None or not dequant_gemm_exact(spec, plan):
@@ -381,7 +384,8 @@ def dequant_gemm(params: QuantizedWeight, x: jax.Array) -> jax.Array:
                      f"(weight={spec.weight!r}, scale_dtype={spec.scale_dtype!r}); the "
                      f"kernel computes it")
   # Straight from the slab layout (no re-packing); the global scale comes after the GEMM.
-  w = wna16.dequantize_prepared(params.replace(global_scale=None))
+  w = wna16.dequantize_prepared(params.replace(global_scale=None)) if weights is None \
+      else weights
   qa = act_quant.quantize(x, spec, params.act_scale)
   a = qa.values.astype(jnp.float32)
   if plan.a_group:  # group scales into the operand (exact, or the kernel's fold)
@@ -390,8 +394,8 @@ def dequant_gemm(params: QuantizedWeight, x: jax.Array) -> jax.Array:
               preferred_element_type=jnp.float32)
   if not plan.a_group:  # per token (M, 1) or per tensor (1, 1)
     y = y * qa.scales
-  if params.global_scale is not None:
-    y = y * params.global_scale.astype(jnp.float32)
+  if params.global_scale is not None:  # a scalar (this family) or a padded (1, Np) row
+    y = y * params.global_scale.astype(jnp.float32).reshape(-1)[0]
   if params.bias is not None:
     y = y + params.bias
   return y.astype(x.dtype)
@@ -614,7 +618,7 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
     raise ValueError(f"spec {spec.name}: no W8A8 kernel path")
   if registry.layout_family(params.layout) != FAMILY:
     raise ValueError(f"params.layout={params.layout!r}: expected {FAMILY}:... params; call "
-                     f"w8a8.prepare (or hj.prepare) first")
+                     f"w8a8.prepare (or hj.prepare(params, kernel={FAMILY!r})) first")
   k, n = params.shape
   _check_x(x, k)
   m = x.shape[0]

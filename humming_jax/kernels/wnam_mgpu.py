@@ -1,33 +1,35 @@
 """Quantized-activation specs (W8A8, W4A8, W4A4) on the Mosaic WnA16 kernel at decode, and
-on the W8A8 family's 8-bit GEMM at prefill, from one prepared copy of the weights.
+on the W8A8 family's large-M routes at prefill, from one prepared copy of the weights.  The
+default family for sub-8-bit weights with quantized activations (:func:`priority_for`).
 
 At small M a GEMM streams its weights: the time is the weight bytes over the bandwidth,
 whatever the activations' format, so the 8-bit tensor cores buy nothing there.  The
-Pallas-Triton W8A8 kernel, which unpacks 4-bit weights to 8 bits per tile, took 50.8-52.9 us
-for W4A8 MXFP4 at 8192^2, M = 16 (benchmarks/NOTES_w8a8.md, session 2). The Mosaic WnA16
-kernel reads the same weights in 22-23 us (benchmarks/NOTES.md v10). That breaks issue 4's
-"W4A8 never slower than W4A16 of the same weights".
+Pallas-Triton W8A8 kernel, which unpacks 4-bit weights to 8 bits per tile, took 30.1 us of
+kernel time for W4A8 int4 g128 at 8192^2, M = 1, where this family takes 15.7 (W4A16 of the
+same weights: 15.4; H200 session 11, benchmarks/NOTES_w8a8.md).
 
-How: the spec's own activation quantization (``quantize.fake_quantize_activations``, what
-the reference runs), rounded once to x's 16-bit dtype, then ``wna16_mgpu.run`` on the
+Decode: the spec's own activation quantization (``quantize.fake_quantize_activations``,
+what the reference runs), rounded once to x's 16-bit dtype, then ``wna16_mgpu.run`` on the
 weight half of the spec in that kernel's layout.  The error against the reference (exact
 integer / fp8 products) is that one rounding of ``code * scale``: ~2**-9 relative per
-activation for bf16 (at most 2**-8), the error class of WnA16 itself.  M >= 512 (prefill):
-the W8A8 family's 8-bit Mosaic GEMM on the weights unpacked from this layout to the 8-bit
-carrier per call (:func:`run_prefill_8bit`: the same GEMM as that family's own prefill
-path; the unpack is an int4 -> int8 convert and a transpose of 128-wide K tiles, its cost
-not yet measured) where the carrier is exact, K groups are 128 or none and padded N is a
-multiple of 128 with 16-bit x; else ``wna16_mgpu.run``'s XLA dequantize + GEMM.
+activation for bf16 (at most 2**-8), the error class of WnA16 itself (H200: 2.0e-3-2.7e-3).
 
-Status (session 10): interpreter-tested against the reference and the W8A8 family; lowers
-for the H200.  Not timed on a GPU, so opt-in: ``hj.prepare(p, kernel="wnam_mgpu")``.  The
-default for these specs stays the W8A8 family until ``gpu_session_next.sh`` times it.
+Prefill (no explicit config):
+- M >= 512 with an exact 8-bit carrier, K groups of 128 or none, N padded to 128 and
+  16-bit x: the W8A8 family's 8-bit Mosaic GEMM on the weights unpacked from this layout
+  per call (:func:`run_prefill_8bit`; the unpack took 52 us at 8192^2, against 89 us from
+  the W8A8 family's own layout; W4A8 int8 at M = 4096: 648.5 vs 686.4 us of kernels).
+- Else M >= 512 where the W8A8 family's large-M route has exact bfloat16 operands (MXFP4 /
+  NVFP4 weights): that route (``w8a8.dequant_gemm``) on weights dequantized from this
+  layout, activation scales in the float32 epilogue.
+- Else the decode path (``wna16_mgpu.run``'s XLA dequantize + GEMM at large M).
+
 Specs the W8A8 family refuses (no 8-bit carrier: zero-point weights with quantized
 activations, e5m2 activations, int8 weights with fp8 activations, activation groups that do
-not nest in the weight groups) have only this kernel, on the GPU too since their decode
-tests passed on the H200 (session 11).  One prepared copy serves both regimes (decode
-on the WnA16 kernel, prefill on the 8-bit GEMM), so making this family the default for the
-W4A8 presets is a priority change once the GPU timing supports it.
+not nest in the weight groups) have only this kernel.  Their H200 decode tests passed for
+uint4 zp x int8 and int8 x fp8 e4m3 (session 11); e5m2 activations have not run on a GPU
+and stay fenced there (:func:`gpu_known_bad`).  Activations: bf16 / fp16 (the WnA16
+kernel's); float32 x takes the W8A8 family, or XLA for the no-carrier specs.
 """
 from __future__ import annotations
 
@@ -59,9 +61,14 @@ def supports(spec: QuantSpec) -> bool:
 
 
 def gpu_known_bad(spec: QuantSpec) -> str | None:
-  """The WnA16 kernel's own fences (the specs only this family runs, with no 8-bit carrier,
-  passed their H200 decode tests in session 11: tests/test_wnam_mgpu.py::test_decode_gpu)."""
-  return wna16_mgpu.KERNEL.gpu_known_bad(weight_spec(spec))
+  """The WnA16 kernel's own fences, and e5m2 activations: not run on a GPU yet (XLA's fp8
+  converts on the H200 have differed from the CPU's before: tests/test_xla_precision.py)."""
+  if (why := wna16_mgpu.KERNEL.gpu_known_bad(weight_spec(spec))) is not None:
+    return why
+  if spec.act is not None and spec.act_format.name == "fp8_e5m2":
+    return (f"spec {spec.name}: e5m2 activations on the {FAMILY} kernel have not run on a "
+            f"GPU (tests/test_wnam_mgpu.py::test_decode_gpu)")
+  return None
 
 
 def _view(params: QuantizedWeight, layout: str) -> QuantizedWeight:
@@ -103,11 +110,23 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
     raise ValueError(f"x must be (M, K={k}); got shape {x.shape}")
   if x.shape[0] == 0:
     return jax.numpy.zeros((0, n), x.dtype)
+  view = _view(params, _renamed(params.layout, wna16_mgpu.FAMILY))
   if config is None and x.shape[0] >= w8a8_mgpu.MIN_M and prefill_8bit_runs(params, x.dtype):
     return run_prefill_8bit(params, x, interpret=interpret)
+  if config is None and x.shape[0] >= w8a8.DEQUANT_GEMM_MIN_M and _exact_dequant(params.spec):
+    # The W8A8 family's large-M route on weights from this layout: bf16 operands that are
+    # exact (MXFP4 / NVFP4), the activation scales in the float32 epilogue -- not the
+    # decode path's bf16 rounding of code * scale (H200, W4A8 MXFP4 at M = 4096: 8.1e-5 vs
+    # 2.6e-3 against the reference, same time).
+    w = wna16_mgpu.dequantize_prepared(view.replace(global_scale=None), jax.numpy.float32)
+    return w8a8.dequant_gemm(params, x, weights=w)
   xq = fake_quantize_activations(x, params.spec, params.act_scale).astype(x.dtype)
-  return wna16_mgpu.run(_view(params, _renamed(params.layout, wna16_mgpu.FAMILY)), xq,
-                        interpret=interpret, config=config)
+  return wna16_mgpu.run(view, xq, interpret=interpret, config=config)
+
+
+def _exact_dequant(spec: QuantSpec) -> bool:
+  plan = w8a8.plan_for(spec)
+  return plan is not None and w8a8.dequant_gemm_exact(spec, plan)
 
 
 def prefill_8bit_runs(params: QuantizedWeight, x_dtype) -> bool:
@@ -168,4 +187,4 @@ def priority_for(spec: QuantSpec, shape: tuple[int, ...]) -> int:
 KERNEL = registry.register(registry.DenseKernel(
     name=FAMILY, layout=FAMILY, supports=supports, prepare=prepare,
     to_canonical=to_canonical, run=run, priority=-1, priority_for=priority_for,
-    gpu_known_bad=gpu_known_bad))
+    gpu_known_bad=gpu_known_bad, x_dtypes=("bfloat16", "float16")))
