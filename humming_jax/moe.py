@@ -253,10 +253,9 @@ def quant_ragged_dot(params: QuantizedWeight, x: jax.Array, group_sizes: jax.Arr
   Returns (M, N) in x's dtype.  jit-safe with static M; no host sync.
   """
   _check_grouped(params, x, group_sizes)
-  b = ops.resolve_backend(backend, params.spec, grouped=True)
+  b, kernel = ops.backend_and_kernel(params, x.dtype, backend, grouped=True)
   if b == "xla":
     return ragged_dot_xla(params, x, group_sizes)
-  kernel = ops.kernel_for(params, grouped=True, x_dtype=x.dtype)
   return kernel.run(ops.in_layout_of(kernel, params), x, group_sizes,
                     interpret=(b == "interpret"))
 
@@ -352,7 +351,7 @@ def quant_moe(gate_up_params: QuantizedWeight, down_params: QuantizedWeight, x: 
                      f"must both be (tokens={x.shape[0]}, k)")
   if activation not in ACTIVATIONS:
     raise ValueError(f"activation={activation!r}; expected one of {ACTIVATIONS}")
-  b = ops.resolve_backend(backend, gate_up_params.spec, grouped=True)
+  b = ops.resolve_backend(backend, gate_up_params.spec, grouped=True, x_dtype=x.dtype)
   if (b != "xla" and x.dtype in (jnp.bfloat16, jnp.float16)
       and "canonical" in (gate_up_params.layout, down_params.layout)
       and (fam := layer_kernel(gate_up_params, down_params)) is not None):

@@ -104,15 +104,33 @@ def kernel_for(params: QuantizedWeight, *, grouped: bool = False,
   default for their spec, shape and dtype (e.g. float32 tokens on experts prepared for the
   Mosaic grouped kernel, which takes bf16 / fp16 only: the Pallas-Triton grouped kernel,
   after a re-layout inside the call)."""
-  if params.layout != "canonical":
-    chosen = registry.by_layout(params.layout)
-    if chosen.grouped == grouped and chosen.supports(params.spec) and chosen.accepts(x_dtype):
-      return chosen
-  kernel = registry.find(params.spec, grouped=grouped, shape=params.shape, x_dtype=x_dtype)
+  kernel = _chosen_kernel(params, grouped, x_dtype)
   if kernel is None:
     raise ValueError(f"no Pallas kernel for spec {params.spec.name}"
                      + (f" and x.dtype={x_dtype}" if x_dtype is not None else ""))
   return kernel
+
+
+def _chosen_kernel(params: QuantizedWeight, grouped: bool, x_dtype
+                   ) -> registry.DenseKernel | None:
+  """:func:`kernel_for`, None when no family runs them (an unknown layout still raises)."""
+  if params.layout != "canonical":
+    chosen = registry.by_layout(params.layout)
+    if chosen.grouped == grouped and chosen.supports(params.spec) and chosen.accepts(x_dtype):
+      return chosen
+  return registry.find(params.spec, grouped=grouped, shape=params.shape, x_dtype=x_dtype)
+
+
+def backend_and_kernel(params: QuantizedWeight, x_dtype, backend: Backend, *,
+                       grouped: bool = False) -> tuple[str, registry.DenseKernel | None]:
+  """The backend that computes ``params`` on activations of ``x_dtype`` and, unless it is
+  "xla", the family that runs them -- the one whose GPU fences decide (params prepared for
+  a family other than the default run there, so its fences apply, not the default's)."""
+  kernel = None if backend == "xla" else _chosen_kernel(params, grouped, x_dtype)
+  b = resolve_backend(backend, params.spec, grouped=grouped, x_dtype=x_dtype, kernel=kernel)
+  if b != "xla" and kernel is None:  # (resolve_backend raised already if nothing runs it)
+    kernel = kernel_for(params, grouped=grouped, x_dtype=x_dtype)
+  return b, kernel
 
 
 def _check_x(params: QuantizedWeight, x: jax.Array, what: str) -> None:
@@ -138,13 +156,7 @@ def quant_dense(params: QuantizedWeight, x: jax.Array, *,
     raise ValueError(f"params hold stacked experts {params.shape}; use quant_ragged_dot")
   lead = x.shape[:-1]
   x2 = x.reshape(-1, x.shape[-1])
-  kernel = None
-  if backend != "xla":
-    try:
-      kernel = kernel_for(params, x_dtype=x.dtype)
-    except ValueError:  # none takes this spec / dtype: resolve_backend says what happens
-      kernel = None
-  b = resolve_backend(backend, params.spec, x_dtype=x.dtype, kernel=kernel)
+  b, kernel = backend_and_kernel(params, x.dtype, backend)
   if x2.shape[0] == 0:  # no tokens: no kernel launch (a zero-size grid)
     y = jnp.zeros((0, params.out_features), x.dtype)
   elif b == "xla":

@@ -248,10 +248,12 @@ def prepare_params(tree: Any, *, backend: Any = None, x_dtype: Any = None) -> An
     if not is_q(q):
       return q
     grouped = q.num_experts is not None
-    if ops.resolve_backend(backend, q.spec, grouped=grouped) == "xla":
+    if ops.resolve_backend(backend, q.spec, grouped=grouped, x_dtype=x_dtype) == "xla":
       return q
     parent, name = _named(path) if path else (None, None)
     kernel = layer_kernel.get(parent) if grouped and name in ("gate_up", "down") else None
+    if kernel is None and x_dtype is not None:  # the family that takes these tokens
+      kernel = ops.kernel_for(q, grouped=grouped, x_dtype=x_dtype).name
     return ops.prepare(q, grouped=grouped, kernel=kernel)
 
   return jax.tree_util.tree_map_with_path(prep, tree, is_leaf=is_q)

@@ -206,9 +206,16 @@ def _gemm_output_vs_cast(m, k, n, dtype):
 
 
 def test_dequant_gemm_output_rounds_once():
-  """On the CPU the GEMM accumulates in float32 and rounds once: bit-equal."""
+  """The GEMM writes x's dtype itself when nothing is applied in float32 (a float32 product
+  when a bias is); on the CPU it accumulates in float32 and rounds once: bit-equal."""
+  from humming_jax.kernels import launch
   for dtype in (jnp.bfloat16, jnp.float16):
     assert _gemm_output_vs_cast(64, 512, 256, dtype)[1]
+    x, w = jnp.ones((4, 32), dtype), jnp.ones((32, 8), dtype)
+    for bias, out in ((None, jnp.dtype(dtype).name), (jnp.ones((8,)), "float32")):
+      jaxpr = str(jax.make_jaxpr(
+          lambda x, w: launch.gemm_dequantized(x, lambda dt: w.astype(dt), bias))(x, w))
+      assert f"preferred_element_type={out}" in jaxpr, jaxpr
 
 
 @pytest.mark.gpu

@@ -226,13 +226,22 @@ def test_float32_activations_run_elsewhere():
   """The WnA16 kernel takes 16-bit x: float32 x on W4A8 params prepared here runs the W8A8
   family (after a re-layout), and a no-carrier spec with float32 x goes to XLA under
   backend=None."""
+  from humming_jax import ops
   spec = SPECS["w4a8-int8"]
   assert registry.find(spec, x_dtype=jnp.float32).name == "w8a8"
   assert registry.find(spec, x_dtype=jnp.bfloat16).name == wm.FAMILY
+  q, x = make(spec, 3, 256, 64, seed=3)
+  p = wm.prepare(q)
+  assert ops.kernel_for(p, x_dtype=jnp.float32).name == "w8a8"
+  x32 = x.astype(jnp.float32)
+  y = jax.jit(lambda p, x: hj.quant_dense(p, x, backend="interpret"))(p, x32)
+  assert y.dtype == jnp.float32 and rel(y, reference.dense_reference(q, x32)) <= 1e-4
   no_carrier = hj.QuantSpec("uint4", "group", 128, zero_point=True, act="int8")
   assert registry.find(no_carrier, x_dtype=jnp.float32) is None
-  from humming_jax import ops
   assert ops.resolve_backend(None, no_carrier, x_dtype=jnp.float32) == "xla"
+  qn, xn = make(no_carrier, 3, 256, 64, seed=3)
+  with pytest.raises(ValueError, match="x.dtype=float32; use backend='xla'"):
+    hj.quant_dense(qn, xn.astype(jnp.float32), backend="interpret")
 
 
 @pytest.mark.gpu

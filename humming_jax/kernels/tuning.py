@@ -185,10 +185,11 @@ def _load_cache(path: str, mtime: float) -> dict:
     return {}
 
 
-# Fields the autotune command does not search: their stored value is the default at tuning
-# time, so a cache written before a default changed must not pin the old one (the int4
-# PTX conversion went on in session 11; it gives the same bits, only faster).
-NOT_TUNED = ("int4_ptx",)
+# Fields the autotune command does not search and no heuristic sets: their stored value is
+# the class default at tuning time, so a cache written before a default changed must not
+# pin the old one (the fp4 whole-register relayout went on in session 6, the int4 PTX
+# conversion in session 11; both give the same bits, only faster).
+NOT_TUNED = ("int4_ptx", "fp4_whole_registers")
 
 
 def cached_config(key: str, cls: type = TuningConfig):
