@@ -164,7 +164,10 @@ def test_tile_schedule_covers_every_row_once():
     bm = gm.block_rows(m, e)
     nt = gm.max_tiles(m, e, bm)
     assert i < 60 or nt == m
-    expert, row0, own, end, kind = map(np.asarray, gm.tile_schedule(jnp.asarray(gs), m, bm, nt))
+    # One compiled call per split (op-by-op dispatch compiles every small op per shape).
+    sched, got = jax.jit(lambda g: (gm.tile_schedule(g, m, bm, nt),
+                                    gm.output_rows(g, m, bm, nt)))(jnp.asarray(gs))
+    expert, row0, own, end, kind = map(np.asarray, sched)
     seg_end = np.cumsum(gs)
     seg_start = seg_end - gs
     hits = np.zeros(m, int)
@@ -178,8 +181,7 @@ def test_tile_schedule_covers_every_row_once():
     want = np.full(m, nt * bm)
     for t in np.flatnonzero(kind):
       want[own[t]:end[t]] = t * bm + np.arange(own[t], end[t]) - row0[t]
-    got = np.asarray(gm.output_rows(jnp.asarray(gs), m, bm, nt))
-    np.testing.assert_array_equal(got, want, err_msg=str((gs, m)))
+    np.testing.assert_array_equal(np.asarray(got), want, err_msg=str((gs, m)))
 
 
 def test_block_rows_covers_a_random_routing():

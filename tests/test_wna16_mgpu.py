@@ -177,9 +177,9 @@ def test_prepare_round_trip_is_exact():
 @pytest.mark.parametrize("name", ["w4a16-g128-zp", "w4a16-g128", "w4a16-ch", "w4a16-mxfp4",
                                   "w4a16-nvfp4", "w8a16", "w8a16-fp8"])
 def test_dequant_gemm_path_matches_reference(name):
-  """The large-M route (weights dequantized (N, K) by XLA, then its GEMM): every format,
-  with bias, N padded (72), against the reference; and the (K, N)
-  dequantization equals the canonical one."""
+  """The large-M route (weights dequantized by XLA from the kernel layout, then its GEMM):
+  every format, with bias, N padded (72), against the reference; and that dequantization
+  equals the canonical one."""
   spec = hj.QuantSpec.preset(name)
   q, x = make(spec, 40, 384, 72, True, seed=2)
   p = mg.prepare(q)
