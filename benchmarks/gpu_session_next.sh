@@ -9,7 +9,10 @@
 #      BASELINES.md's 769 us) and plain `x @ w` (bf16 out, what a user writes).
 #   2. Dense ladder M = 16 / 128 with Humming (session 11's ladder step was cut at M = 1).
 #   3. The MoE down projections with Humming in the same run.
-# Step timeouts sum to 540 s.  Carry: [".whl"].
+#   4. XLA's optimized HLO beside the kernels (probe_ncu.py --hlo): why NVFP4's XLA
+#      dequantization takes 82 us where int4's takes 42 (call 4), and which XLA ops run
+#      around the grouped kernel at 1 token (~13 us of glue, NOTES_moe.md session 10).
+# Step timeouts sum to 560 s.  Carry: [".whl"].
 source "$(dirname "$0")/gpu_env.sh"
 T() { local t=$1; shift; timeout -k 5 -s INT "$t" "$@"; }
 step gpu_tests
@@ -23,13 +26,20 @@ T 120 python3 benchmarks/bench_dense.py --shapes 8192x8192 --ms 1024,4096 \
   --json "$OUT/large_m.json" > "$OUT/large_m.log" 2>&1
 grep -E "^8192|rror" "$OUT/large_m.log" | cut -c1-250
 step dense_ladder
-T 170 python3 benchmarks/bench_dense.py --shapes 8192x8192 --ms 16,128 \
+T 150 python3 benchmarks/bench_dense.py --shapes 8192x8192 --ms 16,128 \
   --specs w4a16-g128-zp,w4a16-mxfp4,w4a16-nvfp4 --kernel-times --humming \
   --calls 20 --repeats 2 --json "$OUT/dense_ladder.json" > "$OUT/dense_ladder.log" 2>&1
 grep -E "^8192|rror" "$OUT/dense_ladder.log" | cut -c1-250
 step moe_down_with_humming
-T 160 python3 benchmarks/bench_moe.py --shapes qwen3-30b-a3b-down,deepseek-v3-down \
+T 120 python3 benchmarks/bench_moe.py --shapes qwen3-30b-a3b-down,deepseek-v3-down \
   --tokens 1,64,1024 --specs w4a16-g128-zp@mgpu --humming --no-baselines \
   --calls 10 --repeats 2 --json "$OUT/moe_humming.json" > "$OUT/moe_humming.log" 2>&1
 grep -E "T=|rror" "$OUT/moe_humming.log" | cut -c1-400
+step hlo
+for spec in w4a16-g128-zp w4a16-nvfp4; do
+  T 40 python3 benchmarks/probe_ncu.py --case dense --m 4096 --spec $spec --runs 1 \
+    --hlo "$OUT/dense_${spec}_m4096.hlo.txt" 2>&1 | grep -E "^hlo|rror" | cut -c1-600
+done
+T 40 python3 benchmarks/probe_ncu.py --case grouped --m 1 --k 7168 --n 512 --runs 1 \
+  --hlo "$OUT/grouped_deepseek_gate_up_t1.hlo.txt" 2>&1 | grep -E "^hlo|rror" | cut -c1-900
 step done

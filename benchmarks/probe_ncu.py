@@ -12,10 +12,14 @@ Cases: ``dense`` (K x N weights, M token rows, ``--config`` as in profile_mgpu.p
 through ``grouped_wna16_mgpu.run``).  Question it answers (NOTES.md v5/v6): is the M = 1
 plateau (~17-18 us per 8192^2 int4 layer, ~1.9 TB/s) instruction issue, barrier / TMA
 latency, or DRAM?  The hypothesis of v5 (issue-bound at ~0.5 IPC) was never measured.
+
+``--hlo FILE`` also writes XLA's optimized HLO of the call and lists its entry computation's
+ops by name (the names CUPTI reports for the XLA kernels beside the Mosaic one).
 """
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 
 import jax
@@ -41,6 +45,9 @@ def main() -> None:
   ap.add_argument("--config", default="default")
   ap.add_argument("--runs", type=int, default=3)
   ap.add_argument("--interpret", action="store_true", help="CPU check of the script")
+  ap.add_argument("--hlo", default=None, metavar="FILE",
+                  help="also write XLA's optimized HLO of the call and list the ops of its "
+                       "entry computation (which fusions / custom calls run beside the kernel)")
   args = ap.parse_args()
   spec = hj.QuantSpec.preset(args.spec)
   rng = np.random.default_rng(0)
@@ -68,10 +75,39 @@ def main() -> None:
         p, x, g, config=cfg, interpret=args.interpret))
     inputs = (params, x, r.group_sizes)
   jax.block_until_ready(inputs)
+  if args.hlo:
+    write_hlo(fn, inputs, args.hlo)
   for _ in range(args.runs):
     out = jax.block_until_ready(fn(*inputs))
   print(f"probe_ncu {args.case} {args.spec} m={args.m} k={args.k} n={args.n} "
         f"config={args.config}: out {out.shape} finite={bool(jnp.isfinite(out).all())}",
+        flush=True)
+
+
+def write_hlo(fn, inputs, path: str) -> None:
+  """The compiled module's text to ``path``; prints the entry computation's launches:
+  fusions (with their kind), custom calls and the other non-trivial ops."""
+  text = fn.lower(*inputs).compile().as_text()
+  with open(path, "w") as f:
+    f.write(text)
+  entry = text[text.index("ENTRY"):] if "ENTRY" in text else text
+  skip = ("parameter(", "constant(", "get-tuple-element(", "tuple(", "bitcast(")
+  ops = []
+  for line in entry.splitlines()[1:]:
+    if line.startswith("}"):
+      break
+    if "=" not in line or any(s in line for s in skip):
+      continue
+    found = re.search(r"(?:^|\s)([a-z][\w\-]*)\(", line.split("=", 1)[1])
+    if found is None:
+      continue
+    op = found.group(1)  # after the result type (tuple types start with "(" themselves)
+    kind = line.split("kind=", 1)[1].split(",")[0].split()[0] if "kind=" in line else ""
+    target = (line.split('custom_call_target="', 1)[1].split('"', 1)[0]
+              if "custom_call_target" in line else "")
+    name = line.split("=", 1)[0].split()[-1].lstrip("%")  # CUPTI names kernels so
+    ops.append(" ".join(v for v in (name, op, kind, target) if v))
+  print(f"hlo: {len(ops)} ops in the entry computation ({path}): " + "; ".join(ops),
         flush=True)
 
 
