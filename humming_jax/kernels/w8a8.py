@@ -371,6 +371,13 @@ def dequant_gemm_exact(spec: QuantSpec, plan: Plan) -> bool:
   return w_bits <= 8 and a_bits <= 8
 
 
+def _global_scale(params: QuantizedWeight) -> jax.Array | None:
+  """The per-tensor global scale (NVFP4) as a float32 scalar: this family stores a scalar,
+  the WnA16 Mosaic layout (``wnam_mgpu`` params) a (1, Np) row of that value."""
+  g = params.global_scale
+  return None if g is None else g.astype(jnp.float32).reshape(-1)[0]
+
+
 def dequant_gemm(params: QuantizedWeight, x: jax.Array, weights=None) -> jax.Array:
   """The large-M route (see :func:`dequant_gemm_exact`): activations quantized exactly as
   for the kernel, both operands dequantized to bfloat16, XLA's GEMM, float32 epilogue.
@@ -394,8 +401,8 @@ def dequant_gemm(params: QuantizedWeight, x: jax.Array, weights=None) -> jax.Arr
               preferred_element_type=jnp.float32)
   if not plan.a_group:  # per token (M, 1) or per tensor (1, 1)
     y = y * qa.scales
-  if params.global_scale is not None:  # a scalar (this family) or a padded (1, Np) row
-    y = y * params.global_scale.astype(jnp.float32).reshape(-1)[0]
+  if (s2 := _global_scale(params)) is not None:
+    y = y * s2
   if params.bias is not None:
     y = y + params.bias
   return y.astype(x.dtype)
@@ -530,9 +537,8 @@ def gemm_8bit(x: jax.Array, params: QuantizedWeight, weights, w_scales: jax.Arra
     col_groups = w_scales[:kp // plan.w_group]
   else:
     col_scale = w_scales.reshape(np_)
-  if params.global_scale is not None:
-    s2 = jnp.broadcast_to(params.global_scale.astype(jnp.float32).reshape(-1), (np_,))
-    col_scale = s2 if col_scale is None else col_scale * s2
+  if (s2 := _global_scale(params)) is not None:
+    col_scale = jnp.full((np_,), s2) if col_scale is None else col_scale * s2
   bias = None
   if params.bias is not None:
     bias = jnp.pad(params.bias.astype(jnp.float32), (0, np_ - n))
@@ -581,8 +587,8 @@ def run_decode_mgpu(params: QuantizedWeight, x: jax.Array, *, interpret: bool = 
   m = x.shape[0]
   a, sa = act_operands(x, spec, plan_for(spec), params.act_scale, rows=m, kp=kp)
   col = wna16._decode_scale_row(params.scales, spec)  # (1, Np) float32
-  if params.global_scale is not None:
-    col = col * params.global_scale.astype(jnp.float32).reshape(())
+  if (s2 := _global_scale(params)) is not None:
+    col = col * s2
   # bf16 operands and output whatever x's dtype: the codes are exact in it, and before the
   # per-token scale the sums are ~127 / amax(x) times the result (fp16 could overflow).
   codes_x = a.astype(jnp.bfloat16)
