@@ -496,6 +496,17 @@ def test_tuning_cache_is_consulted(tmp_path, monkeypatch):
   assert tuning.cached_config(key, mg.Config) == mg.Config(stages=3)
 
 
+def test_int4_ptx_switch_from_the_environment(monkeypatch):
+  """HUMMING_JAX_INT4_PTX=0 turns the int4 PTX conversion off (the escape hatch its
+  lowering errors name); anything but 0 / 1 is refused by name."""
+  assert mg.Config().int4_ptx
+  monkeypatch.setenv("HUMMING_JAX_INT4_PTX", "0")
+  assert not mg.Config().int4_ptx and not mg.heuristic(1, 8192).int4_ptx
+  monkeypatch.setenv("HUMMING_JAX_INT4_PTX", "yes")
+  with pytest.raises(ValueError, match="HUMMING_JAX_INT4_PTX='yes'"):
+    mg.Config()
+
+
 def test_config_validation():
   with pytest.raises(ValueError, match="block_m"):
     mg.Config(block_m=12)

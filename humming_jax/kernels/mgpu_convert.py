@@ -227,9 +227,11 @@ def int4_to_float_ptx(codes: jax.Array, dtype, offsets: jax.Array | None = None
     i32 = ir.IntegerType.get_signless(32)
     arr = arr.to_layout(mgpu.WGMMA_LAYOUT)
     if off and off[0].registers.shape != arr.registers.shape:
-      raise NotImplementedError(f"int4 PTX conversion: offset registers "
-                                f"{off[0].registers.shape} vs code registers "
-                                f"{arr.registers.shape}")
+      raise NotImplementedError(f"int4 PTX conversion: this jax's Mosaic GPU gives the "
+                                f"zero-point offsets registers {off[0].registers.shape} "
+                                f"beside code registers {arr.registers.shape} (jax 0.11.2: "
+                                f"the same); set HUMMING_JAX_INT4_PTX=0 (Mosaic's own "
+                                f"conversion, same values)")
     out_el = ir.BF16Type.get() if float_type == "bf16" else ir.F16Type.get()
     new_regs = np.empty_like(arr.registers)
     for idx, reg in np.ndenumerate(arr.registers):
@@ -237,8 +239,10 @@ def int4_to_float_ptx(codes: jax.Array, dtype, offsets: jax.Array | None = None
       word = _sliced_word(reg)
       if vlen != 2 or word is None or word[1] % 2:
         raise NotImplementedError("int4 PTX conversion: this jax's Mosaic GPU does not hold "
-                                  "WGMMA int4 pairs as slices of 32-bit registers; leave "
-                                  "MgpuConfig.int4_ptx=False")
+                                  "WGMMA int4 pairs as slices of 32-bit registers (jax "
+                                  "0.11.2 does); set HUMMING_JAX_INT4_PTX=0 (Mosaic's own "
+                                  "conversion, same values) or pass a config with "
+                                  "int4_ptx=False")
       src, first = word
       shifted = arith.shrui(src, mgpu_utils.c(4, i32))
       args, cons = [src, shifted], "=r,r,r"

@@ -28,6 +28,16 @@ def smem_round(nbytes: int) -> int:
   return -(-nbytes // 1024) * 1024
 
 
+def env_flag(name: str, default: bool) -> bool:
+  """An on / off switch from the environment ("0" / "1"; unset: ``default``)."""
+  value = os.environ.get(name)
+  if value is None:
+    return default
+  if value not in ("0", "1"):
+    raise ValueError(f"{name}={value!r}: expected '0' or '1'")
+  return value == "1"
+
+
 @dataclasses.dataclass(frozen=True)
 class TuningConfig:
   """Tiling of one Pallas-Triton GEMM launch."""
@@ -100,8 +110,11 @@ class MgpuConfig:
   # Mosaic's conversion plus a subtraction per pair.  H200, session 11 (NOTES.md v13):
   # bit-identical outputs in 14 GPU cases (zp / symmetric / MXINT4 / per-channel, bf16 and
   # fp16, M = 1 / 16 / 128); 8192^2 int4 g128 zp at M = 1: CUPTI 17.1 -> 16.0 us, Nsight
-  # Compute 17.73 -> 16.93 us: on.
-  int4_ptx: bool = True
+  # Compute 17.73 -> 16.93 us: on.  It reads Mosaic's register layout of int4 fragments
+  # (jax 0.11.2's, GPU-tested); a jax that lays them out otherwise is refused at lowering
+  # by name, and HUMMING_JAX_INT4_PTX=0 turns it off (Mosaic's conversion, same values).
+  int4_ptx: bool = dataclasses.field(
+      default_factory=lambda: env_flag("HUMMING_JAX_INT4_PTX", True))
 
   def __post_init__(self):
     if self.split_warpgroups not in ("k", "n"):
