@@ -275,3 +275,20 @@ def test_fences_of_the_prepared_family_apply(monkeypatch):
   np.testing.assert_array_equal(np.asarray(y), np.asarray(reference.dense_reference(q, x)))
   with pytest.raises(ValueError, match="w8a8 kernel is known to disagree"):
     hj.quant_dense(p, x, backend="pallas")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["w4a8-mxfp4", "w4a4-nvfp4"])
+def test_prefill_exact_route_gpu(name):
+  """MXFP4 / NVFP4 weights at 8192^2, M = 1024: the W8A8 family's exact bf16-operand route on
+  weights dequantized from this layout -- that family's numbers on its own layout."""
+  from humming_jax.kernels import w8a8
+  spec = SPECS[name]
+  q, x = make(spec, 1024, 8192, 8192, seed=9)
+  p = jax.jit(wm.prepare)(q)
+  assert not wm.prefill_8bit_runs(p, x.dtype) and wm._exact_dequant(spec)
+  y = jax.jit(wm.run)(p, x)
+  e = rel(y, jax.jit(reference.dense_reference)(q, x))
+  e8 = rel(y, jax.jit(w8a8.dequant_gemm)(jax.jit(lambda q: hj.prepare(q, kernel="w8a8"))(q), x))
+  print(f"wnam_mgpu prefill {name} M=1024: rel err {e:.2e}, vs w8a8.dequant_gemm {e8:.2e}")
+  assert e8 <= 1e-3 and e <= (TOL if w8a8.plan_for(spec).fold else 2e-4)
