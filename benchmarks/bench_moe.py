@@ -87,7 +87,8 @@ def _safe(fn):
 FAMILIES = {"mgpu": "grouped_wna16_mgpu", "triton": "grouped_wna16",  # <spec>@<family>
             "mgpu-xn": "grouped_wna16_mgpu"}  # ... with four warpgroups sharing x tiles
 # <spec>@mgpu:<tokens>: the Mosaic grouped kernel with profile_mgpu.py's config tokens on
-# top of the heuristic for the tile rows, e.g. w4a16-g128-zp@mgpu:wg2-xn or @mgpu:split2.
+# top of grouped_wna16_mgpu.heuristic's launch for the default tile rows, e.g.
+# w4a16-g128-zp@mgpu:wg2-xn or @mgpu:split2; rows<R> sets the tile rows (@mgpu:rows16).
 
 
 def family_of(spec_name: str) -> str | None:
@@ -112,10 +113,20 @@ def ragged_dot_fn(spec_name):
   from benchmarks.profile_mgpu import parse_config  # noqa: PLC0415
   from humming_jax.kernels import grouped_wna16_mgpu as gm, wna16_mgpu  # noqa: PLC0415
 
+  toks = tokens.split("-") if tokens else []
+  # rows<R>: tiles of R rows, with the launch the heuristic picks for the default tile rows
+  tile_rows = next((int(t[4:]) for t in toks if t.startswith("rows")), None)
+  tokens = "-".join(t for t in toks if not t.startswith("rows"))
+
   def run(p, xg):
-    rows = gm.block_rows(xg[0].shape[0], p.shape[0])
-    cfg = (parse_config(tokens, rows) if tokens else wna16_mgpu.shared_x_config(rows))
-    return gm.run(p, xg[0], xg[1], config=cfg)
+    m, e, n = xg[0].shape[0], p.shape[0], p.shape[2]
+    rows = gm.block_rows(m, e)
+    if family == "mgpu-xn":
+      cfg = wna16_mgpu.shared_x_config(rows)
+    else:
+      base = gm.heuristic(min(e, m), n, p.codes.shape[-3], rows)
+      cfg = parse_config(tokens, rows, base=base) if tokens else base
+    return gm.run(p, xg[0], xg[1], config=cfg, block_m=tile_rows)
   return run
 
 

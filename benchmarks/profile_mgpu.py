@@ -26,11 +26,12 @@ from benchmarks.bench_dense import make_weights  # noqa: E402
 from humming_jax.kernels import reference, tuning, wna16_mgpu  # noqa: E402
 
 
-def parse_config(name: str, m: int) -> tuning.MgpuConfig | None:
+def parse_config(name: str, m: int, base: tuning.MgpuConfig | None = None
+                 ) -> tuning.MgpuConfig | None:
   """'default' (None: run() picks and adapts the heuristic, as quant_dense does) or
-  comma-free tokens like 'wg4-split2-st6-sub2-opt' on top of the heuristic (explicit: run
-  checks it as given)."""
-  cfg = wna16_mgpu.heuristic(m)
+  comma-free tokens like 'wg4-split2-st6-sub2-opt' on top of ``base`` (default: the dense
+  heuristic for M = ``m``; explicit: run checks it as given)."""
+  cfg = base or wna16_mgpu.heuristic(m)
   if name == "default":
     return None
   fields = {}

@@ -184,6 +184,79 @@ def test_tile_schedule_covers_every_row_once():
     np.testing.assert_array_equal(np.asarray(got), want, err_msg=str((gs, m)))
 
 
+def test_schedule_kernel_equals_the_xla_schedule():
+  """The one-launch Pallas-Triton schedule (what run uses on a GPU) against tile_schedule
+  and output_rows (its XLA reference, checked above): random routings over E = 8 / 60
+  (padded to 64) / 256 experts, M from 1 to 1000 rows (several programs), sum(group_sizes)
+  below and above M, all experts empty."""
+  rng = np.random.default_rng(3)
+  cases = [(8, 1, 0), (60, 37, 0), (256, 1000, 0), (8, 64, 5), (60, 8, 5), (256, 64, -1)]
+  for e, m, extra in cases:
+    gs = rng.multinomial(max(m + int(rng.integers(-3, 1)), 0), np.ones(e) / e)
+    gs[rng.integers(0, e)] += max(extra, 0)  # sum > M: clipped
+    gs = gs * (extra >= 0)  # -1: every expert empty
+    bm = gm.block_rows(m, e)
+    nt = gm.max_tiles(m, e, bm)
+
+    def both(g, m=m, bm=bm, nt=nt):
+      expert, row0, _, end, kind = gm.tile_schedule(g, m, bm, nt)
+      return (jnp.stack([expert, row0, end, kind], axis=1), gm.output_rows(g, m, bm, nt),
+              *gm.schedule(g, m, bm, nt, interpret=True))
+
+    want_sched, want_src, sched, src = jax.jit(both)(jnp.asarray(gs, jnp.int32))
+    assert sched.shape[0] >= 4 * nt and src.shape[0] >= m
+    np.testing.assert_array_equal(np.asarray(sched).reshape(-1, 4)[:nt],
+                                  np.asarray(want_sched), err_msg=str((e, m, gs)))
+    np.testing.assert_array_equal(np.asarray(src)[:m], np.asarray(want_src),
+                                  err_msg=str((e, m, gs)))
+
+
+def test_schedule_is_one_launch_beside_the_kernel():
+  """run's jaxpr at 1 token: the schedule kernel, the Mosaic kernel, and no XLA
+  cumsum / searchsorted ops beside them (they were six fusions on the H200)."""
+  spec = hj.QuantSpec.preset("w4a16-g128-zp")
+  q = jax.eval_shape(lambda w: hj.quantize(w, spec),
+                     jax.ShapeDtypeStruct((16, 256, 128), jnp.float32))
+  p = jax.eval_shape(gm.prepare, q)
+  x = jax.ShapeDtypeStruct((8, 256), jnp.bfloat16)
+  g = jax.ShapeDtypeStruct((16,), jnp.int32)
+  jaxpr = jax.make_jaxpr(lambda p, x, g: gm.run(p, x, g))(p, x, g)
+
+  from jax.extend.core import Jaxpr  # noqa: PLC0415
+
+  def primitives(jx):  # every equation's primitive, sub-jaxprs (pjit, custom_vmap) included
+    for eqn in jx.eqns:
+      yield eqn.primitive.name
+      if eqn.primitive.name in ("pallas_call", "mpmd_map"):
+        continue  # a kernel (Pallas-Triton, Mosaic GPU): its body's ops are not XLA's
+      for v in eqn.params.values():
+        for sub in v if isinstance(v, (tuple, list)) else (v,):
+          sub = getattr(sub, "jaxpr", sub)
+          if isinstance(sub, Jaxpr):
+            yield from primitives(sub)
+
+  names = list(primitives(jaxpr.jaxpr))
+  assert names.count("pallas_call") == 1 and names.count("mpmd_map") == 1, names
+  assert not {"cumsum", "cumlogsumexp", "reduce_window_sum", "sort"} & set(names), names
+
+
+def test_tile_rows_argument():
+  """run(block_m=16) (tiles wider than block_rows' 8: a segment crossing an 8-row boundary
+  stays in one tile) computes the same rows; a bad block_m is named."""
+  gs = [3, 0, 6, 1, 7, 2, 0, 5]
+  m = sum(gs) + 2
+  q, x = make("w4a16-g128-zp", 8, 256, 64, m, False, seed=8)
+  g = jnp.asarray(gs, jnp.int32)
+  p = gm.prepare(q)
+  assert gm.block_rows(m, 8) == 8
+  ref = reference.ragged_dot_reference(q, x, g)
+  for bm in (None, 16):
+    y = jax.jit(lambda p, x, g, bm=bm: gm.run(p, x, g, interpret=True, block_m=bm))(p, x, g)
+    assert rel(y, ref) <= TOL and not bool(jnp.any(y[sum(gs):] != 0))
+  with pytest.raises(ValueError, match="block_m=12"):
+    gm.run(p, x, g, block_m=12)
+
+
 def test_block_rows_covers_a_random_routing():
   assert gm.block_rows(8, 8) == 8  # decode: one row per active expert
   assert gm.block_rows(8192, 256) == 48  # DeepSeek-V3, 1024 tokens: 32 +- 6 rows

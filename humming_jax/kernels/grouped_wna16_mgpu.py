@@ -37,10 +37,13 @@ prefill, grid split-K 2 for narrow experts at decode.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 
 import jax
 import jax.numpy as jnp
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as plt
 
 from humming_jax.kernels import grouped_wna16, registry, tuning, wna16_mgpu
 from humming_jax.quantize import QuantizedWeight
@@ -131,10 +134,12 @@ def max_tiles(m: int, num_experts: int, block_m: int) -> int:
 def _segments(group_sizes: jax.Array, m: int, block_m: int
               ) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
   """Per expert: (start, end, first tile row, tiles) int32 of its rows [start, end)
-  clipped to M, covered by ``block_m``-row tiles from ``8 * (start // 8)``."""
+  clipped to M, covered by ``block_m``-row tiles from ``8 * (start // 8)``.  Along the
+  last axis (the experts), so the schedule kernel runs it on a (1, E) row too."""
   gs = jnp.maximum(group_sizes.astype(jnp.int32), 0)
-  ends = jnp.minimum(jnp.cumsum(gs), m)
-  starts = jnp.concatenate([jnp.zeros((1,), jnp.int32), ends[:-1]])
+  incl = jnp.cumsum(gs, axis=-1)
+  ends = jnp.minimum(incl, m)
+  starts = jnp.minimum(incl - gs, m)
   first = starts // 8 * 8
   seg_tiles = jnp.where(ends > starts, (ends - first + block_m - 1) // block_m, 0)
   return starts, ends, first, seg_tiles
@@ -174,9 +179,88 @@ def output_rows(group_sizes: jax.Array, m: int, block_m: int, num_tiles: int) ->
   return jnp.where(ok, tile * block_m + local % block_m, num_tiles * block_m)
 
 
+SCHEDULE_BLOCK = 32  # tiles and output rows per program of the schedule kernel
+
+
+def _schedule_kernel(gs_ref, sched_ref, src_ref, *, m: int, block_m: int, num_tiles: int,
+                     experts: int):
+  """One program: tiles and output rows [i * B, (i + 1) * B) of :func:`tile_schedule` and
+  :func:`output_rows`, from the E group sizes (every program redoes the two cumsums over E:
+  a few hundred adds).  Gathers by expert index are one-hot sums over E (Triton has no
+  register gather)."""
+  b = sched_ref.shape[0]
+  lane = jnp.arange(gs_ref.shape[0], dtype=jnp.int32)[None, :]  # (1, E padded)
+  real = lane < experts
+  _, ends, first, seg_tiles = _segments(gs_ref[...][None, :], m, block_m)
+  tile_end = jnp.cumsum(seg_tiles, axis=1)
+
+  def at(vec, idx):  # vec[idx] for an index column (B, 1) -> (B, 1)
+    return jnp.sum(jnp.where(lane == idx, vec, 0), axis=1, keepdims=True)
+
+  def count_le(vec, v):  # searchsorted(vec[:E], v, side="right") by compare-and-count
+    return jnp.sum(jnp.where(real & (vec <= v), 1, 0), axis=1, keepdims=True)
+
+  i = pl.program_id(0) * b + jnp.arange(b, dtype=jnp.int32)[:, None]  # (B, 1)
+  # Tiles: expert piece, first x row, end, kind (tile_schedule).
+  piece = count_le(tile_end, i)
+  used = piece < experts
+  piece = jnp.minimum(piece, experts - 1)
+  row0 = at(first, piece) + (i - (at(tile_end, piece) - at(seg_tiles, piece))) * block_m
+  end = jnp.minimum(row0 + block_m, at(ends, piece))
+  field = jnp.arange(4, dtype=jnp.int32)[None, :]
+  sched_ref[...] = jnp.where(field == 0, piece, jnp.where(
+      used, jnp.where(field == 1, row0, jnp.where(field == 2, end, 1)), 0))
+  # Output rows: the stacked tile row each takes (output_rows).
+  e = jnp.minimum(count_le(ends, i), experts - 1)
+  local = i - at(first, e)
+  tile = at(tile_end, e) - at(seg_tiles, e) + local // block_m
+  total = jnp.max(jnp.where(real, ends, 0), axis=1, keepdims=True)
+  ok = (i < total) & (tile < num_tiles)
+  src_ref[...] = jnp.where(ok, tile * block_m + local % block_m, num_tiles * block_m)[:, 0]
+
+
+def schedule(group_sizes: jax.Array, m: int, block_m: int, num_tiles: int, *,
+             interpret: bool = False) -> tuple[jax.Array, jax.Array]:
+  """:func:`tile_schedule`'s (expert, first row, end, kind) per tile, flattened -- the
+  kernel's ``Tiles.sched`` -- and :func:`output_rows`, in one Pallas-Triton launch.
+
+  Why: written in XLA the two took six small fusions (cumsums as reduce-windows, each
+  searchsorted a compare and a reduce, a concatenate) beside the kernel and the output
+  gather (H200, session 12: the optimized HLO of DeepSeek-V3 gate_up at 1 token); at
+  decode each costs a launch.  Returns ((T * 4,) sched, (R,) src) with T, R >= num_tiles,
+  m padded to the program block: entries past num_tiles / m are computed for indices
+  that do not exist and are never read (the Mosaic kernel reads tiles < num_tiles; callers
+  take ``src[:m]``)."""
+  e = group_sizes.shape[0]
+  e_pad = max(8, pl.next_power_of_2(e))
+  gs = group_sizes.astype(jnp.int32)
+  if e_pad != e:  # Triton blocks are powers of two; zero-sized experts change nothing
+    gs = jnp.pad(gs, (0, e_pad - e))
+  b = min(SCHEDULE_BLOCK, max(8, pl.next_power_of_2(m)))
+  grid = -(-max(m, num_tiles) // b)
+  kernel = functools.partial(_schedule_kernel, m=m, block_m=block_m, num_tiles=num_tiles,
+                             experts=e)
+  sched, src = pl.pallas_call(
+      kernel,
+      out_shape=(jax.ShapeDtypeStruct((grid * b, 4), jnp.int32),
+                 jax.ShapeDtypeStruct((grid * b,), jnp.int32)),
+      grid=(grid,),
+      in_specs=[pl.BlockSpec((e_pad,), lambda i: (0,))],
+      out_specs=(pl.BlockSpec((b, 4), lambda i: (i, 0)), pl.BlockSpec((b,), lambda i: (i,))),
+      compiler_params=plt.CompilerParams(num_warps=4, num_stages=1),
+      interpret=interpret,
+      name="grouped_tile_schedule",
+  )(gs)
+  return sched.reshape(-1), src
+
+
 def run(params: QuantizedWeight, x: jax.Array, group_sizes: jax.Array, *,
-        interpret: bool = False, config: wna16_mgpu.Config | None = None) -> jax.Array:
-  """(M, K) bf16 / fp16 rows sorted by expert x prepared stacked params -> (M, N)."""
+        interpret: bool = False, config: wna16_mgpu.Config | None = None,
+        block_m: int | None = None) -> jax.Array:
+  """(M, K) bf16 / fp16 rows sorted by expert x prepared stacked params -> (M, N).
+
+  ``block_m``: rows per tile (a multiple of 8 up to :data:`MAX_BLOCK_M`; default
+  :func:`block_rows`); ``config``: the launch (default :func:`heuristic` for those rows)."""
   if registry.layout_family(params.layout) != FAMILY:
     raise ValueError(f"params.layout={params.layout!r}: expected {FAMILY}:... params; call "
                      f"grouped_wna16_mgpu.prepare first")
@@ -185,18 +269,26 @@ def run(params: QuantizedWeight, x: jax.Array, group_sizes: jax.Array, *,
     raise ValueError(f"x must be (M, K={k}); got shape {x.shape}")
   if group_sizes.shape != (e,):
     raise ValueError(f"group_sizes must be ({e},); got shape {group_sizes.shape}")
+  if block_m is not None and (block_m % 8 or not 8 <= block_m <= MAX_BLOCK_M):
+    raise ValueError(f"block_m={block_m} must be a multiple of 8 in [8, {MAX_BLOCK_M}]")
   m = x.shape[0]
   if m == 0:
     return jnp.zeros((0, n), x.dtype)
-  block_m = block_rows(m, e)
+  block_m = block_m or block_rows(m, e)
   num_tiles = max_tiles(m, e, block_m)
-  expert, row0, _, end, kind = tile_schedule(group_sizes, m, block_m, num_tiles)
-  sched = jnp.stack([expert, row0, end, kind], axis=1).reshape(-1)
+  if interpret:
+    # The Pallas-Triton and Mosaic GPU interpreters in one CPU program hang (session 12:
+    # 190 rows in 80-row tiles, every time; each alone, or the schedule passed in, runs).
+    # The interpreter takes the XLA reference schedule; tests check the kernel against it.
+    expert, row0, _, end, kind = tile_schedule(group_sizes, m, block_m, num_tiles)
+    sched = jnp.stack([expert, row0, end, kind], axis=1).reshape(-1)
+    src = output_rows(group_sizes, m, block_m, num_tiles)
+  else:
+    sched, src = schedule(group_sizes, m, block_m, num_tiles)
   config = config or heuristic(min(e, m), n, params.codes.shape[-3], block_m)
   y_tiles = wna16_mgpu.run(params, x, interpret=interpret, config=config,
                            tiles=wna16_mgpu.Tiles(sched, num_tiles, block_m))
-  src = output_rows(group_sizes, m, block_m, num_tiles)
-  return y_tiles.at[src].get(mode="fill", fill_value=0)
+  return y_tiles.at[src[:m]].get(mode="fill", fill_value=0)
 
 
 def run_aligned(params: QuantizedWeight, x: jax.Array, group_sizes: jax.Array, *,

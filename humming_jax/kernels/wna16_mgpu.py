@@ -231,7 +231,8 @@ def _swizzled(cols: int, bits: int, what: str):
 class Tiles(NamedTuple):
   """Grouped (MoE) launch: row tiles of one expert each (grouped_wna16_mgpu.tile_schedule).
 
-  ``sched``: (num_tiles * 4,) int32 (expert, first x row, -, kind) per tile; tile ``i``
+  ``sched``: (T * 4,) int32, T >= num_tiles (entries past num_tiles are not read):
+  (expert, first x row, -, kind) per tile; tile ``i``
   computes x rows [first, first + block_m) -- ``first`` a multiple of 8 (Mosaic's TMA
   into the swizzled x buffer needs that proven), rows past M read as zeros -- against its
   expert's weights and writes output rows [i * block_m, (i + 1) * block_m); the caller
@@ -615,7 +616,7 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
   # tile's expert's rows (kind-0 tiles' rows are garbage; the callers never read them).
   if grouped:
     y = out.sum(axis=0).T[:, :n]
-    row_expert = jnp.repeat(tiles.sched.reshape(-1, 4)[:, 0], block_m)  # (num_tiles * bm,)
+    row_expert = jnp.repeat(tiles.sched.reshape(-1, 4)[:tiles.num_tiles, 0], block_m)
     row = lambda v: v.reshape(v.shape[0], -1)[row_expert, :n]  # (E, [1,] Np) -> per row
   else:
     y = out.sum(axis=0).T[:m, :n]
@@ -751,7 +752,11 @@ def code_values(params: QuantizedWeight, dtype) -> jax.Array:
   scales not applied): integers as they are, fp4 e2m1 through the format's decode, fp8 as
   its values.  Exact in any float dtype that holds them (and int8 for integer codes)."""
   if params.spec.weight_format.name == FP4:
-    return mgpu_convert.to_float_interpret(params.codes, dtype)
+    # XLA's native e2m1 conversion of the same bits: the format's values
+    # (tests/test_wna16_mgpu.py), one convert per code where the decode's float16 bit
+    # arithmetic made NVFP4's dequantization fusion 82 us at 8192^2 against int4's 42
+    # (H200, NOTES.md v13).
+    return jax.lax.bitcast_convert_type(params.codes, jnp.float4_e2m1fn).astype(dtype)
   return params.codes.astype(dtype)
 
 
