@@ -27,8 +27,8 @@ Prefill (no explicit config):
 Specs the W8A8 family refuses (no 8-bit carrier: zero-point weights with quantized
 activations, e5m2 activations, int8 weights with fp8 activations, activation groups that do
 not nest in the weight groups) have only this kernel.  Their H200 decode tests passed for
-uint4 zp x int8 and int8 x fp8 e4m3 (session 11); e5m2 activations have not run on a GPU
-and stay fenced there (:func:`gpu_known_bad`).  Activations: bf16 / fp16 (the WnA16
+uint4 zp x int8 and int8 x fp8 e4m3 (session 11) and int4 g128 x fp8 e5m2 (session 12,
+M = 1 / 16).  Activations: bf16 / fp16 (the WnA16
 kernel's); float32 x takes the W8A8 family, or XLA for the no-carrier specs.
 """
 from __future__ import annotations
@@ -61,14 +61,9 @@ def supports(spec: QuantSpec) -> bool:
 
 
 def gpu_known_bad(spec: QuantSpec) -> str | None:
-  """The WnA16 kernel's own fences, and e5m2 activations: not run on a GPU yet (XLA's fp8
-  converts on the H200 have differed from the CPU's before: tests/test_xla_precision.py)."""
-  if (why := wna16_mgpu.KERNEL.gpu_known_bad(weight_spec(spec))) is not None:
-    return why
-  if spec.act is not None and spec.act_format.name == "fp8_e5m2":
-    return (f"spec {spec.name}: e5m2 activations on the {FAMILY} kernel have not run on a "
-            f"GPU (tests/test_wnam_mgpu.py::test_decode_gpu)")
-  return None
+  """The WnA16 kernel's fences on the weight half (every activation format this family
+  takes has passed its H200 decode test: tests/test_wnam_mgpu.py::test_decode_gpu)."""
+  return wna16_mgpu.KERNEL.gpu_known_bad(weight_spec(spec))
 
 
 def _view(params: QuantizedWeight, layout: str) -> QuantizedWeight:
