@@ -145,6 +145,7 @@ def quantize_sets(spec_name, ws):
 
 
 _SETS: dict = {}
+CHAIN = ("outputs",)  # --chain: common.CHAINS keys for our layers (the first is "us")
 
 
 def active_bytes(pp, group_sizes) -> int:
@@ -168,7 +169,10 @@ def bench_hj(spec_name, sets, xg, *, calls, repeats, check):
     total = int(xg[1].sum())
     res["tail_zero"] = bool((y[total:] == 0).all())
   res["compile_s"] = common.compile_time(layer, pps[0], xg)
-  res.update(common.time_chain(layer, pps, xg, calls=calls, repeats=repeats))
+  res.update(common.CHAINS[CHAIN[0]](layer, pps, xg, calls=calls, repeats=repeats))
+  for other in CHAIN[1:]:  # the same layers chained another way, same process
+    res[f"{other}_us"] = common.CHAINS[other](layer, pps, xg, calls=calls,
+                                              repeats=repeats)["us"]
   res["weight_bytes_all_experts"] = qs[0].nbytes()
   res["weight_bytes"] = active_bytes(pps[0], xg[1])
   res["tbps"] = res["weight_bytes"] / (res["us"] * 1e-6) / 1e12  # active experts only
@@ -249,8 +253,16 @@ def main(argv=None):
   ap.add_argument("--xla-path", action="store_true", help="also time hj's XLA fallback")
   ap.add_argument("--breakdown", action="store_true",
                   help="also print the device time of every kernel of a call (CUPTI)")
+  ap.add_argument("--chain", default="outputs",
+                  help="comma list of outputs / resident: how our layers are chained "
+                       "(benchmarks/common.py; the first gives 'us', the others "
+                       "'<chain>_us'); Humming is always its CUDA graph")
   ap.add_argument("--json", default=None)
   args = ap.parse_args(argv)
+  global CHAIN
+  CHAIN = tuple(args.chain.split(","))
+  if not set(CHAIN) <= {"outputs", "resident"}:
+    raise SystemExit(f"--chain {args.chain!r}: expected outputs and / or resident")
   info = common.device_info()
   print(info, flush=True)
   specs = [s for s in args.specs.split(",") if s]
@@ -332,6 +344,8 @@ def format_row(row) -> str:
     s = f"{c}={_us(v)}"
     if isinstance(v, dict) and "rel_err" in v:
       s += f" (err {v['rel_err']:.1e}, {v['tbps']:.2f} TB/s, compile {v['compile_s']:.1f}s)"
+    if isinstance(v, dict):
+      s += "".join(f" {k[:-3]}={v[k]:.1f}" for k in v if k.endswith("_us") and k != "us")
     if isinstance(v, dict) and "error" in v and v["error"] != "OOM":
       s += f" [{v['error']}]"
     parts.append(s)

@@ -82,7 +82,36 @@ def time_sequential(layer_fn, params_list, x, *, calls: int = 50, repeats: int =
           "us_max": max(per_layer), "first_call_s": first}
 
 
-CHAINS = {"outputs": time_chain, "sequential": time_sequential}
+def time_resident(layer_fn, params_list, x, *, calls: int = 50, repeats: int = 5
+                  ) -> dict[str, float]:
+  """Every layer on the same x (as :func:`time_chain`), their outputs consumed inside the
+  program: each output's sum is added to a donated float32 state, so the outputs live in
+  XLA's temp buffer at the same addresses every call, as a layer's output does inside a
+  model step (XLA re-records a Mosaic launch into its CUDA graph when its buffers move:
+  NOTES.md v11).  The sums are small reductions XLA fuses into each layer's last fusion
+  (or one small kernel per layer).  Microseconds per layer, as :func:`time_chain`."""
+  def run(ps, x, state):
+    for p in ps:
+      state = state + jnp.sum(layer_fn(p, x).astype(jnp.float32))
+    return state
+
+  f = jax.jit(run, donate_argnums=2)
+  t0 = time.perf_counter()
+  state = jax.block_until_ready(f(params_list, x, jnp.zeros((), jnp.float32)))
+  first = time.perf_counter() - t0
+  state = jax.block_until_ready(f(params_list, x, state))  # warm
+  per_layer = []
+  for _ in range(repeats):
+    t0 = time.perf_counter()
+    for _ in range(calls):
+      state = f(params_list, x, state)
+    jax.block_until_ready(state)
+    per_layer.append((time.perf_counter() - t0) / (calls * len(params_list)) * 1e6)
+  return {"us": statistics.median(per_layer), "us_min": min(per_layer),
+          "us_max": max(per_layer), "first_call_s": first}
+
+
+CHAINS = {"outputs": time_chain, "sequential": time_sequential, "resident": time_resident}
 
 
 def run_child(script: str, size: int, child_args: list[str], xla_flags: str, *,

@@ -33,7 +33,7 @@ def make(name, e, k, n, m, bias, seed=0, dtype=jnp.bfloat16):
 
 CASES = [  # (preset, E, K, N, group_sizes, M, bias): uneven, empty experts, a zero tail
     ("w4a16-g128-zp", 4, 256, 128, [3, 0, 5, 2], 12, True),
-    ("w4a16-g128", 6, 512, 64, [0, 0, 20, 1, 0, 3], 24, False),  # 20 rows: 3 tiles of 8
+    ("w4a16-g128", 6, 512, 64, [0, 0, 20, 1, 0, 3], 24, False),  # 20 rows: 2 tiles of 16
     ("w4a16-mxfp4", 3, 256, 64, [1, 1, 1], 3, False),  # decode: one row per expert
     ("w4a16-nvfp4", 5, 512, 192, [0, 7, 2, 0, 9], 20, True),  # per-expert global scale
     ("w4a16-mxint4", 8, 384, 64, [2, 2, 2, 2, 2, 2, 2, 2], 16, True),
@@ -240,17 +240,24 @@ def test_schedule_is_one_launch_beside_the_kernel():
   assert not {"cumsum", "cumlogsumexp", "reduce_window_sum", "sort"} & set(names), names
 
 
-def test_tile_rows_argument():
-  """run(block_m=16) (tiles wider than block_rows' 8: a segment crossing an 8-row boundary
-  stays in one tile) computes the same rows; a bad block_m is named."""
+def test_tile_rows():
+  """Decode tiles: 16 rows above 8 (run's default, tile_rows) so a segment crossing an
+  8-row boundary stays in one tile -- fewer tiles than 8-row ones on a random routing --
+  and 8 rows explicitly: the same rows; a bad block_m is named."""
+  assert gm.tile_rows(8, 256) == 8 and gm.tile_rows(512, 256) == 16
+  assert gm.tile_rows(8192, 256) == gm.block_rows(8192, 256) == 48
+  ids = np.argsort(np.random.default_rng(1).random((64, 256)), axis=1)[:, :8]
+  gs64 = jnp.asarray(np.bincount(ids.ravel(), minlength=256), jnp.int32)
+  used = lambda bm: int(gm.tile_schedule(gs64, 512, bm, gm.max_tiles(512, 256, bm))[4].sum())
+  assert used(16) < used(8)
   gs = [3, 0, 6, 1, 7, 2, 0, 5]
   m = sum(gs) + 2
   q, x = make("w4a16-g128-zp", 8, 256, 64, m, False, seed=8)
   g = jnp.asarray(gs, jnp.int32)
   p = gm.prepare(q)
-  assert gm.block_rows(m, 8) == 8
+  assert gm.block_rows(m, 8) == 8 and gm.tile_rows(m, 8) == 16
   ref = reference.ragged_dot_reference(q, x, g)
-  for bm in (None, 16):
+  for bm in (None, 8):
     y = jax.jit(lambda p, x, g, bm=bm: gm.run(p, x, g, interpret=True, block_m=bm))(p, x, g)
     assert rel(y, ref) <= TOL and not bool(jnp.any(y[sum(gs):] != 0))
   with pytest.raises(ValueError, match="block_m=12"):

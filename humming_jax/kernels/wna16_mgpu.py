@@ -752,11 +752,10 @@ def code_values(params: QuantizedWeight, dtype) -> jax.Array:
   scales not applied): integers as they are, fp4 e2m1 through the format's decode, fp8 as
   its values.  Exact in any float dtype that holds them (and int8 for integer codes)."""
   if params.spec.weight_format.name == FP4:
-    # XLA's native e2m1 conversion of the same bits: the format's values
-    # (tests/test_wna16_mgpu.py), one convert per code where the decode's float16 bit
-    # arithmetic made NVFP4's dequantization fusion 82 us at 8192^2 against int4's 42
-    # (H200, NOTES.md v13).
-    return jax.lax.bitcast_convert_type(params.codes, jnp.float4_e2m1fn).astype(dtype)
+    # The format's decode.  XLA's native float4_e2m1fn convert of the same bits is slower
+    # on the H200: the 8192^2 dequantization fusion took 122 us against this one's 82
+    # (session 12, NOTES.md v14).
+    return mgpu_convert.to_float_interpret(params.codes, dtype)
   return params.codes.astype(dtype)
 
 
