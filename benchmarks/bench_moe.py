@@ -120,7 +120,7 @@ def ragged_dot_fn(spec_name):
 
   def run(p, xg):
     m, e, n = xg[0].shape[0], p.shape[0], p.shape[2]
-    rows = gm.block_rows(m, e)
+    rows = gm.launch_rows(m, e, tile_rows or gm.tile_rows(m, e))
     if family == "mgpu-xn":
       cfg = wna16_mgpu.shared_x_config(rows)
     else:

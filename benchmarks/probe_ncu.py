@@ -69,8 +69,11 @@ def main() -> None:
     r = moe.sort_tokens(ids, e)
     xt = jnp.asarray(rng.standard_normal((args.m, k), np.float32), jnp.bfloat16)
     x = xt[r.token_of_row]
-    block_m = grouped_wna16_mgpu.block_rows(x.shape[0], e)
-    cfg = None if args.config == "default" else parse_config(args.config, block_m)
+    rows = grouped_wna16_mgpu.launch_rows(
+        x.shape[0], e, grouped_wna16_mgpu.tile_rows(x.shape[0], e))
+    cfg = None if args.config == "default" else parse_config(
+        args.config, rows, base=grouped_wna16_mgpu.heuristic(
+            min(e, x.shape[0]), n, params.codes.shape[-3], rows))
     fn = jax.jit(lambda p, x, g: grouped_wna16_mgpu.run(
         p, x, g, config=cfg, interpret=args.interpret))
     inputs = (params, x, r.group_sizes)

@@ -186,16 +186,18 @@ def test_tile_schedule_covers_every_row_once():
 
 def test_schedule_kernel_equals_the_xla_schedule():
   """The one-launch Pallas-Triton schedule (what run uses on a GPU) against tile_schedule
-  and output_rows (its XLA reference, checked above): random routings over E = 8 / 60
-  (padded to 64) / 256 experts, M from 1 to 1000 rows (several programs), sum(group_sizes)
-  below and above M, all experts empty."""
+  and output_rows (its XLA reference, checked above) on run's tile rows: random routings
+  over E = 3 / 8 / 60 (padded to 8 / 64) / 256 experts, M from 1 to 1000 rows (several
+  programs), sum(group_sizes) below and above M, all experts empty, a negative size."""
   rng = np.random.default_rng(3)
-  cases = [(8, 1, 0), (60, 37, 0), (256, 1000, 0), (8, 64, 5), (60, 8, 5), (256, 64, -1)]
+  cases = [(8, 1, 0), (60, 37, 0), (256, 1000, 0), (8, 64, 5), (60, 8, 5), (256, 64, -1),
+           (3, 5, -2)]
   for e, m, extra in cases:
     gs = rng.multinomial(max(m + int(rng.integers(-3, 1)), 0), np.ones(e) / e)
     gs[rng.integers(0, e)] += max(extra, 0)  # sum > M: clipped
-    gs = gs * (extra >= 0)  # -1: every expert empty
-    bm = gm.block_rows(m, e)
+    gs = gs * (extra != -1)  # -1: every expert empty
+    gs[0] -= 3 * (extra == -2)  # -2: a negative size (counts as empty)
+    bm = gm.tile_rows(m, e)  # run's tile rows (16 where block_rows says 8)
     nt = gm.max_tiles(m, e, bm)
 
     def both(g, m=m, bm=bm, nt=nt):
@@ -246,6 +248,8 @@ def test_tile_rows():
   and 8 rows explicitly: the same rows; a bad block_m is named."""
   assert gm.tile_rows(8, 256) == 8 and gm.tile_rows(512, 256) == 16
   assert gm.tile_rows(8192, 256) == gm.block_rows(8192, 256) == 48
+  # The launch: 16-row decode tiles keep the 8-row one (measured), wider tiles their own.
+  assert gm.launch_rows(512, 256, 16) == 8 and gm.launch_rows(512, 256, 32) == 32
   ids = np.argsort(np.random.default_rng(1).random((64, 256)), axis=1)[:, :8]
   gs64 = jnp.asarray(np.bincount(ids.ravel(), minlength=256), jnp.int32)
   used = lambda bm: int(gm.tile_schedule(gs64, 512, bm, gm.max_tiles(512, 256, bm))[4].sum())

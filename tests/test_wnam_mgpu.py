@@ -5,7 +5,7 @@ Interpret mode (CPU, CI): every supported activation-quantized preset and a stat
 per-tensor spec against kernels/reference.py (the same activation quantization) and against
 the W8A8 family; the prefill routes; the layout round trip; named errors; the H200
 lowering.  The @pytest.mark.gpu tests run the 8192^2 decode and prefill shapes on the H200
-(passed in session 11, except the e5m2-activation case, added after).
+(passed in sessions 11 and 12).
 """
 import dataclasses
 

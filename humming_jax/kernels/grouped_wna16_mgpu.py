@@ -20,9 +20,9 @@ rows of the previous expert in front are computed and dropped.  Tile ``i`` reads
 writes its own ``block_m`` output rows; one XLA gather picks each row from its tile (rows
 past ``sum(group_sizes)`` zero).  Layout: the dense layout per expert, stacked on axis 0.
 
-Status: interpreter-exact, lowers for the H200, GPU tests pass (sessions 6-8).
-:func:`run` adds a few small XLA ops (the schedule, the output gather; session 11: no
-scatter) beside the kernel;
+Status: interpreter-exact, lowers for the H200, GPU tests pass (sessions 6-12).
+:func:`run` adds two launches beside the kernel: the schedule (:func:`schedule`, one
+Pallas-Triton kernel) and the output gather;
 :func:`run_aligned` (what ``hj.quant_moe`` uses when both stacks are in this layout) drops
 the gather: tile-aligned segments, rows read and written in place.  Session 8 timed it on
 every MoE benchmark shape (gate_up at 1 / 64 / 1024 tokens, down at 1 / 1024;
@@ -100,9 +100,19 @@ def tile_rows(m: int, num_experts: int) -> int:
   return 16 if rows == 8 and m > 8 else rows
 
 
+def launch_rows(m: int, num_experts: int, block_m: int) -> int:
+  """The rows :func:`heuristic` chooses the launch for, given ``block_m``-row tiles: the
+  decode tiles of up to 16 rows keep the launch of the expected rows (:func:`block_rows`;
+  16-row tiles on the 8-row launch is what session 12 measured), wider tiles their own
+  (a decode launch cannot hold them: shared memory)."""
+  return block_rows(m, num_experts) if block_m <= 16 else block_m
+
+
 def heuristic(tiles: int, n: int, k_tiles: int, block_m: int) -> wna16_mgpu.Config:
-  """Launch shape for ``block_m``-row tiles of one expert each, ``tiles`` of them expected
-  to compute (about the active experts), ``k_tiles`` K tiles per expert.  H200 sweeps of
+  """Launch shape for tiles of one expert each whose experts are expected to hold
+  ``block_m`` rows (:func:`launch_rows`: the tile rows, or for 16-row decode tiles the
+  8 of :func:`block_rows`), ``tiles`` of them expected to compute (about the active
+  experts), ``k_tiles`` K tiles per expert.  H200 sweeps of
   session 10 (benchmarks/NOTES_moe.md; int4 g128 zp, us per grouped GEMM):
 
   - 16+ rows per tile: warpgroups splitting N over one shared x tile
@@ -179,7 +189,8 @@ def output_rows(group_sizes: jax.Array, m: int, block_m: int, num_tiles: int) ->
   row r takes, or num_tiles * block_m (out of range: the fill-mode gather's zero).  Row r
   of expert e lies in e's tile ``(r - first_e) // block_m`` at slot
   ``(r - first_e) % block_m``; rows past sum(group_sizes) take the zero.  Gathers only
-  (no scatter), so XLA fuses it into the output gather: one kernel fewer per call at
+  (no scatter), so XLA fuses it into the output gather (the interpreter's form; on a GPU
+  :func:`schedule` computes the same in its launch): one kernel fewer per call at
   decode.  The expert search compares every row with every expert's end (M x E: ~33 M
   compares at 16k tokens x top-8 x 256 experts; still one small fusion)."""
   starts, ends, first, seg_tiles = _segments(group_sizes, m, block_m)
@@ -245,6 +256,8 @@ def schedule(group_sizes: jax.Array, m: int, block_m: int, num_tiles: int, *,
   that do not exist and are never read (the Mosaic kernel reads tiles < num_tiles; callers
   take ``src[:m]``)."""
   e = group_sizes.shape[0]
+  if m == 0 or num_tiles == 0:
+    return jnp.zeros((4 * num_tiles,), jnp.int32), jnp.zeros((m,), jnp.int32)
   e_pad = max(8, pl.next_power_of_2(e))
   gs = group_sizes.astype(jnp.int32)
   if e_pad != e:  # Triton blocks are powers of two; zero-sized experts change nothing
@@ -274,7 +287,7 @@ def run(params: QuantizedWeight, x: jax.Array, group_sizes: jax.Array, *,
 
   ``block_m``: rows per tile (a multiple of 8 up to :data:`MAX_BLOCK_M`; default
   :func:`tile_rows`); ``config``: the launch (default :func:`heuristic` of
-  :func:`block_rows`, the rows an expert is expected to have)."""
+  :func:`launch_rows`)."""
   if registry.layout_family(params.layout) != FAMILY:
     raise ValueError(f"params.layout={params.layout!r}: expected {FAMILY}:... params; call "
                      f"grouped_wna16_mgpu.prepare first")
@@ -299,7 +312,8 @@ def run(params: QuantizedWeight, x: jax.Array, group_sizes: jax.Array, *,
     src = output_rows(group_sizes, m, block_m, num_tiles)
   else:
     sched, src = schedule(group_sizes, m, block_m, num_tiles)
-  config = config or heuristic(min(e, m), n, params.codes.shape[-3], block_rows(m, e))
+  config = config or heuristic(min(e, m), n, params.codes.shape[-3],
+                               launch_rows(m, e, block_m))
   y_tiles = wna16_mgpu.run(params, x, interpret=interpret, config=config,
                            tiles=wna16_mgpu.Tiles(sched, num_tiles, block_m))
   return y_tiles.at[src[:m]].get(mode="fill", fill_value=0)
