@@ -160,9 +160,13 @@ def test_fp16_and_fp32_activations():
 
 
 def test_prepare_round_trip_is_exact():
+  seen = set()
   for spec, m, k, n, bias, _ in CASES:
+    if (spec, k, n, bias) in seen:  # the layout does not depend on M or the launch
+      continue
+    seen.add((spec, k, n, bias))
     q, _ = make(spec, m, k, n, bias)
-    c = mg.to_canonical(mg.prepare(q))
+    c = jax.jit(lambda q: mg.to_canonical(mg.prepare(q)))(q)  # one compile, not op by op
     np.testing.assert_array_equal(np.asarray(c.codes), np.asarray(q.codes))
     assert c.scales.dtype == q.scales.dtype and c.scales.shape == q.scales.shape
     np.testing.assert_array_equal(np.asarray(c.scales, np.float32),
