@@ -27,24 +27,40 @@ def chain(layer_fn, params_list, x):
   return tuple(layer_fn(p, x) for p in params_list)
 
 
+def _per_layer_us(step, layers: int, *, calls: int, repeats: int, before_repeat=None
+                  ) -> dict[str, float]:
+  """``step()`` dispatches one jitted call and returns what to wait on: ``calls`` of them
+  back to back, then one wait, per repeat; microseconds per layer (median, min, max)."""
+  per_layer = []
+  for _ in range(repeats):
+    if before_repeat is not None:
+      before_repeat()
+    t0 = time.perf_counter()
+    out = None
+    for _ in range(calls):
+      out = step()
+    jax.block_until_ready(out)
+    per_layer.append((time.perf_counter() - t0) / (calls * layers) * 1e6)
+  return {"us": statistics.median(per_layer), "us_min": min(per_layer),
+          "us_max": max(per_layer)}
+
+
+def _first_call(f, *args):
+  """(result, seconds) of the first (compiling) call."""
+  t0 = time.perf_counter()
+  out = jax.block_until_ready(f(*args))
+  return out, time.perf_counter() - t0
+
+
 def time_chain(layer_fn, params_list, x, *, calls: int = 50, repeats: int = 5
                ) -> dict[str, float]:
   """Microseconds per layer (median of ``repeats``), plus the first-call (compile) time."""
   f = jax.jit(lambda ps, x: chain(layer_fn, ps, x))
-  t0 = time.perf_counter()
-  jax.block_until_ready(f(params_list, x))
-  first = time.perf_counter() - t0
+  _, first = _first_call(f, params_list, x)
   jax.block_until_ready(f(params_list, x))  # warm
-  per_layer = []
-  for _ in range(repeats):
-    t0 = time.perf_counter()
-    out = None
-    for _ in range(calls):
-      out = f(params_list, x)
-    jax.block_until_ready(out)
-    per_layer.append((time.perf_counter() - t0) / (calls * len(params_list)) * 1e6)
-  return {"us": statistics.median(per_layer), "us_min": min(per_layer),
-          "us_max": max(per_layer), "first_call_s": first}
+  res = _per_layer_us(lambda: f(params_list, x), len(params_list), calls=calls,
+                      repeats=repeats)
+  return {**res, "first_call_s": first}
 
 
 def time_sequential(layer_fn, params_list, x, *, calls: int = 50, repeats: int = 5,
@@ -62,24 +78,22 @@ def time_sequential(layer_fn, params_list, x, *, calls: int = 50, repeats: int =
     return y
 
   f = jax.jit(seq, donate_argnums=2)
-  state = jnp.zeros_like(x)
-  t0 = time.perf_counter()
-  state = jax.block_until_ready(f(params_list, x, state))
-  first = time.perf_counter() - t0
+  state, first = _first_call(f, params_list, x, jnp.zeros_like(x))
   if state.shape != x.shape or state.dtype != x.dtype:
     raise ValueError(f"sequential chain: a layer maps {x.shape} {x.dtype} to {state.shape} "
                      f"{state.dtype}; it needs square layers (use the outputs chain)")
-  state = jax.block_until_ready(f(params_list, x, jnp.zeros_like(x)))  # warm
-  per_layer = []
-  for _ in range(repeats):
-    state = jax.block_until_ready(jnp.zeros_like(x))
-    t0 = time.perf_counter()
-    for _ in range(calls):
-      state = f(params_list, x, state)
-    jax.block_until_ready(state)
-    per_layer.append((time.perf_counter() - t0) / (calls * len(params_list)) * 1e6)
-  return {"us": statistics.median(per_layer), "us_min": min(per_layer),
-          "us_max": max(per_layer), "first_call_s": first}
+  held = [jax.block_until_ready(f(params_list, x, jnp.zeros_like(x)))]  # warm
+
+  def reset():
+    held[0] = jax.block_until_ready(jnp.zeros_like(x))
+
+  def step():
+    held[0] = f(params_list, x, held[0])
+    return held[0]
+
+  res = _per_layer_us(step, len(params_list), calls=calls, repeats=repeats,
+                      before_repeat=reset)
+  return {**res, "first_call_s": first}
 
 
 def time_resident(layer_fn, params_list, x, *, calls: int = 50, repeats: int = 5
@@ -96,19 +110,15 @@ def time_resident(layer_fn, params_list, x, *, calls: int = 50, repeats: int = 5
     return state
 
   f = jax.jit(run, donate_argnums=2)
-  t0 = time.perf_counter()
-  state = jax.block_until_ready(f(params_list, x, jnp.zeros((), jnp.float32)))
-  first = time.perf_counter() - t0
-  state = jax.block_until_ready(f(params_list, x, state))  # warm
-  per_layer = []
-  for _ in range(repeats):
-    t0 = time.perf_counter()
-    for _ in range(calls):
-      state = f(params_list, x, state)
-    jax.block_until_ready(state)
-    per_layer.append((time.perf_counter() - t0) / (calls * len(params_list)) * 1e6)
-  return {"us": statistics.median(per_layer), "us_min": min(per_layer),
-          "us_max": max(per_layer), "first_call_s": first}
+  state, first = _first_call(f, params_list, x, jnp.zeros((), jnp.float32))
+  held = [jax.block_until_ready(f(params_list, x, state))]  # warm
+
+  def step():
+    held[0] = f(params_list, x, held[0])
+    return held[0]
+
+  res = _per_layer_us(step, len(params_list), calls=calls, repeats=repeats)
+  return {**res, "first_call_s": first}
 
 
 CHAINS = {"outputs": time_chain, "sequential": time_sequential, "resident": time_resident}
