@@ -250,11 +250,13 @@ def schedule(group_sizes: jax.Array, m: int, block_m: int, num_tiles: int, *,
 
   Why: written in XLA the two took six small fusions (cumsums as reduce-windows, each
   searchsorted a compare and a reduce, a concatenate) beside the kernel and the output
-  gather (H200, session 12: the optimized HLO of DeepSeek-V3 gate_up at 1 token); at
-  decode each costs a launch.  Returns ((T * 4,) sched, (R,) src) with T, R >= num_tiles,
-  m padded to the program block: entries past num_tiles / m are computed for indices
-  that do not exist and are never read (the Mosaic kernel reads tiles < num_tiles; callers
-  take ``src[:m]``)."""
+  gather (H200, session 12: the optimized HLO of DeepSeek-V3 gate_up at 1 token); this
+  kernel takes 0.4 us there (CUPTI).  The wall of a 1-token call hardly moved (24.6 ->
+  24.3 us): launch and graph cost dominate it, not those fusions
+  (benchmarks/NOTES_moe.md, session 12).  Returns ((T * 4,) sched, (R,) src) with
+  T, R >= num_tiles, m padded to the program block: entries past num_tiles / m are
+  computed for indices that do not exist and are never read (the Mosaic kernel reads
+  tiles < num_tiles; callers take ``src[:m]``)."""
   e = group_sizes.shape[0]
   if m == 0 or num_tiles == 0:
     return jnp.zeros((4 * num_tiles,), jnp.int32), jnp.zeros((m,), jnp.int32)
