@@ -203,6 +203,15 @@ def output_rows(group_sizes: jax.Array, m: int, block_m: int, num_tiles: int) ->
   return jnp.where(ok, tile * block_m + local % block_m, num_tiles * block_m)
 
 
+def reference_schedule(group_sizes: jax.Array, m: int, block_m: int, num_tiles: int
+                       ) -> tuple[jax.Array, jax.Array]:
+  """What :func:`schedule` returns, in XLA: :func:`tile_schedule`'s (expert, first row,
+  end, kind) per tile flattened (the kernel's ``Tiles.sched``) and :func:`output_rows`."""
+  expert, row0, _, end, kind = tile_schedule(group_sizes, m, block_m, num_tiles)
+  return (jnp.stack([expert, row0, end, kind], axis=1).reshape(-1),
+          output_rows(group_sizes, m, block_m, num_tiles))
+
+
 SCHEDULE_BLOCK = 32  # tiles and output rows per program of the schedule kernel
 
 
@@ -309,9 +318,7 @@ def run(params: QuantizedWeight, x: jax.Array, group_sizes: jax.Array, *,
     # The Pallas-Triton and Mosaic GPU interpreters in one CPU program hang (session 12:
     # 190 rows in 80-row tiles, every time; each alone, or the schedule passed in, runs).
     # The interpreter takes the XLA reference schedule; tests check the kernel against it.
-    expert, row0, _, end, kind = tile_schedule(group_sizes, m, block_m, num_tiles)
-    sched = jnp.stack([expert, row0, end, kind], axis=1).reshape(-1)
-    src = output_rows(group_sizes, m, block_m, num_tiles)
+    sched, src = reference_schedule(group_sizes, m, block_m, num_tiles)
   else:
     sched, src = schedule(group_sizes, m, block_m, num_tiles)
   config = config or heuristic(min(e, m), n, params.codes.shape[-3],
