@@ -36,6 +36,7 @@ sys.path.insert(0, __file__.rsplit("/", 2)[0])
 import humming_jax as hj  # noqa: E402
 from benchmarks import common  # noqa: E402
 from humming_jax import moe  # noqa: E402
+from humming_jax.quantize import array_bytes  # noqa: E402
 
 SHAPES = {  # name: (E, top-k, N, K) of one grouped GEMM
     "deepseek-v3-gate_up": (256, 8, 512, 7168),
@@ -153,8 +154,9 @@ def active_bytes(pp, group_sizes) -> int:
   (padding included).  ``nbytes()`` of the params counts *all* E experts: the 2026-11-29
   "1.37 TB/s" at 1 token was 245 MB of all 256 DeepSeek experts over 179 µs, not traffic."""
   e = pp.shape[0]
-  per_expert = sum(int(np.prod(a.shape)) * a.dtype.itemsize
-                   for a in jax.tree.leaves(pp)) // e
+  # array_bytes: the Mosaic layout's jnp.int4 codes are half a byte each (itemsize says 1;
+  # before 2026-11-30 session 13 this column was 2x for those layouts).
+  per_expert = sum(array_bytes(a) for a in jax.tree.leaves(pp)) // e
   return per_expert * int((np.asarray(group_sizes) > 0).sum())
 
 

@@ -100,9 +100,10 @@ class QuantizedWeight:
     return dataclasses.replace(self, **changes)
 
   def nbytes(self) -> int:
-    return sum(int(np.prod(a.shape)) * a.dtype.itemsize
-               for a in (self.codes, self.scales, self.zeros, self.global_scale)
-               if a is not None)
+    """Bytes of codes + scales + zero points + global scale as stored (a kernel layout's
+    ``jnp.int4`` codes count half a byte each)."""
+    return sum(array_bytes(a) for a in (self.codes, self.scales, self.zeros,
+                                        self.global_scale) if a is not None)
 
   def __repr__(self) -> str:
     return (f"QuantizedWeight(spec={self.spec.name}, shape={self.shape}, "
@@ -117,6 +118,12 @@ jax.tree_util.register_pytree_with_keys(
 # ----------------------------------------------------------------------------------------
 # Scale geometry
 # ----------------------------------------------------------------------------------------
+def array_bytes(a) -> int:
+  """Bytes an array of ``a``'s shape and dtype occupies: sub-byte dtypes (``jnp.int4``)
+  count their bits, where numpy's ``itemsize`` says 1 byte."""
+  return -(-int(np.prod(a.shape)) * jax.dtypes.itemsize_bits(a.dtype) // 8)
+
+
 def scale_block(spec: QuantSpec, k: int, n: int) -> tuple[int, int]:
   """(rows of K, columns of N) covered by one weight scale."""
   if spec.granularity == "tensor":

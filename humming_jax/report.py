@@ -6,7 +6,7 @@ import dataclasses
 import jax
 import numpy as np
 
-from humming_jax.quantize import QuantizedWeight
+from humming_jax.quantize import QuantizedWeight, array_bytes
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,7 +62,7 @@ def report(tree) -> Report:
   for path, leaf in leaves:
     p = _path_str(path)
     if isinstance(leaf, QuantizedWeight):
-      stored = tuple((name, str(a.dtype), tuple(a.shape), int(a.size) * a.dtype.itemsize)
+      stored = tuple((name, str(a.dtype), tuple(a.shape), array_bytes(a))
                      for name in ("codes", "scales", "zeros", "global_scale")
                      if (a := getattr(leaf, name)) is not None)
       nbytes = sum(s[3] for s in stored)

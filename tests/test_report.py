@@ -57,3 +57,16 @@ def test_bits_per_weight_every_width():
     (t,) = hj.report([p]).tensors
     assert t.path == "0"
     assert t.bits_per_weight == pytest.approx(bits + 32 / 256)
+
+
+def test_prepared_int4_codes_count_half_a_byte():
+  """The Mosaic layout stores ``jnp.int4`` codes, whose numpy itemsize is 1: nbytes and the
+  report count 4 bits per code there too, as for the packed canonical codes."""
+  k, n = 512, 256
+  p = hj.prepare(hj.quantize(rand((k, n)), "w4a16-g128-zp"), kernel="wna16_mgpu")
+  assert p.codes.dtype == jnp.int4
+  codes_bytes = p.codes.size // 2
+  assert p.nbytes() == codes_bytes + p.scales.nbytes + p.zeros.nbytes
+  (t,) = hj.report({"w": p}).tensors
+  assert dict((name, b) for name, _, _, b in t.stored)["codes"] == codes_bytes
+  assert t.bits_per_weight == pytest.approx(8 * p.nbytes() / (k * n))
