@@ -54,6 +54,8 @@ def parse_config(name: str, m: int, base: tuning.MgpuConfig | None = None
       fields["scale_after_mma"] = False
     elif tok == "xn":  # warpgroups split N over one shared x tile
       fields["split_warpgroups"] = "n"
+    elif tok == "xk":  # warpgroups split K (each its own x tile)
+      fields["split_warpgroups"] = "k"
     elif tok == "zmma":
       fields["zero_point_mma"] = True
     elif tok == "unpad":
@@ -62,6 +64,8 @@ def parse_config(name: str, m: int, base: tuning.MgpuConfig | None = None
       fields["int4_ptx"] = True
     elif tok == "noptx":  # Mosaic's int4 conversion (the default before session 11)
       fields["int4_ptx"] = False
+    elif tok == "ovl":  # each K tile's WGMMA waited for after the next tile's dequant
+      fields["overlap_mma"] = True
     elif tok == "whole":
       fields["fp4_whole_registers"] = True
     else:

@@ -6,7 +6,9 @@ large M, beside the XLA bf16 GEMM of the same shape, and the activation pre-pass
 
 Config tokens on top of the heuristic: ``n64`` (tile_n 64), ``m64`` (tile_m 64), ``stN``
 (stages), ``wN`` (snake tile width), ``minor_m`` (snake walks M fastest), ``pairs`` /
-``nopairs`` (K-group specs: two groups per step or one, Config.group_pairs), ``wfirst``
+``nopairs`` (K-group specs: two groups per step or one, Config.group_pairs), ``rowe`` /
+``rowk`` (K-group specs: the per-token scale in the epilogue, the default, or on each
+group's promotion), ``wfirst``
 (4-bit weights: the per-call unpack transposes packed words first).  Each line: per
 kernel name, the median of ``--iterations`` profiled calls of a chain of ``--layers``
 distinct layers, per layer (the 8192^2 int8 weights are 64 MB: no L2 reuse across layers).
@@ -48,6 +50,10 @@ def parse_config(name: str, m: int, n: int, grouped: bool, k: int) -> w8a8_mgpu.
       fields["group_pairs"] = True
     elif tok == "nopairs":
       fields["group_pairs"] = False
+    elif tok == "rowe":  # K-group specs: the per-token scale in the epilogue (default)
+      fields["epilogue_row_scale"] = True
+    elif tok == "rowk":  # ... or on every K group's promotion (before session 13)
+      fields["epilogue_row_scale"] = False
     else:
       raise ValueError(f"config token {tok!r}")
   return dataclasses.replace(cfg, **fields)

@@ -255,6 +255,19 @@ def test_group_pairs_gpu(name, pairs):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("name", ["w4a8-int8", "w4a8-fp8"])
+def test_epilogue_row_scale_gpu(name):
+  """Config.epilogue_row_scale (the default on the GPU; the interpreter hangs on it): the
+  per-token scale and the bias in the epilogue, K-group column scales on the promotions."""
+  _, w, x, b, q = make(name, 4096, 2048, 1000, seed=6)
+  assert q.bias is not None
+  p = jax.jit(lambda q: hj.prepare(q, kernel="w8a8"))(q)
+  cfg = dataclasses.replace(wm.heuristic(1024, 2048, True, 4096), epilogue_row_scale=True)
+  y = jax.jit(lambda p, x: w8a8.run_mgpu(p, x, config=cfg))(p, x)
+  assert rel(y, reference.dense_reference(q, x)) <= 1e-2
+
+
+@pytest.mark.gpu
 def test_unpack_words_first_gpu():
   """W4A8 int4 g128 at M = 4096 with the words-first operand unpack (off by default)."""
   _, w, x, b, q = make("w4a8-int8", 4096, 2048, 1000, seed=6)

@@ -64,6 +64,12 @@ CASES = [  # (spec, M, K, N, bias, config)
      mg.Config(64, 2, 2, scale_after_mma=True)),
     (hj.QuantSpec("int4", "channel", 0, scale_dtype="float32"), 9, 512, 64, True,
      mg.Config(64, 2, 1, warpgroups=4, split_k=2, scale_after_mma=True)),
+    # ... with each K tile's WGMMA waited for after the next one's dequantization
+    # (overlap_mma: two K tiles per step, one accumulator each), fp16 and column scales too
+    (hj.QuantSpec.preset("w4a16-g128-zp"), 3, 1024, 128, True,
+     mg.Config(8, 2, 2, warpgroups=2, scale_after_mma=True, overlap_mma=True)),
+    (hj.QuantSpec("int4", "channel", 0, scale_dtype="float32"), 12, 768, 64, False,
+     mg.Config(16, 2, 3, scale_after_mma=True, overlap_mma=True)),
     # ... and the zero point as z * sum(x) from an all-ones WGMMA
     (hj.QuantSpec.preset("w4a16-g128-zp"), 5, 1024, 128, True,
      mg.Config(64, 2, 1, warpgroups=2, scale_after_mma=True, zero_point_mma=True)),
@@ -438,6 +444,9 @@ def test_heuristic_splits_k_only_for_narrow_n():
                                  mg.Config(64, 4, 1, warpgroups=2, scale_after_mma=True,
                                            zero_point_mma=True),
                                  mg.Config(64, 4, 1, warpgroups=4, unpadded_rows=True),
+                                 mg.Config(8, 4, 2, warpgroups=4, scale_after_mma=True,
+                                           overlap_mma=True),
+                                 mg.Config(8, 4, 1, warpgroups=8, scale_after_mma=True),
                                  mg.shared_x_config(128), mg.shared_x_config(64),
                                  mg.Config(64, 4, 1, warpgroups=2, split_warpgroups="n")])
 def test_configs_gpu(cfg):
@@ -516,6 +525,10 @@ def test_config_validation():
     mg.Config(block_m=12)
   with pytest.raises(ValueError, match="stages"):
     mg.Config(stages=0)
+  with pytest.raises(ValueError, match="warpgroups=9"):
+    mg.Config(warpgroups=9)
+  with pytest.raises(ValueError, match="overlap_mma=True needs scale_after_mma"):
+    mg.Config(overlap_mma=True)
 
 
 def test_config_that_cannot_fit_is_refused_by_name():

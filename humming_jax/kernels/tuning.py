@@ -115,21 +115,27 @@ class MgpuConfig:
   # by name, and HUMMING_JAX_INT4_PTX=0 turns it off (Mosaic's conversion, same values).
   int4_ptx: bool = dataclasses.field(
       default_factory=lambda: env_flag("HUMMING_JAX_INT4_PTX", True))
+  # With scale_after_mma: each K tile's WGMMA into its own accumulator, waited for only
+  # after the next tile is dequantized (one WGMMA group in flight), so a warpgroup's
+  # dequantization overlaps its previous MMA instead of waiting for it every K tile.
+  overlap_mma: bool = False
 
   def __post_init__(self):
     if self.split_warpgroups not in ("k", "n"):
       raise ValueError(f"split_warpgroups={self.split_warpgroups!r}: expected 'k' or 'n'")
     if self.split_k < 1:
       raise ValueError(f"split_k={self.split_k} must be >= 1")
-    if self.warpgroups not in (1, 2, 3, 4):
-      raise ValueError(f"warpgroups={self.warpgroups} must be 1, 2, 3 or 4 (128 threads "
-                       f"each; 4 leave 128 registers per thread)")
+    if not 1 <= self.warpgroups <= 8:
+      raise ValueError(f"warpgroups={self.warpgroups} must be in [1, 8] (128 threads "
+                       f"each; 4 leave 128 registers per thread, 8 leave 64)")
     if self.block_m % 8 or not 8 <= self.block_m <= 256:
       raise ValueError(f"block_m={self.block_m} must be a multiple of 8 in [8, 256]")
     if self.stages < 1 or self.substeps < 1:
       raise ValueError(f"stages={self.stages} and substeps={self.substeps} must be >= 1")
     if self.zero_point_mma and not self.scale_after_mma:
       raise ValueError("zero_point_mma=True needs scale_after_mma=True")
+    if self.overlap_mma and not self.scale_after_mma:
+      raise ValueError("overlap_mma=True needs scale_after_mma=True")
 
 
 def mgpu_candidates(m: int) -> list[MgpuConfig]:
@@ -141,6 +147,7 @@ def mgpu_candidates(m: int) -> list[MgpuConfig]:
             + [MgpuConfig(64, 4, 1, warpgroups=w, split_k=2) for w in (2, 4)]
             + [MgpuConfig(64, 4, 1, split_k=4), MgpuConfig(64, 6, 2)]
             + [MgpuConfig(64, 4, sub, warpgroups=4, scale_after_mma=True) for sub in (1, 2)]
+            + [MgpuConfig(64, 4, 2, warpgroups=4, scale_after_mma=True, overlap_mma=True)]
             + [MgpuConfig(64, 4, 1, warpgroups=4, scale_after_mma=True,
                           zero_point_mma=True)]
             + [MgpuConfig(64, 4, 1, warpgroups=2, scale_after_mma=True,

@@ -328,6 +328,7 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
   # straight into the WGMMA accumulator, config scale_after_mma=False, took 1-6 % less
   # kernel time but timed 4-6 us per layer slower in the chain, so the default stays).
   after = config.scale_after_mma and gpt == 1
+  overlap = after and config.overlap_mma and not zero_mma and sub > 1
   operands = ([tiles.sched] if grouped else []) + [xp, params.codes]
   if not col:
     operands.append(params.scales.astype(cdt))
@@ -428,9 +429,10 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
 
       def compute(slot, acc_ref, total):
         x_smem = x_buf.at[0 if share_x else wg, slot]
-        for j in range(sub):  # MMA j runs while tile j + 1 is dequantized
-          row = lambda r, i=0, j=j: plgpu.load(r.at[wg, slot, j * gpt + i], layout=_ROW)
-          bcast = lambda v, shape: lax.broadcast_in_dim(v, shape, [0])
+        bcast = lambda v, shape: lax.broadcast_in_dim(v, shape, [0])
+        row = lambda r, j, i=0: plgpu.load(r.at[wg, slot, j * gpt + i], layout=_ROW)
+
+        def operands(j):  # K tile j of the slot: the dequantized W^T tile and x^T
           w = plgpu.load(w_buf.at[wg, slot, j], layout=_UPCAST[bits],
                          optimized=config.optimized_load)
           if fp4 and not interpret and config.fp4_whole_registers:  # relayout inside
@@ -444,7 +446,7 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
           elif int4_ptx:  # c - z in one PTX block per pair: z folded into the magic offset
             off = None
             if has_zeros:
-              off = bcast((row(z_buf).astype(jnp.float32) + mgpu_convert.int4_offset(cdt)
+              off = bcast((row(z_buf, j).astype(jnp.float32) + mgpu_convert.int4_offset(cdt)
                            ).astype(cdt), (BLOCK_N, bk))
             w = mgpu_convert.int4_to_float_ptx(w, cdt, off)
           else:
@@ -452,8 +454,8 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
 
           def per_k(r):  # the tile's rows, each broadcast over its group's K columns
             if gpt == 1:
-              return bcast(row(r), w.shape)
-            return jnp.concatenate([bcast(row(r, i), (BLOCK_N, bk // gpt))
+              return bcast(row(r, j), w.shape)
+            return jnp.concatenate([bcast(row(r, j, i), (BLOCK_N, bk // gpt))
                                     for i in range(gpt)], axis=1)
           if has_zeros and not zero_mma and not int4_ptx:
             w = w - per_k(z_buf)  # small integers: exact
@@ -464,7 +466,29 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
             a_smem.at[wg][...] = w
             plgpu.commit_smem()
             w = a_smem.at[wg]
-          x_t = x_smem.at[:, pl.ds(j * bk, bk)].T
+          return w, x_smem.at[:, pl.ds(j * bk, bk)].T
+
+        def scaled(part, j):  # a K tile's float32 partial product times its scale row
+          return part if col else part * bcast(row(s_buf, j).astype(jnp.float32), part.shape)
+
+        acc_t = plgpu.ACC((BLOCK_N, block_m), jnp.float32)
+        if overlap:  # tile j's WGMMA waited for once tile j + 1 is dequantized and issued
+          def tiles_product(*part_refs):
+            parts = []
+            for j in range(sub):
+              w, x_t = operands(j)
+              plgpu.wgmma(part_refs[j], w, x_t)
+              if j:
+                plgpu.wgmma_wait(1)
+                parts.append(part_refs[j - 1][...])
+            plgpu.wgmma_wait(0)  # the slot may be refilled next
+            return parts + [part_refs[-1][...]]
+          for j, part in enumerate(pl.run_scoped(tiles_product, *[acc_t] * sub)):
+            total = total + scaled(part, j)
+          return total
+
+        for j in range(sub):  # MMA j runs while tile j + 1 is dequantized
+          w, x_t = operands(j)
           if not after:
             plgpu.wgmma(acc_ref, w, x_t)
             continue
@@ -475,12 +499,10 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
               plgpu.wgmma(sum_ref, ones_smem.at[wg], x_t)
             plgpu.wgmma_wait(0)
             return part_ref[...], None if sum_ref is None else sum_ref[...]
-          acc_t = plgpu.ACC((BLOCK_N, block_m), jnp.float32)
           part, xsum = pl.run_scoped(tile_product, *([acc_t] * (2 if zero_mma else 1)))
           if zero_mma:  # sum_k (c - z) x = sum_k c x - z sum_k x
-            part = part - bcast(row(z_buf).astype(jnp.float32), part.shape) * xsum
-          total = total + (part if col else
-                           part * bcast(row(s_buf).astype(jnp.float32), part.shape))
+            part = part - bcast(row(z_buf, j).astype(jnp.float32), part.shape) * xsum
+          total = total + scaled(part, j)
         plgpu.wgmma_wait(0)  # the slot may be refilled next
         return total
 
@@ -727,13 +749,19 @@ def heuristic(m: int, n: int | None = None) -> Config:
   XLA).  NOTES.md v8, Llama-3-8B down (K 14336, N 4096) at M = 1 / 16: 25.4 / 26.9 us
   kernel -> 15.2 + 1.1 sum / 15.8 + 1.3; o_proj (4096^2) 9.6 -> 6.0 + 1.1.
 
+  Two K tiles per step: the first tile's WGMMA is waited for after the second is
+  dequantized (``overlap_mma``).  H200 session 13, CUPTI kernel µs: 8192^2 M = 16 17.1 ->
+  16.4, M = 1 15.8 -> 15.8; grouped DeepSeek-V3 gate_up 1 / 64 tokens 10.32 -> 9.36 /
+  196.2 -> 194.6, Qwen3-30B-A3B gate_up 1 token 11.8 -> 11.55.
+
   M > 64: 128-token tiles, two warpgroups splitting K (four do not fit shared memory with
   128-token tiles), scales on the float32 partials.  NOTES.md v9, 8192^2 int4 g128 zp at
   M = 128: 55.0 us kernel with one warpgroup -> 37.5 (relative error 2.3e-3 -> 4.2e-5)."""
   if m <= 64:
     narrow = n is not None and 2 * -(-n // BLOCK_N) <= tuning.num_sms()
     return Config(block_m=64, stages=4, substeps=2 if m <= 16 else 1, warpgroups=4,
-                  scale_after_mma=True, unpadded_rows=True, split_k=2 if narrow else 1)
+                  scale_after_mma=True, overlap_mma=True, unpadded_rows=True,
+                  split_k=2 if narrow else 1)
   return Config(block_m=128, stages=4, warpgroups=2, scale_after_mma=True)
 
 
