@@ -2,7 +2,8 @@
 # Session 13, device call 2 (~8 min of step limits; carry [".whl"]).
 #   1. GPU tests of this session's kernel changes: overlap_mma (now the decode default:
 #      every default-launch test runs it), 8 warpgroups, the W4A8 epilogue row scale
-#      (off by default: the interpreter hangs on it, so only the GPU can check it).
+#      (off when this call ran; made the GPU default after it.  The interpreter hangs on
+#      it, so only the GPU can check it).
 #   2. W4A8 at M = 4096: the per-token scale in the epilogue (one convert + FMA per
 #      promotion) against the default (the token scale folded into each promotion).
 #   3. The dense ladder with Humming, same run, on the new default (M = 1 / 16 / 128).

@@ -1,29 +1,23 @@
 #!/usr/bin/env bash
-# The next device call (~8 minutes on an H200), prepared 2026-11-30 session 12.  Open:
-#   1. Where the dense decode wall goes: 8192^2 int4 g128 zp at M = 1 takes 15.9 us of
-#      kernel and 21.6 us of wall per layer in the resident chain (fixed addresses; session
-#      12 call 4), so it is not the graph re-recording.  Walls of 8 and 16 layers per call
-#      in the resident chain: the per-layer slope against the kernel time separates a
-#      per-call cost from a per-launch gap.
-#   2. The MoE rows the step limits cut in session 12: Qwen3-30B-A3B down at 1 / 64 tokens
-#      with Humming (both chains), and 1024 tokens for all four shapes.
-# Step timeouts sum to ~480 s.  Carry: [".whl"].
+# The next device call (~6 minutes on an H200), prepared 2026-11-30 session 13.  Open:
+#   1. The 1024-token MoE rows with Humming in the same run (cut in sessions 12 and 13;
+#      session 11: 0.72x / 0.64x).
+#   2. W4A8 at M = 1024 / 4096 with the epilogue token scale (session 13 measured 4096:
+#      648.7 us wall), beside W4A16 of the same weights (issue 4: never slower).
+# To build first (NOTES.md v15, "Review catch"): overlap_mma reading tile j - 1 with
+# plgpu.wgmma_accumulator_load(ref, wait_n=1) so tile j's MMA runs while j - 1 is scaled;
+# time it with profile_mgpu.py --ms 1,16 --configs default and the grouped 1 / 64 tokens.
+# Step timeouts sum to ~330 s.  Carry: [".whl"].
 source "$(dirname "$0")/gpu_env.sh"
 T() { local t=$1; shift; timeout -k 5 -s INT "$t" "$@"; }
-step dense_layers
-for layers in 8 16; do
-  T 80 python3 benchmarks/bench_dense.py --shapes 8192x8192 --ms 1 --specs w4a16-g128-zp \
-    --chain resident --layers $layers --kernel-times --no-baselines --calls 20 --repeats 2 \
-    --json "$OUT/dense_resident_l$layers.json" 2>&1 | grep -E "^8192|rror" | cut -c1-250
-done
-step moe_qwen3_down
-T 150 python3 benchmarks/bench_moe.py --shapes qwen3-30b-a3b-down --tokens 1,64,1024 \
-  --specs w4a16-g128-zp@mgpu --humming --no-baselines --breakdown --chain outputs,resident \
-  --calls 10 --repeats 2 --json "$OUT/moe_qwen3_down.json" > "$OUT/moe_qwen3_down.log" 2>&1
-grep -E "T=|rror" "$OUT/moe_qwen3_down.log" | cut -c1-600
 step moe_1024
 T 170 python3 benchmarks/bench_moe.py --shapes deepseek-v3-gate_up,qwen3-30b-a3b-gate_up \
   --tokens 1024 --specs w4a16-g128-zp@mgpu --humming --no-baselines \
   --calls 4 --repeats 2 --json "$OUT/moe_1024.json" > "$OUT/moe_1024.log" 2>&1
 grep -E "T=|rror" "$OUT/moe_1024.log" | cut -c1-600
+step w4a8
+T 150 python3 benchmarks/bench_dense.py --shapes 8192x8192 --ms 1024,4096 \
+  --specs w4a8-int8,w4a16-g128-zp --kernel-times --calls 5 --repeats 2 \
+  --json "$OUT/w4a8.json" > "$OUT/w4a8.log" 2>&1
+grep -E "^8192|rror" "$OUT/w4a8.log" | cut -c1-300
 step done

@@ -66,11 +66,24 @@ def parse_config(name: str, m: int, base: tuning.MgpuConfig | None = None
       fields["int4_ptx"] = False
     elif tok == "ovl":  # each K tile's WGMMA waited for after the next tile's dequant
       fields["overlap_mma"] = True
+    elif tok == "ovl1":  # ... and tile j - 1 scaled while tile j's WGMMA runs
+      fields.update(overlap_mma=True, overlap_read_early=True)
     elif tok == "whole":
       fields["fp4_whole_registers"] = True
     else:
       raise ValueError(f"config token {tok!r}")
   return tuning.MgpuConfig(**{**cfg.__dict__, **fields})
+
+
+def spec_from_arg(name: str) -> hj.QuantSpec:
+  """A preset name, or ``<weight format>-g<group>[-zp]`` (e.g. ``uint4-g256-zp``: the
+  Mosaic kernel's K tile is the group from 64 up, so g256 int4 tiles are 128-byte rows)."""
+  if name in hj.PRESETS:
+    return hj.QuantSpec.preset(name)
+  fmt, group, *rest = name.split("-")
+  if not group.startswith("g") or rest not in ([], ["zp"]):
+    raise ValueError(f"--spec {name!r}: a preset or <format>-g<group>[-zp]")
+  return hj.QuantSpec(fmt, "group", int(group[1:]), zero_point=rest == ["zp"])
 
 
 def overhead(layers: int = 32, size: int = 512, iterations: int = 5,
@@ -122,7 +135,7 @@ def main():
 
 def profile_shape(args, k: int, n: int) -> None:
   ws = make_weights(jax.random.key(0), args.layers, k, n)
-  spec = hj.QuantSpec.preset(args.spec)
+  spec = spec_from_arg(args.spec)
   qs = [jax.jit(hj.quantize, static_argnums=1)(w, spec) for w in ws]
   pm = [jax.jit(wna16_mgpu.prepare)(q) for q in qs]
   for m in map(int, args.ms.split(",")):

@@ -106,6 +106,18 @@ def test_mgpu_unpadded_rows_lower_for_h200(m):
   assert "custom_call" in lower_for_h200(lambda p, x: mg.run(p, x, config=cfg), p, x)
 
 
+@pytest.mark.parametrize("m,cfg", [
+    (1, mg.Config(8, 4, 1, warpgroups=8, scale_after_mma=True)),
+    (16, mg.Config(16, 4, 2, warpgroups=4, scale_after_mma=True, overlap_mma=True,
+                   overlap_read_early=True))], ids=["wg8", "overlap-read-early"])
+def test_mgpu_decode_variants_lower_for_h200(m, cfg):
+  """Eight warpgroups (8-row tiles: 64 registers per thread) and the early accumulator
+  read of overlap_mma lower at 8192^2 (session 13)."""
+  p = abstract_params("w4a16-g128-zp", (8192, 8192))
+  x = jax.ShapeDtypeStruct((m, 8192), jnp.bfloat16)
+  assert "custom_call" in lower_for_h200(lambda p, x: mg.run(p, x, config=cfg), p, x)
+
+
 @pytest.mark.parametrize("m", [1, 16])
 @pytest.mark.parametrize("name", ["w8a8-int8", "w8a8-int8-static"])
 def test_w8a8_decode_mgpu_lowers_for_h200(name, m):

@@ -115,17 +115,25 @@ class MgpuConfig:
   # by name, and HUMMING_JAX_INT4_PTX=0 turns it off (Mosaic's conversion, same values).
   int4_ptx: bool = dataclasses.field(
       default_factory=lambda: env_flag("HUMMING_JAX_INT4_PTX", True))
-  # With scale_after_mma: each K tile's WGMMA into its own accumulator, waited for only
-  # after the next tile is dequantized (one WGMMA group in flight), so a warpgroup's
-  # dequantization overlaps its previous MMA instead of waiting for it every K tile.
+  # With scale_after_mma and two or more K tiles per step: each K tile's WGMMA into its
+  # own accumulator, all of a step's issued before the first is read, so tile j + 1's
+  # dequantization overlaps tile j's MMA (before: every K tile waited for its MMA before
+  # the next was dequantized).  H200 session 13 (NOTES.md v15): 8192^2 M = 16 17.1 ->
+  # 16.4 us, M = 1 unchanged; grouped 1 token 10.3 -> 9.4.  On in the decode heuristic;
+  # no effect with one K tile per step, several scale rows per tile or zero_point_mma.
   overlap_mma: bool = False
+  # ... and tile j - 1's accumulator read with wgmma_accumulator_load(wait_n=1), so tile
+  # j's MMA also runs while tile j - 1 is scaled (a plain read waits for every WGMMA in
+  # flight).  Built after session 13's device time: interpreter-tested, lowers for the
+  # H200, not GPU-run or timed; off.
+  overlap_read_early: bool = False
 
   def __post_init__(self):
     if self.split_warpgroups not in ("k", "n"):
       raise ValueError(f"split_warpgroups={self.split_warpgroups!r}: expected 'k' or 'n'")
     if self.split_k < 1:
       raise ValueError(f"split_k={self.split_k} must be >= 1")
-    if not 1 <= self.warpgroups <= 8:
+    if self.warpgroups not in range(1, 9):
       raise ValueError(f"warpgroups={self.warpgroups} must be in [1, 8] (128 threads "
                        f"each; 4 leave 128 registers per thread, 8 leave 64)")
     if self.block_m % 8 or not 8 <= self.block_m <= 256:
@@ -136,6 +144,8 @@ class MgpuConfig:
       raise ValueError("zero_point_mma=True needs scale_after_mma=True")
     if self.overlap_mma and not self.scale_after_mma:
       raise ValueError("overlap_mma=True needs scale_after_mma=True")
+    if self.overlap_read_early and not self.overlap_mma:
+      raise ValueError("overlap_read_early=True needs overlap_mma=True")
 
 
 def mgpu_candidates(m: int) -> list[MgpuConfig]:

@@ -219,10 +219,12 @@ def gemm(a: jax.Array, w: jax.Array, row_scale: jax.Array | None,
             plgpu.SwizzleTransform(out_sw))
   # Epilogue vectors, fetched by TMA during the K loop: at most one row vector and up to
   # two column vectors (scale, bias).
-  # With K-group scales the bias rides the pipeline too, as a (K steps, Np) array that is
-  # the bias on step 0 and zeros after (the pipeline takes only step-indexed inputs; one
-  # barrier fewer -- the GPU interpreter hung on a separate vector barrier beside the
-  # K-group inputs).
+  # With K-group scales and the token scale in the epilogue (row_epilogue, the GPU
+  # default) the bias follows it there.  Otherwise (K-group row scales, or the
+  # interpreter) the bias rides the pipeline, as a (K steps, Np) array that is the bias on
+  # step 0 and zeros after (the pipeline takes only step-indexed inputs; one barrier
+  # fewer -- the GPU interpreter hung on a separate vector barrier beside the K-group
+  # inputs).
   epi_bias = bias is not None and (not grouped or row_epilogue)
   rows = [] if row_scale is None else [row_scale.reshape(1, mp)]
   cols = [v.reshape(1, np_) for v in (col_scale, bias if epi_bias else None) if v is not None]

@@ -31,10 +31,11 @@ Hopper reads from registers:
        (block_m, 64) tile; with ``split_k`` > 1 each CTA stores float32 partials and XLA
        sums them.
 
-Decode (M <= 64) has a single M tile, and N / 64 CTAs of up to 4 warpgroups (fewer when
-they do not divide the K steps or fit shared memory) stream the weights once: one
-warpgroup's load -> convert -> WGMMA chain per K step is latency bound, four of them per
-SM hide it (benchmarks/NOTES.md v5: 31.8 -> 18.6 us per 8192^2 layer).
+Decode (M <= 64) has a single M tile, and N / 64 CTAs of 4 warpgroups (fewer when they
+do not divide the K steps or fit shared memory; configs allow up to 8) stream the weights
+once: one warpgroup's load -> convert -> WGMMA chain per K step is latency bound, four of
+them per SM hide it (benchmarks/NOTES.md v5: 31.8 -> 18.6 us per 8192^2 layer; eight were
+slower in session 13, v15).
 From M = ``dequant_gemm_min_m`` (compute bound) the weights are dequantized by one XLA
 fusion from this layout and XLA's GEMM runs (measured faster there; NOTES.md v4).
 The XLA reference beside it is kernels/reference.py::dense_reference; the Pallas-Triton
@@ -432,7 +433,7 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
         bcast = lambda v, shape: lax.broadcast_in_dim(v, shape, [0])
         row = lambda r, j, i=0: plgpu.load(r.at[wg, slot, j * gpt + i], layout=_ROW)
 
-        def operands(j):  # K tile j of the slot: the dequantized W^T tile and x^T
+        def tile_operands(j):  # K tile j of the slot: the dequantized W^T tile and x^T
           w = plgpu.load(w_buf.at[wg, slot, j], layout=_UPCAST[bits],
                          optimized=config.optimized_load)
           if fp4 and not interpret and config.fp4_whole_registers:  # relayout inside
@@ -472,11 +473,28 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
           return part if col else part * bcast(row(s_buf, j).astype(jnp.float32), part.shape)
 
         acc_t = plgpu.ACC((BLOCK_N, block_m), jnp.float32)
-        if overlap:  # tile j's WGMMA waited for once tile j + 1 is dequantized and issued
+        # overlap: tile j + 1 is dequantized while tile j's WGMMA runs.  (Reading an
+        # accumulator waits for every WGMMA in flight, so the wgmma_wait(1) below adds no
+        # overlap of its own; the form GPU-tested in session 13.)
+        if overlap and config.overlap_read_early:  # (not GPU-run; MgpuConfig)
+          def tiles_product_early(total, *part_refs):
+            for j in range(sub):
+              w, x_t = tile_operands(j)
+              plgpu.wgmma(part_refs[j], w, x_t)
+              if j:  # wait_n=1: tile j's WGMMA keeps running while tile j - 1 is scaled
+                part = plgpu.wgmma_accumulator_load(part_refs[j - 1], wait_n=1)
+                total = total + scaled(part, j - 1)
+            # wait_n=0: every WGMMA of the slot is done, so the slot may be refilled next
+            part = plgpu.wgmma_accumulator_load(part_refs[-1], wait_n=0)
+            return total + scaled(part, sub - 1)
+          return pl.run_scoped(lambda *refs: tiles_product_early(total, *refs),
+                               *[acc_t] * sub)
+
+        if overlap:
           def tiles_product(*part_refs):
             parts = []
             for j in range(sub):
-              w, x_t = operands(j)
+              w, x_t = tile_operands(j)
               plgpu.wgmma(part_refs[j], w, x_t)
               if j:
                 plgpu.wgmma_wait(1)
@@ -488,7 +506,7 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
           return total
 
         for j in range(sub):  # MMA j runs while tile j + 1 is dequantized
-          w, x_t = operands(j)
+          w, x_t = tile_operands(j)
           if not after:
             plgpu.wgmma(acc_ref, w, x_t)
             continue
