@@ -71,8 +71,8 @@ def report(tree) -> Report:
                               nbytes, 8 * nbytes / numel, 2 * numel))
     elif hasattr(leaf, "dtype") and hasattr(leaf, "shape"):
       numel = int(np.prod(leaf.shape))
-      nbytes = numel * np.dtype(leaf.dtype).itemsize
+      nbytes = array_bytes(leaf)
       out.append(TensorReport(p, "float", str(leaf.dtype), tuple(leaf.shape),
                               (("value", str(leaf.dtype), tuple(leaf.shape), nbytes),),
-                              nbytes, 8 * np.dtype(leaf.dtype).itemsize, 2 * numel))
+                              nbytes, jax.dtypes.itemsize_bits(leaf.dtype), 2 * numel))
   return Report(tuple(out))
