@@ -7,7 +7,10 @@
 # To build first (NOTES.md v15, "Review catch"): overlap_mma reading tile j - 1 with
 # plgpu.wgmma_accumulator_load(ref, wait_n=1) so tile j's MMA runs while j - 1 is scaled;
 # time it with profile_mgpu.py --ms 1,16 --configs default and the grouped 1 / 64 tokens.
-# Step timeouts sum to ~330 s.  Carry: [".whl"].
+#   3. Qwen3-30B-A3B gate_up at 1 token: 192 CTAs of 4 warpgroups on 132 SMs (1.45 waves;
+#      0.64x Humming).  Two warpgroups per CTA use ~100 KB of shared memory, so two CTAs
+#      fit per SM: one wave.  Tokens wg2 (and wg2-st2) against the default.
+# Step timeouts sum to ~390 s.  Carry: [".whl"].
 source "$(dirname "$0")/gpu_env.sh"
 T() { local t=$1; shift; timeout -k 5 -s INT "$t" "$@"; }
 step moe_1024
@@ -20,4 +23,9 @@ T 150 python3 benchmarks/bench_dense.py --shapes 8192x8192 --ms 1024,4096 \
   --specs w4a8-int8,w4a16-g128-zp --kernel-times --calls 5 --repeats 2 \
   --json "$OUT/w4a8.json" > "$OUT/w4a8.log" 2>&1
 grep -E "^8192|rror" "$OUT/w4a8.log" | cut -c1-300
+step qwen3_t1_waves
+T 60 python3 benchmarks/bench_moe.py --shapes qwen3-30b-a3b-gate_up --tokens 1 \
+  --specs "w4a16-g128-zp@mgpu,w4a16-g128-zp@mgpu:wg2,w4a16-g128-zp@mgpu:wg2-st2" \
+  --no-baselines --breakdown --chain resident --calls 10 --repeats 2 2>&1 \
+  | grep -E "T=|rror" | cut -c1-700
 step done
