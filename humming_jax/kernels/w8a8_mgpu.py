@@ -85,9 +85,9 @@ class Config:
   # convert and one FMA per accumulator element instead of two multiplies and an add.
   # H200 session 13, 8192^2 at M = 4096, CUPTI: w4a8-int8 kernel 583.1 -> 537.4 us,
   # w4a8-fp8 552.8 -> 520.5, same error; GPU-tested with a bias.  The GPU interpreter
-  # hangs on it on a 2-core machine: XLA:CPU runs the three warpgroup programs on a
-  # thread pool of one thread per core, and two warpgroups blocked in barrier-wait
-  # callbacks hold both (traced in session 13).  So interpret mode keeps the folded
+  # hangs on it on a 2-core machine: two warpgroups blocked in barrier-wait callbacks
+  # hold XLA:CPU's two pool threads and the third never runs (traced in session 13;
+  # NOTES_w8a8.md).  So interpret mode keeps the folded
   # scale: CPU tests check that path, the @gpu test and the H200 lowering test this one.
   epilogue_row_scale: bool = True
 
