@@ -476,6 +476,8 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
         # overlap: tile j + 1 is dequantized while tile j's WGMMA runs.  (Reading an
         # accumulator waits for every WGMMA in flight, so the wgmma_wait(1) below adds no
         # overlap of its own; the form GPU-tested in session 13.)
+        # Two forms on purpose: the default below stays the code the H200 ran; once this
+        # one has run and been timed there, one of the two should go.
         if overlap and config.overlap_read_early:  # (not GPU-run; MgpuConfig)
           def tiles_product_early(total, *part_refs):
             for j in range(sub):
