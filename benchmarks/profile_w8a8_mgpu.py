@@ -8,7 +8,8 @@ Config tokens on top of the heuristic: ``n64`` (tile_n 64), ``m64`` (tile_m 64),
 (stages), ``wN`` (snake tile width), ``minor_m`` (snake walks M fastest), ``pairs`` /
 ``nopairs`` (K-group specs: two groups per step or one, Config.group_pairs), ``rowe`` /
 ``rowk`` (K-group specs: the per-token scale in the epilogue, the default, or on each
-group's promotion), ``wfirst``
+group's promotion), ``sm`` / ``sn`` (warpgroups side by side along M or N,
+Config.split_m), ``wfirst``
 (4-bit weights: the per-call unpack transposes packed words first).  Each line: per
 kernel name, the median of ``--iterations`` profiled calls of a chain of ``--layers``
 distinct layers, per layer (the 8192^2 int8 weights are 64 MB: no L2 reuse across layers).
@@ -54,6 +55,10 @@ def parse_config(name: str, m: int, n: int, grouped: bool, k: int) -> w8a8_mgpu.
       fields["epilogue_row_scale"] = True
     elif tok == "rowk":  # ... or on every K group's promotion (before session 13)
       fields["epilogue_row_scale"] = False
+    elif tok == "sm":  # the two warpgroups side by side along M (Config.split_m)
+      fields["split_m"] = True
+    elif tok == "sn":  # ... along N
+      fields["split_m"] = False
     else:
       raise ValueError(f"config token {tok!r}")
   return dataclasses.replace(cfg, **fields)

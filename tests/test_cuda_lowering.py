@@ -84,7 +84,8 @@ def test_mgpu_candidates_lower_for_h200(m):
 
 @pytest.mark.parametrize("cfg", [None, w8a8_mgpu.Config(64, 64),
                                  w8a8_mgpu.Config(64, 128, stages=3),
-                                 w8a8_mgpu.Config(64, 128, group_pairs=True)])
+                                 w8a8_mgpu.Config(64, 128, group_pairs=True),
+                                 w8a8_mgpu.Config(64, 128, group_pairs=True, split_m=True)])
 @pytest.mark.parametrize("name", ["w8a8-int8", "w8a8-fp8", "w8a8-fp8-block", "w4a8-int8",
                                   "w4a8-fp8"])
 def test_w8a8_mgpu_lowers_for_h200(name, cfg):
@@ -107,12 +108,9 @@ def test_mgpu_unpadded_rows_lower_for_h200(m):
 
 
 @pytest.mark.parametrize("m,cfg", [
-    (1, mg.Config(8, 4, 1, warpgroups=8, scale_after_mma=True)),
-    (16, mg.Config(16, 4, 2, warpgroups=4, scale_after_mma=True, overlap_mma=True,
-                   overlap_read_early=True))], ids=["wg8", "overlap-read-early"])
+    (1, mg.Config(8, 4, 1, warpgroups=8, scale_after_mma=True))], ids=["wg8"])
 def test_mgpu_decode_variants_lower_for_h200(m, cfg):
-  """Eight warpgroups (8-row tiles: 64 registers per thread) and the early accumulator
-  read of overlap_mma lower at 8192^2 (session 13)."""
+  """Eight warpgroups (8-row tiles: 64 registers per thread) lower at 8192^2 (session 13)."""
   p = abstract_params("w4a16-g128-zp", (8192, 8192))
   x = jax.ShapeDtypeStruct((m, 8192), jnp.bfloat16)
   assert "custom_call" in lower_for_h200(lambda p, x: mg.run(p, x, config=cfg), p, x)

@@ -82,12 +82,15 @@ def test_gemm_k_group_scales_interpret(dtype, row_groups, col_groups, with_bias,
   assert rel(y, ref) <= 4e-3
 
 
-@pytest.mark.parametrize("dtype", [jnp.int8, jnp.float8_e4m3fn])
-def test_gemm_group_pairs_interpret(dtype, monkeypatch):
+@pytest.mark.parametrize("dtype,split_m", [(jnp.int8, False), (jnp.float8_e4m3fn, False),
+                                           (jnp.int8, True)])
+def test_gemm_group_pairs_interpret(dtype, split_m, monkeypatch):
   """Config.group_pairs: two K groups per pipeline step (both WGMMAs in flight, the first
-  promoted while the second runs) computes the same sums; 4 K groups, 2 x 2 tiles."""
-  monkeypatch.setattr(wm.tuning, "num_sms", lambda: 1)
-  m, n, k = 128, 512, 512
+  promoted while the second runs) computes the same sums; 4 K groups, 2 x 2 tiles
+  (split_m: the warpgroups side by side along M, 128 x 128 CTA tiles, 2 x 4 of them, so
+  each warpgroup's row scales, output rows and the CTA's columns are all exercised)."""
+  monkeypatch.setattr(wm.tuning, "num_sms", lambda: 1 if not split_m else 3)
+  m, n, k = (128, 512, 512) if not split_m else (256, 512, 512)
   a, w, rows, cols, bias = operands(dtype, m, n, k, seed=7)
   g = k // 128
   rg = jax.random.uniform(jax.random.key(8), (g, m), minval=0.5, maxval=2.0)
@@ -95,7 +98,7 @@ def test_gemm_group_pairs_interpret(dtype, monkeypatch):
   parts = jnp.einsum("mgk,ngk->gmn", a.astype(jnp.float32).reshape(m, g, 128),
                      w.astype(jnp.float32).reshape(n, g, 128), precision="highest")
   ref = (parts * rg[:, :, None] * cg[:, None, :]).sum(0) * rows[:, None] * cols[None, :] + bias
-  cfg = wm.Config(64, 128, group_pairs=True)
+  cfg = wm.Config(64, 128, group_pairs=True, split_m=split_m)
   y = wm.gemm(a, w, rows, cols, bias, out_dtype=jnp.bfloat16, row_group_scale=rg,
               col_group_scale=cg, config=cfg, interpret=True)
   assert rel(y, ref) <= 4e-3
@@ -110,6 +113,9 @@ def test_gemm_argument_errors():
     wm.gemm(a, w.astype(jnp.float8_e4m3fn), rows, cols, None, out_dtype=jnp.bfloat16)
   with pytest.raises(ValueError, match="multiples of"):
     wm.gemm(a[:100], w, rows[:100], cols, None, out_dtype=jnp.bfloat16)
+  with pytest.raises(ValueError, match=r"CTA tile 256 x 128 \(config.cta_m"):
+    wm.gemm(a, w, rows, cols, None, out_dtype=jnp.bfloat16,
+            config=wm.Config(128, 128, split_m=True))
   with pytest.raises(ValueError, match="col_scale"):
     wm.gemm(a, w, rows, cols[:128], None, out_dtype=jnp.bfloat16)
   with pytest.raises(ValueError, match="tile_n"):
@@ -244,12 +250,13 @@ def test_configs_gpu(cfg):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", ["w4a8-int8", "w8a8-fp8-block"])
-@pytest.mark.parametrize("pairs", [True, False])
-def test_group_pairs_gpu(name, pairs):
-  """Both K-group step shapes on the H200 (pairs: the heuristic's choice when K allows)."""
+@pytest.mark.parametrize("pairs,split_m", [(True, False), (False, False), (True, True)])
+def test_group_pairs_gpu(name, pairs, split_m):
+  """Both K-group step shapes on the H200 (pairs: the heuristic's choice when K allows),
+  and the warpgroups side by side along M (Config.split_m)."""
   _, w, x, b, q = make(name, 4096, 2048, 1000, seed=6)
   p = jax.jit(lambda q: hj.prepare(q, kernel="w8a8"))(q)
-  cfg = wm.Config(64, 128, group_pairs=pairs)
+  cfg = wm.Config(64, 128, group_pairs=pairs, split_m=split_m)
   y = jax.jit(lambda p, x: w8a8.run_mgpu(p, x, config=cfg))(p, x)
   assert rel(y, reference.dense_reference(q, x)) <= 1e-2
 
@@ -284,6 +291,16 @@ def test_heuristic_group_pairs():
   assert not wm.heuristic(4096, 8192, True, 8320).group_pairs
   assert not wm.heuristic(4096, 8192, False, 8192).group_pairs
   assert not wm.heuristic(4096, 8192, True).group_pairs
+
+
+def test_heuristic_split_m():
+  """K-group specs: the warpgroups side by side along M (128 x 128 CTA tiles, 64 x 128
+  when N is not a multiple of 128); per-channel specs: along N (128 x 256)."""
+  cfg = wm.heuristic(4096, 8192, True, 8192)
+  assert cfg.split_m and (cfg.cta_m, cfg.cta_n) == (128, 128)
+  assert wm.heuristic(4096, 8256, True, 8192).cta_n == 64
+  cfg = wm.heuristic(4096, 8192, False)
+  assert not cfg.split_m and (cfg.cta_m, cfg.cta_n) == (128, 256)
 
 
 @pytest.mark.parametrize("name,shape", [("w4a8-int8", (512, 384)), ("w4a8-fp8", (1024, 256)),

@@ -526,7 +526,7 @@ def gemm_8bit(x: jax.Array, params: QuantizedWeight, weights, w_scales: jax.Arra
   if grouped and config.tile_k != plan.pg:
     raise ValueError(f"config.tile_k={config.tile_k}: must equal the K-group size {plan.pg} "
                      f"of spec {spec.name} (one group per WGMMA step)")
-  mp = -(-m // config.tile_m) * config.tile_m
+  mp = -(-m // config.cta_m) * config.cta_m
   a, sa = act_operands(x, spec, plan, params.act_scale, rows=mp, kp=kp)
   row_scale = row_groups = col_scale = col_groups = None
   if plan.a_group:  # (mp, K groups) -> one row per K step

@@ -28,7 +28,8 @@ The kernel is a persistent, warp-specialized GEMM (the structure of jax's
        snake (neighbouring CTAs share operand tiles in L2);
   pipeline: a memory warpgroup streams (A, B) K tiles by TMA ``stages`` deep
        (plgpu.emit_pipeline_warp_specialized); two compute warpgroups each own a
-       (tile_m, tile_n) accumulator half of the CTA tile (split along N);
+       (tile_m, tile_n) accumulator half of the CTA tile (split along N, or along M with
+       Config.split_m);
   epilogue (per compute warpgroup): float32 accumulator x per-row activation scale x
        per-column weight scale (x global scale, folded into the column scale) + bias, cast
        to the activation dtype, stored by TMA in 64 x 64 tiles while the next tile's K loop
@@ -62,8 +63,8 @@ OUT_DTYPES = (jnp.bfloat16, jnp.float16)  # 64 columns = one 128-byte swizzle ro
 @dataclasses.dataclass(frozen=True)
 class Config:
   """Launch shape.  A CTA computes (tile_m, 2 * tile_n): two compute warpgroups side by
-  side along N, each with a (tile_m, tile_n) accumulator (tile_m * tile_n / 128 registers
-  per thread: 128 for 128 x 128)."""
+  side along N (``split_m``: along M, (2 * tile_m, tile_n)), each with a (tile_m, tile_n)
+  accumulator (tile_m * tile_n / 128 registers per thread: 128 for 128 x 128)."""
 
   tile_m: int = 128
   tile_n: int = 128
@@ -90,6 +91,22 @@ class Config:
   # NOTES_w8a8.md).  So interpret mode keeps the folded
   # scale: CPU tests check that path, the @gpu test and the H200 lowering test this one.
   epilogue_row_scale: bool = True
+  # The two compute warpgroups side by side along M (CTA tile 2 * tile_m x tile_n)
+  # instead of N (tile_m x 2 * tile_n).  For K-group scales' 64 x 128 warpgroup tiles the
+  # N split re-reads the (N, K) weights once per 64 token rows: at 8192^2, M = 4096, the
+  # operand tiles streamed into shared memory total 32 x 33.5 MB of activations + 64 x 67 MB
+  # of weights = 5.4 GB, against 4.3 GB side by side along M (64 x + 32 x).
+  split_m: bool = False
+
+  @property
+  def cta_m(self) -> int:
+    """Token rows of one CTA's output tile."""
+    return 2 * self.tile_m if self.split_m else self.tile_m
+
+  @property
+  def cta_n(self) -> int:
+    """Output columns of one CTA's output tile."""
+    return self.tile_n if self.split_m else 2 * self.tile_n
 
   def __post_init__(self):
     if self.tile_m % 64 or not 64 <= self.tile_m <= 256:
@@ -118,9 +135,9 @@ def smem_bytes(config: Config, stages: int, out_bytes: int = 2, grouped: bool = 
   kb = tuning.smem_round
   gps = groups_per_step(config, grouped)
   k_step = gps * config.tile_k
-  step = kb(config.tile_m * k_step) + kb(2 * config.tile_n * k_step)
+  step = kb(config.cta_m * k_step) + kb(config.cta_n * k_step)
   if grouped:  # K-group scale rows: one per token tile, up to two (scale, bias) per N tile
-    step += kb(gps * config.tile_m * 4) + 2 * kb(gps * 2 * config.tile_n * 4)
+    step += kb(gps * config.cta_m * 4) + 2 * kb(gps * config.cta_n * 4)
   return (stages * step + kb(2 * 2 * EPI_TILE * EPI_TILE * out_bytes)
           + 3 * kb(2 * max(config.tile_m, config.tile_n) * 4))
 
@@ -139,14 +156,19 @@ def fit_stages(config: Config, grouped: bool = False) -> int:
 def heuristic(m: int, n: int, grouped: bool = False, k: int | None = None) -> Config:
   """128 x 256 CTA tiles (two 128 x 128 warpgroup halves); 128 x 128 when N is not a
   multiple of 256.  With K-group scales each warpgroup holds the scaled running sum
-  beside the WGMMA accumulator: 64 x 128 halves (two 64-register tiles), and two K groups
-  per step (``group_pairs``) when the padded K is a multiple of 256.
+  beside the WGMMA accumulator: 64 x 128 warpgroup tiles (two 64-register tiles) side by
+  side along M (``split_m``: 128 x 128 CTA tiles; 64 x 128 when N is not a multiple of
+  128), and two K groups per step (``group_pairs``) when the padded K is a multiple of 256.
   (H200, benchmarks/NOTES_w8a8.md: at M = 4096 the snake and stage variants are within
   1 %, tile_n 64 is 12 % slower; group_pairs: CUPTI kernel 626.0 -> 589.9 us (w4a8-int8),
-  619.5 -> 561.4 (w8a8-fp8-block), same error.)"""
-  tile_n = 128 if n % 256 == 0 else 64
+  619.5 -> 561.4 (w8a8-fp8-block), same error; split_m (session 14, 8192^2, M = 4096):
+  w4a8-int8 543.7 -> 526.2, w4a8-fp8 518.9 -> 485.5, w8a8-fp8-block 560.9 -> 526.1, and
+  3.7-4.7 % less at M = 1024.)"""
   pairs = grouped and k is not None and k % (2 * Config.tile_k) == 0
-  return Config(tile_m=64 if grouped else 128, tile_n=tile_n, group_pairs=pairs)
+  if grouped:
+    return Config(tile_m=64, tile_n=128 if n % 128 == 0 else 64, group_pairs=pairs,
+                  split_m=True)
+  return Config(tile_m=128, tile_n=128 if n % 256 == 0 else 64)
 
 
 def gemm(a: jax.Array, w: jax.Array, row_scale: jax.Array | None,
@@ -162,8 +184,8 @@ def gemm(a: jax.Array, w: jax.Array, row_scale: jax.Array | None,
   optional float32: ``row_scale`` (Mp,), ``col_scale`` and ``bias`` (Np,) in the epilogue;
   ``row_group_scale`` (Kp / tile_k, Mp) and ``col_group_scale`` (Kp / tile_k, Np) on each
   K step's partial product (DeepSeek-style: the 8-bit WGMMA sums one group exactly, the
-  float32 running sum takes its scales).  Mp must be a multiple of ``config.tile_m``, Np
-  of ``2 * config.tile_n``, Kp of ``config.tile_k`` (the caller pads)."""
+  float32 running sum takes its scales).  Mp must be a multiple of ``config.cta_m``, Np
+  of ``config.cta_n``, Kp of ``config.tile_k`` (the caller pads)."""
   mp, kp = a.shape
   np_, kp2 = w.shape
   if jnp.dtype(out_dtype) not in map(jnp.dtype, OUT_DTYPES):
@@ -176,10 +198,11 @@ def gemm(a: jax.Array, w: jax.Array, row_scale: jax.Array | None,
   grouped = row_group_scale is not None or col_group_scale is not None
   config = config or heuristic(mp, np_, grouped, kp)
   tm, tn, tk = config.tile_m, config.tile_n, config.tile_k
-  cta_n = 2 * tn
-  if mp % tm or np_ % cta_n or kp % tk:
-    raise ValueError(f"padded shapes M={mp}, N={np_}, K={kp} must be multiples of "
-                     f"tile_m={tm}, 2 * tile_n={cta_n}, tile_k={tk}")
+  cta_m, cta_n = config.cta_m, config.cta_n
+  if mp % cta_m or np_ % cta_n or kp % tk:
+    raise ValueError(f"padded shapes M={mp}, N={np_}, K={kp} must be multiples of the CTA "
+                     f"tile {cta_m} x {cta_n} (config.cta_m, config.cta_n) and "
+                     f"tile_k={tk}")
   if grouped and tm * tn > 64 * 128:
     raise ValueError(f"config={config}: with K-group scales a warpgroup holds two "
                      f"{tm} x {tn} float32 tiles; tile_m x tile_n must be <= 64 x 128")
@@ -212,7 +235,7 @@ def gemm(a: jax.Array, w: jax.Array, row_scale: jax.Array | None,
     if not row_epilogue:
       row_scale = None
   stages = fit_stages(config, grouped)
-  m_iters, n_iters, k_iters = mp // tm, np_ // cta_n, kp // k_step
+  m_iters, n_iters, k_iters = mp // cta_m, np_ // cta_n, kp // k_step
   acc_dtype = jnp.int32 if a.dtype == jnp.int8 else jnp.float32
   in_tf = (plgpu.TilingTransform((8, tk)), plgpu.SwizzleTransform(tk))  # 8-bit: tk bytes
   out_sw = EPI_TILE * jnp.dtype(out_dtype).itemsize
@@ -250,11 +273,11 @@ def gemm(a: jax.Array, w: jax.Array, row_scale: jax.Array | None,
       return plgpu.emit_pipeline_warp_specialized(
           body, grid=(k_iters,), memory_registers=40,
           in_specs=[
-              plgpu.BlockSpec((tm, k_step), lambda k: (0, k), transforms=in_tf,
+              plgpu.BlockSpec((cta_m, k_step), lambda k: (0, k), transforms=in_tf,
                               memory_space=plgpu.SMEM),
               plgpu.BlockSpec((cta_n, k_step), lambda k: (0, k), transforms=in_tf,
                               memory_space=plgpu.SMEM),
-              *[plain((gps, tm)) for _ in g_rows],
+              *[plain((gps, cta_m)) for _ in g_rows],
               *[plain((gps, cta_n)) for _ in g_cols + g_bias]],
           wg_axis="wg", num_compute_wgs=2, max_concurrent_steps=stages,
           compute_context=context)
@@ -265,7 +288,7 @@ def gemm(a: jax.Array, w: jax.Array, row_scale: jax.Array | None,
         *[g.at[:, cns] for g in gcols_gmem], *[g.at[:, cns] for g in gbias_gmem])
     scratch = dict(
         allocs=pipeline(ignore, ignore).get_allocations(
-            *pipeline_args(pl.ds(0, tm), pl.ds(0, cta_n))),
+            *pipeline_args(pl.ds(0, cta_m), pl.ds(0, cta_n))),
         o_smem=plgpu.SMEM((2, 2, EPI_TILE, EPI_TILE), out_dtype, transforms=out_tf))
     if rows or cols:
       scratch["vec_bar"] = plgpu.Barrier(num_arrivals=len(rows) + len(cols), num_barriers=2)
@@ -278,6 +301,8 @@ def gemm(a: jax.Array, w: jax.Array, row_scale: jax.Array | None,
     def scope(allocs, o_smem, vec_bar=None, rows_smem=None, cols_smem=None):
       wg = lax.axis_index("wg")
       shape = (tm, tn)
+      # This warpgroup's rows of the CTA's A tile and columns of its B tile.
+      a_off, w_off = (wg * tm, 0) if config.split_m else (0, wg * tn)
       bcast_row = lambda v: lax.broadcast_in_dim(v, shape, (0,))  # one value per row
       bcast_col = lambda v: lax.broadcast_in_dim(v, shape, (1,))  # one value per column
 
@@ -286,9 +311,10 @@ def gemm(a: jax.Array, w: jax.Array, row_scale: jax.Array | None,
         (lin,) = info.index
         mi, ni = plgpu.planar_snake(lin, (m_iters, n_iters),
                                     1 if config.grid_minor_n else 0, config.grid_tile_width)
-        ms = pl.ds(mi * tm, tm)
+        cta_ms = pl.ds(mi * cta_m, cta_m)
         cta_ns = pl.ds(ni * cta_n, cta_n)
-        wg_ns = pl.ds(ni * cta_n + wg * tn, tn)  # this warpgroup's output columns
+        wg_ms = pl.ds(mi * cta_m + a_off, tm)  # this warpgroup's output rows
+        wg_ns = pl.ds(ni * cta_n + w_off, tn)  # ... and columns
 
         def epilogue(y):
           """float32 (tm, tn) sum -> epilogue vectors -> out_dtype -> TMA stores."""
@@ -311,14 +337,14 @@ def gemm(a: jax.Array, w: jax.Array, row_scale: jax.Array | None,
               plgpu.commit_smem()
               plgpu.copy_smem_to_gmem(
                   o_smem.at[wg, slot],
-                  o_gmem.at[ms, wg_ns].at[pl.ds(ei * EPI_TILE, EPI_TILE),
+                  o_gmem.at[wg_ms, wg_ns].at[pl.ds(ei * EPI_TILE, EPI_TILE),
                                           pl.ds(ej * EPI_TILE, EPI_TILE)])
 
         def context(run_k_loop):
           if vec_bar is not None:  # the epilogue vectors travel while the K loop runs
             bar = vec_bar.at[wg]
             for g in rows_gmem:
-              plgpu.copy_gmem_to_smem(g.at[:, ms], rows_smem.at[wg], bar)
+              plgpu.copy_gmem_to_smem(g.at[:, wg_ms], rows_smem.at[wg], bar)
             for i, g in enumerate(cols_gmem):
               plgpu.copy_gmem_to_smem(g.at[:, wg_ns], cols_smem.at[wg, pl.ds(i, 1)], bar)
           if grouped:  # the scaled running sum is the pipeline's carry (registers)
@@ -332,10 +358,13 @@ def gemm(a: jax.Array, w: jax.Array, row_scale: jax.Array | None,
 
         def w_t(w_smem, j=0):
           # B = w^T: the (tile_n, tile_k) K-major buffer read through a transposed view.
-          return w_smem.at[pl.ds(wg * tn, tn), pl.ds(j * tk, tk)].transpose((1, 0))
+          return w_smem.at[pl.ds(w_off, tn), pl.ds(j * tk, tk)].transpose((1, 0))
+
+        def a_tile(a_smem, j=0):
+          return a_smem.at[pl.ds(a_off, tm), pl.ds(j * tk, tk)]
 
         def mma(_, a_smem, w_smem, acc_ref):
-          plgpu.wgmma(acc_ref, a_smem, w_t(w_smem))
+          plgpu.wgmma(acc_ref, a_tile(a_smem), w_t(w_smem))
           plgpu.wgmma_wait(0)
           return acc_ref
 
@@ -347,16 +376,16 @@ def gemm(a: jax.Array, w: jax.Array, row_scale: jax.Array | None,
             part = part.astype(jnp.float32)
             g = list(g_smem)
             if g_rows:
-              part = part * bcast_row(g.pop(0)[j, :])
+              part = part * bcast_row(g.pop(0)[j, pl.ds(a_off, tm)])
             if g_cols:
-              part = part * bcast_col(g.pop(0)[j, pl.ds(wg * tn, tn)])
+              part = part * bcast_col(g.pop(0)[j, pl.ds(w_off, tn)])
             if g_bias:  # the bias on step 0, zeros after
-              part = part + bcast_col(g.pop(0)[j, pl.ds(wg * tn, tn)])
+              part = part + bcast_col(g.pop(0)[j, pl.ds(w_off, tn)])
             return total + part
 
           def group_products(*acc_refs):
             for j, acc_ref in enumerate(acc_refs):  # every WGMMA of the step in flight ...
-              plgpu.wgmma(acc_ref, a_smem.at[:, pl.ds(j * tk, tk)], w_t(w_smem, j))
+              plgpu.wgmma(acc_ref, a_tile(a_smem, j), w_t(w_smem, j))
             out = total
             for j, acc_ref in enumerate(acc_refs):  # ... group j promoted while j + 1 runs
               part = plgpu.wgmma_accumulator_load(acc_ref, wait_n=gps - 1 - j)
@@ -366,7 +395,7 @@ def gemm(a: jax.Array, w: jax.Array, row_scale: jax.Array | None,
           return pl.run_scoped(group_products, *[plgpu.ACC(shape, acc_dtype)] * gps)
 
         pipeline(mma_grouped if grouped else mma, context)(
-            *pipeline_args(ms, cta_ns), allocations=allocs)
+            *pipeline_args(cta_ms, cta_ns), allocations=allocs)
 
     plgpu.wait_smem_to_gmem(0, wait_read_only=True)
 
