@@ -66,8 +66,6 @@ def parse_config(name: str, m: int, base: tuning.MgpuConfig | None = None
       fields["int4_ptx"] = False
     elif tok == "ovl":  # each K tile's WGMMA waited for after the next tile's dequant
       fields["overlap_mma"] = True
-    elif tok == "ovl1":  # ... and tile j - 1 scaled while tile j's WGMMA runs
-      fields.update(overlap_mma=True, overlap_read_early=True)
     elif tok == "whole":
       fields["fp4_whole_registers"] = True
     else:

@@ -70,9 +70,6 @@ CASES = [  # (spec, M, K, N, bias, config)
      mg.Config(8, 2, 2, warpgroups=2, scale_after_mma=True, overlap_mma=True)),
     (hj.QuantSpec("int4", "channel", 0, scale_dtype="float32"), 12, 768, 64, False,
      mg.Config(16, 2, 3, scale_after_mma=True, overlap_mma=True)),
-    (hj.QuantSpec.preset("w4a16-g128-zp"), 5, 1536, 128, True,  # ... tile j - 1 read early
-     mg.Config(8, 2, 3, warpgroups=2, scale_after_mma=True, overlap_mma=True,
-               overlap_read_early=True)),
     # ... and the zero point as z * sum(x) from an all-ones WGMMA
     (hj.QuantSpec.preset("w4a16-g128-zp"), 5, 1024, 128, True,
      mg.Config(64, 2, 1, warpgroups=2, scale_after_mma=True, zero_point_mma=True)),
@@ -450,8 +447,6 @@ def test_heuristic_splits_k_only_for_narrow_n():
                                  mg.Config(8, 4, 2, warpgroups=4, scale_after_mma=True,
                                            overlap_mma=True),
                                  mg.Config(8, 4, 1, warpgroups=8, scale_after_mma=True),
-                                 mg.Config(8, 4, 2, warpgroups=4, scale_after_mma=True,
-                                           overlap_mma=True, overlap_read_early=True),
                                  mg.shared_x_config(128), mg.shared_x_config(64),
                                  mg.Config(64, 4, 1, warpgroups=2, split_warpgroups="n")])
 def test_configs_gpu(cfg):
@@ -534,8 +529,6 @@ def test_config_validation():
     mg.Config(warpgroups=9)
   with pytest.raises(ValueError, match="overlap_mma=True needs scale_after_mma"):
     mg.Config(overlap_mma=True)
-  with pytest.raises(ValueError, match="overlap_read_early=True needs overlap_mma"):
-    mg.Config(scale_after_mma=True, overlap_read_early=True)
 
 
 def test_config_that_cannot_fit_is_refused_by_name():

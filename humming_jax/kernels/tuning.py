@@ -121,12 +121,11 @@ class MgpuConfig:
   # the next was dequantized).  H200 session 13 (NOTES.md v15): 8192^2 M = 16 17.1 ->
   # 16.4 us, M = 1 unchanged; grouped 1 token 10.3 -> 9.4.  On in the decode heuristic;
   # no effect with one K tile per step, several scale rows per tile or zero_point_mma.
+  # (Session 14 timed the wider form -- tile j - 1's accumulator read with
+  # wgmma_accumulator_load(wait_n=1) so tile j's MMA also runs while j - 1 is scaled -- and
+  # removed it: M = 1 15.8 vs 16.0 us, grouped 1 token 9.94 vs 9.31, and ptxas failed on
+  # it at M = 16; NOTES.md v16.)
   overlap_mma: bool = False
-  # ... and tile j - 1's accumulator read with wgmma_accumulator_load(wait_n=1), so tile
-  # j's MMA also runs while tile j - 1 is scaled (a plain read waits for every WGMMA in
-  # flight).  Built after session 13's device time: interpreter-tested, lowers for the
-  # H200, not GPU-run or timed; off.
-  overlap_read_early: bool = False
 
   def __post_init__(self):
     if self.split_warpgroups not in ("k", "n"):
@@ -144,8 +143,6 @@ class MgpuConfig:
       raise ValueError("zero_point_mma=True needs scale_after_mma=True")
     if self.overlap_mma and not self.scale_after_mma:
       raise ValueError("overlap_mma=True needs scale_after_mma=True")
-    if self.overlap_read_early and not self.overlap_mma:
-      raise ValueError("overlap_read_early=True needs overlap_mma=True")
 
 
 def mgpu_candidates(m: int) -> list[MgpuConfig]:

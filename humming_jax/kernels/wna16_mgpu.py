@@ -476,22 +476,6 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
         # overlap: tile j + 1 is dequantized while tile j's WGMMA runs.  (Reading an
         # accumulator waits for every WGMMA in flight, so the wgmma_wait(1) below adds no
         # overlap of its own; the form GPU-tested in session 13.)
-        # Two forms on purpose: the default below stays the code the H200 ran; once this
-        # one has run and been timed there, one of the two should go.
-        if overlap and config.overlap_read_early:  # (not GPU-run; MgpuConfig)
-          def tiles_product_early(total, *part_refs):
-            for j in range(sub):
-              w, x_t = tile_operands(j)
-              plgpu.wgmma(part_refs[j], w, x_t)
-              if j:  # wait_n=1: tile j's WGMMA keeps running while tile j - 1 is scaled
-                part = plgpu.wgmma_accumulator_load(part_refs[j - 1], wait_n=1)
-                total = total + scaled(part, j - 1)
-            # wait_n=0: every WGMMA of the slot is done, so the slot may be refilled next
-            part = plgpu.wgmma_accumulator_load(part_refs[-1], wait_n=0)
-            return total + scaled(part, sub - 1)
-          return pl.run_scoped(lambda *refs: tiles_product_early(total, *refs),
-                               *[acc_t] * sub)
-
         if overlap:
           def tiles_product(*part_refs):
             parts = []
