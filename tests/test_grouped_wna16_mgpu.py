@@ -597,10 +597,14 @@ def test_grid_split_k_interpret(name, monkeypatch):
 def test_heuristic_follows_the_session_10_sweep():
   """The launch shapes the H200 sweep chose (NOTES_moe.md session 10), by (tiles, N, K
   tiles, rows per tile): split-K 2 for DeepSeek-V3 gate_up at 1 token, shared x tiles for
-  16+-row tiles and for Qwen3's short-K experts at 64 tokens, the K split elsewhere."""
+  16+-row tiles and for Qwen3's short-K experts at 64 tokens, the K split elsewhere; two
+  warpgroups per CTA where four make one to two waves (session 14)."""
   shape = lambda *a: (gm.heuristic(*a).split_warpgroups, gm.heuristic(*a).split_k)
   assert shape(8, 512, 56, 8) == ("k", 2)  # DeepSeek-V3 gate_up, 1 token
-  assert shape(8, 1536, 16, 8) == ("k", 1)  # Qwen3 gate_up, 1 token
+  assert shape(8, 1536, 16, 8) == ("k", 1)  # Qwen3 gate_up, 1 token ...
+  assert gm.heuristic(8, 1536, 16, 8).warpgroups == 2  # ... 192 CTAs of 4: 2 per CTA
+  assert gm.heuristic(8, 512, 56, 8).warpgroups == 4  # 64 CTAs (DeepSeek-V3 gate_up)
+  assert gm.heuristic(219, 512, 56, 8).warpgroups == 4  # 1752 CTAs
   assert shape(219, 512, 56, 8) == ("k", 1)  # DeepSeek-V3 gate_up, 64 tokens: long K
   assert shape(219, 7168, 2, 8) == ("k", 1)  # DeepSeek-V3 down, 64 tokens: one K step
   assert shape(128, 1536, 16, 8) == ("n", 1)  # Qwen3 gate_up, 64 tokens

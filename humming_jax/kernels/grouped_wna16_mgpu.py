@@ -127,6 +127,9 @@ def heuristic(tiles: int, n: int, k_tiles: int, block_m: int) -> wna16_mgpu.Conf
     two waves: Qwen3 gate_up / down at 64 tokens 198.2 -> 143.3 / 99.1 -> 90.3.  It loses
     with long K (DeepSeek-V3 gate_up, 64 tokens: 246.3 -> 273.4), with one K step
     (DeepSeek-V3 down: 134.1 -> 279.0) and with few tiles (1 token: 26.2 -> 37.6).
+  - Two warpgroups per CTA (each streaming half the K steps) when the 64-column CTAs of
+    four make between one and two waves: Qwen3-30B-A3B gate_up at 1 token (8 experts x
+    24 column blocks = 192 CTAs on 132 SMs), CUPTI kernel 11.66 -> 9.56 us (session 14).
   - Grid split-K 2 when the tiles' 64-column CTAs fill at most half the SMs (the dense
     narrow-N rule, NOTES.md v8): DeepSeek-V3 gate_up at 1 token (8 experts x 8 column
     blocks = 64 CTAs) 35.1 -> 29.6; XLA sums the two float32 partials."""
@@ -139,6 +142,10 @@ def heuristic(tiles: int, n: int, k_tiles: int, block_m: int) -> wna16_mgpu.Conf
   per_wg = steps // wna16_mgpu.divisor(wgs, steps)
   if steps >= 3 and per_wg <= 2 and col_blocks >= 2 * wgs * tuning.num_sms():
     return dataclasses.replace(config, split_warpgroups="n")
+  if wgs == 4 and steps % 2 == 0 and tuning.num_sms() < col_blocks <= 2 * tuning.num_sms():
+    # Between one and two waves of 4-warpgroup CTAs: CTAs of two warpgroups use half the
+    # shared memory, two fit per SM, and the tiles run in one wave.
+    return dataclasses.replace(config, warpgroups=2)
   if 2 * col_blocks <= tuning.num_sms():
     config = dataclasses.replace(config, split_k=2)
   return config
