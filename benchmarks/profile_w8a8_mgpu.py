@@ -57,8 +57,10 @@ def parse_config(name: str, m: int, n: int, grouped: bool, k: int) -> w8a8_mgpu.
       fields["epilogue_row_scale"] = False
     elif tok == "sm":  # the two warpgroups side by side along M (Config.split_m)
       fields["split_m"] = True
-    elif tok == "sn":  # ... along N
+    elif tok == "sn":  # ... along N (CTA tile_m x 2 * tile_n: 64-wide halves if N needs)
       fields["split_m"] = False
+      if n % 256:
+        fields["tile_n"] = 64
     else:
       raise ValueError(f"config token {tok!r}")
   return dataclasses.replace(cfg, **fields)

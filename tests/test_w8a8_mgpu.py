@@ -41,12 +41,14 @@ def float_product(a, w, rows, cols, bias):
 
 
 @pytest.mark.parametrize("dtype", [jnp.int8, jnp.float8_e4m3fn])
-@pytest.mark.parametrize("cfg,with_bias", [(wm.Config(), True), (wm.Config(64, 64), False)])
+@pytest.mark.parametrize("cfg,with_bias", [(wm.Config(), True), (wm.Config(64, 64), False),
+                                           (wm.Config(64, 128, split_m=True), True)])
 def test_gemm_interpret(dtype, cfg, with_bias, monkeypatch):
   """Two CTAs walk 3 x 2 (or 3 x 4) output tiles: the persistent loop, the snake and the
-  epilogue's per-row / per-column vectors of every tile."""
+  epilogue's per-row / per-column vectors of every tile (split_m: each warpgroup's rows)."""
   monkeypatch.setattr(wm.tuning, "num_sms", lambda: 2)
-  m, n = 3 * cfg.tile_m, 4 * 2 * cfg.tile_n // (2 if cfg.tile_n == 128 else 1)
+  m = 3 * cfg.cta_m
+  n = 4 * 2 * cfg.tile_n // (2 if cfg.tile_n == 128 else 1) if not cfg.split_m else 2 * cfg.cta_n
   a, w, rows, cols, bias = operands(dtype, m, n, 384, seed=1)
   bias = bias if with_bias else None
   y = wm.gemm(a, w, rows, cols, bias, out_dtype=jnp.bfloat16, config=cfg, interpret=True)
@@ -57,13 +59,14 @@ def test_gemm_interpret(dtype, cfg, with_bias, monkeypatch):
 
 
 @pytest.mark.parametrize("dtype", [jnp.int8, jnp.float8_e4m3fn])
-@pytest.mark.parametrize("row_groups,col_groups,with_bias", [
-    (True, True, True), (False, True, True), (True, False, False)])
-def test_gemm_k_group_scales_interpret(dtype, row_groups, col_groups, with_bias,
+@pytest.mark.parametrize("row_groups,col_groups,with_bias,split_m", [
+    (True, True, True, True), (False, True, True, True), (True, False, False, False)])
+def test_gemm_k_group_scales_interpret(dtype, row_groups, col_groups, with_bias, split_m,
                                        monkeypatch):
   """K-group scales (DeepSeek-style): each 128-deep K step's 8-bit product scaled by its
-  row / column group scales before it joins the float32 running sum; 3 K groups, 2 x 2
-  tiles on one CTA, epilogue scales folded in, bias on the first step."""
+  row / column group scales before it joins the float32 running sum; 3 K groups (one per
+  step), epilogue scales folded in, bias on the first step; on one CTA 1 x 4 tiles of
+  128 x 128 (split_m, the heuristic's) or 2 x 2 of 64 x 256 (warpgroups along N)."""
   monkeypatch.setattr(wm.tuning, "num_sms", lambda: 1)
   m, n, k = 128, 512, 384
   a, w, rows, cols, bias = operands(dtype, m, n, k, seed=2)
@@ -76,9 +79,12 @@ def test_gemm_k_group_scales_interpret(dtype, row_groups, col_groups, with_bias,
   scaled = parts * (rg[:, :, None] if row_groups else 1) * (cg[:, None, :] if col_groups else 1)
   ref = float_product(a[:, :0], w[:, :0], rows, cols, bias) + (
       scaled.sum(0) * rows[:, None] * cols[None, :])
+  cfg = dataclasses.replace(wm.heuristic(m, n, True, k), split_m=split_m)
+  assert not cfg.group_pairs
+  assert (cfg.cta_m, cfg.cta_n) == ((128, 128) if split_m else (64, 256))
   y = wm.gemm(a, w, rows, cols, bias, out_dtype=jnp.bfloat16,
               row_group_scale=rg if row_groups else None,
-              col_group_scale=cg if col_groups else None, interpret=True)
+              col_group_scale=cg if col_groups else None, config=cfg, interpret=True)
   assert rel(y, ref) <= 4e-3
 
 
@@ -294,7 +300,7 @@ def test_heuristic_group_pairs():
 
 
 def test_heuristic_split_m():
-  """K-group specs: the warpgroups side by side along M (128 x 128 CTA tiles, 64 x 128
+  """K-group specs: the warpgroups side by side along M (128 x 128 CTA tiles, 128 x 64
   when N is not a multiple of 128); per-channel specs: along N (128 x 256)."""
   cfg = wm.heuristic(4096, 8192, True, 8192)
   assert cfg.split_m and (cfg.cta_m, cfg.cta_n) == (128, 128)

@@ -157,7 +157,7 @@ def heuristic(m: int, n: int, grouped: bool = False, k: int | None = None) -> Co
   """128 x 256 CTA tiles (two 128 x 128 warpgroup halves); 128 x 128 when N is not a
   multiple of 256.  With K-group scales each warpgroup holds the scaled running sum
   beside the WGMMA accumulator: 64 x 128 warpgroup tiles (two 64-register tiles) side by
-  side along M (``split_m``: 128 x 128 CTA tiles; 64 x 128 when N is not a multiple of
+  side along M (``split_m``: 128 x 128 CTA tiles; 128 x 64 when N is not a multiple of
   128), and two K groups per step (``group_pairs``) when the padded K is a multiple of 256.
   (H200, benchmarks/NOTES_w8a8.md: at M = 4096 the snake and stage variants are within
   1 %, tile_n 64 is 12 % slower; group_pairs: CUPTI kernel 626.0 -> 589.9 us (w4a8-int8),
