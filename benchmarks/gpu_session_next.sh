@@ -7,7 +7,10 @@
 #   moe_64: the MoE same-run table (1 / 64 tokens, resident, with Humming) on main's
 #      heuristics.
 #   w4a8: W4A8 / W4A16 at M = 1024 / 4096 with Humming's fp8 W4A8 (MXFP4) in the same run,
-#      after the carrier unpack change (int4 -> int8 52 -> 33 us, int4 -> e4m3 196 -> 121).
+#      after the carrier unpack changes: int4 -> int8 52 -> 33 us, int4 -> e4m3 196 -> 121
+#      (timed, call 5), then e4m3 by NumberFormat.encode_exact (built after the device time:
+#      CPU-checked bit-identical, NOT timed; prediction ~35-45 us, near int8's).  Read the
+#      w4a8-fp8 rows' loop_transpose_fusion in the JSON's kernel breakdown.
 # Usage: gpu_session_next.sh [STEP...]  (default: all, in order).  Carry: [".whl"].
 source "$(dirname "$0")/gpu_env.sh"
 T() { local t=$1; shift; timeout -k 5 -s INT "$t" "$@"; }

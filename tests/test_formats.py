@@ -102,6 +102,26 @@ def test_float_encode_rne_saturate_vs_ml_dtypes(name):
   assert np.all(codes[~nz] == 0)
 
 
+@pytest.mark.parametrize("name", FLOATS)
+def test_encode_exact_equals_encode_on_the_formats_values(name):
+  """encode_exact (the carrier unpack's e4m3 path) gives encode's code for every normal
+  value and both zeros of the format (the values it is for), and int4's -8 .. 7 in e4m3."""
+  f = get_format(name)
+  codes = np.arange(f.num_codes)
+  vals = f.all_values()
+  normal = ((codes >> f.mantissa_bits) & ((1 << f.exponent_bits) - 1)) != 0
+  keep = np.isfinite(vals) & (normal | (vals == 0))
+  assert keep.sum() >= 14
+  x = jnp.asarray(vals[keep], jnp.float32)
+  np.testing.assert_array_equal(np.asarray(f.encode_exact(x)), np.asarray(f.encode(x)))
+  e4m3 = get_format("fp8_e4m3")
+  ints = jnp.arange(-8, 8, dtype=jnp.float32)
+  np.testing.assert_array_equal(np.asarray(e4m3.encode_exact(ints)),
+                                np.asarray(e4m3.encode(ints)))
+  with pytest.raises(ValueError, match="not a float format"):
+    get_format("int4").encode_exact(ints)
+
+
 def test_float_ties_go_to_even_mantissa():
   f = get_format("fp4_e2m1")  # grid 0 .5 1 1.5 2 3 4 6
   x = jnp.array([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, -5.0, 7.0])
