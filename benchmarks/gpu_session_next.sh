@@ -33,5 +33,19 @@ s_w4a8() {
     --kernel-times --calls 5 --repeats 2 --json "$OUT/w4a8.json" > "$OUT/w4a8.log" 2>&1
   grep -E "^8192|rror" "$OUT/w4a8.log" | cut -c1-330
 }
-for s in ${@:-qwen3_t1 moe_64 w4a8}; do step "$s"; "s_$s"; done
+#   mx_fold: wnam_mgpu.MX_FOLD_PREFILL (built after session 14's device time; CPU-tested,
+#      lowers for the H200, never GPU-run): its GPU test, then W4A8 MXFP4 at M = 1024 / 4096
+#      with the fold against call 4's 284.8 / 812.9 us (kernels 259.9 / 758.6) and
+#      Humming's 113.5 / 470.4.  Prediction at 4096: ~40 us fold + ~7 act quant + ~362 fp8
+#      GEMM (w8a8-fp8's, NOTES_w8a8 session 4) = ~410 us of kernels; error ~3e-3.
+s_mx_fold() {
+  T 100 python3 -m pytest tests/test_wnam_mgpu.py -m gpu -k "mx_fold" -p no:cacheprovider \
+    --tb=short -rA -s -W ignore::DeprecationWarning 2>&1 \
+    | grep -E "^(FAILED|ERROR|PASSED)|passed|failed|rel err" | cut -c1-300 | tail -6
+  T 150 python3 benchmarks/bench_dense.py --shapes 8192x8192 --ms 1024,4096 \
+    --specs w4a8-mxfp4 --mx-fold --humming --kernel-times --calls 5 --repeats 2 \
+    --json "$OUT/mx_fold.json" > "$OUT/mx_fold.log" 2>&1
+  grep -E "^8192|rror" "$OUT/mx_fold.log" | cut -c1-330
+}
+for s in ${@:-mx_fold qwen3_t1 moe_64 w4a8}; do step "$s"; "s_$s"; done
 step done

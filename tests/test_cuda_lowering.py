@@ -191,3 +191,13 @@ def test_mgpu_grouped_shared_x_lowers_for_h200(shape, tokens, topk):
   assert cfg.scale_after_mma == (bm <= 64) and cfg.split_warpgroups == "n"
   assert "mosaic_gpu" in lower_for_h200(lambda p, x, gs: gm.run(p, x, gs, config=cfg),
                                         p, x, gs)
+
+
+def test_mx_fold_prefill_lowers_for_h200():
+  """The MXFP4 fold (wnam_mgpu.MX_FOLD_PREFILL, off by default) at M = 4096, 8192^2: the
+  per-call e4m3 fold and the per-channel fp8 Mosaic GEMM lower for the H200."""
+  from humming_jax.kernels import wnam_mgpu
+  p = abstract_params("w4a8-mxfp4", (8192, 8192))
+  assert p.layout.startswith(wnam_mgpu.FAMILY)
+  x = jax.ShapeDtypeStruct((4096, 8192), jnp.bfloat16)
+  assert "custom_call" in lower_for_h200(wnam_mgpu.run_prefill_mx_fold, p, x)

@@ -262,6 +262,47 @@ def test_carrier_codes_are_the_exact_values(name):
   np.testing.assert_array_equal(np.asarray(got.astype(jnp.float32)), np.asarray(want))
 
 
+def test_mx_fold_prefill_interpret(monkeypatch):
+  """MX_FOLD_PREFILL: MXFP4 x fp8 at M >= 512 folded onto the per-channel fp8 8-bit GEMM
+  (every weight e4m3 x one power of two per column, exact) -- the route is taken and
+  matches the reference with the same activation quantization (the interpreter sums the
+  fp8 products in float32)."""
+  from humming_jax.kernels import w8a8_mgpu
+  spec = SPECS["w4a8-mxfp4"]
+  assert wm.mx_fold_applies(spec) and not wm.mx_fold_applies(SPECS["w4a8-int8"])
+  monkeypatch.setattr(wm, "MX_FOLD_PREFILL", True)
+  calls = []
+  orig = w8a8_mgpu.gemm
+  monkeypatch.setattr(w8a8_mgpu, "gemm", lambda *a, **kw: calls.append(kw) or orig(*a, **kw))
+  q, x = make(spec, w8a8_mgpu.MIN_M + 8, 256, 200, seed=11)  # N padded to 256
+  p = wm.prepare(q)
+  y = wm.run(p, x, interpret=True)
+  assert len(calls) == 1 and calls[0]["col_group_scale"] is None  # per-channel GEMM
+  assert y.shape == (x.shape[0], 200) and y.dtype == x.dtype
+  assert rel(y, reference.dense_reference(q, x)) <= 2e-4
+  monkeypatch.setattr(wm, "MX_FOLD_PREFILL", False)  # the default: the bf16 route
+  assert rel(wm.run(p, x, interpret=True), y) <= 2e-4 and len(calls) == 1
+
+
+def test_mx_fold_refuses_wide_scale_spans_loudly(monkeypatch):
+  """A column whose group exponents span more than MX_FOLD_SPAN octaves cannot be folded
+  exactly: the output is NaN, not a wrong number; other specs are refused by name."""
+  from humming_jax.kernels import w8a8_mgpu
+  spec = SPECS["w4a8-mxfp4"]
+  k, n, m = 256, 128, w8a8_mgpu.MIN_M
+  w = jax.random.normal(jax.random.key(3), (k, n)) / 16
+  w = w.at[:32, 5].multiply(2.0 ** -(wm.MX_FOLD_SPAN + 3))  # one group 14 octaves down
+  x = jax.random.normal(jax.random.key(4), (m, k), jnp.float32).astype(jnp.bfloat16)
+  p = wm.prepare(hj.quantize(w, spec))
+  y = wm.run_prefill_mx_fold(p, x, interpret=True)
+  assert bool(jnp.all(jnp.isnan(y.astype(jnp.float32))))
+  p_ok = wm.prepare(hj.quantize(w.at[:32, 5].set(w[32:64, 5]), spec))
+  assert bool(jnp.all(jnp.isfinite(wm.run_prefill_mx_fold(p_ok, x, interpret=True))))
+  q8, x8 = make(SPECS["w4a8-int8"], m, 256, 128)
+  with pytest.raises(ValueError, match="MXFP4 fold takes MXFP4 x fp8"):
+    wm.run_prefill_mx_fold(wm.prepare(q8), x8, interpret=True)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", ["w4a8-int8", "w4a8-fp8"])
 def test_prefill_gpu(name):
@@ -314,3 +355,17 @@ def test_prefill_exact_route_gpu(name):
   e8 = rel(y, jax.jit(w8a8.dequant_gemm)(jax.jit(lambda q: hj.prepare(q, kernel="w8a8"))(q), x))
   print(f"wnam_mgpu prefill {name} M=1024: rel err {e:.2e}, vs w8a8.dequant_gemm {e8:.2e}")
   assert e8 <= 1e-3 and e <= (TOL if w8a8.plan_for(spec).fold else 2e-4)
+
+
+@pytest.mark.gpu
+def test_mx_fold_prefill_gpu(monkeypatch):
+  """The MXFP4 fold on the H200 at 8192^2, M = 1024: within the w8a8-fp8 error class of
+  the reference (fp8 products summed in the WGMMA accumulator)."""
+  spec = SPECS["w4a8-mxfp4"]
+  monkeypatch.setattr(wm, "MX_FOLD_PREFILL", True)
+  q, x = make(spec, 1024, 8192, 8192, seed=8)
+  p = jax.jit(wm.prepare)(q)
+  y = jax.jit(wm.run)(p, x)
+  e = rel(y, jax.jit(reference.dense_reference)(q, x))
+  print(f"wnam_mgpu MXFP4 fold prefill M=1024: rel err {e:.2e}")
+  assert e <= 1e-2

@@ -17,8 +17,11 @@ activation for bf16 (at most 2**-8), the error class of WnA16 itself (H200: 2.0e
 Prefill (no explicit config):
 - M >= 512 with an exact 8-bit carrier, K groups of 128 or none, N padded to 128 and
   16-bit x: the W8A8 family's 8-bit Mosaic GEMM on the weights unpacked from this layout
-  per call (:func:`run_prefill_8bit`; the unpack took 52 us at 8192^2, against 89 us from
-  the W8A8 family's own layout; W4A8 int8 at M = 4096: 648.5 vs 686.4 us of kernels).
+  per call (:func:`run_prefill_8bit`; the unpack takes 33 us at 8192^2 for int8, against
+  89 us from the W8A8 family's own layout; W4A8 int8 at M = 4096: 567.4 us of kernels,
+  H200 session 14).
+- Opt-in (``MX_FOLD_PREFILL``, not yet timed): MXFP4 x fp8 folded onto the per-channel
+  fp8 GEMM (:func:`run_prefill_mx_fold`).
 - Else M >= 512 where the W8A8 family's large-M route has exact bfloat16 operands (MXFP4 /
   NVFP4 weights): that route (``w8a8.dequant_gemm``) on weights dequantized from this
   layout, activation scales in the float32 epilogue.
@@ -33,7 +36,10 @@ kernel's); float32 x takes the W8A8 family, or XLA for the no-carrier specs.
 """
 from __future__ import annotations
 
+import dataclasses
+
 import jax
+import jax.numpy as jnp
 
 from humming_jax import formats
 from humming_jax.kernels import registry, w8a8, w8a8_mgpu, wna16_mgpu
@@ -109,6 +115,10 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
   view = _view(params, _renamed(params.layout, wna16_mgpu.FAMILY))
   if config is None and x.shape[0] >= w8a8_mgpu.MIN_M and prefill_8bit_runs(params, x.dtype):
     return run_prefill_8bit(params, x, interpret=interpret)
+  if (config is None and MX_FOLD_PREFILL and x.shape[0] >= w8a8_mgpu.MIN_M
+      and mx_fold_applies(params.spec) and params.codes.shape[-2] % 128 == 0
+      and x.dtype in map(jnp.dtype, w8a8_mgpu.OUT_DTYPES)):
+    return run_prefill_mx_fold(params, x, interpret=interpret)
   if config is None and x.shape[0] >= w8a8.DEQUANT_GEMM_MIN_M and _exact_dequant(params.spec):
     # The W8A8 family's large-M route on weights from this layout: bf16 operands that are
     # exact (MXFP4 / NVFP4), the activation scales in the float32 epilogue -- not the
@@ -118,6 +128,87 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
     return w8a8.dequant_gemm(params, x, weights=w)
   xq = fake_quantize_activations(x, params.spec, params.act_scale).astype(x.dtype)
   return wna16_mgpu.run(view, xq, interpret=interpret, config=config)
+
+
+# ----------------------------------------------------------------------------------------
+# MXFP4 x fp8 prefill folded onto the per-channel fp8 GEMM
+# ----------------------------------------------------------------------------------------
+# An MXFP4 weight is e2m1 x 2**E (E: its 32-row group's e8m0 exponent).  When one column's
+# exponents span at most MX_FOLD_SPAN octaves, every such value is an exact e4m3 number
+# times 2**B for one per-column B: e2m1 x 2**(E - B) with E - B in [-5, 6] is a normal e4m3
+# value (0.5 x 2**-5 = 2**-6, its least normal; 6 x 2**6 = 384 <= 448).  The prefill then
+# runs the 8-bit GEMM without K groups (per-token x per-column scales in the epilogue)
+# instead of bf16 operands and XLA's GEMM (H200 session 14, 8192^2, M = 4096: 812.9 us,
+# slower than W4A16 MXFP4's 733.6; Humming's MXFP4 W4A8 470.4).  The fp8 products are
+# then summed over all of K in the WGMMA accumulator: the w8a8-fp8 error class (3e-3 at
+# K = 8192 on the H200), not the bf16 route's 8e-5.
+# Whether it fits is a property of the values, so the route is an opt-in, not a data-
+# dependent static choice (that would make prepared params' pytree structure depend on
+# their values): with MX_FOLD_PREFILL on, every MXFP4 x fp8 prefill takes it, and a call
+# whose scales span more returns NaN -- loud, never a wrong number.  Off until timed on
+# the H200 (built after session 14's device time; CPU-tested).
+MX_FOLD_PREFILL = False
+MX_FOLD_SPAN = 11
+
+
+def mx_fold_applies(spec: QuantSpec) -> bool:
+  """MXFP4 weights (e2m1, e8m0 group scales) x fp8 e4m3 activations with one scale per
+  token or tensor: the specs the fold computes."""
+  return (spec.weight_format.name == wna16_mgpu.FP4 and spec.scale_dtype == "e8m0"
+          and spec.granularity == "group" and spec.act_format is not None
+          and spec.act_format.name == "fp8_e4m3" and spec.act_granularity != "group")
+
+
+def _exponents(scales: jax.Array) -> jax.Array:
+  """int32 exponents of power-of-two scales (the layout's bf16 rows of e8m0 values)."""
+  bits = jax.lax.bitcast_convert_type(scales.astype(jnp.float32), jnp.uint32)
+  return ((bits >> 23) & 0xFF).astype(jnp.int32) - 127
+
+
+def _mx_fold_fits(scales: jax.Array, k: int, group: int) -> jax.Array:
+  """Whether every column's group exponents (over the K rows that exist) span at most
+  MX_FOLD_SPAN octaves: a scalar bool array."""
+  e = _exponents(scales[:-(-k // group)])
+  return jnp.all(e.max(axis=0) - e.min(axis=0) <= MX_FOLD_SPAN)
+
+
+def run_prefill_mx_fold(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
+                        config: w8a8_mgpu.Config | None = None) -> jax.Array:
+  """MXFP4 x fp8 at large M: the weights folded per call into (N, K) e4m3 codes and one
+  power-of-two scale per column, then the W8A8 family's activation pre-pass and Mosaic
+  8-bit GEMM without K groups.  The output is all NaN when some column's group exponents
+  span more than MX_FOLD_SPAN octaves (the fold would not be exact)."""
+  spec = params.spec
+  if not mx_fold_applies(spec) or registry.layout_family(params.layout) != FAMILY:
+    raise ValueError(f"spec {spec.name}, params.layout={params.layout!r}: the MXFP4 fold "
+                     f"takes MXFP4 x fp8 (per token / tensor) params prepared for {FAMILY}")
+  w8a8._check_x(x, params.shape[0])
+  if x.dtype not in map(jnp.dtype, w8a8_mgpu.OUT_DTYPES):
+    raise ValueError(f"x.dtype={x.dtype}: the 8-bit GEMM takes bfloat16 / float16")
+  t, np_, bk = params.codes.shape
+  g = spec.group_size
+  e = _exponents(params.scales)  # (Kp / g, Np); padded rows (scale 1) meet zero codes
+  fits = _mx_fold_fits(params.scales, params.shape[0], g)
+  real = e[:-(-params.shape[0] // g)]
+  base = real.max(axis=0) - 6  # (Np,): 6 x 2**6 = 384, the largest folded value
+  shift = jnp.clip(e - base[None], -126, 127)  # E - B, in [-5, 6] where it fits
+  shift = shift.reshape(t, bk // g, np_).transpose(0, 2, 1)  # (t, Np, bk / g)
+  pow2 = jax.lax.bitcast_convert_type((shift + 127) << 23, jnp.float32)
+
+  def weights(_):
+    vals = wna16_mgpu.code_values(params, jnp.float32).reshape(t, np_, bk // g, g)
+    vals = (vals * pow2[..., None]).reshape(t, np_, bk)  # exact: powers of two
+    codes = formats.get_format("fp8_e4m3").encode_exact(vals)
+    codes = jax.lax.bitcast_convert_type(codes, jnp.float8_e4m3fn)
+    return codes.transpose(1, 0, 2).reshape(np_, t * bk)
+
+  col_scale = jax.lax.bitcast_convert_type((base + 127) << 23, jnp.float32)
+  folded = params.replace(spec=dataclasses.replace(spec, weight="fp8_e4m3",
+                                                   granularity="channel",
+                                                   scale_dtype="float32"))
+  y = w8a8.gemm_8bit(x, folded, weights, col_scale.reshape(1, np_), kp=t * bk, np_=np_,
+                     config=config, interpret=interpret)
+  return jnp.where(fits, y, jnp.nan)
 
 
 def _exact_dequant(spec: QuantSpec) -> bool:
