@@ -603,6 +603,14 @@ def test_heuristic_follows_the_session_10_sweep():
   assert shape(8, 512, 56, 8) == ("k", 2)  # DeepSeek-V3 gate_up, 1 token
   assert shape(8, 1536, 16, 8) == ("k", 1)  # Qwen3 gate_up, 1 token ...
   assert gm.heuristic(8, 1536, 16, 8).warpgroups == 2  # ... 192 CTAs of 4: 2 per CTA
+  for name, tile_rows, wgs in (("w4a16-g128-zp", 8, 2), ("w4a16-mxfp4", 8, 2),
+                               ("w8a16", 8, 4), ("w4a16-g128-zp", 16, 4)):
+    spec = hj.QuantSpec.preset(name)  # two such CTAs must fit one SM's shared memory
+    q = jax.eval_shape(lambda w: hj.quantize(w, spec),
+                       jax.ShapeDtypeStruct((128, 2048, 1536), jnp.float32))
+    p = jax.eval_shape(lambda q: hj.prepare(q, grouped=True, kernel=gm.FAMILY), q)
+    cfg = gm.heuristic(8, 1536, 16, 8, params=p, tile_rows=tile_rows)
+    assert cfg.warpgroups == wgs, (name, tile_rows)
   assert gm.heuristic(8, 512, 56, 8).warpgroups == 4  # 64 CTAs (DeepSeek-V3 gate_up)
   assert gm.heuristic(219, 512, 56, 8).warpgroups == 4  # 1752 CTAs
   assert shape(219, 512, 56, 8) == ("k", 1)  # DeepSeek-V3 gate_up, 64 tokens: long K

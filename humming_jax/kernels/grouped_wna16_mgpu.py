@@ -108,7 +108,9 @@ def launch_rows(m: int, num_experts: int, block_m: int) -> int:
   return block_rows(m, num_experts) if block_m <= 16 else block_m
 
 
-def heuristic(tiles: int, n: int, k_tiles: int, block_m: int) -> wna16_mgpu.Config:
+def heuristic(tiles: int, n: int, k_tiles: int, block_m: int, *,
+              params: QuantizedWeight | None = None, tile_rows: int = 8
+              ) -> wna16_mgpu.Config:
   """Launch shape for tiles of one expert each whose experts are expected to hold
   ``block_m`` rows (:func:`launch_rows`: the tile rows, or for 16-row decode tiles the
   8 of :func:`block_rows`), ``tiles`` of them expected to compute (about the active
@@ -128,8 +130,10 @@ def heuristic(tiles: int, n: int, k_tiles: int, block_m: int) -> wna16_mgpu.Conf
     with long K (DeepSeek-V3 gate_up, 64 tokens: 246.3 -> 273.4), with one K step
     (DeepSeek-V3 down: 134.1 -> 279.0) and with few tiles (1 token: 26.2 -> 37.6).
   - Two warpgroups per CTA (each streaming half the K steps) when the 64-column CTAs of
-    four make between one and two waves: Qwen3-30B-A3B gate_up at 1 token (8 experts x
-    24 column blocks = 192 CTAs on 132 SMs), CUPTI kernel 11.66 -> 9.56 us (session 14).
+    four make between one and two waves and two such CTAs fit one SM's shared memory
+    (``params``' weights in ``tile_rows``-row tiles; without params: int4 g128 with zero
+    points): Qwen3-30B-A3B gate_up at 1 token (8 experts x 24 column blocks = 192 CTAs on
+    132 SMs), CUPTI kernel 11.66 -> 9.56 us (session 14).
   - Grid split-K 2 when the tiles' 64-column CTAs fill at most half the SMs (the dense
     narrow-N rule, NOTES.md v8): DeepSeek-V3 gate_up at 1 token (8 experts x 8 column
     blocks = 64 CTAs) 35.1 -> 29.6; XLA sums the two float32 partials."""
@@ -142,13 +146,30 @@ def heuristic(tiles: int, n: int, k_tiles: int, block_m: int) -> wna16_mgpu.Conf
   per_wg = steps // wna16_mgpu.divisor(wgs, steps)
   if steps >= 3 and per_wg <= 2 and col_blocks >= 2 * wgs * tuning.num_sms():
     return dataclasses.replace(config, split_warpgroups="n")
-  if wgs == 4 and steps % 2 == 0 and tuning.num_sms() < col_blocks <= 2 * tuning.num_sms():
-    # Between one and two waves of 4-warpgroup CTAs: CTAs of two warpgroups use half the
-    # shared memory, two fit per SM, and the tiles run in one wave.
+  if (wgs == 4 and steps % 2 == 0 and tuning.num_sms() < col_blocks <= 2 * tuning.num_sms()
+      and _two_per_sm(dataclasses.replace(config, warpgroups=2), params, tile_rows)):
+    # Between one and two waves of 4-warpgroup CTAs: two CTAs of two warpgroups per SM
+    # run the tiles in one wave.
     return dataclasses.replace(config, warpgroups=2)
   if 2 * col_blocks <= tuning.num_sms():
     config = dataclasses.replace(config, split_k=2)
   return config
+
+
+def _two_per_sm(config: wna16_mgpu.Config, params: QuantizedWeight | None,
+                tile_rows: int) -> bool:
+  """Whether two CTAs of ``config`` fit one SM's shared memory."""
+  if params is None:  # the measured case: int4 g128 with zero points
+    bits, has_zeros, bk, gpt, col = 4, True, 128, 1, False
+  else:
+    spec = params.spec
+    bits, has_zeros = spec.weight_bits, params.zeros is not None
+    bk = wna16_mgpu.block_k_for(spec)
+    gpt, col = bk // wna16_mgpu.scale_k(spec), wna16_mgpu.column_scaled(spec)
+  need = wna16_mgpu.smem_bytes(tile_rows, config.stages, config.substeps, bk, bits, has_zeros,
+                               warpgroups=config.warpgroups, scale_rows=gpt,
+                               column_scale=col)
+  return 2 * (need + 1024) <= tuning.SM_SMEM_BYTES
 
 
 def max_tiles(m: int, num_experts: int, block_m: int) -> int:
@@ -329,7 +350,7 @@ def run(params: QuantizedWeight, x: jax.Array, group_sizes: jax.Array, *,
   else:
     sched, src = schedule(group_sizes, m, block_m, num_tiles)
   config = config or heuristic(min(e, m), n, params.codes.shape[-3],
-                               launch_rows(m, e, block_m))
+                               launch_rows(m, e, block_m), params=params, tile_rows=block_m)
   y_tiles = wna16_mgpu.run(params, x, interpret=interpret, config=config,
                            tiles=wna16_mgpu.Tiles(sched, num_tiles, block_m))
   return y_tiles.at[src[:m]].get(mode="fill", fill_value=0)
@@ -363,7 +384,8 @@ def run_aligned(params: QuantizedWeight, x: jax.Array, group_sizes: jax.Array, *
   # which is where the kernel writes it.
   expert, start, end, kind = grouped_wna16.tile_schedule(group_sizes, r, block_m, num_tiles)
   sched = jnp.stack([expert, start, end, kind], axis=1).reshape(-1)
-  config = config or heuristic(min(e, num_tiles), n, params.codes.shape[-3], block_m)
+  config = config or heuristic(min(e, num_tiles), n, params.codes.shape[-3], block_m,
+                               params=params, tile_rows=block_m)
   return wna16_mgpu.run(params, x, interpret=interpret, config=config,
                         tiles=wna16_mgpu.Tiles(sched, num_tiles, block_m))
 

@@ -21,6 +21,7 @@ NUM_SMS_DEFAULT = 132  # H100 / H200 SXM
 SMEM_BYTES = 232448  # H100 / H200 opt-in shared memory per block (227 KiB)
 # What a Mosaic GPU kernel may allocate: the block maximum less its barriers and alignment.
 MOSAIC_SMEM_BUDGET = SMEM_BYTES - 2048
+SM_SMEM_BYTES = 233472  # H100 / H200 shared memory per SM (228 KiB; 1 KiB reserved per CTA)
 
 
 def smem_round(nbytes: int) -> int:
