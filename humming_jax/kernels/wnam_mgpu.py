@@ -116,8 +116,7 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
   if config is None and x.shape[0] >= w8a8_mgpu.MIN_M and prefill_8bit_runs(params, x.dtype):
     return run_prefill_8bit(params, x, interpret=interpret)
   if (config is None and MX_FOLD_PREFILL and x.shape[0] >= w8a8_mgpu.MIN_M
-      and mx_fold_applies(params.spec) and params.codes.shape[-2] % 128 == 0
-      and x.dtype in map(jnp.dtype, w8a8_mgpu.OUT_DTYPES)):
+      and mx_fold_runs(params) and x.dtype in map(jnp.dtype, w8a8_mgpu.OUT_DTYPES)):
     return run_prefill_mx_fold(params, x, interpret=interpret)
   if config is None and x.shape[0] >= w8a8.DEQUANT_GEMM_MIN_M and _exact_dequant(params.spec):
     # The W8A8 family's large-M route on weights from this layout: bf16 operands that are
@@ -153,10 +152,19 @@ MX_FOLD_SPAN = 11
 
 def mx_fold_applies(spec: QuantSpec) -> bool:
   """MXFP4 weights (e2m1, e8m0 group scales) x fp8 e4m3 activations with one scale per
-  token or tensor: the specs the fold computes."""
+  token or tensor: the specs the fold computes (params: :func:`mx_fold_runs`)."""
   return (spec.weight_format.name == wna16_mgpu.FP4 and spec.scale_dtype == "e8m0"
           and spec.granularity == "group" and spec.act_format is not None
           and spec.act_format.name == "fp8_e4m3" and spec.act_granularity != "group")
+
+
+def mx_fold_runs(params: QuantizedWeight) -> bool:
+  """The fold's spec, in this family's layout, with N and K padded to the 8-bit GEMM's
+  128 (groups of 32 / 64 keep 128-deep K tiles only when the tile count allows)."""
+  if not mx_fold_applies(params.spec) or registry.layout_family(params.layout) != FAMILY:
+    return False
+  t, np_, bk = params.codes.shape
+  return np_ % 128 == 0 and (t * bk) % w8a8_mgpu.Config.tile_k == 0
 
 
 def _exponents(scales: jax.Array) -> jax.Array:
@@ -167,9 +175,11 @@ def _exponents(scales: jax.Array) -> jax.Array:
 
 def _mx_fold_fits(scales: jax.Array, k: int, group: int) -> jax.Array:
   """Whether every column's group exponents (over the K rows that exist) span at most
-  MX_FOLD_SPAN octaves: a scalar bool array."""
+  MX_FOLD_SPAN octaves, with a column scale 2**(max - 6) that float32 holds as a normal
+  number: a scalar bool array."""
   e = _exponents(scales[:-(-k // group)])
-  return jnp.all(e.max(axis=0) - e.min(axis=0) <= MX_FOLD_SPAN)
+  hi = e.max(axis=0)
+  return jnp.all((hi - e.min(axis=0) <= MX_FOLD_SPAN) & (hi - 6 >= -126))
 
 
 def run_prefill_mx_fold(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
@@ -179,36 +189,47 @@ def run_prefill_mx_fold(params: QuantizedWeight, x: jax.Array, *, interpret: boo
   8-bit GEMM without K groups.  The output is all NaN when some column's group exponents
   span more than MX_FOLD_SPAN octaves (the fold would not be exact)."""
   spec = params.spec
-  if not mx_fold_applies(spec) or registry.layout_family(params.layout) != FAMILY:
-    raise ValueError(f"spec {spec.name}, params.layout={params.layout!r}: the MXFP4 fold "
-                     f"takes MXFP4 x fp8 (per token / tensor) params prepared for {FAMILY}")
+  if not mx_fold_runs(params):
+    raise ValueError(f"spec {spec.name}, params.layout={params.layout!r}, codes "
+                     f"{params.codes.shape}: the MXFP4 fold takes MXFP4 x fp8 (per token / "
+                     f"tensor) params prepared for {FAMILY}, N and K padded to 128")
   w8a8._check_x(x, params.shape[0])
   if x.dtype not in map(jnp.dtype, w8a8_mgpu.OUT_DTYPES):
     raise ValueError(f"x.dtype={x.dtype}: the 8-bit GEMM takes bfloat16 / float16")
   t, np_, bk = params.codes.shape
-  g = spec.group_size
-  e = _exponents(params.scales)  # (Kp / g, Np); padded rows (scale 1) meet zero codes
-  fits = _mx_fold_fits(params.scales, params.shape[0], g)
-  real = e[:-(-params.shape[0] // g)]
-  base = real.max(axis=0) - 6  # (Np,): 6 x 2**6 = 384, the largest folded value
-  shift = jnp.clip(e - base[None], -126, 127)  # E - B, in [-5, 6] where it fits
-  shift = shift.reshape(t, bk // g, np_).transpose(0, 2, 1)  # (t, Np, bk / g)
-  pow2 = jax.lax.bitcast_convert_type((shift + 127) << 23, jnp.float32)
-
-  def weights(_):
-    vals = wna16_mgpu.code_values(params, jnp.float32).reshape(t, np_, bk // g, g)
-    vals = (vals * pow2[..., None]).reshape(t, np_, bk)  # exact: powers of two
-    codes = formats.get_format("fp8_e4m3").encode_exact(vals)
-    codes = jax.lax.bitcast_convert_type(codes, jnp.float8_e4m3fn)
-    return codes.transpose(1, 0, 2).reshape(np_, t * bk)
-
-  col_scale = jax.lax.bitcast_convert_type((base + 127) << 23, jnp.float32)
+  col_scale, fits = mx_fold_column_scales(params)
   folded = params.replace(spec=dataclasses.replace(spec, weight="fp8_e4m3",
                                                    granularity="channel",
                                                    scale_dtype="float32"))
-  y = w8a8.gemm_8bit(x, folded, weights, col_scale.reshape(1, np_), kp=t * bk, np_=np_,
-                     config=config, interpret=interpret)
+  y = w8a8.gemm_8bit(x, folded, lambda _: mx_fold_codes(params), col_scale.reshape(1, np_),
+                     kp=t * bk, np_=np_, config=config, interpret=interpret)
   return jnp.where(fits, y, jnp.nan)
+
+
+def mx_fold_column_scales(params: QuantizedWeight) -> tuple[jax.Array, jax.Array]:
+  """(Np,) float32 column scales 2**B (B: the column's largest group exponent - 6: the
+  largest folded value is 6 x 2**6 = 384) and whether the fold is exact (a scalar)."""
+  g = params.spec.group_size
+  real = _exponents(params.scales)[:-(-params.shape[0] // g)]
+  base = real.max(axis=0) - 6
+  scale = jax.lax.bitcast_convert_type((jnp.maximum(base, -126) + 127) << 23, jnp.float32)
+  return scale, _mx_fold_fits(params.scales, params.shape[0], g)
+
+
+def mx_fold_codes(params: QuantizedWeight) -> jax.Array:
+  """(Np, Kp) e4m3 codes of e2m1 x 2**(E - B): the weight over its column scale."""
+  t, np_, bk = params.codes.shape
+  g = params.spec.group_size
+  e = _exponents(params.scales)  # (Kp / g, Np); padded rows (scale 1) meet zero codes
+  base = e[:-(-params.shape[0] // g)].max(axis=0) - 6
+  shift = jnp.clip(e - base[None], -126, 127)  # E - B, in [-5, 6] where it fits
+  shift = shift.reshape(t, bk // g, np_).transpose(0, 2, 1)  # (t, Np, bk / g)
+  pow2 = jax.lax.bitcast_convert_type((shift + 127) << 23, jnp.float32)
+  vals = wna16_mgpu.code_values(params, jnp.float32).reshape(t, np_, bk // g, g)
+  vals = (vals * pow2[..., None]).reshape(t, np_, bk)  # exact: powers of two
+  codes = formats.get_format("fp8_e4m3").encode_exact(vals)
+  codes = jax.lax.bitcast_convert_type(codes, jnp.float8_e4m3fn)
+  return codes.transpose(1, 0, 2).reshape(np_, t * bk)
 
 
 def _exact_dequant(spec: QuantSpec) -> bool:
