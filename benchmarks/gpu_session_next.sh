@@ -47,5 +47,19 @@ s_mx_fold() {
     --json "$OUT/mx_fold.json" > "$OUT/mx_fold.log" 2>&1
   grep -E "^8192|rror" "$OUT/mx_fold.log" | cut -c1-330
 }
-for s in ${@:-mx_fold qwen3_t1 moe_64 w4a8}; do step "$s"; "s_$s"; done
+#   moe_ctas: two or more CTAs per SM for the 64-token grouped GEMM.  Humming's source
+#      (its wheel ships the CUDA; NOTES_moe.md session 14) runs 8-row expert tiles in 2-4
+#      CTAs of 4-8 warps per SM with a persistent stream-K grid; ours runs one CTA of 4
+#      warpgroups per SM in 13 waves at DeepSeek-V3 gate_up (1752 CTAs), each wave paying
+#      its pipeline ramp.  Session 14's Qwen3 1-token result (2 warpgroups: 2 CTAs per SM,
+#      -18 %) points the same way.  Screen wg2 / wg2-st2 / wg1 against the default.
+s_moe_ctas() {
+  T 200 python3 benchmarks/bench_moe.py \
+    --shapes deepseek-v3-gate_up,qwen3-30b-a3b-gate_up,qwen3-30b-a3b-down --tokens 64 \
+    --specs "w4a16-g128-zp@mgpu,w4a16-g128-zp@mgpu:wg2,w4a16-g128-zp@mgpu:wg2-st2,w4a16-g128-zp@mgpu:wg1-st4" \
+    --no-baselines --breakdown --chain resident --calls 10 --repeats 2 \
+    > "$OUT/moe_ctas.log" 2>&1
+  grep -E "T=|rror" "$OUT/moe_ctas.log" | cut -c1-1200
+}
+for s in ${@:-mx_fold moe_ctas qwen3_t1 moe_64 w4a8}; do step "$s"; "s_$s"; done
 step done
