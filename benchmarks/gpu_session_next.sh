@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The next device calls, prepared 2026-11-30 session 14 (~7 minutes of steps).  Open:
+# The next device calls, prepared 2026-11-30 session 14.  Step limits sum to ~20 minutes:
+# split them over three calls by naming steps (mx_fold moe_ctas | dense_ctas qwen3_t1 moe_64 | w4a8).  Open:
 #   qwen3_t1: the grouped two-warpgroup rule (session 14: Qwen3-30B-A3B gate_up at 1 token,
 #      CUPTI kernel 11.66 -> 9.56 us, GPU-tested) was not timed in the resident chain beside
 #      Humming: call 4's wall for it (31.2 us against 19.3) looked like an outlier and
@@ -61,5 +62,12 @@ s_moe_ctas() {
     > "$OUT/moe_ctas.log" 2>&1
   grep -E "T=|rror" "$OUT/moe_ctas.log" | cut -c1-1200
 }
-for s in ${@:-mx_fold moe_ctas qwen3_t1 moe_64 w4a8}; do step "$s"; "s_$s"; done
+#   dense_ctas: the same question for the dense decode (8192^2, M = 1 / 16): 128 CTAs of
+#      4 warpgroups, one per SM, against grid split-K 2 with 2 warpgroups (256 CTAs, two
+#      per SM; XLA sums the two float32 partials) -- Humming runs 2 CTAs of 8 warps per SM.
+s_dense_ctas() {
+  T 100 python3 benchmarks/profile_mgpu.py --ms 1,16 --spec w4a16-g128-zp \
+    --configs default,split2-wg2,split2-wg2-st2,split2 2>&1 | grep -E "^M=|rror" | cut -c1-250
+}
+for s in ${@:-mx_fold moe_ctas dense_ctas qwen3_t1 moe_64 w4a8}; do step "$s"; "s_$s"; done
 step done
