@@ -53,11 +53,13 @@ s_mx_fold() {
 #      CTAs of 4-8 warps per SM with a persistent stream-K grid; ours runs one CTA of 4
 #      warpgroups per SM in 13 waves at DeepSeek-V3 gate_up (1752 CTAs), each wave paying
 #      its pipeline ramp.  Session 14's Qwen3 1-token result (2 warpgroups: 2 CTAs per SM,
-#      -18 %) points the same way.  Screen wg2 / wg2-st2 / wg1 against the default.
+#      -18 %) points the same way.  Screen wg2 / wg2-st2 / wg1 against the default, and
+#      Humming's scale placement: on the bf16 weights before the MMA (acc-noovl: no
+#      float32 work per K tile; error class ~2.4e-3, NOTES_moe session 10).
 s_moe_ctas() {
   T 200 python3 benchmarks/bench_moe.py \
     --shapes deepseek-v3-gate_up,qwen3-30b-a3b-gate_up,qwen3-30b-a3b-down --tokens 64 \
-    --specs "w4a16-g128-zp@mgpu,w4a16-g128-zp@mgpu:wg2,w4a16-g128-zp@mgpu:wg2-st2,w4a16-g128-zp@mgpu:wg1-st4" \
+    --specs "w4a16-g128-zp@mgpu,w4a16-g128-zp@mgpu:wg2,w4a16-g128-zp@mgpu:wg2-st2,w4a16-g128-zp@mgpu:wg1-st4,w4a16-g128-zp@mgpu:acc-noovl,w4a16-g128-zp@mgpu:wg2-acc-noovl" \
     --no-baselines --breakdown --chain resident --calls 10 --repeats 2 \
     > "$OUT/moe_ctas.log" 2>&1
   grep -E "T=|rror" "$OUT/moe_ctas.log" | cut -c1-1200
@@ -67,7 +69,8 @@ s_moe_ctas() {
 #      per SM; XLA sums the two float32 partials) -- Humming runs 2 CTAs of 8 warps per SM.
 s_dense_ctas() {
   T 100 python3 benchmarks/profile_mgpu.py --ms 1,16 --spec w4a16-g128-zp \
-    --configs default,split2-wg2,split2-wg2-st2,split2 2>&1 | grep -E "^M=|rror" | cut -c1-250
+    --configs default,split2-wg2,split2-wg2-st2,split2,acc-noovl,split2-wg2-acc-noovl 2>&1 \
+    | grep -E "^M=|rror" | cut -c1-250
 }
 for s in ${@:-mx_fold moe_ctas dense_ctas qwen3_t1 moe_64 w4a8}; do step "$s"; "s_$s"; done
 step done

@@ -66,6 +66,8 @@ def parse_config(name: str, m: int, base: tuning.MgpuConfig | None = None
       fields["int4_ptx"] = False
     elif tok == "ovl":  # each K tile's WGMMA waited for after the next tile's dequant
       fields["overlap_mma"] = True
+    elif tok == "noovl":  # (with acc: the decode default's overlap needs scale_after_mma)
+      fields["overlap_mma"] = False
     elif tok == "whole":
       fields["fp4_whole_registers"] = True
     else:
