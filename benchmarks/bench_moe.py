@@ -121,11 +121,12 @@ def ragged_dot_fn(spec_name):
 
   def run(p, xg):
     m, e, n = xg[0].shape[0], p.shape[0], p.shape[2]
-    rows = gm.launch_rows(m, e, tile_rows or gm.tile_rows(m, e))
+    block_m = tile_rows or gm.tile_rows(m, e)
+    rows = gm.launch_rows(m, e, block_m)
     if family == "mgpu-xn":
       cfg = wna16_mgpu.shared_x_config(rows)
-    else:
-      base = gm.heuristic(min(e, m), n, p.codes.shape[-3], rows)
+    else:  # the launch gm.run's heuristic picks, as the base of the tokens
+      base = gm.heuristic(min(e, m), n, p.codes.shape[-3], rows, params=p, tile_rows=block_m)
       cfg = parse_config(tokens, rows, base=base) if tokens else base
     return gm.run(p, xg[0], xg[1], config=cfg, block_m=tile_rows)
   return run

@@ -177,7 +177,7 @@ class NumberFormat:
     m, emin = self.mantissa_bits, 1 - self.bias
     ax = jnp.minimum(jnp.abs(x), jnp.float32(self.max_value))
     ex = jnp.maximum(floor_log2(ax), emin)  # ax == 0: floor_log2 gives -149
-    inv_step = _exp2_int(m - ex)  # exact powers of two: the product is exact
+    inv_step = exp2_int(m - ex)  # exact powers of two: the product is exact
     q = jnp.round(ax * inv_step).astype(jnp.int32)
     code = ((ex + self.bias - 1) << m) + q
     sign = (jnp.signbit(x) & (code != 0)).astype(jnp.int32) << (self.bits - 1)
@@ -241,7 +241,7 @@ def _log2_parts(x: jax.Array) -> tuple[jax.Array, jax.Array]:
   return fl, below
 
 
-def _exp2_int(e: jax.Array) -> jax.Array:
+def exp2_int(e: jax.Array) -> jax.Array:
   """2.0**e (float32) for int32 -126 <= e <= 127, built from the exponent bits."""
   return jax.lax.bitcast_convert_type((e + 127) << 23, jnp.float32)
 

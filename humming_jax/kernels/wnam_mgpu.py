@@ -167,19 +167,17 @@ def mx_fold_runs(params: QuantizedWeight) -> bool:
   return np_ % 128 == 0 and (t * bk) % w8a8_mgpu.Config.tile_k == 0
 
 
-def _exponents(scales: jax.Array) -> jax.Array:
-  """int32 exponents of power-of-two scales (the layout's bf16 rows of e8m0 values)."""
-  bits = jax.lax.bitcast_convert_type(scales.astype(jnp.float32), jnp.uint32)
-  return ((bits >> 23) & 0xFF).astype(jnp.int32) - 127
-
-
-def _mx_fold_fits(scales: jax.Array, k: int, group: int) -> jax.Array:
-  """Whether every column's group exponents (over the K rows that exist) span at most
-  MX_FOLD_SPAN octaves, with a column scale 2**(max - 6) that float32 holds as a normal
-  number: a scalar bool array."""
-  e = _exponents(scales[:-(-k // group)])
-  hi = e.max(axis=0)
-  return jnp.all((hi - e.min(axis=0) <= MX_FOLD_SPAN) & (hi - 6 >= -126))
+def _mx_fold_exponents(params: QuantizedWeight) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """(E, B, fits): the (Kp / group, Np) int32 exponents of the power-of-two group scales
+  (the layout's bf16 rows of e8m0 values; padded rows are 1), each column's base B = its
+  largest exponent over the K rows that exist - 6 (the largest folded value is
+  6 x 2**6 = 384), and whether every column spans at most MX_FOLD_SPAN octaves with 2**B
+  a float32 normal (a scalar bool array)."""
+  e = formats.floor_log2(params.scales.astype(jnp.float32))
+  real = e[:-(-params.shape[0] // params.spec.group_size)]
+  hi = real.max(axis=0)
+  fits = jnp.all((hi - real.min(axis=0) <= MX_FOLD_SPAN) & (hi - 6 >= -126))
+  return e, hi - 6, fits
 
 
 def run_prefill_mx_fold(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
@@ -207,26 +205,20 @@ def run_prefill_mx_fold(params: QuantizedWeight, x: jax.Array, *, interpret: boo
 
 
 def mx_fold_column_scales(params: QuantizedWeight) -> tuple[jax.Array, jax.Array]:
-  """(Np,) float32 column scales 2**B (B: the column's largest group exponent - 6: the
-  largest folded value is 6 x 2**6 = 384) and whether the fold is exact (a scalar)."""
-  g = params.spec.group_size
-  real = _exponents(params.scales)[:-(-params.shape[0] // g)]
-  base = real.max(axis=0) - 6
-  scale = jax.lax.bitcast_convert_type((jnp.maximum(base, -126) + 127) << 23, jnp.float32)
-  return scale, _mx_fold_fits(params.scales, params.shape[0], g)
+  """(Np,) float32 column scales 2**B and whether the fold is exact (a scalar)."""
+  _, base, fits = _mx_fold_exponents(params)
+  return formats.exp2_int(jnp.maximum(base, -126)), fits
 
 
 def mx_fold_codes(params: QuantizedWeight) -> jax.Array:
   """(Np, Kp) e4m3 codes of e2m1 x 2**(E - B): the weight over its column scale."""
   t, np_, bk = params.codes.shape
   g = params.spec.group_size
-  e = _exponents(params.scales)  # (Kp / g, Np); padded rows (scale 1) meet zero codes
-  base = e[:-(-params.shape[0] // g)].max(axis=0) - 6
+  e, base, _ = _mx_fold_exponents(params)  # padded K rows (scale 1) meet zero codes
   shift = jnp.clip(e - base[None], -126, 127)  # E - B, in [-5, 6] where it fits
   shift = shift.reshape(t, bk // g, np_).transpose(0, 2, 1)  # (t, Np, bk / g)
-  pow2 = jax.lax.bitcast_convert_type((shift + 127) << 23, jnp.float32)
   vals = wna16_mgpu.code_values(params, jnp.float32).reshape(t, np_, bk // g, g)
-  vals = (vals * pow2[..., None]).reshape(t, np_, bk)  # exact: powers of two
+  vals = (vals * formats.exp2_int(shift)[..., None]).reshape(t, np_, bk)  # exact
   codes = formats.get_format("fp8_e4m3").encode_exact(vals)
   codes = jax.lax.bitcast_convert_type(codes, jnp.float8_e4m3fn)
   return codes.transpose(1, 0, 2).reshape(np_, t * bk)
