@@ -72,5 +72,13 @@ s_dense_ctas() {
     --configs default,split2-wg2,split2-wg2-st2,split2,acc-noovl,split2-wg2-acc-noovl 2>&1 \
     | grep -E "^M=|rror" | cut -c1-250
 }
+#   gputests: the GPU tests of what changed after its last H200 run (session 14): the
+#      encode_exact e4m3 unpack (test_prefill_gpu), the grouped two-warpgroup rule's smem gate.
+s_gputests() {
+  T 200 python3 -m pytest tests/test_wnam_mgpu.py tests/test_grouped_wna16_mgpu.py -m gpu \
+    -k "(prefill_gpu and not mx_fold) or qwen3_decode_gpu or deepseek_decode_split_k_gpu" -p no:cacheprovider \
+    -o addopts="" --tb=short -rA -W ignore::DeprecationWarning 2>&1 \
+    | grep -E "^(FAILED|ERROR|PASSED)|passed|failed|Error" | cut -c1-300 | tail -30
+}
 for s in ${@:-mx_fold moe_ctas dense_ctas qwen3_t1 moe_64 w4a8}; do step "$s"; "s_$s"; done
 step done
