@@ -80,5 +80,22 @@ s_gputests() {
     -o addopts="" --tb=short -rA -W ignore::DeprecationWarning 2>&1 \
     | grep -E "^(FAILED|ERROR|PASSED)|passed|failed|Error" | cut -c1-300 | tail -30
 }
+#   moe_ctas2: session 15 call 1's moe_ctas reached only DeepSeek-V3 gate_up at 64 tokens
+#      (kernel: default 196.5, wg2 214.1, wg2-st2 164.0, wg1-st4 167.1 us).  The other
+#      8-row-launch shapes, 3 weight sets (each > 100 MB: past the 50 MB L2) to fit the time.
+s_moe_ctas2() {
+  local S="w4a16-g128-zp@mgpu"
+  T 200 python3 benchmarks/bench_moe.py \
+    --shapes qwen3-30b-a3b-gate_up,qwen3-30b-a3b-down,deepseek-v3-down --tokens 64 --layers 3 \
+    --specs "$S,$S:wg2-st2,$S:wg1-st4,$S:xk-wg2-st2,$S:wg2-st3" \
+    --no-baselines --breakdown --chain resident --calls 10 --repeats 2 \
+    > "$OUT/moe_ctas2.log" 2>&1
+  grep -E "T=|rror" "$OUT/moe_ctas2.log" | cut -c1-1500
+  T 100 python3 benchmarks/bench_moe.py --shapes deepseek-v3-gate_up --tokens 16 --layers 3 \
+    --specs "$S,$S:wg2-st2,$S:wg1-st4,$S:wg2-st3" \
+    --no-baselines --breakdown --chain resident --calls 10 --repeats 2 \
+    > "$OUT/moe_ctas16.log" 2>&1
+  grep -E "T=|rror" "$OUT/moe_ctas16.log" | cut -c1-1500
+}
 for s in ${@:-mx_fold moe_ctas dense_ctas qwen3_t1 moe_64 w4a8}; do step "$s"; "s_$s"; done
 step done
