@@ -144,17 +144,17 @@ def main(argv=None):
                   help="try a small grid of TuningConfigs per point and report the best")
   ap.add_argument("--kernel-times", action="store_true",
                   help="also the CUPTI device time per layer of every kernel it launches")
-  ap.add_argument("--mx-fold", action="store_true",
-                  help="MXFP4 x fp8 prefill folded onto the per-channel fp8 GEMM "
-                       "(wnam_mgpu.MX_FOLD_PREFILL, off by default)")
+  ap.add_argument("--no-mx-fold", action="store_true",
+                  help="MXFP4 x fp8 prefill on the bf16 route, not folded onto the "
+                       "per-channel fp8 GEMM (wnam_mgpu.MX_FOLD_PREFILL, on by default)")
   ap.add_argument("--json", default=None)
   ap.add_argument("--plot", action="store_true")
   ap.add_argument("--plot-from", default=None, metavar="JSON[,JSON...]",
                   help="no benchmark: plot saved runs (e.g. on a CPU machine with matplotlib)")
   args = ap.parse_args(argv)
-  if args.mx_fold:
+  if args.no_mx_fold:
     from humming_jax.kernels import wnam_mgpu  # noqa: PLC0415
-    wnam_mgpu.MX_FOLD_PREFILL = True
+    wnam_mgpu.MX_FOLD_PREFILL = False
   if args.plot_from:
     paths = args.plot_from.split(",")
     payloads = [json.load(open(p_)) for p_ in paths]

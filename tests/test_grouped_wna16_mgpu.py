@@ -598,7 +598,8 @@ def test_heuristic_follows_the_session_10_sweep():
   """The launch shapes the H200 sweep chose (NOTES_moe.md session 10), by (tiles, N, K
   tiles, rows per tile): split-K 2 for DeepSeek-V3 gate_up at 1 token, shared x tiles for
   16+-row tiles and for Qwen3's short-K experts at 64 tokens, the K split elsewhere; two
-  warpgroups per CTA where four make one to two waves (session 14)."""
+  warpgroups per CTA where four make one to two waves (session 14), small CTAs beyond
+  two waves (session 15)."""
   shape = lambda *a: (gm.heuristic(*a).split_warpgroups, gm.heuristic(*a).split_k)
   assert shape(8, 512, 56, 8) == ("k", 2)  # DeepSeek-V3 gate_up, 1 token
   assert shape(8, 1536, 16, 8) == ("k", 1)  # Qwen3 gate_up, 1 token ...
@@ -612,11 +613,25 @@ def test_heuristic_follows_the_session_10_sweep():
     cfg = gm.heuristic(8, 1536, 16, 8, params=p, tile_rows=tile_rows)
     assert cfg.warpgroups == wgs, (name, tile_rows)
   assert gm.heuristic(8, 512, 56, 8).warpgroups == 4  # 64 CTAs (DeepSeek-V3 gate_up)
-  assert gm.heuristic(219, 512, 56, 8).warpgroups == 4  # 1752 CTAs
-  assert shape(219, 512, 56, 8) == ("k", 1)  # DeepSeek-V3 gate_up, 64 tokens: long K
-  assert shape(219, 7168, 2, 8) == ("k", 1)  # DeepSeek-V3 down, 64 tokens: one K step
-  assert shape(128, 1536, 16, 8) == ("n", 1)  # Qwen3 gate_up, 64 tokens
-  assert shape(128, 2048, 6, 8) == ("n", 1)  # Qwen3 down, 64 tokens
+  # More than two waves (session 15): three or more small CTAs per SM -- two warpgroups of
+  # two stages on an even K-step count, else one of four; a launch where three do not fit
+  # keeps the rules above.
+  small = lambda c: (c.split_warpgroups, c.split_k, c.warpgroups, c.stages)
+  assert small(gm.heuristic(219, 512, 56, 8)) == ("k", 1, 2, 2)  # DeepSeek-V3 gate_up, 64
+  assert small(gm.heuristic(101, 512, 56, 8)) == ("k", 1, 2, 2)  # ... 16 tokens
+  assert small(gm.heuristic(219, 7168, 2, 8)) == ("k", 1, 1, 4)  # DeepSeek-V3 down: 1 step
+  assert small(gm.heuristic(128, 1536, 16, 8)) == ("k", 1, 2, 2)  # Qwen3 gate_up, 64 tokens
+  assert small(gm.heuristic(128, 2048, 6, 8)) == ("k", 1, 1, 4)  # Qwen3 down: 3 K steps
+  for name, tile_rows, want in (("w4a16-g128-zp", 16, (2, 2)), ("w4a16-mxfp4", 8, (2, 2)),
+                                ("w4a16-mxfp4", 16, (1, 4)), ("w8a16", 8, (4, 4))):
+    spec = hj.QuantSpec.preset(name)
+    q = jax.eval_shape(lambda w: hj.quantize(w, spec),
+                       jax.ShapeDtypeStruct((128, 2048, 1536), jnp.float32))
+    p = jax.eval_shape(lambda q: hj.prepare(q, grouped=True, kernel=gm.FAMILY), q)
+    cfg = gm.heuristic(128, 1536, 16, 8, params=p, tile_rows=tile_rows)
+    assert (cfg.warpgroups, cfg.stages) == want, (name, tile_rows)
+    if name == "w8a16":  # three do not fit: the shared-x rule
+      assert cfg.split_warpgroups == "n"
   assert shape(256, 512, 56, 48) == ("n", 1)  # DeepSeek-V3 gate_up, 1024 tokens
   cfg = gm.heuristic(8, 28672, 32, 128)  # Mixtral gate_up, 1024 tokens
   assert (cfg.split_warpgroups, cfg.warpgroups, cfg.scale_after_mma) == ("n", 4, False)

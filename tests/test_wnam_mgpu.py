@@ -263,14 +263,15 @@ def test_carrier_codes_are_the_exact_values(name):
 
 
 def test_mx_fold_prefill_interpret(monkeypatch):
-  """MX_FOLD_PREFILL: MXFP4 x fp8 at M >= 512 folded onto the per-channel fp8 8-bit GEMM
-  (every weight e4m3 x one power of two per column, exact) -- the route is taken, with K
-  (224) and N (200) padded to 256, and matches the reference with the same activation
-  quantization (the interpreter sums the fp8 products in float32; both outputs bf16)."""
+  """MX_FOLD_PREFILL (the default): MXFP4 x fp8 at M >= 512 folded onto the per-channel
+  fp8 8-bit GEMM (every weight e4m3 x one power of two per column, exact) -- the route is
+  taken, with K (224) and N (200) padded to 256, and matches the reference with the same
+  activation quantization (the interpreter sums the fp8 products in float32; both outputs
+  bf16)."""
   from humming_jax.kernels import w8a8_mgpu
   spec = SPECS["w4a8-mxfp4"]
   assert wm.mx_fold_applies(spec) and not wm.mx_fold_applies(SPECS["w4a8-int8"])
-  monkeypatch.setattr(wm, "MX_FOLD_PREFILL", True)
+  assert wm.MX_FOLD_PREFILL
   calls = []
   orig = w8a8_mgpu.gemm
   monkeypatch.setattr(w8a8_mgpu, "gemm", lambda *a, **kw: calls.append(kw) or orig(*a, **kw))
@@ -281,8 +282,9 @@ def test_mx_fold_prefill_interpret(monkeypatch):
   assert len(calls) == 1 and calls[0]["col_group_scale"] is None  # per-channel GEMM
   assert y.shape == (x.shape[0], 200) and y.dtype == x.dtype
   assert rel(y, reference.dense_reference(q, x)) <= 5e-5
-  monkeypatch.setattr(wm, "MX_FOLD_PREFILL", False)  # the default: the bf16 route
-  assert rel(wm.run(p, x, interpret=True), y) <= 5e-5 and len(calls) == 1
+  assert rel(y, wm.run_prefill_mx_fold(p, x, interpret=True)) <= 1e-6 and len(calls) == 2
+  monkeypatch.setattr(wm, "MX_FOLD_PREFILL", False)  # off: the bf16 route, no 8-bit GEMM
+  assert rel(wm.run(p, x, interpret=True), y) <= 5e-5 and len(calls) == 2
 
 
 def _with_span(q, span):
@@ -294,8 +296,8 @@ def _with_span(q, span):
 def test_mx_fold_scale_span_bound(monkeypatch):
   """At MX_FOLD_SPAN octaves (11) the folded weights times their column scales are the
   dequantized weights, bit for bit (the smallest, 0.5 x 2**-5 = 2**-6, is an e4m3
-  normal); one more and the output is NaN, not a wrong number (e4m3
-  subnormals would lose bits); other specs are refused by name."""
+  normal); one more and the fold alone gives NaN, not a wrong number (e4m3 subnormals
+  would lose bits), and run() takes the bf16 route; other specs are refused by name."""
   from humming_jax.kernels import w8a8_mgpu
   spec = SPECS["w4a8-mxfp4"]
   q, x = make(spec, w8a8_mgpu.MIN_M, 256, 128, seed=12)
@@ -312,6 +314,12 @@ def test_mx_fold_scale_span_bound(monkeypatch):
   assert not bool(wm.mx_fold_column_scales(p_wide)[1])
   y = wm.run_prefill_mx_fold(p_wide, x, interpret=True)
   assert bool(jnp.all(jnp.isnan(y.astype(jnp.float32))))
+  # run() takes the bf16 route there (decided on the device), the same as with the fold off.
+  y = jax.jit(lambda p, x: wm.run(p, x, interpret=True))(p_wide, x)
+  assert bool(jnp.all(jnp.isfinite(y.astype(jnp.float32))))
+  assert rel(y, reference.dense_reference(_with_span(q, wm.MX_FOLD_SPAN + 1), x)) <= 5e-5
+  monkeypatch.setattr(wm, "MX_FOLD_PREFILL", False)
+  assert rel(y, wm.run(p_wide, x, interpret=True)) <= 1e-6
   q8, x8 = make(SPECS["w4a8-int8"], w8a8_mgpu.MIN_M, 256, 128)
   with pytest.raises(ValueError, match="MXFP4 fold takes MXFP4 x fp8"):
     wm.run_prefill_mx_fold(wm.prepare(q8), x8, interpret=True)
@@ -387,3 +395,10 @@ def test_mx_fold_prefill_gpu(monkeypatch):
   e = rel(y, jax.jit(reference.dense_reference)(q, x))
   print(f"wnam_mgpu MXFP4 fold prefill M=1024: rel err {e:.2e}")
   assert e <= 5e-3
+  y_run = jax.jit(wm.run)(p, x)  # the default route: the device-side choice takes the fold
+  assert rel(y_run, y) <= 1e-6
+  q_wide = _with_span(q, wm.MX_FOLD_SPAN + 1)  # ... and here the bf16 route
+  y_wide = jax.jit(wm.run)(jax.jit(wm.prepare)(q_wide), x)
+  e = rel(y_wide, jax.jit(reference.dense_reference)(q_wide, x))
+  print(f"wnam_mgpu MXFP4 past the fold's span, run(): rel err {e:.2e}")
+  assert bool(jnp.all(jnp.isfinite(y_wide.astype(jnp.float32)))) and e <= 5e-4

@@ -126,7 +126,8 @@ def heuristic(tiles: int, n: int, k_tiles: int, block_m: int, *,
     ~2.4e-3, the class of any bf16-dequantizing kernel.
   - 8-row tiles (decode): warpgroups splitting K (the dense decode shape), except when that
     leaves each warpgroup at most 2 of at least 3 K steps and the shared-x CTAs still make
-    two waves: Qwen3 gate_up / down at 64 tokens 198.2 -> 143.3 / 99.1 -> 90.3.  It loses
+    two waves: Qwen3 gate_up / down at 64 tokens 198.2 -> 143.3 / 99.1 -> 90.3 (since
+    session 15 only where three of the small CTAs below do not fit an SM: W8A16).  It loses
     with long K (DeepSeek-V3 gate_up, 64 tokens: 246.3 -> 273.4), with one K step
     (DeepSeek-V3 down: 134.1 -> 279.0) and with few tiles (1 token: 26.2 -> 37.6).
   - Two warpgroups per CTA (each streaming half the K steps) when the 64-column CTAs of
@@ -136,18 +137,34 @@ def heuristic(tiles: int, n: int, k_tiles: int, block_m: int, *,
     132 SMs), CUPTI kernel 11.66 -> 9.56 us (session 14).
   - Grid split-K 2 when the tiles' 64-column CTAs fill at most half the SMs (the dense
     narrow-N rule, NOTES.md v8): DeepSeek-V3 gate_up at 1 token (8 experts x 8 column
-    blocks = 64 CTAs) 35.1 -> 29.6; XLA sums the two float32 partials."""
+    blocks = 64 CTAs) 35.1 -> 29.6; XLA sums the two float32 partials.
+  - More than two waves of 64-column CTAs (16-64 tokens): small CTAs, three or more per
+    SM, so each SM runs several tiles' pipelines at once -- two warpgroups of two stages
+    when the K steps split evenly between them and three such CTAs fit an SM, else one
+    warpgroup of four stages (two warpgroups on an odd step count degenerate to one with
+    two stages; MXFP4's 16-row tiles miss the three by 144 bytes).  Humming runs 2-4
+    CTAs per SM (NOTES_moe.md session 14).  H200 session 15, CUPTI kernel us, default ->
+    wg2-st2 / wg1-st4: DeepSeek-V3 gate_up 64 tokens 196.5 -> 164.0 / 167.1, 16 tokens
+    94.0 -> 82.2 / 85.7; Qwen3-30B-A3B gate_up 64 tokens 98.2 -> 87.2 / 87.1 (it was the
+    shared-x rule's), down (3 K steps) 67.0 -> 54.9 / 48.6."""
   if block_m >= 16:
     return wna16_mgpu.shared_x_config(block_m)
   config = wna16_mgpu.heuristic(block_m)
   steps = k_tiles // wna16_mgpu.divisor(config.substeps, k_tiles)  # as run() does
   col_blocks = tiles * -(-n // wna16_mgpu.BLOCK_N)
+  if col_blocks > 2 * tuning.num_sms():
+    small = [dataclasses.replace(config, warpgroups=1, stages=4)]
+    if steps % 2 == 0:
+      small.insert(0, dataclasses.replace(config, warpgroups=2, stages=2))
+    for candidate in small:
+      if _fits_per_sm(candidate, params, tile_rows, 3):
+        return candidate
   wgs = config.warpgroups
   per_wg = steps // wna16_mgpu.divisor(wgs, steps)
   if steps >= 3 and per_wg <= 2 and col_blocks >= 2 * wgs * tuning.num_sms():
     return dataclasses.replace(config, split_warpgroups="n")
   if (wgs == 4 and steps % 2 == 0 and tuning.num_sms() < col_blocks <= 2 * tuning.num_sms()
-      and _two_per_sm(dataclasses.replace(config, warpgroups=2), params, tile_rows)):
+      and _fits_per_sm(dataclasses.replace(config, warpgroups=2), params, tile_rows, 2)):
     # Between one and two waves of 4-warpgroup CTAs: two CTAs of two warpgroups per SM
     # run the tiles in one wave.
     return dataclasses.replace(config, warpgroups=2)
@@ -156,9 +173,9 @@ def heuristic(tiles: int, n: int, k_tiles: int, block_m: int, *,
   return config
 
 
-def _two_per_sm(config: wna16_mgpu.Config, params: QuantizedWeight | None,
-                tile_rows: int) -> bool:
-  """Whether two CTAs of ``config`` fit one SM's shared memory."""
+def _fits_per_sm(config: wna16_mgpu.Config, params: QuantizedWeight | None,
+                 tile_rows: int, ctas: int) -> bool:
+  """Whether ``ctas`` CTAs of ``config`` fit one SM's shared memory."""
   if params is None:  # the measured case: int4 g128 with zero points
     bits, has_zeros, bk, gpt, col = 4, True, 128, 1, False
   else:
@@ -169,7 +186,7 @@ def _two_per_sm(config: wna16_mgpu.Config, params: QuantizedWeight | None,
   need = wna16_mgpu.smem_bytes(tile_rows, config.stages, config.substeps, bk, bits, has_zeros,
                                warpgroups=config.warpgroups, scale_rows=gpt,
                                column_scale=col)
-  return 2 * (need + 1024) <= tuning.SM_SMEM_BYTES
+  return ctas * (need + 1024) <= tuning.SM_SMEM_BYTES
 
 
 def max_tiles(m: int, num_experts: int, block_m: int) -> int:

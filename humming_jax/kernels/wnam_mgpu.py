@@ -20,8 +20,10 @@ Prefill (no explicit config):
   per call (:func:`run_prefill_8bit`; the unpack takes 33 us at 8192^2 for int8, against
   89 us from the W8A8 family's own layout; W4A8 int8 at M = 4096: 567.4 us of kernels,
   H200 session 14).
-- Opt-in (``MX_FOLD_PREFILL``, not yet timed): MXFP4 x fp8 folded onto the per-channel
-  fp8 GEMM (:func:`run_prefill_mx_fold`).
+- MXFP4 x fp8 at M >= 512: folded onto the per-channel fp8 GEMM where each column's
+  scales span at most 11 octaves (:func:`run_prefill_mx_fold`; a ``lax.cond`` takes the
+  route below otherwise).  8192^2, M = 4096: 499 us of kernels against 759 on the route
+  below (H200 session 15).
 - Else M >= 512 where the W8A8 family's large-M route has exact bfloat16 operands (MXFP4 /
   NVFP4 weights): that route (``w8a8.dequant_gemm``) on weights dequantized from this
   layout, activation scales in the float32 epilogue.
@@ -112,12 +114,21 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
     raise ValueError(f"x must be (M, K={k}); got shape {x.shape}")
   if x.shape[0] == 0:
     return jax.numpy.zeros((0, n), x.dtype)
-  view = _view(params, _renamed(params.layout, wna16_mgpu.FAMILY))
   if config is None and x.shape[0] >= w8a8_mgpu.MIN_M and prefill_8bit_runs(params, x.dtype):
     return run_prefill_8bit(params, x, interpret=interpret)
   if (config is None and MX_FOLD_PREFILL and x.shape[0] >= w8a8_mgpu.MIN_M
       and mx_fold_runs(params) and x.dtype in map(jnp.dtype, w8a8_mgpu.OUT_DTYPES)):
-    return run_prefill_mx_fold(params, x, interpret=interpret)
+    # The fold where it is exact, else the route below; the device picks (one branch runs).
+    return jax.lax.cond(mx_fold_column_scales(params)[1],
+                        lambda: _mx_fold_gemm(params, x, interpret=interpret)[0],
+                        lambda: _run_unfolded(params, x, interpret, config))
+  return _run_unfolded(params, x, interpret, config)
+
+
+def _run_unfolded(params: QuantizedWeight, x: jax.Array, interpret: bool,
+                  config: wna16_mgpu.Config | None) -> jax.Array:
+  """:func:`run` past the 8-bit and fold routes."""
+  view = _view(params, _renamed(params.layout, wna16_mgpu.FAMILY))
   if config is None and x.shape[0] >= w8a8.DEQUANT_GEMM_MIN_M and _exact_dequant(params.spec):
     # The W8A8 family's large-M route on weights from this layout: bf16 operands that are
     # exact (MXFP4 / NVFP4), the activation scales in the float32 epilogue -- not the
@@ -141,12 +152,14 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
 # slower than W4A16 MXFP4's 733.6; Humming's MXFP4 W4A8 470.4).  The fp8 products are
 # then summed over all of K in the WGMMA accumulator: the w8a8-fp8 error class (3e-3 at
 # K = 8192 on the H200), not the bf16 route's 8e-5.
-# Whether it fits is a property of the values, so the route is an opt-in, not a data-
-# dependent static choice (that would make prepared params' pytree structure depend on
-# their values): with MX_FOLD_PREFILL on, every MXFP4 x fp8 prefill takes it, and a call
-# whose scales span more returns NaN -- loud, never a wrong number.  Off until timed on
-# the H200 (built after session 14's device time; CPU-tested).
-MX_FOLD_PREFILL = False
+# Whether it fits is a property of the values, not of shapes, so :func:`run` decides on
+# the device: a ``lax.cond`` on the fit runs the fold or the bf16 route (a static choice
+# would make prepared params' pytree structure depend on their values).
+# :func:`run_prefill_mx_fold` alone returns NaN where it does not fit -- loud, never a
+# wrong number.  H200 session 15, 8192^2, kernels of the fold with that NaN select:
+# M = 1024 / 4096 199.4 / 499.2 us (wall 213.6 / 530.5; Humming 117.0 / 501.5 and the
+# bf16 route 259.9 / 758.6 (session 14) -- W4A8 MXFP4 now faster than W4A16 MXFP4).
+MX_FOLD_PREFILL = True
 MX_FOLD_SPAN = 11
 
 
@@ -185,7 +198,15 @@ def run_prefill_mx_fold(params: QuantizedWeight, x: jax.Array, *, interpret: boo
   """MXFP4 x fp8 at large M: the weights folded per call into (N, K) e4m3 codes and one
   power-of-two scale per column, then the W8A8 family's activation pre-pass and Mosaic
   8-bit GEMM without K groups.  The output is all NaN when some column's group exponents
-  span more than MX_FOLD_SPAN octaves (the fold would not be exact)."""
+  span more than MX_FOLD_SPAN octaves (the fold would not be exact); :func:`run` takes
+  the bf16 route there instead."""
+  y, fits = _mx_fold_gemm(params, x, interpret=interpret, config=config)
+  return jnp.where(fits, y, jnp.nan)
+
+
+def _mx_fold_gemm(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
+                  config: w8a8_mgpu.Config | None = None) -> tuple[jax.Array, jax.Array]:
+  """:func:`run_prefill_mx_fold`'s product, unchecked, and whether the fold is exact."""
   spec = params.spec
   if not mx_fold_runs(params):
     raise ValueError(f"spec {spec.name}, params.layout={params.layout!r}, codes "
@@ -201,7 +222,7 @@ def run_prefill_mx_fold(params: QuantizedWeight, x: jax.Array, *, interpret: boo
                                                    scale_dtype="float32"))
   y = w8a8.gemm_8bit(x, folded, lambda _: mx_fold_codes(params), col_scale.reshape(1, np_),
                      kp=t * bk, np_=np_, config=config, interpret=interpret)
-  return jnp.where(fits, y, jnp.nan)
+  return y, fits
 
 
 def mx_fold_column_scales(params: QuantizedWeight) -> tuple[jax.Array, jax.Array]:
