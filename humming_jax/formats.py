@@ -187,22 +187,32 @@ class NumberFormat:
       code = jnp.where(jnp.isnan(x), nan_code, code)
     return code.astype(jnp.uint8)
 
-  def encode_exact(self, x: jax.Array) -> jax.Array:
+  def encode_exact(self, x: jax.Array, *, round_subnormals: bool = False) -> jax.Array:
     """float -> raw codes (uint8) for ``x`` that holds values of this float format already:
     zero, or normal values (no subnormals, no NaN).  The code is read off the float32
     bits -- sign, exponent rebiased, the top mantissa bits -- in a handful of integer ops,
     no rounding (:meth:`encode` spends ~40 per element on the general case).  ±0 give
     code 0, as :meth:`encode` does.  The caller guarantees the values (e.g. int4 codes or
-    e2m1 values into e4m3: all normal or zero); anything else gives a wrong code."""
+    e2m1 values into e4m3: all normal or zero); anything else gives a wrong code.
+
+    ``round_subnormals``: values below the least normal (2**(1 - bias)) may be anything
+    finite; they round to the nearest subnormal (ties to even), as :meth:`encode` rounds
+    them -- the least normal itself where they round up to it, code 0 where to zero."""
     if not self.is_float:
       raise ValueError(f"encode_exact: format {self.name} is not a float format")
     m = self.mantissa_bits
-    bits = jax.lax.bitcast_convert_type(jnp.asarray(x, jnp.float32), jnp.uint32)
+    x = jnp.asarray(x, jnp.float32)
+    bits = jax.lax.bitcast_convert_type(x, jnp.uint32)
     mag = bits & jnp.uint32(0x7FFFFFFF)
+    sign = (bits >> 31).astype(jnp.int32) << (self.bits - 1)
     # (exponent field << m | mantissa top m bits) - (float32 bias - bias) << m
     code = (mag >> (23 - m)).astype(jnp.int32) - ((127 - self.bias) << m)
-    code = code | ((bits >> 31).astype(jnp.int32) << (self.bits - 1))
-    return jnp.where(mag == 0, 0, code).astype(jnp.uint8)
+    code = jnp.where(mag == 0, 0, code | sign)
+    if round_subnormals:  # below 2**(1 - bias): the integer multiple of the subnormal step
+      least_normal = jnp.float32(2.0 ** (1 - self.bias))
+      sub = jnp.round(jnp.abs(x) * jnp.float32(2.0 ** (self.bias - 1 + m))).astype(jnp.int32)
+      code = jnp.where(jnp.abs(x) < least_normal, jnp.where(sub == 0, 0, sub | sign), code)
+    return code.astype(jnp.uint8)
 
   def quantize_dequantize(self, x: jax.Array) -> jax.Array:
     """Round ``x`` onto this format's grid (encode then decode)."""

@@ -72,7 +72,7 @@ def prepare(params: QuantizedWeight, *, grouped: bool = False,
   instead of the default choice for this spec and shape; the params then run on that
   family.  E.g. the Mosaic grouped kernel for prefill-heavy Qwen3-style MoE experts
   (K 768 / 2048), where it beat the default at 1024 tokens but not at decode
-  (docs/moe.md).  The default for stacked experts with K >= 4096 is that Mosaic kernel,
+  (docs/moe.md).  The default for stacked experts with K >= 2048 is that Mosaic kernel,
   which takes bf16 / fp16 tokens: float32 tokens then run the Pallas-Triton grouped kernel
   after a re-layout inside every call -- prepare with ``kernel="grouped_wna16"`` for
   float32 models."""

@@ -196,11 +196,11 @@ def test_mgpu_grouped_shared_x_lowers_for_h200(shape, tokens, topk):
 def test_mx_fold_prefill_lowers_for_h200():
   """The MXFP4 fold (wnam_mgpu.MX_FOLD_PREFILL, the default) at M = 4096, 8192^2: the
   per-call e4m3 fold and the per-channel fp8 Mosaic GEMM lower for the H200, alone and as
-  run()'s conditional with the bf16 route."""
+  run()'s route."""
   from humming_jax.kernels import wnam_mgpu
   p = abstract_params("w4a8-mxfp4", (8192, 8192))
   assert p.layout.startswith(wnam_mgpu.FAMILY)
   x = jax.ShapeDtypeStruct((4096, 8192), jnp.bfloat16)
   assert "custom_call" in lower_for_h200(wnam_mgpu.run_prefill_mx_fold, p, x)
-  text = lower_for_h200(wnam_mgpu.run, p, x)
-  assert "custom_call" in text and "stablehlo.case" in text  # the device-side choice
+  text = lower_for_h200(wnam_mgpu.run, p, x)  # run()'s default route: the fold, no branch
+  assert "custom_call" in text and "stablehlo.case" not in text

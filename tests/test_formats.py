@@ -122,6 +122,33 @@ def test_encode_exact_equals_encode_on_the_formats_values(name):
     get_format("int4").encode_exact(ints)
 
 
+@pytest.mark.parametrize("name", FLOATS)
+def test_encode_exact_round_subnormals(name):
+  """encode_exact(round_subnormals=True) gives encode's code for the format's normal
+  values and for anything finite below its least normal: every subnormal, the midpoints
+  between them (ties to even), random values, values that round up to the least normal,
+  and the e2m1 values times 2**-20 .. 2**0 in e4m3 (the MXFP4 fold's)."""
+  f = get_format(name)
+  codes = np.arange(f.num_codes)
+  vals = f.all_values()
+  normal = ((codes >> f.mantissa_bits) & ((1 << f.exponent_bits) - 1)) != 0
+  step = 2.0 ** (1 - f.bias - f.mantissa_bits)
+  least = 2.0 ** (1 - f.bias)
+  rng = np.random.default_rng(3)
+  grid = np.arange(0, 2 ** f.mantissa_bits + 1) * step
+  tiny = np.concatenate([grid, grid[:-1] + step / 2, rng.uniform(0, least, 500),
+                         np.nextafter(np.float32(least), 0) * np.ones(1)])
+  x = np.concatenate([vals[np.isfinite(vals) & normal], tiny, -tiny]).astype(np.float32)
+  got = np.asarray(f.encode_exact(jnp.asarray(x), round_subnormals=True))
+  np.testing.assert_array_equal(got, np.asarray(f.encode(jnp.asarray(x))))
+  e2m1 = get_format("fp4_e2m1").all_values()
+  mx = np.array([v * 2.0 ** s for v in e2m1 for s in range(-20, 1)], np.float32)
+  e4m3 = get_format("fp8_e4m3")
+  np.testing.assert_array_equal(
+      np.asarray(e4m3.encode_exact(jnp.asarray(mx), round_subnormals=True)),
+      np.asarray(e4m3.encode(jnp.asarray(mx))))
+
+
 def test_float_ties_go_to_even_mantissa():
   f = get_format("fp4_e2m1")  # grid 0 .5 1 1.5 2 3 4 6
   x = jnp.array([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, -5.0, 7.0])

@@ -83,7 +83,8 @@ def test_prepared_params_run_through_quant_ragged_dot(monkeypatch):
 def test_default_grouped_family_without_a_shape_is_triton():
   spec = hj.QuantSpec.preset("w4a16-g128-zp")
   assert registry.find(spec, grouped=True).name == "grouped_wna16"
-  assert gm.priority_for(spec, (8, 4095, 64)) < 0 < gm.priority_for(spec, (8, 4096, 64))
+  assert gm.priority_for(spec, (8, 2047, 64)) < 0 < gm.priority_for(spec, (8, 2048, 64))
+  assert gm.MIN_DEFAULT_K == 2048  # Qwen3-30B-A3B gate_up (K 2048) takes this family
 
 
 def test_prepare_round_trip_is_exact():
@@ -394,9 +395,10 @@ def abstract_q(name, shape):
 
 
 @pytest.mark.parametrize("shape,family", [
-    ((256, 7168, 512), gm.FAMILY),  # DeepSeek-V3 gate_up: K >= 4096
+    ((256, 7168, 512), gm.FAMILY),  # DeepSeek-V3 gate_up: K >= 2048
     ((8, 14336, 4096), gm.FAMILY),  # Mixtral down
-    ((128, 2048, 1536), "grouped_wna16"),  # Qwen3 gate_up: short K, Triton at decode
+    ((128, 2048, 1536), gm.FAMILY),  # Qwen3 gate_up (session 15)
+    ((128, 768, 2048), "grouped_wna16"),  # Qwen3 down: short K, not yet timed side by side
     ((256, 256, 7168), "grouped_wna16"),  # DeepSeek-V3 down
 ])
 def test_default_grouped_family_depends_on_k(shape, family):

@@ -27,10 +27,11 @@ Pallas-Triton kernel) and the output gather;
 the gather: tile-aligned segments, rows read and written in place.  Session 8 timed it on
 every MoE benchmark shape (gate_up at 1 / 64 / 1024 tokens, down at 1 / 1024;
 benchmarks/NOTES_moe.md): ``hj.prepare(..., grouped=True)`` picks it for experts with
-K >= 4096, where it beats the Pallas-Triton grouped kernel at every token count
-(:func:`priority_for`); with shorter K the Triton kernel stays the per-stack default
-(faster for a lone grouped GEMM at decode).  A whole MoE layer (``moe.prepare_experts``)
-puts both of its stacks here wherever this kernel runs them (session 9).  Launch shapes by
+K >= 2048 (4096 until session 15), where it beats the Pallas-Triton grouped kernel at
+every token count measured (:func:`priority_for`); with shorter K the Triton kernel stays
+the per-stack default (faster for a lone grouped GEMM at decode in session 8).  A whole
+MoE layer (``moe.prepare_experts``) puts both of its stacks here wherever this kernel runs
+them (session 9).  Launch shapes by
 rows per tile, K and active experts (:func:`heuristic`, session 10): shared x tiles for
 prefill, grid split-K 2 for narrow experts at decode.
 """
@@ -407,11 +408,18 @@ def run_aligned(params: QuantizedWeight, x: jax.Array, group_sizes: jax.Array, *
                         tiles=wna16_mgpu.Tiles(sched, num_tiles, block_m))
 
 
-MIN_DEFAULT_K = 4096
+MIN_DEFAULT_K = 2048
 
 
 def priority_for(spec: QuantSpec, shape: tuple[int, ...]) -> int:
-  """Above the Pallas-Triton grouped kernel for experts with K >= 4096, below it else.
+  """Above the Pallas-Triton grouped kernel for experts with K >= 2048, below it else.
+
+  Session 15 (K 2048: Qwen3-30B-A3B gate_up, int4 g128 zp; CUPTI kernel us, this kernel's
+  launch rules of sessions 14-15 against the Triton kernel, NOT one run: calls of two
+  sessions): 1 token 9.56 (+ ~2 of schedule and output gather) vs 17.5; 64 tokens 87.2
+  (+ ~3.5) vs 143.3; MXFP4 on Triton 25.4 / 219.9.  Session 8's ordering below held
+  before the two-warpgroup and small-CTA rules.  K 768 / 256 (Qwen3 / DeepSeek-V3 down)
+  keep Triton until timed side by side.
 
   H200, session 8, int4 g128 zp, chain of 8, us per grouped GEMM, this kernel vs Triton
   (benchmarks/NOTES_moe.md): K >= 4096 it wins at every token count measured --

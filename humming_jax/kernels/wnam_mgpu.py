@@ -20,10 +20,10 @@ Prefill (no explicit config):
   per call (:func:`run_prefill_8bit`; the unpack takes 33 us at 8192^2 for int8, against
   89 us from the W8A8 family's own layout; W4A8 int8 at M = 4096: 567.4 us of kernels,
   H200 session 14).
-- MXFP4 x fp8 at M >= 512: folded onto the per-channel fp8 GEMM where each column's
-  scales span at most 11 octaves (:func:`run_prefill_mx_fold`; a ``lax.cond`` takes the
-  route below otherwise).  8192^2, M = 4096: 499 us of kernels against 759 on the route
-  below (H200 session 15).
+- MXFP4 x fp8 at M >= 512: folded onto the per-channel fp8 GEMM (:func:`run_prefill_mx_fold`;
+  exact where a column's scales span at most 14 octaves, groups further below rounded to
+  e4m3 subnormals).  8192^2, M = 4096: 499 us of kernels against 759 on the route below
+  (H200 session 15).
 - Else M >= 512 where the W8A8 family's large-M route has exact bfloat16 operands (MXFP4 /
   NVFP4 weights): that route (``w8a8.dequant_gemm``) on weights dequantized from this
   layout, activation scales in the float32 epilogue.
@@ -118,16 +118,7 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
     return run_prefill_8bit(params, x, interpret=interpret)
   if (config is None and MX_FOLD_PREFILL and x.shape[0] >= w8a8_mgpu.MIN_M
       and mx_fold_runs(params) and x.dtype in map(jnp.dtype, w8a8_mgpu.OUT_DTYPES)):
-    # The fold where it is exact, else the route below; the device picks (one branch runs).
-    return jax.lax.cond(mx_fold_column_scales(params)[1],
-                        lambda: _mx_fold_gemm(params, x, interpret=interpret)[0],
-                        lambda: _run_unfolded(params, x, interpret, config))
-  return _run_unfolded(params, x, interpret, config)
-
-
-def _run_unfolded(params: QuantizedWeight, x: jax.Array, interpret: bool,
-                  config: wna16_mgpu.Config | None) -> jax.Array:
-  """:func:`run` past the 8-bit and fold routes."""
+    return run_prefill_mx_fold(params, x, interpret=interpret)
   view = _view(params, _renamed(params.layout, wna16_mgpu.FAMILY))
   if config is None and x.shape[0] >= w8a8.DEQUANT_GEMM_MIN_M and _exact_dequant(params.spec):
     # The W8A8 family's large-M route on weights from this layout: bf16 operands that are
@@ -143,24 +134,29 @@ def _run_unfolded(params: QuantizedWeight, x: jax.Array, interpret: bool,
 # ----------------------------------------------------------------------------------------
 # MXFP4 x fp8 prefill folded onto the per-channel fp8 GEMM
 # ----------------------------------------------------------------------------------------
-# An MXFP4 weight is e2m1 x 2**E (E: its 32-row group's e8m0 exponent).  When one column's
-# exponents span at most MX_FOLD_SPAN octaves, every such value is an exact e4m3 number
-# times 2**B for one per-column B: e2m1 x 2**(E - B) with E - B in [-5, 6] is a normal e4m3
-# value (0.5 x 2**-5 = 2**-6, its least normal; 6 x 2**6 = 384 <= 448).  The prefill then
-# runs the 8-bit GEMM without K groups (per-token x per-column scales in the epilogue)
-# instead of bf16 operands and XLA's GEMM (H200 session 14, 8192^2, M = 4096: 812.9 us,
-# slower than W4A16 MXFP4's 733.6; Humming's MXFP4 W4A8 470.4).  The fp8 products are
-# then summed over all of K in the WGMMA accumulator: the w8a8-fp8 error class (3e-3 at
-# K = 8192 on the H200), not the bf16 route's 8e-5.
-# Whether it fits is a property of the values, not of shapes, so :func:`run` decides on
-# the device: a ``lax.cond`` on the fit runs the fold or the bf16 route (a static choice
-# would make prepared params' pytree structure depend on their values).
-# :func:`run_prefill_mx_fold` alone returns NaN where it does not fit -- loud, never a
-# wrong number.  H200 session 15, 8192^2, kernels of the fold with that NaN select:
-# M = 1024 / 4096 199.4 / 499.2 us (wall 213.6 / 530.5; Humming 117.0 / 501.5 and the
-# bf16 route 259.9 / 758.6 (session 14) -- W4A8 MXFP4 now faster than W4A16 MXFP4).
+# An MXFP4 weight is e2m1 x 2**E (E: its 32-row group's e8m0 exponent).  With one base B
+# per column (its largest E - 6), e2m1 x 2**(E - B) is an e4m3 number for every E - B in
+# [-8, 6]: 6 x 2**6 = 384 <= 448, and e2m1 values are multiples of 0.5 with at most two
+# significant bits, so down to E - B = -8 they are e4m3 normals or land on its subnormal
+# grid (2**-9).  Where a column's exponents span at most MX_FOLD_SPAN octaves the fold is
+# exact.  Groups further below round to the nearest subnormal (ties to even): an absolute
+# error of at most 2**-16 x the column's largest group scale, against the fp8
+# activations' 2**-4 relative per product -- so the route needs no check on the values.
+# (A ``lax.cond`` to the bf16 route where it was not exact cost ~40 / ~85 us of wall per
+# call at M = 1024 / 4096 on the H200, session 15 call 4: likely a host round trip and
+# the branch's output copy.)
+# The prefill then runs the 8-bit GEMM without K groups (per-token x per-column scales in
+# the epilogue) instead of bf16 operands and XLA's GEMM.  The fp8 products are summed over
+# all of K in the WGMMA accumulator: the w8a8-fp8 error class (2.1e-3 at K = 8192 on the
+# H200), not the bf16 route's 8e-5.  H200 session 15, 8192^2, M = 1024 / 4096, call 1
+# (the fold then had an output select, ~11 / 41 us, dropped since): kernels 199.4 / 499.2
+# us, wall 213.6 / 530.5; Humming 117.0 / 501.5; the bf16 route (session 14) 259.9 /
+# 758.6 of kernels -- W4A8 MXFP4 now faster than W4A16 MXFP4 (265.4 / 778.3 wall, call 3).
 MX_FOLD_PREFILL = True
-MX_FOLD_SPAN = 11
+MX_FOLD_SPAN = 14
+# Shifts below this round every e2m1 value to zero (6 x 2**-20 < 2**-10, half the least
+# e4m3 subnormal); clipping there keeps the float32 products normal.
+_MX_FOLD_MIN_SHIFT = -20
 
 
 def mx_fold_applies(spec: QuantSpec) -> bool:
@@ -181,32 +177,22 @@ def mx_fold_runs(params: QuantizedWeight) -> bool:
 
 
 def _mx_fold_exponents(params: QuantizedWeight) -> tuple[jax.Array, jax.Array, jax.Array]:
-  """(E, B, fits): the (Kp / group, Np) int32 exponents of the power-of-two group scales
+  """(E, B, exact): the (Kp / group, Np) int32 exponents of the power-of-two group scales
   (the layout's bf16 rows of e8m0 values; padded rows are 1), each column's base B = its
   largest exponent over the K rows that exist - 6 (the largest folded value is
-  6 x 2**6 = 384), and whether every column spans at most MX_FOLD_SPAN octaves with 2**B
-  a float32 normal (a scalar bool array)."""
+  6 x 2**6 = 384), kept >= -126 (2**B a float32 normal), and whether every E - B is at
+  least 6 - MX_FOLD_SPAN: no value rounds (a scalar bool array)."""
   e = formats.floor_log2(params.scales.astype(jnp.float32))
   real = e[:-(-params.shape[0] // params.spec.group_size)]
-  hi = real.max(axis=0)
-  fits = jnp.all((hi - real.min(axis=0) <= MX_FOLD_SPAN) & (hi - 6 >= -126))
-  return e, hi - 6, fits
+  base = jnp.maximum(real.max(axis=0) - 6, -126)
+  return e, base, jnp.all(real - base[None] >= 6 - MX_FOLD_SPAN)
 
 
 def run_prefill_mx_fold(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
                         config: w8a8_mgpu.Config | None = None) -> jax.Array:
   """MXFP4 x fp8 at large M: the weights folded per call into (N, K) e4m3 codes and one
-  power-of-two scale per column, then the W8A8 family's activation pre-pass and Mosaic
-  8-bit GEMM without K groups.  The output is all NaN when some column's group exponents
-  span more than MX_FOLD_SPAN octaves (the fold would not be exact); :func:`run` takes
-  the bf16 route there instead."""
-  y, fits = _mx_fold_gemm(params, x, interpret=interpret, config=config)
-  return jnp.where(fits, y, jnp.nan)
-
-
-def _mx_fold_gemm(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
-                  config: w8a8_mgpu.Config | None = None) -> tuple[jax.Array, jax.Array]:
-  """:func:`run_prefill_mx_fold`'s product, unchecked, and whether the fold is exact."""
+  power-of-two scale per column (:func:`mx_fold_codes`), then the W8A8 family's
+  activation pre-pass and Mosaic 8-bit GEMM without K groups."""
   spec = params.spec
   if not mx_fold_runs(params):
     raise ValueError(f"spec {spec.name}, params.layout={params.layout!r}, codes "
@@ -216,31 +202,34 @@ def _mx_fold_gemm(params: QuantizedWeight, x: jax.Array, *, interpret: bool = Fa
   if x.dtype not in map(jnp.dtype, w8a8_mgpu.OUT_DTYPES):
     raise ValueError(f"x.dtype={x.dtype}: the 8-bit GEMM takes bfloat16 / float16")
   t, np_, bk = params.codes.shape
-  col_scale, fits = mx_fold_column_scales(params)
+  col_scale, _ = mx_fold_column_scales(params)
   folded = params.replace(spec=dataclasses.replace(spec, weight="fp8_e4m3",
                                                    granularity="channel",
                                                    scale_dtype="float32"))
-  y = w8a8.gemm_8bit(x, folded, lambda _: mx_fold_codes(params), col_scale.reshape(1, np_),
-                     kp=t * bk, np_=np_, config=config, interpret=interpret)
-  return y, fits
+  return w8a8.gemm_8bit(x, folded, lambda _: mx_fold_codes(params),
+                        col_scale.reshape(1, np_), kp=t * bk, np_=np_, config=config,
+                        interpret=interpret)
 
 
 def mx_fold_column_scales(params: QuantizedWeight) -> tuple[jax.Array, jax.Array]:
-  """(Np,) float32 column scales 2**B and whether the fold is exact (a scalar)."""
-  _, base, fits = _mx_fold_exponents(params)
-  return formats.exp2_int(jnp.maximum(base, -126)), fits
+  """(Np,) float32 column scales 2**B and whether the fold is exact (a scalar: every
+  column's exponents within MX_FOLD_SPAN octaves)."""
+  _, base, exact = _mx_fold_exponents(params)
+  return formats.exp2_int(base), exact
 
 
 def mx_fold_codes(params: QuantizedWeight) -> jax.Array:
-  """(Np, Kp) e4m3 codes of e2m1 x 2**(E - B): the weight over its column scale."""
+  """(Np, Kp) e4m3 codes of e2m1 x 2**(E - B): the weight over its column scale, exact
+  for groups up to MX_FOLD_SPAN octaves under the column's largest, rounded to the
+  nearest e4m3 subnormal further below."""
   t, np_, bk = params.codes.shape
   g = params.spec.group_size
   e, base, _ = _mx_fold_exponents(params)  # padded K rows (scale 1) meet zero codes
-  shift = jnp.clip(e - base[None], -126, 127)  # E - B, in [-5, 6] where it fits
+  shift = jnp.clip(e - base[None], _MX_FOLD_MIN_SHIFT, 6)  # E - B
   shift = shift.reshape(t, bk // g, np_).transpose(0, 2, 1)  # (t, Np, bk / g)
   vals = wna16_mgpu.code_values(params, jnp.float32).reshape(t, np_, bk // g, g)
   vals = (vals * formats.exp2_int(shift)[..., None]).reshape(t, np_, bk)  # exact
-  codes = formats.get_format("fp8_e4m3").encode_exact(vals)
+  codes = formats.get_format("fp8_e4m3").encode_exact(vals, round_subnormals=True)
   codes = jax.lax.bitcast_convert_type(codes, jnp.float8_e4m3fn)
   return codes.transpose(1, 0, 2).reshape(np_, t * bk)
 
