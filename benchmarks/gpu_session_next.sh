@@ -1,48 +1,55 @@
 #!/usr/bin/env bash
-# The next device calls, prepared 2026-11-30 session 15 (the session-14 queue ran in calls
-# 1-2: benchmarks/results/2026-11-30-session15).  Pick steps by name: (tests w4a8 | moe_64).
-#   tests: the GPU tests of session 15's changes -- the MXFP4 fold as run()'s default
-#      (a lax.cond with the bf16 route), and the grouped heuristic's small CTAs beyond two
-#      waves (16-64 tokens, every benchmark MoE shape, int4 g128 zp and MXFP4).
-#   w4a8: W4A8 at M = 1024 / 4096 with Humming's fp8 W4A8 (MXFP4) in the same run: the fold
-#      through run()'s cond (call 1 ran it with a NaN select: 530.5 / 213.6 us wall, of which
-#      the select ~41 / 11), and the w4a8-fp8 unpack by NumberFormat.encode_exact (CPU
-#      bit-identical, not yet timed; prediction ~35-45 us against encode's 121): read
-#      loop_transpose_fusion in the JSON's kernel breakdown.  The wall minus the kernels
-#      tells whether the cond costs a host round trip.
-#   moe_64: the MoE same-run table (1 / 64 tokens, resident, with Humming) on the new rule
-#      (screen, calls 1-2, CUPTI kernel us: DeepSeek-V3 gate_up 64 tokens 196.5 -> 164.0,
-#      Qwen3 gate_up 98.2 -> 87.2, down 67.0 -> 48.6).
+# The next device calls, prepared 2026-11-30 session 15 after its device time (all of the
+# session-15 queue ran: benchmarks/results/2026-11-30-session15).  Pick steps by name;
+# about 9 minutes in all: (tests w4a8mx unpack | moe_k2048 moe_64).
+#   tests: GPU tests of what changed after session 15's last H200 run -- the MXFP4 fold as
+#      run()'s default with no branch (far groups rounded to e4m3 subnormals;
+#      test_mx_fold_prefill_gpu now also runs a column 17 octaves wide through run()).
+#   w4a8mx: W4A8 MXFP4 at M = 1024 / 4096 with Humming, the fold without the output select
+#      (call 1 with it: 213.6 / 530.5 us wall, 199.4 / 499.2 kernels; prediction ~202 /
+#      ~490 wall), kernels by CUPTI (no lax.cond now, so the breakdown should work again).
+#   unpack: bench_unpack.py -- integer-only and table forms of the int4 -> e4m3 unpack and
+#      of the fold (81 us each in session 15) against int4 -> int8's 33 us; each variant is
+#      checked bit-equal to the library's first (CPU-checked at a small shape).
+#   moe_k2048: Qwen3-30B-A3B gate_up (K 2048) on the Mosaic grouped kernel (the default
+#      since session 15, from calls of two sessions) and on Triton (@triton), same run,
+#      1 / 64 tokens, int4 zp and MXFP4 -- the side-by-side check of MIN_DEFAULT_K = 2048,
+#      and Qwen3 down (K 768) both ways, to decide it.
+#   moe_64: the resident table with Humming, 8 weight sets (session 15 call 4 had 4, which
+#      inflated the 1-token walls), on the small-CTA rule.
 # Usage: gpu_session_next.sh [STEP...]  (default: all, in order).  Carry: [".whl"].
 source "$(dirname "$0")/gpu_env.sh"
 T() { local t=$1; shift; timeout -k 5 -s INT "$t" "$@"; }
 s_tests() {
-  T 240 python3 -m pytest tests/test_wnam_mgpu.py tests/test_grouped_wna16_mgpu.py \
-    tests/test_grouped_kernels.py -m gpu -p no:cacheprovider -o addopts="" --tb=short -rA \
-    -k "mx_fold_prefill_gpu or qwen3_decode_gpu or quant_moe_aligned_gpu or (grouped_kernel_gpu and [64-)" \
-    -s -W ignore::DeprecationWarning 2>&1 \
-    | grep -E "^(FAILED|ERROR|PASSED)|passed|failed|rel err|Error" | cut -c1-300 | tail -40
+  T 120 python3 -m pytest tests/test_wnam_mgpu.py -m gpu -p no:cacheprovider -o addopts="" \
+    --tb=short -rA -k "mx_fold_prefill_gpu or prefill_gpu" -s -W ignore::DeprecationWarning 2>&1 \
+    | grep -E "^(FAILED|ERROR|PASSED)|passed|failed|rel err|Error" | cut -c1-300 | tail -20
 }
-s_w4a8() {
-  T 220 python3 benchmarks/bench_dense.py --shapes 8192x8192 --ms 1024,4096 \
-    --specs w4a8-int8,w4a8-fp8,w4a8-mxfp4,w4a16-mxfp4 --humming \
-    --kernel-times --calls 5 --repeats 2 --json "$OUT/w4a8.json" > "$OUT/w4a8.log" 2>&1
-  grep -E "^8192|rror" "$OUT/w4a8.log" | cut -c1-330
+s_w4a8mx() {
+  T 150 python3 benchmarks/bench_dense.py --shapes 8192x8192 --ms 1024,4096 \
+    --specs w4a8-mxfp4,w4a16-mxfp4 --humming --kernel-times --calls 5 --repeats 2 \
+    --json "$OUT/w4a8mx.json" > "$OUT/w4a8mx.log" 2>&1
+  grep -E "^8192|rror" "$OUT/w4a8mx.log" | cut -c1-330
+}
+s_unpack() {
+  T 90 python3 benchmarks/bench_unpack.py > "$OUT/unpack.log" 2>&1
+  grep -vE "^\{" "$OUT/unpack.log" | cut -c1-300 | tail -16
+}
+s_moe_k2048() {
+  local S=w4a16-g128-zp M=w4a16-mxfp4
+  T 200 python3 benchmarks/bench_moe.py \
+    --shapes qwen3-30b-a3b-gate_up,qwen3-30b-a3b-down --tokens 1,64 --layers 8 \
+    --specs "$S@mgpu,$S@triton,$M@mgpu,$M@triton" --no-baselines --breakdown \
+    --chain resident --calls 10 --repeats 2 --json "$OUT/moe_k2048.json" \
+    > "$OUT/moe_k2048.log" 2>&1
+  grep -E "T=|rror" "$OUT/moe_k2048.log" | cut -c1-1500
 }
 s_moe_64() {
   T 240 python3 benchmarks/bench_moe.py \
     --shapes deepseek-v3-gate_up,qwen3-30b-a3b-gate_up,qwen3-30b-a3b-down --tokens 1,64 \
-    --specs w4a16-g128-zp,w4a16-mxfp4 --humming --no-baselines --breakdown --chain resident \
-    --layers 4 --calls 10 --repeats 2 --json "$OUT/moe_64.json" > "$OUT/moe_64.log" 2>&1
+    --specs w4a16-g128-zp --humming --no-baselines --breakdown --chain resident \
+    --calls 10 --repeats 2 --json "$OUT/moe_64.json" > "$OUT/moe_64.log" 2>&1
   grep -E "T=|rror" "$OUT/moe_64.log" | cut -c1-1200
 }
-#   w4a8mx: call 3's w4a8-mxfp4 rows failed in the CUPTI breakdown ("Kernel names are not
-#      consistent across iterations": the lax.cond's branch); its walls without it.
-s_w4a8mx() {
-  T 130 python3 benchmarks/bench_dense.py --shapes 8192x8192 --ms 1024,4096 \
-    --specs w4a8-mxfp4 --humming --calls 5 --repeats 2 --json "$OUT/w4a8mx.json" \
-    > "$OUT/w4a8mx.log" 2>&1
-  grep -E "^8192|rror" "$OUT/w4a8mx.log" | cut -c1-330
-}
-for s in ${@:-tests w4a8 moe_64}; do step "$s"; "s_$s"; done
+for s in ${@:-tests w4a8mx unpack moe_k2048 moe_64}; do step "$s"; "s_$s"; done
 step done
