@@ -4,7 +4,8 @@
 # about 9 minutes in all: (tests w4a8mx unpack | moe_k2048 moe_64).
 #   tests: GPU tests of what changed after session 15's last H200 run -- the MXFP4 fold as
 #      run()'s default with no branch (far groups rounded to e4m3 subnormals;
-#      test_mx_fold_prefill_gpu now also runs a column 17 octaves wide through run()).
+#      test_mx_fold_prefill_gpu now also runs a column 17 octaves wide through run();
+#      test_mx_fold_subnormal_column_gpu: does the fp8 WGMMA take e4m3 subnormal weights?).
 #   w4a8mx: W4A8 MXFP4 at M = 1024 / 4096 with Humming, the fold without the output select
 #      (call 1 with it: 213.6 / 530.5 us wall, 199.4 / 499.2 kernels; prediction ~202 /
 #      ~490 wall), kernels by CUPTI (no lax.cond now, so the breakdown should work again).
@@ -22,7 +23,7 @@ source "$(dirname "$0")/gpu_env.sh"
 T() { local t=$1; shift; timeout -k 5 -s INT "$t" "$@"; }
 s_tests() {
   T 120 python3 -m pytest tests/test_wnam_mgpu.py -m gpu -p no:cacheprovider -o addopts="" \
-    --tb=short -rA -k "mx_fold_prefill_gpu or prefill_gpu" -s -W ignore::DeprecationWarning 2>&1 \
+    --tb=short -rA -k "mx_fold or prefill_gpu" -s -W ignore::DeprecationWarning 2>&1 \
     | grep -E "^(FAILED|ERROR|PASSED)|passed|failed|rel err|Error" | cut -c1-300 | tail -20
 }
 s_w4a8mx() {

@@ -296,7 +296,7 @@ def _with_span(q, span):
   return q.replace(scales=s.at[0, 5].set(q.scales[1, 5] - span))
 
 
-def test_mx_fold_scale_span_bound():
+def test_mx_fold_scale_span_bound(monkeypatch):
   """At MX_FOLD_SPAN octaves (14) the folded weights times their column scales are the
   dequantized weights, bit for bit (the smallest, 0.5 x 2**-8 = 2**-9, is the least e4m3
   subnormal).  Wider, the far group rounds to e4m3 subnormals: within 2**-16 of the column's
@@ -304,6 +304,9 @@ def test_mx_fold_scale_span_bound():
   and within the reference's error; other specs are refused by name."""
   from humming_jax.kernels import w8a8_mgpu
   spec = SPECS["w4a8-mxfp4"]
+  calls = []
+  orig = w8a8_mgpu.gemm
+  monkeypatch.setattr(w8a8_mgpu, "gemm", lambda *a, **kw: calls.append(kw) or orig(*a, **kw))
   q, x = make(spec, w8a8_mgpu.MIN_M, 256, 128, seed=12)
   for span in (5, wm.MX_FOLD_SPAN, wm.MX_FOLD_SPAN + 1, wm.MX_FOLD_SPAN + 6, 40):
     q_s = _with_span(q, span)
@@ -325,12 +328,76 @@ def test_mx_fold_scale_span_bound():
       general = formats.get_format("fp8_e4m3").encode(shifted)  # round to nearest even
       np.testing.assert_array_equal(np.asarray(codes[5, :256]).view(np.uint8),
                                     np.asarray(general))
+    n_calls = len(calls)
     y = jax.jit(lambda p, x: wm.run(p, x, interpret=True))(p, x)
+    assert len(calls) == n_calls + 1, span  # the fold's 8-bit GEMM, not the bf16 route
     assert bool(jnp.all(jnp.isfinite(y.astype(jnp.float32))))
     assert rel(y, reference.dense_reference(q_s, x)) <= 5e-5, span
   q8, x8 = make(SPECS["w4a8-int8"], w8a8_mgpu.MIN_M, 256, 128)
   with pytest.raises(ValueError, match="MXFP4 fold takes MXFP4 x fp8"):
     wm.run_prefill_mx_fold(wm.prepare(q8), x8, interpret=True)
+
+
+def test_mx_fold_nan_and_tiny_scales():
+  """A NaN group scale (e8m0 code 255) makes its column's outputs NaN, as the reference's
+  are, and leaves the others alone; a column whose scales are all 2**-125 (its base
+  2**-131 clamped to 2**-126) folds exactly.  (2**-127, e8m0's least, is a float32
+  subnormal that XLA's CPU dequantization flushes, so it is not the test value.)"""
+  from humming_jax.kernels import w8a8_mgpu
+  spec = SPECS["w4a8-mxfp4"]
+  q, x = make(spec, w8a8_mgpu.MIN_M, 256, 128, seed=13)
+  s = q.scales.at[3, 7].set(255).at[:, 9].set(2)
+  q = q.replace(scales=s)
+  p = wm.prepare(q)
+  scale, _ = wm.mx_fold_column_scales(p)
+  assert bool(jnp.isnan(scale[7])) and float(scale[9]) == 2.0 ** -126
+  y = np.asarray(wm.run(p, x, interpret=True), np.float32)
+  want = np.asarray(reference.dense_reference(q, x), np.float32)
+  assert np.isnan(y[:, 7]).all() and np.isnan(want[:, 7]).all()
+  others = [c for c in range(y.shape[1]) if c != 7]
+  assert np.isfinite(y[:, others]).all()
+  assert rel(jnp.asarray(y[:, others]), jnp.asarray(want[:, others])) <= 5e-5
+  folded = wm.mx_fold_codes(p).astype(jnp.float32)[9, :256] * scale[9]
+  np.testing.assert_array_equal(
+      np.asarray(folded), np.asarray(wm.wna16_mgpu.dequantize_prepared(p, jnp.float32)[:, 9]))
+
+
+def _subnormal_column(seed):
+  """W4A8 MXFP4 params with column 5's first group at code zero and every other group
+  14 octaves below it: that column's weights are all e4m3 subnormals once folded."""
+  from humming_jax.kernels import w8a8_mgpu
+  q, x = make(SPECS["w4a8-mxfp4"], w8a8_mgpu.MIN_M, 256, 128, seed=seed)
+  q = _with_span(q, -wm.MX_FOLD_SPAN).replace(bias=None)  # group 0 the highest
+  words = 32 * q.codes.shape[0] // q.shape[0]  # packed rows holding K rows 0..31
+  codes = q.codes.at[:words, 5].set(jnp.zeros((words,), q.codes.dtype))
+  return q.replace(codes=codes), x
+
+
+def _check_subnormal_column(y, q, x, p):
+  codes = np.asarray(wm.mx_fold_codes(p)).view(np.uint8)[5, :256] & 0x7F
+  assert (codes[:32] == 0).all() and (codes <= 12).all()  # 6 x 2**-8 = 12 x 2**-9
+  assert ((codes > 0) & (codes < 8)).sum() > 100  # mostly subnormal codes
+  want = np.asarray(reference.dense_reference(q, x), np.float32)[:, 5]
+  got = np.asarray(y, np.float32)[:, 5]
+  assert np.abs(want).max() > 0
+  assert rel(jnp.asarray(got), jnp.asarray(want)) <= 1e-2  # a flush to zero gives 1.0
+
+
+def test_mx_fold_subnormal_column_interpret():
+  """A column folded entirely into e4m3 subnormals (exact at MX_FOLD_SPAN) computes."""
+  q, x = _subnormal_column(14)
+  p = wm.prepare(q)
+  assert bool(wm.mx_fold_column_scales(p)[1])
+  _check_subnormal_column(wm.run(p, x, interpret=True), q, x, p)
+
+
+@pytest.mark.gpu
+def test_mx_fold_subnormal_column_gpu():
+  """The same on the H200: the fp8 WGMMA must take e4m3 subnormal weights as their values
+  (spans 12-14 rely on it; the span bound before session 15 kept every code normal)."""
+  q, x = _subnormal_column(14)
+  p = jax.jit(wm.prepare)(q)
+  _check_subnormal_column(jax.jit(wm.run)(p, x), q, x, p)
 
 
 @pytest.mark.gpu

@@ -105,7 +105,10 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
   """(M, K) float activations x prepared params -> (M, N) in x.dtype: the activations
   quantized as the spec says and rounded to x.dtype, times the weights on the WnA16 kernel;
   without an explicit ``config``, M >= 512 with an exact 8-bit carrier
-  (:func:`prefill_8bit_runs`) takes :func:`run_prefill_8bit`."""
+  (:func:`prefill_8bit_runs`) takes :func:`run_prefill_8bit`, and MXFP4 x fp8 at M >= 512
+  :func:`run_prefill_mx_fold` (exact where a column's scales span at most MX_FOLD_SPAN
+  octaves; groups further below round to e4m3 subnormals, at most 2**-16 of the column's
+  largest group scale)."""
   if registry.layout_family(params.layout) != FAMILY:
     raise ValueError(f"params.layout={params.layout!r}: expected {FAMILY}:... params; call "
                      f"hj.prepare(params, kernel={FAMILY!r}) first")
@@ -213,9 +216,13 @@ def run_prefill_mx_fold(params: QuantizedWeight, x: jax.Array, *, interpret: boo
 
 def mx_fold_column_scales(params: QuantizedWeight) -> tuple[jax.Array, jax.Array]:
   """(Np,) float32 column scales 2**B and whether the fold is exact (a scalar: every
-  column's exponents within MX_FOLD_SPAN octaves)."""
+  column's exponents within MX_FOLD_SPAN octaves).  A column with a NaN group scale (e8m0
+  code 255) gets a NaN scale: its outputs are NaN, as the reference's are (its folded
+  codes are not meaningful)."""
   _, base, exact = _mx_fold_exponents(params)
-  return formats.exp2_int(base), exact
+  real = params.scales[:-(-params.shape[0] // params.spec.group_size)]
+  nan = jnp.any(jnp.isnan(real.astype(jnp.float32)), axis=0)
+  return jnp.where(nan, jnp.nan, formats.exp2_int(base)), exact
 
 
 def mx_fold_codes(params: QuantizedWeight) -> jax.Array:
