@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The next device calls, prepared 2026-11-30 session 15 after its device time (all of the
 # session-15 queue ran: benchmarks/results/2026-11-30-session15).  Pick steps by name;
-# about 9 minutes in all: (tests w4a8mx unpack | moe_k2048 moe_64).
+# about 14 minutes in all: (tests w4a8mx unpack | waves | moe_k2048 moe_64).
 #   tests: GPU tests of what changed after session 15's last H200 run -- the MXFP4 fold as
 #      run()'s default with no branch (far groups rounded to e4m3 subnormals;
 #      test_mx_fold_prefill_gpu now also runs a column 17 octaves wide through run();
@@ -18,6 +18,12 @@
 #      and Qwen3 down (K 768) both ways, to decide it.
 #   moe_64: the resident table with Humming, 8 weight sets (session 15 call 4 had 4, which
 #      inflated the 1-token walls), on the small-CTA rule.
+#   waves: w8a8_mgpu.Config.group_waves (built after session 15's device time; interpreter
+#      tests and H200 lowering only): its GPU test, then the K-group GEMM at M = 1024 / 4096
+#      default (64 x 128 warpgroup tiles, pairs) vs waves (128 x 128 in two 64-row waves,
+#      256 x 128 CTAs).  Prediction: operand tiles 4.3 -> 3.2 GB at 4096; GEMM 526 ->
+#      ~450-470 us (w4a8-int8) if shared-memory streaming is what limits it, less the
+#      pairs' in-warpgroup overlap (9 % in session 13).
 # Usage: gpu_session_next.sh [STEP...]  (default: all, in order).  Carry: [".whl"].
 source "$(dirname "$0")/gpu_env.sh"
 T() { local t=$1; shift; timeout -k 5 -s INT "$t" "$@"; }
@@ -52,5 +58,12 @@ s_moe_64() {
     --calls 10 --repeats 2 --json "$OUT/moe_64.json" > "$OUT/moe_64.log" 2>&1
   grep -E "T=|rror" "$OUT/moe_64.log" | cut -c1-1200
 }
-for s in ${@:-tests w4a8mx unpack moe_k2048 moe_64}; do step "$s"; "s_$s"; done
+s_waves() {
+  T 150 python3 -m pytest tests/test_w8a8_mgpu.py -m gpu -p no:cacheprovider -o addopts="" \
+    --tb=short -rA -k "group_waves_gpu" -W ignore::DeprecationWarning 2>&1 \
+    | grep -E "^(FAILED|ERROR|PASSED)|passed|failed|Error" | cut -c1-300 | tail -8
+  T 150 python3 benchmarks/profile_w8a8_mgpu.py --specs w4a8-int8,w4a8-fp8,w8a8-fp8-block \
+    --ms 1024,4096 --configs default,waves 2>&1 | grep -vE "^\{" | cut -c1-250 | tail -20
+}
+for s in ${@:-tests w4a8mx unpack waves moe_k2048 moe_64}; do step "$s"; "s_$s"; done
 step done

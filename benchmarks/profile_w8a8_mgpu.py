@@ -9,7 +9,8 @@ Config tokens on top of the heuristic: ``n64`` (tile_n 64), ``m64`` (tile_m 64),
 ``nopairs`` (K-group specs: two groups per step or one, Config.group_pairs), ``rowe`` /
 ``rowk`` (K-group specs: the per-token scale in the epilogue, the default, or on each
 group's promotion), ``sm`` / ``sn`` (warpgroups side by side along M or N,
-Config.split_m), ``wfirst``
+Config.split_m), ``waves`` (K-group specs: 128-row warpgroup tiles in two 64-row waves,
+Config.group_waves), ``wfirst``
 (4-bit weights: the per-call unpack transposes packed words first).  Each line: per
 kernel name, the median of ``--iterations`` profiled calls of a chain of ``--layers``
 distinct layers, per layer (the 8192^2 int8 weights are 64 MB: no L2 reuse across layers).
@@ -43,6 +44,8 @@ def parse_config(name: str, m: int, n: int, grouped: bool, k: int) -> w8a8_mgpu.
       fields["stages"] = int(tok[2:])
     elif tok == "wfirst":
       fields["unpack_words_first"] = True
+    elif tok == "waves":  # K-group specs: 128 rows per warpgroup in two 64-row waves
+      fields.update(tile_m=128, group_waves=True, group_pairs=False)
     elif tok.startswith("w"):
       fields["grid_tile_width"] = int(tok[1:])
     elif tok == "minor_m":

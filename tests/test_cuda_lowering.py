@@ -97,6 +97,24 @@ def test_w8a8_mgpu_lowers_for_h200(name, cfg):
   assert "custom_call" in text
 
 
+@pytest.mark.parametrize("name", ["w8a8-fp8-block", "w4a8-int8", "w4a8-fp8"])
+def test_w8a8_mgpu_group_waves_lower_for_h200(name):
+  """Config.group_waves (two 64-row waves per warpgroup, 256 x 128 CTA tiles; not yet
+  GPU-run) at M = 4096, 8192^2: on the W8A8 family's layout and through the W4A8 prefill
+  of the wnam_mgpu layout."""
+  from humming_jax.kernels import wnam_mgpu
+  cfg = w8a8_mgpu.Config(128, 128, split_m=True, group_waves=True)
+  assert w8a8_mgpu.fit_stages(cfg, True) >= 2
+  x = jax.ShapeDtypeStruct((4096, 8192), jnp.bfloat16)
+  p = abstract_params(name, (8192, 8192), kernel="w8a8")
+  assert "custom_call" in lower_for_h200(lambda p, x: w8a8.run_mgpu(p, x, config=cfg), p, x)
+  if name.startswith("w4a8"):
+    p = abstract_params(name, (8192, 8192))
+    assert p.layout.startswith(wnam_mgpu.FAMILY)
+    text = lower_for_h200(lambda p, x: wnam_mgpu.run_prefill_8bit(p, x, config=cfg), p, x)
+    assert "custom_call" in text
+
+
 @pytest.mark.parametrize("m", [1, 12, 24, 100])
 def test_mgpu_unpadded_rows_lower_for_h200(m):
   """unpadded_rows at token counts that are not multiples of 8 (M = 100 failed on the H200:

@@ -113,6 +113,38 @@ def test_gemm_group_pairs_interpret(dtype, split_m, monkeypatch):
             row_group_scale=rg[:3], col_group_scale=cg[:3], config=cfg, interpret=True)
 
 
+@pytest.mark.parametrize("dtype,row_groups,split_m", [(jnp.int8, True, True),
+                                                       (jnp.float8_e4m3fn, False, True),
+                                                       (jnp.int8, False, False)])
+def test_gemm_group_waves_interpret(dtype, row_groups, split_m, monkeypatch):
+  """Config.group_waves: each warpgroup's 128 rows in two 64-row waves per K group (one
+  accumulator, a running sum per wave) computes the same sums; 3 K groups, bias on the
+  first; split_m: 256 x 128 CTA tiles, 2 x 4 of them on 3 SMs (every warpgroup's wave
+  rows, row scales and output rows exercised); else 128 x 256."""
+  monkeypatch.setattr(wm.tuning, "num_sms", lambda: 3)
+  m, n, k = (512, 512, 384) if split_m else (256, 512, 384)
+  a, w, rows, cols, bias = operands(dtype, m, n, k, seed=11)
+  g = k // 128
+  rg = jax.random.uniform(jax.random.key(12), (g, m), minval=0.5, maxval=2.0)
+  cg = jax.random.uniform(jax.random.key(13), (g, n), minval=0.5, maxval=2.0)
+  parts = jnp.einsum("mgk,ngk->gmn", a.astype(jnp.float32).reshape(m, g, 128),
+                     w.astype(jnp.float32).reshape(n, g, 128), precision="highest")
+  scaled = parts * (rg[:, :, None] if row_groups else 1) * cg[:, None, :]
+  ref = scaled.sum(0) * rows[:, None] * cols[None, :] + bias
+  cfg = wm.Config(128, 128, split_m=split_m, group_waves=True)
+  assert cfg.waves == 2 and (cfg.cta_m, cfg.cta_n) == ((256, 128) if split_m else (128, 256))
+  y = wm.gemm(a, w, rows, cols, bias, out_dtype=jnp.bfloat16,
+              row_group_scale=rg if row_groups else None, col_group_scale=cg, config=cfg,
+              interpret=True)
+  assert rel(y, ref) <= 4e-3
+  with pytest.raises(ValueError, match="group_waves: tile_m must be 128"):
+    wm.Config(64, 128, group_waves=True)
+  with pytest.raises(ValueError, match="group_pairs off"):
+    wm.Config(128, 128, group_waves=True, group_pairs=True)
+  with pytest.raises(ValueError, match="group_waves is for K-group scales"):
+    wm.gemm(a, w, rows, cols, bias, out_dtype=jnp.bfloat16, config=cfg, interpret=True)
+
+
 def test_gemm_argument_errors():
   a, w, rows, cols, _ = operands(jnp.int8, 128, 256, 128)
   with pytest.raises(ValueError, match="both int8 or both float8"):
@@ -263,6 +295,18 @@ def test_group_pairs_gpu(name, pairs, split_m):
   _, w, x, b, q = make(name, 4096, 2048, 1000, seed=6)
   p = jax.jit(lambda q: hj.prepare(q, kernel="w8a8"))(q)
   cfg = wm.Config(64, 128, group_pairs=pairs, split_m=split_m)
+  y = jax.jit(lambda p, x: w8a8.run_mgpu(p, x, config=cfg))(p, x)
+  assert rel(y, reference.dense_reference(q, x)) <= 1e-2
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["w4a8-int8", "w4a8-fp8", "w8a8-fp8-block"])
+def test_group_waves_gpu(name):
+  """Config.group_waves on the H200: 128-row warpgroup tiles in two 64-row waves, 256 x 128
+  CTA tiles, the per-token scale in the epilogue (the GPU default) where the spec allows."""
+  _, w, x, b, q = make(name, 4096, 2048, 1000, seed=6)
+  p = jax.jit(lambda q: hj.prepare(q, kernel="w8a8"))(q)
+  cfg = wm.Config(128, 128, split_m=True, group_waves=True)
   y = jax.jit(lambda p, x: w8a8.run_mgpu(p, x, config=cfg))(p, x)
   assert rel(y, reference.dense_reference(q, x)) <= 1e-2
 

@@ -57,6 +57,7 @@ FAMILY = "w8a8_mgpu"
 MIN_M = 512  # below this the weight bytes, not the MMAs, bound the GEMM: Triton kernel
 SMEM_BYTES = tuning.MOSAIC_SMEM_BUDGET
 EPI_TILE = 64  # output rows / columns per TMA store
+WAVE_M = 64  # rows of one WGMMA (Config.group_waves)
 OUT_DTYPES = (jnp.bfloat16, jnp.float16)  # 64 columns = one 128-byte swizzle row
 
 
@@ -97,6 +98,13 @@ class Config:
   # operand tiles streamed into shared memory total 32 x 33.5 MB of activations + 64 x 67 MB
   # of weights = 5.4 GB, against 4.3 GB side by side along M (64 x + 32 x).
   split_m: bool = False
+  # K-group scales: each warpgroup owns tile_m = 128 rows in two 64-row waves -- per K
+  # group, wave 0's WGMMA, wait, promote, then wave 1's -- with one 64-row accumulator and
+  # a 128-row running sum (DeepGEMM's schedule; NOTES_w8a8.md session 14).  With split_m,
+  # 256 x 128 CTA tiles: at 8192^2, M = 4096 the streamed operand tiles drop from 4.3 GB
+  # to 3.2 GB.  It gives up group_pairs' overlap inside a warpgroup (the other warpgroup
+  # still overlaps).  Built in session 15 after its device time: not yet GPU-run.
+  group_waves: bool = False
 
   @property
   def cta_m(self) -> int:
@@ -121,6 +129,16 @@ class Config:
     if self.tile_m * self.tile_n > 128 * 128:
       raise ValueError(f"tile_m x tile_n = {self.tile_m} x {self.tile_n}: the accumulator "
                        f"would need more than 128 registers per thread (max 128 x 128)")
+    if self.group_waves and (self.tile_m != 2 * WAVE_M or self.tile_n > 128
+                             or self.group_pairs):
+      raise ValueError(f"group_waves: tile_m must be {2 * WAVE_M} (two {WAVE_M}-row waves), "
+                       f"tile_n <= 128 and group_pairs off; got tile_m={self.tile_m}, "
+                       f"tile_n={self.tile_n}, group_pairs={self.group_pairs}")
+
+  @property
+  def waves(self) -> int:
+    """WGMMA row blocks per warpgroup tile, promoted one after the other."""
+    return self.tile_m // WAVE_M if self.group_waves else 1
 
 
 def groups_per_step(config: Config, grouped: bool) -> int:
@@ -203,9 +221,13 @@ def gemm(a: jax.Array, w: jax.Array, row_scale: jax.Array | None,
     raise ValueError(f"padded shapes M={mp}, N={np_}, K={kp} must be multiples of the CTA "
                      f"tile {cta_m} x {cta_n} (config.cta_m, config.cta_n) and "
                      f"tile_k={tk}")
-  if grouped and tm * tn > 64 * 128:
+  if grouped and tm * tn > 64 * 128 * config.waves:
     raise ValueError(f"config={config}: with K-group scales a warpgroup holds two "
-                     f"{tm} x {tn} float32 tiles; tile_m x tile_n must be <= 64 x 128")
+                     f"{tm} x {tn} float32 tiles; tile_m x tile_n must be <= 64 x 128 "
+                     f"(or 128 x 128 in two waves: group_waves)")
+  if config.group_waves and not grouped:
+    raise ValueError(f"config={config}: group_waves is for K-group scales "
+                     f"(row_group_scale / col_group_scale)")
   groups = kp // tk
   gps = groups_per_step(config, grouped)  # K groups per pipeline step
   k_step = gps * tk
@@ -300,7 +322,9 @@ def gemm(a: jax.Array, w: jax.Array, row_scale: jax.Array | None,
     @functools.partial(pl.run_scoped, **scratch, collective_axes="wg")
     def scope(allocs, o_smem, vec_bar=None, rows_smem=None, cols_smem=None):
       wg = lax.axis_index("wg")
-      shape = (tm, tn)
+      waves = config.waves
+      shape = (tm // waves, tn)  # one wave's tile (the whole warpgroup tile without waves)
+      wm_ = shape[0]
       # This warpgroup's rows of the CTA's A tile and columns of its B tile.
       a_off, w_off = (wg * tm, 0) if config.split_m else (0, wg * tn)
       bcast_row = lambda v: lax.broadcast_in_dim(v, shape, (0,))  # one value per row
@@ -316,29 +340,32 @@ def gemm(a: jax.Array, w: jax.Array, row_scale: jax.Array | None,
         wg_ms = pl.ds(mi * cta_m + a_off, tm)  # this warpgroup's output rows
         wg_ns = pl.ds(ni * cta_n + w_off, tn)  # ... and columns
 
-        def epilogue(y):
-          """float32 (tm, tn) sum -> epilogue vectors -> out_dtype -> TMA stores."""
+        def epilogue(ys):
+          """float32 (tm, tn) sum, one (tm / waves, tn) array per wave -> epilogue vectors
+          -> out_dtype -> TMA stores."""
           if vec_bar is not None:
             plgpu.barrier_wait(vec_bar.at[wg])
-          if rows:
-            y = y * bcast_row(rows_smem[wg, 0, :])
-          if has_col_scale:
-            y = y * bcast_col(cols_smem[wg, 0, :])
-          if epi_bias:
-            y = y + bcast_col(cols_smem[wg, len(cols) - 1, :])
-          y = y.astype(out_dtype)
           plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # last tile's stores read out
-          for ei in range(tm // EPI_TILE):
-            for ej in range(tn // EPI_TILE):
-              slot = (ei * (tn // EPI_TILE) + ej) % 2
-              plgpu.wait_smem_to_gmem(1, wait_read_only=True)
-              o_smem[wg, slot] = y[ei * EPI_TILE:(ei + 1) * EPI_TILE,
-                                   ej * EPI_TILE:(ej + 1) * EPI_TILE]
-              plgpu.commit_smem()
-              plgpu.copy_smem_to_gmem(
-                  o_smem.at[wg, slot],
-                  o_gmem.at[wg_ms, wg_ns].at[pl.ds(ei * EPI_TILE, EPI_TILE),
-                                          pl.ds(ej * EPI_TILE, EPI_TILE)])
+          for v, y in enumerate(ys):
+            r0 = v * wm_
+            if rows:
+              y = y * bcast_row(rows_smem[wg, 0, pl.ds(r0, wm_)])
+            if has_col_scale:
+              y = y * bcast_col(cols_smem[wg, 0, :])
+            if epi_bias:
+              y = y + bcast_col(cols_smem[wg, len(cols) - 1, :])
+            y = y.astype(out_dtype)
+            for ei in range(wm_ // EPI_TILE):
+              for ej in range(tn // EPI_TILE):
+                slot = ((r0 // EPI_TILE + ei) * (tn // EPI_TILE) + ej) % 2
+                plgpu.wait_smem_to_gmem(1, wait_read_only=True)
+                o_smem[wg, slot] = y[ei * EPI_TILE:(ei + 1) * EPI_TILE,
+                                     ej * EPI_TILE:(ej + 1) * EPI_TILE]
+                plgpu.commit_smem()
+                plgpu.copy_smem_to_gmem(
+                    o_smem.at[wg, slot],
+                    o_gmem.at[wg_ms, wg_ns].at[pl.ds(r0 + ei * EPI_TILE, EPI_TILE),
+                                            pl.ds(ej * EPI_TILE, EPI_TILE)])
 
         def context(run_k_loop):
           if vec_bar is not None:  # the epilogue vectors travel while the K loop runs
@@ -348,20 +375,20 @@ def gemm(a: jax.Array, w: jax.Array, row_scale: jax.Array | None,
             for i, g in enumerate(cols_gmem):
               plgpu.copy_gmem_to_smem(g.at[:, wg_ns], cols_smem.at[wg, pl.ds(i, 1)], bar)
           if grouped:  # the scaled running sum is the pipeline's carry (registers)
-            epilogue(run_k_loop(jnp.zeros(shape, jnp.float32)))
+            epilogue(run_k_loop(tuple(jnp.zeros(shape, jnp.float32) for _ in range(waves))))
             return
 
           @functools.partial(pl.run_scoped, acc_ref=plgpu.ACC(shape, acc_dtype))
           def _(acc_ref):
             run_k_loop(acc_ref)
-            epilogue(acc_ref[...].astype(jnp.float32))
+            epilogue([acc_ref[...].astype(jnp.float32)])
 
         def w_t(w_smem, j=0):
           # B = w^T: the (tile_n, tile_k) K-major buffer read through a transposed view.
           return w_smem.at[pl.ds(w_off, tn), pl.ds(j * tk, tk)].transpose((1, 0))
 
-        def a_tile(a_smem, j=0):
-          return a_smem.at[pl.ds(a_off, tm), pl.ds(j * tk, tk)]
+        def a_tile(a_smem, j=0, v=0):
+          return a_smem.at[pl.ds(a_off + v * wm_, wm_), pl.ds(j * tk, tk)]
 
         def mma(_, a_smem, w_smem, acc_ref):
           plgpu.wgmma(acc_ref, a_tile(a_smem), w_t(w_smem))
@@ -369,14 +396,14 @@ def gemm(a: jax.Array, w: jax.Array, row_scale: jax.Array | None,
           return acc_ref
 
         def mma_grouped(_, a_smem, w_smem, *refs):
-          *g_smem, total = refs
+          *g_smem, totals = refs  # one running sum per wave
 
-          def promote(total, part, j):
+          def promote(total, part, j, v=0):
             """total + this group's partial product x its row / column scales (+ bias)."""
             part = part.astype(jnp.float32)
             g = list(g_smem)
             if g_rows:
-              part = part * bcast_row(g.pop(0)[j, pl.ds(a_off, tm)])
+              part = part * bcast_row(g.pop(0)[j, pl.ds(a_off + v * wm_, wm_)])
             if g_cols:
               part = part * bcast_col(g.pop(0)[j, pl.ds(w_off, tn)])
             if g_bias:  # the bias on step 0, zeros after
@@ -386,13 +413,25 @@ def gemm(a: jax.Array, w: jax.Array, row_scale: jax.Array | None,
           def group_products(*acc_refs):
             for j, acc_ref in enumerate(acc_refs):  # every WGMMA of the step in flight ...
               plgpu.wgmma(acc_ref, a_tile(a_smem, j), w_t(w_smem, j))
-            out = total
+            out = totals[0]
             for j, acc_ref in enumerate(acc_refs):  # ... group j promoted while j + 1 runs
               part = plgpu.wgmma_accumulator_load(acc_ref, wait_n=gps - 1 - j)
               out = promote(out, part, j)
-            return out
+            return (out,)
 
-          return pl.run_scoped(group_products, *[plgpu.ACC(shape, acc_dtype)] * gps)
+          if waves == 1:
+            return pl.run_scoped(group_products, *[plgpu.ACC(shape, acc_dtype)] * gps)
+
+          def wave_product(acc_ref, v):  # one 64-row WGMMA, waited for
+            plgpu.wgmma(acc_ref, a_tile(a_smem, 0, v), w_t(w_smem))
+            return plgpu.wgmma_accumulator_load(acc_ref, wait_n=0)
+
+          # Waves one after the other, each in its own scoped accumulator: one 64-row
+          # accumulator live at a time beside the running sums.
+          return tuple(
+              promote(totals[v], pl.run_scoped(functools.partial(wave_product, v=v),
+                                               plgpu.ACC(shape, acc_dtype)), 0, v)
+              for v in range(waves))
 
         pipeline(mma_grouped if grouped else mma, context)(
             *pipeline_args(cta_ms, cta_ns), allocations=allocs)
