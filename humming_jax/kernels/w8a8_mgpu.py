@@ -345,16 +345,18 @@ def gemm(a: jax.Array, w: jax.Array, row_scale: jax.Array | None,
           -> out_dtype -> TMA stores."""
           if vec_bar is not None:
             plgpu.barrier_wait(vec_bar.at[wg])
-          plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # last tile's stores read out
           for v, y in enumerate(ys):
             r0 = v * wm_
             if rows:
-              y = y * bcast_row(rows_smem[wg, 0, pl.ds(r0, wm_)])
+              y = y * bcast_row(rows_smem[wg, 0, :] if waves == 1
+                                else rows_smem[wg, 0, pl.ds(r0, wm_)])
             if has_col_scale:
               y = y * bcast_col(cols_smem[wg, 0, :])
             if epi_bias:
               y = y + bcast_col(cols_smem[wg, len(cols) - 1, :])
             y = y.astype(out_dtype)
+            if v == 0:
+              plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # last tile's stores read out
             for ei in range(wm_ // EPI_TILE):
               for ej in range(tn // EPI_TILE):
                 slot = ((r0 // EPI_TILE + ei) * (tn // EPI_TILE) + ej) % 2
@@ -387,8 +389,11 @@ def gemm(a: jax.Array, w: jax.Array, row_scale: jax.Array | None,
           # B = w^T: the (tile_n, tile_k) K-major buffer read through a transposed view.
           return w_smem.at[pl.ds(w_off, tn), pl.ds(j * tk, tk)].transpose((1, 0))
 
+        def wave_rows(v):  # this warpgroup's first row of wave v in the CTA's A tile
+          return a_off + v * wm_ if v else a_off
+
         def a_tile(a_smem, j=0, v=0):
-          return a_smem.at[pl.ds(a_off + v * wm_, wm_), pl.ds(j * tk, tk)]
+          return a_smem.at[pl.ds(wave_rows(v), wm_), pl.ds(j * tk, tk)]
 
         def mma(_, a_smem, w_smem, acc_ref):
           plgpu.wgmma(acc_ref, a_tile(a_smem), w_t(w_smem))
@@ -403,7 +408,7 @@ def gemm(a: jax.Array, w: jax.Array, row_scale: jax.Array | None,
             part = part.astype(jnp.float32)
             g = list(g_smem)
             if g_rows:
-              part = part * bcast_row(g.pop(0)[j, pl.ds(a_off + v * wm_, wm_)])
+              part = part * bcast_row(g.pop(0)[j, pl.ds(wave_rows(v), wm_)])
             if g_cols:
               part = part * bcast_col(g.pop(0)[j, pl.ds(w_off, tn)])
             if g_bias:  # the bias on step 0, zeros after
