@@ -120,7 +120,9 @@ def test_gemm_group_waves_interpret(dtype, row_groups, split_m, monkeypatch):
   """Config.group_waves: each warpgroup's 128 rows in two 64-row waves per K group (one
   accumulator, a running sum per wave) computes the same sums; 3 K groups, bias on the
   first; split_m: 256 x 128 CTA tiles, 2 x 4 of them on 3 SMs (every warpgroup's wave
-  rows, row scales and output rows exercised); else 128 x 256."""
+  rows, row-group scales and output rows exercised); else 128 x 256.  (The interpreter
+  folds the per-token scale into the row-group scales, so the epilogue's row scale is
+  the GPU test's.)"""
   monkeypatch.setattr(wm.tuning, "num_sms", lambda: 3)
   m, n, k = (512, 512, 384) if split_m else (256, 512, 384)
   a, w, rows, cols, bias = operands(dtype, m, n, k, seed=11)
@@ -303,8 +305,10 @@ def test_group_pairs_gpu(name, pairs, split_m):
 @pytest.mark.parametrize("name", ["w4a8-int8", "w4a8-fp8", "w8a8-fp8-block"])
 def test_group_waves_gpu(name):
   """Config.group_waves on the H200: 128-row warpgroup tiles in two 64-row waves, 256 x 128
-  CTA tiles, the per-token scale in the epilogue (the GPU default) where the spec allows."""
-  _, w, x, b, q = make(name, 4096, 2048, 1000, seed=6)
+  CTA tiles, the per-token scale in the epilogue (the GPU default) where the spec allows;
+  N = 8192: 4 x 64 CTA tiles on 132 SMs, so CTAs run a second tile (the carry reset, the
+  output staging slots reused)."""
+  _, w, x, b, q = make(name, 4096, 8192, 1000, seed=6)
   p = jax.jit(lambda q: hj.prepare(q, kernel="w8a8"))(q)
   cfg = wm.Config(128, 128, split_m=True, group_waves=True)
   y = jax.jit(lambda p, x: w8a8.run_mgpu(p, x, config=cfg))(p, x)

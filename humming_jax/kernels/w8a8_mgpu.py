@@ -65,7 +65,10 @@ OUT_DTYPES = (jnp.bfloat16, jnp.float16)  # 64 columns = one 128-byte swizzle ro
 class Config:
   """Launch shape.  A CTA computes (tile_m, 2 * tile_n): two compute warpgroups side by
   side along N (``split_m``: along M, (2 * tile_m, tile_n)), each with a (tile_m, tile_n)
-  accumulator (tile_m * tile_n / 128 registers per thread: 128 for 128 x 128)."""
+  accumulator (tile_m * tile_n / 128 registers per thread: 128 for 128 x 128).  With
+  K-group scales a warpgroup holds a float32 running sum of (tile_m, tile_n) beside the
+  accumulator of one K group: (tile_m, tile_n) too, or (64, tile_n) with
+  ``group_waves``."""
 
   tile_m: int = 128
   tile_n: int = 128
