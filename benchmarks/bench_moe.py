@@ -87,7 +87,9 @@ def _safe(fn):
 
 
 FAMILIES = {"mgpu": "grouped_wna16_mgpu", "triton": "grouped_wna16",  # <spec>@<family>
-            "mgpu-xn": "grouped_wna16_mgpu"}  # ... with four warpgroups sharing x tiles
+            "mgpu-xn": "grouped_wna16_mgpu",  # ... with four warpgroups sharing x tiles
+            "wnam": "grouped_wnam_mgpu",  # W4A8 / W8A8 specs on the Mosaic WnA16 kernel
+            "w8a8": "grouped_w8a8"}  # ... on the Pallas-Triton grouped W8A8 kernel
 # <spec>@mgpu:<tokens>: the Mosaic grouped kernel with profile_mgpu.py's config tokens on
 # top of grouped_wna16_mgpu.heuristic's launch for the default tile rows, e.g.
 # w4a16-g128-zp@mgpu:wg2-xn or @mgpu:split2; rows<R> sets the tile rows (@mgpu:rows16).

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The next device calls, prepared 2026-11-30 session 15 after its device time (all of the
 # session-15 queue ran: benchmarks/results/2026-11-30-session15).  Pick steps by name;
-# about 14 minutes in all: (tests w4a8mx unpack | waves | moe_k2048 moe_64).
+# about 20 minutes in all: (tests w4a8mx unpack | waves moe_k2048 | moe_64 moe_w4a8).
 #   tests: GPU tests of what changed after session 15's last H200 run -- the MXFP4 fold as
 #      run()'s default with no branch (far groups rounded to e4m3 subnormals;
 #      test_mx_fold_prefill_gpu now also runs a column 17 octaves wide through run();
@@ -24,6 +24,13 @@
 #      256 x 128 CTAs).  Prediction: operand tiles 4.3 -> 3.2 GB at 4096; GEMM 526 ->
 #      ~450-470 us (w4a8-int8) if shared-memory streaming is what limits it, less the
 #      pairs' in-warpgroup overlap (9 % in session 13).
+#   moe_w4a8: the grouped W4A8 family on the Mosaic WnA16 kernel (grouped_wnam_mgpu, opt-in,
+#      built after session 15's device time; interpreter tests and H200 lowering only): its
+#      GPU test, then W4A8 MXFP4 x fp8 at 1 / 16 / 64 tokens on it (@wnam) vs the default
+#      Pallas-Triton grouped W8A8 kernel vs Humming's W4A8.  Prediction: about the Mosaic
+#      W4A16 times (DeepSeek-V3 gate_up 64 tokens MXFP4: 211 us of kernels) against
+#      Humming's W4A8 (BASELINES: 17.1 / 57.0 at 1 / 16 tokens); if it wins, its priority
+#      goes above grouped_w8a8 at decode sizes.
 # Usage: gpu_session_next.sh [STEP...]  (default: all, in order).  Carry: [".whl"].
 source "$(dirname "$0")/gpu_env.sh"
 T() { local t=$1; shift; timeout -k 5 -s INT "$t" "$@"; }
@@ -65,5 +72,16 @@ s_waves() {
   T 150 python3 benchmarks/profile_w8a8_mgpu.py --specs w4a8-int8,w4a8-fp8,w8a8-fp8-block \
     --ms 1024,4096 --configs default,waves 2>&1 | grep -vE "^\{" | cut -c1-250 | tail -20
 }
-for s in ${@:-tests w4a8mx unpack waves moe_k2048 moe_64}; do step "$s"; "s_$s"; done
+s_moe_w4a8() {
+  T 120 python3 -m pytest tests/test_grouped_wnam_mgpu.py -m gpu -p no:cacheprovider \
+    -o addopts="" --tb=short -rA -s -W ignore::DeprecationWarning 2>&1 \
+    | grep -E "^(FAILED|ERROR|PASSED)|passed|failed|rel err|Error" | cut -c1-300 | tail -10
+  T 240 python3 benchmarks/bench_moe.py \
+    --shapes deepseek-v3-gate_up,deepseek-v3-down,qwen3-30b-a3b-gate_up --tokens 1,16,64 \
+    --specs "w4a8-mxfp4,w4a8-mxfp4@wnam" --humming --no-baselines --breakdown \
+    --chain resident --calls 10 --repeats 2 --json "$OUT/moe_w4a8.json" \
+    > "$OUT/moe_w4a8.log" 2>&1
+  grep -E "T=|rror" "$OUT/moe_w4a8.log" | cut -c1-1200
+}
+for s in ${@:-tests w4a8mx unpack waves moe_k2048 moe_64 moe_w4a8}; do step "$s"; "s_$s"; done
 step done

@@ -115,6 +115,22 @@ def test_w8a8_mgpu_group_waves_lower_for_h200(name):
     assert "custom_call" in text
 
 
+@pytest.mark.parametrize("name", ["w4a8-int8", "w4a8-mxfp4"])
+def test_grouped_wnam_mgpu_lowers_for_h200(name):
+  """The grouped quantized-activation family (opt-in, not yet GPU-run) at DeepSeek-V3
+  gate_up (E 256, K 7168, N 512), 16 tokens x top-8: the activation fake-quantization and
+  the Mosaic grouped kernel lower for the H200."""
+  from humming_jax.kernels import grouped_wnam_mgpu as gw
+  spec = hj.QuantSpec.preset(name)
+  q = jax.eval_shape(lambda w: hj.quantize(w, spec),
+                     jax.ShapeDtypeStruct((256, 7168, 512), jnp.float32))
+  p = jax.eval_shape(lambda q: hj.prepare(q, grouped=True, kernel=gw.FAMILY), q)
+  assert registry.layout_family(p.layout) == gw.FAMILY
+  x = jax.ShapeDtypeStruct((128, 7168), jnp.bfloat16)
+  g = jax.ShapeDtypeStruct((256,), jnp.int32)
+  assert "custom_call" in lower_for_h200(lambda p, x, g: gw.run(p, x, g), p, x, g)
+
+
 @pytest.mark.parametrize("m", [1, 12, 24, 100])
 def test_mgpu_unpadded_rows_lower_for_h200(m):
   """unpadded_rows at token counts that are not multiples of 8 (M = 100 failed on the H200:

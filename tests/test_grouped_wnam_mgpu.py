@@ -1,0 +1,84 @@
+"""The grouped quantized-activation family on the Mosaic grouped WnA16 kernel
+(kernels/grouped_wnam_mgpu.py): interpreter vs the per-expert reference with the same
+activation quantization, the layout round trip, the opt-in ranking, bad input; H200 tests
+under @pytest.mark.gpu."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import humming_jax as hj
+from humming_jax.kernels import grouped_wnam_mgpu as gw, reference, registry
+
+from test_grouped_wna16_mgpu import TOL, make, rel
+
+CASES = [  # (preset, E, K, N, group_sizes, M): uneven, empty experts, a zero tail
+    ("w4a8-int8", 4, 256, 128, [3, 0, 5, 2], 12),
+    ("w4a8-fp8", 3, 512, 64, [1, 1, 1], 3),  # decode: one row per expert
+    ("w4a8-mxfp4", 5, 256, 192, [0, 7, 2, 0, 9], 20),
+    ("w4a4-nvfp4", 3, 256, 64, [4, 0, 3], 9),
+    ("w8a8-int8", 3, 256, 128, [2, 5, 0], 8),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[0]}-e{c[1]}-m{c[5]}")
+def test_matches_the_reference_interpret(case):
+  """hj.quant_ragged_dot on params prepared for this family: the spec's activation
+  quantization, rounded to bf16, on the grouped WnA16 kernel, against the reference (the
+  same quantization, exact products); rows past sum(group_sizes) are zeros."""
+  name, e, k, n, gs, m = case
+  q, x = make(name, e, k, n, m, True, seed=21)
+  g = jnp.asarray(gs, jnp.int32)
+  p = hj.prepare(q, grouped=True, kernel=gw.FAMILY)
+  assert registry.layout_family(p.layout) == gw.FAMILY and p.spec == q.spec
+  y = jax.jit(lambda p, x, g: hj.quant_ragged_dot(p, x, g, backend="interpret"))(p, x, g)
+  total = sum(gs)
+  want = reference.ragged_dot_reference(q, x, g)
+  assert y.shape == (m, n) and y.dtype == x.dtype
+  assert rel(y[:total], want[:total]) <= TOL, rel(y[:total], want[:total])
+  assert not bool(jnp.any(y[total:] != 0))
+  # Not the weight-only product: the activation quantization is applied.
+  unq = reference.ragged_dot_reference(q.replace(spec=q.spec.weight_only()), x, g)
+  assert rel(y[:total], unq[:total]) > rel(y[:total], want[:total])
+
+
+def test_round_trip_and_ranking():
+  """prepare / to_canonical are exact inverses; the family is opt-in (the Pallas-Triton
+  grouped W8A8 family stays the default until the H200 times this one); weight-only
+  specs and 32-bit tokens are refused by name."""
+  q, x = make("w4a8-mxfp4", 3, 256, 128, 6, True, seed=22)
+  c = gw.to_canonical(gw.prepare(q))
+  for f in ("codes", "scales", "zeros", "global_scale", "bias"):
+    a, b = getattr(c, f), getattr(q, f)
+    assert (a is None) == (b is None), f
+    if a is not None:
+      np.testing.assert_array_equal(np.asarray(a, np.float32), np.asarray(b, np.float32))
+  assert c.spec == q.spec and c.layout == "canonical"
+  assert registry.find(q.spec, grouped=True, shape=q.shape).name != gw.FAMILY
+  w16, _ = make("w4a16-g128-zp", 3, 256, 128, 6, False)
+  assert not gw.supports(w16.spec)
+  with pytest.raises(ValueError, match="not supported by the grouped_wnam_mgpu kernel"):
+    gw.prepare(w16)
+  p = gw.prepare(q)
+  g = jnp.asarray([2, 2, 2], jnp.int32)
+  with pytest.raises(ValueError, match="bfloat16 / float16 tokens"):
+    gw.run(p, x.astype(jnp.float32), g, interpret=True)
+  with pytest.raises(ValueError, match="expected grouped_wnam_mgpu"):
+    gw.run(q, x, g, interpret=True)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tokens", [1, 16, 64])
+@pytest.mark.parametrize("name", ["w4a8-int8", "w4a8-mxfp4"])
+def test_deepseek_gate_up_gpu(name, tokens):
+  """DeepSeek-V3 gate_up (E=256, K=7168, N=512), top-8 rows sorted by expert, on the H200."""
+  e, k, n = 256, 7168, 512
+  q, _ = make(name, e, k, n, 1, False, seed=23)
+  ids = jax.random.randint(jax.random.key(24), (tokens * 8,), 0, e)
+  g = jnp.bincount(ids, length=e).astype(jnp.int32)
+  x = jax.random.normal(jax.random.key(25), (tokens * 8, k), jnp.bfloat16)
+  p = jax.jit(lambda q: hj.prepare(q, grouped=True, kernel=gw.FAMILY))(q)
+  y = jax.jit(hj.quant_ragged_dot)(p, x, g)
+  e_ = rel(y, jax.jit(reference.ragged_dot_reference)(q, x, g))
+  print(f"grouped_wnam_mgpu {name} {tokens} tokens: rel err {e_:.2e}")
+  assert e_ <= TOL
