@@ -68,10 +68,12 @@ def prepare(params: QuantizedWeight, *, grouped: bool = False,
 
   ``kernel``: a registered family name (``"wna16"``, ``"wna16_mgpu"``, ``"w8a8"``,
   ``"wnam_mgpu"`` -- quantized-activation specs on the WnA16 kernel, for decode; grouped:
-  ``"grouped_wna16"``, ``"grouped_wna16_mgpu"``, ``"grouped_w8a8"``) to prepare for
-  instead of the default choice for this spec and shape; the params then run on that
-  family.  E.g. the Mosaic grouped kernel for prefill-heavy Qwen3-style MoE experts
-  (K 768 / 2048), where it beat the default at 1024 tokens but not at decode
+  ``"grouped_wna16"``, ``"grouped_wna16_mgpu"``, ``"grouped_w8a8"``, and the opt-in
+  ``"grouped_wnam_mgpu"`` -- quantized-activation experts on the Mosaic grouped WnA16
+  kernel, not yet GPU-run) to prepare for instead of the default choice for this spec and
+  shape; the params then run on that family.  E.g. the Mosaic grouped kernel for
+  prefill-heavy Qwen3-style MoE down projections (K 768), where it beat the default at
+  1024 tokens but not at decode
   (docs/moe.md).  The default for stacked experts with K >= 2048 is that Mosaic kernel,
   which takes bf16 / fp16 tokens: float32 tokens then run the Pallas-Triton grouped kernel
   after a re-layout inside every call -- prepare with ``kernel="grouped_wna16"`` for

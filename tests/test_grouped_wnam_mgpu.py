@@ -48,13 +48,19 @@ def test_round_trip_and_ranking():
   specs and 32-bit tokens are refused by name."""
   q, x = make("w4a8-mxfp4", 3, 256, 128, 6, True, seed=22)
   c = gw.to_canonical(gw.prepare(q))
-  for f in ("codes", "scales", "zeros", "global_scale", "bias"):
+  for f in ("codes", "scales", "zeros", "global_scale", "bias", "act_scale"):
     a, b = getattr(c, f), getattr(q, f)
     assert (a is None) == (b is None), f
     if a is not None:
       np.testing.assert_array_equal(np.asarray(a, np.float32), np.asarray(b, np.float32))
   assert c.spec == q.spec and c.layout == "canonical"
   assert registry.find(q.spec, grouped=True, shape=q.shape).name != gw.FAMILY
+  # Opt-in: not chosen even for a spec no other grouped family takes (zero-point weights
+  # with int8 activations run the XLA path), but found by name and by layout.
+  zp = hj.QuantSpec.preset("w4a16-g128-zp").replace(act="int8")
+  assert gw.supports(zp) and registry.find(zp, grouped=True, shape=q.shape) is None
+  assert registry.by_name(gw.FAMILY, grouped=True) is gw.KERNEL
+  assert registry.by_layout(gw.prepare(q).layout) is gw.KERNEL
   w16, _ = make("w4a16-g128-zp", 3, 256, 128, 6, False)
   assert not gw.supports(w16.spec)
   with pytest.raises(ValueError, match="not supported by the grouped_wnam_mgpu kernel"):
@@ -65,6 +71,10 @@ def test_round_trip_and_ranking():
     gw.run(p, x.astype(jnp.float32), g, interpret=True)
   with pytest.raises(ValueError, match="expected grouped_wnam_mgpu"):
     gw.run(q, x, g, interpret=True)
+  with pytest.raises(ValueError, match=r"x must be \(M, K=256\)"):
+    gw.run(p, x[:, :128], g, interpret=True)
+  y0 = gw.run(p, x[:0], g, interpret=True)  # no tokens: (0, N), no quantization of nothing
+  assert y0.shape == (0, 128) and y0.dtype == x.dtype
 
 
 @pytest.mark.gpu

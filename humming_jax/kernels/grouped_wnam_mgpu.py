@@ -8,15 +8,19 @@ weight half of the spec in that kernel's stacked layout.  The error against the 
 is that rounding of ``code x scale``: the class of the dense family (H200: 2.0e-3-2.7e-3).
 
 Why: at MoE decode a grouped GEMM streams the active experts' weights, so 8-bit tensor
-cores buy nothing, and the Pallas-Triton grouped W8A8 family (``grouped_w8a8``, the
-default for these specs) was 0.42x / 0.58x Humming's W4A8 at DeepSeek-V3 down, 1 / 16
-tokens (NOTES_moe.md session 3), where the Mosaic grouped WnA16 kernel now runs the same
-int4 weights at 10.6 us of kernels at 1 token (DeepSeek-V3 gate_up, session 15).
+cores buy nothing.  The Pallas-Triton grouped W8A8 family (``grouped_w8a8``, the default
+for the specs it takes) ran W4A8 MXFP4 at 0.42x / 0.58x Humming's W4A8 at DeepSeek-V3
+down, 1 / 16 tokens (NOTES_moe.md session 3).  The Mosaic grouped WnA16 kernel runs int4
+/ MXFP4 weights at DeepSeek-V3 gate_up (K 7168) in 10.6 / 13.2 us of kernels at 1 token
+(session 15); with short K (DeepSeek-V3 down, K 256) it lost to the Triton WnA16 kernel at
+decode in session 8 (23.5 vs 16.6 us), so the down projections are the open question.
 
-Not GPU-run yet (built in session 15 after its device time): the family ranks below
-``grouped_w8a8``, so it runs only when asked for --
-``hj.prepare(q, grouped=True, kernel="grouped_wnam_mgpu")``.  Interpreter tests check it
-against the reference; the queued H200 step times it beside both and Humming.
+Opt-in (``registry.DenseKernel.opt_in``): never the default choice, also for the specs no
+other grouped family takes (static activation scales, zero-point weights, e5m2
+activations: XLA there); ``hj.prepare(q, grouped=True, kernel="grouped_wnam_mgpu")`` asks
+for it.  Built in session 15 after its device time: interpreter tests check it against
+the reference and it lowers for the H200, but it is not GPU-run yet; the queued H200 step
+times it beside the Triton family and Humming.
 """
 from __future__ import annotations
 
@@ -74,6 +78,11 @@ def run(params: QuantizedWeight, x: jax.Array, group_sizes: jax.Array, *,
   if x.dtype not in (jnp.bfloat16, jnp.float16):
     raise ValueError(f"x.dtype={x.dtype}: the {FAMILY} kernel takes bfloat16 / float16 "
                      f"tokens")
+  e, k, n = params.shape
+  if x.ndim != 2 or x.shape[1] != k:
+    raise ValueError(f"x must be (M, K={k}); got shape {x.shape}")
+  if x.shape[0] == 0:
+    return jnp.zeros((0, n), x.dtype)
   xq = fake_quantize_activations(x, params.spec, params.act_scale).astype(x.dtype)
   view = _weight_view(params, _renamed(params.layout, grouped_wna16_mgpu.FAMILY))
   return grouped_wna16_mgpu.run(view, xq, group_sizes, interpret=interpret, config=config,
@@ -83,4 +92,4 @@ def run(params: QuantizedWeight, x: jax.Array, group_sizes: jax.Array, *,
 KERNEL = registry.register(registry.DenseKernel(
     name=FAMILY, layout=FAMILY, supports=supports, prepare=prepare,
     to_canonical=to_canonical, run=run, grouped=True, priority=-2,
-    x_dtypes=("bfloat16", "float16")))
+    x_dtypes=("bfloat16", "float16"), opt_in=True))

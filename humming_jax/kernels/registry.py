@@ -35,6 +35,10 @@ class DenseKernel:
   priority_for: Callable[[QuantSpec, tuple[int, ...]], int] | None = None
   # Activation dtypes ``run`` takes (names, e.g. ("bfloat16", "float16")); None: any float.
   x_dtypes: tuple[str, ...] | None = None
+  # Never chosen by ``find`` (the default choice): only by name (``hj.prepare(...,
+  # kernel=)``) and by the layout of params prepared that way.  For families not yet timed
+  # on the GPU, which must not become the default of a spec no other family takes.
+  opt_in: bool = False
 
   def accepts(self, x_dtype) -> bool:
     return (x_dtype is None or self.x_dtypes is None
@@ -62,7 +66,7 @@ def find(spec: QuantSpec, *, grouped: bool = False, shape: tuple[int, ...] | Non
   family says so) among those that support it; ties: the first registered."""
   _load_kernels()
   found = [k for k in (_GROUPED if grouped else _DENSE)
-           if k.supports(spec) and k.accepts(x_dtype)]
+           if not k.opt_in and k.supports(spec) and k.accepts(x_dtype)]
   if not found:
     return None
   best = max(k.rank(spec, shape) for k in found)
