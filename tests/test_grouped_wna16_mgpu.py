@@ -22,6 +22,13 @@ def rel(y, ref):
   return float(jnp.linalg.norm(y - ref) / jnp.linalg.norm(ref))
 
 
+def routed_rows(e, k, tokens, seed, topk=8):
+  """(group_sizes (E,), x (tokens * topk, K) bf16): random expert ids, rows sorted."""
+  ids = jax.random.randint(jax.random.key(seed), (tokens * topk,), 0, e)
+  g = jnp.bincount(ids, length=e).astype(jnp.int32)
+  return g, jax.random.normal(jax.random.key(seed + 1), (tokens * topk, k), jnp.bfloat16)
+
+
 def make(name, e, k, n, m, bias, seed=0, dtype=jnp.bfloat16):
   kw, kb, kx = jax.random.split(jax.random.key(seed), 3)
   w = jax.random.normal(kw, (e, k, n)) / np.sqrt(k)
@@ -136,9 +143,7 @@ def test_qwen3_decode_gpu(name, tokens):
   """Qwen3-30B-A3B gate_up (E=128, K=2048, N=1536), top-8 rows sorted by expert."""
   e, k, n = 128, 2048, 1536
   q, _ = make(name, e, k, n, 1, False, seed=5)
-  ids = jax.random.randint(jax.random.key(6), (tokens * 8,), 0, e)
-  g = jnp.bincount(ids, length=e).astype(jnp.int32)
-  x = jax.random.normal(jax.random.key(7), (tokens * 8, k), jnp.bfloat16)
+  g, x = routed_rows(e, k, tokens, seed=6)
   p = jax.jit(gm.prepare)(q)
   y = jax.jit(gm.run)(p, x, g)
   assert rel(y, jax.jit(reference.ragged_dot_reference)(q, x, g)) <= TOL

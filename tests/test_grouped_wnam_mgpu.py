@@ -10,7 +10,7 @@ import pytest
 import humming_jax as hj
 from humming_jax.kernels import grouped_wnam_mgpu as gw, reference, registry
 
-from test_grouped_wna16_mgpu import TOL, make, rel
+from test_grouped_wna16_mgpu import TOL, make, rel, routed_rows
 
 CASES = [  # (preset, E, K, N, group_sizes, M): uneven, empty experts, a zero tail
     ("w4a8-int8", 4, 256, 128, [3, 0, 5, 2], 12),
@@ -84,9 +84,7 @@ def test_deepseek_gate_up_gpu(name, tokens):
   """DeepSeek-V3 gate_up (E=256, K=7168, N=512), top-8 rows sorted by expert, on the H200."""
   e, k, n = 256, 7168, 512
   q, _ = make(name, e, k, n, 1, False, seed=23)
-  ids = jax.random.randint(jax.random.key(24), (tokens * 8,), 0, e)
-  g = jnp.bincount(ids, length=e).astype(jnp.int32)
-  x = jax.random.normal(jax.random.key(25), (tokens * 8, k), jnp.bfloat16)
+  g, x = routed_rows(e, k, tokens, seed=24)
   p = jax.jit(lambda q: hj.prepare(q, grouped=True, kernel=gw.FAMILY))(q)
   y = jax.jit(hj.quant_ragged_dot)(p, x, g)
   e_ = rel(y, jax.jit(reference.ragged_dot_reference)(q, x, g))

@@ -58,6 +58,17 @@ def test_gemm_interpret(dtype, cfg, with_bias, monkeypatch):
   assert rel(y, ref) <= 4e-3
 
 
+def k_group_operands(a, w, k, seed):
+  """(row group scales (G, M), column group scales (G, N), per-group products (G, M, N))
+  for 128-deep K groups: random scales in [0.5, 2], products in float32 ("highest")."""
+  m, n, g = a.shape[0], w.shape[0], k // 128
+  rg = jax.random.uniform(jax.random.key(seed), (g, m), minval=0.5, maxval=2.0)
+  cg = jax.random.uniform(jax.random.key(seed + 1), (g, n), minval=0.5, maxval=2.0)
+  parts = jnp.einsum("mgk,ngk->gmn", a.astype(jnp.float32).reshape(m, g, 128),
+                     w.astype(jnp.float32).reshape(n, g, 128), precision="highest")
+  return rg, cg, parts
+
+
 @pytest.mark.parametrize("dtype", [jnp.int8, jnp.float8_e4m3fn])
 @pytest.mark.parametrize("row_groups,col_groups,with_bias,split_m", [
     (True, True, True, True), (False, True, True, True), (True, False, False, False)])
@@ -71,11 +82,7 @@ def test_gemm_k_group_scales_interpret(dtype, row_groups, col_groups, with_bias,
   m, n, k = 128, 512, 384
   a, w, rows, cols, bias = operands(dtype, m, n, k, seed=2)
   bias = bias if with_bias else None
-  g = k // 128
-  rg = jax.random.uniform(jax.random.key(5), (g, m), minval=0.5, maxval=2.0)
-  cg = jax.random.uniform(jax.random.key(6), (g, n), minval=0.5, maxval=2.0)
-  parts = jnp.einsum("mgk,ngk->gmn", a.astype(jnp.float32).reshape(m, g, 128),
-                     w.astype(jnp.float32).reshape(n, g, 128), precision="highest")
+  rg, cg, parts = k_group_operands(a, w, k, seed=5)
   scaled = parts * (rg[:, :, None] if row_groups else 1) * (cg[:, None, :] if col_groups else 1)
   ref = float_product(a[:, :0], w[:, :0], rows, cols, bias) + (
       scaled.sum(0) * rows[:, None] * cols[None, :])
@@ -98,11 +105,7 @@ def test_gemm_group_pairs_interpret(dtype, split_m, monkeypatch):
   monkeypatch.setattr(wm.tuning, "num_sms", lambda: 1 if not split_m else 3)
   m, n, k = (128, 512, 512) if not split_m else (256, 512, 512)
   a, w, rows, cols, bias = operands(dtype, m, n, k, seed=7)
-  g = k // 128
-  rg = jax.random.uniform(jax.random.key(8), (g, m), minval=0.5, maxval=2.0)
-  cg = jax.random.uniform(jax.random.key(9), (g, n), minval=0.5, maxval=2.0)
-  parts = jnp.einsum("mgk,ngk->gmn", a.astype(jnp.float32).reshape(m, g, 128),
-                     w.astype(jnp.float32).reshape(n, g, 128), precision="highest")
+  rg, cg, parts = k_group_operands(a, w, k, seed=8)
   ref = (parts * rg[:, :, None] * cg[:, None, :]).sum(0) * rows[:, None] * cols[None, :] + bias
   cfg = wm.Config(64, 128, group_pairs=True, split_m=split_m)
   y = wm.gemm(a, w, rows, cols, bias, out_dtype=jnp.bfloat16, row_group_scale=rg,
@@ -126,11 +129,7 @@ def test_gemm_group_waves_interpret(dtype, row_groups, split_m, monkeypatch):
   monkeypatch.setattr(wm.tuning, "num_sms", lambda: 3)
   m, n, k = (512, 512, 384) if split_m else (256, 512, 384)
   a, w, rows, cols, bias = operands(dtype, m, n, k, seed=11)
-  g = k // 128
-  rg = jax.random.uniform(jax.random.key(12), (g, m), minval=0.5, maxval=2.0)
-  cg = jax.random.uniform(jax.random.key(13), (g, n), minval=0.5, maxval=2.0)
-  parts = jnp.einsum("mgk,ngk->gmn", a.astype(jnp.float32).reshape(m, g, 128),
-                     w.astype(jnp.float32).reshape(n, g, 128), precision="highest")
+  rg, cg, parts = k_group_operands(a, w, k, seed=12)
   scaled = parts * (rg[:, :, None] if row_groups else 1) * cg[:, None, :]
   ref = scaled.sum(0) * rows[:, None] * cols[None, :] + bias
   cfg = wm.Config(128, 128, split_m=split_m, group_waves=True)
