@@ -33,9 +33,7 @@ E4M3 = formats.get_format("fp8_e4m3")
 
 def _as_np_k(codes: jax.Array) -> jax.Array:
   """(t, Np, bk) uint8 e4m3 bit patterns -> (Np, Kp) float8_e4m3fn, as the GEMM takes them."""
-  t, np_, bk = codes.shape
-  codes = jax.lax.bitcast_convert_type(codes.astype(jnp.uint8), jnp.float8_e4m3fn)
-  return codes.transpose(1, 0, 2).reshape(np_, t * bk)
+  return wm.k_major(jax.lax.bitcast_convert_type(codes.astype(jnp.uint8), jnp.float8_e4m3fn))
 
 
 # ---- int4 -> e4m3 ------------------------------------------------------------------------

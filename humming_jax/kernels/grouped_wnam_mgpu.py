@@ -28,24 +28,16 @@ import jax
 import jax.numpy as jnp
 
 from humming_jax.kernels import grouped_wna16_mgpu, registry
+from humming_jax.kernels.wnam_mgpu import renamed, weight_spec, weight_view
 from humming_jax.quantize import QuantizedWeight, fake_quantize_activations
 from humming_jax.spec import QuantSpec
 
 FAMILY = "grouped_wnam_mgpu"
 
 
-def _weight_view(params: QuantizedWeight, layout: str) -> QuantizedWeight:
-  """The same arrays as WnA16 params of ``layout`` (no activation scale)."""
-  return params.replace(spec=params.spec.weight_only(), act_scale=None, layout=layout)
-
-
-def _renamed(layout: str, family: str) -> str:
-  return family + layout[layout.index(":"):]
-
-
 def supports(spec: QuantSpec) -> bool:
   """The spec quantizes activations and the Mosaic grouped kernel takes its weights."""
-  return spec.act is not None and grouped_wna16_mgpu.supports(spec.weight_only())
+  return spec.act is not None and grouped_wna16_mgpu.supports(weight_spec(spec))
 
 
 def prepare(params: QuantizedWeight) -> QuantizedWeight:
@@ -55,14 +47,14 @@ def prepare(params: QuantizedWeight) -> QuantizedWeight:
     raise ValueError(f"spec {params.spec.name}: not supported by the {FAMILY} kernel "
                      f"(activation-quantized specs whose weights the "
                      f"{grouped_wna16_mgpu.FAMILY} kernel takes)")
-  out = grouped_wna16_mgpu.prepare(_weight_view(params, "canonical"))
+  out = grouped_wna16_mgpu.prepare(weight_view(params, "canonical"))
   return out.replace(spec=params.spec, act_scale=params.act_scale,
-                     layout=_renamed(out.layout, FAMILY))
+                     layout=renamed(out.layout, FAMILY))
 
 
 def to_canonical(prepared: QuantizedWeight) -> QuantizedWeight:
   """Inverse of :func:`prepare` (bit-exact)."""
-  view = _weight_view(prepared, _renamed(prepared.layout, grouped_wna16_mgpu.FAMILY))
+  view = weight_view(prepared, renamed(prepared.layout, grouped_wna16_mgpu.FAMILY))
   out = grouped_wna16_mgpu.to_canonical(view)
   return out.replace(spec=prepared.spec, act_scale=prepared.act_scale)
 
@@ -84,7 +76,7 @@ def run(params: QuantizedWeight, x: jax.Array, group_sizes: jax.Array, *,
   if x.shape[0] == 0:
     return jnp.zeros((0, n), x.dtype)
   xq = fake_quantize_activations(x, params.spec, params.act_scale).astype(x.dtype)
-  view = _weight_view(params, _renamed(params.layout, grouped_wna16_mgpu.FAMILY))
+  view = weight_view(params, renamed(params.layout, grouped_wna16_mgpu.FAMILY))
   return grouped_wna16_mgpu.run(view, xq, group_sizes, interpret=interpret, config=config,
                                 block_m=block_m)
 

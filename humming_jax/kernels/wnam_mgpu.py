@@ -75,12 +75,14 @@ def gpu_known_bad(spec: QuantSpec) -> str | None:
   return wna16_mgpu.KERNEL.gpu_known_bad(weight_spec(spec))
 
 
-def _view(params: QuantizedWeight, layout: str) -> QuantizedWeight:
-  """The same arrays as WnA16 params of ``layout`` (no activation scale)."""
+def weight_view(params: QuantizedWeight, layout: str) -> QuantizedWeight:
+  """The same arrays as WnA16 params of ``layout`` (no activation scale); also the
+  grouped family's (``grouped_wnam_mgpu``)."""
   return params.replace(spec=weight_spec(params.spec), act_scale=None, layout=layout)
 
 
-def _renamed(layout: str, family: str) -> str:
+def renamed(layout: str, family: str) -> str:
+  """A prepared layout's name under another family (the details after ``family:`` kept)."""
   return family + layout[layout.index(":"):]
 
 
@@ -89,14 +91,14 @@ def prepare(params: QuantizedWeight) -> QuantizedWeight:
   a static spec kept as it is)."""
   if (why := unsupported_reason(params.spec)) is not None:
     raise ValueError(f"spec {params.spec.name}: not supported by the {FAMILY} kernel ({why})")
-  out = wna16_mgpu.prepare(_view(params, "canonical"))
+  out = wna16_mgpu.prepare(weight_view(params, "canonical"))
   return out.replace(spec=params.spec, act_scale=params.act_scale,
-                     layout=_renamed(out.layout, FAMILY))
+                     layout=renamed(out.layout, FAMILY))
 
 
 def to_canonical(prepared: QuantizedWeight) -> QuantizedWeight:
   """Inverse of :func:`prepare` (bit-exact)."""
-  out = wna16_mgpu.to_canonical(_view(prepared, _renamed(prepared.layout, wna16_mgpu.FAMILY)))
+  out = wna16_mgpu.to_canonical(weight_view(prepared, renamed(prepared.layout, wna16_mgpu.FAMILY)))
   return out.replace(spec=prepared.spec, act_scale=prepared.act_scale)
 
 
@@ -122,7 +124,7 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
   if (config is None and MX_FOLD_PREFILL and x.shape[0] >= w8a8_mgpu.MIN_M
       and mx_fold_runs(params) and x.dtype in map(jnp.dtype, w8a8_mgpu.OUT_DTYPES)):
     return run_prefill_mx_fold(params, x, interpret=interpret)
-  view = _view(params, _renamed(params.layout, wna16_mgpu.FAMILY))
+  view = weight_view(params, renamed(params.layout, wna16_mgpu.FAMILY))
   if config is None and x.shape[0] >= w8a8.DEQUANT_GEMM_MIN_M and _exact_dequant(params.spec):
     # The W8A8 family's large-M route on weights from this layout: bf16 operands that are
     # exact (MXFP4 / NVFP4), the activation scales in the float32 epilogue -- not the
@@ -179,6 +181,11 @@ def mx_fold_runs(params: QuantizedWeight) -> bool:
   return np_ % 128 == 0 and (t * bk) % w8a8_mgpu.Config.tile_k == 0
 
 
+def _real_groups(params: QuantizedWeight) -> int:
+  """Group-scale rows that cover real K rows (the rest pad K to the layout's tiles)."""
+  return -(-params.shape[0] // params.spec.group_size)
+
+
 def _mx_fold_exponents(params: QuantizedWeight) -> tuple[jax.Array, jax.Array, jax.Array]:
   """(E, B, exact): the (Kp / group, Np) int32 exponents of the power-of-two group scales
   (the layout's bf16 rows of e8m0 values; padded rows are 1), each column's base B = its
@@ -186,7 +193,7 @@ def _mx_fold_exponents(params: QuantizedWeight) -> tuple[jax.Array, jax.Array, j
   6 x 2**6 = 384), kept >= -126 (2**B a float32 normal), and whether every E - B is at
   least 6 - MX_FOLD_SPAN: no value rounds (a scalar bool array)."""
   e = formats.floor_log2(params.scales.astype(jnp.float32))
-  real = e[:-(-params.shape[0] // params.spec.group_size)]
+  real = e[:_real_groups(params)]
   base = jnp.maximum(real.max(axis=0) - 6, -126)
   return e, base, jnp.all(real - base[None] >= 6 - MX_FOLD_SPAN)
 
@@ -220,8 +227,7 @@ def mx_fold_column_scales(params: QuantizedWeight) -> tuple[jax.Array, jax.Array
   code 255) gets a NaN scale: its outputs are NaN, as the reference's are (its folded
   codes are not meaningful)."""
   _, base, exact = _mx_fold_exponents(params)
-  real = params.scales[:-(-params.shape[0] // params.spec.group_size)]
-  nan = jnp.any(jnp.isnan(real.astype(jnp.float32)), axis=0)
+  nan = jnp.any(jnp.isnan(params.scales[:_real_groups(params)].astype(jnp.float32)), axis=0)
   return jnp.where(nan, jnp.nan, formats.exp2_int(base)), exact
 
 
@@ -237,8 +243,7 @@ def mx_fold_codes(params: QuantizedWeight) -> jax.Array:
   vals = wna16_mgpu.code_values(params, jnp.float32).reshape(t, np_, bk // g, g)
   vals = (vals * formats.exp2_int(shift)[..., None]).reshape(t, np_, bk)  # exact
   codes = formats.get_format("fp8_e4m3").encode_exact(vals, round_subnormals=True)
-  codes = jax.lax.bitcast_convert_type(codes, jnp.float8_e4m3fn)
-  return codes.transpose(1, 0, 2).reshape(np_, t * bk)
+  return k_major(jax.lax.bitcast_convert_type(codes, jnp.float8_e4m3fn))
 
 
 def _exact_dequant(spec: QuantSpec) -> bool:
@@ -261,23 +266,29 @@ def prefill_8bit_runs(params: QuantizedWeight, x_dtype) -> bool:
           and jax.numpy.dtype(x_dtype) in map(jax.numpy.dtype, w8a8_mgpu.OUT_DTYPES))
 
 
+def k_major(codes: jax.Array) -> jax.Array:
+  """(Kp / bk, Np, bk) codes in this layout's K-tile order -> (Np, Kp): the 8-bit GEMM's
+  K-major weight operand."""
+  t, np_, bk = codes.shape
+  return codes.transpose(1, 0, 2).reshape(np_, t * bk)
+
+
 def _carrier_codes(params: QuantizedWeight) -> jax.Array:
   """(Kp / bk, Np, bk) WnA16-layout codes -> (Np, Kp) values in the 8-bit carrier of the
   spec (``w8a8._carrier``: int8, or e4m3), exact for every spec of
   :func:`prefill_8bit_runs` (int4 / int8 in int8; int4, fp4 e2m1 and fp8 e4m3 in e4m3)."""
-  t, np_, bk = params.codes.shape
   carrier = w8a8._carrier(params.spec)
   if params.codes.dtype == carrier:  # fp8 e4m3 codes: already the carrier
     vals = params.codes
   elif carrier == jax.numpy.int8:  # integer codes (prefill_8bit_runs: exact carriers only)
     vals = wna16_mgpu.code_values(params, carrier)
   else:  # int4 / fp4 values (all zero or normal in e4m3) -> e4m3 codes off their float32
-    # bits.  H200 8192^2 unpack (session 14): XLA's float32 -> e4m3 convert 196 us, the
-    # format's general encode 121 us, int8's 33; this form was not timed there yet.
+    # bits.  H200 8192^2 unpack: XLA's float32 -> e4m3 convert 196 us, the format's general
+    # encode 121 us (session 14), this form 81 (session 15); int8's 33.
     vals = wna16_mgpu.code_values(params, jax.numpy.float32)
     vals = formats.get_format("fp8_e4m3").encode_exact(vals)
     vals = jax.lax.bitcast_convert_type(vals, carrier)
-  return vals.transpose(1, 0, 2).reshape(np_, t * bk)
+  return k_major(vals)
 
 
 def run_prefill_8bit(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
