@@ -34,10 +34,14 @@ def case(name, e, k, n, m, seed=0, bias=True):
 
 @pytest.mark.parametrize("name", DYNAMIC)
 def test_presets_interpret(name):
-  assert registry.find(hj.QuantSpec.preset(name), grouped=True).name == g8.FAMILY
+  # The default for 8-bit weights; 4-bit weights default to grouped_wnam_mgpu (session 16).
+  spec = hj.QuantSpec.preset(name)
+  want = g8.FAMILY if spec.weight_bits == 8 else "grouped_wnam_mgpu"
+  assert registry.find(spec, grouped=True).name == want
   q, x = case(name, 4, 512, 128, 23, seed=1)
   gs = jnp.array([7, 0, 11, 3], jnp.int32)  # an empty expert; rows 21, 22 are the tail
-  p = jax.jit(hj.prepare, static_argnames="grouped")(q, grouped=True)
+  p = jax.jit(hj.prepare, static_argnames=("grouped", "kernel"))(q, grouped=True,
+                                                                 kernel=g8.FAMILY)
   assert p.layout.startswith(g8.FAMILY + ":")
   y = jax.jit(lambda p, x, gs: hj.quant_ragged_dot(p, x, gs, backend="interpret"))(p, x, gs)
   ref = reference.ragged_dot_reference(q, x, gs)

@@ -43,9 +43,10 @@ def test_matches_the_reference_interpret(case):
 
 
 def test_round_trip_and_ranking():
-  """prepare / to_canonical are exact inverses; the family is opt-in (the Pallas-Triton
-  grouped W8A8 family stays the default until the H200 times this one); weight-only
-  specs and 32-bit tokens are refused by name."""
+  """prepare / to_canonical are exact inverses; the family is the default for 4-bit weights
+  with quantized activations (above the Pallas-Triton grouped W8A8 family, session 16's
+  H200 times) and for the 4-bit specs no other grouped family takes, not for 8-bit weights
+  that grouped_w8a8 takes; weight-only specs and 32-bit tokens are refused by name."""
   q, x = make("w4a8-mxfp4", 3, 256, 128, 6, True, seed=22)
   c = gw.to_canonical(gw.prepare(q))
   for f in ("codes", "scales", "zeros", "global_scale", "bias", "act_scale"):
@@ -54,11 +55,13 @@ def test_round_trip_and_ranking():
     if a is not None:
       np.testing.assert_array_equal(np.asarray(a, np.float32), np.asarray(b, np.float32))
   assert c.spec == q.spec and c.layout == "canonical"
-  assert registry.find(q.spec, grouped=True, shape=q.shape).name != gw.FAMILY
-  # Opt-in: not chosen even for a spec no other grouped family takes (zero-point weights
-  # with int8 activations run the XLA path), but found by name and by layout.
-  zp = hj.QuantSpec.preset("w4a16-g128-zp").replace(act="int8")
-  assert gw.supports(zp) and registry.find(zp, grouped=True, shape=q.shape) is None
+  find = lambda spec: registry.find(spec, grouped=True, shape=q.shape)
+  for name in ("w4a8-mxfp4", "w4a8-int8", "w4a8-fp8", "w4a4-mxfp4", "w4a4-nvfp4"):
+    assert find(hj.QuantSpec.preset(name)).name == gw.FAMILY, name
+  zp = hj.QuantSpec.preset("w4a16-g128-zp").replace(act="int8")  # no other grouped family
+  assert gw.supports(zp) and find(zp).name == gw.FAMILY
+  w8 = hj.QuantSpec.preset("w8a8-int8")
+  assert gw.supports(w8) and find(w8).name == "grouped_w8a8"
   assert registry.by_name(gw.FAMILY, grouped=True) is gw.KERNEL
   assert registry.by_layout(gw.prepare(q).layout) is gw.KERNEL
   w16, _ = make("w4a16-g128-zp", 3, 256, 128, 6, False)
@@ -89,4 +92,19 @@ def test_deepseek_gate_up_gpu(name, tokens):
   y = jax.jit(hj.quant_ragged_dot)(p, x, g)
   e_ = rel(y, jax.jit(reference.ragged_dot_reference)(q, x, g))
   print(f"grouped_wnam_mgpu {name} {tokens} tokens: rel err {e_:.2e}")
+  assert e_ <= TOL
+
+
+@pytest.mark.gpu
+def test_default_choice_gpu():
+  """hj.prepare's own choice for W4A8 MXFP4 experts is this family (session 16), and runs
+  DeepSeek-V3 down (E=256, K=256, N=7168) at 16 tokens on the H200 within the tolerance."""
+  e, k, n = 256, 256, 7168
+  q, _ = make("w4a8-mxfp4", e, k, n, 1, False, seed=25)
+  g, x = routed_rows(e, k, 16, seed=26)
+  p = jax.jit(lambda q: hj.prepare(q, grouped=True))(q)
+  assert registry.layout_family(p.layout) == gw.FAMILY
+  y = jax.jit(hj.quant_ragged_dot)(p, x, g)
+  e_ = rel(y, jax.jit(reference.ragged_dot_reference)(q, x, g))
+  print(f"grouped_wnam_mgpu default, DeepSeek-V3 down 16 tokens: rel err {e_:.2e}")
   assert e_ <= TOL

@@ -5,22 +5,20 @@ The spec's own activation quantization (``quantize.fake_quantize_activations``, 
 reference runs; row-wise for per-token specs, so the rows' order by expert does not
 matter) is rounded once to x's 16-bit dtype, then ``grouped_wna16_mgpu.run`` computes the
 weight half of the spec in that kernel's stacked layout.  The error against the reference
-is that rounding of ``code x scale``: the class of the dense family (H200: 2.0e-3-2.7e-3).
+is that rounding of ``code x scale``: the class of the dense family (H200: 2.0e-3-2.7e-3;
+here 2.5e-3-2.6e-3 in session 16, against the Triton W8A8 family's 8e-4, which keeps
+``code x scale`` in float32).  A per-token scale could move to the kernel's epilogue
+(codes are exact in bf16) to close that gap; the grouped WnA16 kernel has no row scale yet.
 
 Why: at MoE decode a grouped GEMM streams the active experts' weights, so 8-bit tensor
-cores buy nothing.  The Pallas-Triton grouped W8A8 family (``grouped_w8a8``, the default
-for the specs it takes) ran W4A8 MXFP4 at 0.42x / 0.58x Humming's W4A8 at DeepSeek-V3
-down, 1 / 16 tokens (NOTES_moe.md session 3).  The Mosaic grouped WnA16 kernel runs int4
-/ MXFP4 weights at DeepSeek-V3 gate_up (K 7168) in 10.6 / 13.2 us of kernels at 1 token
-(session 15); with short K (DeepSeek-V3 down, K 256) it lost to the Triton WnA16 kernel at
-decode in session 8 (23.5 vs 16.6 us), so the down projections are the open question.
-
-Opt-in (``registry.DenseKernel.opt_in``): never the default choice, also for the specs no
-other grouped family takes (static activation scales, zero-point weights, e5m2
-activations: XLA there); ``hj.prepare(q, grouped=True, kernel="grouped_wnam_mgpu")`` asks
-for it.  Built in session 15 after its device time: interpreter tests check it against
-the reference and it lowers for the H200, but it is not GPU-run yet; the queued H200 step
-times it beside the Triton family and Humming.
+cores buy nothing.  H200 session 16 (NOTES_moe.md), W4A8 MXFP4 x fp8, walls of a resident
+chain of 8 layers at 1 / 16 / 64 tokens: DeepSeek-V3 gate_up 23.1 / 117.5 / 221.6 us here
+against 124.4 / 293.3 / 527.8 on the Pallas-Triton grouped W8A8 family, down 21.5 / 80.0 /
+170.0 against 23.7 / 139.5 / 286.0 (Humming's W4A8: 16.7 / 57.7 / 115.8 and 18.3 / 74.5 /
+139.2).  So for 4-bit weights (W4A8, W4A4) this family outranks ``grouped_w8a8``; 8-bit
+weights (W8A8) stay there (:func:`priority_for`), untimed here.  It is also the default
+for the 4-bit specs no other grouped family takes (static activation scales, zero-point
+weights, e5m2 activations: XLA before).
 """
 from __future__ import annotations
 
@@ -81,7 +79,14 @@ def run(params: QuantizedWeight, x: jax.Array, group_sizes: jax.Array, *,
                                 block_m=block_m)
 
 
+def priority_for(spec: QuantSpec, shape: tuple[int, ...]) -> int:
+  """Above ``grouped_w8a8`` (0) for weights of 4 bits or fewer (the session-16 H200 times,
+  module docstring); below it for 8-bit weights."""
+  del shape
+  return 1 if spec.weight_format.bits <= 4 else -2
+
+
 KERNEL = registry.register(registry.DenseKernel(
     name=FAMILY, layout=FAMILY, supports=supports, prepare=prepare,
-    to_canonical=to_canonical, run=run, grouped=True, priority=-2,
-    x_dtypes=("bfloat16", "float16"), opt_in=True))
+    to_canonical=to_canonical, run=run, grouped=True, priority=-2, priority_for=priority_for,
+    x_dtypes=("bfloat16", "float16")))
