@@ -9,7 +9,8 @@ Config tokens on top of the heuristic: ``n64`` (tile_n 64), ``m64`` (tile_m 64),
 ``nopairs`` (K-group specs: two groups per step or one, Config.group_pairs), ``rowe`` /
 ``rowk`` (K-group specs: the per-token scale in the epilogue, the default, or on each
 group's promotion), ``sm`` / ``sn`` (warpgroups side by side along M or N,
-Config.split_m), ``waves`` (K-group specs: 128-row warpgroup tiles in two 64-row waves,
+Config.split_m), ``nowaves`` (64-row warpgroup tiles with pairs: int8's default before
+session 16), ``waves`` (K-group specs: 128-row warpgroup tiles in two 64-row waves,
 Config.group_waves), ``wfirst``
 (4-bit weights: the per-call unpack transposes packed words first).  Each line: per
 kernel name, the median of ``--iterations`` profiled calls of a chain of ``--layers``
@@ -30,8 +31,9 @@ from benchmarks import common  # noqa: E402
 from humming_jax.kernels import reference, w8a8, w8a8_mgpu  # noqa: E402
 
 
-def parse_config(name: str, m: int, n: int, grouped: bool, k: int) -> w8a8_mgpu.Config:
-  cfg = w8a8_mgpu.heuristic(m, n, grouped, k)
+def parse_config(name: str, m: int, n: int, grouped: bool, k: int,
+                 int8: bool = False) -> w8a8_mgpu.Config:
+  cfg = w8a8_mgpu.heuristic(m, n, grouped, k, int8=int8)
   if name == "default":
     return cfg
   fields = {}
@@ -46,6 +48,8 @@ def parse_config(name: str, m: int, n: int, grouped: bool, k: int) -> w8a8_mgpu.
       fields["unpack_words_first"] = True
     elif tok == "waves":  # K-group specs: 128 rows per warpgroup in two 64-row waves
       fields.update(tile_m=128, group_waves=True, group_pairs=False)
+    elif tok == "nowaves":  # K-group specs: 64-row warpgroup tiles, pairs (int8 before 16)
+      fields.update(tile_m=64, group_waves=False, group_pairs=k % 256 == 0)
     elif tok.startswith("w"):
       fields["grid_tile_width"] = int(tok[1:])
     elif tok == "minor_m":
@@ -95,7 +99,8 @@ def main():
       for cname in args.configs.split(","):
         plan = w8a8.plan_for(spec)
         dims = w8a8.kernel_dims(ps[0], plan)
-        cfg = parse_config(cname, m, dims[3], bool(plan.pg), dims[2])
+        cfg = parse_config(cname, m, dims[3], bool(plan.pg), dims[2],
+                           int8=w8a8._carrier(spec) == jnp.int8)
         fn = jax.jit(lambda ps, x, cfg=cfg: [w8a8.run_mgpu(p, x, config=cfg) for p in ps])
         try:
           kt = common.kernel_times(fn, (ps, x), iterations=args.iterations, per=args.layers)

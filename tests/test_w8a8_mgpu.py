@@ -346,6 +346,17 @@ def test_heuristic_group_pairs():
   assert not wm.heuristic(4096, 8192, True).group_pairs
 
 
+def test_heuristic_group_waves_for_int8():
+  """K-group scales on int8 operands: two 64-row waves per 128-row warpgroup tile, 256 x 128
+  CTAs (session 16's H200 screen); fp8 operands and per-channel specs keep their tiles; the
+  8-bit route picks it from the spec's carrier."""
+  cfg = wm.heuristic(1024, 8192, True, 8192, int8=True)
+  assert cfg.group_waves and cfg.waves == 2 and (cfg.cta_m, cfg.cta_n) == (256, 128)
+  assert not wm.heuristic(1024, 8192, True, 8192).group_waves
+  assert not wm.heuristic(1024, 8192, False, 8192, int8=True).group_waves
+  assert not wm.heuristic(1024, 8256, True, 8192, int8=True).group_waves  # N not 128-aligned
+
+
 def test_heuristic_split_m():
   """K-group specs: the warpgroups side by side along M (128 x 128 CTA tiles, 128 x 64
   when N is not a multiple of 128); per-channel specs: along N (128 x 256)."""

@@ -522,7 +522,8 @@ def gemm_8bit(x: jax.Array, params: QuantizedWeight, weights, w_scales: jax.Arra
   n = params.shape[1]
   m = x.shape[0]
   grouped = bool(plan.pg)
-  config = config or w8a8_mgpu.heuristic(m, np_, grouped, kp)
+  config = config or w8a8_mgpu.heuristic(m, np_, grouped, kp,
+                                         int8=_carrier(spec) == jnp.int8)
   if grouped and config.tile_k != plan.pg:
     raise ValueError(f"config.tile_k={config.tile_k}: must equal the K-group size {plan.pg} "
                      f"of spec {spec.name} (one group per WGMMA step)")

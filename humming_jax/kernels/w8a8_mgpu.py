@@ -106,7 +106,9 @@ class Config:
   # a 128-row running sum (DeepGEMM's schedule; NOTES_w8a8.md session 14).  With split_m,
   # 256 x 128 CTA tiles: at 8192^2, M = 4096 the streamed operand tiles drop from 4.3 GB
   # to 3.2 GB.  It gives up group_pairs' overlap inside a warpgroup (the other warpgroup
-  # still overlaps).  Built in session 15 after its device time: not yet GPU-run.
+  # still overlaps).  H200 session 16 (8192^2, CUPTI GEMM, pairs -> waves): int8 135.7 ->
+  # 131.0 us at M = 1024, 522.3 -> 500.8 at 4096; fp8 130.1 -> 129.4 and 490.1 -> 506.5;
+  # w8a8-fp8-block 527.1 -> 543.6 at 4096.  The heuristic's choice for int8 operands.
   group_waves: bool = False
 
   @property
@@ -174,7 +176,8 @@ def fit_stages(config: Config, grouped: bool = False) -> int:
   return stages
 
 
-def heuristic(m: int, n: int, grouped: bool = False, k: int | None = None) -> Config:
+def heuristic(m: int, n: int, grouped: bool = False, k: int | None = None, *,
+              int8: bool = False) -> Config:
   """128 x 256 CTA tiles (two 128 x 128 warpgroup halves); 128 x 128 when N is not a
   multiple of 256.  With K-group scales each warpgroup holds the scaled running sum
   beside the WGMMA accumulator: 64 x 128 warpgroup tiles (two 64-register tiles) side by
@@ -184,8 +187,12 @@ def heuristic(m: int, n: int, grouped: bool = False, k: int | None = None) -> Co
   1 %, tile_n 64 is 12 % slower; group_pairs: CUPTI kernel 626.0 -> 589.9 us (w4a8-int8),
   619.5 -> 561.4 (w8a8-fp8-block), same error; split_m (session 14, 8192^2, M = 4096):
   w4a8-int8 543.7 -> 526.2, w4a8-fp8 518.9 -> 485.5, w8a8-fp8-block 560.9 -> 526.1, and
-  3.7-4.7 % less at M = 1024.)"""
+  3.7-4.7 % less at M = 1024.)  K-group scales on ``int8`` operands: 128 x 128 warpgroup
+  tiles in two 64-row waves (``group_waves``, 256 x 128 CTAs), 3-4 % faster than the pairs
+  at M = 1024 / 4096 on the H200 in session 16 (fp8 lost 3 % at 4096: pairs kept)."""
   pairs = grouped and k is not None and k % (2 * Config.tile_k) == 0
+  if grouped and int8 and n % 128 == 0:
+    return Config(tile_m=2 * WAVE_M, tile_n=128, split_m=True, group_waves=True)
   if grouped:
     return Config(tile_m=64, tile_n=128 if n % 128 == 0 else 64, group_pairs=pairs,
                   split_m=True)
@@ -217,7 +224,7 @@ def gemm(a: jax.Array, w: jax.Array, row_scale: jax.Array | None,
   if kp != kp2:
     raise ValueError(f"a.shape={a.shape}, w.shape={w.shape}: K must match")
   grouped = row_group_scale is not None or col_group_scale is not None
-  config = config or heuristic(mp, np_, grouped, kp)
+  config = config or heuristic(mp, np_, grouped, kp, int8=a.dtype == jnp.int8)
   tm, tn, tk = config.tile_m, config.tile_n, config.tile_k
   cta_m, cta_n = config.cta_m, config.cta_n
   if mp % cta_m or np_ % cta_n or kp % tk:
