@@ -90,8 +90,8 @@ def test_prepared_params_run_through_quant_ragged_dot(monkeypatch):
 def test_default_grouped_family_without_a_shape_is_triton():
   spec = hj.QuantSpec.preset("w4a16-g128-zp")
   assert registry.find(spec, grouped=True).name == "grouped_wna16"
-  assert gm.priority_for(spec, (8, 2047, 64)) < 0 < gm.priority_for(spec, (8, 2048, 64))
-  assert gm.MIN_DEFAULT_K == 2048  # Qwen3-30B-A3B gate_up (K 2048) takes this family
+  assert gm.priority_for(spec, (8, 767, 64)) < 0 < gm.priority_for(spec, (8, 768, 64))
+  assert gm.MIN_DEFAULT_K == 768  # Qwen3-30B-A3B gate_up (K 2048) and down (K 768) take it
 
 
 def test_prepare_round_trip_is_exact():

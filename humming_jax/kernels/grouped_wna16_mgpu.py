@@ -408,18 +408,20 @@ def run_aligned(params: QuantizedWeight, x: jax.Array, group_sizes: jax.Array, *
                         tiles=wna16_mgpu.Tiles(sched, num_tiles, block_m))
 
 
-MIN_DEFAULT_K = 2048
+MIN_DEFAULT_K = 768
 
 
 def priority_for(spec: QuantSpec, shape: tuple[int, ...]) -> int:
-  """Above the Pallas-Triton grouped kernel for experts with K >= 2048, below it else.
+  """Above the Pallas-Triton grouped kernel for experts with K >= 768, below it else.
 
-  Session 15 (K 2048: Qwen3-30B-A3B gate_up, int4 g128 zp; CUPTI kernel us, this kernel's
-  launch rules of sessions 14-15 against the Triton kernel, NOT one run: calls of two
-  sessions): 1 token 9.56 (+ ~2 of schedule and output gather) vs 17.5; 64 tokens 87.2
-  (+ ~3.5) vs 143.3; MXFP4 on Triton 25.4 / 219.9.  Session 8's ordering below held
-  before the two-warpgroup and small-CTA rules.  K 768 / 256 (Qwen3 / DeepSeek-V3 down)
-  keep Triton until timed side by side.
+  Session 16, the two kernels side by side in one run (H200, resident chain of 8, CUPTI
+  kernel us / wall us, benchmarks/NOTES_moe.md): Qwen3-30B-A3B gate_up (K 2048), int4 g128
+  zp, 1 token 9.46 / 16.1 vs 17.74 / 24.6, 64 tokens 96.1 / 106.7 vs 142.5 / 149.8 (MXFP4
+  11.6 / 17.7 vs 25.4 / 33.1 and 106.2 / 115.7 vs 218.7 / 227.8); Qwen3 down (K 768) 1
+  token 7.48 / 13.0 vs 11.49 / 16.0, 64 tokens 48.7 / 56.2 vs 87.2 / 94.7 (MXFP4 1 token
+  8.57 / 15.0 vs 13.68 / 17.5).  Session 8's short-K ordering below held before the
+  two-warpgroup and small-CTA rules (sessions 14-15).  DeepSeek-V3 down (K 256) keeps
+  Triton: not timed side by side since.
 
   H200, session 8, int4 g128 zp, chain of 8, us per grouped GEMM, this kernel vs Triton
   (benchmarks/NOTES_moe.md): K >= 4096 it wins at every token count measured --
