@@ -238,3 +238,13 @@ def test_mx_fold_prefill_lowers_for_h200():
   assert "custom_call" in lower_for_h200(wnam_mgpu.run_prefill_mx_fold, p, x)
   text = lower_for_h200(wnam_mgpu.run, p, x)  # run()'s default route: the fold, no branch
   assert "custom_call" in text and "stablehlo.case" not in text
+  assert "carrier_unpack_e2m1" in text  # the fold on the Pallas-Triton unpack
+
+
+def test_carrier_unpack_lowers_for_h200():
+  """W4A8 fp8 prefill: the int4 -> e4m3 Pallas-Triton unpack and the Mosaic GEMM lower."""
+  from humming_jax.kernels import wnam_mgpu
+  p = abstract_params("w4a8-fp8", (8192, 8192))
+  x = jax.ShapeDtypeStruct((4096, 8192), jnp.bfloat16)
+  text = lower_for_h200(wnam_mgpu.run, p, x)
+  assert "carrier_unpack_int" in text and "mosaic_gpu" in text

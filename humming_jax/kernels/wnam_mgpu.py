@@ -44,7 +44,7 @@ import jax
 import jax.numpy as jnp
 
 from humming_jax import formats
-from humming_jax.kernels import registry, w8a8, w8a8_mgpu, wna16_mgpu
+from humming_jax.kernels import carrier_unpack, registry, w8a8, w8a8_mgpu, wna16_mgpu
 from humming_jax.quantize import QuantizedWeight, fake_quantize_activations
 from humming_jax.spec import QuantSpec
 
@@ -161,7 +161,11 @@ MX_FOLD_PREFILL = True
 MX_FOLD_SPAN = 14
 # Shifts below this round every e2m1 value to zero (6 x 2**-20 < 2**-10, half the least
 # e4m3 subnormal); clipping there keeps the float32 products normal.
-_MX_FOLD_MIN_SHIFT = -20
+_MX_FOLD_MIN_SHIFT = carrier_unpack.SHIFT_RANGE[0]
+# The prefill's per-call unpack of 4-bit codes to e4m3 (int4 -> e4m3, the MXFP4 fold) on the
+# Pallas-Triton kernel (kernels/carrier_unpack.py); False: the XLA fusions it is checked
+# against (81 / 117 us at 8192^2 on the H200, session 16).
+PALLAS_UNPACK = True
 
 
 def mx_fold_applies(spec: QuantSpec) -> bool:
@@ -216,7 +220,8 @@ def run_prefill_mx_fold(params: QuantizedWeight, x: jax.Array, *, interpret: boo
   folded = params.replace(spec=dataclasses.replace(spec, weight="fp8_e4m3",
                                                    granularity="channel",
                                                    scale_dtype="float32"))
-  return w8a8.gemm_8bit(x, folded, lambda _: mx_fold_codes(params),
+  return w8a8.gemm_8bit(x, folded, lambda _: mx_fold_codes(params, pallas=PALLAS_UNPACK,
+                                                          interpret=interpret),
                         col_scale.reshape(1, np_), kp=t * bk, np_=np_, config=config,
                         interpret=interpret)
 
@@ -231,15 +236,26 @@ def mx_fold_column_scales(params: QuantizedWeight) -> tuple[jax.Array, jax.Array
   return jnp.where(nan, jnp.nan, formats.exp2_int(base)), exact
 
 
-def mx_fold_codes(params: QuantizedWeight) -> jax.Array:
+def mx_fold_shifts(params: QuantizedWeight) -> jax.Array:
+  """(Kp / bk, Np, bk / group) int32 shifts E - B of each group under its column's base,
+  clipped to ``carrier_unpack.SHIFT_RANGE`` (padded K rows, scale 1, meet zero codes)."""
+  t, np_, bk = params.codes.shape
+  e, base, _ = _mx_fold_exponents(params)
+  shift = jnp.clip(e - base[None], *carrier_unpack.SHIFT_RANGE)
+  return shift.reshape(t, bk // params.spec.group_size, np_).transpose(0, 2, 1)
+
+
+def mx_fold_codes(params: QuantizedWeight, *, pallas: bool = False,
+                  interpret: bool = False) -> jax.Array:
   """(Np, Kp) e4m3 codes of e2m1 x 2**(E - B): the weight over its column scale, exact
   for groups up to MX_FOLD_SPAN octaves under the column's largest, rounded to the
-  nearest e4m3 subnormal further below."""
+  nearest e4m3 subnormal further below.  ``pallas``: the Pallas-Triton unpack
+  (``carrier_unpack``); else this XLA reference through the formats' decode / encode."""
+  shift = mx_fold_shifts(params)
+  if pallas:
+    return carrier_unpack.unpack(params.codes, shift, kind="e2m1", interpret=interpret)
   t, np_, bk = params.codes.shape
   g = params.spec.group_size
-  e, base, _ = _mx_fold_exponents(params)  # padded K rows (scale 1) meet zero codes
-  shift = jnp.clip(e - base[None], _MX_FOLD_MIN_SHIFT, 6)  # E - B
-  shift = shift.reshape(t, bk // g, np_).transpose(0, 2, 1)  # (t, Np, bk / g)
   vals = wna16_mgpu.code_values(params, jnp.float32).reshape(t, np_, bk // g, g)
   vals = (vals * formats.exp2_int(shift)[..., None]).reshape(t, np_, bk)  # exact
   codes = formats.get_format("fp8_e4m3").encode_exact(vals, round_subnormals=True)
@@ -273,15 +289,20 @@ def k_major(codes: jax.Array) -> jax.Array:
   return codes.transpose(1, 0, 2).reshape(np_, t * bk)
 
 
-def _carrier_codes(params: QuantizedWeight) -> jax.Array:
+def _carrier_codes(params: QuantizedWeight, *, pallas: bool = False,
+                   interpret: bool = False) -> jax.Array:
   """(Kp / bk, Np, bk) WnA16-layout codes -> (Np, Kp) values in the 8-bit carrier of the
   spec (``w8a8._carrier``: int8, or e4m3), exact for every spec of
-  :func:`prefill_8bit_runs` (int4 / int8 in int8; int4, fp4 e2m1 and fp8 e4m3 in e4m3)."""
+  :func:`prefill_8bit_runs` (int4 / int8 in int8; int4, fp4 e2m1 and fp8 e4m3 in e4m3).
+  ``pallas``: 4-bit codes to e4m3 on the Pallas-Triton unpack (``carrier_unpack``)."""
   carrier = w8a8._carrier(params.spec)
   if params.codes.dtype == carrier:  # fp8 e4m3 codes: already the carrier
     vals = params.codes
   elif carrier == jax.numpy.int8:  # integer codes (prefill_8bit_runs: exact carriers only)
     vals = wna16_mgpu.code_values(params, carrier)
+  elif pallas and params.codes.dtype == jnp.int4:
+    kind = "e2m1" if params.spec.weight_format.name == wna16_mgpu.FP4 else "int"
+    return carrier_unpack.unpack(params.codes, kind=kind, interpret=interpret)
   else:  # int4 / fp4 values (all zero or normal in e4m3) -> e4m3 codes off their float32
     # bits.  H200 8192^2 unpack: XLA's float32 -> e4m3 convert 196 us, the format's general
     # encode 121 us (session 14), this form 81 (session 15); int8's 33.
@@ -306,7 +327,8 @@ def run_prefill_8bit(params: QuantizedWeight, x: jax.Array, *, interpret: bool =
     return jax.numpy.zeros((0, params.shape[1]), x.dtype)
   t, np_, bk = params.codes.shape
   scales = params.scales.astype(jax.numpy.float32)  # (Kp / group, Np) or the (1, Np) row
-  return w8a8.gemm_8bit(x, params, lambda config: _carrier_codes(params), scales,
+  codes = lambda config: _carrier_codes(params, pallas=PALLAS_UNPACK, interpret=interpret)
+  return w8a8.gemm_8bit(x, params, codes, scales,
                         kp=t * bk, np_=np_, config=config, interpret=interpret)
 
 
