@@ -3,12 +3,16 @@ in one Pallas-Triton pass (prefill of ``wnam_mgpu``: W4A8 fp8 and the MXFP4 fold
 
 ``wnam_mgpu`` keeps one prepared copy of 4-bit weights, (Kp / bk, Np, bk) int4 codes, for
 decode (the WnA16 Mosaic kernel) and prefill (the Mosaic 8-bit GEMM on an (Np, Kp) e4m3
-operand unpacked once per call).  XLA's fusion of that unpack ran at 81 us (int4 -> e4m3)
-and 117 us (the MXFP4 fold) at 8192^2 on the H200 (session 16), against 33 us for int4 ->
-int8 with the same transposition: its float32 route per element (decode, scale, encode)
-is what costs.  Here each code maps to its e4m3 code in integer ops read off the two
-formats' fields (:func:`int_e4m3_codes`, :func:`e2m1_e4m3_codes`), two codes per byte
-into one uint16 store.
+operand unpacked once per call).  Each code maps to its e4m3 code in integer ops read off
+the two formats' fields (:func:`int_e4m3_codes`, :func:`e2m1_e4m3_codes`), two codes per
+byte into one uint16 store.
+
+H200 session 16, 8192^2, CUPTI: 81.8 us (int4) and 113.9 us (the fold) here against XLA's
+fusions of the reference 80.8 / 116.9, and 33 us for XLA's int4 -> int8 with the same
+transposition.  Predicted ~40 (96 MB at ~3 TB/s); the equal times of two unrelated code
+generators say the unpack is ALU-bound at ~25 integer ops per element, not layout-bound.
+The next step is fewer ops per element: packed-word (4 codes per 32-bit op) arithmetic or
+a ``prmt`` table lookup.  It stays the default (``wnam_mgpu.PALLAS_UNPACK``) as that base.
 
 The XLA reference is beside it: ``wnam_mgpu.mx_fold_codes`` / ``_carrier_codes`` through
 the formats' own ``decode`` / ``encode_exact``; the element maps are checked bit-equal to
