@@ -1,6 +1,7 @@
-"""The Pallas-Triton unpack of 4-bit codes to e4m3 (kernels/carrier_unpack.py): its element
-maps bit-equal to the formats' decode / encode_exact on every input they take, the kernel
-bit-equal to wnam_mgpu's XLA reference (interpreter; @gpu: the H200), refusals by name."""
+"""The Pallas-Triton unpack of 4-bit codes to e4m3 (kernels/carrier_unpack.py): its packed-
+word lane maps bit-equal to the formats' decode / encode_exact on every 4-code word and
+shift, the kernel bit-equal to wnam_mgpu's XLA reference (interpreter; @gpu: the H200),
+refusals by name."""
 from __future__ import annotations
 
 import jax
@@ -13,26 +14,48 @@ from humming_jax import formats
 from humming_jax.kernels import carrier_unpack as cu, wnam_mgpu as wm
 
 E4M3, E2M1 = formats.get_format("fp8_e4m3"), formats.get_format("fp4_e2m1")
-NIBBLES = jnp.arange(16, dtype=jnp.int32)
+RUNS = jnp.arange(1 << 16, dtype=jnp.uint32)  # every 16-bit run of four codes
 
 
-def test_e2m1_map_is_the_formats_on_every_code_and_shift():
+def lanes_of(words):
+  """uint32 words -> (..., 4) bytes, lane 0 first."""
+  return np.asarray(words, np.uint32)[..., None] >> np.array([0, 8, 16, 24], np.uint32) & 255
+
+
+def codes_of(runs):
+  """16-bit runs -> (..., 4) codes, lowest nibble first."""
+  return np.asarray(runs, np.uint32)[..., None] >> np.array([0, 4, 8, 12], np.uint32) & 15
+
+
+def test_spread_nibbles():
+  np.testing.assert_array_equal(lanes_of(cu.spread_nibbles(RUNS)), codes_of(RUNS))
+
+
+def test_e2m1_lanes_are_the_formats_on_every_word_and_shift():
+  x = cu.spread_nibbles(RUNS)
+  c = jnp.asarray(codes_of(RUNS), jnp.int32)
   lo, hi = cu.SHIFT_RANGE
-  shifts = jnp.arange(lo, hi + 1, dtype=jnp.int32)[:, None]
-  vals = E2M1.decode(NIBBLES)[None].astype(jnp.float32) * formats.exp2_int(shifts)
-  want = E4M3.encode_exact(vals, round_subnormals=True)
-  got = cu.e2m1_e4m3_codes(jnp.broadcast_to(NIBBLES, want.shape), shifts)
-  np.testing.assert_array_equal(np.asarray(got), np.asarray(want, np.int32))
-  # The general (rounding) encode agrees too, and small shifts do reach subnormals.
-  np.testing.assert_array_equal(np.asarray(got), np.asarray(E4M3.encode(vals), np.int32))
-  assert ((np.asarray(got) & 0x78) == 0).any() and (np.asarray(got)[:, 1:8] > 0).any()
+  subnormal_seen = False
+  for shift in range(lo, hi + 1):
+    vals = E2M1.decode(c).astype(jnp.float32) * 2.0 ** shift
+    want = np.asarray(E4M3.encode_exact(vals, round_subnormals=True))
+    np.testing.assert_array_equal(np.asarray(E4M3.encode(vals)), want)  # the general encode
+    got = lanes_of(cu.e2m1_e4m3_lanes(x, jnp.int32(shift)))
+    np.testing.assert_array_equal(got, want, err_msg=f"shift {shift}")
+    if shift >= 1 - (E4M3.bias - 1):  # all normal: the short form agrees
+      np.testing.assert_array_equal(
+          lanes_of(cu.e2m1_e4m3_lanes(x, jnp.int32(shift), subnormals=False)), want)
+    else:
+      subnormal_seen |= bool((((want & 0x78) == 0) & ((want & 7) != 0)).any())
+  assert subnormal_seen
 
 
-def test_int4_map_is_the_formats_on_every_code():
-  v = jnp.where(NIBBLES >= 8, NIBBLES - 16, NIBBLES).astype(jnp.float32)
-  got = np.asarray(cu.int_e4m3_codes(NIBBLES))
-  np.testing.assert_array_equal(got, np.asarray(E4M3.encode_exact(v), np.int32))
-  np.testing.assert_array_equal(np.asarray(E4M3.decode(got)), np.asarray(v))
+def test_int4_lanes_are_the_formats_on_every_word():
+  c = codes_of(RUNS).astype(np.int32)
+  v = jnp.asarray(np.where(c >= 8, c - 16, c), jnp.float32)
+  want = np.asarray(E4M3.encode_exact(v))
+  np.testing.assert_array_equal(lanes_of(cu.int_e4m3_lanes(cu.spread_nibbles(RUNS))), want)
+  np.testing.assert_array_equal(np.asarray(E4M3.decode(want)), np.asarray(v))
 
 
 def params(name, k, n, seed, wide=False):
@@ -82,6 +105,8 @@ def test_refusals():
     cu.unpack(p.codes, sh, kind="int")
   with pytest.raises(ValueError, match="shifts: expected"):
     cu.unpack(p.codes, sh[:, :64], kind="e2m1")
+  with pytest.raises(ValueError, match="G dividing 32"):
+    cu.unpack(p.codes, jnp.zeros(sh.shape[:2] + (64,), jnp.int32), kind="e2m1")
   with pytest.raises(ValueError, match="Np=128 must be a multiple of block_n=256"):
     cu.unpack(p.codes, kind="int", block_n=256)
 

@@ -3,20 +3,23 @@ in one Pallas-Triton pass (prefill of ``wnam_mgpu``: W4A8 fp8 and the MXFP4 fold
 
 ``wnam_mgpu`` keeps one prepared copy of 4-bit weights, (Kp / bk, Np, bk) int4 codes, for
 decode (the WnA16 Mosaic kernel) and prefill (the Mosaic 8-bit GEMM on an (Np, Kp) e4m3
-operand unpacked once per call).  Each code maps to its e4m3 code in integer ops read off
-the two formats' fields (:func:`int_e4m3_codes`, :func:`e2m1_e4m3_codes`), two codes per
-byte into one uint16 store.
+operand unpacked once per call).
 
-H200 session 16, 8192^2, CUPTI: 81.8 us (int4) and 113.9 us (the fold) here against XLA's
-fusions of the reference 80.8 / 116.9, and 33 us for XLA's int4 -> int8 with the same
-transposition.  Predicted ~40 (96 MB at ~3 TB/s); the equal times of two unrelated code
-generators say the unpack is ALU-bound at ~25 integer ops per element, not layout-bound.
-The next step is fewer ops per element: packed-word (4 codes per 32-bit op) arithmetic or
-a ``prmt`` table lookup.  It stays the default (``wnam_mgpu.PALLAS_UNPACK``) as that base.
+H200 session 16, 8192^2, CUPTI: a first version of this kernel, one code per 32-bit lane in
+~25 integer ops, ran 81.8 us (int4) and 113.9 us (the fold), XLA's fusions of the
+reference 80.8 / 116.9, XLA's int4 -> int8 with the same transposition 33.  Equal times
+from two code generators, and 64M codes x ~25 ops at the H200's ~17 T int32 ops/s
+(~95 us), say the unpack is ALU-bound.  So this version works on packed words: each
+16-bit run of four codes is spread to the four byte lanes of a 32-bit word
+(:func:`spread_nibbles`) and mapped to four e4m3 codes at once, with per-lane compares
+``(x + 128 - t) >> 7`` that never carry across lanes (:func:`int_e4m3_lanes`,
+:func:`e2m1_e4m3_lanes`: ~6 ops per code; e4m3 subnormals, which the MXFP4 fold meets only
+for groups more than 5 octaves under their column's largest, take a longer branch per
+block).  The word is the four output bytes in order: no interleave.
 
 The XLA reference is beside it: ``wnam_mgpu.mx_fold_codes`` / ``_carrier_codes`` through
-the formats' own ``decode`` / ``encode_exact``; the element maps are checked bit-equal to
-them on every input they take (tests/test_carrier_unpack.py) and the kernel on random
+the formats' own ``decode`` / ``encode_exact``; the lane maps are checked bit-equal to them
+on every 4-code word and shift (tests/test_carrier_unpack.py), the kernel on random
 layouts (interpreter and H200).
 """
 from __future__ import annotations
@@ -35,59 +38,95 @@ _E2M1 = formats.get_format("fp4_e2m1")
 # Shifts E - B the fold passes (wnam_mgpu._MX_FOLD_MIN_SHIFT .. 6): every e2m1 value times
 # 2**shift is then an e4m3 normal, subnormal or zero (6 x 2**6 = 384 <= 448).
 SHIFT_RANGE = (-20, 6)
+_LANES = 0x01010101  # a one in each byte lane
+# The least e2m1 value (2**-1, code 1) times 2**shift is an e4m3 normal from this shift up.
+_NORMAL_SHIFT = 1 - (_E4M3.bias - 1)
+if (_E4M3.bias, _E4M3.mantissa_bits, _E2M1.bias, _E2M1.mantissa_bits) != (7, 3, 1, 1):
+  raise AssertionError("the lane maps below read e4m3 (bias 7, 3 mantissa bits) and e2m1")
 
 
-def _e4m3_of(unbiased: jax.Array, mant: jax.Array, sign: jax.Array,
-             nonzero: jax.Array) -> jax.Array:
-  """int32 e4m3 code of sign x (1 + mant / 2**m) x 2**unbiased (``mant``: the top m bits,
-  exact), rounded to the nearest subnormal (ties to even) below the least normal, as
-  ``encode_exact(..., round_subnormals=True)`` does; zero (either sign) is code 0."""
-  m, bias = _E4M3.mantissa_bits, _E4M3.bias
-  field = unbiased + bias
-  normal = (field << m) | mant
-  # Below the least normal: the significand (1 << m | mant) x 2**(field - 1) subnormal steps.
-  sig = (1 << m) | mant
-  sh = jnp.clip(1 - field, 1, m + 2)  # m + 2: sig < 2**(m + 1) rounds to zero past it
-  q, r, half = sig >> sh, sig & ((1 << sh) - 1), 1 << (sh - 1)
-  sub = q + ((r > half) | ((r == half) & ((q & 1) == 1))).astype(jnp.int32)
-  code = jnp.where(field >= 1, normal, sub)
-  return jnp.where(nonzero & (code != 0), code | (sign << 7), 0)
+def _u32(v: int) -> jax.Array:
+  return jnp.uint32(v)
 
 
-def int_e4m3_codes(nibble: jax.Array) -> jax.Array:
-  """int32 two's-complement int4 nibbles (0..15) -> int32 e4m3 codes of the integers
-  -8 .. 7 (all exact in e4m3)."""
-  v = jnp.where(nibble >= 8, nibble - 16, nibble)
-  a = jnp.abs(v)
-  lg = (a >= 2).astype(jnp.int32) + (a >= 4) + (a >= 8)  # floor(log2 |v|)
-  mant = ((a << _E4M3.mantissa_bits) >> lg) & ((1 << _E4M3.mantissa_bits) - 1)
-  return _e4m3_of(lg, mant, (v < 0).astype(jnp.int32), a != 0)
+def spread_nibbles(n: jax.Array) -> jax.Array:
+  """uint32 holding four 4-bit codes in bits 0..15 -> the codes in byte lanes 0..3."""
+  return ((n & _u32(0xF)) | ((n & _u32(0xF0)) << 4) | ((n & _u32(0xF00)) << 8)
+          | ((n & _u32(0xF000)) << 12))
 
 
-def e2m1_e4m3_codes(nibble: jax.Array, shift: jax.Array | int = 0) -> jax.Array:
-  """int32 e2m1 bit patterns (0..15) and int32 shifts in SHIFT_RANGE -> int32 e4m3 codes of
-  e2m1 x 2**shift (exact down to the least e4m3 normal, rounded to a subnormal below)."""
-  ms, bs = _E2M1.mantissa_bits, _E2M1.bias
-  if ms != 1:
-    raise AssertionError("e2m1_e4m3_codes reads a 1-bit mantissa")
-  mag = nibble & ((1 << (_E2M1.bits - 1)) - 1)
-  ee, mm = mag >> ms, mag & ((1 << ms) - 1)
-  # e2m1's one subnormal (ee 0, mm 1) is 2**-bs with no mantissa; normals 2**(ee-bs) (1+mm/2)
-  unbiased = jnp.where(ee == 0, -bs, ee - bs) + shift
-  mant = jnp.where(ee == 0, 0, mm << (_E4M3.mantissa_bits - ms))
-  return _e4m3_of(unbiased, mant, nibble >> (_E2M1.bits - 1), mag != 0)
+def _ge(x: jax.Array, t: int) -> jax.Array:
+  """Byte lanes x <= 127 -> 1 in the lanes where x >= t (1 <= t <= 128), else 0."""
+  return ((x + _u32((0x80 - t) * _LANES)) >> 7) & _u32(_LANES)
+
+
+def _mask(bit: jax.Array) -> jax.Array:
+  """Byte lanes 0 / 1 -> 0x00 / 0xFF."""
+  return bit * _u32(0xFF)
+
+
+def int_e4m3_lanes(x: jax.Array) -> jax.Array:
+  """uint32 of four two's-complement int4 codes (byte lanes, 0..15) -> their four e4m3
+  codes: |v| = 1..8 is 0x30 + 8|v| - 4 max(|v| - 2, 0) - 2 max(|v| - 4, 0) (the e4m3
+  exponent steps at 2 and 4 halve the slope), the sign in bit 7; zero is 0."""
+  s = (x >> 3) & _u32(_LANES)
+  a = (x ^ (s * _u32(0xF))) + s  # |v|: 16 - c for negative codes
+  nz, ge2, ge4 = _ge(a, 1), _ge(a, 2), _ge(a, 4)
+  top = a | _u32(0x80808080)  # lane-wise a - t below, borrow-free, masked where a < t
+  p2 = (top - _u32(2 * _LANES)) & _u32(0x7F7F7F7F) & _mask(ge2)
+  p4 = (top - _u32(4 * _LANES)) & _u32(0x7F7F7F7F) & _mask(ge4)
+  v = _u32(0x30 * _LANES) + (a << 3) - (p2 << 2) - (p4 << 1)
+  return (v & _mask(nz)) | (s << 7)
+
+
+def e2m1_e4m3_lanes(x: jax.Array, shift: jax.Array | int = 0, *,
+                    subnormals: bool = True) -> jax.Array:
+  """uint32 of four e2m1 codes (byte lanes, 0..15) and an int32 shift in SHIFT_RANGE
+  (broadcast per word) -> the e4m3 codes of e2m1 x 2**shift, rounded to the nearest
+  e4m3 subnormal (ties to even) below the least normal, as ``encode_exact(...,
+  round_subnormals=True)`` does.  ``subnormals=False``: only for shift >= -5 (all
+  normal), fewer ops.
+
+  The e2m1 magnitude c = 1..7 is the e4m3 code 8 F + m = 44 + 4c + 4 [c >= 2]; the shift
+  adds 8 shift.  In a lane offset by 128, W = 8 F + m + 128 + 8 shift: W >= 136 is normal
+  (code W - 128); below, W = 104 .. 132 in steps of 4 are the subnormal codes 0, 1, 1, 2,
+  2, 3, 4, 6 (e.g. W 104 = 2**-10 = half the least subnormal: ties to 0)."""
+  mag = x & _u32(0x07070707)
+  sg = (x >> 3) & _u32(_LANES)
+  nz = _ge(mag, 1)
+  t2 = _u32(0x2C * _LANES) + (mag << 2) + (_ge(mag, 2) << 2)
+  shift = jnp.asarray(shift, jnp.int32)
+  pos = (jnp.maximum(shift, 0) * 8).astype(jnp.uint32) * _u32(_LANES)
+  neg = (jnp.maximum(-shift, 0) * 8).astype(jnp.uint32) * _u32(_LANES)
+  if not subnormals:  # lanes 4 .. 124: no borrow, no carry
+    return ((t2 + pos - neg) & _mask(nz)) | ((sg & nz) << 7)  # -0 is code 0
+  w = t2 + _u32(0x80 * _LANES) + pos - neg  # lanes 12 .. 252
+  b7 = (w >> 7) & _u32(_LANES)
+  low = w & _u32(0x7F7F7F7F)
+  normal = b7 & _ge(low, 8)
+  sub_hi = b7 ^ normal  # W 128 .. 135: codes 4, 6
+  sub_lo = b7 ^ _u32(_LANES)  # W < 128: codes 0 .. 3
+  code = ((low & _mask(normal))
+          | ((_u32(4 * _LANES) + (_ge(low, 4) << 1)) & _mask(sub_hi))
+          | ((_ge(low, 108) + _ge(low, 116) + _ge(low, 124)) & _mask(sub_lo)))
+  code = code & _mask(nz)
+  return code | ((sg & _ge(code, 1)) << 7)  # a code rounded to zero drops its sign
 
 
 def _kernel(*refs, kind: str):
-  codes_ref, *shift_ref, out_ref = refs
-  b = codes_ref[...].astype(jnp.int32)  # (bn, G, h) bytes: element 2j low, 2j + 1 high
-  lo, hi = b & 15, (b >> 4) & 15
+  codes_ref, *shift_refs, out_ref = refs
+  x = spread_nibbles(codes_ref[...].astype(jnp.uint32))  # (bn, G, h) words of 4 codes
   if kind == "int":
-    lo, hi = int_e4m3_codes(lo), int_e4m3_codes(hi)
+    out_ref[...] = int_e4m3_lanes(x)
+  elif not shift_refs:
+    out_ref[...] = e2m1_e4m3_lanes(x, subnormals=False)
   else:
-    s = shift_ref[0][...].astype(jnp.int32)[:, :, None] if shift_ref else 0
-    lo, hi = e2m1_e4m3_codes(lo, s), e2m1_e4m3_codes(hi, s)
-  out_ref[...] = (lo | (hi << 8)).astype(jnp.uint16)  # little-endian: lo first
+    shift_ref, normal_ref = shift_refs
+    s = shift_ref[...][:, :, None]  # (bn, G, 1): one shift per group of codes
+    out_ref[...] = jax.lax.cond(
+        normal_ref[0] != 0,  # every shift of the block >= _NORMAL_SHIFT (from XLA)
+        lambda x, s: e2m1_e4m3_lanes(x, s, subnormals=False),
+        lambda x, s: e2m1_e4m3_lanes(x, s), x, s)
 
 
 @functools.partial(jax.jit, static_argnames=("kind", "block_n", "interpret"))
@@ -107,21 +146,27 @@ def unpack(codes: jax.Array, shifts: jax.Array | None = None, *, kind: str,
     raise ValueError("shifts: only for kind='e2m1'")
   t, np_, bk = codes.shape
   g = 1 if shifts is None else shifts.shape[-1]
-  if shifts is not None and (shifts.shape[:2] != (t, np_) or bk % (2 * g)):
-    raise ValueError(f"shifts: expected ({t}, {np_}, G) with G dividing {bk // 2}; got "
+  if shifts is not None and (shifts.shape[:2] != (t, np_) or bk % (4 * g)):
+    raise ValueError(f"shifts: expected ({t}, {np_}, G) with G dividing {bk // 4}; got "
                      f"{shifts.shape}")
   if np_ % block_n:
     raise ValueError(f"codes: Np={np_} must be a multiple of block_n={block_n}")
-  h = bk // 2 // g
-  b = jax.lax.bitcast_convert_type(codes.reshape(t, np_, bk // 2, 2), jnp.uint8)
-  operands = [b.reshape(t, np_, g, h)]
+  h = bk // 4 // g  # 16-bit runs of four codes per group
+  runs = jax.lax.bitcast_convert_type(codes.reshape(t, np_, bk // 4, 4), jnp.uint16)
+  operands = [runs.reshape(t, np_, g, h)]
   in_specs = [pl.BlockSpec((None, block_n, g, h), lambda kb, i: (kb, i, 0, 0))]
   if shifts is not None:
-    operands.append(shifts.astype(jnp.int32))
-    in_specs.append(pl.BlockSpec((None, block_n, g), lambda kb, i: (kb, i, 0)))
+    shifts = shifts.astype(jnp.int32)
+    # Per block: no subnormal result possible, so the short lane map is exact (a reduction
+    # here, not in the kernel: Pallas-Triton's in-kernel min did not lower under the
+    # lowering test's abstract mesh).
+    normal = shifts.reshape(t, np_ // block_n, block_n * g).min(axis=2) >= _NORMAL_SHIFT
+    operands += [shifts, normal.astype(jnp.int32)]
+    in_specs += [pl.BlockSpec((None, block_n, g), lambda kb, i: (kb, i, 0)),
+                 pl.BlockSpec((None, 1), lambda kb, i: (kb, i))]
   out = pl.pallas_call(
       functools.partial(_kernel, kind=kind),
-      out_shape=jax.ShapeDtypeStruct((np_, t, g, h), jnp.uint16),
+      out_shape=jax.ShapeDtypeStruct((np_, t, g, h), jnp.uint32),
       grid=(t, np_ // block_n),
       in_specs=in_specs,
       out_specs=pl.BlockSpec((block_n, None, g, h), lambda kb, i: (i, kb, 0, 0)),
@@ -129,5 +174,5 @@ def unpack(codes: jax.Array, shifts: jax.Array | None = None, *, kind: str,
       interpret=interpret,
       name=f"carrier_unpack_{kind}",
   )(*operands)
-  out = jax.lax.bitcast_convert_type(out.reshape(np_, t * bk // 2), jnp.uint8)
+  out = jax.lax.bitcast_convert_type(out.reshape(np_, t * bk // 4), jnp.uint8)
   return jax.lax.bitcast_convert_type(out.reshape(np_, t * bk), jnp.float8_e4m3fn)
