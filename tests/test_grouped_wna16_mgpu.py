@@ -403,7 +403,8 @@ def abstract_q(name, shape):
     ((256, 7168, 512), gm.FAMILY),  # DeepSeek-V3 gate_up: K >= 2048
     ((8, 14336, 4096), gm.FAMILY),  # Mixtral down
     ((128, 2048, 1536), gm.FAMILY),  # Qwen3 gate_up (session 15)
-    ((128, 768, 2048), "grouped_wna16"),  # Qwen3 down: short K, not yet timed side by side
+    ((128, 768, 2048), gm.FAMILY),  # Qwen3 down: K 768 (session 16, side by side)
+    ((128, 512, 2048), "grouped_wna16"),  # shorter K
     ((256, 256, 7168), "grouped_wna16"),  # DeepSeek-V3 down
 ])
 def test_default_grouped_family_depends_on_k(shape, family):

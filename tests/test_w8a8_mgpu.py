@@ -164,9 +164,10 @@ def test_gemm_argument_errors():
   with pytest.raises(ValueError, match="two 128 x 128 float32 tiles"):
     wm.gemm(a, w, rows, cols, None, out_dtype=jnp.bfloat16, config=wm.Config(),
             col_group_scale=jnp.ones((1, 256), jnp.float32))
-  with pytest.raises(ValueError, match="row_group_scale"):
+  with pytest.raises(ValueError, match="row_group_scale"):  # (int8 would take 256-row waves)
     wm.gemm(a, w, rows, cols, None, out_dtype=jnp.bfloat16,
-            row_group_scale=jnp.ones((2, 128), jnp.float32))
+            row_group_scale=jnp.ones((2, 128), jnp.float32),
+            config=wm.heuristic(128, 256, True, 128))
 
 
 ROUTED = ["w8a8-int8", "w8a8-fp8", "w8a8-int8-static", "w8a8-fp8-static", "w8a8-fp8-block",
