@@ -68,16 +68,16 @@ def prepare(params: QuantizedWeight, *, grouped: bool = False,
 
   ``kernel``: a registered family name (``"wna16"``, ``"wna16_mgpu"``, ``"w8a8"``,
   ``"wnam_mgpu"`` -- quantized-activation specs on the WnA16 kernel, for decode; grouped:
-  ``"grouped_wna16"``, ``"grouped_wna16_mgpu"``, ``"grouped_w8a8"``, and the opt-in
+  ``"grouped_wna16"``, ``"grouped_wna16_mgpu"``, ``"grouped_w8a8"``,
   ``"grouped_wnam_mgpu"`` -- quantized-activation experts on the Mosaic grouped WnA16
-  kernel, not yet GPU-run) to prepare for instead of the default choice for this spec and
-  shape; the params then run on that family.  E.g. the Mosaic grouped kernel for
-  prefill-heavy Qwen3-style MoE down projections (K 768), where it beat the default at
-  1024 tokens but not at decode
-  (docs/moe.md).  The default for stacked experts with K >= 2048 is that Mosaic kernel,
-  which takes bf16 / fp16 tokens: float32 tokens then run the Pallas-Triton grouped kernel
-  after a re-layout inside every call -- prepare with ``kernel="grouped_wna16"`` for
-  float32 models."""
+  kernel, the default for 4-bit weights) to prepare for instead of the default choice for
+  this spec and shape; the params then run on that family.  E.g. the Mosaic grouped
+  kernel for prefill-heavy DeepSeek-V3-style down projections (K 256), where the default
+  is the Triton kernel (docs/moe.md).  The default for stacked experts with K >= 768 is
+  that Mosaic kernel, and for W4A8 / W4A4 experts ``grouped_wnam_mgpu``; both take bf16 /
+  fp16 tokens: float32 tokens then run a Pallas-Triton grouped kernel after a re-layout
+  inside every call -- prepare with ``kernel="grouped_wna16"`` (or ``"grouped_w8a8"``)
+  for float32 models."""
   if kernel is not None:
     chosen = registry.by_name(kernel, grouped=grouped)
     if not chosen.supports(params.spec):

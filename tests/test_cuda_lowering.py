@@ -99,8 +99,8 @@ def test_w8a8_mgpu_lowers_for_h200(name, cfg):
 
 @pytest.mark.parametrize("name", ["w8a8-fp8-block", "w4a8-int8", "w4a8-fp8"])
 def test_w8a8_mgpu_group_waves_lower_for_h200(name):
-  """Config.group_waves (two 64-row waves per warpgroup, 256 x 128 CTA tiles; not yet
-  GPU-run) at M = 4096, 8192^2: on the W8A8 family's layout and through the W4A8 prefill
+  """Config.group_waves (two 64-row waves per warpgroup, 256 x 128 CTA tiles; int8's
+  default since session 16) at M = 4096, 8192^2: on the W8A8 family's layout and through the W4A8 prefill
   of the wnam_mgpu layout."""
   from humming_jax.kernels import wnam_mgpu
   cfg = w8a8_mgpu.Config(128, 128, split_m=True, group_waves=True)
@@ -117,8 +117,8 @@ def test_w8a8_mgpu_group_waves_lower_for_h200(name):
 
 @pytest.mark.parametrize("name", ["w4a8-int8", "w4a8-mxfp4"])
 def test_grouped_wnam_mgpu_lowers_for_h200(name):
-  """The grouped quantized-activation family (opt-in, not yet GPU-run) at DeepSeek-V3
-  gate_up (E 256, K 7168, N 512), 16 tokens x top-8: the activation fake-quantization and
+  """The grouped quantized-activation family (the W4A8 / W4A4 default; GPU-run in session
+  16) at DeepSeek-V3 gate_up (E 256, K 7168, N 512), 16 tokens x top-8: the activation fake-quantization and
   the Mosaic grouped kernel lower for the H200."""
   from humming_jax.kernels import grouped_wnam_mgpu as gw
   spec = hj.QuantSpec.preset(name)

@@ -1,6 +1,6 @@
 """The grouped quantized-activation family on the Mosaic grouped WnA16 kernel
 (kernels/grouped_wnam_mgpu.py): interpreter vs the per-expert reference with the same
-activation quantization, the layout round trip, the opt-in ranking, bad input; H200 tests
+activation quantization, the layout round trip, the ranking (default for 4-bit weights), bad input; H200 tests
 under @pytest.mark.gpu."""
 import jax
 import jax.numpy as jnp
@@ -62,6 +62,12 @@ def test_round_trip_and_ranking():
   assert gw.supports(zp) and find(zp).name == gw.FAMILY
   w8 = hj.QuantSpec.preset("w8a8-int8")
   assert gw.supports(w8) and find(w8).name == "grouped_w8a8"
+  # 8-bit weights never default here, also where grouped_w8a8 refuses (static scales,
+  # int8 weights x fp8 activations): XLA, as before.
+  for spec in (w8.replace(act_static=True, act_granularity="tensor"),
+               w8.replace(act="fp8_e4m3")):
+    assert gw.supports(spec) and gw.priority_for(spec, q.shape) is None
+    assert find(spec) is None or find(spec).name != gw.FAMILY
   assert registry.by_name(gw.FAMILY, grouped=True) is gw.KERNEL
   assert registry.by_layout(gw.prepare(q).layout) is gw.KERNEL
   w16, _ = make("w4a16-g128-zp", 3, 256, 128, 6, False)

@@ -222,6 +222,19 @@ def test_route_without_bias_in_float16(monkeypatch):
   assert rel(y, reference.dense_reference(q, x)) <= 2e-4
 
 
+@pytest.mark.parametrize("name,waves", [("w4a8-int8", True), ("w4a8-fp8", False)])
+def test_route_config_by_carrier(name, waves, monkeypatch):
+  """The 8-bit route's K-group GEMM config comes from the spec's carrier: int8 operands
+  take group_waves (session 16), fp8 keeps the 64-row pairs (traced only)."""
+  seen = []
+  orig = wm.gemm
+  monkeypatch.setattr(wm, "gemm", lambda *a, **k: seen.append(k["config"]) or orig(*a, **k))
+  _, _, x, _, q = make(name, 384, 256, wm.MIN_M + 8, seed=3)
+  p = hj.prepare(q, kernel="w8a8")
+  jax.eval_shape(lambda p, x: w8a8.run(p, x, interpret=True), p, x)
+  assert len(seen) == 1 and seen[0].group_waves == waves and seen[0].split_m
+
+
 def test_route_input_checks(monkeypatch):
   """float32 activations stay on the Triton kernel (the Mosaic epilogue writes 16-bit);
   a wrong K is refused by name, not zero-padded."""

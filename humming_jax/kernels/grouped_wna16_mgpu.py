@@ -27,9 +27,10 @@ Pallas-Triton kernel) and the output gather;
 the gather: tile-aligned segments, rows read and written in place.  Session 8 timed it on
 every MoE benchmark shape (gate_up at 1 / 64 / 1024 tokens, down at 1 / 1024;
 benchmarks/NOTES_moe.md): ``hj.prepare(..., grouped=True)`` picks it for experts with
-K >= 2048 (4096 until session 15), where it beats the Pallas-Triton grouped kernel at
-every token count measured (:func:`priority_for`); with shorter K the Triton kernel stays
-the per-stack default (faster for a lone grouped GEMM at decode in session 8).  A whole
+K >= 768 (4096 until session 15, 2048 in session 15), where it beats the Pallas-Triton
+grouped kernel at every token count measured (:func:`priority_for`, session 16 side by
+side); with shorter K the Triton kernel stays the per-stack default (faster for a lone
+grouped GEMM at decode in session 8).  A whole
 MoE layer (``moe.prepare_experts``) puts both of its stacks here wherever this kernel runs
 them (session 9).  Launch shapes by
 rows per tile, K and active experts (:func:`heuristic`, session 10): shared x tiles for

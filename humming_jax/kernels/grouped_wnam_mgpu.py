@@ -16,9 +16,11 @@ chain of 8 layers at 1 / 16 / 64 tokens: DeepSeek-V3 gate_up 23.1 / 117.5 / 221.
 against 124.4 / 293.3 / 527.8 on the Pallas-Triton grouped W8A8 family, down 21.5 / 80.0 /
 170.0 against 23.7 / 139.5 / 286.0 (Humming's W4A8: 16.7 / 57.7 / 115.8 and 18.3 / 74.5 /
 139.2).  So for 4-bit weights (W4A8, W4A4) this family outranks ``grouped_w8a8``; 8-bit
-weights (W8A8) stay there (:func:`priority_for`), untimed here.  It is also the default
-for the 4-bit specs no other grouped family takes (static activation scales, zero-point
-weights, e5m2 activations: XLA before).
+weights (W8A8) stay there or on XLA (:func:`priority_for`), untimed here.  It is also the
+default for the 4-bit specs no other grouped family takes (static activation scales,
+zero-point weights, e5m2 activations: XLA before).  bf16 / fp16 tokens only: a float32
+model's experts re-lay out per call to the Triton W8A8 family -- prepare those with
+``kernel="grouped_w8a8"``.
 """
 from __future__ import annotations
 
@@ -79,11 +81,13 @@ def run(params: QuantizedWeight, x: jax.Array, group_sizes: jax.Array, *,
                                 block_m=block_m)
 
 
-def priority_for(spec: QuantSpec, shape: tuple[int, ...]) -> int:
+def priority_for(spec: QuantSpec, shape: tuple[int, ...]) -> int | None:
   """Above ``grouped_w8a8`` (0) for weights of 4 bits or fewer (the session-16 H200 times,
-  module docstring); below it for 8-bit weights."""
+  module docstring); never the default for 8-bit weights (untimed here; the specs
+  ``grouped_w8a8`` refuses -- static scales, int8 x fp8, zero points -- keep XLA), which
+  ``kernel=FAMILY`` still prepares."""
   del shape
-  return 1 if spec.weight_format.bits <= 4 else -2
+  return 1 if spec.weight_format.bits <= 4 else None
 
 
 KERNEL = registry.register(registry.DenseKernel(

@@ -31,8 +31,9 @@ class DenseKernel:
   gpu_known_bad: Callable[[QuantSpec], str | None] = lambda spec: None
   priority: int = 0  # higher wins when several families support a spec
   # Optional spec- and shape-dependent priority: (spec, weight shape) -> priority; the shape
-  # is () when the caller does not know it (hj.prepare and quant_dense pass it).
-  priority_for: Callable[[QuantSpec, tuple[int, ...]], int] | None = None
+  # is () when the caller does not know it (hj.prepare and quant_dense pass it).  None:
+  # never the default choice for that spec (as ``opt_in``, per spec).
+  priority_for: Callable[[QuantSpec, tuple[int, ...]], int | None] | None = None
   # Activation dtypes ``run`` takes (names, e.g. ("bfloat16", "float16")); None: any float.
   x_dtypes: tuple[str, ...] | None = None
   # Never chosen by ``find`` (the default choice): only by name (``hj.prepare(...,
@@ -44,7 +45,7 @@ class DenseKernel:
     return (x_dtype is None or self.x_dtypes is None
             or jnp.dtype(x_dtype).name in self.x_dtypes)
 
-  def rank(self, spec: QuantSpec, shape: tuple[int, ...] | None) -> int:
+  def rank(self, spec: QuantSpec, shape: tuple[int, ...] | None) -> int | None:
     if self.priority_for is None:
       return self.priority
     return self.priority_for(spec, tuple(shape or ()))  # () when the shape is not known
@@ -63,10 +64,12 @@ def find(spec: QuantSpec, *, grouped: bool = False, shape: tuple[int, ...] | Non
          x_dtype=None) -> DenseKernel | None:
   """The registered family that runs ``spec`` (and activations of ``x_dtype`` when given):
   the highest priority (:meth:`DenseKernel.rank`: spec- and shape-dependent where the
-  family says so) among those that support it; ties: the first registered."""
+  family says so) among those that support it; ties: the first registered.  Opt-in
+  families, and families ranking the spec None, are never chosen here."""
   _load_kernels()
   found = [k for k in (_GROUPED if grouped else _DENSE)
-           if not k.opt_in and k.supports(spec) and k.accepts(x_dtype)]
+           if not k.opt_in and k.supports(spec) and k.accepts(x_dtype)
+           and k.rank(spec, shape) is not None]
   if not found:
     return None
   best = max(k.rank(spec, shape) for k in found)
