@@ -1,32 +1,42 @@
 #!/usr/bin/env bash
-# The next device call, prepared 2026-11-30 session 16 after its call 4 (logs:
-# benchmarks/results/2026-11-30-session16/call1..4).  About 3 minutes (call 5 has ~320 s):
-#   tests: the packed-word unpack (kernels/carrier_unpack.py, four codes per 32-bit op;
-#      call 4 timed the one-code-per-lane version equal to XLA: ALU-bound) bit-equal to the
-#      XLA reference at 8192 x 4096 (normal blocks and blocks with subnormal results), and
-#      wnam_mgpu's prefill routes that call it.
-#   unpack: bench_unpack.py, XLA vs Pallas.  Prediction: int4 81.8 -> ~40 us, the fold
-#      113.9 -> ~45 (memory floor ~30: 32 MB read + 64 MB written).
-#   dense: W4A8 MXFP4 x fp8 and int4 -> fp8 at M = 1024 / 4096 with Humming.  Call 4:
-#      236.4 / 519.7 and 245.3 / 616.4 us wall; prediction ~170 / ~440 and ~200 / ~570.
+# The next device calls, prepared 2026-11-30 at the end of session 16 (its six calls ran:
+# benchmarks/results/2026-11-30-session16).  About 8 minutes:
+#   tests: what session 16 changed after its last device call -- test_default_choice_gpu
+#      (hj.prepare's own choice for W4A8 experts, grouped_wnam_mgpu: its -k missed in call
+#      4), the unpack's GPU test with the fold's far groups in every other N block (the
+#      per-block "all normal" flag), and the W4A8 prefill routes.
+#   dense: W4A8 int4 -> fp8 / int8 and MXFP4 x fp8 at M = 1024 / 4096 with Humming.  The
+#      fp8 carrier's packed-word unpack was not timed at 4096 (call 4: 616.4 us with the old
+#      unpack; prediction ~565); MXFP4 425.8 / 150.6 (calls 5-6).
+#   moe: one same-run table with Humming at 1 / 64 tokens -- W4A16 int4 g128 zp at
+#      DeepSeek-V3 gate_up and Qwen3 gate_up / down (down on Mosaic since session 16), and
+#      W4A8 MXFP4 (the grouped_wnam_mgpu default) at DeepSeek-V3 gate_up / down.
 # Usage: gpu_session_next.sh [STEP...]  (default: all, in order).  Carry: [".whl"].
 source "$(dirname "$0")/gpu_env.sh"
 T() { local t=$1; shift; timeout -k 5 -s INT "$t" "$@"; }
 s_tests() {
-  T 100 python3 -m pytest tests/test_carrier_unpack.py tests/test_wnam_mgpu.py -m gpu \
-    -p no:cacheprovider -o addopts="" --tb=short -rA -k "unpack_gpu or mx_fold or prefill_gpu" \
-    -s -W ignore::DeprecationWarning 2>&1 \
+  T 150 python3 -m pytest tests/test_carrier_unpack.py tests/test_wnam_mgpu.py \
+    tests/test_grouped_wnam_mgpu.py -m gpu -p no:cacheprovider -o addopts="" --tb=short -rA \
+    -k "unpack_gpu or mx_fold or prefill_gpu or default_choice_gpu" -s \
+    -W ignore::DeprecationWarning 2>&1 \
     | grep -E "^(FAILED|ERROR|PASSED)|passed|failed|rel err|Error" | cut -c1-300 | tail -20
 }
-s_unpack() {
-  T 60 python3 benchmarks/bench_unpack.py > "$OUT/unpack.log" 2>&1
-  grep -vE "^\{" "$OUT/unpack.log" | cut -c1-300 | tail -10
-}
 s_dense() {
-  T 130 python3 benchmarks/bench_dense.py --shapes 8192x8192 --ms 1024,4096 \
-    --specs w4a8-mxfp4,w4a8-fp8 --humming --kernel-times --calls 5 --repeats 2 \
+  T 200 python3 benchmarks/bench_dense.py --shapes 8192x8192 --ms 1024,4096 \
+    --specs w4a8-fp8,w4a8-int8,w4a8-mxfp4 --humming --kernel-times --calls 5 --repeats 2 \
     --json "$OUT/dense.json" > "$OUT/dense.log" 2>&1
   grep -E "^8192|rror" "$OUT/dense.log" | cut -c1-330
 }
-for s in ${@:-tests unpack dense}; do step "$s"; "s_$s"; done
+s_moe() {
+  T 240 python3 benchmarks/bench_moe.py \
+    --shapes deepseek-v3-gate_up,qwen3-30b-a3b-gate_up,qwen3-30b-a3b-down --tokens 1,64 \
+    --specs w4a16-g128-zp --humming --no-baselines --breakdown --chain resident \
+    --calls 10 --repeats 2 --json "$OUT/moe_w4a16.json" > "$OUT/moe_w4a16.log" 2>&1
+  grep -E "T=|rror" "$OUT/moe_w4a16.log" | cut -c1-1000
+  T 200 python3 benchmarks/bench_moe.py --shapes deepseek-v3-gate_up,deepseek-v3-down \
+    --tokens 1,64 --specs w4a8-mxfp4 --humming --no-baselines --breakdown --chain resident \
+    --calls 10 --repeats 2 --json "$OUT/moe_w4a8.json" > "$OUT/moe_w4a8.log" 2>&1
+  grep -E "T=|rror" "$OUT/moe_w4a8.log" | cut -c1-1000
+}
+for s in ${@:-tests dense moe}; do step "$s"; "s_$s"; done
 step done
