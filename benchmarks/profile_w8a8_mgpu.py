@@ -33,11 +33,13 @@ from humming_jax.kernels import reference, w8a8, w8a8_mgpu  # noqa: E402
 
 def parse_config(name: str, m: int, n: int, grouped: bool, k: int,
                  int8: bool = False) -> w8a8_mgpu.Config:
-  cfg = w8a8_mgpu.heuristic(m, n, grouped, k, int8=int8)
+  toks = name.split("-")
+  # nowaves: the heuristic's tiles for fp8 operands (64-row warpgroup tiles, pairs)
+  cfg = w8a8_mgpu.heuristic(m, n, grouped, k, int8=int8 and "nowaves" not in toks)
   if name == "default":
     return cfg
   fields = {}
-  for tok in name.split("-"):
+  for tok in toks:
     if tok == "n64":
       fields["tile_n"] = 64
     elif tok == "m64":
@@ -48,8 +50,8 @@ def parse_config(name: str, m: int, n: int, grouped: bool, k: int,
       fields["unpack_words_first"] = True
     elif tok == "waves":  # K-group specs: 128 rows per warpgroup in two 64-row waves
       fields.update(tile_m=128, group_waves=True, group_pairs=False)
-    elif tok == "nowaves":  # K-group specs: 64-row warpgroup tiles, pairs (int8 before 16)
-      fields.update(tile_m=64, group_waves=False, group_pairs=k % 256 == 0)
+    elif tok == "nowaves":  # K-group specs: int8's tiles before session 16 (see above)
+      pass
     elif tok.startswith("w"):
       fields["grid_tile_width"] = int(tok[1:])
     elif tok == "minor_m":

@@ -29,6 +29,16 @@ def routed_rows(e, k, tokens, seed, topk=8):
   return g, jax.random.normal(jax.random.key(seed + 1), (tokens * topk, k), jnp.bfloat16)
 
 
+def routed_error(name, e, k, n, tokens, seed, prepare, run):
+  """(rel err, prepared params) of ``run(prepare(q), x, g)`` against the reference for
+  ``name`` experts (E, K, N) quantized from seed ``seed`` and top-8 routed rows of
+  ``tokens`` tokens from seed ``seed + 1``."""
+  q, _ = make(name, e, k, n, 1, False, seed=seed)
+  g, x = routed_rows(e, k, tokens, seed=seed + 1)
+  p = jax.jit(prepare)(q)
+  return rel(jax.jit(run)(p, x, g), jax.jit(reference.ragged_dot_reference)(q, x, g)), p
+
+
 def make(name, e, k, n, m, bias, seed=0, dtype=jnp.bfloat16):
   kw, kb, kx = jax.random.split(jax.random.key(seed), 3)
   w = jax.random.normal(kw, (e, k, n)) / np.sqrt(k)
@@ -141,12 +151,8 @@ def test_lowers_for_h200(shape, tokens):
 @pytest.mark.parametrize("name", ["w4a16-g128-zp", "w4a16-mxfp4"])
 def test_qwen3_decode_gpu(name, tokens):
   """Qwen3-30B-A3B gate_up (E=128, K=2048, N=1536), top-8 rows sorted by expert."""
-  e, k, n = 128, 2048, 1536
-  q, _ = make(name, e, k, n, 1, False, seed=5)
-  g, x = routed_rows(e, k, tokens, seed=6)
-  p = jax.jit(gm.prepare)(q)
-  y = jax.jit(gm.run)(p, x, g)
-  assert rel(y, jax.jit(reference.ragged_dot_reference)(q, x, g)) <= TOL
+  err, _ = routed_error(name, 128, 2048, 1536, tokens, 5, gm.prepare, gm.run)
+  assert err <= TOL
 
 
 def test_tile_schedule_covers_every_row_once():

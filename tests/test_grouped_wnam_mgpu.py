@@ -10,7 +10,7 @@ import pytest
 import humming_jax as hj
 from humming_jax.kernels import grouped_wnam_mgpu as gw, reference, registry
 
-from test_grouped_wna16_mgpu import TOL, make, rel, routed_rows
+from test_grouped_wna16_mgpu import TOL, make, rel, routed_error
 
 CASES = [  # (preset, E, K, N, group_sizes, M): uneven, empty experts, a zero tail
     ("w4a8-int8", 4, 256, 128, [3, 0, 5, 2], 12),
@@ -91,12 +91,9 @@ def test_round_trip_and_ranking():
 @pytest.mark.parametrize("name", ["w4a8-int8", "w4a8-mxfp4"])
 def test_deepseek_gate_up_gpu(name, tokens):
   """DeepSeek-V3 gate_up (E=256, K=7168, N=512), top-8 rows sorted by expert, on the H200."""
-  e, k, n = 256, 7168, 512
-  q, _ = make(name, e, k, n, 1, False, seed=23)
-  g, x = routed_rows(e, k, tokens, seed=24)
-  p = jax.jit(lambda q: hj.prepare(q, grouped=True, kernel=gw.FAMILY))(q)
-  y = jax.jit(hj.quant_ragged_dot)(p, x, g)
-  e_ = rel(y, jax.jit(reference.ragged_dot_reference)(q, x, g))
+  e_, _ = routed_error(name, 256, 7168, 512, tokens, 23,
+                       lambda q: hj.prepare(q, grouped=True, kernel=gw.FAMILY),
+                       hj.quant_ragged_dot)
   print(f"grouped_wnam_mgpu {name} {tokens} tokens: rel err {e_:.2e}")
   assert e_ <= TOL
 
@@ -105,12 +102,8 @@ def test_deepseek_gate_up_gpu(name, tokens):
 def test_default_choice_gpu():
   """hj.prepare's own choice for W4A8 MXFP4 experts is this family (session 16), and runs
   DeepSeek-V3 down (E=256, K=256, N=7168) at 16 tokens on the H200 within the tolerance."""
-  e, k, n = 256, 256, 7168
-  q, _ = make("w4a8-mxfp4", e, k, n, 1, False, seed=25)
-  g, x = routed_rows(e, k, 16, seed=26)
-  p = jax.jit(lambda q: hj.prepare(q, grouped=True))(q)
+  e_, p = routed_error("w4a8-mxfp4", 256, 256, 7168, 16, 25,
+                       lambda q: hj.prepare(q, grouped=True), hj.quant_ragged_dot)
   assert registry.layout_family(p.layout) == gw.FAMILY
-  y = jax.jit(hj.quant_ragged_dot)(p, x, g)
-  e_ = rel(y, jax.jit(reference.ragged_dot_reference)(q, x, g))
   print(f"grouped_wnam_mgpu default, DeepSeek-V3 down 16 tokens: rel err {e_:.2e}")
   assert e_ <= TOL

@@ -35,8 +35,10 @@ from humming_jax import formats
 
 _E4M3 = formats.get_format("fp8_e4m3")
 _E2M1 = formats.get_format("fp4_e2m1")
-# Shifts E - B the fold passes (wnam_mgpu._MX_FOLD_MIN_SHIFT .. 6): every e2m1 value times
-# 2**shift is then an e4m3 normal, subnormal or zero (6 x 2**6 = 384 <= 448).
+# Shifts E - B the fold passes (wnam_mgpu.mx_fold_shifts clips to them): every e2m1 value
+# times 2**shift is then an e4m3 normal, subnormal or zero (6 x 2**6 = 384 <= 448); below
+# -20 every value rounds to zero (6 x 2**-20 < 2**-10, half the least e4m3 subnormal), and
+# the clip keeps the reference's float32 products normal.
 SHIFT_RANGE = (-20, 6)
 _LANES = 0x01010101  # a one in each byte lane
 # The least e2m1 value (2**-1, code 1) times 2**shift is an e4m3 normal from this shift up.

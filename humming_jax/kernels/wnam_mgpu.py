@@ -22,8 +22,8 @@ Prefill (no explicit config):
   H200 session 14).
 - MXFP4 x fp8 at M >= 512: folded onto the per-channel fp8 GEMM (:func:`run_prefill_mx_fold`;
   exact where a column's scales span at most 14 octaves, groups further below rounded to
-  e4m3 subnormals).  8192^2, M = 4096: 499 us of kernels against 759 on the route below
-  (H200 session 15).
+  e4m3 subnormals).  8192^2, M = 4096: 406.7 us of kernels (H200 session 16) against 759
+  on the route below (session 14).
 - Else M >= 512 where the W8A8 family's large-M route has exact bfloat16 operands (MXFP4 /
   NVFP4 weights): that route (``w8a8.dequant_gemm``) on weights dequantized from this
   layout, activation scales in the float32 epilogue.
@@ -153,15 +153,11 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
 # The prefill then runs the 8-bit GEMM without K groups (per-token x per-column scales in
 # the epilogue) instead of bf16 operands and XLA's GEMM.  The fp8 products are summed over
 # all of K in the WGMMA accumulator: the w8a8-fp8 error class (2.1e-3 at K = 8192 on the
-# H200), not the bf16 route's 8e-5.  H200 session 15, 8192^2, M = 1024 / 4096, call 1
-# (the fold then had an output select, ~11 / 41 us, dropped since): kernels 199.4 / 499.2
-# us, wall 213.6 / 530.5; Humming 117.0 / 501.5; the bf16 route (session 14) 259.9 /
-# 758.6 of kernels -- W4A8 MXFP4 now faster than W4A16 MXFP4 (265.4 / 778.3 wall, call 3).
+# H200), not the bf16 route's 8e-5.  H200 session 16, 8192^2, M = 1024 / 4096 (calls
+# 5-6, the packed-word unpack): kernels 138.2 / 406.7 us, wall 150.6 / 425.8; Humming
+# 116.0 / 474.8; the bf16 route (session 14) 259.9 / 758.6 of kernels.
 MX_FOLD_PREFILL = True
 MX_FOLD_SPAN = 14
-# Shifts below this round every e2m1 value to zero (6 x 2**-20 < 2**-10, half the least
-# e4m3 subnormal); clipping there keeps the float32 products normal.
-_MX_FOLD_MIN_SHIFT = carrier_unpack.SHIFT_RANGE[0]
 # The prefill's per-call unpack of 4-bit codes to e4m3 (int4 -> e4m3, the MXFP4 fold) on the
 # Pallas-Triton kernel (kernels/carrier_unpack.py); False: the XLA fusions it is checked
 # against.  H200 session 16, 8192^2: 30.2 / 31.0 us (packed-word arithmetic), XLA 80.7 /
