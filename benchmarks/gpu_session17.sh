@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The next device calls, prepared 2026-11-30 at the end of session 16 (its six calls ran:
-# benchmarks/results/2026-11-30-session16).  About 8 minutes:
+# Session 17's device calls (queued at the end of session 16, whose six calls ran:
+# benchmarks/results/2026-11-30-session16), plus the timeline probe.  About 8 minutes:
 #   tests: what session 16 changed after its last device call -- test_default_choice_gpu
 #      (hj.prepare's own choice for W4A8 experts, grouped_wnam_mgpu: its -k missed in call
 #      4), the unpack's GPU test with the fold's far groups in every other N block (the
@@ -27,6 +27,12 @@ s_dense() {
     --json "$OUT/dense.json" > "$OUT/dense.log" 2>&1
   grep -E "^8192|rror" "$OUT/dense.log" | cut -c1-330
 }
+s_timeline() {  # the idle time between a decode call's kernels (probe_timeline.py)
+  for a in "--moe deepseek-v3-gate_up --spec w4a16-g128-zp" "--moe deepseek-v3-gate_up --spec w4a8-mxfp4" \
+      "--moe qwen3-30b-a3b-down --spec w4a16-g128-zp" "--dense 8192 --spec w4a16-g128-zp"; do
+    T 90 python3 benchmarks/probe_timeline.py $a --tokens 1 --show 12 2>&1 | grep -v Warning | tail -18
+  done
+}
 s_moe() {
   T 240 python3 benchmarks/bench_moe.py \
     --shapes deepseek-v3-gate_up,qwen3-30b-a3b-gate_up,qwen3-30b-a3b-down --tokens 1,64 \
@@ -38,5 +44,5 @@ s_moe() {
     --calls 10 --repeats 2 --json "$OUT/moe_w4a8.json" > "$OUT/moe_w4a8.log" 2>&1
   grep -E "T=|rror" "$OUT/moe_w4a8.log" | cut -c1-1000
 }
-for s in ${@:-tests dense moe}; do step "$s"; "s_$s"; done
+for s in ${@:-tests timeline dense moe}; do step "$s"; "s_$s"; done
 step done
