@@ -19,13 +19,14 @@ import argparse
 import glob
 import sys
 import tempfile
+import time
 
 import jax
 import jax.numpy as jnp
 
 sys.path.insert(0, __file__.rsplit("/", 2)[0])
 import humming_jax as hj  # noqa: E402
-from benchmarks import bench_moe  # noqa: E402
+from benchmarks import bench_moe, common  # noqa: E402
 
 
 def build(args):
@@ -46,6 +47,29 @@ def build(args):
   pps = [jax.block_until_ready(hj.prepare(hj.quantize(w, spec))) for w in ws]
   x = jax.random.normal(key, (args.tokens, k), jnp.bfloat16)
   return (lambda p, x: hj.quant_dense(p, x)), pps, x
+
+
+def host_totals(path: str, calls: int, top: int) -> list[tuple[float, int, str]]:
+  """(us per call, count per call, name) of the host-side events (XLA runtime, CUDA API;
+  not Python frames), largest first: where a call's dispatch spends its time.  Nested
+  events each count in full."""
+  data = jax.profiler.ProfileData.from_file(path)
+  tot: dict[str, list[float]] = {}
+  for plane in data.planes:
+    if not plane.name.startswith("/host"):
+      continue
+    for line in plane.lines:
+      if line.name == "python":
+        continue
+      for e in line.events:
+        if e.name.startswith("$"):
+          continue
+        t = tot.setdefault(e.name, [0.0, 0])
+        t[0] += e.duration_ns / 1e3
+        t[1] += 1
+  rows = sorted(((us / calls, n // calls, name) for name, (us, n) in tot.items()),
+                reverse=True)
+  return rows[:top]
 
 
 def device_events(path: str) -> list[tuple[float, float, str]]:
@@ -72,6 +96,7 @@ def main(argv=None):
   ap.add_argument("--layers", type=int, default=8)
   ap.add_argument("--calls", type=int, default=5)
   ap.add_argument("--show", type=int, default=40, help="events printed of the last call")
+  ap.add_argument("--host", type=int, default=0, help="host-side event names printed")
   args = ap.parse_args(argv)
   layer, pps, x = build(args)
 
@@ -92,6 +117,7 @@ def main(argv=None):
       jax.block_until_ready(state)
     [path] = glob.glob(f"{d}/**/*.xplane.pb", recursive=True)
     events = device_events(path)
+    hosts = host_totals(path, args.calls, args.host) if args.host else []
   if not events:
     raise SystemExit("no GPU stream events in the trace")
   # Calls: split where the idle gap is the largest few (host round trips between calls).
@@ -113,6 +139,19 @@ def main(argv=None):
         f"span {(span - busy) / n:.2f} us, events {len(last) / n:.1f}")
   between = [events[i][0] - (events[i - 1][0] + events[i - 1][1]) for i in cuts]
   print(f"idle between calls (host): {', '.join(f'{g:.1f}' for g in between)} us")
+  for us, count, name in hosts:
+    print(f"  host {us:9.1f} us/call  x{count:<4d} {name[:90]}")
+  t0 = time.perf_counter()  # untraced: how long the host takes to enqueue a call
+  for _ in range(20):
+    state = f(pps, x, state)
+  t1 = time.perf_counter()
+  jax.block_until_ready(state)
+  t2 = time.perf_counter()
+  print(f"untraced, 20 calls: host enqueue {(t1 - t0) / 20 * 1e6:.1f} us per call, "
+        f"until done {(t2 - t0) / 20 * 1e6:.1f}")
+  wall = common.time_resident(layer, pps, x, calls=20, repeats=3)["us"]
+  print(f"untraced resident wall: {wall:.2f} us per layer ({wall * n:.1f} per call) against "
+        f"{span / n:.2f} us of GPU span")
 
 
 if __name__ == "__main__":
