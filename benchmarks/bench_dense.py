@@ -78,6 +78,7 @@ def quantized_layers(spec_name, ws):
 
 
 KERNEL_TIMES = False  # --kernel-times: also CUPTI device time per layer
+SPAN = False  # --span: also the device time per layer of the resident chain
 
 
 def bench_point(spec_name, k, n, m, ws, x, *, calls, repeats, check=True, config=None):
@@ -92,7 +93,8 @@ def bench_point(spec_name, k, n, m, ws, x, *, calls, repeats, check=True, config
     res["rel_err"] = common.rel_err(y, ref)
     res["nan"] = bool(jnp.isnan(y).any())
   res["compile_s"] = common.compile_time(layer, prepared[0], x)
-  t = common.CHAINS[CHAIN](layer, prepared, x, calls=calls, repeats=repeats)
+  span = {"span": True} if SPAN and CHAIN == "resident" else {}
+  t = common.CHAINS[CHAIN](layer, prepared, x, calls=calls, repeats=repeats, **span)
   res.update(t)
   if KERNEL_TIMES:  # the launch-free number: chain walls move with the host (NOTES.md v11)
     chained = jax.jit(lambda ps, x: common.chain(layer, ps, x))
@@ -136,6 +138,9 @@ def main(argv=None):
                   help="outputs: every layer on the same x, all outputs returned (GPU.md); "
                        "sequential: x -> layer_1 -> ... with a donated state, as in a model "
                        "(square shapes only; Humming stays a CUDA graph of the same layers)")
+  ap.add_argument("--span", action="store_true",
+                  help="with --chain resident: also the device time per layer of our "
+                       "kernels (common.device_span_us: no host dispatch)")
   ap.add_argument("--calls", type=int, default=50)
   ap.add_argument("--repeats", type=int, default=3)
   ap.add_argument("--humming", action="store_true", help="also time humming-kernels")
@@ -164,8 +169,9 @@ def main(argv=None):
            shape=shape, device=device)
     return
 
-  global CHAIN, KERNEL_TIMES
+  global CHAIN, KERNEL_TIMES, SPAN
   CHAIN = args.chain
+  SPAN = args.span
   KERNEL_TIMES = args.kernel_times
   info = common.device_info()
   print(f"# {info}", flush=True)
@@ -240,6 +246,7 @@ def print_row(r, flush=False):
     return
   h = r.get("humming_us")
   kern = f"kernels={r['kernel_us']:.1f}  " if "kernel_us" in r else ""
+  kern += f"span={r['span_us']:.1f}  " if "span_us" in r else ""
   print(f"{r['shape']:<18} M={r['M']:<5} {r['spec']:<16} {r['us']:8.1f} us  {kern}"
         f"{r['tbps']:5.2f} TB/s {r['tflops']:6.1f} TF/s  err={r.get('rel_err', 0):.1e}  "
         f"compile={r['compile_s']:.2f}s  bf16={r.get('xla_bf16_us', float('nan')):.1f}  "

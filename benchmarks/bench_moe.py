@@ -152,6 +152,7 @@ def quantize_sets(spec_name, ws):
 
 _SETS: dict = {}
 CHAIN = ("outputs",)  # --chain: common.CHAINS keys for our layers (the first is "us")
+SPAN = False  # --span: also the device time per layer of the resident chain
 
 
 def active_bytes(pp, group_sizes) -> int:
@@ -176,7 +177,8 @@ def bench_hj(spec_name, sets, xg, *, calls, repeats, check):
     total = int(xg[1].sum())
     res["tail_zero"] = bool((y[total:] == 0).all())
   res["compile_s"] = common.compile_time(layer, pps[0], xg)
-  res.update(common.CHAINS[CHAIN[0]](layer, pps, xg, calls=calls, repeats=repeats))
+  span = {"span": True} if SPAN and CHAIN[0] == "resident" else {}
+  res.update(common.CHAINS[CHAIN[0]](layer, pps, xg, calls=calls, repeats=repeats, **span))
   for other in CHAIN[1:]:  # the same layers chained another way, same process
     res[f"{other}_us"] = common.CHAINS[other](layer, pps, xg, calls=calls,
                                               repeats=repeats)["us"]
@@ -264,10 +266,15 @@ def main(argv=None):
                   help="comma list of outputs / resident: how our layers are chained "
                        "(benchmarks/common.py; the first gives 'us', the others "
                        "'<chain>_us'); Humming is always its CUDA graph")
+  ap.add_argument("--span", action="store_true",
+                  help="with --chain resident: also the device time per layer (a profiler "
+                       "trace's span from a call's first kernel to its last, no host "
+                       "dispatch: common.device_span_us)")
   ap.add_argument("--json", default=None)
   args = ap.parse_args(argv)
-  global CHAIN
+  global CHAIN, SPAN
   CHAIN = tuple(args.chain.split(","))
+  SPAN = args.span
   if not set(CHAIN) <= {"outputs", "resident"}:
     raise SystemExit(f"--chain {args.chain!r}: expected outputs and / or resident")
   info = common.device_info()

@@ -96,20 +96,16 @@ def time_sequential(layer_fn, params_list, x, *, calls: int = 50, repeats: int =
   return {**res, "first_call_s": first}
 
 
-def time_resident(layer_fn, params_list, x, *, calls: int = 50, repeats: int = 5
-                  ) -> dict[str, float]:
+def time_resident(layer_fn, params_list, x, *, calls: int = 50, repeats: int = 5,
+                  span: bool = False) -> dict[str, float]:
   """Every layer on the same x (as :func:`time_chain`), their outputs consumed inside the
   program: each output's sum is added to a donated float32 state, so the outputs live in
   XLA's temp buffer at the same addresses every call, as a layer's output does inside a
   model step (XLA re-records a Mosaic launch into its CUDA graph when its buffers move:
   NOTES.md v11).  The sums are small reductions XLA fuses into each layer's last fusion
-  (or one small kernel per layer).  Microseconds per layer, as :func:`time_chain`."""
-  def run(ps, x, state):
-    for p in ps:
-      state = state + jnp.sum(layer_fn(p, x).astype(jnp.float32))
-    return state
-
-  f = jax.jit(run, donate_argnums=2)
+  (or one small kernel per layer).  Microseconds per layer, as :func:`time_chain`; with
+  ``span`` also ``span_us``, the device time per layer (:func:`device_span_us`)."""
+  f = jax.jit(resident_program(layer_fn), donate_argnums=2)
   state, first = _first_call(f, params_list, x, jnp.zeros((), jnp.float32))
   held = [jax.block_until_ready(f(params_list, x, state))]  # warm
 
@@ -118,7 +114,58 @@ def time_resident(layer_fn, params_list, x, *, calls: int = 50, repeats: int = 5
     return held[0]
 
   res = _per_layer_us(step, len(params_list), calls=calls, repeats=repeats)
+  if span:
+    res["span_us"] = device_span_us(step, len(params_list))
   return {**res, "first_call_s": first}
+
+
+def resident_program(layer_fn):
+  """(params_list, x, state) -> state + the sum of every layer's output (time_resident)."""
+  def run(ps, x, state):
+    for p in ps:
+      state = state + jnp.sum(layer_fn(p, x).astype(jnp.float32))
+    return state
+  return run
+
+
+def device_events(trace_dir: str) -> list[tuple[float, float, str]]:
+  """(start_us, duration_us, name) of every kernel / copy on the GPU streams of the
+  jax.profiler trace in ``trace_dir``, in start order."""
+  import glob  # noqa: PLC0415
+  [path] = glob.glob(f"{trace_dir}/**/*.xplane.pb", recursive=True)
+  out = []
+  for plane in jax.profiler.ProfileData.from_file(path).planes:
+    if plane.name.startswith("/device:GPU"):
+      for line in plane.lines:
+        if "stream" in line.name.lower():  # not XLA's op / module lines
+          out += [(e.start_ns / 1e3, e.duration_ns / 1e3, e.name) for e in line.events]
+  return sorted(out)
+
+
+def device_span_us(step, layers: int, *, calls: int = 5) -> float:
+  """Device time per layer of one call: from its first kernel's start to its last one's
+  end (the kernels and the gaps between them, not the host's dispatch), from a
+  jax.profiler trace of ``calls`` back-to-back ``step()`` calls; the median over calls
+  divided by ``layers``.  At decode the chain's wall is the host's enqueue time when that
+  is longer (JAX's argument parsing and XLA's graph launch: ~100 us per call of 8
+  layers, H200 session 17); Humming's CUDA-graph replay has no such host cost, so this
+  is the number comparable to it."""
+  import tempfile  # noqa: PLC0415
+  jax.block_until_ready(step())
+  with tempfile.TemporaryDirectory() as d:
+    with jax.profiler.trace(d):
+      out = None
+      for _ in range(calls):
+        out = step()
+      jax.block_until_ready(out)
+    events = device_events(d)
+  if not events or len(events) % calls:
+    raise RuntimeError(f"device_span_us: {len(events)} GPU events for {calls} calls (expected "
+                       f"the same kernels every call)")
+  per = len(events) // calls
+  spans = [max(s + d for s, d, _ in events[i:i + per]) - events[i][0]
+           for i in range(0, len(events), per)]
+  return statistics.median(spans) / layers
 
 
 CHAINS = {"outputs": time_chain, "sequential": time_sequential, "resident": time_resident}

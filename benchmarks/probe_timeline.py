@@ -72,20 +72,6 @@ def host_totals(path: str, calls: int, top: int) -> list[tuple[float, int, str]]
   return rows[:top]
 
 
-def device_events(path: str) -> list[tuple[float, float, str]]:
-  """(start_us, duration_us, name) of every event on the GPU planes of a trace."""
-  data = jax.profiler.ProfileData.from_file(path)
-  out = []
-  for plane in data.planes:
-    if not plane.name.startswith("/device:GPU"):
-      continue
-    for line in plane.lines:
-      if "stream" not in line.name.lower():  # kernels / memcpys, not the XLA op lines
-        continue
-      out += [(e.start_ns / 1e3, e.duration_ns / 1e3, e.name) for e in line.events]
-  return sorted(out)
-
-
 def main(argv=None):
   ap = argparse.ArgumentParser(description=__doc__)
   case = ap.add_mutually_exclusive_group(required=True)
@@ -100,12 +86,7 @@ def main(argv=None):
   args = ap.parse_args(argv)
   layer, pps, x = build(args)
 
-  def run(ps, x, state):  # common.time_resident's program
-    for p in ps:
-      state = state + jnp.sum(layer(p, x).astype(jnp.float32))
-    return state
-
-  f = jax.jit(run, donate_argnums=2)
+  f = jax.jit(common.resident_program(layer), donate_argnums=2)
   state = jax.block_until_ready(f(pps, x, jnp.zeros((), jnp.float32)))
   for _ in range(3):
     state = f(pps, x, state)
@@ -115,8 +96,8 @@ def main(argv=None):
       for _ in range(args.calls):
         state = f(pps, x, state)
       jax.block_until_ready(state)
+    events = common.device_events(d)
     [path] = glob.glob(f"{d}/**/*.xplane.pb", recursive=True)
-    events = device_events(path)
     hosts = host_totals(path, args.calls, args.host) if args.host else []
   if not events:
     raise SystemExit("no GPU stream events in the trace")
