@@ -100,19 +100,34 @@ def test_carrier_kernel_is_the_reference(name):
   assert len(np.unique(want)) >= 15
 
 
+def test_scale_exponents_read_every_e8m0_scale():
+  """The layout's bf16 rows of e8m0 scales -> exponents off the bits: every code, the
+  bf16 subnormal 2**-127 and NaN included."""
+  codes = jnp.arange(256, dtype=jnp.int32)
+  scales = formats.get_format("e8m0").decode(codes).astype(jnp.bfloat16)
+  got = np.asarray(cu.scale_exponents(scales))
+  np.testing.assert_array_equal(got[:255], np.arange(255) - 127)
+  assert got[255] == 128
+  with pytest.raises(ValueError, match="scales: expected the layout's bfloat16"):
+    cu.scale_exponents(scales.astype(jnp.float32))
+
+
 def test_refusals():
   p = params("w4a8-mxfp4", 256, 128, seed=3)
-  sh = wm.mx_fold_shifts(p)
+  base = wm._mx_fold_exponents(p)[1]
   with pytest.raises(ValueError, match=r"codes: expected \(Kp / bk, Np, bk\) int4"):
     cu.unpack(p.codes.astype(jnp.int8), kind="int")
   with pytest.raises(ValueError, match="kind='x'"):
     cu.unpack(p.codes, kind="x")
-  with pytest.raises(ValueError, match="shifts: only for kind='e2m1'"):
-    cu.unpack(p.codes, sh, kind="int")
-  with pytest.raises(ValueError, match="shifts: expected"):
-    cu.unpack(p.codes, sh[:, :64], kind="e2m1")
+  with pytest.raises(ValueError, match="scales and base: pass both"):
+    cu.unpack(p.codes, p.scales, kind="e2m1")
+  with pytest.raises(ValueError, match="scales: only for kind='e2m1'"):
+    cu.unpack(p.codes, p.scales, base, kind="int")
+  with pytest.raises(ValueError, match="scales, base: expected"):
+    cu.unpack(p.codes, p.scales[:, :64], base, kind="e2m1")
   with pytest.raises(ValueError, match="G dividing 32"):
-    cu.unpack(p.codes, jnp.zeros(sh.shape[:2] + (64,), jnp.int32), kind="e2m1")
+    cu.unpack(p.codes, jnp.ones((p.codes.shape[0] * 64, 128), jnp.bfloat16), base,
+              kind="e2m1")
   with pytest.raises(ValueError, match="Np=128 must be a multiple of block_n=256"):
     cu.unpack(p.codes, kind="int", block_n=256)
 

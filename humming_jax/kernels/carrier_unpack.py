@@ -115,16 +115,35 @@ def e2m1_e4m3_lanes(x: jax.Array, shift: jax.Array | int = 0, *,
   return code | ((sg & _ge(code, 1)) << 7)  # a code rounded to zero drops its sign
 
 
+def scale_exponents(scales: jax.Array) -> jax.Array:
+  """bfloat16 powers of two (the layout's e8m0 group scales) -> their int32 exponents,
+  off the bits: the exponent field - 127; the one bf16 subnormal an e8m0 scale can be
+  (2**-127) -> -127; NaN (e8m0 code 255) -> 128.  The fold's XLA reference and this
+  kernel both read the exponents through here."""
+  if scales.dtype != jnp.bfloat16:
+    raise ValueError(f"scales: expected the layout's bfloat16 powers of two; got "
+                     f"{scales.dtype}")
+  field = (jax.lax.bitcast_convert_type(scales, jnp.uint16).astype(jnp.int32) >> 7) & 0xFF
+  return jnp.where(field == 0, -127, field - 127)
+
+
+def fold_shifts(exponents: jax.Array, base: jax.Array) -> jax.Array:
+  """Group exponents E and their column's base B -> the fold's shifts E - B, clipped to
+  SHIFT_RANGE (the reference's and this kernel's one formula)."""
+  return jnp.clip(exponents - base, *SHIFT_RANGE)
+
+
 def _kernel(*refs, kind: str):
-  codes_ref, *shift_refs, out_ref = refs
+  codes_ref, *fold_refs, out_ref = refs
   x = spread_nibbles(codes_ref[...].astype(jnp.uint32))  # (bn, G, h) words of 4 codes
   if kind == "int":
     out_ref[...] = int_e4m3_lanes(x)
-  elif not shift_refs:
+  elif not fold_refs:
     out_ref[...] = e2m1_e4m3_lanes(x, subnormals=False)
   else:
-    shift_ref, normal_ref = shift_refs
-    s = shift_ref[...][:, :, None]  # (bn, G, 1): one shift per group of codes
+    scales_ref, base_ref, normal_ref = fold_refs
+    # (G, bn) group scales of this K tile -> (bn, G, 1) shifts: one per group of codes
+    s = fold_shifts(scale_exponents(scales_ref[...]), base_ref[...][None, :]).T[:, :, None]
     out_ref[...] = jax.lax.cond(
         normal_ref[0] != 0,  # every shift of the block >= _NORMAL_SHIFT (from XLA)
         lambda x, s: e2m1_e4m3_lanes(x, s, subnormals=False),
@@ -132,39 +151,47 @@ def _kernel(*refs, kind: str):
 
 
 @functools.partial(jax.jit, static_argnames=("kind", "block_n", "interpret"))
-def unpack(codes: jax.Array, shifts: jax.Array | None = None, *, kind: str,
-           block_n: int = 64, interpret: bool = False) -> jax.Array:
+def unpack(codes: jax.Array, scales: jax.Array | None = None, base: jax.Array | None = None,
+           *, kind: str, block_n: int = 64, interpret: bool = False) -> jax.Array:
   """(Kp / bk, Np, bk) int4 codes -> (Np, Kp) float8_e4m3fn, K-major.
 
-  ``kind="int"``: the codes are integers (-8 .. 7).  ``kind="e2m1"``: e2m1 bit patterns,
-  times 2**shift with ``shifts`` (Kp / bk, Np, G) int32 in SHIFT_RANGE, one per group of
-  bk / G codes along K (None: no shift)."""
+  ``kind="int"``: the codes are integers (-8 .. 7).  ``kind="e2m1"``: e2m1 bit patterns;
+  with ``scales`` ((Kp / bk) * G, Np) bfloat16 powers of two, one per group of bk / G
+  codes along K (the layout's MXFP4 scale rows), and ``base`` (Np,) int32, each value
+  times 2**(E - B) (``fold_shifts``: the MXFP4 fold; None: no shift).  The kernel reads
+  the shifts off the scale rows itself, so per call XLA only reduces the rows to one
+  "all normal" flag per block."""
   if codes.ndim != 3 or codes.dtype != jnp.int4:
     raise ValueError(f"codes: expected (Kp / bk, Np, bk) int4; got {codes.shape} "
                      f"{codes.dtype}")
   if kind not in ("int", "e2m1"):
     raise ValueError(f"kind={kind!r}: expected 'int' or 'e2m1'")
-  if shifts is not None and kind != "e2m1":
-    raise ValueError("shifts: only for kind='e2m1'")
+  if (scales is None) != (base is None):
+    raise ValueError("scales and base: pass both (the fold) or neither")
+  if scales is not None and kind != "e2m1":
+    raise ValueError("scales: only for kind='e2m1'")
   t, np_, bk = codes.shape
-  g = 1 if shifts is None else shifts.shape[-1]
-  if shifts is not None and (shifts.shape[:2] != (t, np_) or bk % (4 * g)):
-    raise ValueError(f"shifts: expected ({t}, {np_}, G) with G dividing {bk // 4}; got "
-                     f"{shifts.shape}")
+  g = 1 if scales is None else scales.shape[0] // t
+  if scales is not None and (scales.shape != (t * g, np_) or bk % (4 * g)
+                             or base.shape != (np_,)):
+    raise ValueError(f"scales, base: expected ({t} * G, {np_}) with G dividing {bk // 4}, "
+                     f"and ({np_},); got {scales.shape}, {base.shape}")
   if np_ % block_n:
     raise ValueError(f"codes: Np={np_} must be a multiple of block_n={block_n}")
   h = bk // 4 // g  # 16-bit runs of four codes per group
   runs = jax.lax.bitcast_convert_type(codes.reshape(t, np_, bk // 4, 4), jnp.uint16)
   operands = [runs.reshape(t, np_, g, h)]
   in_specs = [pl.BlockSpec((None, block_n, g, h), lambda kb, i: (kb, i, 0, 0))]
-  if shifts is not None:
-    shifts = shifts.astype(jnp.int32)
+  if scales is not None:
+    base = base.astype(jnp.int32)
     # Per block: no subnormal result possible, so the short lane map is exact (a reduction
     # here, not in the kernel: Pallas-Triton's in-kernel min did not lower under the
-    # lowering test's abstract mesh).
-    normal = shifts.reshape(t, np_ // block_n, block_n * g).min(axis=2) >= _NORMAL_SHIFT
-    operands += [shifts, normal.astype(jnp.int32)]
-    in_specs += [pl.BlockSpec((None, block_n, g), lambda kb, i: (kb, i, 0)),
+    # lowering test's abstract mesh).  The one pass over the scale rows XLA makes per call.
+    e = scale_exponents(scales).reshape(t, g, np_ // block_n, block_n)
+    low = (e - base.reshape(np_ // block_n, block_n)).min(axis=(1, 3))
+    operands += [scales.reshape(t, g, np_), base, (low >= _NORMAL_SHIFT).astype(jnp.int32)]
+    in_specs += [pl.BlockSpec((None, g, block_n), lambda kb, i: (kb, 0, i)),
+                 pl.BlockSpec((block_n,), lambda kb, i: (i,)),
                  pl.BlockSpec((None, 1), lambda kb, i: (kb, i))]
   out = pl.pallas_call(
       functools.partial(_kernel, kind=kind),

@@ -189,11 +189,12 @@ def _real_groups(params: QuantizedWeight) -> int:
 
 def _mx_fold_exponents(params: QuantizedWeight) -> tuple[jax.Array, jax.Array, jax.Array]:
   """(E, B, exact): the (Kp / group, Np) int32 exponents of the power-of-two group scales
-  (the layout's bf16 rows of e8m0 values; padded rows are 1), each column's base B = its
-  largest exponent over the K rows that exist - 6 (the largest folded value is
-  6 x 2**6 = 384), kept >= -126 (2**B a float32 normal), and whether every E - B is at
-  least 6 - MX_FOLD_SPAN: no value rounds (a scalar bool array)."""
-  e = formats.floor_log2(params.scales.astype(jnp.float32))
+  (the layout's bf16 rows of e8m0 values, read off the bits: ``carrier_unpack.
+  scale_exponents``; padded rows are 1, NaN is 128), each column's base B = its largest
+  exponent over the K rows that exist - 6 (the largest folded value is 6 x 2**6 = 384),
+  kept >= -126 (2**B a float32 normal), and whether every E - B is at least
+  6 - MX_FOLD_SPAN: no value rounds (a scalar bool array)."""
+  e = carrier_unpack.scale_exponents(params.scales)
   real = e[:_real_groups(params)]
   base = jnp.maximum(real.max(axis=0) - 6, -126)
   return e, base, jnp.all(real - base[None] >= 6 - MX_FOLD_SPAN)
@@ -229,7 +230,7 @@ def mx_fold_column_scales(params: QuantizedWeight) -> tuple[jax.Array, jax.Array
   code 255) gets a NaN scale: its outputs are NaN, as the reference's are (its folded
   codes are not meaningful)."""
   _, base, exact = _mx_fold_exponents(params)
-  nan = jnp.any(jnp.isnan(params.scales[:_real_groups(params)].astype(jnp.float32)), axis=0)
+  nan = jnp.any(jnp.isnan(params.scales[:_real_groups(params)]), axis=0)
   return jnp.where(nan, jnp.nan, formats.exp2_int(base)), exact
 
 
@@ -238,7 +239,7 @@ def mx_fold_shifts(params: QuantizedWeight) -> jax.Array:
   clipped to ``carrier_unpack.SHIFT_RANGE`` (padded K rows, scale 1, meet zero codes)."""
   t, np_, bk = params.codes.shape
   e, base, _ = _mx_fold_exponents(params)
-  shift = jnp.clip(e - base[None], *carrier_unpack.SHIFT_RANGE)
+  shift = carrier_unpack.fold_shifts(e, base[None])
   return shift.reshape(t, bk // params.spec.group_size, np_).transpose(0, 2, 1)
 
 
@@ -247,10 +248,13 @@ def mx_fold_codes(params: QuantizedWeight, *, pallas: bool = False,
   """(Np, Kp) e4m3 codes of e2m1 x 2**(E - B): the weight over its column scale, exact
   for groups up to MX_FOLD_SPAN octaves under the column's largest, rounded to the
   nearest e4m3 subnormal further below.  ``pallas``: the Pallas-Triton unpack
-  (``carrier_unpack``); else this XLA reference through the formats' decode / encode."""
-  shift = mx_fold_shifts(params)
+  (``carrier_unpack``, which reads the shifts off the scale rows); else this XLA
+  reference through the formats' decode / encode."""
   if pallas:
-    return carrier_unpack.unpack(params.codes, shift, kind="e2m1", interpret=interpret)
+    _, base, _ = _mx_fold_exponents(params)
+    return carrier_unpack.unpack(params.codes, params.scales, base, kind="e2m1",
+                                 interpret=interpret)
+  shift = mx_fold_shifts(params)
   t, np_, bk = params.codes.shape
   g = params.spec.group_size
   vals = wna16_mgpu.code_values(params, jnp.float32).reshape(t, np_, bk // g, g)
