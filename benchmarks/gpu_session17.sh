@@ -44,5 +44,27 @@ s_moe() {
     --calls 10 --repeats 2 --json "$OUT/moe_w4a8.json" > "$OUT/moe_w4a8.log" 2>&1
   grep -E "T=|rror" "$OUT/moe_w4a8.log" | cut -c1-1000
 }
+s_fold() {  # call 4: the fold reading its shifts off the scale rows (kernel change)
+  T 150 python3 -m pytest tests/test_carrier_unpack.py tests/test_wnam_mgpu.py -m gpu \
+    -p no:cacheprovider -o addopts="" --tb=short -rA -k "unpack_gpu or mx_fold" -s \
+    -W ignore::DeprecationWarning 2>&1 \
+    | grep -E "^(FAILED|ERROR|PASSED)|passed|failed|rel err|Error" | cut -c1-300 | tail -12
+  T 90 python3 benchmarks/bench_unpack.py 2>&1 | grep -v Warn | tail -14
+  T 150 python3 benchmarks/bench_dense.py --shapes 8192x8192 --ms 1024,4096 \
+    --specs w4a8-mxfp4 --humming --kernel-times --calls 5 --repeats 2 \
+    --json "$OUT/dense_fold.json" > "$OUT/dense_fold.log" 2>&1
+  grep -E "^8192|rror" "$OUT/dense_fold.log" | cut -c1-330
+}
+s_moe_span() {  # call 4: decode / 64-token MoE walls, device spans and Humming, one run
+  T 200 python3 benchmarks/bench_moe.py \
+    --shapes deepseek-v3-gate_up,qwen3-30b-a3b-gate_up,qwen3-30b-a3b-down --tokens 1,64 \
+    --specs w4a16-g128-zp --humming --no-baselines --chain resident --span \
+    --calls 20 --repeats 2 --json "$OUT/moe_w4a16.json" > "$OUT/moe_w4a16.log" 2>&1
+  grep -E "T=|rror" "$OUT/moe_w4a16.log" | cut -c1-400
+  T 150 python3 benchmarks/bench_moe.py --shapes deepseek-v3-gate_up,deepseek-v3-down \
+    --tokens 1,64 --specs w4a8-mxfp4 --humming --no-baselines --chain resident --span \
+    --calls 20 --repeats 2 --json "$OUT/moe_w4a8.json" > "$OUT/moe_w4a8.log" 2>&1
+  grep -E "T=|rror" "$OUT/moe_w4a8.log" | cut -c1-400
+}
 for s in ${@:-tests timeline dense moe}; do step "$s"; "s_$s"; done
 step done
