@@ -87,12 +87,13 @@ def bench_point(spec_name, k, n, m, ws, x, *, calls, repeats, check=True, config
   layer = (lambda p, x: kernel.run(p, x, config=config)) if config else \
       (lambda p, x: hj.quant_dense(p, x, backend="pallas"))
   res = {}
+  x0 = common.first_input(x)
   if check:
-    y = jax.jit(layer)(prepared[0], x)
-    ref = hj.quant_dense(qs[0], x, backend="xla")
+    y = jax.jit(layer)(prepared[0], x0)
+    ref = hj.quant_dense(qs[0], x0, backend="xla")
     res["rel_err"] = common.rel_err(y, ref)
     res["nan"] = bool(jnp.isnan(y).any())
-  res["compile_s"] = common.compile_time(layer, prepared[0], x)
+  res["compile_s"] = common.compile_time(layer, prepared[0], x0)
   span = {"span": True} if SPAN and CHAIN == "resident" else {}
   t = common.CHAINS[CHAIN](layer, prepared, x, calls=calls, repeats=repeats, **span)
   res.update(t)
@@ -138,6 +139,10 @@ def main(argv=None):
                   help="outputs: every layer on the same x, all outputs returned (GPU.md); "
                        "sequential: x -> layer_1 -> ... with a donated state, as in a model "
                        "(square shapes only; Humming stays a CUDA graph of the same layers)")
+  ap.add_argument("--shared-x", action="store_true",
+                  help="every layer of a call on one x buffer, as before session 17 (XLA "
+                       "then runs W4A8's activation quantization once per call, not per "
+                       "layer); default: each layer its own copy (common.per_layer)")
   ap.add_argument("--span", action="store_true",
                   help="with --chain resident: also the device time per layer of our "
                        "kernels (common.device_span_us: no host dispatch)")
@@ -184,6 +189,8 @@ def main(argv=None):
     ws = make_weights(kw, args.layers, k, n)
     for m in ms:
       x = jax.random.normal(kx, (m, k), jnp.bfloat16)
+      if not args.shared_x:
+        x = common.per_layer(x, args.layers)
       base = {}
       for spec_name in args.specs.split(","):
         row = {"shape": shape_name, "K": k, "N": n, "M": m, "spec": spec_name}
@@ -211,9 +218,10 @@ def main(argv=None):
             row["humming_error"] = f"{type(e).__name__}: {str(e)[:200]}"
         rows.append(row)
         print_row(row, flush=True)
-  payload = {"info": info, "method": "%s chain of %d distinct layers per jitted call, %d "
-             "calls, median of %d repeats, wall clock / (calls*layers)" % (
-                 args.chain, args.layers, args.calls, args.repeats),
+  payload = {"info": info, "method": "%s chain of %d distinct layers per jitted call (%s), "
+             "%d calls, median of %d repeats, wall clock / (calls*layers)" % (
+                 args.chain, args.layers, "one shared x" if args.shared_x else
+                 "each layer its own x buffer", args.calls, args.repeats),
              "rows": rows}
   path = common.write_json(args.json or f"bench_dense_{int(time.time())}.json", payload)
   print(f"# wrote {path}")

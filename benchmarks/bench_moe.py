@@ -170,20 +170,21 @@ def bench_hj(spec_name, sets, xg, *, calls, repeats, check):
   qs, pps = sets
   layer = ragged_dot_fn(spec_name)
   res = {}
+  xg0 = common.first_input(xg)
   if check:
-    y = jax.jit(layer)(pps[0], xg)
-    ref = jax.jit(moe.ragged_dot_xla)(qs[0], *xg)
+    y = jax.jit(layer)(pps[0], xg0)
+    ref = jax.jit(moe.ragged_dot_xla)(qs[0], *xg0)
     res["rel_err"] = common.rel_err(y, ref)
-    total = int(xg[1].sum())
+    total = int(xg0[1].sum())
     res["tail_zero"] = bool((y[total:] == 0).all())
-  res["compile_s"] = common.compile_time(layer, pps[0], xg)
+  res["compile_s"] = common.compile_time(layer, pps[0], xg0)
   span = {"span": True} if SPAN and CHAIN[0] == "resident" else {}
   res.update(common.CHAINS[CHAIN[0]](layer, pps, xg, calls=calls, repeats=repeats, **span))
   for other in CHAIN[1:]:  # the same layers chained another way, same process
     res[f"{other}_us"] = common.CHAINS[other](layer, pps, xg, calls=calls,
                                               repeats=repeats)["us"]
   res["weight_bytes_all_experts"] = qs[0].nbytes()
-  res["weight_bytes"] = active_bytes(pps[0], xg[1])
+  res["weight_bytes"] = active_bytes(pps[0], xg0[1])
   res["tbps"] = res["weight_bytes"] / (res["us"] * 1e-6) / 1e12  # active experts only
   return res, qs
 
@@ -219,6 +220,8 @@ def bench_humming(spec_name, ws, xg, *, calls, repeats):
   from humming.layer import HummingLayer
   wcfg, icfg = HUMMING_CONFIGS[spec_name]
   e, k, n = ws[0].shape
+  xg = common.first_input(xg)  # one routing for all its layers (its graph computes any
+  # per-call schedule in every layer)
   offsets = np.concatenate([[0], np.cumsum(np.asarray(xg[1]))]).astype(np.int32)
   layout = torch.from_numpy(offsets).to("cuda")
   held = _HUMMING_SETS.get(spec_name)  # built once per weight set, reused per token count
@@ -266,6 +269,11 @@ def main(argv=None):
                   help="comma list of outputs / resident: how our layers are chained "
                        "(benchmarks/common.py; the first gives 'us', the others "
                        "'<chain>_us'); Humming is always its CUDA graph")
+  ap.add_argument("--shared-x", action="store_true",
+                  help="every layer of a call on one (x, group_sizes) buffer pair, as before "
+                       "session 17 (XLA then computes the tile schedule and W4A8's "
+                       "activation quantization once per call, not per layer); default: "
+                       "each layer its own copies (common.per_layer)")
   ap.add_argument("--span", action="store_true",
                   help="with --chain resident: also the device time per layer (a profiler "
                        "trace's span from a call's first kernel to its last, no host "
@@ -294,6 +302,8 @@ def main(argv=None):
       tok, gs = routing(key, tokens, e, topk)
       x = jax.random.normal(jax.random.fold_in(key, 1), (tokens, k), jnp.bfloat16)
       xg = (jnp.take(x, tok, axis=0), gs)
+      if not args.shared_x:  # each layer its own x and routing buffers: no merged work
+        xg = common.per_layer(xg, args.layers)
       row = {"shape": shape_name, "E": e, "topk": topk, "N": n, "K": k, "tokens": tokens,
              "rows": tokens * topk, "active_experts": int((gs > 0).sum())}
       t0 = time.time()

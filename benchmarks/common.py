@@ -21,10 +21,46 @@ import jax.numpy as jnp
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
+@jax.tree_util.register_pytree_node_class
+class PerLayer:
+  """One input per layer of a chain, each in its own buffer (:func:`per_layer`)."""
+
+  def __init__(self, items):
+    self.items = tuple(items)
+
+  def tree_flatten(self):
+    return self.items, None
+
+  @classmethod
+  def tree_unflatten(cls, aux, items):
+    del aux
+    return cls(items)
+
+
+def per_layer(x, layers: int) -> PerLayer:
+  """``layers`` copies of x (an array or a pytree, e.g. MoE's (x, group_sizes)), each in
+  its own device buffer.  With one shared x, XLA merges the layers' identical work on it
+  (CSE): the activation quantization of W4A8 and the MoE tile schedule then ran once per
+  call of 8 layers, not once per layer as in a model (H200 session 17 timelines).  Equal
+  values in distinct parameters cannot be merged."""
+  return PerLayer(jax.tree.map(lambda a: jnp.array(a, copy=True), x) for _ in range(layers))
+
+
+def layer_input(x, i: int):
+  """Layer i's input: x itself, or its own copy for :class:`PerLayer` inputs."""
+  return x.items[i] if isinstance(x, PerLayer) else x
+
+
+def first_input(x):
+  """The input of the first layer (checks and compile timings on one layer)."""
+  return layer_input(x, 0)
+
+
 def chain(layer_fn, params_list, x):
-  """Apply ``layer_fn(params_i, x)`` for every params in the list (same x: shapes need not
-  chain) and return all outputs, so nothing is dead code."""
-  return tuple(layer_fn(p, x) for p in params_list)
+  """Apply ``layer_fn(params_i, x_i)`` for every params in the list (the same x, or each
+  layer its own for :class:`PerLayer` inputs; shapes need not chain) and return all
+  outputs, so nothing is dead code."""
+  return tuple(layer_fn(p, layer_input(x, i)) for i, p in enumerate(params_list))
 
 
 def _per_layer_us(step, layers: int, *, calls: int, repeats: int, before_repeat=None
@@ -71,6 +107,7 @@ def time_sequential(layer_fn, params_list, x, *, calls: int = 50, repeats: int =
   every buffer keeps its address across calls (XLA re-records a Mosaic launch into its
   CUDA graph when buffers move: NOTES.md v11).  Needs layers that map x's shape to
   itself.  Microseconds per layer, as :func:`time_chain`."""
+  x = first_input(x)  # the layers chain: only the first takes x
   def seq(ps, x, state):
     y = x + state
     for p in ps:
@@ -122,8 +159,8 @@ def time_resident(layer_fn, params_list, x, *, calls: int = 50, repeats: int = 5
 def resident_program(layer_fn):
   """(params_list, x, state) -> state + the sum of every layer's output (time_resident)."""
   def run(ps, x, state):
-    for p in ps:
-      state = state + jnp.sum(layer_fn(p, x).astype(jnp.float32))
+    for i, p in enumerate(ps):
+      state = state + jnp.sum(layer_fn(p, layer_input(x, i)).astype(jnp.float32))
     return state
   return run
 

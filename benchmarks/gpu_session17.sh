@@ -66,5 +66,21 @@ s_moe_span() {  # call 4: decode / 64-token MoE walls, device spans and Humming,
     --calls 20 --repeats 2 --json "$OUT/moe_w4a8.json" > "$OUT/moe_w4a8.log" 2>&1
   grep -E "T=|rror" "$OUT/moe_w4a8.log" | cut -c1-400
 }
+s_honest() {  # call 5: each layer its own x / routing buffers (common.per_layer), so the
+  # activation quantization and the tile schedule run once per layer, as in a model
+  T 170 python3 benchmarks/bench_dense.py --shapes 8192x8192 --ms 1024,4096 \
+    --specs w4a8-mxfp4,w4a8-fp8 --humming --kernel-times --no-baselines --calls 5 --repeats 2 \
+    --json "$OUT/dense.json" > "$OUT/dense.log" 2>&1
+  grep -E "^8192|rror" "$OUT/dense.log" | cut -c1-330
+  T 150 python3 benchmarks/bench_moe.py \
+    --shapes deepseek-v3-gate_up,qwen3-30b-a3b-gate_up,qwen3-30b-a3b-down --tokens 1,64 \
+    --specs w4a16-g128-zp --humming --no-baselines --chain resident --span \
+    --calls 20 --repeats 2 --json "$OUT/moe_w4a16.json" > "$OUT/moe_w4a16.log" 2>&1
+  grep -E "T=|rror" "$OUT/moe_w4a16.log" | cut -c1-300
+  T 100 python3 benchmarks/bench_moe.py --shapes deepseek-v3-gate_up,deepseek-v3-down \
+    --tokens 1,64 --specs w4a8-mxfp4 --humming --no-baselines --chain resident --span \
+    --calls 20 --repeats 2 --json "$OUT/moe_w4a8.json" > "$OUT/moe_w4a8.log" 2>&1
+  grep -E "T=|rror" "$OUT/moe_w4a8.log" | cut -c1-300
+}
 for s in ${@:-tests timeline dense moe}; do step "$s"; "s_$s"; done
 step done

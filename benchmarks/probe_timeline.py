@@ -39,14 +39,17 @@ def build(args):
     _, pps = bench_moe.quantize_sets(args.spec, ws)
     tok, gs = bench_moe.routing(jax.random.PRNGKey(args.tokens), args.tokens, e, topk)
     x = jax.random.normal(key, (args.tokens, k), jnp.bfloat16)
-    return bench_moe.ragged_dot_fn(args.spec), pps, (jnp.take(x, tok, axis=0), gs)
+    xg = (jnp.take(x, tok, axis=0), gs)
+    return (bench_moe.ragged_dot_fn(args.spec), pps,
+            xg if args.shared_x else common.per_layer(xg, args.layers))
   n = k = args.dense
   keys = jax.random.split(key, args.layers)
   ws = [(jax.random.normal(kk, (k, n), jnp.float32) / k ** 0.5).astype(jnp.bfloat16)
         for kk in keys]
   pps = [jax.block_until_ready(hj.prepare(hj.quantize(w, spec))) for w in ws]
   x = jax.random.normal(key, (args.tokens, k), jnp.bfloat16)
-  return (lambda p, x: hj.quant_dense(p, x)), pps, x
+  return ((lambda p, x: hj.quant_dense(p, x)), pps,
+          x if args.shared_x else common.per_layer(x, args.layers))
 
 
 def host_totals(path: str, calls: int, top: int) -> list[tuple[float, int, str]]:
@@ -80,6 +83,8 @@ def main(argv=None):
   ap.add_argument("--tokens", type=int, default=1)
   ap.add_argument("--spec", default="w4a16-g128-zp")
   ap.add_argument("--layers", type=int, default=8)
+  ap.add_argument("--shared-x", action="store_true",
+                  help="all layers on one input buffer (XLA merges their identical work)")
   ap.add_argument("--calls", type=int, default=5)
   ap.add_argument("--show", type=int, default=40, help="events printed of the last call")
   ap.add_argument("--host", type=int, default=0, help="host-side event names printed")
