@@ -137,3 +137,32 @@ def test_activation_errors():
     hj.quantize_activations(x, hj.PRESETS["w4a16-g128"])
   with pytest.raises(ValueError, match=r"x must be a float \(M, K\) array; got shape \(2, 4, 96\)"):
     hj.quantize_activations(jnp.stack([x, x]), hj.PRESETS["w8a8-int8"])
+
+
+@pytest.mark.parametrize("spec,sshape,tol,carrier", CASES, ids=[c[0].name for c in CASES])
+def test_kernel_operand_values_are_the_reference(spec, sshape, tol, carrier):
+  """``for_kernel=True`` (the W8A8-family pre-pass: fp8 through one convert behind an
+  optimization barrier) gives the reference's values bit for bit -- saturation, NaN rows
+  and a static scale included -- and for fp8 skips the reference's integer decode."""
+  del sshape, tol
+  x = np.asarray(x_act(8, 256, 7), np.float32)
+  x[2] *= 1e4  # past the format's range after a small static scale: saturates
+  x[5, 9] = np.nan
+  for act_scale in (None, jnp.float32(0.02)):
+    if act_scale is not None and spec.act_granularity == "group":
+      continue  # static scales are per tensor
+    s = spec if act_scale is None else spec.replace(act_granularity="tensor",
+                                                    act_static=True)
+    ref = jax.jit(lambda x, a: hj.quantize_activations(x, s, a))(x, act_scale)
+    got = jax.jit(lambda x, a: hj.quantize_activations(x, s, a, for_kernel=True))(
+        x, act_scale)
+    assert got.values.dtype == ref.values.dtype == carrier
+    a, b = (np.asarray(v.values).view(np.uint8 if carrier != jnp.int8 else np.int8)
+            for v in (got, ref))
+    nan = np.isnan(np.asarray(ref.values, np.float32))
+    np.testing.assert_array_equal(np.isnan(np.asarray(got.values, np.float32)), nan)
+    np.testing.assert_array_equal(a[~nan], b[~nan])
+    np.testing.assert_array_equal(np.asarray(got.scales), np.asarray(ref.scales))
+  text = jax.jit(lambda x: hj.quantize_activations(x, spec, for_kernel=True)).lower(
+      x).as_text()
+  assert ("optimization_barrier" in text) == (spec.act_format.name.startswith("fp8"))

@@ -18,8 +18,9 @@ from humming_jax.quantize import (QuantizedActivations, quantize_activations,
 from humming_jax.spec import QuantSpec
 
 
-def quantize(x: jax.Array, spec: QuantSpec,
-             act_scale: jax.Array | None = None) -> QuantizedActivations:
+def quantize(x: jax.Array, spec: QuantSpec, act_scale: jax.Array | None = None, *,
+             for_kernel: bool = False) -> QuantizedActivations:
   """(M, K) float activations -> values in the carrier dtype + float32 scales
-  (:func:`humming_jax.quantize.quantize_activations`)."""
-  return quantize_activations(x, spec, act_scale)
+  (:func:`humming_jax.quantize.quantize_activations`; ``for_kernel``: values that only
+  feed a kernel operand, fp8 through one convert)."""
+  return quantize_activations(x, spec, act_scale, for_kernel=for_kernel)

@@ -430,8 +430,9 @@ def act_operands(x: jax.Array, spec: QuantSpec, plan: Plan, act_scale, *, rows: 
                  kp: int, per_row: bool | None = None) -> tuple[jax.Array, jax.Array]:
   """The pre-pass: activations quantized to the carrier dtype, padded to (rows, kp), and
   their float32 scales, padded to ``rows`` (when ``per_row``; default: more than one scale
-  row) by (K groups or 1) columns with 1.0."""
-  qa = act_quant.quantize(x, spec, act_scale)
+  row) by (K groups or 1) columns with 1.0.  The values feed kernel operands only
+  (``for_kernel``: fp8 through one convert)."""
+  qa = act_quant.quantize(x, spec, act_scale, for_kernel=True)
   m, k = x.shape
   a = jnp.pad(qa.values, ((0, rows - m), (0, kp - k)))
   sa = qa.scales
