@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# The next device calls, prepared 2026-11-30 at the end of session 17 (its five calls ran:
+# benchmarks/results/2026-11-30-session17).  About 8 minutes:
+#   tests: the fp8 pre-pass through one convert (quantize_activations(for_kernel=True),
+#      built after session 17's device time): the W8A8 / W4A8 prefill routes and the
+#      Mosaic W8A8 GEMM's GPU tests.
+#   dense: every layer its own x (common.per_layer, the corrected chain): W4A8 MXFP4 /
+#      int4 -> fp8 and W8A8 fp8 / int8 at M = 1024 / 4096 with Humming.  Predictions
+#      (NOTES.md v19): the pre-pass's convert 60.7 -> ~25 us at 4096, W4A8 MXFP4 ~464 us
+#      (call 5: 499.6; Humming 478.4).  W8A8 was last timed with one shared x (session 8).
+#   moe: the rows session 17's call 5 cut -- Qwen3 down (W4A16) and DeepSeek-V3 down (W4A8
+#      MXFP4) at 1 / 64 tokens, per-layer inputs, device spans, Humming.
+# Usage: gpu_session_next.sh [STEP...]  (default: all, in order).  Carry: [".whl"].
+source "$(dirname "$0")/gpu_env.sh"
+T() { local t=$1; shift; timeout -k 5 -s INT "$t" "$@"; }
+s_tests() {
+  T 200 python3 -m pytest tests/test_wnam_mgpu.py tests/test_w8a8_mgpu.py -m gpu \
+    -p no:cacheprovider -o addopts="" --tb=short -rA -s \
+    -k "prefill or mx_fold or route_gpu or group_waves_gpu or row_scale_gpu" \
+    -W ignore::DeprecationWarning 2>&1 \
+    | grep -E "^(FAILED|ERROR|PASSED)|passed|failed|rel err|Error" | cut -c1-300 | tail -24
+}
+s_dense() {
+  T 240 python3 benchmarks/bench_dense.py --shapes 8192x8192 --ms 1024,4096 \
+    --specs w4a8-mxfp4,w4a8-fp8,w8a8-fp8,w8a8-int8 --humming --kernel-times --calls 5 \
+    --repeats 2 --json "$OUT/dense.json" > "$OUT/dense.log" 2>&1
+  grep -E "^8192|rror" "$OUT/dense.log" | cut -c1-330
+}
+s_moe() {
+  T 120 python3 benchmarks/bench_moe.py --shapes qwen3-30b-a3b-down --tokens 1,64 \
+    --specs w4a16-g128-zp --humming --no-baselines --chain resident --span --calls 20 \
+    --repeats 2 --json "$OUT/moe_w4a16.json" > "$OUT/moe_w4a16.log" 2>&1
+  grep -E "T=|rror" "$OUT/moe_w4a16.log" | cut -c1-300
+  T 120 python3 benchmarks/bench_moe.py --shapes deepseek-v3-down --tokens 1,64 \
+    --specs w4a8-mxfp4 --humming --no-baselines --chain resident --span --calls 20 \
+    --repeats 2 --json "$OUT/moe_w4a8.json" > "$OUT/moe_w4a8.log" 2>&1
+  grep -E "T=|rror" "$OUT/moe_w4a8.log" | cut -c1-300
+}
+for s in ${@:-tests dense moe}; do step "$s"; "s_$s"; done
+step done
