@@ -8,6 +8,9 @@
 #      int4 -> fp8 and W8A8 fp8 / int8 at M = 1024 / 4096 with Humming.  Predictions
 #      (NOTES.md v19): the pre-pass's convert 60.7 -> ~25 us at 4096, W4A8 MXFP4 ~464 us
 #      (call 5: 499.6; Humming 478.4).  W8A8 was last timed with one shared x (session 8).
+#   schedule: the MoE tile schedule kernel (3.6 us at DeepSeek-V3, 1 token: every lone
+#      grouped GEMM's own) at 1 / 2 / 4 warps per program -- its GPU test, then its
+#      duration in the timeline (grouped_wna16_mgpu.SCHEDULE_WARPS; 4 until timed).
 #   moe: the rows session 17's call 5 cut -- Qwen3 down (W4A16) and DeepSeek-V3 down (W4A8
 #      MXFP4) at 1 / 64 tokens, per-layer inputs, device spans, Humming.
 # Usage: gpu_session_next.sh [STEP...]  (default: all, in order).  Carry: [".whl"].
@@ -26,6 +29,15 @@ s_dense() {
     --repeats 2 --json "$OUT/dense.json" > "$OUT/dense.log" 2>&1
   grep -E "^8192|rror" "$OUT/dense.log" | cut -c1-330
 }
+s_schedule() {
+  T 120 python3 -m pytest tests/test_grouped_wna16_mgpu.py -m gpu -p no:cacheprovider \
+    -o addopts="" --tb=short -rA -k schedule_kernel_gpu -W ignore::DeprecationWarning 2>&1 \
+    | grep -E "^(FAILED|ERROR|PASSED)|passed|failed|Error" | cut -c1-300 | tail -6
+  for w in 1 2 4; do
+    T 90 python3 benchmarks/probe_timeline.py --moe deepseek-v3-gate_up --tokens 1 \
+      --schedule-warps $w --show 3 2>&1 | grep -E "schedule|per layer|wall" | head -4
+  done
+}
 s_moe() {
   T 120 python3 benchmarks/bench_moe.py --shapes qwen3-30b-a3b-down --tokens 1,64 \
     --specs w4a16-g128-zp --humming --no-baselines --chain resident --span --calls 20 \
@@ -36,5 +48,5 @@ s_moe() {
     --repeats 2 --json "$OUT/moe_w4a8.json" > "$OUT/moe_w4a8.log" 2>&1
   grep -E "T=|rror" "$OUT/moe_w4a8.log" | cut -c1-300
 }
-for s in ${@:-tests dense moe}; do step "$s"; "s_$s"; done
+for s in ${@:-tests schedule dense moe}; do step "$s"; "s_$s"; done
 step done

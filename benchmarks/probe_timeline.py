@@ -88,7 +88,13 @@ def main(argv=None):
   ap.add_argument("--calls", type=int, default=5)
   ap.add_argument("--show", type=int, default=40, help="events printed of the last call")
   ap.add_argument("--host", type=int, default=0, help="host-side event names printed")
+  ap.add_argument("--schedule-warps", type=int, default=None,
+                  help="grouped_wna16_mgpu.SCHEDULE_WARPS for this run (the tile schedule "
+                       "kernel's warps per program)")
   args = ap.parse_args(argv)
+  if args.schedule_warps is not None:
+    from humming_jax.kernels import grouped_wna16_mgpu  # noqa: PLC0415
+    grouped_wna16_mgpu.SCHEDULE_WARPS = args.schedule_warps
   layer, pps, x = build(args)
 
   f = jax.jit(common.resident_program(layer), donate_argnums=2)

@@ -196,11 +196,11 @@ def test_tile_schedule_covers_every_row_once():
     np.testing.assert_array_equal(np.asarray(got), want, err_msg=str((gs, m)))
 
 
-def test_schedule_kernel_equals_the_xla_schedule():
-  """The one-launch Pallas-Triton schedule (what run uses on a GPU) against tile_schedule
-  and output_rows (its XLA reference, checked above) on run's tile rows: random routings
-  over E = 3 / 8 / 60 (padded to 8 / 64) / 256 experts, M from 1 to 1000 rows (several
-  programs), sum(group_sizes) below and above M, all experts empty, a negative size."""
+def _check_schedule_kernel(interpret: bool) -> None:
+  """The one-launch Pallas-Triton schedule against tile_schedule and output_rows (its XLA
+  reference) on run's tile rows: random routings over E = 3 / 8 / 60 (padded to 8 / 64) /
+  256 experts, M from 1 to 1000 rows (several programs), sum(group_sizes) below and above
+  M, all experts empty, a negative size."""
   rng = np.random.default_rng(3)
   cases = [(8, 1, 0), (60, 37, 0), (256, 1000, 0), (8, 64, 5), (60, 8, 5), (256, 64, -1),
            (3, 5, -2)]
@@ -213,7 +213,8 @@ def test_schedule_kernel_equals_the_xla_schedule():
     nt = gm.max_tiles(m, e, bm)
 
     def both(g, m=m, bm=bm, nt=nt):
-      return (*gm.reference_schedule(g, m, bm, nt), *gm.schedule(g, m, bm, nt, interpret=True))
+      return (*gm.reference_schedule(g, m, bm, nt),
+              *gm.schedule(g, m, bm, nt, interpret=interpret))
 
     want_sched, want_src, sched, src = jax.jit(both)(jnp.asarray(gs, jnp.int32))
     assert sched.shape[0] >= 4 * nt and src.shape[0] >= m
@@ -222,6 +223,20 @@ def test_schedule_kernel_equals_the_xla_schedule():
                                   err_msg=str((e, m, gs)))
     np.testing.assert_array_equal(np.asarray(src)[:m], np.asarray(want_src),
                                   err_msg=str((e, m, gs)))
+
+
+def test_schedule_kernel_equals_the_xla_schedule():
+  """What run uses on a GPU, in the interpreter (_check_schedule_kernel)."""
+  _check_schedule_kernel(interpret=True)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("warps", [1, 2, 4])
+def test_schedule_kernel_gpu(warps, monkeypatch):
+  """The schedule kernel on the H200 at each warp count probe_timeline.py can time
+  (SCHEDULE_WARPS), against the XLA reference."""
+  monkeypatch.setattr(gm, "SCHEDULE_WARPS", warps)
+  _check_schedule_kernel(interpret=False)
 
 
 def test_schedule_is_one_launch_beside_the_kernel():

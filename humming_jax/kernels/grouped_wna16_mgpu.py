@@ -260,6 +260,12 @@ def reference_schedule(group_sizes: jax.Array, m: int, block_m: int, num_tiles: 
 
 
 SCHEDULE_BLOCK = 32  # tiles and output rows per program of the schedule kernel
+# Warps per program of the schedule kernel.  H200 session 17: 3.6 us at DeepSeek-V3 (E =
+# 256) and 3.1 at Qwen3 (E = 128) for 1 token, each grouped GEMM's own when every call has
+# its own routing -- a latency chain of ~14 reductions over E lanes, cross-warp at 4 warps
+# (shared memory and a barrier each).  Fewer warps reduce in shuffles; untimed, so 4 stays
+# (probe_timeline.py --schedule-warps times the alternatives).
+SCHEDULE_WARPS = 4
 
 
 def _schedule_kernel(gs_ref, sched_ref, src_ref, *, m: int, block_m: int, num_tiles: int,
@@ -331,7 +337,7 @@ def schedule(group_sizes: jax.Array, m: int, block_m: int, num_tiles: int, *,
       grid=(grid,),
       in_specs=[pl.BlockSpec((e_pad,), lambda i: (0,))],
       out_specs=(pl.BlockSpec((b, 4), lambda i: (i, 0)), pl.BlockSpec((b,), lambda i: (i,))),
-      compiler_params=plt.CompilerParams(num_warps=4, num_stages=1),
+      compiler_params=plt.CompilerParams(num_warps=SCHEDULE_WARPS, num_stages=1),
       interpret=interpret,
       name="grouped_tile_schedule",
   )(gs)
