@@ -379,16 +379,28 @@ def act_scale_shape(spec: QuantSpec, m: int, k: int) -> tuple[int, int]:
 
 
 def quantize_activations(x: jax.Array, spec: QuantSpec,
-                         act_scale: jax.Array | None = None, *,
-                         for_kernel: bool = False) -> QuantizedActivations:
-  """Quantize (M, K) activations as ``spec`` says (dynamic scales unless act_static).
+                         act_scale: jax.Array | None = None) -> QuantizedActivations:
+  """Quantize (M, K) activations as ``spec`` says (dynamic scales unless act_static)."""
+  x, act_scale = _check_activations(x, spec, act_scale)
+  return _quantize_activations_jit(x, spec, act_scale, None)
 
-  ``for_kernel``: the values go only into a kernel's carrier operand (the W8A8-family
-  pre-pass), never back to float in XLA.  fp8 formats then take one convert behind an
-  optimization barrier instead of the reference's convert, integer decode and convert
-  back (``_round_fp8``: XLA's GPU pipeline folds an f32 -> fp8 -> f32 chain away); same
-  values, a fraction of the ALU work (H200 session 17, M = 4096 x 8192: the pre-pass's
-  convert fusion took 60.7 us per layer)."""
+
+def kernel_activations(x: jax.Array, spec: QuantSpec, act_scale: jax.Array | None = None,
+                       *, rows: int, kp: int) -> QuantizedActivations:
+  """The W8A8-family pre-pass: :func:`quantize_activations`'s values, zero-padded to
+  (rows, kp), for a kernel operand only -- never read back as floats in XLA.  fp8 formats
+  take one convert, then the pad, then an optimization barrier, instead of the
+  reference's convert, integer decode and convert back (``_round_fp8``: XLA's GPU
+  pipeline folds an f32 -> fp8 -> f32 chain away; the barrier keeps any later widening
+  from folding into this convert).  Same values, a fraction of the ALU work (H200 session
+  17, M = 4096 x 8192: the convert fusion took 60.7 us per layer)."""
+  x, act_scale = _check_activations(x, spec, act_scale)
+  if rows < x.shape[0] or kp < x.shape[1]:
+    raise ValueError(f"rows={rows}, kp={kp}: expected at least x.shape={x.shape}")
+  return _quantize_activations_jit(x, spec, act_scale, (rows, kp))
+
+
+def _check_activations(x, spec: QuantSpec, act_scale):
   fmt = spec.act_format
   if fmt is None:
     raise ValueError(f"spec {spec.name} has no activation format (act=None)")
@@ -402,13 +414,14 @@ def quantize_activations(x: jax.Array, spec: QuantSpec,
     raise ValueError("spec.act_static=True but the params carry no act_scale")
   if act_scale is not None:
     act_scale = jnp.asarray(act_scale, jnp.float32)
-  return _quantize_activations_jit(x, spec, act_scale, for_kernel)
+  return x, act_scale
 
 
 @functools.partial(jax.jit, static_argnums=(1, 3))
 def _quantize_activations_jit(x: jax.Array, spec: QuantSpec, act_scale: jax.Array | None,
-                              for_kernel: bool = False) -> QuantizedActivations:
+                              pad_to: tuple[int, int] | None) -> QuantizedActivations:
   # Jitted per (spec, shape) for the same reason as _quantize_arrays; inlines under jit.
+  # pad_to: kernel_activations' padded operand (fp8 through one convert).
   fmt = spec.act_format
   m, k = x.shape
   x32 = x.astype(jnp.float32)
@@ -434,12 +447,17 @@ def _quantize_activations_jit(x: jax.Array, spec: QuantSpec, act_scale: jax.Arra
     bad = jnp.any(~jnp.isfinite(x32).reshape(gm, m // gm, gk, k // gk), axis=(1, 3))
     s = jnp.where(bad, jnp.nan, s)
   xs = x32 / jnp.repeat(jnp.repeat(s, m // s.shape[0], 0), k // s.shape[1], 1)
-  if for_kernel and fmt.name in FP8_CARRIERS:  # RNE convert, saturated first (as below)
+  if pad_to is not None and fmt.name in FP8_CARRIERS:  # RNE convert, saturated first
     dtype, maxv = FP8_CARRIERS[fmt.name]
-    return QuantizedActivations(
-        jax.lax.optimization_barrier(jnp.clip(xs, -maxv, maxv).astype(dtype)), s)
+    vals = _pad(jnp.clip(xs, -maxv, maxv).astype(dtype), pad_to)
+    return QuantizedActivations(jax.lax.optimization_barrier(vals), s)
   vals = fmt.decode(fmt.encode(xs)) if fmt.name not in _FAST_ROUND else _FAST_ROUND[fmt.name](xs)
-  return QuantizedActivations(vals.astype(_carrier_dtype(fmt)), s)
+  vals = vals.astype(_carrier_dtype(fmt))
+  return QuantizedActivations(vals if pad_to is None else _pad(vals, pad_to), s)
+
+
+def _pad(a: jax.Array, shape: tuple[int, int]) -> jax.Array:
+  return jnp.pad(a, ((0, shape[0] - a.shape[0]), (0, shape[1] - a.shape[1])))
 
 
 def _round_fp8(dtype, fmt_name: str, maxv: float):

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 import humming_jax as hj
+from humming_jax.quantize import kernel_activations
 from humming_jax.spec import QuantSpec
 
 
@@ -141,12 +142,14 @@ def test_activation_errors():
 
 @pytest.mark.parametrize("spec,sshape,tol,carrier", CASES, ids=[c[0].name for c in CASES])
 def test_kernel_operand_values_are_the_reference(spec, sshape, tol, carrier):
-  """``for_kernel=True`` (the W8A8-family pre-pass: fp8 through one convert behind an
-  optimization barrier) gives the reference's values bit for bit -- saturation, NaN rows
-  and a static scale included -- and for fp8 skips the reference's integer decode."""
+  """``kernel_activations`` (the W8A8-family pre-pass: fp8 through one convert, the pad,
+  then an optimization barrier) gives the reference's values bit for bit -- saturation,
+  NaN rows, tiny negatives (-0) and a static scale included -- zero-padded to the
+  kernel's operand; for fp8 it skips the reference's integer decode."""
   del sshape, tol
   x = np.asarray(x_act(8, 256, 7), np.float32)
   x[2] *= 1e4  # past the format's range after a small static scale: saturates
+  x[4, :5] = -1e-30  # rounds to -0 (fp8 code 0x80)
   x[5, 9] = np.nan
   for act_scale in (None, jnp.float32(0.02)):
     if act_scale is not None and spec.act_granularity == "group":
@@ -154,15 +157,16 @@ def test_kernel_operand_values_are_the_reference(spec, sshape, tol, carrier):
     s = spec if act_scale is None else spec.replace(act_granularity="tensor",
                                                     act_static=True)
     ref = jax.jit(lambda x, a: hj.quantize_activations(x, s, a))(x, act_scale)
-    got = jax.jit(lambda x, a: hj.quantize_activations(x, s, a, for_kernel=True))(
-        x, act_scale)
-    assert got.values.dtype == ref.values.dtype == carrier
-    a, b = (np.asarray(v.values).view(np.uint8 if carrier != jnp.int8 else np.int8)
-            for v in (got, ref))
+    got = jax.jit(lambda x, a: kernel_activations(x, s, a, rows=16, kp=384))(x, act_scale)
+    assert got.values.shape == (16, 384) and got.values.dtype == ref.values.dtype == carrier
+    view = np.int8 if carrier == jnp.int8 else np.uint8
+    a, b = np.asarray(got.values).view(view), np.asarray(ref.values).view(view)
+    assert not a[8:].any() and not a[:, 256:].any()  # the padding: zero codes
     nan = np.isnan(np.asarray(ref.values, np.float32))
-    np.testing.assert_array_equal(np.isnan(np.asarray(got.values, np.float32)), nan)
-    np.testing.assert_array_equal(a[~nan], b[~nan])
+    np.testing.assert_array_equal(np.isnan(np.asarray(got.values, np.float32))[:8, :256], nan)
+    np.testing.assert_array_equal(a[:8, :256][~nan], b[~nan])
     np.testing.assert_array_equal(np.asarray(got.scales), np.asarray(ref.scales))
-  text = jax.jit(lambda x: hj.quantize_activations(x, spec, for_kernel=True)).lower(
-      x).as_text()
+  text = jax.jit(lambda x: kernel_activations(x, spec, rows=16, kp=384)).lower(x).as_text()
   assert ("optimization_barrier" in text) == (spec.act_format.name.startswith("fp8"))
+  with pytest.raises(ValueError, match=r"rows=4, kp=384: expected at least x.shape=\(8, 256\)"):
+    kernel_activations(x, spec, rows=4, kp=384)

@@ -13,14 +13,20 @@ from __future__ import annotations
 
 import jax
 
-from humming_jax.quantize import (QuantizedActivations, quantize_activations,
-                                  round_e2m1)  # noqa: F401 (re-exported)
+from humming_jax.quantize import (QuantizedActivations, kernel_activations,
+                                  quantize_activations, round_e2m1)  # noqa: F401
 from humming_jax.spec import QuantSpec
 
 
-def quantize(x: jax.Array, spec: QuantSpec, act_scale: jax.Array | None = None, *,
-             for_kernel: bool = False) -> QuantizedActivations:
+def quantize(x: jax.Array, spec: QuantSpec,
+             act_scale: jax.Array | None = None) -> QuantizedActivations:
   """(M, K) float activations -> values in the carrier dtype + float32 scales
-  (:func:`humming_jax.quantize.quantize_activations`; ``for_kernel``: values that only
-  feed a kernel operand, fp8 through one convert)."""
-  return quantize_activations(x, spec, act_scale, for_kernel=for_kernel)
+  (:func:`humming_jax.quantize.quantize_activations`)."""
+  return quantize_activations(x, spec, act_scale)
+
+
+def kernel_operand(x: jax.Array, spec: QuantSpec, act_scale: jax.Array | None = None, *,
+                   rows: int, kp: int) -> QuantizedActivations:
+  """The same values zero-padded to a kernel's (rows, kp) operand, for kernels only
+  (:func:`humming_jax.quantize.kernel_activations`: fp8 through one convert)."""
+  return kernel_activations(x, spec, act_scale, rows=rows, kp=kp)
