@@ -142,7 +142,11 @@ def main(argv=None):
   ap.add_argument("--shared-x", action="store_true",
                   help="every layer of a call on one x buffer, as before session 17 (XLA "
                        "then runs W4A8's activation quantization once per call, not per "
-                       "layer); default: each layer its own copy (common.per_layer)")
+                       "layer); default: each layer takes x through its own barrier "
+                       "(common.unshared)")
+  ap.add_argument("--one-pass-prepass", action="store_true",
+                  help="also time each per-token W8A8 / W4A8 spec at prefill with "
+                       "w8a8.FUSED_PREPASS on (rows '<spec>+1pass')")
   ap.add_argument("--span", action="store_true",
                   help="with --chain resident: also the device time per layer of our "
                        "kernels (common.device_span_us: no host dispatch)")
@@ -190,7 +194,7 @@ def main(argv=None):
     for m in ms:
       x = jax.random.normal(kx, (m, k), jnp.bfloat16)
       if not args.shared_x:
-        x = common.per_layer(x, args.layers)
+        x = common.unshared(x)
       base = {}
       for spec_name in args.specs.split(","):
         row = {"shape": shape_name, "K": k, "N": n, "M": m, "spec": spec_name}
@@ -218,10 +222,13 @@ def main(argv=None):
             row["humming_error"] = f"{type(e).__name__}: {str(e)[:200]}"
         rows.append(row)
         print_row(row, flush=True)
+        if args.one_pass_prepass and one_pass_applies(spec_name, m):
+          rows.append(one_pass_row(spec_name, k, n, m, ws, x, args, shape_name))
+          print_row(rows[-1], flush=True)
   payload = {"info": info, "method": "%s chain of %d distinct layers per jitted call (%s), "
              "%d calls, median of %d repeats, wall clock / (calls*layers)" % (
                  args.chain, args.layers, "one shared x" if args.shared_x else
-                 "each layer its own x buffer", args.calls, args.repeats),
+                 "each layer's x through its own barrier", args.calls, args.repeats),
              "rows": rows}
   path = common.write_json(args.json or f"bench_dense_{int(time.time())}.json", payload)
   print(f"# wrote {path}")
@@ -230,6 +237,29 @@ def main(argv=None):
     for shape_name in args.shapes.split(","):
       plot(rows, str(path).replace(".json", f"_{shape_name}.png"), shape=shape_name,
            device=info["device"])
+
+
+def one_pass_applies(spec_name: str, m: int) -> bool:
+  """The spec's prefill pre-pass can take the one-pass kernel at this M."""
+  from humming_jax.kernels import act_prepass, w8a8  # noqa: PLC0415
+  spec = hj.QuantSpec.preset(spec_name)
+  return act_prepass.supports(spec) and m >= w8a8.FUSED_PREPASS_MIN_M
+
+
+def one_pass_row(spec_name, k, n, m, ws, x, args, shape_name) -> dict:
+  """The same point with w8a8.FUSED_PREPASS on (the one-pass Pallas-Triton pre-pass in
+  place of XLA's amax and convert fusions), as the row ``<spec>+1pass``."""
+  from humming_jax.kernels import w8a8  # noqa: PLC0415
+  row = {"shape": shape_name, "K": k, "N": n, "M": m, "spec": spec_name + "+1pass"}
+  w8a8.FUSED_PREPASS = True
+  try:
+    res, _ = bench_point(spec_name, k, n, m, ws, x, calls=args.calls, repeats=args.repeats)
+    row.update(res)
+  except Exception as e:  # noqa: BLE001 - reported in the row
+    row["error"] = f"{type(e).__name__}: {str(e)[:300]}"
+  finally:
+    w8a8.FUSED_PREPASS = False
+  return row
 
 
 def sweep(spec_name, k, n, m, ws, x, args):

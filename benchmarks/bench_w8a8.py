@@ -94,10 +94,9 @@ def bench_point(qs, prepared, x, *, calls, repeats, check=True, **kw):
     res["rel_err"] = common.rel_err(y, ref)
     res["nan"] = bool(jnp.isnan(y).any())
   res["compile_s"] = common.compile_time(layer, prepared[0], x)
-  # Each layer its own x buffer: with one shared x XLA runs the activation quantization
-  # once per call, not per layer (common.per_layer; session 17).
-  t = common.time_chain(layer, prepared, common.per_layer(x, len(prepared)), calls=calls,
-                        repeats=repeats)
+  # Each layer's x through its own barrier: with one shared x XLA runs the activation
+  # quantization once per call, not per layer (common.unshared; session 17).
+  t = common.time_chain(layer, prepared, common.unshared(x), calls=calls, repeats=repeats)
   res.update(t)
   res["weight_bytes"] = qs[0].nbytes()
   res["tbps"] = res["weight_bytes"] / (t["us"] * 1e-6) / 1e12
@@ -185,7 +184,8 @@ def act_quant_study(ws, k, ms, args):
       # Distinct inputs per chain link so XLA cannot merge the identical quantizations.
       xs = [(x * (1 + i / 64), q.act_scale) for i, q in enumerate(qs)]
       q_only = common.time_chain(
-          lambda xi, _: act_quant.quantize(xi[0], spec, xi[1], for_kernel=True).values,
+          lambda xi, _: act_quant.kernel_operand(xi[0], spec, xi[1], rows=xi[0].shape[0],
+                                                 kp=xi[0].shape[1]).values,
           xs, x, calls=args.calls, repeats=args.repeats)
       row["act_quant_alone_us"] = q_only["us"]
       print(row, flush=True)

@@ -248,3 +248,28 @@ def test_carrier_unpack_lowers_for_h200():
   x = jax.ShapeDtypeStruct((4096, 8192), jnp.bfloat16)
   text = lower_for_h200(wnam_mgpu.run, p, x)
   assert "carrier_unpack_int" in text and "mosaic_gpu" in text
+
+
+@pytest.mark.parametrize("name", ["w8a8-fp8", "w8a8-int8", "w4a8-mxfp4"])
+@pytest.mark.parametrize("k", [8192, 7168])
+def test_act_prepass_lowers_for_h200(name, k):
+  """The one-pass activation pre-pass (w8a8.FUSED_PREPASS, off until timed) at the
+  benchmark's prefill rows, K in 2048- and 1024-column chunks."""
+  from humming_jax.kernels import act_prepass
+  spec = hj.QuantSpec.preset(name)
+  x = jax.ShapeDtypeStruct((4096, k), jnp.bfloat16)
+  text = lower_for_h200(lambda x: act_prepass.quantize_rows(x, spec, rows=4096, kp=k), x)
+  assert f"act_prepass_{spec.act_format.name}" in text
+
+
+def test_prefill_with_the_one_pass_prepass_lowers_for_h200(monkeypatch):
+  """W4A8 MXFP4 and W8A8 fp8 prefill routes with FUSED_PREPASS on (the kernel before the
+  Mosaic GEMM)."""
+  from humming_jax.kernels import w8a8, wnam_mgpu
+  monkeypatch.setattr(w8a8, "FUSED_PREPASS", True)
+  x = jax.ShapeDtypeStruct((4096, 8192), jnp.bfloat16)
+  p = abstract_params("w4a8-mxfp4", (8192, 8192))
+  # A fresh function: jit's cache would return an earlier trace of wnam_mgpu.run (the
+  # flag is read at trace time).
+  text = lower_for_h200(lambda p, x: wnam_mgpu.run(p, x), p, x)
+  assert "act_prepass_fp8_e4m3" in text and "carrier_unpack_e2m1" in text

@@ -46,7 +46,7 @@ import numpy as np
 from jax.experimental import pallas as pl
 
 from humming_jax import packing
-from humming_jax.kernels import act_quant, launch, registry, tuning, w8a8_mgpu, wna16
+from humming_jax.kernels import act_prepass, act_quant, launch, registry, tuning, w8a8_mgpu, wna16
 from humming_jax.kernels import wna16_mgpu
 from humming_jax.kernels import layout as lay
 from humming_jax.formats import get_format
@@ -426,16 +426,29 @@ def kernel_dims(params: QuantizedWeight, plan: Plan, block_k: int | None = None
   return lt, lt.block_k, lt.k_of_rows(rows), np_
 
 
+# The one-pass Pallas-Triton pre-pass (kernels/act_prepass.py) for per-token specs at
+# prefill, instead of XLA's two fusions (amax, then scale and convert).  Off until timed on
+# the H200 (session 17 built it after its device time: predicted ~24 us against 17.2 +
+# ~25 at M = 4096 x 8192).
+FUSED_PREPASS = False
+FUSED_PREPASS_MIN_M = 512
+
+
 def act_operands(x: jax.Array, spec: QuantSpec, plan: Plan, act_scale, *, rows: int,
-                 kp: int, per_row: bool | None = None) -> tuple[jax.Array, jax.Array]:
+                 kp: int, per_row: bool | None = None, interpret: bool = False
+                 ) -> tuple[jax.Array, jax.Array]:
   """The pre-pass: activations quantized to the carrier dtype, padded to (rows, kp), and
   their float32 scales, padded to ``rows`` (when ``per_row``; default: more than one scale
   row) by (K groups or 1) columns with 1.0.  The values feed kernel operands only
-  (``for_kernel``: fp8 through one convert)."""
-  qa = act_quant.quantize(x, spec, act_scale, for_kernel=True)
+  (``act_quant.kernel_operand``: fp8 through one convert; with FUSED_PREPASS, per-token
+  specs from M = FUSED_PREPASS_MIN_M take the one-pass kernel, ``interpret``: in the
+  interpreter)."""
   m, k = x.shape
-  a = jnp.pad(qa.values, ((0, rows - m), (0, kp - k)))
-  sa = qa.scales
+  if (FUSED_PREPASS and m >= FUSED_PREPASS_MIN_M and per_row is not False
+      and act_prepass.supports(spec) and x.dtype in (jnp.bfloat16, jnp.float16)):
+    return act_prepass.quantize_rows(x, spec, rows=rows, kp=kp, interpret=interpret)
+  qa = act_quant.kernel_operand(x, spec, act_scale, rows=rows, kp=kp)
+  a, sa = qa.values, qa.scales
   per_row = sa.shape[0] > 1 if per_row is None else per_row
   cols = kp // plan.a_group if plan.a_group else 1
   sa = jnp.pad(sa, ((0, (rows if per_row else 1) - sa.shape[0]), (0, cols - sa.shape[1])),
@@ -529,7 +542,7 @@ def gemm_8bit(x: jax.Array, params: QuantizedWeight, weights, w_scales: jax.Arra
     raise ValueError(f"config.tile_k={config.tile_k}: must equal the K-group size {plan.pg} "
                      f"of spec {spec.name} (one group per WGMMA step)")
   mp = -(-m // config.cta_m) * config.cta_m
-  a, sa = act_operands(x, spec, plan, params.act_scale, rows=mp, kp=kp)
+  a, sa = act_operands(x, spec, plan, params.act_scale, rows=mp, kp=kp, interpret=interpret)
   row_scale = row_groups = col_scale = col_groups = None
   if plan.a_group:  # (mp, K groups) -> one row per K step
     row_groups = jnp.broadcast_to(sa, (mp, sa.shape[1])).T

@@ -1,0 +1,109 @@
+"""Per-token dynamic activation quantization in one pass over x (Pallas-Triton), for the
+W8A8 family's 8-bit GEMMs at prefill (``w8a8.act_operands`` when ``FUSED_PREPASS``).
+
+XLA makes the pre-pass two fusions: a row reduction (amax) that reads x, then the
+scale-divide-convert that reads x again and writes the carrier codes.  H200 session 17,
+M = 4096, K = 8192 (64 MB of bf16 x): 17.2 + 60.7 us per layer; the convert was ALU-bound
+on the reference's fp8 rounding (since then one convert, ``quantize_activations(...,
+for_kernel=True)``).  Here one program owns ``BLOCK_ROWS`` rows: it reads them once from
+HBM in K chunks for the amax, then again (from L2: the rows in flight over all SMs are a
+few MB) to quantize, so HBM sees x once and the codes once (96 MB: ~24 us at 4 TB/s).
+
+The semantics are ``quantize_activations``'s for per-token float32 scales: scale =
+amax / qmax (1 where the row is all zero), NaN where the row holds NaN / inf, values
+``x / scale`` saturated to the format's range and rounded to nearest even in the carrier
+(fp8 e4m3 / e5m2 codes, or int8).  Off by default until timed on the H200: Triton's f32
+division may round differently from XLA's in the last place, which can move a value that
+sits on a rounding boundary of the carrier by one code.
+"""
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as plt
+
+from humming_jax.quantize import FP8_CARRIERS
+from humming_jax.spec import QuantSpec
+
+BLOCK_ROWS = 4  # rows per program (each (4, chunk) float32 slice: 64 values per thread)
+MAX_CHUNK = 2048  # columns loaded per step (a power of two dividing the padded K)
+# 1.5 * 2**23: t + magic, for |t| <= 2**22, is rounded to an integer (to even) that sits
+# in the float's low mantissa bits, so bits(t + magic) - bits(magic) is round(t).  Read
+# through the bits, which XLA (the interpreter) cannot fold as it folds (t + c) - c.
+_RNE_MAGIC = 12582912.0
+_MAGIC_BITS = int(np.float32(_RNE_MAGIC).view(np.int32))
+
+
+def supports(spec: QuantSpec) -> bool:
+  """Dynamic per-token activations with float32 scales, to fp8 (e4m3 / e5m2) or int8."""
+  return (spec.act_format is not None and spec.act_granularity == "token"
+          and not spec.act_static and spec.act_scale_dtype == "float32"
+          and (spec.act_format.name in FP8_CARRIERS or spec.act_format.name == "int8"))
+
+
+def _chunk(kp: int) -> int:
+  c = MAX_CHUNK
+  while kp % c:
+    c //= 2
+  return c
+
+
+def _kernel(x_ref, a_ref, s_ref, *, kp: int, chunk: int, fmt: str, qmax: float):
+  cols = [pl.ds(j * chunk, chunk) for j in range(kp // chunk)]
+  amax = bad = None
+  for c in cols:  # pass 1: the row's amax and whether it holds NaN / inf
+    x = x_ref[:, c].astype(jnp.float32)
+    ax = jnp.abs(x)
+    m = jnp.max(ax, axis=1, keepdims=True)
+    b = jnp.max(jnp.where((x != x) | (ax == jnp.inf), 1.0, 0.0), axis=1, keepdims=True)
+    amax, bad = (m, b) if amax is None else (jnp.maximum(amax, m), jnp.maximum(bad, b))
+  s = jnp.where(amax > 0, amax / qmax, 1.0)
+  s = jnp.where(bad > 0, jnp.nan, s)
+  s_ref[...] = s
+  for c in cols:  # pass 2 (the rows again, from L2): scale, saturate, round, store
+    xs = x_ref[:, c].astype(jnp.float32) / s
+    if fmt == "int8":
+      t = jnp.clip(xs, -128.0, 127.0) + _RNE_MAGIC
+      r = jax.lax.bitcast_convert_type(t, jnp.int32) - _MAGIC_BITS
+      a_ref[:, c] = r.astype(jnp.int8)
+    else:
+      dtype, maxv = FP8_CARRIERS[fmt]
+      a_ref[:, c] = jnp.clip(xs, -maxv, maxv).astype(dtype)
+
+
+@functools.partial(jax.jit, static_argnames=("spec", "rows", "kp", "interpret"))
+def quantize_rows(x: jax.Array, spec: QuantSpec, *, rows: int, kp: int,
+                  interpret: bool = False) -> tuple[jax.Array, jax.Array]:
+  """(M, K) float activations -> ((rows, kp) carrier codes, (rows, 1) float32 scales):
+  ``w8a8.act_operands``'s outputs for a per-token spec (padding rows: zero codes, scale
+  1), in one Pallas-Triton pass."""
+  if not supports(spec):
+    raise ValueError(f"spec {spec.name}: the one-pass pre-pass takes dynamic per-token "
+                     f"activations with float32 scales to fp8 or int8")
+  m, k = x.shape
+  if rows < m or kp < k or kp % 128:
+    raise ValueError(f"rows={rows}, kp={kp}: expected rows >= M={m} and kp >= K={k}, a "
+                     f"multiple of 128")
+  rp = -(-rows // BLOCK_ROWS) * BLOCK_ROWS
+  if (rp, kp) != (m, k):  # zero rows quantize to zero codes with scale 1
+    x = jnp.pad(x, ((0, rp - m), (0, kp - k)))
+  fmt = spec.act_format.name
+  carrier = jnp.int8 if fmt == "int8" else FP8_CARRIERS[fmt][0]
+  a, s = pl.pallas_call(
+      functools.partial(_kernel, kp=kp, chunk=_chunk(kp), fmt=fmt,
+                        qmax=float(spec.act_format.max_value)),
+      out_shape=(jax.ShapeDtypeStruct((rp, kp), carrier),
+                 jax.ShapeDtypeStruct((rp, 1), jnp.float32)),
+      grid=(rp // BLOCK_ROWS,),
+      in_specs=[pl.BlockSpec((BLOCK_ROWS, kp), lambda i: (i, 0))],
+      out_specs=(pl.BlockSpec((BLOCK_ROWS, kp), lambda i: (i, 0)),
+                 pl.BlockSpec((BLOCK_ROWS, 1), lambda i: (i, 0))),
+      compiler_params=plt.CompilerParams(num_warps=4, num_stages=1),
+      interpret=interpret,
+      name=f"act_prepass_{fmt}",
+  )(x)
+  return a[:rows], s[:rows]

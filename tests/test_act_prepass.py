@@ -1,0 +1,109 @@
+"""The one-pass activation pre-pass (kernels/act_prepass.py) against XLA's pre-pass
+(``w8a8.act_operands``'s two fusions), in the interpreter and on the H200."""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from humming_jax.kernels import act_prepass, w8a8
+from humming_jax.spec import QuantSpec
+
+SPECS = ["w8a8-fp8", "w8a8-int8", "w4a8-mxfp4"]
+
+
+def _x(m, k, seed):
+  rng = np.random.default_rng(seed)
+  x = rng.standard_normal((m, k)) * np.exp(rng.uniform(-3, 3, (m, 1)))
+  x[:, 5] *= 30  # an outlier column: most codes far below the row's amax
+  x[1] = 0.0  # an all-zero row: scale 1, zero codes
+  x[2, 7] = np.nan  # a NaN row: NaN scale
+  if m > 3:
+    x[3, 9] = np.inf  # an inf row: NaN scale
+  return jnp.asarray(x, jnp.bfloat16)
+
+
+def _both(x, spec, rows, kp, interpret):
+  plan = w8a8.plan_for(spec)
+  want = w8a8.act_operands(x, spec, plan, None, rows=rows, kp=kp)
+  got = act_prepass.quantize_rows(x, spec, rows=rows, kp=kp, interpret=interpret)
+  return want, got
+
+
+def _assert_same(want, got):
+  (wa, ws), (ga, gs) = want, got
+  assert ga.shape == wa.shape and ga.dtype == wa.dtype and gs.shape == ws.shape
+  np.testing.assert_array_equal(np.asarray(gs), np.asarray(ws))  # NaN where NaN
+  bad = np.isnan(np.asarray(ws))[:, 0]  # NaN rows: codes are not meaningful
+  view = np.int8 if wa.dtype == jnp.int8 else np.uint8
+  np.testing.assert_array_equal(np.asarray(ga).view(view)[~bad],
+                                np.asarray(wa).view(view)[~bad])
+
+
+@pytest.mark.parametrize("name", SPECS)
+@pytest.mark.parametrize("m,k,rows,kp", [(12, 384, 16, 384), (8, 7168, 8, 7168),
+                                         (5, 256, 128, 384)])
+def test_one_pass_is_the_xla_prepass(name, m, k, rows, kp):
+  """Bit-equal codes and scales: chunks of 128 / 1024 columns, padding rows and columns,
+  zero / NaN / inf rows, saturation (int8: -128 never from a dynamic scale)."""
+  spec = QuantSpec.preset(name)
+  x = _x(m, k, seed=m + k)
+  _assert_same(*_both(x, spec, rows, kp, interpret=True))
+
+
+def test_supports_and_refusals():
+  assert act_prepass.supports(QuantSpec.preset("w8a8-fp8"))
+  assert not act_prepass.supports(QuantSpec.preset("w8a8-fp8-block"))  # group scales
+  assert not act_prepass.supports(QuantSpec.preset("w4a16-g128"))  # no activations
+  static = QuantSpec("int8", "channel", act="int8", act_granularity="tensor",
+                     act_static=True)
+  assert not act_prepass.supports(static)
+  x = _x(4, 256, 0)
+  with pytest.raises(ValueError, match="one-pass pre-pass takes dynamic per-token"):
+    act_prepass.quantize_rows(x, static, rows=4, kp=256, interpret=True)
+  with pytest.raises(ValueError, match="rows=2, kp=256: expected rows >= M=4"):
+    act_prepass.quantize_rows(x, QuantSpec.preset("w8a8-fp8"), rows=2, kp=256,
+                              interpret=True)
+
+
+def test_act_operands_takes_it_when_on(monkeypatch):
+  """FUSED_PREPASS routes per-token specs from FUSED_PREPASS_MIN_M rows to the kernel (its
+  name in the jaxpr) and leaves the others on XLA."""
+  monkeypatch.setattr(w8a8, "FUSED_PREPASS", True)
+  monkeypatch.setattr(w8a8, "FUSED_PREPASS_MIN_M", 8)
+  spec = QuantSpec.preset("w8a8-fp8")
+  plan = w8a8.plan_for(spec)
+  x = _x(8, 256, 1)
+  text = str(jax.make_jaxpr(lambda x: w8a8.act_operands(
+      x, spec, plan, None, rows=8, kp=256, interpret=True))(x))
+  assert "act_prepass_fp8_e4m3" in text
+  small = str(jax.make_jaxpr(lambda x: w8a8.act_operands(
+      x[:4], spec, plan, None, rows=4, kp=256, interpret=True))(x))
+  assert "act_prepass" not in small
+  monkeypatch.setattr(w8a8, "FUSED_PREPASS", False)
+  off = str(jax.make_jaxpr(lambda x: w8a8.act_operands(
+      x, spec, plan, None, rows=8, kp=256, interpret=True))(x))
+  assert "act_prepass" not in off
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", SPECS)
+def test_one_pass_gpu(name):
+  """On the H200 at the benchmark's prefill shape.  Triton's float32 division may round
+  differently from XLA's in the last place, so a value on a rounding boundary may move to
+  the neighbouring code: at most 1e-4 of the codes may differ, each by one code step."""
+  spec = QuantSpec.preset(name)
+  x = _x(4096, 8192, seed=3)
+  (wa, ws), (ga, gs) = jax.jit(lambda x: _both(x, spec, 4096, 8192, interpret=False))(x)
+  np.testing.assert_array_equal(np.asarray(gs), np.asarray(ws))
+  bad = np.isnan(np.asarray(ws))[:, 0]
+  if wa.dtype == jnp.int8:  # integer codes: a step is 1
+    w, g = (np.asarray(a)[~bad].astype(np.int32) for a in (wa, ga))
+    step = np.abs(w - g)
+  else:  # fp8 codes: sign bit and a magnitude that orders the values
+    w, g = (np.asarray(a).view(np.uint8)[~bad].astype(np.int32) for a in (wa, ga))
+    signed = lambda c: np.where(c & 0x80, -(c & 0x7F), c & 0x7F)
+    step = np.abs(signed(w) - signed(g))
+  assert (step != 0).mean() <= 1e-4, (step != 0).mean()
+  assert step.max() <= 1, step.max()
