@@ -273,7 +273,7 @@ def main(argv=None):
                   help="every layer of a call on one (x, group_sizes) buffer pair, as before "
                        "session 17 (XLA then computes the tile schedule and W4A8's "
                        "activation quantization once per call, not per layer); default: "
-                       "each layer its own copies (common.per_layer)")
+                       "each layer takes them through its own barrier (common.unshared)")
   ap.add_argument("--span", action="store_true",
                   help="with --chain resident: also the device time per layer (a profiler "
                        "trace's span from a call's first kernel to its last, no host "
@@ -302,8 +302,8 @@ def main(argv=None):
       tok, gs = routing(key, tokens, e, topk)
       x = jax.random.normal(jax.random.fold_in(key, 1), (tokens, k), jnp.bfloat16)
       xg = (jnp.take(x, tok, axis=0), gs)
-      if not args.shared_x:  # each layer its own x and routing buffers: no merged work
-        xg = common.per_layer(xg, args.layers)
+      if not args.shared_x:  # each layer through its own barrier: no work merged by XLA
+        xg = common.unshared(xg)
       row = {"shape": shape_name, "E": e, "topk": topk, "N": n, "K": k, "tokens": tokens,
              "rows": tokens * topk, "active_experts": int((gs > 0).sum())}
       t0 = time.time()

@@ -93,15 +93,15 @@ def main(argv=None):
           if args.chain == "sequential":  # x threads through; the routing is fixed
             seq = lambda p, y, w=w, ids=ids: hj.quant_moe(*p, y, w, ids)
             t = common.time_sequential(seq, layers, x, calls=args.calls, repeats=args.repeats)
-          else:  # each layer its own input buffers: no routing / quantization merged
-            # across the layers by XLA (common.per_layer; session 17)
-            t = common.time_chain(layer, layers, common.per_layer((x, w, ids), len(layers)),
+          else:  # each layer's inputs through its own barrier: no routing / quantization
+            # merged across the layers by XLA (common.unshared; session 17)
+            t = common.time_chain(layer, layers, common.unshared((x, w, ids)),
                                   calls=args.calls, repeats=args.repeats)
           row[fam] = {"us": round(t["us"], 1), "err": err}
           if args.breakdown:
             fn = jax.jit(lambda ps, a: common.chain(layer, ps, a))
             row[fam]["kernels"] = {k: round(v, 2) for k, v in common.kernel_times(
-                fn, (layers, common.per_layer((x, w, ids), len(layers))), iterations=3,
+                fn, (layers, common.unshared((x, w, ids))), iterations=3,
                 per=len(layers)).items()}
         except Exception as ex:  # noqa: BLE001 - reported in the row
           row[fam] = {"error": f"{type(ex).__name__}: {str(ex)[:200]}"}

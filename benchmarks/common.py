@@ -22,45 +22,51 @@ RESULTS = Path(__file__).resolve().parent / "results"
 
 
 @jax.tree_util.register_pytree_node_class
-class PerLayer:
-  """One input per layer of a chain, each in its own buffer (:func:`per_layer`)."""
+class Unshared:
+  """A chain input (an array or a pytree, e.g. MoE's (x, group_sizes)) that every layer
+  takes through its own optimization barrier (:func:`unshared`)."""
 
-  def __init__(self, items):
-    self.items = tuple(items)
+  def __init__(self, x):
+    self.x = x
 
   def tree_flatten(self):
-    return self.items, None
+    return (self.x,), None
 
   @classmethod
-  def tree_unflatten(cls, aux, items):
+  def tree_unflatten(cls, aux, children):
     del aux
-    return cls(items)
+    return cls(*children)
 
 
-def per_layer(x, layers: int) -> PerLayer:
-  """``layers`` copies of x (an array or a pytree, e.g. MoE's (x, group_sizes)), each in
-  its own device buffer.  With one shared x, XLA merges the layers' identical work on it
-  (CSE): the activation quantization of W4A8 and the MoE tile schedule then ran once per
-  call of 8 layers, not once per layer as in a model (H200 session 17 timelines).  Equal
-  values in distinct parameters cannot be merged."""
-  return PerLayer(jax.tree.map(lambda a: jnp.array(a, copy=True), x) for _ in range(layers))
-
-
-def layer_input(x, i: int):
-  """Layer i's input: x itself, or its own copy for :class:`PerLayer` inputs."""
-  return x.items[i] if isinstance(x, PerLayer) else x
+def unshared(x) -> Unshared:
+  """Mark x so that the layers of a chain cannot share work on it.  With one plain x,
+  XLA merges the layers' identical work on it (CSE): the activation quantization of W4A8 /
+  W8A8 and the MoE tile schedule ran once per call of 8 layers, not once per layer as in
+  a model (H200 session 17 timelines).  Each layer instead takes (x, its params) through
+  an ``optimization_barrier``: the outputs of different barriers are different values to
+  XLA, and the barrier costs nothing at run time -- no copy, and no extra argument for
+  the host to parse (copies of x as arguments would add ~1.7 us each: NOTES.md v19)."""
+  return Unshared(x)
 
 
 def first_input(x):
-  """The input of the first layer (checks and compile timings on one layer)."""
-  return layer_input(x, 0)
+  """The input itself (checks and compile timings on one layer)."""
+  return x.x if isinstance(x, Unshared) else x
+
+
+def apply_layer(layer_fn, p, x):
+  """``layer_fn(p, x)``, through the optimization barrier for :func:`unshared` x."""
+  if isinstance(x, Unshared):
+    xb, pb = jax.lax.optimization_barrier((x.x, p))  # both used: nothing to simplify away
+    return layer_fn(pb, xb)
+  return layer_fn(p, x)
 
 
 def chain(layer_fn, params_list, x):
-  """Apply ``layer_fn(params_i, x_i)`` for every params in the list (the same x, or each
-  layer its own for :class:`PerLayer` inputs; shapes need not chain) and return all
+  """Apply ``layer_fn(params_i, x)`` for every params in the list (the same x, each layer
+  through its own barrier for :func:`unshared` x; shapes need not chain) and return all
   outputs, so nothing is dead code."""
-  return tuple(layer_fn(p, layer_input(x, i)) for i, p in enumerate(params_list))
+  return tuple(apply_layer(layer_fn, p, x) for p in params_list)
 
 
 def _per_layer_us(step, layers: int, *, calls: int, repeats: int, before_repeat=None
@@ -159,8 +165,8 @@ def time_resident(layer_fn, params_list, x, *, calls: int = 50, repeats: int = 5
 def resident_program(layer_fn):
   """(params_list, x, state) -> state + the sum of every layer's output (time_resident)."""
   def run(ps, x, state):
-    for i, p in enumerate(ps):
-      state = state + jnp.sum(layer_fn(p, layer_input(x, i)).astype(jnp.float32))
+    for p in ps:
+      state = state + jnp.sum(apply_layer(layer_fn, p, x).astype(jnp.float32))
     return state
   return run
 
@@ -200,8 +206,11 @@ def device_span_us(step, layers: int, *, calls: int = 5) -> float:
     raise RuntimeError(f"device_span_us: {len(events)} GPU events for {calls} calls (expected "
                        f"the same kernels every call)")
   per = len(events) // calls
-  spans = [max(s + d for s, d, _ in events[i:i + per]) - events[i][0]
-           for i in range(0, len(events), per)]
+  chunks = [events[i:i + per] for i in range(0, len(events), per)]
+  if any([n for _, _, n in c] != [n for _, _, n in chunks[0]] for c in chunks):
+    raise RuntimeError("device_span_us: the calls' kernel sequences differ (events of "
+                       "one call would be counted in another)")
+  spans = [max(s + d for s, d, _ in c) - c[0][0] for c in chunks]
   return statistics.median(spans) / layers
 
 

@@ -41,7 +41,7 @@ def build(args):
     x = jax.random.normal(key, (args.tokens, k), jnp.bfloat16)
     xg = (jnp.take(x, tok, axis=0), gs)
     return (bench_moe.ragged_dot_fn(args.spec), pps,
-            xg if args.shared_x else common.per_layer(xg, args.layers))
+            xg if args.shared_x else common.unshared(xg))
   n = k = args.dense
   keys = jax.random.split(key, args.layers)
   ws = [(jax.random.normal(kk, (k, n), jnp.float32) / k ** 0.5).astype(jnp.bfloat16)
@@ -49,7 +49,7 @@ def build(args):
   pps = [jax.block_until_ready(hj.prepare(hj.quantize(w, spec))) for w in ws]
   x = jax.random.normal(key, (args.tokens, k), jnp.bfloat16)
   return ((lambda p, x: hj.quant_dense(p, x)), pps,
-          x if args.shared_x else common.per_layer(x, args.layers))
+          x if args.shared_x else common.unshared(x))
 
 
 def host_totals(path: str, calls: int, top: int) -> list[tuple[float, int, str]]:
