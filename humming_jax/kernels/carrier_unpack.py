@@ -118,7 +118,7 @@ def e2m1_e4m3_lanes(x: jax.Array, shift: jax.Array | int = 0, *,
 def scale_exponents(scales: jax.Array) -> jax.Array:
   """bfloat16 powers of two (the layout's e8m0 group scales) -> their int32 exponents,
   off the bits: the exponent field - 127; the one bf16 subnormal an e8m0 scale can be
-  (2**-127) -> -127; NaN (e8m0 code 255) -> 128.  The fold's XLA reference and this
+  (2**-127) -> -127, as is a zero (2**-127 flushed); NaN (e8m0 code 255) -> 128.  The fold's XLA reference and this
   kernel both read the exponents through here."""
   if scales.dtype != jnp.bfloat16:
     raise ValueError(f"scales: expected the layout's bfloat16 powers of two; got "
@@ -159,8 +159,8 @@ def unpack(codes: jax.Array, scales: jax.Array | None = None, base: jax.Array | 
   with ``scales`` ((Kp / bk) * G, Np) bfloat16 powers of two, one per group of bk / G
   codes along K (the layout's MXFP4 scale rows), and ``base`` (Np,) int32, each value
   times 2**(E - B) (``fold_shifts``: the MXFP4 fold; None: no shift).  The kernel reads
-  the shifts off the scale rows itself, so per call XLA only reduces the rows to one
-  "all normal" flag per block."""
+  the shifts off the scale rows itself; here XLA reduces the rows to one "all normal"
+  flag per block (the caller's column reduction gives ``base``)."""
   if codes.ndim != 3 or codes.dtype != jnp.int4:
     raise ValueError(f"codes: expected (Kp / bk, Np, bk) int4; got {codes.shape} "
                      f"{codes.dtype}")
@@ -172,7 +172,7 @@ def unpack(codes: jax.Array, scales: jax.Array | None = None, base: jax.Array | 
     raise ValueError("scales: only for kind='e2m1'")
   t, np_, bk = codes.shape
   g = 1 if scales is None else scales.shape[0] // t
-  if scales is not None and (scales.shape != (t * g, np_) or bk % (4 * g)
+  if scales is not None and (g == 0 or scales.shape != (t * g, np_) or bk % (4 * g)
                              or base.shape != (np_,)):
     raise ValueError(f"scales, base: expected ({t} * G, {np_}) with G dividing {bk // 4}, "
                      f"and ({np_},); got {scales.shape}, {base.shape}")
