@@ -94,7 +94,10 @@ def bench_tp(args, devs, rows):
           y = jax.device_get(jax.jit(layer)(params[0], x))
           err = 0.0 if base is None else common.rel_err(y, base)
           base = y if base is None else base
-          t = common.time_chain(layer, params, x, calls=args.calls, repeats=args.repeats)
+          # Each layer's x through its own barrier: no work merged across the layers
+          # (common.unshared; NOTES.md v19).
+          t = common.time_chain(layer, params, common.unshared(x), calls=args.calls,
+                                repeats=args.repeats)
           nbytes = qs[0].nbytes()
           rows.append(dict(bench="tp", kind=kind, spec=spec_name, K=k, N=n, M=m, devices=d,
                            backend=_backend_name(spec), us=t["us"], us_min=t["us_min"],
@@ -120,7 +123,7 @@ def bench_ep(args, devs, rows):
       base = None
       for d in devs:
         if d == 1:
-          layer = lambda p, xx: moe.quant_moe(p[0], p[1], xx, w, ids)  # noqa: E731
+          layer = lambda p, a: moe.quant_moe(p[0], p[1], *a)  # noqa: E731
           params = pairs
           disp = "-"
         else:
@@ -129,12 +132,15 @@ def bench_ep(args, devs, rows):
           espec = P("ep", None, None)
           params = [(hs.shard_params(g, espec, mesh), hs.shard_params(dn, espec, mesh))
                     for g, dn in pairs]
-          layer = (lambda mesh, disp: lambda p, xx: hs.expert_parallel_moe(
-              p[0], p[1], xx, w, ids, axis="ep", mesh=mesh, dispatch=disp))(mesh, disp)
-        y = jax.device_get(jax.jit(layer)(params[0], x))
+          layer = (lambda mesh, disp: lambda p, a: hs.expert_parallel_moe(
+              p[0], p[1], *a, axis="ep", mesh=mesh, dispatch=disp))(mesh, disp)
+        y = jax.device_get(jax.jit(layer)(params[0], (x, w, ids)))
         err = 0.0 if base is None else common.rel_err(y, base)
         base = y if base is None else base
-        t = common.time_chain(layer, params, x, calls=args.calls, repeats=args.repeats)
+        # The tokens and their routing through each layer's own barrier (common.unshared):
+        # no routing or quantization merged across the layers.
+        t = common.time_chain(layer, params, common.unshared((x, w, ids)), calls=args.calls,
+                              repeats=args.repeats)
         rows.append(dict(bench="ep", kind=disp, spec=spec_name, E=e, H=h, I=i, topk=topk,
                          M=m, devices=d, backend=_backend_name(spec, grouped=True),
                          us=t["us"], us_min=t["us_min"], us_max=t["us_max"],
