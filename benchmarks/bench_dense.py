@@ -139,17 +139,10 @@ def main(argv=None):
                   help="outputs: every layer on the same x, all outputs returned (GPU.md); "
                        "sequential: x -> layer_1 -> ... with a donated state, as in a model "
                        "(square shapes only; Humming stays a CUDA graph of the same layers)")
-  ap.add_argument("--shared-x", action="store_true",
-                  help="every layer of a call on one x buffer, as before session 17 (XLA "
-                       "then runs W4A8's activation quantization once per call, not per "
-                       "layer); default: each layer takes x through its own barrier "
-                       "(common.unshared)")
   ap.add_argument("--one-pass-prepass", action="store_true",
                   help="also time each per-token W8A8 / W4A8 spec at prefill with "
                        "w8a8.FUSED_PREPASS on (rows '<spec>+1pass')")
-  ap.add_argument("--span", action="store_true",
-                  help="with --chain resident: also the device time per layer of our "
-                       "kernels (common.device_span_us: no host dispatch)")
+  common.add_chain_flags(ap, "x buffer")
   ap.add_argument("--calls", type=int, default=50)
   ap.add_argument("--repeats", type=int, default=3)
   ap.add_argument("--humming", action="store_true", help="also time humming-kernels")

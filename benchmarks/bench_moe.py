@@ -269,15 +269,7 @@ def main(argv=None):
                   help="comma list of outputs / resident: how our layers are chained "
                        "(benchmarks/common.py; the first gives 'us', the others "
                        "'<chain>_us'); Humming is always its CUDA graph")
-  ap.add_argument("--shared-x", action="store_true",
-                  help="every layer of a call on one (x, group_sizes) buffer pair, as before "
-                       "session 17 (XLA then computes the tile schedule and W4A8's "
-                       "activation quantization once per call, not per layer); default: "
-                       "each layer takes them through its own barrier (common.unshared)")
-  ap.add_argument("--span", action="store_true",
-                  help="with --chain resident: also the device time per layer (a profiler "
-                       "trace's span from a call's first kernel to its last, no host "
-                       "dispatch: common.device_span_us)")
+  common.add_chain_flags(ap, "(x, group_sizes) pair")
   ap.add_argument("--json", default=None)
   args = ap.parse_args(argv)
   global CHAIN, SPAN

@@ -69,6 +69,20 @@ def chain(layer_fn, params_list, x):
   return tuple(apply_layer(layer_fn, p, x) for p in params_list)
 
 
+def add_chain_flags(ap, inputs: str) -> None:
+  """The benchmarks' ``--shared-x`` and ``--span`` flags (``inputs``: what the layers of
+  a call take, for the help text)."""
+  ap.add_argument("--shared-x", action="store_true",
+                  help=f"every layer of a call on one {inputs}, as before session 17 (XLA "
+                       f"then merges the layers' identical work on it: the activation "
+                       f"quantization, the MoE tile schedule); default: each layer takes "
+                       f"it through its own barrier (unshared)")
+  ap.add_argument("--span", action="store_true",
+                  help="with --chain resident: also the device time per layer (a profiler "
+                       "trace's span from a call's first kernel to its last, no host "
+                       "dispatch: device_span_us)")
+
+
 def _per_layer_us(step, layers: int, *, calls: int, repeats: int, before_repeat=None
                   ) -> dict[str, float]:
   """``step()`` dispatches one jitted call and returns what to wait on: ``calls`` of them

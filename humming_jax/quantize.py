@@ -363,10 +363,12 @@ class QuantizedActivations(NamedTuple):
     return self.values.astype(jnp.float32) * s
 
 
-def _carrier_dtype(fmt: NumberFormat):
+def carrier_dtype(fmt: NumberFormat):
+  """The tensor-core dtype that holds an activation format's values exactly (int8; the
+  fp8 formats themselves; e4m3 for fp4 e2m1)."""
   if fmt.is_integer:
     return jnp.int8
-  return jnp.float8_e5m2 if fmt.name == "fp8_e5m2" else jnp.float8_e4m3fn
+  return FP8_CARRIERS[fmt.name][0] if fmt.name in FP8_CARRIERS else jnp.float8_e4m3fn
 
 
 def act_scale_shape(spec: QuantSpec, m: int, k: int) -> tuple[int, int]:
@@ -452,7 +454,7 @@ def _quantize_activations_jit(x: jax.Array, spec: QuantSpec, act_scale: jax.Arra
     vals = _pad(jnp.clip(xs, -maxv, maxv).astype(dtype), pad_to)
     return QuantizedActivations(jax.lax.optimization_barrier(vals), s)
   vals = fmt.decode(fmt.encode(xs)) if fmt.name not in _FAST_ROUND else _FAST_ROUND[fmt.name](xs)
-  vals = vals.astype(_carrier_dtype(fmt))
+  vals = vals.astype(carrier_dtype(fmt))
   return QuantizedActivations(vals if pad_to is None else _pad(vals, pad_to), s)
 
 
@@ -489,7 +491,8 @@ def round_e2m1(x: jax.Array) -> jax.Array:
 
 
 # fp8 activation formats: their carrier dtype (the format itself) and largest finite value.
-FP8_CARRIERS = {"fp8_e4m3": (jnp.float8_e4m3fn, 448.0), "fp8_e5m2": (jnp.float8_e5m2, 57344.0)}
+FP8_CARRIERS = {name: (dtype, get_format(name).max_value) for name, dtype in
+                (("fp8_e4m3", jnp.float8_e4m3fn), ("fp8_e5m2", jnp.float8_e5m2))}
 
 _FAST_ROUND = {
     "fp4_e2m1": lambda x: round_e2m1(jnp.clip(x, -6.0, 6.0)),

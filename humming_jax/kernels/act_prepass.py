@@ -4,8 +4,7 @@ W8A8 family's 8-bit GEMMs at prefill (``w8a8.act_operands`` when ``FUSED_PREPASS
 XLA makes the pre-pass two fusions: a row reduction (amax) that reads x, then the
 scale-divide-convert that reads x again and writes the carrier codes.  H200 session 17,
 M = 4096, K = 8192 (64 MB of bf16 x): 17.2 + 60.7 us per layer; the convert was ALU-bound
-on the reference's fp8 rounding (since then one convert, ``quantize_activations(...,
-for_kernel=True)``).  Here one program owns ``BLOCK_ROWS`` rows: it reads them once from
+on the reference's fp8 rounding (since then one convert, ``quantize.kernel_activations``).  Here one program owns ``BLOCK_ROWS`` rows: it reads them once from
 HBM in K chunks for the amax, then again (from L2: the rows in flight over all SMs are a
 few MB) to quantize, so HBM sees x once and the codes once (96 MB: ~24 us at 4 TB/s).
 
@@ -26,7 +25,7 @@ import numpy as np
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plt
 
-from humming_jax.quantize import FP8_CARRIERS
+from humming_jax.quantize import FP8_CARRIERS, carrier_dtype
 from humming_jax.spec import QuantSpec
 
 BLOCK_ROWS = 4  # rows per program (each (4, chunk) float32 slice: 64 values per thread)
@@ -92,7 +91,7 @@ def quantize_rows(x: jax.Array, spec: QuantSpec, *, rows: int, kp: int,
   if (rp, kp) != (m, k):  # zero rows quantize to zero codes with scale 1
     x = jnp.pad(x, ((0, rp - m), (0, kp - k)))
   fmt = spec.act_format.name
-  carrier = jnp.int8 if fmt == "int8" else FP8_CARRIERS[fmt][0]
+  carrier = carrier_dtype(spec.act_format)
   a, s = pl.pallas_call(
       functools.partial(_kernel, kp=kp, chunk=_chunk(kp), fmt=fmt,
                         qmax=float(spec.act_format.max_value)),

@@ -118,8 +118,8 @@ def e2m1_e4m3_lanes(x: jax.Array, shift: jax.Array | int = 0, *,
 def scale_exponents(scales: jax.Array) -> jax.Array:
   """bfloat16 powers of two (the layout's e8m0 group scales) -> their int32 exponents,
   off the bits: the exponent field - 127; the one bf16 subnormal an e8m0 scale can be
-  (2**-127) -> -127, as is a zero (2**-127 flushed); NaN (e8m0 code 255) -> 128.  The fold's XLA reference and this
-  kernel both read the exponents through here."""
+  (2**-127) -> -127, as is a zero (2**-127 flushed); NaN (e8m0 code 255) -> 128.  The
+  fold's XLA reference and this kernel both read the exponents through here."""
   if scales.dtype != jnp.bfloat16:
     raise ValueError(f"scales: expected the layout's bfloat16 powers of two; got "
                      f"{scales.dtype}")
