@@ -440,8 +440,8 @@ def test_fences_of_the_prepared_family_apply(monkeypatch):
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", ["w4a8-mxfp4", "w4a4-nvfp4"])
 def test_prefill_exact_route_gpu(name):
-  """MXFP4 / NVFP4 weights at 8192^2, M = 1024: the W8A8 family's exact bf16-operand route on
-  weights dequantized from this layout -- that family's numbers on its own layout."""
+  """MXFP4 / NVFP4 weights at 8192^2, M = 1024 on this layout against the W8A8 family's
+  exact bf16-operand route (NVFP4: the same numbers; MXFP4 takes the fp8 fold here)."""
   from humming_jax.kernels import w8a8
   spec = SPECS[name]
   q, x = make(spec, 1024, 8192, 8192, seed=9)
@@ -451,7 +451,13 @@ def test_prefill_exact_route_gpu(name):
   e = rel(y, jax.jit(reference.dense_reference)(q, x))
   e8 = rel(y, jax.jit(w8a8.dequant_gemm)(jax.jit(lambda q: hj.prepare(q, kernel="w8a8"))(q), x))
   print(f"wnam_mgpu prefill {name} M=1024: rel err {e:.2e}, vs w8a8.dequant_gemm {e8:.2e}")
-  assert e8 <= 1e-3 and e <= (TOL if w8a8.plan_for(spec).fold else 2e-4)
+  # MXFP4 at M >= 512 takes the fold: fp8 products in WGMMA's accumulator, the w8a8-fp8
+  # error class against both (1.6e-3 on the H200, session 18).  NVFP4 folds its scales
+  # into bf16 operands as the exact route does (plan.fold): the reference's error class.
+  if wm.mx_fold_runs(p):
+    assert e8 <= 5e-3 and e <= 5e-3
+  else:
+    assert e8 <= 1e-3 and e <= (TOL if w8a8.plan_for(spec).fold else 2e-4)
 
 
 @pytest.mark.gpu
@@ -465,12 +471,14 @@ def test_mx_fold_prefill_gpu(monkeypatch):
   monkeypatch.setattr(w8a8_mgpu, "gemm", lambda *a, **kw: calls.append(kw) or orig(*a, **kw))
   q, x = make(spec, 1024, 8192, 8192, seed=8)
   p = jax.jit(wm.prepare)(q)
-  y = jax.jit(wm.run_prefill_mx_fold)(p, x)  # the route itself: no flag, no trace cache
+  # Fresh lambdas: jax.jit(wm.run) shares its trace cache with the earlier tests at this
+  # shape, and a cache hit would not call the monkeypatched gemm.
+  y = jax.jit(lambda p, x: wm.run_prefill_mx_fold(p, x))(p, x)  # the route itself
   assert len(calls) == 1 and calls[0]["col_group_scale"] is None
   e = rel(y, jax.jit(reference.dense_reference)(q, x))
   print(f"wnam_mgpu MXFP4 fold prefill M=1024: rel err {e:.2e}")
   assert e <= 5e-3
-  y_run = jax.jit(wm.run)(p, x)  # the default route
+  y_run = jax.jit(lambda p, x: wm.run(p, x))(p, x)  # the default route
   assert rel(y_run, y) <= 1e-6 and len(calls) == 2
   q_wide = _with_span(q, wm.MX_FOLD_SPAN + 3)  # a group rounded to e4m3 subnormals
   y_wide = jax.jit(wm.run)(jax.jit(wm.prepare)(q_wide), x)
