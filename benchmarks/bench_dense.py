@@ -215,8 +215,8 @@ def main(argv=None):
             row["humming_error"] = f"{type(e).__name__}: {str(e)[:200]}"
         rows.append(row)
         print_row(row, flush=True)
-        if args.one_pass_prepass and one_pass_applies(spec_name, m):
-          rows.append(one_pass_row(spec_name, k, n, m, ws, x, args, shape_name))
+        if args.xla_prepass and one_pass_applies(spec_name, m):
+          rows.append(xla_prepass_row(spec_name, k, n, m, ws, x, args, shape_name))
           print_row(rows[-1], flush=True)
   payload = {"info": info, "method": "%s chain of %d distinct layers per jitted call (%s), "
              "%d calls, median of %d repeats, wall clock / (calls*layers)" % (
@@ -239,19 +239,19 @@ def one_pass_applies(spec_name: str, m: int) -> bool:
   return act_prepass.supports(spec) and m >= w8a8.FUSED_PREPASS_MIN_M
 
 
-def one_pass_row(spec_name, k, n, m, ws, x, args, shape_name) -> dict:
-  """The same point with w8a8.FUSED_PREPASS on (the one-pass Pallas-Triton pre-pass in
-  place of XLA's amax and convert fusions), as the row ``<spec>+1pass``."""
+def xla_prepass_row(spec_name, k, n, m, ws, x, args, shape_name) -> dict:
+  """The same point with w8a8.FUSED_PREPASS off (XLA's amax and convert fusions in place
+  of the one-pass Pallas-Triton pre-pass), as the row ``<spec>+xla-prepass``."""
   from humming_jax.kernels import w8a8  # noqa: PLC0415
-  row = {"shape": shape_name, "K": k, "N": n, "M": m, "spec": spec_name + "+1pass"}
-  w8a8.FUSED_PREPASS = True
+  row = {"shape": shape_name, "K": k, "N": n, "M": m, "spec": spec_name + "+xla-prepass"}
+  w8a8.FUSED_PREPASS = False
   try:
     res, _ = bench_point(spec_name, k, n, m, ws, x, calls=args.calls, repeats=args.repeats)
     row.update(res)
   except Exception as e:  # noqa: BLE001 - reported in the row
     row["error"] = f"{type(e).__name__}: {str(e)[:300]}"
   finally:
-    w8a8.FUSED_PREPASS = False
+    w8a8.FUSED_PREPASS = True
   return row
 
 

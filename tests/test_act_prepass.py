@@ -25,8 +25,14 @@ def _x(m, k, seed):
 
 
 def _both(x, spec, rows, kp, interpret):
+  """(XLA's pre-pass, the kernel's).  FUSED_PREPASS is off while act_operands traces: at
+  M >= FUSED_PREPASS_MIN_M it would take the kernel itself."""
   plan = w8a8.plan_for(spec)
-  want = w8a8.act_operands(x, spec, plan, None, rows=rows, kp=kp)
+  fused, w8a8.FUSED_PREPASS = w8a8.FUSED_PREPASS, False
+  try:
+    want = w8a8.act_operands(x, spec, plan, None, rows=rows, kp=kp)
+  finally:
+    w8a8.FUSED_PREPASS = fused
   got = act_prepass.quantize_rows(x, spec, rows=rows, kp=kp, interpret=interpret)
   return want, got
 
@@ -50,6 +56,19 @@ def test_one_pass_is_the_xla_prepass(name, m, k, rows, kp):
   spec = QuantSpec.preset(name)
   x = _x(m, k, seed=m + k)
   _assert_same(*_both(x, spec, rows, kp, interpret=True))
+
+
+@pytest.mark.parametrize("name", ["w8a8-fp8", "w8a8-int8"])
+def test_reread_rows_are_the_same(name, monkeypatch):
+  """Rows wider than MAX_HELD_K are read twice instead of held: the same codes.  A fresh
+  jit of the unjitted body (the flag is read at trace time; quantize_rows' cache would
+  return the held trace)."""
+  spec = QuantSpec.preset(name)
+  x = _x(8, 7168, seed=3)
+  monkeypatch.setattr(act_prepass, "MAX_HELD_K", 0)
+  got = jax.jit(lambda x: act_prepass.quantize_rows.__wrapped__(
+      x, spec, rows=8, kp=7168, interpret=True))(x)
+  _assert_same(_both(x, spec, 8, 7168, interpret=True)[0], got)
 
 
 def test_supports_and_refusals():

@@ -253,7 +253,7 @@ def test_carrier_unpack_lowers_for_h200():
 @pytest.mark.parametrize("name", ["w8a8-fp8", "w8a8-int8", "w4a8-mxfp4"])
 @pytest.mark.parametrize("k", [8192, 7168])
 def test_act_prepass_lowers_for_h200(name, k):
-  """The one-pass activation pre-pass (w8a8.FUSED_PREPASS, off until timed) at the
+  """The one-pass activation pre-pass (w8a8.FUSED_PREPASS, on by default) at the
   benchmark's prefill rows, K in 2048- and 1024-column chunks."""
   from humming_jax.kernels import act_prepass
   spec = hj.QuantSpec.preset(name)

@@ -2,18 +2,19 @@
 W8A8 family's 8-bit GEMMs at prefill (``w8a8.act_operands`` when ``FUSED_PREPASS``).
 
 XLA makes the pre-pass two fusions: a row reduction (amax) that reads x, then the
-scale-divide-convert that reads x again and writes the carrier codes.  H200 session 17,
-M = 4096, K = 8192 (64 MB of bf16 x): 17.2 + 60.7 us per layer; the convert was ALU-bound
-on the reference's fp8 rounding (since then one convert, ``quantize.kernel_activations``).  Here one program owns ``BLOCK_ROWS`` rows: it reads them once from
-HBM in K chunks for the amax, then again (from L2: the rows in flight over all SMs are a
-few MB) to quantize, so HBM sees x once and the codes once (96 MB: ~24 us at 4 TB/s).
+scale-divide-convert that reads x again and writes the carrier codes.  H200 session 18,
+M = 4096, K = 8192 (64 MB of bf16 x): 17.1 + 42 us per layer with one fp8 convert
+(``quantize.kernel_activations``).  Here one program owns ``BLOCK_ROWS`` rows.  Up to
+``MAX_HELD_K`` columns it loads them once, in K chunks held in registers, for the amax and
+then the codes: HBM sees x once and the codes once (96 MB, ~24 us at 4 TB/s).  Wider rows
+are read a second time (from L2: the rows in flight over all SMs are a few MB); session
+18 timed that form at 44 us (M = 4096) and 10.4 us (M = 1024).
 
 The semantics are ``quantize_activations``'s for per-token float32 scales: scale =
 amax / qmax (1 where the row is all zero), NaN where the row holds NaN / inf, values
 ``x / scale`` saturated to the format's range and rounded to nearest even in the carrier
-(fp8 e4m3 / e5m2 codes, or int8).  Off by default until timed on the H200: Triton's f32
-division may round differently from XLA's in the last place, which can move a value that
-sits on a rounding boundary of the carrier by one code.
+(fp8 e4m3 / e5m2 codes, or int8): bit-equal to XLA's pre-pass in the interpreter and on
+the H200 (``test_one_pass_gpu``).
 """
 from __future__ import annotations
 
@@ -28,8 +29,12 @@ from jax.experimental.pallas import triton as plt
 from humming_jax.quantize import FP8_CARRIERS, carrier_dtype
 from humming_jax.spec import QuantSpec
 
-BLOCK_ROWS = 4  # rows per program (each (4, chunk) float32 slice: 64 values per thread)
+BLOCK_ROWS = 4  # rows per program
+NUM_WARPS = 8
 MAX_CHUNK = 2048  # columns loaded per step (a power of two dividing the padded K)
+# Rows up to this many columns stay in registers between the amax and the codes (4 rows x
+# 8192 bf16 over 256 threads: 64 packed registers per thread); wider rows are re-read.
+MAX_HELD_K = 8192
 # 1.5 * 2**23: t + magic, for |t| <= 2**22, is rounded to an integer (to even) that sits
 # in the float's low mantissa bits, so bits(t + magic) - bits(magic) is round(t).  Read
 # through the bits, which XLA (the interpreter) cannot fold as it folds (t + c) - c.
@@ -51,11 +56,14 @@ def _chunk(kp: int) -> int:
   return c
 
 
-def _kernel(x_ref, a_ref, s_ref, *, kp: int, chunk: int, fmt: str, qmax: float):
+def _kernel(x_ref, a_ref, s_ref, *, kp: int, chunk: int, fmt: str, qmax: float,
+            held: bool):
   cols = [pl.ds(j * chunk, chunk) for j in range(kp // chunk)]
+  chunks = [x_ref[:, c] for c in cols] if held else None  # one HBM read, kept
+  load = (lambda j: chunks[j]) if held else (lambda j: x_ref[:, cols[j]])
   amax = bad = None
-  for c in cols:  # pass 1: the row's amax and whether it holds NaN / inf
-    x = x_ref[:, c].astype(jnp.float32)
+  for j in range(len(cols)):  # the row's amax and whether it holds NaN / inf
+    x = load(j).astype(jnp.float32)
     ax = jnp.abs(x)
     m = jnp.max(ax, axis=1, keepdims=True)
     b = jnp.max(jnp.where((x != x) | (ax == jnp.inf), 1.0, 0.0), axis=1, keepdims=True)
@@ -63,8 +71,8 @@ def _kernel(x_ref, a_ref, s_ref, *, kp: int, chunk: int, fmt: str, qmax: float):
   s = jnp.where(amax > 0, amax / qmax, 1.0)
   s = jnp.where(bad > 0, jnp.nan, s)
   s_ref[...] = s
-  for c in cols:  # pass 2 (the rows again, from L2): scale, saturate, round, store
-    xs = x_ref[:, c].astype(jnp.float32) / s
+  for j, c in enumerate(cols):  # scale, saturate, round, store
+    xs = load(j).astype(jnp.float32) / s
     if fmt == "int8":
       t = jnp.clip(xs, -128.0, 127.0) + _RNE_MAGIC
       r = jax.lax.bitcast_convert_type(t, jnp.int32) - _MAGIC_BITS
@@ -94,14 +102,14 @@ def quantize_rows(x: jax.Array, spec: QuantSpec, *, rows: int, kp: int,
   carrier = carrier_dtype(spec.act_format)
   a, s = pl.pallas_call(
       functools.partial(_kernel, kp=kp, chunk=_chunk(kp), fmt=fmt,
-                        qmax=float(spec.act_format.max_value)),
+                        qmax=float(spec.act_format.max_value), held=kp <= MAX_HELD_K),
       out_shape=(jax.ShapeDtypeStruct((rp, kp), carrier),
                  jax.ShapeDtypeStruct((rp, 1), jnp.float32)),
       grid=(rp // BLOCK_ROWS,),
       in_specs=[pl.BlockSpec((BLOCK_ROWS, kp), lambda i: (i, 0))],
       out_specs=(pl.BlockSpec((BLOCK_ROWS, kp), lambda i: (i, 0)),
                  pl.BlockSpec((BLOCK_ROWS, 1), lambda i: (i, 0))),
-      compiler_params=plt.CompilerParams(num_warps=4, num_stages=1),
+      compiler_params=plt.CompilerParams(num_warps=NUM_WARPS, num_stages=1),
       interpret=interpret,
       name=f"act_prepass_{fmt}",
   )(x)
