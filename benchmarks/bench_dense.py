@@ -139,9 +139,10 @@ def main(argv=None):
                   help="outputs: every layer on the same x, all outputs returned (GPU.md); "
                        "sequential: x -> layer_1 -> ... with a donated state, as in a model "
                        "(square shapes only; Humming stays a CUDA graph of the same layers)")
-  ap.add_argument("--one-pass-prepass", action="store_true",
+  ap.add_argument("--xla-prepass", action="store_true",
                   help="also time each per-token W8A8 / W4A8 spec at prefill with "
-                       "w8a8.FUSED_PREPASS on (rows '<spec>+1pass')")
+                       "w8a8.FUSED_PREPASS off: XLA's two pre-pass fusions instead of the "
+                       "one-pass kernel (rows '<spec>+xla-prepass')")
   common.add_chain_flags(ap, "x buffer")
   ap.add_argument("--calls", type=int, default=50)
   ap.add_argument("--repeats", type=int, default=3)

@@ -11,7 +11,7 @@
 source "$(dirname "$0")/gpu_env.sh"
 T() { local t=$1; shift; timeout -k 5 -s INT "$t" "$@"; }
 s_prepass() {
-  (cd benchmarks && T 200 python3 probe_act_prepass.py --ms 1024,4096 --ks 8192,14336) 2>&1 \
+  T 200 python3 benchmarks/probe_act_prepass.py --ms 1024,4096 --ks 8192,14336 2>&1 \
     | grep -E "^M=|rror" | cut -c1-260
 }
 s_tests() {

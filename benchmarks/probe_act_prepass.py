@@ -34,7 +34,7 @@ def main():
       if held and rows * k // (warps * 32) > 256:  # bf16 values held per thread
         continue
       act_prepass.MAX_HELD_K = k if held else 0
-      act_prepass.BLOCK_ROWS, act_prepass.NUM_WARPS = rows, warps
+      act_prepass.BLOCK_ROWS, act_prepass.NUM_WARPS = rows, {held: warps}
       f = jax.jit(lambda x: act_prepass.quantize_rows.__wrapped__(x, spec, rows=m, kp=k))
       try:
         got = f(x)

@@ -29,12 +29,15 @@ from jax.experimental.pallas import triton as plt
 from humming_jax.quantize import FP8_CARRIERS, carrier_dtype
 from humming_jax.spec import QuantSpec
 
-BLOCK_ROWS = 4  # rows per program
-NUM_WARPS = 8
+# H200 session 18 (probe_act_prepass.py, fp8, us for M = 1024 / 4096): K = 8192 held in
+# registers with 2 rows x 4 warps 8.5 / 32.8 (re-read 9.3 / 34.6); K = 14336 re-read with
+# 2 rows x 8 warps 16.3 / 64.0 (held 18.8 / 73.4); 4 rows 0.5 - 11 us slower, 8 rows worse.
+BLOCK_ROWS = 2  # rows per program
 MAX_CHUNK = 2048  # columns loaded per step (a power of two dividing the padded K)
-# Rows up to this many columns stay in registers between the amax and the codes (4 rows x
-# 8192 bf16 over 256 threads: 64 packed registers per thread); wider rows are re-read.
+# Rows up to this many columns stay in registers between the amax and the codes (2 rows x
+# 8192 bf16 over 128 threads: 64 packed registers per thread); wider rows are re-read.
 MAX_HELD_K = 8192
+NUM_WARPS = {True: 4, False: 8}  # by whether the rows are held
 # 1.5 * 2**23: t + magic, for |t| <= 2**22, is rounded to an integer (to even) that sits
 # in the float's low mantissa bits, so bits(t + magic) - bits(magic) is round(t).  Read
 # through the bits, which XLA (the interpreter) cannot fold as it folds (t + c) - c.
@@ -100,16 +103,17 @@ def quantize_rows(x: jax.Array, spec: QuantSpec, *, rows: int, kp: int,
     x = jnp.pad(x, ((0, rp - m), (0, kp - k)))
   fmt = spec.act_format.name
   carrier = carrier_dtype(spec.act_format)
+  held = kp <= MAX_HELD_K
   a, s = pl.pallas_call(
       functools.partial(_kernel, kp=kp, chunk=_chunk(kp), fmt=fmt,
-                        qmax=float(spec.act_format.max_value), held=kp <= MAX_HELD_K),
+                        qmax=float(spec.act_format.max_value), held=held),
       out_shape=(jax.ShapeDtypeStruct((rp, kp), carrier),
                  jax.ShapeDtypeStruct((rp, 1), jnp.float32)),
       grid=(rp // BLOCK_ROWS,),
       in_specs=[pl.BlockSpec((BLOCK_ROWS, kp), lambda i: (i, 0))],
       out_specs=(pl.BlockSpec((BLOCK_ROWS, kp), lambda i: (i, 0)),
                  pl.BlockSpec((BLOCK_ROWS, 1), lambda i: (i, 0))),
-      compiler_params=plt.CompilerParams(num_warps=NUM_WARPS, num_stages=1),
+      compiler_params=plt.CompilerParams(num_warps=NUM_WARPS[held], num_stages=1),
       interpret=interpret,
       name=f"act_prepass_{fmt}",
   )(x)
