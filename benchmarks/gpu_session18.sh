@@ -7,6 +7,8 @@
 #      prefill routes and the MXFP4 fold tests (fixed after call 2).
 #   dense: W4A8 MXFP4 and W8A8 fp8 / int8 at M = 1024 / 4096 with Humming and the XLA
 #      pre-pass rows beside.
+#   fold: the MXFP4 fold's metadata kernel (carrier_unpack.fold_metadata) -- GPU tests of
+#      the unpack / fold / prefill, W4A8 MXFP4 at M = 1024 / 4096 with Humming.
 #   moe: gpu_session_next.sh's moe step (Qwen3 down W4A16, DeepSeek-V3 down W4A8 MXFP4).
 source "$(dirname "$0")/gpu_env.sh"
 T() { local t=$1; shift; timeout -k 5 -s INT "$t" "$@"; }
@@ -25,6 +27,16 @@ s_dense() {
     --specs w4a8-mxfp4,w8a8-fp8,w8a8-int8 --humming --kernel-times --calls 5 \
     --xla-prepass --repeats 2 --json "$OUT/dense.json" > "$OUT/dense.log" 2>&1
   grep -E "^8192|rror" "$OUT/dense.log" | cut -c1-330
+}
+s_fold() {
+  T 150 python3 -m pytest tests/test_carrier_unpack.py tests/test_wnam_mgpu.py -m gpu \
+    -p no:cacheprovider -o addopts="" --tb=short -rA -s -k "unpack_gpu or mx_fold or prefill" \
+    -W ignore::DeprecationWarning 2>&1 | grep -E "^(FAILED|ERROR)|^E |passed|failed|rel err" \
+    | cut -c1-300 | tail -20
+  T 200 python3 benchmarks/bench_dense.py --shapes 8192x8192 --ms 1024,4096 \
+    --specs w4a8-mxfp4 --humming --kernel-times --calls 5 --repeats 2 \
+    --json "$OUT/dense_fold.json" > "$OUT/dense_fold.log" 2>&1
+  grep -E "^8192|rror" "$OUT/dense_fold.log" | cut -c1-330
 }
 s_moe() { bash "$(dirname "$0")/gpu_session_next.sh" moe; }
 for s in "$@"; do step "$s"; "s_$s"; done

@@ -114,29 +114,81 @@ def test_scale_exponents_read_every_e8m0_scale():
 
 def test_refusals():
   p = params("w4a8-mxfp4", 256, 128, seed=3)
-  base = wm._mx_fold_exponents(p)[1]
+  meta = wm.mx_fold_metadata(p)
   with pytest.raises(ValueError, match=r"codes: expected \(Kp / bk, Np, bk\) int4"):
     cu.unpack(p.codes.astype(jnp.int8), kind="int")
   with pytest.raises(ValueError, match="kind='x'"):
     cu.unpack(p.codes, kind="x")
-  with pytest.raises(ValueError, match="scales and base: pass both"):
+  with pytest.raises(ValueError, match="scales and meta: pass both"):
     cu.unpack(p.codes, p.scales, kind="e2m1")
   with pytest.raises(ValueError, match="scales: only for kind='e2m1'"):
-    cu.unpack(p.codes, p.scales, base, kind="int")
-  with pytest.raises(ValueError, match="scales, base: expected"):
-    cu.unpack(p.codes, p.scales[:, :64], base, kind="e2m1")
+    cu.unpack(p.codes, p.scales, meta, kind="int")
+  with pytest.raises(ValueError, match="scales, meta: expected"):
+    cu.unpack(p.codes, p.scales[:, :64], meta, kind="e2m1")
   with pytest.raises(ValueError, match="G dividing 32"):
-    cu.unpack(p.codes, jnp.ones((p.codes.shape[0] * 64, 128), jnp.bfloat16), base,
+    cu.unpack(p.codes, jnp.ones((p.codes.shape[0] * 64, 128), jnp.bfloat16), meta,
               kind="e2m1")
+  with pytest.raises(ValueError, match=r"fold_metadata at block_n=32 \(base \(128,\), "
+                                       r"normal \(4, 2\)\)"):
+    cu.unpack(p.codes, p.scales, meta, kind="e2m1", block_n=32)
   with pytest.raises(ValueError, match="Np=128 must be a multiple of block_n=256"):
     cu.unpack(p.codes, kind="int", block_n=256)
+  with pytest.raises(ValueError, match=r"expected \(tiles=3 \* G, Np\)"):
+    cu.fold_metadata(p.scales, tiles=3, real_groups=8)
+  with pytest.raises(ValueError, match="G=3 group rows per K tile must be a power of two"):
+    cu.fold_metadata(jnp.ones((6, 128), jnp.bfloat16), tiles=2, real_groups=6, pallas=True,
+                     interpret=True)
+
+
+def _scale_rows(tiles, g, np_, seed):
+  """Random e8m0 powers of two as the layout's bf16 rows, within 4 octaves per column (the
+  short lane map's blocks) except: the first block's high-base columns 7 / 8 spanning
+  26 octaves (alternating rows), its column 9 at the least e8m0 scale (base -126), a NaN in column 3, and
+  every third tile 25 octaves down in the second block's column 70."""
+  rng = np.random.default_rng(seed)
+  e = rng.integers(0, 4, (tiles * g, np_))
+  even = np.arange(tiles * g) % 2 == 0
+  e[:, 7], e[:, 8] = np.where(even, 126, 100), np.where(even, 100, 126)  # low in every row
+  e[:, 9] = -127  # a bf16 subnormal
+  if np_ > 70:
+    e[::3 * g, 70] = -25
+  s = np.exp2(e.astype(np.float64)).astype(np.float32)
+  s[5, 3] = np.nan
+  return jnp.asarray(s, jnp.bfloat16)
+
+
+@pytest.mark.parametrize("tiles,g,np_,real", [(64, 4, 128, 256), (7, 4, 192, 25),
+                                              (12, 1, 64, 10), (16, 2, 128, 32)])
+def test_fold_metadata_kernel_is_the_reference(tiles, g, np_, real):
+  """Column bases and scales over the real K rows only (padding rows ignored, NaN ->
+  NaN scale), per-block normal flags over every row: the kernel in the interpreter
+  equals the XLA reference (chunks of 16 / 1 / 4 / 16 tiles)."""
+  scales = _scale_rows(tiles, g, np_, seed=tiles + np_)
+  want = cu.fold_metadata(scales, tiles=tiles, real_groups=real)
+  got = cu.fold_metadata(scales, tiles=tiles, real_groups=real, pallas=True, interpret=True)
+  for w, h in zip(want, got):
+    assert w.shape == h.shape and w.dtype == h.dtype
+    np.testing.assert_array_equal(np.asarray(h), np.asarray(w))
+  normal = np.asarray(want.normal)
+  assert np.isnan(np.asarray(want.col_scale)[3]) == (real > 5)
+  assert int(np.asarray(want.base)[9]) == -126 and not normal[0].any()
+  if np_ > 70:  # the second block: short map except in every third tile
+    assert normal[1].any() and not normal[1].all() and normal[2:].all()
+  e = np.array(cu.scale_exponents(scales))[:real]
+  e[np.isnan(np.asarray(scales, np.float32))[:real]] = -1000
+  np.testing.assert_array_equal(np.asarray(want.base)[np.arange(np_) != 3],
+                                np.maximum(e.max(0) - 6, -126)[np.arange(np_) != 3])
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("wide", [False, True])
 def test_unpack_gpu(wide):
-  """The kernels on the H200, bit-equal to the XLA reference at 8192 x 4096."""
+  """The kernels on the H200 (the fold's metadata, its unpack, the int4 unpack), equal to
+  the XLA reference at 8192 x 4096."""
   p = params("w4a8-mxfp4", 8192, 4096, seed=4, wide=wide)
+  for w, h in zip(jax.jit(wm.mx_fold_metadata)(p),
+                  jax.jit(lambda p: wm.mx_fold_metadata(p, pallas=True))(p)):
+    np.testing.assert_array_equal(np.asarray(h), np.asarray(w))
   want = bits(jax.jit(wm.mx_fold_codes)(p))
   got = bits(jax.jit(lambda p: wm.mx_fold_codes(p, pallas=True))(p))
   np.testing.assert_array_equal(got, want)

@@ -239,6 +239,12 @@ def test_mx_fold_prefill_lowers_for_h200():
   text = lower_for_h200(wnam_mgpu.run, p, x)  # run()'s default route: the fold, no branch
   assert "custom_call" in text and "stablehlo.case" not in text
   assert "carrier_unpack_e2m1" in text  # the fold on the Pallas-Triton unpack
+  assert "carrier_unpack_fold_metadata" in text  # its metadata kernel
+  from humming_jax.kernels import carrier_unpack
+  scales = jax.ShapeDtypeStruct((112 * 4, 4096), jnp.bfloat16)  # K = 14336: 7 chunks
+  text = lower_for_h200(lambda s: carrier_unpack.fold_metadata(
+      s, tiles=112, real_groups=448, pallas=True), scales)
+  assert "carrier_unpack_fold_metadata" in text
 
 
 def test_carrier_unpack_lowers_for_h200():

@@ -25,6 +25,7 @@ layouts (interpreter and H200).
 from __future__ import annotations
 
 import functools
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -115,10 +116,14 @@ def e2m1_e4m3_lanes(x: jax.Array, shift: jax.Array | int = 0, *,
   return code | ((sg & _ge(code, 1)) << 7)  # a code rounded to zero drops its sign
 
 
+_NAN_EXPONENT = 128  # scale_exponents of NaN (the field 255)
+
+
 def scale_exponents(scales: jax.Array) -> jax.Array:
   """bfloat16 powers of two (the layout's e8m0 group scales) -> their int32 exponents,
   off the bits: the exponent field - 127; the one bf16 subnormal an e8m0 scale can be
-  (2**-127) -> -127, as is a zero (2**-127 flushed); NaN (e8m0 code 255) -> 128.  The
+  (2**-127) -> -127, as is a zero (2**-127 flushed); NaN (e8m0 code 255) -> 128
+  (_NAN_EXPONENT).  The
   fold's XLA reference and this kernel both read the exponents through here."""
   if scales.dtype != jnp.bfloat16:
     raise ValueError(f"scales: expected the layout's bfloat16 powers of two; got "
@@ -133,6 +138,99 @@ def fold_shifts(exponents: jax.Array, base: jax.Array) -> jax.Array:
   return jnp.clip(exponents - base, *SHIFT_RANGE)
 
 
+def fold_base(emax: jax.Array) -> jax.Array:
+  """A column's largest group exponent -> its base B: the largest shift is then
+  SHIFT_RANGE's top (6 x 2**6 = 384 <= 448), and B >= -126 keeps 2**B a float32 normal."""
+  return jnp.maximum(emax - SHIFT_RANGE[1], -126)
+
+
+class FoldMetadata(NamedTuple):
+  """What the MXFP4 fold reads per call besides the codes, from the scale rows alone."""
+  base: jax.Array  # (Np,) int32 column bases B (fold_base over the K rows that exist)
+  col_scale: jax.Array  # (Np,) float32 2**B; NaN for a column with a NaN group scale
+  normal: jax.Array  # (Np / block_n, Kp / bk) int32: 1 where the block's shifts are all
+  #                    >= _NORMAL_SHIFT (no e4m3 subnormal result: the short lane map)
+
+
+def fold_metadata(scales: jax.Array, *, tiles: int, real_groups: int, block_n: int = 64,
+                  pallas: bool = False, interpret: bool = False) -> FoldMetadata:
+  """:class:`FoldMetadata` of (tiles * G, Np) bfloat16 power-of-two group scales (the
+  layout's MXFP4 scale rows, G per K tile; rows from ``real_groups`` pad K).  ``pallas``:
+  one Pallas-Triton pass over the rows (H200 session 18: XLA's four fusions of this
+  reference took ~11 us per call at 8192^2, its column reduction 6.4 of them)."""
+  tg, np_ = scales.shape
+  if tiles <= 0 or tg % tiles or np_ % block_n or not 0 < real_groups <= tg:
+    raise ValueError(f"scales {scales.shape}: expected (tiles={tiles} * G, Np) with Np a "
+                     f"multiple of block_n={block_n}, and 0 < real_groups={real_groups} "
+                     f"<= {tg}")
+  if pallas:
+    return _fold_metadata_pallas(scales, tiles=tiles, real_groups=real_groups,
+                                 block_n=block_n, interpret=interpret)
+  e = scale_exponents(scales)
+  real = e[:real_groups]
+  base = fold_base(real.max(axis=0))
+  nan = jnp.any(real == _NAN_EXPONENT, axis=0)
+  low = (e.reshape(tiles, tg // tiles, np_ // block_n, block_n)
+         - base.reshape(np_ // block_n, block_n)).min(axis=(1, 3))
+  return FoldMetadata(base, jnp.where(nan, jnp.nan, formats.exp2_int(base)),
+                      (low >= _NORMAL_SHIFT).astype(jnp.int32).T)
+
+
+def _metadata_kernel(s_ref, base_ref, scale_ref, normal_ref, *, chunk: int,
+                     real_groups: int):
+  tiles, g, _ = s_ref.shape
+  starts = range(0, tiles, chunk)
+
+  def exponents(t0):  # (chunk, G, bn) int32, and which rows are real K groups
+    e = scale_exponents(s_ref[pl.ds(t0, chunk), :, :])
+    row = ((jax.lax.broadcasted_iota(jnp.int32, e.shape, 0) + t0) * g
+           + jax.lax.broadcasted_iota(jnp.int32, e.shape, 1))
+    return e, row < real_groups
+
+  def col_max(v):  # over the chunk's tiles and groups -> (bn,)
+    return jnp.max(jnp.max(v, axis=0), axis=0)
+
+  emax = nan = None
+  for t0 in starts:
+    e, real = exponents(t0)
+    m = col_max(jnp.where(real, e, -1024))
+    n = col_max(jnp.where(real & (e == _NAN_EXPONENT), 1, 0))
+    emax, nan = (m, n) if emax is None else (jnp.maximum(emax, m), jnp.maximum(nan, n))
+  base = fold_base(emax)
+  base_ref[...] = base
+  scale_ref[...] = jnp.where(nan > 0, jnp.nan, formats.exp2_int(base))
+  for t0 in starts:  # the rows again (from L2) for each tile's least shift
+    e, _ = exponents(t0)
+    # min as -max(-x): one reduction kind throughout
+    low = -jnp.max(jnp.max(base[None, None, :] - e, axis=2), axis=1)  # (chunk,)
+    normal_ref[pl.ds(t0, chunk)] = (low >= _NORMAL_SHIFT).astype(jnp.int32)
+
+
+def _fold_metadata_pallas(scales, *, tiles, real_groups, block_n, interpret):
+  tg, np_ = scales.shape
+  g = tg // tiles
+  if g & (g - 1):
+    raise ValueError(f"scales: G={g} group rows per K tile must be a power of two")
+  chunk = 1
+  while chunk < 16 and tiles % (2 * chunk) == 0:
+    chunk *= 2
+  base, col_scale, normal = pl.pallas_call(
+      functools.partial(_metadata_kernel, chunk=chunk, real_groups=real_groups),
+      out_shape=(jax.ShapeDtypeStruct((np_,), jnp.int32),
+                 jax.ShapeDtypeStruct((np_,), jnp.float32),
+                 jax.ShapeDtypeStruct((np_ // block_n, tiles), jnp.int32)),
+      grid=(np_ // block_n,),
+      in_specs=[pl.BlockSpec((tiles, g, block_n), lambda i: (0, 0, i))],
+      out_specs=(pl.BlockSpec((block_n,), lambda i: (i,)),
+                 pl.BlockSpec((block_n,), lambda i: (i,)),
+                 pl.BlockSpec((None, tiles), lambda i: (i, 0))),
+      compiler_params=plt.CompilerParams(num_warps=4, num_stages=1),
+      interpret=interpret,
+      name="carrier_unpack_fold_metadata",
+  )(scales.reshape(tiles, g, np_))
+  return FoldMetadata(base, col_scale, normal)
+
+
 def _kernel(*refs, kind: str):
   codes_ref, *fold_refs, out_ref = refs
   x = spread_nibbles(codes_ref[...].astype(jnp.uint32))  # (bn, G, h) words of 4 codes
@@ -145,54 +243,52 @@ def _kernel(*refs, kind: str):
     # (G, bn) group scales of this K tile -> (bn, G, 1) shifts: one per group of codes
     s = fold_shifts(scale_exponents(scales_ref[...]), base_ref[...][None, :]).T[:, :, None]
     out_ref[...] = jax.lax.cond(
-        normal_ref[0] != 0,  # every shift of the block >= _NORMAL_SHIFT (from XLA)
+        normal_ref[0] != 0,  # every shift of the block >= _NORMAL_SHIFT (fold_metadata)
         lambda x, s: e2m1_e4m3_lanes(x, s, subnormals=False),
         lambda x, s: e2m1_e4m3_lanes(x, s), x, s)
 
 
 @functools.partial(jax.jit, static_argnames=("kind", "block_n", "interpret"))
-def unpack(codes: jax.Array, scales: jax.Array | None = None, base: jax.Array | None = None,
-           *, kind: str, block_n: int = 64, interpret: bool = False) -> jax.Array:
+def unpack(codes: jax.Array, scales: jax.Array | None = None,
+           meta: FoldMetadata | None = None, *, kind: str, block_n: int = 64,
+           interpret: bool = False) -> jax.Array:
   """(Kp / bk, Np, bk) int4 codes -> (Np, Kp) float8_e4m3fn, K-major.
 
   ``kind="int"``: the codes are integers (-8 .. 7).  ``kind="e2m1"``: e2m1 bit patterns;
   with ``scales`` ((Kp / bk) * G, Np) bfloat16 powers of two, one per group of bk / G
-  codes along K (the layout's MXFP4 scale rows), and ``base`` (Np,) int32, each value
-  times 2**(E - B) (``fold_shifts``: the MXFP4 fold; None: no shift).  The kernel reads
-  the shifts off the scale rows itself; here XLA reduces the rows to one "all normal"
-  flag per block (the caller's column reduction gives ``base``)."""
+  codes along K (the layout's MXFP4 scale rows), and their ``meta``
+  (:func:`fold_metadata` at this ``block_n``), each value times 2**(E - B)
+  (``fold_shifts``: the MXFP4 fold; None: no shift).  The kernel reads the shifts off the
+  scale rows itself."""
   if codes.ndim != 3 or codes.dtype != jnp.int4:
     raise ValueError(f"codes: expected (Kp / bk, Np, bk) int4; got {codes.shape} "
                      f"{codes.dtype}")
   if kind not in ("int", "e2m1"):
     raise ValueError(f"kind={kind!r}: expected 'int' or 'e2m1'")
-  if (scales is None) != (base is None):
-    raise ValueError("scales and base: pass both (the fold) or neither")
+  if (scales is None) != (meta is None):
+    raise ValueError("scales and meta: pass both (the fold) or neither")
   if scales is not None and kind != "e2m1":
     raise ValueError("scales: only for kind='e2m1'")
   t, np_, bk = codes.shape
-  g = 1 if scales is None else scales.shape[0] // t
-  if scales is not None and (g == 0 or scales.shape != (t * g, np_) or bk % (4 * g)
-                             or base.shape != (np_,)):
-    raise ValueError(f"scales, base: expected ({t} * G, {np_}) with G dividing {bk // 4}, "
-                     f"and ({np_},); got {scales.shape}, {base.shape}")
   if np_ % block_n:
     raise ValueError(f"codes: Np={np_} must be a multiple of block_n={block_n}")
+  g = 1 if scales is None else scales.shape[0] // t
+  if scales is not None and (g == 0 or scales.shape != (t * g, np_) or bk % (4 * g)
+                             or meta.base.shape != (np_,)
+                             or meta.normal.shape != (np_ // block_n, t)):
+    raise ValueError(f"scales, meta: expected ({t} * G, {np_}) scales with G dividing "
+                     f"{bk // 4}, and fold_metadata at block_n={block_n} (base ({np_},), "
+                     f"normal ({np_ // block_n}, {t})); got {scales.shape}, "
+                     f"{meta.base.shape}, {meta.normal.shape}")
   h = bk // 4 // g  # 16-bit runs of four codes per group
   runs = jax.lax.bitcast_convert_type(codes.reshape(t, np_, bk // 4, 4), jnp.uint16)
   operands = [runs.reshape(t, np_, g, h)]
   in_specs = [pl.BlockSpec((None, block_n, g, h), lambda kb, i: (kb, i, 0, 0))]
   if scales is not None:
-    base = base.astype(jnp.int32)
-    # Per block: no subnormal result possible, so the short lane map is exact (a reduction
-    # here, not in the kernel: Pallas-Triton's in-kernel min did not lower under the
-    # lowering test's abstract mesh).  The one pass over the scale rows XLA makes per call.
-    e = scale_exponents(scales).reshape(t, g, np_ // block_n, block_n)
-    low = (e - base.reshape(np_ // block_n, block_n)).min(axis=(1, 3))
-    operands += [scales.reshape(t, g, np_), base, (low >= _NORMAL_SHIFT).astype(jnp.int32)]
+    operands += [scales.reshape(t, g, np_), meta.base.astype(jnp.int32), meta.normal]
     in_specs += [pl.BlockSpec((None, g, block_n), lambda kb, i: (kb, 0, i)),
                  pl.BlockSpec((block_n,), lambda kb, i: (i,)),
-                 pl.BlockSpec((None, 1), lambda kb, i: (kb, i))]
+                 pl.BlockSpec((None, 1), lambda kb, i: (i, kb))]
   out = pl.pallas_call(
       functools.partial(_kernel, kind=kind),
       out_shape=jax.ShapeDtypeStruct((np_, t, g, h), jnp.uint32),

@@ -196,7 +196,7 @@ def _mx_fold_exponents(params: QuantizedWeight) -> tuple[jax.Array, jax.Array, j
   6 - MX_FOLD_SPAN: no value rounds (a scalar bool array)."""
   e = carrier_unpack.scale_exponents(params.scales)
   real = e[:_real_groups(params)]
-  base = jnp.maximum(real.max(axis=0) - 6, -126)
+  base = carrier_unpack.fold_base(real.max(axis=0))
   return e, base, jnp.all(real - base[None] >= 6 - MX_FOLD_SPAN)
 
 
@@ -214,14 +214,23 @@ def run_prefill_mx_fold(params: QuantizedWeight, x: jax.Array, *, interpret: boo
   if x.dtype not in map(jnp.dtype, w8a8_mgpu.OUT_DTYPES):
     raise ValueError(f"x.dtype={x.dtype}: the 8-bit GEMM takes bfloat16 / float16")
   t, np_, bk = params.codes.shape
-  col_scale, _ = mx_fold_column_scales(params)
+  meta = mx_fold_metadata(params, pallas=PALLAS_UNPACK, interpret=interpret)
   folded = params.replace(spec=dataclasses.replace(spec, weight="fp8_e4m3",
                                                    granularity="channel",
                                                    scale_dtype="float32"))
   return w8a8.gemm_8bit(x, folded, lambda _: mx_fold_codes(params, pallas=PALLAS_UNPACK,
-                                                          interpret=interpret),
-                        col_scale.reshape(1, np_), kp=t * bk, np_=np_, config=config,
+                                                          interpret=interpret, meta=meta),
+                        meta.col_scale.reshape(1, np_), kp=t * bk, np_=np_, config=config,
                         interpret=interpret)
+
+
+def mx_fold_metadata(params: QuantizedWeight, *, pallas: bool = False,
+                     interpret: bool = False) -> carrier_unpack.FoldMetadata:
+  """The fold's per-call metadata off the layout's scale rows (column bases and scales,
+  per-block normal flags): ``carrier_unpack.fold_metadata``, ``pallas``: its kernel."""
+  return carrier_unpack.fold_metadata(params.scales, tiles=params.codes.shape[0],
+                                      real_groups=_real_groups(params), pallas=pallas,
+                                      interpret=interpret)
 
 
 def mx_fold_column_scales(params: QuantizedWeight) -> tuple[jax.Array, jax.Array]:
@@ -229,9 +238,7 @@ def mx_fold_column_scales(params: QuantizedWeight) -> tuple[jax.Array, jax.Array
   column's exponents within MX_FOLD_SPAN octaves).  A column with a NaN group scale (e8m0
   code 255) gets a NaN scale: its outputs are NaN, as the reference's are (its folded
   codes are not meaningful)."""
-  _, base, exact = _mx_fold_exponents(params)
-  nan = jnp.any(jnp.isnan(params.scales[:_real_groups(params)]), axis=0)
-  return jnp.where(nan, jnp.nan, formats.exp2_int(base)), exact
+  return mx_fold_metadata(params).col_scale, _mx_fold_exponents(params)[2]
 
 
 def mx_fold_shifts(params: QuantizedWeight) -> jax.Array:
@@ -244,15 +251,18 @@ def mx_fold_shifts(params: QuantizedWeight) -> jax.Array:
 
 
 def mx_fold_codes(params: QuantizedWeight, *, pallas: bool = False,
-                  interpret: bool = False) -> jax.Array:
+                  interpret: bool = False,
+                  meta: carrier_unpack.FoldMetadata | None = None) -> jax.Array:
   """(Np, Kp) e4m3 codes of e2m1 x 2**(E - B): the weight over its column scale, exact
   for groups up to MX_FOLD_SPAN octaves under the column's largest, rounded to the
   nearest e4m3 subnormal further below.  ``pallas``: the Pallas-Triton unpack
   (``carrier_unpack``, which reads the shifts off the scale rows); else this XLA
-  reference through the formats' decode / encode."""
+  reference through the formats' decode / encode.  ``meta``: the Pallas unpack's
+  :func:`mx_fold_metadata`, when the caller has it (default: from its kernel)."""
   if pallas:
-    _, base, _ = _mx_fold_exponents(params)
-    return carrier_unpack.unpack(params.codes, params.scales, base, kind="e2m1",
+    if meta is None:
+      meta = mx_fold_metadata(params, pallas=True, interpret=interpret)
+    return carrier_unpack.unpack(params.codes, params.scales, meta, kind="e2m1",
                                  interpret=interpret)
   shift = mx_fold_shifts(params)
   t, np_, bk = params.codes.shape
