@@ -159,10 +159,12 @@ def _scale_rows(tiles, g, np_, seed):
 
 @pytest.mark.parametrize("tiles,g,np_,real", [(64, 4, 128, 256), (7, 4, 192, 25),
                                               (12, 1, 64, 10), (16, 2, 128, 32)])
-def test_fold_metadata_kernel_is_the_reference(tiles, g, np_, real):
+@pytest.mark.parametrize("hold", [False, True])
+def test_fold_metadata_kernel_is_the_reference(tiles, g, np_, real, hold, monkeypatch):
   """Column bases and scales over the real K rows only (padding rows ignored, NaN ->
   NaN scale), per-block normal flags over every row: the kernel in the interpreter
   equals the XLA reference (chunks of 16 / 1 / 4 / 16 tiles)."""
+  monkeypatch.setattr(cu, "METADATA_HOLD", hold)
   scales = _scale_rows(tiles, g, np_, seed=tiles + np_)
   want = cu.fold_metadata(scales, tiles=tiles, real_groups=real)
   got = cu.fold_metadata(scales, tiles=tiles, real_groups=real, pallas=True, interpret=True)

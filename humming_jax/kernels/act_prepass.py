@@ -3,12 +3,12 @@ W8A8 family's 8-bit GEMMs at prefill (``w8a8.act_operands`` when ``FUSED_PREPASS
 
 XLA makes the pre-pass two fusions: a row reduction (amax) that reads x, then the
 scale-divide-convert that reads x again and writes the carrier codes.  H200 session 18,
-M = 4096, K = 8192 (64 MB of bf16 x): 17.1 + 42 us per layer with one fp8 convert
+M = 4096, K = 8192 (64 MB of bf16 x): 17.2 + 41.8 us per layer with one fp8 convert
 (``quantize.kernel_activations``).  Here one program owns ``BLOCK_ROWS`` rows.  Up to
 ``MAX_HELD_K`` columns it loads them once, in K chunks held in registers, for the amax and
-then the codes: HBM sees x once and the codes once (96 MB, ~24 us at 4 TB/s).  Wider rows
-are read a second time (from L2: the rows in flight over all SMs are a few MB); session
-18 timed that form at 44 us (M = 4096) and 10.4 us (M = 1024).
+then the codes: HBM sees x once and the codes once (32.8 us, 3.07 TB/s).  Wider rows are
+read a second time, from L2 (K = 14336: 64.0 us).  Variants: ``benchmarks/
+probe_act_prepass.py``, NOTES.md v20.
 
 The semantics are ``quantize_activations``'s for per-token float32 scales: scale =
 amax / qmax (1 where the row is all zero), NaN where the row holds NaN / inf, values

@@ -176,8 +176,15 @@ def fold_metadata(scales: jax.Array, *, tiles: int, real_groups: int, block_n: i
                       (low >= _NORMAL_SHIFT).astype(jnp.int32).T)
 
 
+# fold_metadata's kernel: tiles per load (a power of two dividing the tile count, at most
+# this), warps, and whether the first pass's exponents are held for the second.
+METADATA_CHUNK = 16
+METADATA_WARPS = 4
+METADATA_HOLD = False
+
+
 def _metadata_kernel(s_ref, base_ref, scale_ref, normal_ref, *, chunk: int,
-                     real_groups: int):
+                     real_groups: int, hold: bool):
   tiles, g, _ = s_ref.shape
   starts = range(0, tiles, chunk)
 
@@ -191,16 +198,19 @@ def _metadata_kernel(s_ref, base_ref, scale_ref, normal_ref, *, chunk: int,
     return jnp.max(jnp.max(v, axis=0), axis=0)
 
   emax = nan = None
+  held = {}
   for t0 in starts:
     e, real = exponents(t0)
+    if hold:
+      held[t0] = e
     m = col_max(jnp.where(real, e, -1024))
     n = col_max(jnp.where(real & (e == _NAN_EXPONENT), 1, 0))
     emax, nan = (m, n) if emax is None else (jnp.maximum(emax, m), jnp.maximum(nan, n))
   base = fold_base(emax)
   base_ref[...] = base
   scale_ref[...] = jnp.where(nan > 0, jnp.nan, formats.exp2_int(base))
-  for t0 in starts:  # the rows again (from L2) for each tile's least shift
-    e, _ = exponents(t0)
+  for t0 in starts:  # the rows again (held, or from L2) for each tile's least shift
+    e = held[t0] if hold else exponents(t0)[0]
     # min as -max(-x): one reduction kind throughout
     low = -jnp.max(jnp.max(base[None, None, :] - e, axis=2), axis=1)  # (chunk,)
     normal_ref[pl.ds(t0, chunk)] = (low >= _NORMAL_SHIFT).astype(jnp.int32)
@@ -212,10 +222,11 @@ def _fold_metadata_pallas(scales, *, tiles, real_groups, block_n, interpret):
   if g & (g - 1):
     raise ValueError(f"scales: G={g} group rows per K tile must be a power of two")
   chunk = 1
-  while chunk < 16 and tiles % (2 * chunk) == 0:
+  while chunk < METADATA_CHUNK and tiles % (2 * chunk) == 0:
     chunk *= 2
   base, col_scale, normal = pl.pallas_call(
-      functools.partial(_metadata_kernel, chunk=chunk, real_groups=real_groups),
+      functools.partial(_metadata_kernel, chunk=chunk, real_groups=real_groups,
+                        hold=METADATA_HOLD),
       out_shape=(jax.ShapeDtypeStruct((np_,), jnp.int32),
                  jax.ShapeDtypeStruct((np_,), jnp.float32),
                  jax.ShapeDtypeStruct((np_ // block_n, tiles), jnp.int32)),
@@ -224,7 +235,7 @@ def _fold_metadata_pallas(scales, *, tiles, real_groups, block_n, interpret):
       out_specs=(pl.BlockSpec((block_n,), lambda i: (i,)),
                  pl.BlockSpec((block_n,), lambda i: (i,)),
                  pl.BlockSpec((None, tiles), lambda i: (i, 0))),
-      compiler_params=plt.CompilerParams(num_warps=4, num_stages=1),
+      compiler_params=plt.CompilerParams(num_warps=METADATA_WARPS, num_stages=1),
       interpret=interpret,
       name="carrier_unpack_fold_metadata",
   )(scales.reshape(tiles, g, np_))

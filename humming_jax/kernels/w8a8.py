@@ -427,9 +427,10 @@ def kernel_dims(params: QuantizedWeight, plan: Plan, block_k: int | None = None
 
 
 # The one-pass Pallas-Triton pre-pass (kernels/act_prepass.py) for per-token specs at
-# prefill, instead of XLA's two fusions (amax, then scale and convert).  H200 session 18,
-# 8192^2 per layer: W8A8 fp8 445.3 -> 425.2 us at M = 4096, 121.4 -> 116.1 at M = 1024;
-# W4A8 MXFP4 472.0 -> 449.8 and 166.7 -> 153.8 (the pre-pass 59 -> 44 us, 16 -> 10).
+# prefill, instead of XLA's two fusions (amax, then scale and convert).  H200 session 18
+# (call 6), 8192^2 per layer, same run: W8A8 fp8 437.5 -> 426.4 us at M = 4096, int8
+# 414.1 -> 395.0; W4A8 MXFP4 467.7 -> 441.5 and 166.1 -> 151.1 at M = 1024 (the pre-pass
+# 59 -> 32.5 us, 17 -> 9.3).
 FUSED_PREPASS = True
 FUSED_PREPASS_MIN_M = 512
 
