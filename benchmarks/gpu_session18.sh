@@ -38,6 +38,15 @@ s_fold() {
     --json "$OUT/dense_fold.json" > "$OUT/dense_fold.log" 2>&1
   grep -E "^8192|rror" "$OUT/dense_fold.log" | cut -c1-330
 }
-s_moe() { bash "$(dirname "$0")/gpu_session_next.sh" moe; }
+s_moe() {  # session 17's queued MoE rows (run as call 6)
+  T 120 python3 benchmarks/bench_moe.py --shapes qwen3-30b-a3b-down --tokens 1,64 \
+    --specs w4a16-g128-zp --humming --no-baselines --chain resident --span --calls 20 \
+    --repeats 2 --json "$OUT/moe_w4a16.json" > "$OUT/moe_w4a16.log" 2>&1
+  grep -E "T=|rror" "$OUT/moe_w4a16.log" | cut -c1-300
+  T 120 python3 benchmarks/bench_moe.py --shapes deepseek-v3-down --tokens 1,64 \
+    --specs w4a8-mxfp4 --humming --no-baselines --chain resident --span --calls 20 \
+    --repeats 2 --json "$OUT/moe_w4a8.json" > "$OUT/moe_w4a8.log" 2>&1
+  grep -E "T=|rror" "$OUT/moe_w4a8.log" | cut -c1-300
+}
 for s in "$@"; do step "$s"; "s_$s"; done
 step done
