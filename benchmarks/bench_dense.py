@@ -216,7 +216,7 @@ def main(argv=None):
             row["humming_error"] = f"{type(e).__name__}: {str(e)[:200]}"
         rows.append(row)
         print_row(row, flush=True)
-        if args.xla_prepass and one_pass_applies(spec_name, m):
+        if args.xla_prepass and prepass_kernel_applies(spec_name, m):
           rows.append(xla_prepass_row(spec_name, k, n, m, ws, x, args, shape_name))
           print_row(rows[-1], flush=True)
   payload = {"info": info, "method": "%s chain of %d distinct layers per jitted call (%s), "
@@ -233,8 +233,9 @@ def main(argv=None):
            device=info["device"])
 
 
-def one_pass_applies(spec_name: str, m: int) -> bool:
-  """The spec's prefill pre-pass can take the one-pass kernel at this M."""
+def prepass_kernel_applies(spec_name: str, m: int) -> bool:
+  """The spec's prefill pre-pass can take the one-pass kernel at this M (so an
+  ``+xla-prepass`` row differs from the default)."""
   from humming_jax.kernels import act_prepass, w8a8  # noqa: PLC0415
   spec = hj.QuantSpec.preset(spec_name)
   return act_prepass.supports(spec) and m >= w8a8.FUSED_PREPASS_MIN_M
@@ -245,14 +246,14 @@ def xla_prepass_row(spec_name, k, n, m, ws, x, args, shape_name) -> dict:
   of the one-pass Pallas-Triton pre-pass), as the row ``<spec>+xla-prepass``."""
   from humming_jax.kernels import w8a8  # noqa: PLC0415
   row = {"shape": shape_name, "K": k, "N": n, "M": m, "spec": spec_name + "+xla-prepass"}
-  w8a8.FUSED_PREPASS = False
+  fused, w8a8.FUSED_PREPASS = w8a8.FUSED_PREPASS, False
   try:
     res, _ = bench_point(spec_name, k, n, m, ws, x, calls=args.calls, repeats=args.repeats)
     row.update(res)
   except Exception as e:  # noqa: BLE001 - reported in the row
     row["error"] = f"{type(e).__name__}: {str(e)[:300]}"
   finally:
-    w8a8.FUSED_PREPASS = True
+    w8a8.FUSED_PREPASS = fused
   return row
 
 

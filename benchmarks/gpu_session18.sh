@@ -2,7 +2,8 @@
 # Session 18's device calls after the queue of session 17 (gpu_session_next.sh) ran as
 # calls 1 and 3.  Usage: gpu_session18.sh STEP...  Carry: [".whl"].
 #   prepass: the one-pass pre-pass by variant (rows held in registers / re-read, rows per
-#      program, warps) against XLA's fusions, bit-equality checked per variant.
+#      program, warps), each variant's codes compared with a baseline (as run in call 5 the
+#      baseline was the kernel itself, not XLA's fusions; the probe is fixed since).
 #   tests: with FUSED_PREPASS on by default -- the pre-pass GPU test, the W4A8 / W8A8
 #      prefill routes and the MXFP4 fold tests (fixed after call 2).
 #   dense: W4A8 MXFP4 and W8A8 fp8 / int8 at M = 1024 / 4096 with Humming and the XLA

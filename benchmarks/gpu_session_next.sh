@@ -1,15 +1,17 @@
 #!/usr/bin/env bash
 # The next device calls, prepared 2026-11-30 at the end of session 18 (its calls:
-# benchmarks/results/2026-11-30-session18).  About 8 minutes: `gpu_session_next.sh`.
+# benchmarks/results/2026-11-30-session18).  Two calls (each step's timeouts sum under
+# 600 s): `gpu_session_next.sh metadata moe`, then `gpu_session_next.sh dense`.
 #   metadata: carrier_unpack.fold_metadata's kernel by variant (tiles per load, warps,
 #      exponents held between its passes; probe_fold_metadata.py) -- 7.9 us at 8192^2 as
-#      built, predicted ~3 (4 MB); set METADATA_* to the fastest and re-run its tests.
+#      built, predicted ~3 (4 MB) -- then its GPU tests at the defaults.  If a variant
+#      wins, set METADATA_* and re-run the tests in the next call.
 #   dense: W4A8 int4 -> fp8 at M = 1024 / 4096 with the final pre-pass form (session 18
 #      timed it only with the 4-row form), and W8A8 / W4A8 at M = 1 / 16 (issue 4's
 #      <= 20 / <= 12 us decode targets, last timed with one shared x).
 #   moe: DeepSeek-V3 gate_up
 #      W4A16 and W4A8 MXFP4 at 1 / 64 tokens with spans (session 17's rows, re-measured).
-# Usage: gpu_session_next.sh [STEP...]  (default: all, in order).  Carry: [".whl"].
+# Usage: gpu_session_next.sh [STEP...]  (default: metadata moe).  Carry: [".whl"].
 source "$(dirname "$0")/gpu_env.sh"
 T() { local t=$1; shift; timeout -k 5 -s INT "$t" "$@"; }
 s_metadata() {
@@ -38,5 +40,5 @@ s_moe() {
     grep -E "T=|rror" "$OUT/moe_$spec.log" | cut -c1-300
   done
 }
-for s in ${@:-metadata dense moe}; do step "$s"; "s_$s"; done
+for s in ${@:-metadata moe}; do step "$s"; "s_$s"; done
 step done

@@ -24,7 +24,14 @@ def main():
   want = ref(scales)
   t = common.kernel_times(ref, (scales,))
   print(f"K={a.k} N={a.n} XLA: {sum(t.values()):6.1f} us {({n: round(v, 1) for n, v in t.items()})}")
+  seen = set()
   for chunk, warps, hold in itertools.product((8, 16, 64), (4, 8), (False, True)):
+    used = 1
+    while used < chunk and tiles % (2 * used) == 0:  # the kernel's chunk for these tiles
+      used *= 2
+    if (used, warps, hold) in seen:
+      continue
+    seen.add((used, warps, hold))
     cu.METADATA_CHUNK, cu.METADATA_WARPS, cu.METADATA_HOLD = chunk, warps, hold
     f = jax.jit(lambda s: cu._fold_metadata_pallas(s, tiles=tiles, real_groups=tiles * g,
                                                     block_n=64, interpret=False))
@@ -33,7 +40,7 @@ def main():
       same = all(np.array_equal(np.asarray(x), np.asarray(y), equal_nan=True)
                  for x, y in zip(got, want))
       us = sum(common.kernel_times(f, (scales,)).values())
-      print(f"K={a.k} chunk={chunk:2d} warps={warps} hold={hold!s:5}: {us:6.2f} us  equal {same}")
+      print(f"K={a.k} chunk={used:2d} warps={warps} hold={hold!s:5}: {us:6.2f} us  equal {same}")
     except Exception as ex:  # noqa: BLE001 - a variant that does not compile is a result
       print(f"chunk={chunk} warps={warps} hold={hold}: {type(ex).__name__} {str(ex)[:200]}")
 

@@ -257,10 +257,11 @@ def test_carrier_unpack_lowers_for_h200():
 
 
 @pytest.mark.parametrize("name", ["w8a8-fp8", "w8a8-int8", "w4a8-mxfp4"])
-@pytest.mark.parametrize("k", [8192, 7168])
+@pytest.mark.parametrize("k", [8192, 7168, 14336])
 def test_act_prepass_lowers_for_h200(name, k):
   """The one-pass activation pre-pass (w8a8.FUSED_PREPASS, on by default) at the
-  benchmark's prefill rows, K in 2048- and 1024-column chunks."""
+  benchmark's prefill rows: K in 2048- and 1024-column chunks held in registers, and
+  14336 (past MAX_HELD_K) read twice."""
   from humming_jax.kernels import act_prepass
   spec = hj.QuantSpec.preset(name)
   x = jax.ShapeDtypeStruct((4096, k), jnp.bfloat16)

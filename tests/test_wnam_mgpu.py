@@ -440,8 +440,10 @@ def test_fences_of_the_prepared_family_apply(monkeypatch):
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", ["w4a8-mxfp4", "w4a4-nvfp4"])
 def test_prefill_exact_route_gpu(name):
-  """MXFP4 / NVFP4 weights at 8192^2, M = 1024 on this layout against the W8A8 family's
-  exact bf16-operand route (NVFP4: the same numbers; MXFP4 takes the fp8 fold here)."""
+  """MXFP4 / NVFP4 weights at 8192^2, M = 1024: run()'s prefill route on this layout
+  against the W8A8 family's exact bf16-operand route.  NVFP4 takes that route here (the
+  same numbers); MXFP4 takes the fp8 fold (run() then checks the fold's error class
+  against both; the fold's own test: test_mx_fold_prefill_gpu)."""
   from humming_jax.kernels import w8a8
   spec = SPECS[name]
   q, x = make(spec, 1024, 8192, 8192, seed=9)

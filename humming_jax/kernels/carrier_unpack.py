@@ -42,6 +42,7 @@ _E2M1 = formats.get_format("fp4_e2m1")
 # the clip keeps the reference's float32 products normal.
 SHIFT_RANGE = (-20, 6)
 _LANES = 0x01010101  # a one in each byte lane
+BLOCK_N = 64  # columns per program of the unpack, and so of the fold's normal flags
 # The least e2m1 value (2**-1, code 1) times 2**shift is an e4m3 normal from this shift up.
 _NORMAL_SHIFT = 1 - (_E4M3.bias - 1)
 if (_E4M3.bias, _E4M3.mantissa_bits, _E2M1.bias, _E2M1.mantissa_bits) != (7, 3, 1, 1):
@@ -123,8 +124,8 @@ def scale_exponents(scales: jax.Array) -> jax.Array:
   """bfloat16 powers of two (the layout's e8m0 group scales) -> their int32 exponents,
   off the bits: the exponent field - 127; the one bf16 subnormal an e8m0 scale can be
   (2**-127) -> -127, as is a zero (2**-127 flushed); NaN (e8m0 code 255) -> 128
-  (_NAN_EXPONENT).  The
-  fold's XLA reference and this kernel both read the exponents through here."""
+  (_NAN_EXPONENT).  The fold's XLA reference and these kernels read the exponents
+  through here."""
   if scales.dtype != jnp.bfloat16:
     raise ValueError(f"scales: expected the layout's bfloat16 powers of two; got "
                      f"{scales.dtype}")
@@ -152,8 +153,9 @@ class FoldMetadata(NamedTuple):
   #                    >= _NORMAL_SHIFT (no e4m3 subnormal result: the short lane map)
 
 
-def fold_metadata(scales: jax.Array, *, tiles: int, real_groups: int, block_n: int = 64,
-                  pallas: bool = False, interpret: bool = False) -> FoldMetadata:
+def fold_metadata(scales: jax.Array, *, tiles: int, real_groups: int,
+                  block_n: int = BLOCK_N, pallas: bool = False,
+                  interpret: bool = False) -> FoldMetadata:
   """:class:`FoldMetadata` of (tiles * G, Np) bfloat16 power-of-two group scales (the
   layout's MXFP4 scale rows, G per K tile; rows from ``real_groups`` pad K).  ``pallas``:
   one Pallas-Triton pass over the rows (H200 session 18: XLA's four fusions of this
@@ -261,7 +263,7 @@ def _kernel(*refs, kind: str):
 
 @functools.partial(jax.jit, static_argnames=("kind", "block_n", "interpret"))
 def unpack(codes: jax.Array, scales: jax.Array | None = None,
-           meta: FoldMetadata | None = None, *, kind: str, block_n: int = 64,
+           meta: FoldMetadata | None = None, *, kind: str, block_n: int = BLOCK_N,
            interpret: bool = False) -> jax.Array:
   """(Kp / bk, Np, bk) int4 codes -> (Np, Kp) float8_e4m3fn, K-major.
 

@@ -135,7 +135,8 @@ def run(params: QuantizedWeight, x: jax.Array, group_sizes: jax.Array, *,
   # exactly, so there the row blocks must stay in bounds (pad block_m rows).
   row_pad = block_m if interpret else 0
   per_row_sa = spec.act_granularity != "tensor"
-  a, sa = w8a8.act_operands(x, spec, plan, None, rows=m + row_pad, kp=kp, per_row=per_row_sa)
+  a, sa = w8a8.act_operands(x, spec, plan, None, rows=m + row_pad, kp=kp, per_row=per_row_sa,
+                            interpret=interpret)
   gs = grouped_wna16.pow2_experts(group_sizes)  # each program computes its own tile
 
   full = lambda shape: pl.BlockSpec(shape, lambda i, j: (0,) * len(shape))

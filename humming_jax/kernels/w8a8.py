@@ -430,7 +430,7 @@ def kernel_dims(params: QuantizedWeight, plan: Plan, block_k: int | None = None
 # prefill, instead of XLA's two fusions (amax, then scale and convert).  H200 session 18
 # (call 6), 8192^2 per layer, same run: W8A8 fp8 437.5 -> 426.4 us at M = 4096, int8
 # 414.1 -> 395.0; W4A8 MXFP4 467.7 -> 441.5 and 166.1 -> 151.1 at M = 1024 (the pre-pass
-# 59 -> 32.5 us, 17 -> 9.3).
+# 60.6 -> 32.5 us, 16.7 -> 9.3).
 FUSED_PREPASS = True
 FUSED_PREPASS_MIN_M = 512
 
@@ -601,7 +601,8 @@ def run_decode_mgpu(params: QuantizedWeight, x: jax.Array, *, interpret: bool = 
     raise ValueError(f"x.dtype={x.dtype}: expected bfloat16 or float16")
   np_, kp = params.codes.shape
   m = x.shape[0]
-  a, sa = act_operands(x, spec, plan_for(spec), params.act_scale, rows=m, kp=kp)
+  a, sa = act_operands(x, spec, plan_for(spec), params.act_scale, rows=m, kp=kp,
+                       interpret=interpret)
   col = wna16._decode_scale_row(params.scales, spec)  # (1, Np) float32
   if (s2 := _global_scale(params)) is not None:
     col = col * s2
@@ -678,7 +679,8 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
                        f"activation scales; spec {spec.name} has "
                        f"act_granularity={spec.act_granularity!r}")
   if fuse is None:
-    a, sa = act_operands(x, spec, plan, params.act_scale, rows=mp, kp=kp)
+    a, sa = act_operands(x, spec, plan, params.act_scale, rows=mp, kp=kp,
+                         interpret=interpret)
   else:
     a = jnp.pad(x, ((0, mp - m), (0, kp - k)))
     sa = (jnp.asarray(params.act_scale, jnp.float32).reshape(1, 1) if fuse == "tensor"

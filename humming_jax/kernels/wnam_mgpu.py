@@ -161,7 +161,8 @@ MX_FOLD_SPAN = 14
 # The prefill's per-call unpack of 4-bit codes to e4m3 (int4 -> e4m3, the MXFP4 fold) on the
 # Pallas-Triton kernel (kernels/carrier_unpack.py); False: the XLA fusions it is checked
 # against.  H200 session 16, 8192^2: 30.2 / 31.0 us (packed-word arithmetic), XLA 80.7 /
-# 116.1 (ALU-bound: ~25 integer ops per code).
+# 116.1 (ALU-bound: ~25 integer ops per code).  It also picks the fold's metadata kernel
+# (carrier_unpack.fold_metadata: 7.9 us, session 18; XLA's fusions ~11).
 PALLAS_UNPACK = True
 
 
@@ -195,9 +196,8 @@ def _mx_fold_exponents(params: QuantizedWeight) -> tuple[jax.Array, jax.Array, j
   kept >= -126 (2**B a float32 normal), and whether every E - B is at least
   6 - MX_FOLD_SPAN: no value rounds (a scalar bool array)."""
   e = carrier_unpack.scale_exponents(params.scales)
-  real = e[:_real_groups(params)]
-  base = carrier_unpack.fold_base(real.max(axis=0))
-  return e, base, jnp.all(real - base[None] >= 6 - MX_FOLD_SPAN)
+  base = mx_fold_metadata(params).base
+  return e, base, jnp.all(e[:_real_groups(params)] - base[None] >= 6 - MX_FOLD_SPAN)
 
 
 def run_prefill_mx_fold(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
