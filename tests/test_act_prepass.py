@@ -94,15 +94,19 @@ def test_act_operands_takes_it_when_on(monkeypatch):
   spec = QuantSpec.preset("w8a8-fp8")
   plan = w8a8.plan_for(spec)
   x = _x(8, 256, 1)
+  # Traced only (no lowering): the GPU route's jaxpr, and the interpreter's.
   text = str(jax.make_jaxpr(lambda x: w8a8.act_operands(
-      x, spec, plan, None, rows=8, kp=256, interpret=True))(x))
+      x, spec, plan, None, rows=8, kp=256))(x))
   assert "act_prepass_fp8_e4m3" in text
+  interp = str(jax.make_jaxpr(lambda x: w8a8.act_operands(
+      x, spec, plan, None, rows=8, kp=256, interpret=True))(x))
+  assert "act_prepass" not in interp  # the interpreter keeps XLA's pre-pass
   small = str(jax.make_jaxpr(lambda x: w8a8.act_operands(
-      x[:4], spec, plan, None, rows=4, kp=256, interpret=True))(x))
+      x[:4], spec, plan, None, rows=4, kp=256))(x))
   assert "act_prepass" not in small
   monkeypatch.setattr(w8a8, "FUSED_PREPASS", False)
   off = str(jax.make_jaxpr(lambda x: w8a8.act_operands(
-      x, spec, plan, None, rows=8, kp=256, interpret=True))(x))
+      x, spec, plan, None, rows=8, kp=256))(x))
   assert "act_prepass" not in off
 
 

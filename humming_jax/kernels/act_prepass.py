@@ -1,5 +1,6 @@
 """Per-token dynamic activation quantization in one pass over x (Pallas-Triton), for the
-W8A8 family's 8-bit GEMMs at prefill (``w8a8.act_operands`` when ``FUSED_PREPASS``).
+W8A8 family's 8-bit GEMMs at prefill on the GPU (``w8a8.act_operands`` when
+``FUSED_PREPASS``; the CPU interpreter keeps XLA's pre-pass there).
 
 XLA makes the pre-pass two fusions: a row reduction (amax) that reads x, then the
 scale-divide-convert that reads x again and writes the carrier codes.  H200 session 18,

@@ -441,13 +441,15 @@ def act_operands(x: jax.Array, spec: QuantSpec, plan: Plan, act_scale, *, rows: 
   """The pre-pass: activations quantized to the carrier dtype, padded to (rows, kp), and
   their float32 scales, padded to ``rows`` (when ``per_row``; default: more than one scale
   row) by (K groups or 1) columns with 1.0.  The values feed kernel operands only
-  (``act_quant.kernel_operand``: fp8 through one convert; with FUSED_PREPASS, per-token
-  specs from M = FUSED_PREPASS_MIN_M take the one-pass kernel, ``interpret``: in the
-  interpreter)."""
+  (``act_quant.kernel_operand``: fp8 through one convert).  With FUSED_PREPASS, per-token
+  specs from M = FUSED_PREPASS_MIN_M take the one-pass kernel on the GPU.  ``interpret``
+  (the CPU interpreter) keeps XLA's pre-pass, the same values: the interpreted one-pass
+  kernel before the interpreted Mosaic GEMM hung XLA's CPU thread pool in CI (2 cores,
+  session 18); the kernel's own interpreter tests call it directly."""
   m, k = x.shape
-  if (FUSED_PREPASS and m >= FUSED_PREPASS_MIN_M and per_row is not False
+  if (FUSED_PREPASS and not interpret and m >= FUSED_PREPASS_MIN_M and per_row is not False
       and act_prepass.supports(spec) and x.dtype in (jnp.bfloat16, jnp.float16)):
-    return act_prepass.quantize_rows(x, spec, rows=rows, kp=kp, interpret=interpret)
+    return act_prepass.quantize_rows(x, spec, rows=rows, kp=kp)
   qa = act_quant.kernel_operand(x, spec, act_scale, rows=rows, kp=kp)
   a, sa = qa.values, qa.scales
   per_row = sa.shape[0] > 1 if per_row is None else per_row
