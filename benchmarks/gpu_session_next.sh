@@ -5,7 +5,8 @@
 #   metadata: carrier_unpack.fold_metadata's kernel by variant (tiles per load, warps,
 #      exponents held between its passes; probe_fold_metadata.py) -- 7.9 us at 8192^2 as
 #      built, predicted ~3 (4 MB) -- then its GPU tests at the defaults.  If a variant
-#      wins, set METADATA_* and re-run the tests in the next call.
+#      wins, set METADATA_* and re-run the tests in the next call.  Also the one-pass
+#      pre-pass against XLA's codes at K = 8192 (held) and 14336 (read twice).
 #   dense: W4A8 int4 -> fp8 at M = 1024 / 4096 with the final pre-pass form (session 18
 #      timed it only with the 4-row form), and W8A8 / W4A8 at M = 1 / 16 (issue 4's
 #      <= 20 / <= 12 us decode targets, last timed with one shared x).
@@ -18,7 +19,8 @@ s_metadata() {
   for k in 8192 14336; do
     T 80 python3 benchmarks/probe_fold_metadata.py --k $k 2>&1 | grep -E "^K=|rror" | cut -c1-250
   done
-  T 120 python3 -m pytest tests/test_carrier_unpack.py -m gpu -p no:cacheprovider \
+  T 120 python3 -m pytest tests/test_carrier_unpack.py tests/test_act_prepass.py -m gpu \
+    -p no:cacheprovider \
     -o addopts="" --tb=short -rA -W ignore::DeprecationWarning 2>&1 \
     | grep -E "^(FAILED|ERROR)|^E |passed|failed" | cut -c1-300 | tail -8
 }

@@ -144,8 +144,8 @@ def test_refusals():
 def _scale_rows(tiles, g, np_, seed):
   """Random e8m0 powers of two as the layout's bf16 rows, within 4 octaves per column (the
   short lane map's blocks) except: the first block's high-base columns 7 / 8 spanning
-  26 octaves (alternating rows), its column 9 at the least e8m0 scale (base -126), a NaN in column 3, and
-  every third tile 25 octaves down in the second block's column 70; in the last row a
+  26 octaves (alternating rows), its column 9 at the least e8m0 scale (base -126), a NaN
+  in column 3, and every third tile 25 octaves down in the second block's column 70; in the last row a
   high exponent (column 11) and a NaN (column 12)."""
   rng = np.random.default_rng(seed)
   e = rng.integers(0, 4, (tiles * g, np_))

@@ -270,8 +270,8 @@ def test_act_prepass_lowers_for_h200(name, k):
 
 
 def test_prefill_with_the_one_pass_prepass_lowers_for_h200(monkeypatch):
-  """W4A8 MXFP4 and W8A8 fp8 prefill routes with FUSED_PREPASS on (the kernel before the
-  Mosaic GEMM)."""
+  """The W4A8 MXFP4 prefill route with FUSED_PREPASS on (the kernel before the Mosaic
+  GEMM)."""
   from humming_jax.kernels import w8a8, wnam_mgpu
   monkeypatch.setattr(w8a8, "FUSED_PREPASS", True)
   x = jax.ShapeDtypeStruct((4096, 8192), jnp.bfloat16)

@@ -360,8 +360,12 @@ def test_triton_route_prepass_in_the_interpreter():
   XLA's pre-pass (the one-pass kernel is the GPU's; interpret= reaches act_operands), and
   the reference's result."""
   m = w8a8.FUSED_PREPASS_MIN_M
-  spec, w, x, b, q = make("w8a8-fp8", 256, 64, m, seed=11)
+  spec, w, x, b, q = make("w8a8-fp8", 256, 128, m, seed=11)
   p = _prepare(q)
   run = lambda p, x: w8a8.run(p, x, interpret=True, config=tuning.TuningConfig(128, 64, 1))
   assert w8a8.FUSED_PREPASS and "act_prepass" not in str(jax.make_jaxpr(run)(p, x))
   check("w8a8-fp8", q, w, x, b, jax.jit(run)(p, x))
+  # the Mosaic 8-bit GEMM's route (gemm_8bit) likewise, traced only
+  mgpu = lambda p, x: w8a8.run_mgpu(p, x, interpret=True)
+  assert "act_prepass" not in str(jax.make_jaxpr(mgpu)(p, x))
+  assert "act_prepass" in str(jax.make_jaxpr(lambda p, x: w8a8.run_mgpu(p, x))(p, x))

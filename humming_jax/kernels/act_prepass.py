@@ -2,10 +2,10 @@
 W8A8 family's 8-bit GEMMs at prefill on the GPU (``w8a8.act_operands`` when
 ``FUSED_PREPASS``; the CPU interpreter keeps XLA's pre-pass there).
 
-XLA makes the pre-pass two fusions: a row reduction (amax) that reads x, then the
+XLA makes the pre-pass a row reduction (amax) that reads x, a small select, then the
 scale-divide-convert that reads x again and writes the carrier codes.  H200 session 18,
-M = 4096, K = 8192 (64 MB of bf16 x): 17.2 + 41.8 us per layer (and a 1.5 us select) with
-one fp8 convert (``quantize.kernel_activations``).  Here one program owns ``BLOCK_ROWS`` rows.  Up to
+M = 4096, K = 8192 (64 MB of bf16 x): 17.2 + 1.5 + 41.8 us per layer with one fp8 convert
+(``quantize.kernel_activations``).  Here one program owns ``BLOCK_ROWS`` rows.  Up to
 ``MAX_HELD_K`` columns it loads them once, in K chunks held in registers, for the amax and
 then the codes: HBM sees x once and the codes once (32.8 us, 3.07 TB/s).  Wider rows are
 read a second time, from L2 (K = 14336: 64.0 us).  Variants: ``benchmarks/

@@ -427,7 +427,7 @@ def kernel_dims(params: QuantizedWeight, plan: Plan, block_k: int | None = None
 
 
 # The one-pass Pallas-Triton pre-pass (kernels/act_prepass.py) for per-token specs at
-# prefill, instead of XLA's two fusions (amax, then scale and convert).  H200 session 18
+# prefill, instead of XLA's fusions (amax, a select, then scale and convert).  H200 session 18
 # (call 6), 8192^2 per layer, same run: W8A8 fp8 437.5 -> 426.4 us at M = 4096, int8
 # 414.1 -> 395.0; W4A8 MXFP4 467.7 -> 441.5 and 166.1 -> 151.1 at M = 1024 (the pre-pass
 # 60.6 -> 32.5 us, 16.7 -> 9.3).
@@ -443,9 +443,10 @@ def act_operands(x: jax.Array, spec: QuantSpec, plan: Plan, act_scale, *, rows: 
   row) by (K groups or 1) columns with 1.0.  The values feed kernel operands only
   (``act_quant.kernel_operand``: fp8 through one convert).  With FUSED_PREPASS, per-token
   specs from M = FUSED_PREPASS_MIN_M take the one-pass kernel on the GPU.  ``interpret``
-  (the CPU interpreter) keeps XLA's pre-pass, the same values: the interpreted one-pass
-  kernel before the interpreted Mosaic GEMM hung XLA's CPU thread pool in CI (2 cores,
-  session 18); the kernel's own interpreter tests call it directly."""
+  (the CPU interpreter) keeps XLA's pre-pass -- the kernel's values in the interpreter
+  (on the H200 <= 1e-4 of codes may be one step apart): with the interpreted kernel ahead
+  of the interpreted Mosaic GEMM, a route test hung in CI (session 18, cause not found;
+  NOTES.md v20).  The kernel's own interpreter tests call it directly."""
   m, k = x.shape
   if (FUSED_PREPASS and not interpret and m >= FUSED_PREPASS_MIN_M and per_row is not False
       and act_prepass.supports(spec) and x.dtype in (jnp.bfloat16, jnp.float16)):
