@@ -179,10 +179,13 @@ def fold_metadata(scales: jax.Array, *, tiles: int, real_groups: int,
 
 
 # fold_metadata's kernel: tiles per load (a power of two dividing the tile count, at most
-# this), warps, and whether the first pass's exponents are held for the second.
-METADATA_CHUNK = 16
+# this), warps, and whether the first pass's exponents are held for the second.  H200,
+# session 19 (probe_fold_metadata.py, CUPTI, 8192^2): 64 / 4 / held 3.20 us, the
+# session-18 form (16 / 4 / re-read) 5.79, XLA's fusions 11.7; K = 14336 (112 tiles: 16
+# per load) 7.42 held vs 9.12 re-read, XLA 15.7.
+METADATA_CHUNK = 64
 METADATA_WARPS = 4
-METADATA_HOLD = False
+METADATA_HOLD = True
 
 
 def _metadata_kernel(s_ref, base_ref, scale_ref, normal_ref, *, chunk: int,
