@@ -113,13 +113,16 @@ def test_lowering_reads_whole_registers(whole, monkeypatch):
   32-bit register of 8 nibbles it was sliced from (parts 0-3); without, every pair is
   shifted down to the low bits first (part 0 only, ~3 instructions more per pair)."""
   import jax
-  from test_cuda_lowering import abstract_params, lower_for_h200
+  import humming_jax as hj
+  from test_cuda_lowering import lower_for_h200
   parts = []
   orig = mc._pair_ptx
   monkeypatch.setattr(mc, "_pair_ptx", lambda part, *a: parts.append(part) or orig(part, *a))
-  p = abstract_params("w4a16-mxfp4", (1024, 256))
-  x = jax.ShapeDtypeStruct((1, 1024), jnp.bfloat16)
   from humming_jax.kernels import wna16_mgpu
+  q = jax.eval_shape(lambda w: hj.quantize(w, hj.QuantSpec.preset("w4a16-mxfp4")),
+                     jax.ShapeDtypeStruct((1024, 256), jnp.float32))
+  p = jax.eval_shape(lambda q: wna16_mgpu.prepare(q, permute=False), q)
+  x = jax.ShapeDtypeStruct((1, 1024), jnp.bfloat16)
   cfg = wna16_mgpu.Config(64, 4, 1, fp4_whole_registers=whole)
   lower_for_h200(lambda p, x: wna16_mgpu.run(p, x, config=cfg), p, x)
   assert set(parts) == ({0, 1, 2, 3} if whole else {0}), sorted(set(parts))
@@ -167,14 +170,17 @@ def test_int4_ptx_lowers_reading_whole_registers(name, monkeypatch):
   codes it was sliced from (parts 0-3), with a zero-point offset operand only for
   zero-point specs; fp16 activations too."""
   import jax
-  from test_cuda_lowering import abstract_params, lower_for_h200
+  import humming_jax as hj
+  from test_cuda_lowering import lower_for_h200
   from humming_jax.kernels import wna16_mgpu
   calls = []
   orig = mc._int4_pair_ptx
   monkeypatch.setattr(mc, "_int4_pair_ptx",
                       lambda part, magic, ft, const: calls.append((part, ft, const)) or
                       orig(part, magic, ft, const))
-  p = abstract_params(name, (1024, 256))
+  q = jax.eval_shape(lambda w: hj.quantize(w, hj.QuantSpec.preset(name)),
+                     jax.ShapeDtypeStruct((1024, 256), jnp.float32))
+  p = jax.eval_shape(lambda q: wna16_mgpu.prepare(q, permute=False), q)
   cfg = wna16_mgpu.Config(64, 4, 1, int4_ptx=True)
   for dt in (jnp.bfloat16, jnp.float16):
     x = jax.ShapeDtypeStruct((1, 1024), dt)
@@ -182,3 +188,51 @@ def test_int4_ptx_lowers_reading_whole_registers(name, monkeypatch):
   assert {c[0] for c in calls} == {0, 1, 2, 3}
   assert {c[1] for c in calls} == {"bf16", "f16"}
   assert {c[2] is None for c in calls} == {name.endswith("-zp")}
+
+
+@pytest.mark.parametrize("name", ["w4a16-g128-zp", "w4a16-g128", "w4a16-mxint4", "w4a16-mxfp4",
+                                  "w4a16-nvfp4"])
+def test_permuted_codes_lower_without_relayout(name, monkeypatch):
+  """The default prepared 4-bit layout (permuted K order, ":pk") lowers for an H200 with
+  every pair converted in place from its loaded 32-bit register (parts 0-3 through
+  ``_direct_pairs``) and no Mosaic relayout of the int4 fragment (``to_layout`` is never
+  called on it), dense and grouped."""
+  import jax
+  import humming_jax as hj
+  from test_cuda_lowering import abstract_params, lower_for_h200
+  from jax.experimental.mosaic.gpu import fragmented_array as fa
+  from humming_jax.kernels import grouped_wna16_mgpu, wna16_mgpu
+  direct, relayouts = [], []
+  orig_pairs, orig_to_layout = mc._direct_pairs, fa.FragmentedArray.to_layout
+  monkeypatch.setattr(mc, "_direct_pairs", lambda arr, f: direct.append(arr.shape) or
+                      orig_pairs(arr, lambda w, c, i: direct.append(c) or f(w, c, i)))
+
+  def to_layout(self, layout):
+    if fa.WGMMA_LAYOUT_UPCAST_4X in (self.layout, layout) and self.layout != layout:
+      relayouts.append((self.layout, layout))
+    return orig_to_layout(self, layout)
+  monkeypatch.setattr(fa.FragmentedArray, "to_layout", to_layout)
+  p = abstract_params(name, (1024, 256))
+  assert wna16_mgpu.k_permuted(p.layout), p.layout
+  x = jax.ShapeDtypeStruct((1, 1024), jnp.bfloat16)
+  lower_for_h200(lambda p, x: wna16_mgpu.run(p, x), p, x)
+  assert {0, 1, 2, 3} <= set(direct) and not relayouts, (sorted(map(str, set(direct))),
+                                                         relayouts)
+  direct.clear()
+  pg = abstract_params(name, (8, 1024, 256), grouped=True)
+  assert pg.layout.startswith(grouped_wna16_mgpu.FAMILY) and wna16_mgpu.k_permuted(pg.layout)
+  xg = jax.ShapeDtypeStruct((16, 1024), jnp.bfloat16)
+  g = jax.ShapeDtypeStruct((8,), jnp.int32)
+  lower_for_h200(lambda p, x, g: grouped_wna16_mgpu.run(p, x, g), pg, xg, g)
+  assert {0, 1, 2, 3} <= set(direct) and not relayouts
+
+
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32])
+def test_float_arithmetic_decode_is_the_format_decode(dtype):
+  """``e2m1_from_int4_float`` (the large-M dequantization of permuted fp4 codes) gives the
+  format's decode of every pattern, -0 included."""
+  codes = jnp.asarray(((np.arange(16) + 8) & 15) - 8, jnp.int4)
+  got = np.asarray(mc.e2m1_from_int4_float(codes, dtype).astype(jnp.float32))
+  want = np.asarray(mc.to_float_interpret(codes, dtype).astype(jnp.float32))
+  np.testing.assert_array_equal(got, want)
+  np.testing.assert_array_equal(np.signbit(got), np.signbit(want))

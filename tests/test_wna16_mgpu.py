@@ -452,7 +452,9 @@ def test_heuristic_splits_k_only_for_narrow_n():
 def test_configs_gpu(cfg):
   spec = hj.QuantSpec.preset("w4a16-g128-zp")
   q, x = make(spec, 100, 4096, 1024, True, seed=5)
-  y = jax.jit(lambda p, x: mg.run(p, x, config=cfg))(mg.prepare(q), x)
+  # the permuted K order runs on the in-place PTX only (zero_point_mma: Mosaic's conversion)
+  p = mg.prepare(q, permute=not cfg.zero_point_mma)
+  y = jax.jit(lambda p, x: mg.run(p, x, config=cfg))(p, x)
   assert rel(y, reference.dense_reference(q, x)) <= TOL
 
 
@@ -475,7 +477,7 @@ def test_int4_ptx_gpu(name, m, dtype, monkeypatch):
   orig = mc._int4_pair_ptx
   monkeypatch.setattr(mc, "_int4_pair_ptx", lambda *a: pairs.append(a) or orig(*a))
   q, x = make(hj.QuantSpec.preset(name), m, 4096, 4096, True, seed=9, dtype=dtype)
-  p = jax.jit(mg.prepare)(q)
+  p = jax.jit(lambda q: mg.prepare(q, permute=False))(q)
   base = dataclasses.replace(mg.heuristic(m, 4096), int4_ptx=False)
   on = dataclasses.replace(base, int4_ptx=True)
   y0 = jax.jit(lambda p, x: mg.run(p, x, config=base))(p, x)
@@ -487,6 +489,11 @@ def test_int4_ptx_gpu(name, m, dtype, monkeypatch):
         f"max |on - off| {float(jnp.max(jnp.abs(y1.astype(jnp.float32) - y0))):.2e}")
   assert e <= TOL
   np.testing.assert_array_equal(np.asarray(y1, np.float32), np.asarray(y0, np.float32))
+  # the default layout (permuted K order, converted in place): the same output bit for bit
+  pk = jax.jit(mg.prepare)(q)
+  assert mg.k_permuted(pk.layout)
+  y2 = jax.jit(lambda p, x: mg.run(p, x, config=on))(pk, x)
+  np.testing.assert_array_equal(np.asarray(y2, np.float32), np.asarray(y0, np.float32))
 
 
 def test_tuning_cache_is_consulted(tmp_path, monkeypatch):
@@ -596,8 +603,13 @@ def test_fp4_whole_registers_gpu(name, m):
   """Config.fp4_whole_registers (off until measured): the relayout inside the inline PTX."""
   q, x = make(hj.QuantSpec.preset(name), m, 8192, 8192, True, seed=12)
   cfg = dataclasses.replace(mg.heuristic(m), fp4_whole_registers=True)
-  y = jax.jit(lambda p, x: mg.run(p, x, config=cfg))(jax.jit(mg.prepare)(q), x)
+  run = jax.jit(lambda p, x: mg.run(p, x, config=cfg))
+  y = run(jax.jit(lambda q: mg.prepare(q, permute=False))(q), x)
   assert rel(y, jax.jit(reference.dense_reference)(q, x)) <= TOL
+  # the default layout (permuted K order, converted in place): the same output bit for bit
+  pk = jax.jit(mg.prepare)(q)
+  assert mg.k_permuted(pk.layout)
+  np.testing.assert_array_equal(np.asarray(run(pk, x), np.float32), np.asarray(y, np.float32))
 
 
 # ---------------------------------------------------------------------------------------
@@ -647,3 +659,43 @@ def test_prepare_kernel_choice_dense():
   y = hj.quant_dense(p, x, backend="interpret")
   ref = hj.quant_dense(q, x, backend="xla")
   assert rel(y, ref) <= TOL
+
+
+@pytest.mark.parametrize("name", ["w4a16-g128-zp", "w4a16-g128", "w4a16-mxfp4", "w4a16-nvfp4",
+                                  "w4a16-mxint4"])
+def test_permuted_layout_interpret(name):
+  """The default 4-bit layout stores each run of 32 codes in the permuted K order the GPU
+  converts in place (``mgpu_convert.permute_k``): the codes really move, the layout says
+  so, and every reader undoes it -- to_canonical bit for bit, the XLA dequantization, and
+  the kernel in the interpreter (same output as the K-order layout, bit for bit)."""
+  q, x = make(hj.QuantSpec.preset(name), 5, 256, 128, True, seed=21)
+  pk, p0 = mg.prepare(q), mg.prepare(q, permute=False)
+  assert mg.permutes(q.spec) and mg.k_permuted(pk.layout) and not mg.k_permuted(p0.layout)
+  assert not np.array_equal(np.asarray(pk.codes, np.int8), np.asarray(p0.codes, np.int8))
+  np.testing.assert_array_equal(np.asarray(mg.logical_codes(pk), np.int8),
+                                np.asarray(p0.codes, np.int8))
+  back = mg.to_canonical(pk)
+  np.testing.assert_array_equal(np.asarray(back.codes), np.asarray(q.codes))
+  np.testing.assert_array_equal(np.asarray(mg.dequantize_prepared(pk)),
+                                np.asarray(mg.dequantize_prepared(p0)))
+  cfg = mg.Config(8, 2, 2, scale_after_mma=True, overlap_mma=True)
+  y0 = mg.run(p0, x, interpret=True, config=cfg)
+  np.testing.assert_array_equal(np.asarray(mg.run(pk, x, interpret=True, config=cfg),
+                                           np.float32), np.asarray(y0, np.float32))
+  assert rel(y0, reference.dense_reference(q, x)) <= TOL
+
+
+def test_permuted_layout_rules():
+  """Which specs get the permuted K order, and the refusals by name: 8-bit codes; a GPU
+  config that would take Mosaic's conversion of permuted codes."""
+  assert not mg.permutes(hj.QuantSpec.preset("w8a16"))
+  assert not mg.permutes(hj.QuantSpec("uint4", "group", 32, zero_point=True))  # zero rows
+  assert mg.permutes(hj.QuantSpec("int4", "group", 32))
+  q, x = make(hj.QuantSpec.preset("w8a16"), 1, 256, 64, False, seed=22)
+  with pytest.raises(ValueError, match="permute=True: only 4-bit"):
+    mg.prepare(q, permute=True)
+  q, x = make(hj.QuantSpec.preset("w4a16-g128-zp"), 1, 256, 64, False, seed=22)
+  pk = mg.prepare(q)
+  cfg = mg.Config(64, 2, 1, int4_ptx=False)
+  with pytest.raises(ValueError, match="permute=False"):
+    jax.eval_shape(lambda p, x: mg.run(p, x, config=cfg), pk, x)

@@ -58,14 +58,16 @@ def supports(spec: QuantSpec) -> bool:
   return wna16_mgpu.supports(spec)
 
 
-def prepare(params: QuantizedWeight) -> QuantizedWeight:
-  """Canonical stacked (E, K, N) params -> the dense Mosaic layout per expert, stacked."""
+def prepare(params: QuantizedWeight, *, permute: bool | None = None) -> QuantizedWeight:
+  """Canonical stacked (E, K, N) params -> the dense Mosaic layout per expert, stacked
+  (``permute``: as in ``wna16_mgpu.prepare``)."""
   if params.num_experts is None:
     raise ValueError(f"grouped kernels need stacked experts (E, K, N); got shape "
                      f"{params.shape}")
   if (why := wna16_mgpu.unsupported_reason(params.spec)) is not None:
     raise ValueError(f"spec {params.spec.name}: not supported by the {FAMILY} kernel ({why})")
-  return grouped_wna16.stack_prepare(wna16_mgpu.prepare, params, FAMILY, wna16_mgpu.FAMILY)
+  return grouped_wna16.stack_prepare(functools.partial(wna16_mgpu.prepare, permute=permute),
+                                     params, FAMILY, wna16_mgpu.FAMILY)
 
 
 def to_canonical(prepared: QuantizedWeight) -> QuantizedWeight:

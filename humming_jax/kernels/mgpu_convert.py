@@ -51,6 +51,68 @@ def to_float_interpret(codes: jax.Array, dtype) -> jax.Array:
   return E2M1.decode(codes.astype(jnp.int32) & 15).astype(dtype)
 
 
+# The prepared 4-bit layout's K order (wna16_mgpu.prepare, ":pk" layouts): within each run of
+# 32 codes, the code of column 8c + 2q + e (c, q < 4; e < 2) is stored at 8q + 2c + e.
+# Loaded in the WGMMA_UPCAST_4X layout, lane q then holds in one 32-bit register exactly
+# the four pairs that the WGMMA layout gives it (pair c in byte c), so the conversion reads
+# them without Mosaic's relayout (two shuffles and two permutes per register: 0.5 of the
+# decode kernel's 3.85 instructions per weight, H200 session 19's SASS profile).
+PERMUTE_RUN = 32
+
+
+def permute_k(codes: jax.Array) -> jax.Array:
+  """Codes in K order <-> the permuted K order of ":pk" layouts (an involution) along the
+  last axis, whose length must be a multiple of :data:`PERMUTE_RUN`."""
+  *lead, k = codes.shape
+  if k % PERMUTE_RUN:
+    raise ValueError(f"codes.shape={codes.shape}: the last axis must be a multiple of "
+                     f"{PERMUTE_RUN}")
+  return codes.reshape(*lead, k // PERMUTE_RUN, 4, 4, 2).swapaxes(-3, -2).reshape(codes.shape)
+
+
+def _direct_pairs(arr, convert_word):
+  """WGMMA-layout registers from a WGMMA_UPCAST_4X array of permuted codes: 4X register
+  (i, C, *rest) (32 bits: 8 codes) gives WGMMA registers (i, 4C + c, *rest), c < 4, each
+  ``convert_word(word, c, idx)`` of the register's i32 word and the new register's index."""
+  from jax.experimental.mosaic import gpu as mgpu
+  from jax.experimental.mosaic.gpu import utils as mgpu_utils
+  from jaxlib.mlir import ir
+
+  i32 = ir.IntegerType.get_signless(32)
+  if arr.layout != mgpu.WGMMA_LAYOUT_UPCAST_4X:
+    raise NotImplementedError(f"permuted codes: expected the WGMMA_UPCAST_4X layout, got "
+                              f"{arr.layout}")
+  shape = mgpu.WGMMA_LAYOUT.registers_shape(arr.shape)
+  if arr.registers.ndim != len(shape) or shape[1] != 4 * arr.registers.shape[1]:
+    raise NotImplementedError(f"permuted codes: this jax's Mosaic GPU gives WGMMA_UPCAST_4X "
+                              f"registers {arr.registers.shape} for WGMMA registers {shape} "
+                              f"(jax 0.11.2: (., K/32, ...) and (., K/8, ...)); prepare the "
+                              f"weights with permute=False")
+  out = np.empty(shape, dtype=object)
+  for idx, reg in np.ndenumerate(arr.registers):
+    if ir.VectorType(reg.type).shape != [8]:
+      raise NotImplementedError(f"permuted codes: expected registers of 8 int4 codes, got "
+                                f"{reg.type}; prepare the weights with permute=False")
+    word = mgpu_utils.bitcast(reg, i32)
+    for c in range(4):
+      new = (idx[0], 4 * idx[1] + c, *idx[2:])
+      out[new] = convert_word(word, c, new)
+  assert all(r is not None for r in out.flat)
+  return out
+
+
+def e2m1_from_int4_float(codes: jax.Array, dtype) -> jax.Array:
+  """Same values as :func:`to_float_interpret`, decoded in float arithmetic on the int4 ->
+  float convert (v = the pattern as a two's-complement nibble; magnitude bits u = v + 8
+  for v < 0; |value| = u/2 + max(u - 4, 0)/2 + max(u - 6, 0): 0, .5, 1, 1.5, 2, 3, 4, 6),
+  every step exact.  For XLA dequantization fusions that also permute the codes."""
+  v = codes.astype(jnp.float32)
+  neg = v < 0
+  u = jnp.where(neg, v + 8, v)
+  mag = u * 0.5 + jnp.maximum(u - 4, 0) * 0.5 + jnp.maximum(u - 6, 0)
+  return jnp.where(neg, -mag, mag).astype(dtype)
+
+
 def _pair_ptx(part: int, shift: int, scale_bits: int, float_type: str) -> str:
   """PTX: $1 = 32-bit register of 8 nibbles shifted left by 4, $2 = the register;
   $0 = values of nibbles (2 part, 2 part + 1) as a packed pair of 16-bit floats.
@@ -91,19 +153,22 @@ def _sliced_word(reg):
           op.offsets[0].value)
 
 
-def to_float_ptx(codes: jax.Array, dtype, *, relayout: bool = False) -> jax.Array:
+def to_float_ptx(codes: jax.Array, dtype, *, relayout: bool = False,
+                 permuted: bool = False) -> jax.Array:
   """Same as :func:`to_float_interpret`, as inline PTX on the registers (GPU only).
 
   ``codes``: the int4 tile in the WGMMA layout, or with ``relayout`` as loaded (the
   WGMMA_UPCAST_4X layout) and relaid out in here.  Only then is each pair's register
   visibly a slice of a 32-bit register of 8 nibbles, which the PTX reads directly; behind
   the ``inline_mgpu`` boundary a slice is an opaque value, so each pair is shifted down to
-  the low bits first (~3 instructions more per pair)."""
+  the low bits first (~3 instructions more per pair).  ``permuted``: the codes as loaded
+  (WGMMA_UPCAST_4X) in the permuted K order of :func:`permute_k`; no relayout at all."""
   shift, scale_bits = _target(dtype)
   float_type = "bf16" if jnp.dtype(dtype) == jnp.bfloat16 else "f16"
 
   @plgpu.inline_mgpu(
-      arg_types=(plgpu.Layout.WGMMA_UPCAST_4X if relayout else plgpu.Layout.WGMMA,),
+      arg_types=(plgpu.Layout.WGMMA_UPCAST_4X if relayout or permuted
+                 else plgpu.Layout.WGMMA,),
       return_type=plgpu.ShapeDtypeStruct(codes.shape, jnp.dtype(dtype),
                                          layout=plgpu.Layout.WGMMA))
   def convert(ctx, arr):
@@ -114,9 +179,17 @@ def to_float_ptx(codes: jax.Array, dtype, *, relayout: bool = False) -> jax.Arra
     from jaxlib.mlir.dialects import arith, llvm
 
     i32 = ir.IntegerType.get_signless(32)
+    out_el = ir.BF16Type.get() if float_type == "bf16" else ir.F16Type.get()
+    if permuted:
+      def pair(word, c, idx):
+        del idx
+        out = llvm.inline_asm(i32, [arith.shli(word, mgpu_utils.c(4, i32)), word],
+                              _pair_ptx(c, shift, scale_bits, float_type), "=r,r,r")
+        return mgpu_utils.bitcast(out, ir.VectorType.get((2,), out_el))
+      return mgpu.FragmentedArray(_registers=_direct_pairs(arr, pair),
+                                  _layout=mgpu.WGMMA_LAYOUT, _is_signed=None)
     if relayout:
       arr = arr.to_layout(mgpu.WGMMA_LAYOUT)
-    out_el = ir.BF16Type.get() if float_type == "bf16" else ir.F16Type.get()
     new_regs = np.empty_like(arr.registers)
     for idx, reg in np.ndenumerate(arr.registers):
       [vlen] = ir.VectorType(reg.type).shape
@@ -195,8 +268,8 @@ def _int4_pair_ptx(part: int, magic: int, float_type: str, const_offset: int | N
   """
 
 
-def int4_to_float_ptx(codes: jax.Array, dtype, offsets: jax.Array | None = None
-                      ) -> jax.Array:
+def int4_to_float_ptx(codes: jax.Array, dtype, offsets: jax.Array | None = None, *,
+                      permuted: bool = False) -> jax.Array:
   """Signed int4 codes (as loaded: the WGMMA_UPCAST_4X layout) -> ``codes - zero`` in the
   16-bit ``dtype``, WGMMA layout, as inline PTX: three instructions per pair of codes and
   one shift per 8 (Mosaic's own conversion plus a zero-point subtraction is ~4.5 per pair:
@@ -205,7 +278,8 @@ def int4_to_float_ptx(codes: jax.Array, dtype, offsets: jax.Array | None = None
   ``offsets``: None for symmetric codes, else a WGMMA-layout ``dtype`` array of the same
   shape holding ``int4_offset(dtype) + zero`` for each code (the zero point is constant
   along a K tile, so this is a broadcast row; its add happens once per row).  GPU only:
-  the interpreter path is ``codes.astype(dtype) - zero``."""
+  the interpreter path is ``codes.astype(dtype) - zero``.  ``permuted``: the codes in the
+  permuted K order of :func:`permute_k`, converted without Mosaic's relayout."""
   magic = _magic(dtype)
   float_type = "bf16" if jnp.dtype(dtype) == jnp.bfloat16 else "f16"
   const_offset = (None if offsets is not None else
@@ -225,6 +299,22 @@ def int4_to_float_ptx(codes: jax.Array, dtype, offsets: jax.Array | None = None
     from jaxlib.mlir.dialects import arith, llvm
 
     i32 = ir.IntegerType.get_signless(32)
+    out_el = ir.BF16Type.get() if float_type == "bf16" else ir.F16Type.get()
+    if permuted:
+      if off and off[0].registers.shape != mgpu.WGMMA_LAYOUT.registers_shape(arr.shape):
+        raise NotImplementedError(f"int4 PTX conversion: zero-point offset registers "
+                                  f"{off[0].registers.shape} do not match the WGMMA layout's")
+
+      def pair(word, c, idx):
+        args, cons = [word, arith.shrui(word, mgpu_utils.c(4, i32))], "=r,r,r"
+        if off:
+          args.append(mgpu_utils.bitcast(off[0].registers[idx], i32))
+          cons += ",r"
+        out = llvm.inline_asm(i32, args, _int4_pair_ptx(c, magic, float_type, const_offset),
+                              cons)
+        return mgpu_utils.bitcast(out, ir.VectorType.get((2,), out_el))
+      return mgpu.FragmentedArray(_registers=_direct_pairs(arr, pair),
+                                  _layout=mgpu.WGMMA_LAYOUT, _is_signed=None)
     arr = arr.to_layout(mgpu.WGMMA_LAYOUT)
     if off and off[0].registers.shape != arr.registers.shape:
       raise NotImplementedError(f"int4 PTX conversion: this jax's Mosaic GPU gives the "
@@ -232,7 +322,6 @@ def int4_to_float_ptx(codes: jax.Array, dtype, offsets: jax.Array | None = None
                                 f"beside code registers {arr.registers.shape} (jax 0.11.2: "
                                 f"the same); set HUMMING_JAX_INT4_PTX=0 (Mosaic's own "
                                 f"conversion, same values)")
-    out_el = ir.BF16Type.get() if float_type == "bf16" else ir.F16Type.get()
     new_regs = np.empty_like(arr.registers)
     for idx, reg in np.ndenumerate(arr.registers):
       [vlen] = ir.VectorType(reg.type).shape

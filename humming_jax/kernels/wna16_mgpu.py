@@ -137,12 +137,37 @@ def runs(spec: QuantSpec) -> bool:
 # ----------------------------------------------------------------------------------------
 # Transform: canonical -> kernel layout (once)
 # ----------------------------------------------------------------------------------------
-def prepare(params: QuantizedWeight) -> QuantizedWeight:
+def permutes(spec: QuantSpec) -> bool:
+  """Whether :func:`prepare` stores ``spec``'s codes in the permuted K order
+  (``mgpu_convert.permute_k``, layout suffix ":pk"): 4-bit codes that the kernel converts
+  with inline PTX straight from the loaded registers -- fp4, and int4 with one zero row per
+  K tile or none (smaller groups with zero points take Mosaic's conversion) -- unless
+  HUMMING_JAX_INT4_PTX=0 turns the int4 PTX off."""
+  if spec.weight_bits != 4 or unsupported_reason(spec) is not None:
+    return False
+  if spec.weight_format.name == FP4:
+    return True
+  one_row = block_k_for(spec) == scale_k(spec)
+  return Config().int4_ptx and (one_row or not spec.zero_point)
+
+
+def k_permuted(layout: str) -> bool:
+  """Whether a layout string of this family (or its grouped / W4A8 views) has the permuted
+  K order of :func:`permutes`."""
+  return "pk" in layout.split(":")[1:]
+
+
+def prepare(params: QuantizedWeight, *, permute: bool | None = None) -> QuantizedWeight:
   """Canonical params -> (Kp / block_k, Np, block_k) signed codes (uint codes minus
   2**(b-1); fp4: the e2m1 bit pattern as a two's-complement nibble) in jnp.int4 / int8,
   scales (their own dtype; e8m0 and e4m3 as bf16, exact) and zero points (minus the
   same offset, bf16: small integers, exact) as (Kp / group, Np) rows, the global scale
-  as a float32 (1, Np) row for the epilogue.  Lossless (:func:`to_canonical`)."""
+  as a float32 (1, Np) row for the epilogue.  Lossless (:func:`to_canonical`).
+
+  ``permute`` (default :func:`permutes`): 4-bit codes in the permuted K order within each
+  run of 32 (``mgpu_convert.permute_k``), which the GPU kernel converts without a register
+  relayout; every XLA reader of the layout (:func:`code_values`, :func:`to_canonical`)
+  undoes it."""
   spec = params.spec
   if (why := unsupported_reason(spec)) is not None:
     raise ValueError(f"spec {spec.name}: not supported by the {FAMILY} kernel ({why})")
@@ -180,10 +205,17 @@ def prepare(params: QuantizedWeight) -> QuantizedWeight:
   g = params.global_scale
   if g is not None:
     g = jnp.broadcast_to(g.astype(jnp.float32).reshape(1, 1), (1, np_))
+  permute = permutes(spec) if permute is None else permute
+  if permute and bits != 4:
+    raise ValueError(f"permute=True: only 4-bit codes have a permuted layout; spec "
+                     f"{spec.name} has {bits}-bit codes")
+  if permute:
+    codes = mgpu_convert.permute_k(codes)
   codes = codes.astype(_CODE_DTYPE[bits])
   if spec.weight_format.name == FP8:  # the same byte, typed for the in-register cvt
     codes = jax.lax.bitcast_convert_type(codes, jnp.float8_e4m3fn)
-  layout = f"{FAMILY}:b{bits}:bk{bk}" + (":cs" if column_scaled(spec) else "")
+  layout = (f"{FAMILY}:b{bits}:bk{bk}" + (":cs" if column_scaled(spec) else "")
+            + (":pk" if permute else ""))
   return params.replace(codes=codes, scales=s, zeros=zeros, global_scale=g, layout=layout)
 
 
@@ -202,7 +234,7 @@ def to_canonical(prepared: QuantizedWeight) -> QuantizedWeight:
   bits = spec.weight_bits
   offset = (1 << (bits - 1)) if spec.weight_format.kind == "uint" else 0
   t, np_, bk = prepared.codes.shape
-  codes = prepared.codes
+  codes = logical_codes(prepared)
   if codes.dtype == jnp.float8_e4m3fn:
     codes = jax.lax.bitcast_convert_type(codes, jnp.int8)
   codes = codes.transpose(1, 0, 2).reshape(np_, t * bk)
@@ -284,6 +316,15 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
     name = spec.name + (":direct" if direct else "")
     key = tuning.cache_key(FAMILY, name, tuning.bucket_m(m), n, k, tuning.device_kind())
     config = tuning.cached_config(key, Config) or heuristic(m, n)
+  permuted = k_permuted(params.layout)
+  if permuted and not interpret:  # the GPU converts these codes only with the PTX that
+    # reads them in place (the interpreter undoes the permutation on the values instead)
+    direct_ptx = dict(int4_ptx=True, zero_point_mma=False, fp4_whole_registers=True)
+    if explicit and any(getattr(config, f) != v for f, v in direct_ptx.items()):
+      raise ValueError(f"config={config}: params of layout {params.layout!r} (permuted K "
+                       f"order) run on the GPU only with {direct_ptx}; prepare them with "
+                       f"permute=False for this config")
+    config = dataclasses.replace(config, **direct_ptx)
   if not grouped and (m >= config.dequant_gemm_min_m
                       or x.dtype not in (jnp.bfloat16, jnp.float16)):
     if direct:
@@ -324,6 +365,10 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
   # tile, as the offset is a broadcast row).
   int4_ptx = (config.int4_ptx and bits == 4 and not fp4 and not interpret and not zero_mma
               and (gpt == 1 or not has_zeros))
+  if permuted and not interpret and not (int4_ptx or fp4):
+    raise ValueError(f"params.layout={params.layout!r}: permuted int4 codes with "
+                     f"{gpt} zero rows per K tile have no GPU conversion; prepare them with "
+                     f"permute=False")
   # v6 experiments (tuning.MgpuConfig); one scale row per tile only.  Column scales keep
   # the per-tile float32 partials too (no multiply; NOTES.md v11: accumulating every tile
   # straight into the WGMMA accumulator, config scale_after_mma=False, took 1-6 % less
@@ -436,8 +481,10 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
         def tile_operands(j):  # K tile j of the slot: the dequantized W^T tile and x^T
           w = plgpu.load(w_buf.at[wg, slot, j], layout=_UPCAST[bits],
                          optimized=config.optimized_load)
+          if permuted and interpret:  # the permuted K order undone on the values
+            w = mgpu_convert.permute_k(w.astype(jnp.int8))
           if fp4 and not interpret and config.fp4_whole_registers:  # relayout inside
-            w = mgpu_convert.to_float_ptx(w, cdt, relayout=True)
+            w = mgpu_convert.to_float_ptx(w, cdt, relayout=not permuted, permuted=permuted)
           elif fp4 and not interpret:
             w = mgpu_convert.to_float_ptx(plgpu.layout_cast(w, _WGMMA), cdt)
           elif fp4:
@@ -449,7 +496,7 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
             if has_zeros:
               off = bcast((row(z_buf, j).astype(jnp.float32) + mgpu_convert.int4_offset(cdt)
                            ).astype(cdt), (BLOCK_N, bk))
-            w = mgpu_convert.int4_to_float_ptx(w, cdt, off)
+            w = mgpu_convert.int4_to_float_ptx(w, cdt, off, permuted=permuted)
           else:
             w = plgpu.layout_cast(w, _WGMMA).astype(cdt)
 
@@ -779,10 +826,16 @@ def shared_x_config(block_m: int, warpgroups: int = 4) -> Config:
                 split_warpgroups="n")
 
 
-def code_values(params: QuantizedWeight, dtype) -> jax.Array:
-  """The (Kp / bk, Np, bk) codes of this layout as values in ``dtype`` (zero points and
-  scales not applied): integers as they are, fp4 e2m1 through the format's decode, fp8 as
-  its values.  Exact in any float dtype that holds them (and int8 for integer codes)."""
+def logical_codes(params: QuantizedWeight) -> jax.Array:
+  """The (Kp / bk, Np, bk) codes of this layout in K order (a ":pk" layout's permutation
+  undone)."""
+  if k_permuted(params.layout):
+    return mgpu_convert.permute_k(params.codes)
+  return params.codes
+
+
+def _stored_values(params: QuantizedWeight, dtype) -> jax.Array:
+  """:func:`code_values` in the stored order (a ":pk" layout's permutation kept)."""
   if params.spec.weight_format.name == FP4:
     # The format's decode.  XLA's native float4_e2m1fn convert of the same bits is slower
     # on the H200: the 8192^2 dequantization fusion took 122 us against this one's 82
@@ -791,16 +844,65 @@ def code_values(params: QuantizedWeight, dtype) -> jax.Array:
   return params.codes.astype(dtype)
 
 
+def code_values(params: QuantizedWeight, dtype) -> jax.Array:
+  """The (Kp / bk, Np, bk) codes of this layout, in K order, as values in ``dtype`` (zero
+  points and scales not applied): integers as they are, fp4 e2m1 through the format's
+  decode, fp8 as its values.  Exact in any float dtype that holds them (and int8 for
+  integer codes)."""
+  values = _stored_values(params, dtype)
+  return mgpu_convert.permute_k(values) if k_permuted(params.layout) else values
+
+
+# How the large-M path meets a ":pk" layout's permuted K order (H200 session 19, CUPTI,
+# 8192^2 dequantization): undone on the values inside the dequantization's transpose, XLA
+# emits a 1276 us fusion (42 us in K order); undone on the fp4 codes before their decode,
+# 1263 us.  The candidates, by format ("int" / "fp4"):
+#   "codes":   permute the int4 codes, then decode + transpose (one fusion; int4: 42.9 us
+#              at M = 1024, as in K order; fp4: 1263 us);
+#   "float":   fp4: the same with the e2m1 decode in float arithmetic on the int4 -> float
+#              convert (the form XLA fused well for int4);
+#   "barrier": permuted codes materialized first (fp4: +81 us: 328 vs 247 at M = 1024);
+#   "x":       dequantize in the stored order, permute x's columns (fp4: +40 / +158 us at
+#              M = 1024 / 4096).
+UNPERMUTE = {"int": "codes", "fp4": "float"}
+
+
+def _unpermute_mode(spec: QuantSpec) -> str:
+  """:data:`UNPERMUTE`'s mode for ``spec``; "x" needs groups of 32 or more (a run of 32
+  rows must keep its scale row when permuted), so smaller groups take "barrier"."""
+  mode = UNPERMUTE["fp4" if spec.weight_format.name == FP4 else "int"]
+  if mode not in ("codes", "float", "barrier", "x"):
+    raise ValueError(f"UNPERMUTE mode {mode!r}: expected 'codes', 'float', 'barrier' or 'x'")
+  if mode == "x" and spec.granularity == "group" and spec.group_size < 32:
+    return "barrier"
+  return mode
+
+
 def dequantize_prepared(params: QuantizedWeight, dtype=jnp.float32, *,
-                        with_global_scale: bool = True) -> jax.Array:
+                        with_global_scale: bool = True, k_order: bool = True) -> jax.Array:
   """(K, N) weights straight from the kernel layout: one XLA fusion (int4 -> float is a
   native convert), same rounding as the kernel when ``dtype`` is 16-bit and the global
   scale is left out (the kernel applies it to the float32 sum: ``with_global_scale=False``
   and multiply the product, as :func:`dequant_gemm` does).  ``with_global_scale=False``
-  leaves column scales (per-channel params, :func:`column_scaled`) out too."""
+  leaves column scales (per-channel params, :func:`column_scaled`) out too.
+  ``k_order=False``: a ":pk" layout's rows in the stored (permuted) order, all Kp of them
+  (for a product with x's columns permuted alike: :data:`UNPERMUTE` "x")."""
   k, n = params.shape
   t, np_, bk = params.codes.shape
-  c = code_values(params, dtype).transpose(0, 2, 1).reshape(t * bk, np_)  # (Kp, Np)
+  if k_permuted(params.layout) and k_order:
+    codes = mgpu_convert.permute_k(params.codes)
+    mode = _unpermute_mode(params.spec)
+    if mode == "barrier":
+      codes = jax.lax.optimization_barrier(codes)
+    if mode == "float" and params.spec.weight_format.name == FP4:
+      c = mgpu_convert.e2m1_from_int4_float(codes, dtype)
+    else:
+      c = _stored_values(params.replace(codes=codes), dtype)
+  else:
+    c = _stored_values(params, dtype)
+    if not k_order:
+      k = t * bk
+  c = c.transpose(0, 2, 1).reshape(t * bk, np_)  # (Kp, Np)
   rep_k = lambda r: expand_scales(r.astype(dtype), t * bk, np_)  # rows over their K
   if params.zeros is not None:
     c = c - rep_k(params.zeros)
@@ -825,8 +927,13 @@ def dequant_gemm(params: QuantizedWeight, x: jax.Array) -> jax.Array:
   if column_scaled(params.spec):
     n = params.shape[1]
     g = params.scales[0, :n] if g is None else g * params.scales[0, :n]
+  k_order = not (k_permuted(params.layout) and _unpermute_mode(params.spec) == "x")
+  if not k_order:  # x's columns in the weights' stored order (K padded to the layout's)
+    kp = params.codes.shape[0] * params.codes.shape[2]
+    x = mgpu_convert.permute_k(jnp.pad(x, ((0, 0), (0, kp - x.shape[1]))))
   return launch.gemm_dequantized(
-      x, functools.partial(dequantize_prepared, params, with_global_scale=False),
+      x, functools.partial(dequantize_prepared, params, with_global_scale=False,
+                           k_order=k_order),
       params.bias, highest_f32=True, out_scale=g)
 
 

@@ -88,10 +88,12 @@ def renamed(layout: str, family: str) -> str:
 
 def prepare(params: QuantizedWeight) -> QuantizedWeight:
   """Canonical params -> the WnA16 Mosaic layout of their weights (the activation scale of
-  a static spec kept as it is)."""
+  a static spec kept as it is), in K order: the prefill's Pallas unpack
+  (``carrier_unpack``) reads the codes as stored, so no permuted layout
+  (``wna16_mgpu.permutes``) here."""
   if (why := unsupported_reason(params.spec)) is not None:
     raise ValueError(f"spec {params.spec.name}: not supported by the {FAMILY} kernel ({why})")
-  out = wna16_mgpu.prepare(weight_view(params, "canonical"))
+  out = wna16_mgpu.prepare(weight_view(params, "canonical"), permute=False)
   return out.replace(spec=params.spec, act_scale=params.act_scale,
                      layout=renamed(out.layout, FAMILY))
 
@@ -260,6 +262,7 @@ def mx_fold_codes(params: QuantizedWeight, *, pallas: bool = False,
   reference through the formats' decode / encode.  ``meta``: the Pallas unpack's
   :func:`mx_fold_metadata`, when the caller has it (default: from its kernel)."""
   if pallas:
+    _codes_in_k_order(params)
     if meta is None:
       meta = mx_fold_metadata(params, pallas=True, interpret=interpret)
     return carrier_unpack.unpack(params.codes, params.scales, meta, kind="e2m1",
@@ -300,6 +303,13 @@ def k_major(codes: jax.Array) -> jax.Array:
   return codes.transpose(1, 0, 2).reshape(np_, t * bk)
 
 
+def _codes_in_k_order(params: QuantizedWeight) -> None:
+  """The Pallas unpack reads the stored codes: refuse a permuted layout by name."""
+  if wna16_mgpu.k_permuted(params.layout):
+    raise ValueError(f"params.layout={params.layout!r}: the Pallas unpack reads codes in K "
+                     f"order; prepare with {FAMILY}.prepare (no permuted K order)")
+
+
 def _carrier_codes(params: QuantizedWeight, *, pallas: bool = False,
                    interpret: bool = False) -> jax.Array:
   """(Kp / bk, Np, bk) WnA16-layout codes -> (Np, Kp) values in the 8-bit carrier of the
@@ -312,6 +322,7 @@ def _carrier_codes(params: QuantizedWeight, *, pallas: bool = False,
   elif carrier == jax.numpy.int8:  # integer codes (prefill_8bit_runs: exact carriers only)
     vals = wna16_mgpu.code_values(params, carrier)
   elif pallas and params.codes.dtype == jnp.int4:
+    _codes_in_k_order(params)
     kind = "e2m1" if params.spec.weight_format.name == wna16_mgpu.FP4 else "int"
     return carrier_unpack.unpack(params.codes, kind=kind, interpret=interpret)
   else:  # int4 / fp4 values (all zero or normal in e4m3) -> e4m3 codes off their float32
