@@ -202,6 +202,8 @@ def test_permuted_codes_lower_without_relayout(name, monkeypatch):
   from test_cuda_lowering import abstract_params, lower_for_h200
   from jax.experimental.mosaic.gpu import fragmented_array as fa
   from humming_jax.kernels import grouped_wna16_mgpu, wna16_mgpu
+  for var in ("HUMMING_JAX_PERMUTE_K", "HUMMING_JAX_INT4_PTX"):  # the default layout
+    monkeypatch.delenv(var, raising=False)
   direct, relayouts = [], []
   orig_pairs, orig_to_layout = mc._direct_pairs, fa.FragmentedArray.to_layout
   monkeypatch.setattr(mc, "_direct_pairs", lambda arr, f: direct.append(arr.shape) or

@@ -490,8 +490,7 @@ def test_int4_ptx_gpu(name, m, dtype, monkeypatch):
   assert e <= TOL
   np.testing.assert_array_equal(np.asarray(y1, np.float32), np.asarray(y0, np.float32))
   # the default layout (permuted K order, converted in place): the same output bit for bit
-  pk = jax.jit(mg.prepare)(q)
-  assert mg.k_permuted(pk.layout)
+  pk = jax.jit(lambda q: mg.prepare(q, permute=True))(q)
   y2 = jax.jit(lambda p, x: mg.run(p, x, config=on))(pk, x)
   np.testing.assert_array_equal(np.asarray(y2, np.float32), np.asarray(y0, np.float32))
 
@@ -519,6 +518,7 @@ def test_tuning_cache_is_consulted(tmp_path, monkeypatch):
 def test_int4_ptx_switch_from_the_environment(monkeypatch):
   """HUMMING_JAX_INT4_PTX=0 turns the int4 PTX conversion off (the escape hatch its
   lowering errors name); anything but 0 / 1 is refused by name."""
+  monkeypatch.delenv("HUMMING_JAX_INT4_PTX", raising=False)
   assert mg.Config().int4_ptx
   monkeypatch.setenv("HUMMING_JAX_INT4_PTX", "0")
   assert not mg.Config().int4_ptx and not mg.heuristic(1, 8192).int4_ptx
@@ -607,8 +607,7 @@ def test_fp4_whole_registers_gpu(name, m):
   y = run(jax.jit(lambda q: mg.prepare(q, permute=False))(q), x)
   assert rel(y, jax.jit(reference.dense_reference)(q, x)) <= TOL
   # the default layout (permuted K order, converted in place): the same output bit for bit
-  pk = jax.jit(mg.prepare)(q)
-  assert mg.k_permuted(pk.layout)
+  pk = jax.jit(lambda q: mg.prepare(q, permute=True))(q)
   np.testing.assert_array_equal(np.asarray(run(pk, x), np.float32), np.asarray(y, np.float32))
 
 
@@ -663,11 +662,13 @@ def test_prepare_kernel_choice_dense():
 
 @pytest.mark.parametrize("name", ["w4a16-g128-zp", "w4a16-g128", "w4a16-mxfp4", "w4a16-nvfp4",
                                   "w4a16-mxint4"])
-def test_permuted_layout_interpret(name):
+def test_permuted_layout_interpret(name, monkeypatch):
   """The default 4-bit layout stores each run of 32 codes in the permuted K order the GPU
   converts in place (``mgpu_convert.permute_k``): the codes really move, the layout says
   so, and every reader undoes it -- to_canonical bit for bit, the XLA dequantization, and
   the kernel in the interpreter (same output as the K-order layout, bit for bit)."""
+  for var in ("HUMMING_JAX_PERMUTE_K", "HUMMING_JAX_INT4_PTX"):
+    monkeypatch.delenv(var, raising=False)
   q, x = make(hj.QuantSpec.preset(name), 5, 256, 128, True, seed=21)
   pk, p0 = mg.prepare(q), mg.prepare(q, permute=False)
   assert mg.permutes(q.spec) and mg.k_permuted(pk.layout) and not mg.k_permuted(p0.layout)
@@ -685,17 +686,54 @@ def test_permuted_layout_interpret(name):
   assert rel(y0, reference.dense_reference(q, x)) <= TOL
 
 
-def test_permuted_layout_rules():
-  """Which specs get the permuted K order, and the refusals by name: 8-bit codes; a GPU
-  config that would take Mosaic's conversion of permuted codes."""
+def test_permuted_layout_rules(monkeypatch):
+  """Which specs get the permuted K order (and the switches that turn it off), its exact
+  index map, and the refusal of 8-bit codes by name."""
+  for var in ("HUMMING_JAX_PERMUTE_K", "HUMMING_JAX_INT4_PTX"):
+    monkeypatch.delenv(var, raising=False)
   assert not mg.permutes(hj.QuantSpec.preset("w8a16"))
   assert not mg.permutes(hj.QuantSpec("uint4", "group", 32, zero_point=True))  # zero rows
   assert mg.permutes(hj.QuantSpec("int4", "group", 32))
-  q, x = make(hj.QuantSpec.preset("w8a16"), 1, 256, 64, False, seed=22)
+  assert mg.permutes(hj.QuantSpec.preset("w4a16-mxfp4"))
+  monkeypatch.setenv("HUMMING_JAX_INT4_PTX", "0")  # int4 PTX off: K order for int4 only
+  assert not mg.permutes(hj.QuantSpec("int4", "group", 32))
+  assert mg.permutes(hj.QuantSpec.preset("w4a16-mxfp4"))
+  monkeypatch.setenv("HUMMING_JAX_PERMUTE_K", "0")  # every spec in K order
+  assert not mg.permutes(hj.QuantSpec.preset("w4a16-mxfp4"))
+  q, _ = make(hj.QuantSpec.preset("w4a16-mxfp4"), 1, 256, 64, False, seed=22)
+  assert not mg.k_permuted(mg.prepare(q).layout)
+  # stored position 8q + 2c + e holds column 8c + 2q + e, in every run of 32
+  cols = np.asarray(mg.mgpu_convert.permute_k(jnp.arange(64)))
+  q_, c_, e_ = np.meshgrid(range(4), range(4), range(2), indexing="ij")
+  for run in (0, 32):
+    np.testing.assert_array_equal(cols[run + (8 * q_ + 2 * c_ + e_).ravel()],
+                                  run + (8 * c_ + 2 * q_ + e_).ravel())
+  q, _ = make(hj.QuantSpec.preset("w8a16"), 1, 256, 64, False, seed=22)
   with pytest.raises(ValueError, match="permute=True: only 4-bit"):
     mg.prepare(q, permute=True)
-  q, x = make(hj.QuantSpec.preset("w4a16-g128-zp"), 1, 256, 64, False, seed=22)
-  pk = mg.prepare(q)
-  cfg = mg.Config(64, 2, 1, int4_ptx=False)
-  with pytest.raises(ValueError, match="permute=False"):
-    jax.eval_shape(lambda p, x: mg.run(p, x, config=cfg), pk, x)
+
+
+@pytest.mark.parametrize("mode", ["codes", "float", "barrier", "x"])
+@pytest.mark.parametrize("name,k", [("w4a16-g128-zp", 384), ("w4a16-ch", 200),
+                                    ("w4a16-mxfp4", 256), ("w4a16-nvfp4", 288),
+                                    ("w4a16-mxint4", 352)])
+def test_large_m_reads_the_permuted_layout(name, k, mode, monkeypatch):
+  """Every wna16_mgpu.UNPERMUTE form of the large-M path (XLA dequantization + GEMM) on a
+  permuted layout: the dequantized weights are the K-order layout's bit for bit (except
+  "x", which keeps the stored order and permutes x instead; it falls back to "barrier" for
+  groups of 16, NVFP4), and the output matches the K-order layout's up to the GEMM's
+  summation order (bit-equal on the H200 in session 19's probe; XLA:CPU may block the two
+  GEMMs differently: a last bf16 place)."""
+  spec = hj.QuantSpec.preset(name)
+  q, x = make(spec, 40, k, 192, True, seed=23)
+  cfg = mg.Config(dequant_gemm_min_m=32)
+  p0, pk = mg.prepare(q, permute=False), mg.prepare(q, permute=True)
+  y0 = np.asarray(mg.run(p0, x, config=cfg), np.float32)
+  monkeypatch.setitem(mg.UNPERMUTE, "fp4" if spec.weight_format.name == mg.FP4 else "int",
+                      mode)
+  if mg._unpermute_mode(spec) != "x":
+    np.testing.assert_array_equal(
+        np.asarray(jax.jit(mg.dequantize_prepared)(pk)), np.asarray(mg.dequantize_prepared(p0)))
+  y = np.asarray(jax.jit(lambda p, x: mg.run(p, x, config=cfg))(pk, x), np.float32)
+  assert np.max(np.abs(y - y0)) <= 2 ** -7 * np.max(np.abs(y0))
+  assert rel(y, reference.dense_reference(q, x)) <= TOL

@@ -42,7 +42,9 @@ def supports(spec: QuantSpec) -> bool:
 
 def prepare(params: QuantizedWeight) -> QuantizedWeight:
   """Canonical stacked (E, K, N) params -> the Mosaic grouped layout of their weights (the
-  spec and a static spec's activation scale kept)."""
+  spec and a static spec's activation scale kept); 4-bit codes in the permuted K order
+  (``wna16_mgpu.permutes``: no Pallas unpack reads this layout, unlike dense
+  ``wnam_mgpu``'s)."""
   if not supports(params.spec):
     raise ValueError(f"spec {params.spec.name}: not supported by the {FAMILY} kernel "
                      f"(activation-quantized specs whose weights the "

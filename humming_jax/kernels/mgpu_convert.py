@@ -87,12 +87,13 @@ def _direct_pairs(arr, convert_word):
     raise NotImplementedError(f"permuted codes: this jax's Mosaic GPU gives WGMMA_UPCAST_4X "
                               f"registers {arr.registers.shape} for WGMMA registers {shape} "
                               f"(jax 0.11.2: (., K/32, ...) and (., K/8, ...)); prepare the "
-                              f"weights with permute=False")
+                              f"weights with HUMMING_JAX_PERMUTE_K=0 (the K order)")
   out = np.empty(shape, dtype=object)
   for idx, reg in np.ndenumerate(arr.registers):
     if ir.VectorType(reg.type).shape != [8]:
       raise NotImplementedError(f"permuted codes: expected registers of 8 int4 codes, got "
-                                f"{reg.type}; prepare the weights with permute=False")
+                                f"{reg.type}; prepare the weights with "
+                                f"HUMMING_JAX_PERMUTE_K=0 (the K order)")
     word = mgpu_utils.bitcast(reg, i32)
     for c in range(4):
       new = (idx[0], 4 * idx[1] + c, *idx[2:])

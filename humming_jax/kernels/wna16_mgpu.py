@@ -13,14 +13,17 @@ Hopper reads from registers:
 
   layout: codes stored K-tile-major, (Kp / block_k, Np, block_k), so the (block_n,
        block_k) tile of one K step is one contiguous 4 KB (int4) run in HBM, not block_n
-       strided 64-byte pieces;
+       strided 64-byte pieces; 4-bit codes by default in the permuted K order of
+       ``mgpu_convert.permute_k`` within each run of 32 (":pk" layouts, :func:`permutes`);
   TMA: per pipeline step, ``substeps`` W^T tiles, the x tile (block_m, substeps *
        block_k) and the scale (and zero) rows -> shared memory; each of the CTA's
        ``warpgroups`` streams its own contiguous K range through its own buffers, up to
        ``stages`` steps in flight (a pipeline written out, not plgpu.emit_pipeline);
   registers: the int tile is loaded in the WGMMA upcast layout, converted to the
-       activation dtype (bf16 / fp16) with Mosaic's vectorised int conversion (fp4:
-       kernels/mgpu_convert.py's bit construction), ``(c - z) * s`` per row (one scale
+       activation dtype (bf16 / fp16) by inline PTX per pair of codes (int4: the magic
+       number with the zero point folded in; fp4: kernels/mgpu_convert.py's bit
+       construction; ":pk" codes straight from the loaded 32-bit registers, no relayout;
+       8-bit codes: Mosaic's conversion), ``(c - z) * s`` per row (one scale
        row per K tile when block_k == group size; groups of 16 / 32 have block_k / group
        scale rows per tile, broadcast side by side), i.e. the dequantized weight rounded
        once to the activation dtype (exact for fp4 x e8m0 / e4m3 scales);
@@ -142,8 +145,10 @@ def permutes(spec: QuantSpec) -> bool:
   (``mgpu_convert.permute_k``, layout suffix ":pk"): 4-bit codes that the kernel converts
   with inline PTX straight from the loaded registers -- fp4, and int4 with one zero row per
   K tile or none (smaller groups with zero points take Mosaic's conversion) -- unless
-  HUMMING_JAX_INT4_PTX=0 turns the int4 PTX off."""
-  if spec.weight_bits != 4 or unsupported_reason(spec) is not None:
+  HUMMING_JAX_PERMUTE_K=0 (every spec: the K order, e.g. for a jax whose Mosaic GPU lays
+  the int4 registers out otherwise) or HUMMING_JAX_INT4_PTX=0 (int4) turns it off."""
+  if (spec.weight_bits != 4 or unsupported_reason(spec) is not None
+      or not tuning.env_flag("HUMMING_JAX_PERMUTE_K", True)):
     return False
   if spec.weight_format.name == FP4:
     return True
@@ -317,14 +322,14 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
     key = tuning.cache_key(FAMILY, name, tuning.bucket_m(m), n, k, tuning.device_kind())
     config = tuning.cached_config(key, Config) or heuristic(m, n)
   permuted = k_permuted(params.layout)
-  if permuted and not interpret:  # the GPU converts these codes only with the PTX that
-    # reads them in place (the interpreter undoes the permutation on the values instead)
-    direct_ptx = dict(int4_ptx=True, zero_point_mma=False, fp4_whole_registers=True)
-    if explicit and any(getattr(config, f) != v for f, v in direct_ptx.items()):
-      raise ValueError(f"config={config}: params of layout {params.layout!r} (permuted K "
-                       f"order) run on the GPU only with {direct_ptx}; prepare them with "
-                       f"permute=False for this config")
-    config = dataclasses.replace(config, **direct_ptx)
+  if permuted and not interpret:
+    # The GPU converts permuted codes only with the PTX that reads them in place, so the
+    # conversion route of any config is that one (the same values as Mosaic's conversion,
+    # bit for bit on the H200; zero_point_mma's route is replaced by the subtraction).
+    # The interpreter undoes the permutation on the values and runs every route.
+    route = (dict(fp4_whole_registers=True) if spec.weight_format.name == FP4
+             else dict(int4_ptx=True, zero_point_mma=False))
+    config = dataclasses.replace(config, **route)
   if not grouped and (m >= config.dequant_gemm_min_m
                       or x.dtype not in (jnp.bfloat16, jnp.float16)):
     if direct:
@@ -368,7 +373,7 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
   if permuted and not interpret and not (int4_ptx or fp4):
     raise ValueError(f"params.layout={params.layout!r}: permuted int4 codes with "
                      f"{gpt} zero rows per K tile have no GPU conversion; prepare them with "
-                     f"permute=False")
+                     f"permute=False (or HUMMING_JAX_PERMUTE_K=0)")
   # v6 experiments (tuning.MgpuConfig); one scale row per tile only.  Column scales keep
   # the per-tile float32 partials too (no multiply; NOTES.md v11: accumulating every tile
   # straight into the WGMMA accumulator, config scale_after_mma=False, took 1-6 % less
@@ -881,7 +886,7 @@ def _unpermute_mode(spec: QuantSpec) -> str:
 def dequantize_prepared(params: QuantizedWeight, dtype=jnp.float32, *,
                         with_global_scale: bool = True, k_order: bool = True) -> jax.Array:
   """(K, N) weights straight from the kernel layout: one XLA fusion (int4 -> float is a
-  native convert), same rounding as the kernel when ``dtype`` is 16-bit and the global
+  native convert; :data:`UNPERMUTE` "barrier": two), same rounding as the kernel when ``dtype`` is 16-bit and the global
   scale is left out (the kernel applies it to the float32 sum: ``with_global_scale=False``
   and multiply the product, as :func:`dequant_gemm` does).  ``with_global_scale=False``
   leaves column scales (per-channel params, :func:`column_scaled`) out too.
