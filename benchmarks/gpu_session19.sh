@@ -53,6 +53,8 @@ s_permuted() {
     grep -E "T=|rror" "$OUT/moe_$spec.log" | cut -c1-300
   done
 }
+#   (A record: the unpermute / fp4float steps used probe_permuted.py --modes, removed with
+#   the three slower ways of undoing the permutation after the session; NOTES.md v21.)
 #   large_m: call 4 found the MXFP4 dequantization fusion 30x slower when the permutation
 #      was undone on the codes before their decode (1263 us); now undone in the values'
 #      transpose.  Probe at M = 1024 / 4096, then the W4A16 decode ladder with Humming.

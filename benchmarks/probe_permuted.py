@@ -3,9 +3,10 @@
 decode kernel converts the permuted codes in place instead of through Mosaic's relayout
 (two shuffles and two permutes per 8 codes in session 19's SASS profile).  CUPTI kernel
 time per layer over a chain of ``--sets`` weight sets (more than L2 holds), each launch
-shape as the heuristic picks it, outputs compared bit for bit.  At large M the XLA
-dequantization reads the layout: each way of undoing the permutation
-(``wna16_mgpu.UNPERMUTE``) timed.
+shape as the heuristic picks it, outputs compared.  At large M the XLA dequantization
+reads the layout (``wna16_mgpu.code_values`` undoes the permutation).  Session 19's calls
+5-7 timed four ways of undoing it at large M through a ``--modes`` switch that is gone
+with the slower three (NOTES.md v21).
 Usage: probe_permuted.py [--specs w4a16-g128-zp,w4a16-mxfp4] [--ms 1,16,128,4096]"""
 import argparse
 
@@ -25,8 +26,6 @@ def main():
   ap.add_argument("--k", type=int, default=8192)
   ap.add_argument("--n", type=int, default=8192)
   ap.add_argument("--sets", type=int, default=4)
-  ap.add_argument("--modes", default="codes,barrier,x",
-                  help="wna16_mgpu.UNPERMUTE modes to time at large M")
   a = ap.parse_args()
   rng = np.random.default_rng(0)
   for name in a.specs.split(","):
@@ -39,24 +38,16 @@ def main():
     for m in map(int, a.ms.split(",")):
       x = jnp.asarray(rng.standard_normal((m, a.k), np.float32), jnp.bfloat16)
       outs, line = {}, []
-      fmt = "fp4" if spec.weight_format.name == mg.FP4 else "int"
-      # the decode kernel: one form; the large-M path: each way of undoing the permutation
-      modes = [None] if m < mg.heuristic(m).dequant_gemm_min_m else a.modes.split(",")
-      for perm, mode in [(False, None)] + [(True, md) for md in modes]:
-        if mode is not None:
-          mg.UNPERMUTE[fmt] = mode
-        f = jax.jit(lambda ps, x: [mg.run(p, x) for p in ps])  # fresh: modes read at trace
-        outs[perm, mode] = f(layouts[perm], x)
+      for perm in (False, True):
+        f = jax.jit(lambda ps, x: [mg.run(p, x) for p in ps])
+        outs[perm] = f(layouts[perm], x)
         t = common.kernel_times(f, (layouts[perm], x), per=a.sets)
         main_k = {k: round(v, 2) for k, v in t.items() if v > 0.5}
-        tag = f"permuted{'/' + mode if mode else ''}" if perm else "k-order"
-        line.append(f"{tag} {sum(t.values()):7.2f} us {main_k}")
-      ref = [np.asarray(v, np.float32) for v in outs[False, None]]
-      # bit-equal, except "x" (the GEMM sums K in the stored order: last-place differences)
-      diff = {key[1] or "kernel": max(float(np.max(np.abs(np.asarray(u, np.float32) - v))
-                                          / np.max(np.abs(v))) for u, v in zip(o, ref))
-              for key, o in outs.items() if key[0]}
-      print(f"{name} M={m}: " + " | ".join(line) + f" | max rel diff {diff}", flush=True)
+        line.append(f"{'permuted' if perm else 'k-order'} {sum(t.values()):7.2f} us {main_k}")
+      diff = max(float(np.max(np.abs(np.asarray(u, np.float32) - np.asarray(v, np.float32)))
+                       / np.max(np.abs(np.asarray(v, np.float32))))
+                 for u, v in zip(outs[True], outs[False]))
+      print(f"{name} M={m}: " + " | ".join(line) + f" | max rel diff {diff:.1e}", flush=True)
 
 
 if __name__ == "__main__":

@@ -79,9 +79,7 @@ def _direct_pairs(arr, convert_word):
   from jaxlib.mlir import ir
 
   i32 = ir.IntegerType.get_signless(32)
-  if arr.layout != mgpu.WGMMA_LAYOUT_UPCAST_4X:
-    raise NotImplementedError(f"permuted codes: expected the WGMMA_UPCAST_4X layout, got "
-                              f"{arr.layout}")
+  assert arr.layout == mgpu.WGMMA_LAYOUT_UPCAST_4X, arr.layout  # inline_mgpu's arg_types
   shape = mgpu.WGMMA_LAYOUT.registers_shape(arr.shape)
   if arr.registers.ndim != len(shape) or shape[1] != 4 * arr.registers.shape[1]:
     raise NotImplementedError(f"permuted codes: this jax's Mosaic GPU gives WGMMA_UPCAST_4X "
@@ -303,8 +301,10 @@ def int4_to_float_ptx(codes: jax.Array, dtype, offsets: jax.Array | None = None,
     out_el = ir.BF16Type.get() if float_type == "bf16" else ir.F16Type.get()
     if permuted:
       if off and off[0].registers.shape != mgpu.WGMMA_LAYOUT.registers_shape(arr.shape):
-        raise NotImplementedError(f"int4 PTX conversion: zero-point offset registers "
-                                  f"{off[0].registers.shape} do not match the WGMMA layout's")
+        raise NotImplementedError(f"int4 PTX conversion: this jax's Mosaic GPU gives the "
+                                  f"zero-point offsets registers {off[0].registers.shape}, "
+                                  f"not the WGMMA layout's; prepare the weights with "
+                                  f"HUMMING_JAX_PERMUTE_K=0 (the K order)")
 
       def pair(word, c, idx):
         args, cons = [word, arith.shrui(word, mgpu_utils.c(4, i32))], "=r,r,r"

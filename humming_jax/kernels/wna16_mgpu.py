@@ -150,10 +150,15 @@ def permutes(spec: QuantSpec) -> bool:
   if (spec.weight_bits != 4 or unsupported_reason(spec) is not None
       or not tuning.env_flag("HUMMING_JAX_PERMUTE_K", True)):
     return False
-  if spec.weight_format.name == FP4:
-    return True
-  one_row = block_k_for(spec) == scale_k(spec)
-  return Config().int4_ptx and (one_row or not spec.zero_point)
+  return (spec.weight_format.name == FP4 or Config().int4_ptx) and _converts_in_place(spec)
+
+
+def _converts_in_place(spec: QuantSpec) -> bool:
+  """Whether the GPU kernel has an in-place conversion for permuted 4-bit codes of
+  ``spec``: fp4, and int4 unless several zero-point rows fall in one K tile (groups under
+  64 with zero points take Mosaic's conversion, which needs the K order)."""
+  return (spec.weight_format.name == FP4 or block_k_for(spec) == scale_k(spec)
+          or not spec.zero_point)
 
 
 def k_permuted(layout: str) -> bool:
@@ -211,9 +216,9 @@ def prepare(params: QuantizedWeight, *, permute: bool | None = None) -> Quantize
   if g is not None:
     g = jnp.broadcast_to(g.astype(jnp.float32).reshape(1, 1), (1, np_))
   permute = permutes(spec) if permute is None else permute
-  if permute and bits != 4:
-    raise ValueError(f"permute=True: only 4-bit codes have a permuted layout; spec "
-                     f"{spec.name} has {bits}-bit codes")
+  if permute and (bits != 4 or not _converts_in_place(spec)):
+    raise ValueError(f"permute=True: spec {spec.name} has no permuted layout (only 4-bit "
+                     f"codes, and int4 with zero points needs groups of 64 or more)")
   if permute:
     codes = mgpu_convert.permute_k(codes)
   codes = codes.astype(_CODE_DTYPE[bits])
@@ -370,10 +375,6 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
   # tile, as the offset is a broadcast row).
   int4_ptx = (config.int4_ptx and bits == 4 and not fp4 and not interpret and not zero_mma
               and (gpt == 1 or not has_zeros))
-  if permuted and not interpret and not (int4_ptx or fp4):
-    raise ValueError(f"params.layout={params.layout!r}: permuted int4 codes with "
-                     f"{gpt} zero rows per K tile have no GPU conversion; prepare them with "
-                     f"permute=False (or HUMMING_JAX_PERMUTE_K=0)")
   # v6 experiments (tuning.MgpuConfig); one scale row per tile only.  Column scales keep
   # the per-tile float32 partials too (no multiply; NOTES.md v11: accumulating every tile
   # straight into the WGMMA accumulator, config scale_after_mma=False, took 1-6 % less
@@ -839,8 +840,24 @@ def logical_codes(params: QuantizedWeight) -> jax.Array:
   return params.codes
 
 
-def _stored_values(params: QuantizedWeight, dtype) -> jax.Array:
-  """:func:`code_values` in the stored order (a ":pk" layout's permutation kept)."""
+def code_values(params: QuantizedWeight, dtype) -> jax.Array:
+  """The (Kp / bk, Np, bk) codes of this layout, in K order, as values in ``dtype`` (zero
+  points and scales not applied): integers as they are, fp4 e2m1 through the format's
+  decode, fp8 as its values.  Exact in any float dtype that holds them (and int8 for
+  integer codes).
+
+  A ":pk" layout's permutation is undone on the codes, before the decode: that is the
+  form XLA fuses into the large-M dequantization at the K order's speed (H200 session 19,
+  8192^2: int4 42.9 us vs 42.3).  Undone on the values inside the dequantization's
+  transpose it took 1276 us; materialized first, or as a permutation of x's columns
+  instead, 40-160 us more (NOTES.md v21).  Permuted fp4 codes take the float-arithmetic
+  decode: the integer one after the permutation made XLA's fusion 1263 us, this one 65.5
+  (the K order's decode: 85)."""
+  if k_permuted(params.layout):
+    codes = mgpu_convert.permute_k(params.codes)
+    if params.spec.weight_format.name == FP4:
+      return mgpu_convert.e2m1_from_int4_float(codes, dtype)
+    return codes.astype(dtype)
   if params.spec.weight_format.name == FP4:
     # The format's decode.  XLA's native float4_e2m1fn convert of the same bits is slower
     # on the H200: the 8192^2 dequantization fusion took 122 us against this one's 82
@@ -849,65 +866,16 @@ def _stored_values(params: QuantizedWeight, dtype) -> jax.Array:
   return params.codes.astype(dtype)
 
 
-def code_values(params: QuantizedWeight, dtype) -> jax.Array:
-  """The (Kp / bk, Np, bk) codes of this layout, in K order, as values in ``dtype`` (zero
-  points and scales not applied): integers as they are, fp4 e2m1 through the format's
-  decode, fp8 as its values.  Exact in any float dtype that holds them (and int8 for
-  integer codes)."""
-  values = _stored_values(params, dtype)
-  return mgpu_convert.permute_k(values) if k_permuted(params.layout) else values
-
-
-# How the large-M path meets a ":pk" layout's permuted K order (H200 session 19, CUPTI,
-# 8192^2 dequantization): undone on the values inside the dequantization's transpose, XLA
-# emits a 1276 us fusion (42 us in K order); undone on the fp4 codes before their decode,
-# 1263 us.  The candidates, by format ("int" / "fp4"):
-#   "codes":   permute the int4 codes, then decode + transpose (one fusion; int4: 42.9 us
-#              at M = 1024, as in K order; fp4: 1263 us);
-#   "float":   fp4: the same with the e2m1 decode in float arithmetic on the int4 -> float
-#              convert (the form XLA fused well for int4);
-#   "barrier": permuted codes materialized first (fp4: +81 us: 328 vs 247 at M = 1024);
-#   "x":       dequantize in the stored order, permute x's columns (fp4: +40 / +158 us at
-#              M = 1024 / 4096).
-UNPERMUTE = {"int": "codes", "fp4": "float"}
-
-
-def _unpermute_mode(spec: QuantSpec) -> str:
-  """:data:`UNPERMUTE`'s mode for ``spec``; "x" needs groups of 32 or more (a run of 32
-  rows must keep its scale row when permuted), so smaller groups take "barrier"."""
-  mode = UNPERMUTE["fp4" if spec.weight_format.name == FP4 else "int"]
-  if mode not in ("codes", "float", "barrier", "x"):
-    raise ValueError(f"UNPERMUTE mode {mode!r}: expected 'codes', 'float', 'barrier' or 'x'")
-  if mode == "x" and spec.granularity == "group" and spec.group_size < 32:
-    return "barrier"
-  return mode
-
-
 def dequantize_prepared(params: QuantizedWeight, dtype=jnp.float32, *,
-                        with_global_scale: bool = True, k_order: bool = True) -> jax.Array:
+                        with_global_scale: bool = True) -> jax.Array:
   """(K, N) weights straight from the kernel layout: one XLA fusion (int4 -> float is a
-  native convert; :data:`UNPERMUTE` "barrier": two), same rounding as the kernel when ``dtype`` is 16-bit and the global
+  native convert), same rounding as the kernel when ``dtype`` is 16-bit and the global
   scale is left out (the kernel applies it to the float32 sum: ``with_global_scale=False``
   and multiply the product, as :func:`dequant_gemm` does).  ``with_global_scale=False``
-  leaves column scales (per-channel params, :func:`column_scaled`) out too.
-  ``k_order=False``: a ":pk" layout's rows in the stored (permuted) order, all Kp of them
-  (for a product with x's columns permuted alike: :data:`UNPERMUTE` "x")."""
+  leaves column scales (per-channel params, :func:`column_scaled`) out too."""
   k, n = params.shape
   t, np_, bk = params.codes.shape
-  if k_permuted(params.layout) and k_order:
-    codes = mgpu_convert.permute_k(params.codes)
-    mode = _unpermute_mode(params.spec)
-    if mode == "barrier":
-      codes = jax.lax.optimization_barrier(codes)
-    if mode == "float" and params.spec.weight_format.name == FP4:
-      c = mgpu_convert.e2m1_from_int4_float(codes, dtype)
-    else:
-      c = _stored_values(params.replace(codes=codes), dtype)
-  else:
-    c = _stored_values(params, dtype)
-    if not k_order:
-      k = t * bk
-  c = c.transpose(0, 2, 1).reshape(t * bk, np_)  # (Kp, Np)
+  c = code_values(params, dtype).transpose(0, 2, 1).reshape(t * bk, np_)  # (Kp, Np)
   rep_k = lambda r: expand_scales(r.astype(dtype), t * bk, np_)  # rows over their K
   if params.zeros is not None:
     c = c - rep_k(params.zeros)
@@ -932,13 +900,8 @@ def dequant_gemm(params: QuantizedWeight, x: jax.Array) -> jax.Array:
   if column_scaled(params.spec):
     n = params.shape[1]
     g = params.scales[0, :n] if g is None else g * params.scales[0, :n]
-  k_order = not (k_permuted(params.layout) and _unpermute_mode(params.spec) == "x")
-  if not k_order:  # x's columns in the weights' stored order (K padded to the layout's)
-    kp = params.codes.shape[0] * params.codes.shape[2]
-    x = mgpu_convert.permute_k(jnp.pad(x, ((0, 0), (0, kp - x.shape[1]))))
   return launch.gemm_dequantized(
-      x, functools.partial(dequantize_prepared, params, with_global_scale=False,
-                           k_order=k_order),
+      x, functools.partial(dequantize_prepared, params, with_global_scale=False),
       params.bias, highest_f32=True, out_scale=g)
 
 
