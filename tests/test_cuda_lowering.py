@@ -9,6 +9,8 @@ here does not mean the kernel compiles to SASS or runs: the @pytest.mark.gpu tes
 """
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import pytest
@@ -281,3 +283,26 @@ def test_prefill_with_the_one_pass_prepass_lowers_for_h200(monkeypatch):
   # flag is read at trace time).
   text = lower_for_h200(lambda p, x: wnam_mgpu.run(p, x), p, x)
   assert "act_prepass_fp8_e4m3" in text and "carrier_unpack_e2m1" in text
+
+
+@pytest.mark.parametrize("group,tokens", [(32, 1), (32, 64), (32, 1024), (64, 16), (128, 16),
+                                          (128, 256)])
+def test_fp8_mma_layouts_lower_for_h200(group, tokens, monkeypatch):
+  """The grouped kernel on the fp8-MMA layout (":p8": e4m3 WGMMA operands from fp4 codes)
+  lowers for the H200 for scale groups of 32 (one WGMMA per group partial) and 64 / 128
+  (several per partial), at decode, 256 and 1024 tokens (DeepSeek-V3 gate_up, top-8), and
+  with grid split-K and 128-row tiles on a Mixtral-like shape."""
+  from humming_jax.kernels import grouped_wnam_mgpu as gw, wna16_mgpu
+  monkeypatch.delenv("HUMMING_JAX_FP8_MMA", raising=False)
+  spec = hj.QuantSpec("fp4_e2m1", "group", group, scale_dtype="e8m0", act="fp8_e4m3")
+  for shape, rows, cfg in (((256, 7168, 512), tokens * 8, None),
+                           ((8, 4096, 2048), 1024, None),
+                           ((256, 7168, 512), 8, dataclasses.replace(
+                               wna16_mgpu.heuristic(1, 512), split_k=2))):
+    q = jax.eval_shape(lambda w: hj.quantize(w, spec), jax.ShapeDtypeStruct(shape, jnp.float32))
+    p = jax.eval_shape(gw.prepare, q)
+    assert p.layout.endswith(":p8"), p.layout
+    x = jax.ShapeDtypeStruct((rows, shape[1]), jnp.bfloat16)
+    g = jax.ShapeDtypeStruct((shape[0],), jnp.int32)
+    text = lower_for_h200(lambda p, x, g, cfg=cfg: gw.run(p, x, g, config=cfg), p, x, g)
+    assert "custom_call" in text

@@ -2,6 +2,8 @@
 (kernels/grouped_wnam_mgpu.py): interpreter vs the per-expert reference with the same
 activation quantization, the layout round trip, the ranking (default for 4-bit weights), bad input; H200 tests
 under @pytest.mark.gpu."""
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -10,7 +12,7 @@ import pytest
 import humming_jax as hj
 from humming_jax.kernels import grouped_wnam_mgpu as gw, reference, registry
 
-from test_grouped_wna16_mgpu import TOL, make, rel, routed_error
+from test_grouped_wna16_mgpu import TOL, make, rel, routed_error, routed_rows
 
 CASES = [  # (preset, E, K, N, group_sizes, M): uneven, empty experts, a zero tail
     ("w4a8-int8", 4, 256, 128, [3, 0, 5, 2], 12),
@@ -18,6 +20,8 @@ CASES = [  # (preset, E, K, N, group_sizes, M): uneven, empty experts, a zero ta
     ("w4a8-mxfp4", 5, 256, 192, [0, 7, 2, 0, 9], 20),
     ("w4a4-nvfp4", 3, 256, 64, [4, 0, 3], 9),
     ("w8a8-int8", 3, 256, 128, [2, 5, 0], 8),
+    # fp8 MMA (":p8"): 2 experts x 75 rows (tiles of 64+: one partial in flight)
+    ("w4a8-mxfp4", 2, 256, 64, [75, 75], 150),
 ]
 
 
@@ -40,6 +44,107 @@ def test_matches_the_reference_interpret(case):
   # Not the weight-only product: the activation quantization is applied.
   unq = reference.ragged_dot_reference(q.replace(spec=q.spec.weight_only()), x, g)
   assert rel(y[:total], unq[:total]) > rel(y[:total], want[:total])
+
+
+FP8_SPECS = {  # fp4 weights in groups of 32+ x e4m3 activations per row / per tensor
+    "g64-bf16-token": hj.QuantSpec("fp4_e2m1", "group", 64, act="fp8_e4m3"),
+    "g128-e8m0-static": hj.QuantSpec("fp4_e2m1", "group", 128, scale_dtype="e8m0",
+                                     act="fp8_e4m3", act_granularity="tensor",
+                                     act_static=True),
+}
+
+
+@pytest.mark.parametrize("key", sorted(FP8_SPECS))
+def test_fp8_mma_layout_interpret(key, monkeypatch):
+  """The fp8-MMA layout (":p8") for scale groups of 64 / 128 (one partial per group: two or
+  one per K tile) and a static per-tensor activation scale: against the reference, the
+  same as the 16-bit route (HUMMING_JAX_FP8_MMA=0) within rounding, a NaN row NaN."""
+  monkeypatch.delenv("HUMMING_JAX_FP8_MMA", raising=False)
+  spec = FP8_SPECS[key]
+  e, k, n, gs = 3, 256, 64, [4, 0, 5]
+  kw, kx = jax.random.split(jax.random.key(31))
+  w = jax.random.normal(kw, (e, k, n)) / np.sqrt(k)
+  q = hj.quantize(w, spec, act_scale=jnp.float32(0.02) if spec.act_static else None)
+  x = jax.random.normal(kx, (9, k), jnp.float32).astype(jnp.bfloat16)
+  x = x.at[3, 5].set(jnp.nan) if not spec.act_static else x
+  g = jnp.asarray(gs, jnp.int32)
+  assert gw.fp8_mma(spec)
+  p = gw.prepare(q)
+  assert p.layout.endswith(":p8"), p.layout
+  y = jax.jit(lambda p, x, g: gw.run(p, x, g, interpret=True))(p, x, g)
+  want = reference.ragged_dot_reference(q, x, g)
+  ok = jnp.isfinite(want).all(axis=1)
+  assert rel(y[ok], want[ok]) <= 1e-4, rel(y[ok], want[ok])
+  if not spec.act_static:  # row 3 holds a NaN: its output row is NaN
+    assert int((~ok).sum()) == 1 and bool(jnp.all(jnp.isnan(y[~ok])))
+  monkeypatch.setenv("HUMMING_JAX_FP8_MMA", "0")
+  p16 = gw.prepare(q)
+  assert ":p8" not in p16.layout
+  y16 = jax.jit(lambda p, x, g: gw.run(p, x, g, interpret=True))(p16, x, g)
+  assert rel(y16[ok], y[ok]) <= 1e-2
+  np.testing.assert_array_equal(np.asarray(gw.to_canonical(p).codes),
+                                np.asarray(q.codes))
+
+
+def test_fp8_mma_split_k_and_dense_interpret(monkeypatch):
+  """The fp8 route with grid split-K (x scales on each float32 partial, XLA sums them) on
+  the grouped kernel, and the dense (one expert's) kernel on the ":p8" layout with its
+  own row scales, against XLA on the same e4m3 codes."""
+  from humming_jax.kernels import grouped_wna16_mgpu as g16, wna16_mgpu
+  monkeypatch.delenv("HUMMING_JAX_FP8_MMA", raising=False)
+  q, x = make("w4a8-mxfp4", 2, 512, 128, 6, False, seed=33)
+  g = jnp.asarray([2, 4], jnp.int32)
+  p = gw.prepare(q)
+  cfg = dataclasses.replace(wna16_mgpu.heuristic(1, 128), split_k=2, warpgroups=1)
+  y = jax.jit(lambda p, x, g: gw.run(p, x, g, interpret=True, config=cfg))(p, x, g)
+  want = reference.ragged_dot_reference(q, x, g)
+  assert rel(y, want) <= 1e-4, rel(y, want)
+  # dense: expert 1's weights, x as e4m3 codes with row scales
+  view = gw.weight_view(p, gw.renamed(p.layout, g16.FAMILY))
+  dense = view.replace(codes=view.codes[1], scales=view.scales[1], shape=view.shape[1:],
+                       layout=view.layout.replace(g16.FAMILY, wna16_mgpu.FAMILY, 1))
+  assert wna16_mgpu.fp8_mma(dense.layout)
+  s = jnp.max(jnp.abs(x.astype(jnp.float32)), axis=1) / 448
+  codes = (x.astype(jnp.float32) / s[:, None]).astype(jnp.float8_e4m3fn)
+  yd = wna16_mgpu.run(dense, codes, interpret=True, x_scale=s, out_dtype=jnp.float16)
+  w = wna16_mgpu.dequantize_prepared(dense, jnp.float32)
+  ref = (codes.astype(jnp.float32) * s[:, None]) @ w
+  assert yd.dtype == jnp.float16 and rel(yd, ref) <= 1e-3, rel(yd, ref)
+  assert wna16_mgpu.run(dense, codes[:0], interpret=True, x_scale=s[:0]).dtype == jnp.bfloat16
+
+
+def test_fp8_mma_refusals():
+  """Bad input to the fp8-MMA layout is refused by name: specs it cannot hold, bad
+  prepare arguments, 16-bit x on it, fp8 x without row scales, fp8 x on a 16-bit layout,
+  row scales or an output dtype with 16-bit x."""
+  from humming_jax.kernels import wna16_mgpu
+  q, x = make("w4a16-nvfp4", 2, 256, 64, 4, False)
+  with pytest.raises(ValueError, match="groups of a multiple of 32"):
+    wna16_mgpu.prepare(q.replace(shape=q.shape[1:], codes=q.codes[0], scales=q.scales[0],
+                                 global_scale=q.global_scale[0]), mma="fp8")
+  q, x = make("w4a8-mxfp4", 2, 256, 64, 4, False)
+  one = q.replace(shape=q.shape[1:], codes=q.codes[0], scales=q.scales[0])
+  with pytest.raises(ValueError, match="mma='fp16'"):
+    wna16_mgpu.prepare(gw.weight_view(one, "canonical"), mma="fp16")
+  with pytest.raises(ValueError, match="own K order"):
+    wna16_mgpu.prepare(gw.weight_view(one, "canonical"), mma="fp8", permute=True)
+  p = gw.prepare(q)
+  view = gw.weight_view(p, gw.renamed(p.layout, "grouped_wna16_mgpu"))
+  from humming_jax.kernels import grouped_wna16_mgpu as g16
+  g = jnp.asarray([2, 2], jnp.int32)
+  with pytest.raises(ValueError, match="takes float8_e4m3fn activations"):
+    g16.run(view, x, g, interpret=True)
+  with pytest.raises(ValueError, match="x_scale: expected the"):
+    g16.run(view, x.astype(jnp.float8_e4m3fn), g, interpret=True)
+  q16, _ = make("w4a16-mxfp4", 2, 256, 64, 4, False)
+  with pytest.raises(ValueError, match="takes float8_e4m3fn activations"):
+    g16.run(g16.prepare(q16), x.astype(jnp.float8_e4m3fn), g, interpret=True,
+            x_scale=jnp.ones((4,), jnp.float32))
+  with pytest.raises(ValueError, match="x_scale / out_dtype: only for float8_e4m3fn"):
+    g16.run(g16.prepare(q16), x, g, interpret=True, x_scale=jnp.ones((4,), jnp.float32))
+  with pytest.raises(ValueError, match="x_scale: expected the"):
+    g16.run(view, x.astype(jnp.float8_e4m3fn), g, interpret=True,
+            x_scale=jnp.ones((3,), jnp.float32))
 
 
 def test_round_trip_and_ranking():
@@ -96,6 +201,46 @@ def test_deepseek_gate_up_gpu(name, tokens):
                        hj.quant_ragged_dot)
   print(f"grouped_wnam_mgpu {name} {tokens} tokens: rel err {e_:.2e}")
   assert e_ <= TOL
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape,tokens", [((128, 2048, 1536), 64), ((128, 768, 2048), 16),
+                                          ((256, 256, 7168), 1), ((256, 7168, 512), 1),
+                                          ((256, 7168, 512), 256), ((8, 4096, 2048), 512)])
+def test_fp8_mma_gpu(shape, tokens, monkeypatch):
+  """W4A8 MXFP4 experts on the fp8-MMA layout on the H200 (Qwen3-30B-A3B gate_up / down,
+  DeepSeek-V3 down and gate_up (grid split-K) at 1 token, gate_up at 256 tokens, a
+  Mixtral-like prefill tile of 128 rows): within 1e-3 of the reference (the 16-bit
+  route's bf16 rounding gave 2.5e-3; session 20: 1.7e-4-2.9e-4)."""
+  monkeypatch.delenv("HUMMING_JAX_FP8_MMA", raising=False)
+  e, k, n = shape
+  e_, p = routed_error("w4a8-mxfp4", e, k, n, tokens, 27,
+                       lambda q: hj.prepare(q, grouped=True, kernel=gw.FAMILY),
+                       hj.quant_ragged_dot)
+  assert p.layout.endswith(":p8"), p.layout
+  print(f"fp8 MMA {shape} {tokens} tokens: rel err {e_:.2e}")
+  assert e_ <= 1e-3
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("key", sorted(FP8_SPECS))
+def test_fp8_mma_groups_gpu(key, monkeypatch):
+  """fp4 groups of 64 / 128 on the fp8-MMA layout on the H200 (several 32-deep WGMMAs per
+  scale group's partial; not in session 20's GPU runs): Qwen3-30B-A3B gate_up, 16
+  tokens, against the reference."""
+  monkeypatch.delenv("HUMMING_JAX_FP8_MMA", raising=False)
+  spec = FP8_SPECS[key]
+  kw, kx = jax.random.split(jax.random.key(35))
+  w = jax.random.normal(kw, (128, 2048, 1536)) / np.sqrt(2048)
+  q = jax.jit(lambda w: hj.quantize(w, spec, act_scale=jnp.float32(0.02)
+                                    if spec.act_static else None))(w)
+  g, x = routed_rows(128, 2048, 16, seed=36)
+  p = jax.jit(gw.prepare)(q)
+  assert p.layout.endswith(":p8"), p.layout
+  e_ = rel(jax.jit(hj.quant_ragged_dot)(p, x, g),
+           jax.jit(reference.ragged_dot_reference)(q, x, g))
+  print(f"fp8 MMA {key}: rel err {e_:.2e}")
+  assert e_ <= 1e-3
 
 
 @pytest.mark.gpu

@@ -238,3 +238,33 @@ def test_float_arithmetic_decode_is_the_format_decode(dtype):
   want = np.asarray(mc.to_float_interpret(codes, dtype).astype(jnp.float32))
   np.testing.assert_array_equal(got, want)
   np.testing.assert_array_equal(np.signbit(got), np.signbit(want))
+
+
+def test_fp8_mma_order_and_e4m3_bits():
+  """The ":p8" K order: stored position 8q + 2b + h of each run of 32 holds column
+  16 (1 - h) + 4q + b, and the inverse undoes it; the integer ops of the e2m1 -> e4m3
+  conversion give every nibble's value times 2**-6 in its byte of the right register and
+  nothing in the other one (every code at every nibble position)."""
+  x = jnp.arange(2 * 64).reshape(2, 64)
+  y = mc.permute_k8(x)
+  for run in range(2):
+    for q in range(4):
+      for b in range(4):
+        for h in range(2):
+          assert int(y[0, 32 * run + 8 * q + 2 * b + h]) == 32 * run + 16 * (1 - h) + 4 * q + b
+  np.testing.assert_array_equal(mc.permute_k8(y, inverse=True), x)
+  with pytest.raises(ValueError, match="multiple of 32"):
+    mc.permute_k8(x[:, :48])
+  want = np.asarray(mc.e2m1_to_e4m3_interpret(jnp.arange(16) - 16 * (jnp.arange(16) >= 8))
+                    .astype(jnp.float32))
+  decoded = np.asarray(mc.to_float_interpret(jnp.arange(16), jnp.float32)) * 2.0 ** -6
+  np.testing.assert_array_equal(want, decoded)
+  for code in range(16):
+    for pos in range(8):
+      hi, lo = mc.e2m1_to_e4m3_reference(np.array([code << (4 * pos)], np.uint32))
+      mine, other = (hi, lo) if pos % 2 else (lo, hi)
+      byte = (int(mine[0]) >> (8 * (pos // 2))) & 0xFF
+      assert int(mine[0]) == byte << (8 * (pos // 2)), (code, pos)
+      assert int(other[0]) == 0, (code, pos)
+      v = np.array([byte], np.uint8).view(jnp.float8_e4m3fn).astype(np.float32)[0]
+      assert v == decoded[code] and np.signbit(v) == (code >= 8), (code, pos, v)

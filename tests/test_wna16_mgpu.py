@@ -426,10 +426,13 @@ def test_narrow_n_split_k_gpu(name, m):
 
 
 def test_heuristic_splits_k_only_for_narrow_n():
-  """Split-K 2 where N's 64-column CTAs fill at most half the SMs, at decode only."""
+  """Split-K 2 where the CTAs of every M tile (N's 64-column blocks times the M tiles)
+  fill at most half the SMs: decode and one 128-token tile of narrow N, not two."""
   assert mg.heuristic(1, 4096).split_k == 2 and mg.heuristic(16, 4224).split_k == 2
   assert mg.heuristic(1, 4288).split_k == 1 and mg.heuristic(1, 8192).split_k == 1
-  assert mg.heuristic(1).split_k == 1 and mg.heuristic(128, 4096).split_k == 1
+  assert mg.heuristic(1).split_k == 1 and mg.heuristic(128).split_k == 1
+  assert mg.heuristic(128, 4096).split_k == 2 and mg.heuristic(256, 4096).split_k == 1
+  assert mg.heuristic(128, 28672).split_k == 1 and mg.heuristic(100, 4224).split_k == 2
 
 
 @pytest.mark.gpu

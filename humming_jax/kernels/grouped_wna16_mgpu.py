@@ -58,15 +58,17 @@ def supports(spec: QuantSpec) -> bool:
   return wna16_mgpu.supports(spec)
 
 
-def prepare(params: QuantizedWeight, *, permute: bool | None = None) -> QuantizedWeight:
+def prepare(params: QuantizedWeight, *, permute: bool | None = None,
+            mma: str = "bf16") -> QuantizedWeight:
   """Canonical stacked (E, K, N) params -> the dense Mosaic layout per expert, stacked
-  (``permute``: as in ``wna16_mgpu.prepare``)."""
+  (``permute``, ``mma``: as in ``wna16_mgpu.prepare``)."""
   if params.num_experts is None:
     raise ValueError(f"grouped kernels need stacked experts (E, K, N); got shape "
                      f"{params.shape}")
   if (why := wna16_mgpu.unsupported_reason(params.spec)) is not None:
     raise ValueError(f"spec {params.spec.name}: not supported by the {FAMILY} kernel ({why})")
-  return grouped_wna16.stack_prepare(functools.partial(wna16_mgpu.prepare, permute=permute),
+  return grouped_wna16.stack_prepare(functools.partial(wna16_mgpu.prepare, permute=permute,
+                                                       mma=mma),
                                      params, FAMILY, wna16_mgpu.FAMILY)
 
 
@@ -151,6 +153,18 @@ def heuristic(tiles: int, n: int, k_tiles: int, block_m: int, *,
     wg2-st2 / wg1-st4: DeepSeek-V3 gate_up 64 tokens 196.5 -> 164.0 / 167.1, 16 tokens
     94.0 -> 82.2 / 85.7; Qwen3-30B-A3B gate_up 64 tokens 98.2 -> 87.2 / 87.1 (it was the
     shared-x rule's), down (3 K steps) 67.0 -> 54.9 / 48.6."""
+  fp8 = params is not None and wna16_mgpu.fp8_mma(params.layout)
+  if block_m >= 16 and tile_rows <= 16 and fp8:
+    # fp8-MMA layout, 16-row tiles: one warpgroup per CTA over K, not the shared-x CTAs
+    # (H200 session 20, DeepSeek-V3 gate_up at 256 tokens, CUPTI kernel us: 224.7 ->
+    # 168.4; the 16-bit route's conversion made the shared x tile pay, NOTES_moe.md).
+    return dataclasses.replace(wna16_mgpu.shared_x_config(block_m), warpgroups=1,
+                               substeps=1, split_warpgroups="k")
+  if block_m > 64 and fp8:
+    # The fp8 route keeps its running sum and a group partial in registers (2 x 64 per
+    # thread at 128 rows): two warpgroups, as shared_x_config's 16-bit scale-after rule
+    # (not timed).
+    return wna16_mgpu.shared_x_config(block_m, warpgroups=2)
   if block_m >= 16:
     return wna16_mgpu.shared_x_config(block_m)
   config = wna16_mgpu.heuristic(block_m)
@@ -187,6 +201,8 @@ def _fits_per_sm(config: wna16_mgpu.Config, params: QuantizedWeight | None,
     bits, has_zeros = spec.weight_bits, params.zeros is not None
     bk = wna16_mgpu.block_k_for(spec)
     gpt, col = bk // wna16_mgpu.scale_k(spec), wna16_mgpu.column_scaled(spec)
+  # (The fp8 route's 1-byte x counts as 2 here: its launches were timed with this count,
+  # NOTES_moe.md session 20.)
   need = wna16_mgpu.smem_bytes(tile_rows, config.stages, config.substeps, bk, bits, has_zeros,
                                warpgroups=config.warpgroups, scale_rows=gpt,
                                column_scale=col)
@@ -349,12 +365,15 @@ def schedule(group_sizes: jax.Array, m: int, block_m: int, num_tiles: int, *,
 
 def run(params: QuantizedWeight, x: jax.Array, group_sizes: jax.Array, *,
         interpret: bool = False, config: wna16_mgpu.Config | None = None,
-        block_m: int | None = None) -> jax.Array:
+        block_m: int | None = None, x_scale: jax.Array | None = None,
+        out_dtype=None) -> jax.Array:
   """(M, K) bf16 / fp16 rows sorted by expert x prepared stacked params -> (M, N).
 
   ``block_m``: rows per tile (a multiple of 8 up to :data:`MAX_BLOCK_M`; default
   :func:`tile_rows`); ``config``: the launch (default :func:`heuristic` of
-  :func:`launch_rows`)."""
+  :func:`launch_rows`).  The fp8-MMA layout (``prepare(mma="fp8")``) takes
+  float8_e4m3fn rows with their (M,) float32 ``x_scale`` and returns ``out_dtype``
+  (``wna16_mgpu.run``)."""
   if registry.layout_family(params.layout) != FAMILY:
     raise ValueError(f"params.layout={params.layout!r}: expected {FAMILY}:... params; call "
                      f"grouped_wna16_mgpu.prepare first")
@@ -367,7 +386,8 @@ def run(params: QuantizedWeight, x: jax.Array, group_sizes: jax.Array, *,
     raise ValueError(f"block_m={block_m} must be a multiple of 8 in [8, {MAX_BLOCK_M}]")
   m = x.shape[0]
   if m == 0:
-    return jnp.zeros((0, n), x.dtype)
+    return jnp.zeros((0, n), (out_dtype or jnp.bfloat16) if x.dtype == jnp.float8_e4m3fn
+                     else x.dtype)
   block_m = block_m or tile_rows(m, e)
   num_tiles = max_tiles(m, e, block_m)
   if interpret:
@@ -380,7 +400,8 @@ def run(params: QuantizedWeight, x: jax.Array, group_sizes: jax.Array, *,
   config = config or heuristic(min(e, m), n, params.codes.shape[-3],
                                launch_rows(m, e, block_m), params=params, tile_rows=block_m)
   y_tiles = wna16_mgpu.run(params, x, interpret=interpret, config=config,
-                           tiles=wna16_mgpu.Tiles(sched, num_tiles, block_m))
+                           tiles=wna16_mgpu.Tiles(sched, num_tiles, block_m),
+                           x_scale=x_scale, out_dtype=out_dtype)
   return y_tiles.at[src[:m]].get(mode="fill", fill_value=0)
 
 

@@ -1,17 +1,23 @@
 """Quantized-activation specs (W4A8, W4A4, W8A8) of stacked experts on the Mosaic grouped
 WnA16 kernel: the grouped form of ``wnam_mgpu``'s decode path.
 
-The spec's own activation quantization (``quantize.fake_quantize_activations``, what the
+fp4 weights in scale groups of 32 or more with e4m3 activations per token or per tensor
+(W4A8 MXFP4; :func:`fp8_mma`) take the fp8-MMA layout (``wna16_mgpu.prepare(mma="fp8")``): the
+activations as e4m3 codes and row scales (``quantize.kernel_activations``), the e2m1
+codes as e4m3 WGMMA operands, each scale group's float32 partial scaled apart, the row
+scales in the epilogue (error 1.7e-4-2.9e-4 against the reference on the H200, session
+20; DeepSeek-V3 gate_up at 64 tokens 212.9 -> 159.8 us, NOTES_moe.md).  Every other spec:
+the spec's own activation quantization (``quantize.fake_quantize_activations``, what the
 reference runs; row-wise for per-token specs, so the rows' order by expert does not
 matter) is rounded once to x's 16-bit dtype, then ``grouped_wna16_mgpu.run`` computes the
 weight half of the spec in that kernel's stacked layout.  The error against the reference
 is that rounding of ``code x scale``: the class of the dense family (H200: 2.0e-3-2.7e-3;
 here 2.5e-3-2.6e-3 in session 16, against the Triton W8A8 family's 8e-4, which keeps
-``code x scale`` in float32).  A per-token scale could move to the kernel's epilogue
-(codes are exact in bf16) to close that gap; the grouped WnA16 kernel has no row scale yet.
+``code x scale`` in float32; the fp8 route above keeps it in float32 too).
 
-Why: at MoE decode a grouped GEMM streams the active experts' weights, so 8-bit tensor
-cores buy nothing.  H200 session 16 (NOTES_moe.md), W4A8 MXFP4 x fp8, walls of a resident
+Why this family and not the 8-bit GEMMs: at MoE decode a grouped GEMM streams the active
+experts' weights, so what counts is the per-weight work in registers (the fp8 route: ~0.9
+integer ops per weight, on fp8 tensor cores).  H200 session 16 (NOTES_moe.md), W4A8 MXFP4 x fp8, walls of a resident
 chain of 8 layers at 1 / 16 / 64 tokens: DeepSeek-V3 gate_up 23.1 / 117.5 / 221.6 us here
 against 124.4 / 293.3 / 527.8 on the Pallas-Triton grouped W8A8 family, down 21.5 / 80.0 /
 170.0 against 23.7 / 139.5 / 286.0 (Humming's W4A8: 16.7 / 57.7 / 115.8 and 18.3 / 74.5 /
@@ -27,9 +33,9 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from humming_jax.kernels import grouped_wna16_mgpu, registry
+from humming_jax.kernels import grouped_wna16_mgpu, registry, tuning, wna16_mgpu
 from humming_jax.kernels.wnam_mgpu import renamed, weight_spec, weight_view
-from humming_jax.quantize import QuantizedWeight, fake_quantize_activations
+from humming_jax.quantize import QuantizedWeight, fake_quantize_activations, kernel_activations
 from humming_jax.spec import QuantSpec
 
 FAMILY = "grouped_wnam_mgpu"
@@ -40,16 +46,28 @@ def supports(spec: QuantSpec) -> bool:
   return spec.act is not None and grouped_wna16_mgpu.supports(weight_spec(spec))
 
 
+def fp8_mma(spec: QuantSpec) -> bool:
+  """Whether :func:`prepare` lays ``spec`` out for fp8 WGMMA (``wna16_mgpu``'s ":p8"
+  layout): e4m3 activations with one scale per row or per tensor, and fp4 weights in
+  scale groups of 32 or more (``wna16_mgpu.fp8_mma_reason``) -- e.g. W4A8 MXFP4 --,
+  unless HUMMING_JAX_FP8_MMA=0 (the 16-bit route: activations rounded to x's dtype)."""
+  return (spec.act == "fp8_e4m3" and spec.act_granularity in ("token", "tensor")
+          and wna16_mgpu.fp8_mma_reason(weight_spec(spec)) is None
+          and tuning.env_flag("HUMMING_JAX_FP8_MMA", True))
+
+
 def prepare(params: QuantizedWeight) -> QuantizedWeight:
   """Canonical stacked (E, K, N) params -> the Mosaic grouped layout of their weights (the
-  spec and a static spec's activation scale kept); 4-bit codes in the permuted K order
+  spec and a static spec's activation scale kept): the fp8-MMA layout where
+  :func:`fp8_mma` says so, else 4-bit codes in the permuted K order
   (``wna16_mgpu.permutes``: no Pallas unpack reads this layout, unlike dense
   ``wnam_mgpu``'s)."""
   if not supports(params.spec):
     raise ValueError(f"spec {params.spec.name}: not supported by the {FAMILY} kernel "
                      f"(activation-quantized specs whose weights the "
                      f"{grouped_wna16_mgpu.FAMILY} kernel takes)")
-  out = grouped_wna16_mgpu.prepare(weight_view(params, "canonical"))
+  out = grouped_wna16_mgpu.prepare(weight_view(params, "canonical"),
+                                   mma="fp8" if fp8_mma(params.spec) else "bf16")
   return out.replace(spec=params.spec, act_scale=params.act_scale,
                      layout=renamed(out.layout, FAMILY))
 
@@ -64,8 +82,9 @@ def to_canonical(prepared: QuantizedWeight) -> QuantizedWeight:
 def run(params: QuantizedWeight, x: jax.Array, group_sizes: jax.Array, *,
         interpret: bool = False, config=None, block_m: int | None = None) -> jax.Array:
   """(M, K) bf16 / fp16 rows sorted by expert x prepared stacked params -> (M, N): the
-  activations quantized as the spec says and rounded to x.dtype, then the grouped WnA16
-  kernel (``config`` / ``block_m`` as in ``grouped_wna16_mgpu.run``)."""
+  activations quantized as the spec says, then the grouped WnA16 kernel (``config`` /
+  ``block_m`` as in ``grouped_wna16_mgpu.run``) -- on the fp8-MMA layout with the e4m3
+  codes and their row scales, else rounded to x.dtype."""
   if registry.layout_family(params.layout) != FAMILY:
     raise ValueError(f"params.layout={params.layout!r}: expected {FAMILY}:... params; call "
                      f"hj.prepare(params, grouped=True, kernel={FAMILY!r}) first")
@@ -77,8 +96,15 @@ def run(params: QuantizedWeight, x: jax.Array, group_sizes: jax.Array, *,
     raise ValueError(f"x must be (M, K={k}); got shape {x.shape}")
   if x.shape[0] == 0:
     return jnp.zeros((0, n), x.dtype)
-  xq = fake_quantize_activations(x, params.spec, params.act_scale).astype(x.dtype)
   view = weight_view(params, renamed(params.layout, grouped_wna16_mgpu.FAMILY))
+  if wna16_mgpu.fp8_mma(params.layout):
+    m = x.shape[0]
+    qa = kernel_activations(x, params.spec, params.act_scale, rows=m, kp=k)
+    x_scale = jnp.broadcast_to(qa.scales.reshape(-1, 1), (m, 1)).reshape(m)
+    return grouped_wna16_mgpu.run(view, qa.values, group_sizes, interpret=interpret,
+                                  config=config, block_m=block_m, x_scale=x_scale,
+                                  out_dtype=x.dtype)
+  xq = fake_quantize_activations(x, params.spec, params.act_scale).astype(x.dtype)
   return grouped_wna16_mgpu.run(view, xq, group_sizes, interpret=interpret, config=config,
                                 block_m=block_m)
 

@@ -360,6 +360,97 @@ def int4_to_float_reference(codes: jax.Array, dtype, zeros: jax.Array | None = N
   return f - jnp.asarray(off, jnp.float32).astype(dtype)
 
 
+# The fp8-MMA 4-bit layout's K order (wna16_mgpu.prepare(mma="fp8"), ":p8" layouts): within
+# each run of 32 codes, the code of column 16 (1 - h) + 4 q + b (q, b < 4; h < 2) is stored
+# at 8 q + 2 b + h.  Loaded in the WGMMA_UPCAST_4X layout, lane q's 32-bit register of 8
+# nibbles then holds in its high nibbles the four e4m3 values of its WGMMA_8BIT register
+# for columns 4 q + b and in its low nibbles those for 16 + 4 q + b: three and four
+# integer ops make the two 8-bit registers (:func:`e2m1_to_e4m3_ptx`), no relayout.
+def permute_k8(codes: jax.Array, *, inverse: bool = False) -> jax.Array:
+  """Codes in K order -> the ":p8" order along the last axis (``inverse``: back), whose
+  length must be a multiple of :data:`PERMUTE_RUN`."""
+  *lead, k = codes.shape
+  if k % PERMUTE_RUN:
+    raise ValueError(f"codes.shape={codes.shape}: the last axis must be a multiple of "
+                     f"{PERMUTE_RUN}")
+  if inverse:  # stored (q, b, h) -> K order (1 - h, q, b)
+    c = jnp.moveaxis(codes.reshape(*lead, k // PERMUTE_RUN, 4, 4, 2), -1, -3)
+    return c[..., ::-1, :, :].reshape(codes.shape)
+  c = codes.reshape(*lead, k // PERMUTE_RUN, 2, 4, 4)[..., ::-1, :, :]  # (h, q, b)
+  return jnp.moveaxis(c, -3, -1).reshape(codes.shape)
+
+
+E4M3_FROM_E2M1 = 2.0 ** -6  # e2m1 bits s e1 e0 m placed as e4m3 s 0 0 e1 e0 m 0 0
+
+
+def e2m1_to_e4m3_interpret(codes: jax.Array) -> jax.Array:
+  """e2m1 bit patterns (int4, K order) -> float8_e4m3fn ``value * 2**-6``: what
+  :func:`e2m1_to_e4m3_ptx` computes (exact: e2m1 values times 2**-6 are e4m3 values,
+  0.5 * 2**-6 an e4m3 subnormal)."""
+  return (to_float_interpret(codes, jnp.float32) * E4M3_FROM_E2M1).astype(jnp.float8_e4m3fn)
+
+
+def e2m1_to_e4m3_reference(words: np.ndarray) -> np.ndarray:
+  """The integer ops of :func:`e2m1_to_e4m3_ptx` on uint32 words of 8 nibbles (numpy, for
+  the CPU check of the bit arithmetic): (high-nibble register, low-nibble register)."""
+  w = words.astype(np.uint32)
+  hi = (w & np.uint32(0x80808080)) | ((w >> np.uint32(2)) & np.uint32(0x1C1C1C1C))
+  lo = (((w << np.uint32(4)) & np.uint32(0x80808080))
+        | ((w << np.uint32(2)) & np.uint32(0x1C1C1C1C)))
+  return hi, lo
+
+
+def e2m1_to_e4m3_ptx(codes: jax.Array, blocks: int) -> tuple[jax.Array, ...]:
+  """":p8"-ordered e2m1 codes (a (64, 32 * blocks) int4 tile as loaded: WGMMA_UPCAST_4X)
+  -> ``blocks`` (64, 32) float8_e4m3fn WGMMA_8BIT A operands holding ``value * 2**-6``, one
+  per K run of 32 (GPU only).  Per 8 codes: the high nibbles' register is
+  ``(w & 0x80808080) | ((w >> 2) & 0x1c1c1c1c)``, the low nibbles' the same of ``w << 4``
+  (sign to bit 7, magnitude to bits 4..2: e4m3's exponent field low bits and mantissa
+  MSB; e2m1's subnormal 0.5 lands on e4m3's 2**-7).  ~0.9 integer ops per weight against
+  ~3 for the e2m1 -> bf16 conversion and its scale multiply."""
+  shape = (codes.shape[0], 32)
+  out_t = plgpu.ShapeDtypeStruct(shape, jnp.dtype(jnp.float8_e4m3fn),
+                                 layout=plgpu.Layout.WGMMA_8BIT)
+
+  @plgpu.inline_mgpu(arg_types=(plgpu.Layout.WGMMA_UPCAST_4X,),
+                     return_type=tuple([out_t] * blocks))
+  def convert(ctx, arr):
+    del ctx
+    from jax.experimental.mosaic import gpu as mgpu
+    from jax.experimental.mosaic.gpu import utils as mgpu_utils
+    from jaxlib.mlir import ir
+    from jaxlib.mlir.dialects import arith
+
+    i32 = ir.IntegerType.get_signless(32)
+    f8 = ir.VectorType.get((4,), ir.Float8E4M3FNType.get())
+    c = lambda v: mgpu_utils.c(v, i32)
+    src_shape = mgpu.WGMMA_LAYOUT_UPCAST_4X.registers_shape((shape[0], 32 * blocks))
+    out_shape = mgpu.WGMMA_LAYOUT_8BIT.registers_shape(shape)
+    if (arr.registers.shape != src_shape or len(out_shape) != len(src_shape)
+        or out_shape[1] != 2 or src_shape[1] != blocks):
+      raise NotImplementedError(f"fp8-MMA e2m1 codes: this jax's Mosaic GPU gives "
+                                f"WGMMA_UPCAST_4X registers {arr.registers.shape} and "
+                                f"WGMMA_8BIT {out_shape} (jax 0.11.2: (., K/32, ...) and "
+                                f"(., 2, ...)); prepare the weights with mma='bf16'")
+    outs = [np.empty(out_shape, dtype=object) for _ in range(blocks)]
+    for idx, reg in np.ndenumerate(arr.registers):
+      if ir.VectorType(reg.type).shape != [8]:
+        raise NotImplementedError(f"fp8-MMA e2m1 codes: expected registers of 8 int4 "
+                                  f"codes, got {reg.type}; prepare with mma='bf16'")
+      w = mgpu_utils.bitcast(reg, i32)
+      sign, mag = c(0x80808080), c(0x1C1C1C1C)
+      hi = arith.ori(arith.andi(w, sign), arith.andi(arith.shrui(w, c(2)), mag))
+      lo = arith.ori(arith.andi(arith.shli(w, c(4)), sign),
+                     arith.andi(arith.shli(w, c(2)), mag))
+      run = idx[1]
+      for half, val in ((0, hi), (1, lo)):
+        outs[run][(idx[0], half, *idx[2:])] = mgpu_utils.bitcast(val, f8)
+    return tuple(mgpu.FragmentedArray(_registers=o, _layout=mgpu.WGMMA_LAYOUT_8BIT,
+                                      _is_signed=None) for o in outs)
+
+  return convert(codes)
+
+
 def e4m3_to_float(codes, dtype):
   """float8_e4m3fn registers (a Mosaic fragmented array, or a jnp array in the
   interpreter) -> ``dtype``.  Hopper's ``cvt`` converts e4m3 pairs to f16 only (this

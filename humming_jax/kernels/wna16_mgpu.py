@@ -34,6 +34,12 @@ Hopper reads from registers:
        (block_m, 64) tile; with ``split_k`` > 1 each CTA stores float32 partials and XLA
        sums them.
 
+fp8 activations (session 20): fp4 codes in the ":p8" layout (``prepare(mma="fp8")``,
+``mgpu_convert.permute_k8``) become e4m3 WGMMA A operands (e2m1 values times 2**-6, with
+integer ops in place), x is float8_e4m3fn in SMEM, each scale group's fp8 WGMMAs go into
+their own float32 partial which is then scaled, and the epilogue multiplies each row by its
+activation scale times 2**6 (``run(..., x_scale=...)``).
+
 Decode (M <= 64) has a single M tile, and N / 64 CTAs of 4 warpgroups (fewer when they
 do not divide the K steps or fit shared memory; configs allow up to 8) stream the weights
 once: one warpgroup's load -> convert -> WGMMA chain per K step is latency bound, four of
@@ -66,6 +72,7 @@ FAMILY = "wna16_mgpu"
 BLOCK_N = 64  # rows of W^T per warpgroup (the WGMMA M dimension)
 _WGMMA = plgpu.Layout.WGMMA
 _ROW = plgpu.Layout.WGMMA.reduce(1)
+_COL = plgpu.Layout.WGMMA.reduce(0)
 _TRANSPOSED = plgpu.Layout.WGMMA_TRANSPOSED
 _UPCAST = {4: plgpu.Layout.WGMMA_UPCAST_4X, 8: plgpu.Layout.WGMMA_UPCAST_2X}
 _CODE_DTYPE = {4: jnp.int4, 8: jnp.int8}
@@ -167,7 +174,29 @@ def k_permuted(layout: str) -> bool:
   return "pk" in layout.split(":")[1:]
 
 
-def prepare(params: QuantizedWeight, *, permute: bool | None = None) -> QuantizedWeight:
+def fp8_mma(layout: str) -> bool:
+  """Whether a layout string of this family (or its grouped / W4A8 views) is the fp8-MMA
+  layout (":p8", ``prepare(mma="fp8")``): e2m1 codes in ``mgpu_convert.permute_k8``'s
+  order, for float8_e4m3fn activations on fp8 WGMMA."""
+  return "p8" in layout.split(":")[1:]
+
+
+def fp8_mma_reason(spec: QuantSpec) -> str | None:
+  """Why ``spec``'s weights have no fp8-MMA layout (None: they have): fp4 e2m1 codes
+  (exact in e4m3 times 2**-6) whose scale groups cover whole 32-deep WGMMA K steps (each
+  group's float32 partial product is scaled apart: groups of 32 and up)."""
+  if (why := unsupported_reason(spec)) is not None:
+    return why
+  if spec.weight_format.name != FP4:
+    return f"weight={spec.weight!r}: the fp8-MMA layout holds fp4_e2m1 codes"
+  if spec.granularity != "group" or spec.group_size % 32:
+    return (f"granularity={spec.granularity!r}, group_size={spec.group_size}: the fp8-MMA "
+            f"layout needs groups of a multiple of 32 (one fp8 WGMMA K step)")
+  return None
+
+
+def prepare(params: QuantizedWeight, *, permute: bool | None = None,
+            mma: str = "bf16") -> QuantizedWeight:
   """Canonical params -> (Kp / block_k, Np, block_k) signed codes (uint codes minus
   2**(b-1); fp4: the e2m1 bit pattern as a two's-complement nibble) in jnp.int4 / int8,
   scales (their own dtype; e8m0 and e4m3 as bf16, exact) and zero points (minus the
@@ -177,7 +206,11 @@ def prepare(params: QuantizedWeight, *, permute: bool | None = None) -> Quantize
   ``permute`` (default :func:`permutes`): 4-bit codes in the permuted K order within each
   run of 32 (``mgpu_convert.permute_k``), which the GPU kernel converts without a register
   relayout; every XLA reader of the layout (:func:`code_values`, :func:`to_canonical`)
-  undoes it."""
+  undoes it.
+
+  ``mma="fp8"``: the layout of float8_e4m3fn activations (layout suffix ":p8",
+  :func:`fp8_mma_reason` says which specs): the codes in ``mgpu_convert.permute_k8``'s order,
+  which the kernel turns into e4m3 WGMMA operands in place; scales and the rest as above."""
   spec = params.spec
   if (why := unsupported_reason(spec)) is not None:
     raise ValueError(f"spec {spec.name}: not supported by the {FAMILY} kernel ({why})")
@@ -215,17 +248,25 @@ def prepare(params: QuantizedWeight, *, permute: bool | None = None) -> Quantize
   g = params.global_scale
   if g is not None:
     g = jnp.broadcast_to(g.astype(jnp.float32).reshape(1, 1), (1, np_))
-  permute = permutes(spec) if permute is None else permute
+  if mma not in ("bf16", "fp8"):
+    raise ValueError(f"mma={mma!r}: expected 'bf16' (16-bit activations) or 'fp8'")
+  if mma == "fp8" and (why := fp8_mma_reason(spec)) is not None:
+    raise ValueError(f"mma='fp8': spec {spec.name} has no fp8-MMA layout ({why})")
+  if mma == "fp8" and permute:
+    raise ValueError("mma='fp8' has its own K order (permute_k8); leave permute unset")
+  permute = (permutes(spec) if permute is None else permute) and mma == "bf16"
   if permute and (bits != 4 or not _converts_in_place(spec)):
     raise ValueError(f"permute=True: spec {spec.name} has no permuted layout (only 4-bit "
                      f"codes, and int4 with zero points needs groups of 64 or more)")
   if permute:
     codes = mgpu_convert.permute_k(codes)
+  if mma == "fp8":
+    codes = mgpu_convert.permute_k8(codes)
   codes = codes.astype(_CODE_DTYPE[bits])
   if spec.weight_format.name == FP8:  # the same byte, typed for the in-register cvt
     codes = jax.lax.bitcast_convert_type(codes, jnp.float8_e4m3fn)
   layout = (f"{FAMILY}:b{bits}:bk{bk}" + (":cs" if column_scaled(spec) else "")
-            + (":pk" if permute else ""))
+            + (":pk" if permute else "") + (":p8" if mma == "fp8" else ""))
   return params.replace(codes=codes, scales=s, zeros=zeros, global_scale=g, layout=layout)
 
 
@@ -286,7 +327,8 @@ class Tiles(NamedTuple):
 
 
 def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
-        config: Config | None = None, tiles: Tiles | None = None) -> jax.Array:
+        config: Config | None = None, tiles: Tiles | None = None,
+        x_scale: jax.Array | None = None, out_dtype=None) -> jax.Array:
   """(M, K) bf16/fp16 activations x prepared params -> (M, N) in x.dtype.
 
   The weights are dequantized in the activation dtype: with fp16 activations, weights
@@ -300,7 +342,15 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
   layout, then XLA's GEMM in the activation dtype.
 
   ``tiles`` (grouped_wna16_mgpu): stacked-expert params, one expert per row tile; returns
-  the (num_tiles * block_m, N) tile rows (the caller gathers)."""
+  the (num_tiles * block_m, N) tile rows (the caller gathers).
+
+  float8_e4m3fn ``x`` (the fp8-MMA layout, ``prepare(mma="fp8")``, M below
+  ``dequant_gemm_min_m`` when dense): activation codes with their per-row float32
+  ``x_scale`` ((M,) or (M, 1)); the e2m1 codes become e4m3 WGMMA operands in registers,
+  each scale group's float32 partial product is scaled on its own (Hopper's fp8 MMA sums
+  one group at most, 32-128 K deep, in its reduced-precision accumulator), and the
+  epilogue multiplies each row by its x_scale; output in ``out_dtype`` (bf16 / fp16,
+  default bf16)."""
   spec = params.spec
   grouped = tiles is not None
   if not grouped and registry.layout_family(params.layout) != FAMILY:
@@ -320,13 +370,32 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
   bits = spec.weight_bits
   m = x.shape[0]
   if m == 0:
-    return jnp.zeros((0, n), x.dtype)
+    return jnp.zeros((0, n), (out_dtype or jnp.bfloat16) if x.dtype == jnp.float8_e4m3fn
+                     else x.dtype)
+  fp8 = x.dtype == jnp.float8_e4m3fn  # fp8 activations on the fp8-MMA layout
+  if fp8 != fp8_mma(params.layout):
+    raise ValueError(f"x.dtype={x.dtype} with params.layout={params.layout!r}: the fp8-MMA "
+                     f"layout (':p8', prepare(mma='fp8')) takes float8_e4m3fn activations "
+                     f"(with x_scale), every other layout bfloat16 / float16")
+  if not fp8 and (x_scale is not None or out_dtype is not None):
+    raise ValueError(f"x_scale / out_dtype: only for float8_e4m3fn x on the fp8-MMA layout; "
+                     f"x.dtype={x.dtype} (its output takes x's dtype, no row scales)")
+  if fp8 and (x_scale is None or x_scale.shape not in ((m,), (m, 1))):
+    raise ValueError(f"x_scale: expected the ({m},) float32 row scales of the "
+                     f"float8_e4m3fn x; got "
+                     f"{None if x_scale is None else x_scale.shape}")
+  if fp8 and jnp.dtype(out_dtype or jnp.bfloat16) not in (jnp.dtype(jnp.bfloat16),
+                                                          jnp.dtype(jnp.float16)):
+    raise ValueError(f"out_dtype={out_dtype}: expected bfloat16 or float16")
   explicit = config is not None  # checked as given; cached / heuristic ones adapt
   if config is None:  # run_direct's views tune apart from W8A16 (same spec, other layout)
-    name = spec.name + (":direct" if direct else "")
+    name = spec.name + (":direct" if direct else "") + (":p8" if fp8 else "")
     key = tuning.cache_key(FAMILY, name, tuning.bucket_m(m), n, k, tuning.device_kind())
     config = tuning.cached_config(key, Config) or heuristic(m, n)
   permuted = k_permuted(params.layout)
+  if fp8:  # its own route (fp8_tiles below); none of the 16-bit conversion flags
+    config = dataclasses.replace(config, scale_after_mma=False, zero_point_mma=False,
+                                 overlap_mma=False)
   if permuted and not interpret:
     # The GPU converts permuted codes only with the PTX that reads them in place, so the
     # conversion route of any config is that one (the same values as Mosaic's conversion,
@@ -335,16 +404,20 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
     route = (dict(fp4_whole_registers=True) if spec.weight_format.name == FP4
              else dict(int4_ptx=True, zero_point_mma=False))
     config = dataclasses.replace(config, **route)
-  if not grouped and (m >= config.dequant_gemm_min_m
-                      or x.dtype not in (jnp.bfloat16, jnp.float16)):
+  if not grouped and fp8 and m >= config.dequant_gemm_min_m:
+    raise ValueError(f"float8_e4m3fn x: M={m} >= dequant_gemm_min_m="
+                     f"{config.dequant_gemm_min_m}; the fp8-MMA layout's dense path is the "
+                     f"decode kernel")
+  if not grouped and not fp8 and (m >= config.dequant_gemm_min_m
+                                  or x.dtype not in (jnp.bfloat16, jnp.float16)):
     if direct:
       raise ValueError(f"run_direct: M={m} >= dequant_gemm_min_m="
                        f"{config.dequant_gemm_min_m} or x.dtype={x.dtype} (expected "
                        f"bfloat16 / float16): the direct layout is for the decode kernel")
     return dequant_gemm(params, x)
-  if x.dtype not in (jnp.bfloat16, jnp.float16):
+  if not fp8 and x.dtype not in (jnp.bfloat16, jnp.float16):
     raise ValueError(f"x.dtype={x.dtype}: the grouped Mosaic kernel takes bfloat16 / float16")
-  cdt = x.dtype
+  cdt = jnp.dtype(out_dtype or jnp.bfloat16) if fp8 else x.dtype
   sub = divisor(config.substeps, k_tiles)
   if grouped:  # x rows read from each tile's first row; output: block_m rows per tile
     block_m = tiles.block_m
@@ -358,13 +431,18 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
     # padded: rare, and the zero columns must meet zero codes.)
     # Mosaic's TMA needs the row count below its 8-row tiling or a multiple of it.
     rows = m if config.unpadded_rows and (m < 8 or m % 8 == 0) else mp
-  xp = x.astype(cdt)
+  xp = x if fp8 else x.astype(cdt)
   if (rows, kp) != (m, k):
     xp = jnp.pad(xp, ((0, rows - m), (0, kp - k)))
+  xs = None  # fp8: the row scales times 2**6 (the e4m3 operands hold e2m1 values * 2**-6)
+  if fp8:
+    xs = x_scale.reshape(m).astype(jnp.float32) * (1 / mgpu_convert.E4M3_FROM_E2M1)
+    if rows != m:
+      xs = jnp.pad(xs, (0, rows - m))
   has_zeros = params.zeros is not None
   gpt = bk // scale_k(spec)  # scale (and zero) rows per K tile
   fp4 = spec.weight_format.name == FP4
-  fp8 = spec.weight_format.name == FP8
+  fp8_codes = spec.weight_format.name == FP8
   col = column_scaled(spec)  # the scale is an epilogue row, not a row per K tile
   if col and params.scales.shape[-2:] != (1, np_):
     raise ValueError(f"params.scales.shape={params.scales.shape}: expected a (1, {np_}) "
@@ -381,9 +459,13 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
   # kernel time but timed 4-6 us per layer slower in the chain, so the default stays).
   after = config.scale_after_mma and gpt == 1
   overlap = after and config.overlap_mma and not zero_mma and sub > 1
-  operands = ([tiles.sched] if grouped else []) + [xp, params.codes]
+  operands = ([tiles.sched] if grouped else []) + [xp] + ([xs] if fp8 else []) + [params.codes]
+  # The fp8 route multiplies float32 partials: scale rows stay in their stored 16-bit
+  # dtype (e8m0 / e4m3 as bf16, exact) or float32, not rounded to the output dtype.
+  s_dtype = (cdt if not fp8 else params.scales.dtype
+             if params.scales.dtype in (jnp.bfloat16, jnp.float16) else jnp.float32)
   if not col:
-    operands.append(params.scales.astype(cdt))
+    operands.append(params.scales.astype(s_dtype))
   if has_zeros:
     operands.append(params.zeros.astype(cdt))
   k_steps = k_tiles // sub
@@ -398,22 +480,34 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
   wgs = divisor(config.warpgroups, splits)
   if interpret and share_x:  # the CPU interpreter can leave a third warpgroup thread
     wgs = divisor(min(wgs, 2), splits)  # unscheduled on a 2-core machine (NOTES.md v11)
+  fp8_bytes = (dict(x_bytes=1, scale_bytes=jnp.dtype(s_dtype).itemsize, x_scales=True)
+               if fp8 else {})
   while not explicit and wgs > 1 and smem_bytes(
       block_m, min(2, steps if share_x else steps // wgs), sub, bk, bits, has_zeros,
-      out_bytes, wgs, zero_mma, gpt, col, share_x) > SMEM_BYTES:
+      out_bytes, wgs, zero_mma, gpt, col, share_x, **fp8_bytes) > SMEM_BYTES:
     wgs = divisor(wgs - 1, splits)  # e.g. group 256 x 64 tokens: 4 warpgroups do not fit
   steps_w = steps if share_x else steps // wgs
   stages = min(config.stages, steps_w, MAX_BARRIERS // (1 if share_x else wgs))
   stages = fit_stages(dataclasses.replace(config, stages=stages, substeps=sub, warpgroups=wgs),
                       block_m, bk, bits, has_zeros, out_bytes=out_bytes, scale_rows=gpt,
-                      column_scale=col)
+                      column_scale=col, **fp8_bytes)
   eg = wgs if share_x else 1  # warpgroups with their own epilogue (output columns)
+  # fp8: one float32 partial per scale group of a K tile (its 32-deep WGMMAs, one per
+  # 32-code block, into it); `in_flight` groups issued before one wait (partials of <= 64
+  # registers per thread in all).
+  fp8_blocks = bk // 32  # (64, 32) e4m3 A operands per K tile
+  fp8_group_blocks = max(1, min(scale_k(spec), bk) // 32)  # (fp8 specs: groups >= 32)
+  fp8_groups = fp8_blocks // fp8_group_blocks
+  in_flight = max(1, min(fp8_groups, 128 // block_m))
   has_bias = params.bias is not None and fused_epilogue  # added in the kernel
   # Epilogue rows multiplied in the kernel: the global scale, the column scale.
   scale_rows = [r for r in (params.global_scale, params.scales if col else None)
                 if r is not None] if fused_epilogue else []
   n_ep = len(scale_rows) + has_bias  # epilogue vectors, fetched during the K loop
-  x_tf = _swizzled(sub * bk, 16, "x")
+  # fp8 x: 32-byte swizzle, so each 32-deep K step of a tile is a whole swizzle tile (the
+  # B operand of one fp8 WGMMA beside its (64, 32) register A operand).
+  x_tf = ((plgpu.TilingTransform((8, 32)), plgpu.SwizzleTransform(32)) if fp8
+          else _swizzled(sub * bk, 16, "x"))
   w_tf = _swizzled(bk, bits, "w")
   a_tf = _swizzled(bk, 16, "a")
   r_tf = _swizzled(block_m, 32, "r")
@@ -421,10 +515,12 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
 
   def kernel(*refs, x_buf, w_buf, bars, o_smem, s_buf=None, z_buf=None, red_smem=None,
              red_bar=None, ep_smem=None, ep_barrier=None, a_smem=None, ones_smem=None,
-             free=None, out_bar=None):
+             free=None, out_bar=None, xs_smem=None, xs_bar=None):
     rest = list(refs)
     sched_gmem = rest.pop(0) if grouped else None
-    x_gmem, w_gmem = rest.pop(0), rest.pop(0)
+    x_gmem = rest.pop(0)
+    xs_gmem = rest.pop(0) if fp8 else None
+    w_gmem = rest.pop(0)
     s_gmem = None if col else rest.pop(0)
     z_gmem = rest.pop(0) if has_zeros else None
     ep_gmem = [rest.pop(0) for _ in range(n_ep)]  # [global scale], [column scale], [bias]
@@ -440,6 +536,8 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
     own = (lambda ref, i: ref.at[i]) if share_x else (lambda ref, i: ref)
 
     def tile(xs, pick):  # xs: the x rows; pick: the tile's expert's arrays (dense: same)
+      if fp8:  # the tile's row scales, for the epilogue
+        pl.when(wg == 0)(lambda: plgpu.copy_gmem_to_smem(xs_gmem.at[xs], xs_smem, xs_bar))
       if n_ep:  # in flight during the K loop; warpgroup 0 (share_x: each) runs the epilogue
         @pl.when(wg == 0)  # (share_x: for every warpgroup; one issuer of all copies)
         def _():
@@ -495,7 +593,7 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
             w = mgpu_convert.to_float_ptx(plgpu.layout_cast(w, _WGMMA), cdt)
           elif fp4:
             w = mgpu_convert.to_float_interpret(plgpu.layout_cast(w, _WGMMA), cdt)
-          elif fp8:
+          elif fp8_codes:
             w = mgpu_convert.e4m3_to_float(plgpu.layout_cast(w, _WGMMA), cdt)
           elif int4_ptx:  # c - z in one PTX block per pair: z folded into the magic offset
             off = None
@@ -526,6 +624,8 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
           return part if col else part * bcast(row(s_buf, j).astype(jnp.float32), part.shape)
 
         acc_t = plgpu.ACC((BLOCK_N, block_m), jnp.float32)
+        if fp8:
+          return fp8_tiles(slot, x_smem, lambda j, i: row(s_buf, j, i), bcast, acc_t, total)
         # overlap: tile j + 1 is dequantized while tile j's WGMMA runs.  (Reading an
         # accumulator waits for every WGMMA in flight, so the wgmma_wait(1) below adds no
         # overlap of its own; the form GPU-tested in session 13.)
@@ -563,6 +663,37 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
         plgpu.wgmma_wait(0)  # the slot may be refilled next
         return total
 
+      def fp8_tiles(slot, x_smem, scale_row, bcast, acc_t, total):
+        # Per K tile: the (64, 32) e4m3 A operands of its 32-code blocks (in registers on
+        # the GPU; SMEM for the interpreter), then rounds of `in_flight` scale groups: each
+        # group's WGMMAs into its own fresh accumulator, one wait, each partial times its
+        # scale row (group g of the tile is scale row g: groups >= 64 are one per tile).
+        for j in range(sub):
+          w = plgpu.load(w_buf.at[wg, slot, j], layout=_UPCAST[4],
+                         optimized=config.optimized_load)
+          if interpret:
+            vals = mgpu_convert.permute_k8(w.astype(jnp.int8), inverse=True)
+            plgpu.wgmma_wait(0)
+            a_smem.at[wg][...] = mgpu_convert.e2m1_to_e4m3_interpret(vals)
+            plgpu.commit_smem()
+            a_blocks = [a_smem.at[wg, :, pl.ds(b * 32, 32)] for b in range(fp8_blocks)]
+          else:
+            a_blocks = mgpu_convert.e2m1_to_e4m3_ptx(w, fp8_blocks)
+          x_blocks = [x_smem.at[:, pl.ds(j * bk + b * 32, 32)].T for b in range(fp8_blocks)]
+          for r0 in range(0, fp8_groups, in_flight):
+            group = range(r0, min(fp8_groups, r0 + in_flight))
+
+            def round_products(*part_refs, group=group):
+              for ref, g in zip(part_refs, group):
+                for b in range(g * fp8_group_blocks, (g + 1) * fp8_group_blocks):
+                  plgpu.wgmma(ref, a_blocks[b], x_blocks[b])
+              plgpu.wgmma_wait(0)
+              return [ref[...] for ref in part_refs]
+            products = pl.run_scoped(round_products, *[acc_t] * len(group))
+            for part, g in zip(products, group):
+              total = total + part * bcast(scale_row(j, g).astype(jnp.float32), part.shape)
+        return total
+
       def scoped(acc_ref):
         if zero_mma:  # the constant all-ones WGMMA A operand of the x sums
           ones_smem.at[wg][...] = jnp.ones((BLOCK_N, bk), cdt)
@@ -583,11 +714,11 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
             fetch(step + stages, slot)
           return total
 
-        total = None  # the running sum lives in acc_ref, or (after) in registers:
-        if after:
+        total = None  # the running sum lives in acc_ref, or (after, fp8) in registers:
+        if after or fp8:
           total = plgpu.layout_cast(jnp.zeros((BLOCK_N, block_m), jnp.float32), _WGMMA)
         total = lax.fori_loop(0, steps_w, body, total)
-        return total if after else acc_ref[...]
+        return total if after or fp8 else acc_ref[...]
 
       acc = pl.run_scoped(scoped, plgpu.ACC((BLOCK_N, block_m), jnp.float32))
       if wgs > 1 and not share_x:  # partial sums of warpgroups 1.. -> SMEM -> warpgroup 0
@@ -603,6 +734,9 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
           plgpu.barrier_wait(red_bar)
           for i in range(wgs - 1):
             y = y + plgpu.load(red_smem.at[i], layout=_WGMMA)
+        if fp8:  # each x row (a column here) times its scale (split-K: on each partial)
+          plgpu.barrier_wait(xs_bar)
+          y = y * lax.broadcast_in_dim(plgpu.load(xs_smem, layout=_COL), y.shape, [1])
         out_smem = own(o_smem, e)
         if not fused_epilogue:
           out_smem[...] = y
@@ -641,10 +775,10 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
       xs = pl.ds(pl.multiple_of(first, 8), block_m)
       pl.when(kind == 1)(lambda: tile(xs, lambda ref: ref.at[expert]))
 
-  row_buf = lambda: plgpu.SMEM((wgs, stages, sub * gpt, BLOCK_N), cdt)
+  row_buf = lambda dtype=cdt: plgpu.SMEM((wgs, stages, sub * gpt, BLOCK_N), dtype)
   copies = (sub if direct else 1) + (not col) + has_zeros  # per warpgroup and slot, + x
   scratch = dict(
-      x_buf=plgpu.SMEM((1 if share_x else wgs, stages, block_m, sub * bk), cdt,
+      x_buf=plgpu.SMEM((1 if share_x else wgs, stages, block_m, sub * bk), xp.dtype,
                        transforms=x_tf),
       w_buf=plgpu.SMEM((wgs, stages, sub, BLOCK_N, bk), params.codes.dtype, transforms=w_tf),
       bars=(plgpu.Barrier(num_arrivals=1 + wgs * copies, num_barriers=stages) if share_x
@@ -654,7 +788,7 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
     if wgs > 1:
       scratch["out_bar"] = plgpu.Barrier(num_arrivals=wgs - 1)
   if not col:
-    scratch["s_buf"] = row_buf()
+    scratch["s_buf"] = row_buf(s_dtype)
   if has_zeros:
     scratch["z_buf"] = row_buf()
   if wgs > 1 and not share_x:
@@ -678,7 +812,11 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
       bias = jnp.pad(bias, [(0, 0)] * (bias.ndim - 1) + [(0, np_ - n)])
     operands.append(bias.reshape(*bias.shape[:-1], 1, np_))
   if interpret:
-    scratch["a_smem"] = plgpu.SMEM((wgs, BLOCK_N, bk), cdt, transforms=a_tf)
+    scratch["a_smem"] = (plgpu.SMEM((wgs, BLOCK_N, bk), jnp.float8_e4m3fn, transforms=x_tf)
+                         if fp8 else plgpu.SMEM((wgs, BLOCK_N, bk), cdt, transforms=a_tf))
+  if fp8:
+    scratch.update(xs_smem=plgpu.SMEM((block_m,), jnp.float32),
+                   xs_bar=plgpu.Barrier(num_arrivals=1))
   if zero_mma:
     scratch["ones_smem"] = plgpu.SMEM((wgs, BLOCK_N, bk), cdt, transforms=a_tf)
   out = plgpu.kernel(
@@ -753,18 +891,23 @@ MAX_BARRIERS = 32  # mbarriers in one Mosaic GPU barrier group: warpgroups x sta
 def smem_bytes(block_m: int, stages: int, substeps: int, block_k: int, bits: int,
                has_zeros: bool, out_bytes: int = 2, warpgroups: int = 1,
                ones_tile: bool = False, scale_rows: int = 1,
-               column_scale: bool = False, share_x: bool = False) -> int:
+               column_scale: bool = False, share_x: bool = False, *, x_bytes: int = 2,
+               scale_bytes: int = 2, x_scales: bool = False) -> int:
   """Shared memory the kernel allocates: each scratch buffer rounded up to Mosaic's 1 KB
   alignment (checked against Mosaic's count in tests/test_wna16_mgpu.py).
   ``scale_rows``: scale (and zero) rows per K tile; ``column_scale``: no scale rows (the
   scale is an epilogue row); ``share_x``: warpgroups split N and share one x tile per
-  slot (``MgpuConfig.split_warpgroups="n"``: no reduction buffer, an epilogue each)."""
+  slot (``MgpuConfig.split_warpgroups="n"``: no reduction buffer, an epilogue each).
+  The fp8 route: ``x_bytes`` 1, ``scale_bytes`` of its scale rows, ``x_scales`` (the
+  tile's row scales and their barrier)."""
   kb = tuning.smem_round
   slots = warpgroups * stages * substeps
-  rows = kb(slots * scale_rows * BLOCK_N * 2) * ((not column_scale) + has_zeros)
+  rows = (kb(slots * scale_rows * BLOCK_N * scale_bytes) * (not column_scale)
+          + kb(slots * scale_rows * BLOCK_N * 2) * has_zeros)
   x_slots = stages * substeps if share_x else slots
   eg = warpgroups if share_x else 1  # epilogues (output tiles, epilogue rows)
-  return (kb(x_slots * block_m * block_k * 2) + kb(slots * BLOCK_N * block_k * bits // 8)
+  return (kb(x_slots * block_m * block_k * x_bytes) + kb(slots * BLOCK_N * block_k * bits // 8)
+          + (kb(block_m * 4) + 8 if x_scales else 0)
           + rows + (0 if share_x else kb((warpgroups - 1) * BLOCK_N * block_m * 4))
           + kb(eg * block_m * BLOCK_N * out_bytes) + kb(eg * 3 * BLOCK_N * 4)
           + (kb(warpgroups * BLOCK_N * block_k * 2) if ones_tile else 0)
@@ -777,13 +920,15 @@ def _ones_tile(config: Config, has_zeros: bool) -> bool:
 
 
 def fit_stages(config: Config, block_m: int, block_k: int, bits: int, has_zeros: bool,
-               out_bytes: int = 2, scale_rows: int = 1, column_scale: bool = False) -> int:
-  """``config.stages``, lowered (not below 2) until the pipeline fits in shared memory."""
+               out_bytes: int = 2, scale_rows: int = 1, column_scale: bool = False,
+               **fp8_bytes) -> int:
+  """``config.stages``, lowered (not below 2) until the pipeline fits in shared memory
+  (``fp8_bytes``: :func:`smem_bytes`' keywords of the fp8 route)."""
   stages = config.stages
   size = lambda st: smem_bytes(block_m, st, config.substeps, block_k, bits, has_zeros,
                                out_bytes, config.warpgroups,
                                _ones_tile(config, has_zeros) and scale_rows == 1, scale_rows,
-                               column_scale, config.split_warpgroups == "n")
+                               column_scale, config.split_warpgroups == "n", **fp8_bytes)
   while stages > 2 and size(stages) > SMEM_BYTES:
     stages -= 1
   need = size(stages)
@@ -813,13 +958,18 @@ def heuristic(m: int, n: int | None = None) -> Config:
 
   M > 64: 128-token tiles, two warpgroups splitting K (four do not fit shared memory with
   128-token tiles), scales on the float32 partials.  NOTES.md v9, 8192^2 int4 g128 zp at
-  M = 128: 55.0 us kernel with one warpgroup -> 37.5 (relative error 2.3e-3 -> 4.2e-5)."""
+  M = 128: 55.0 us kernel with one warpgroup -> 37.5 (relative error 2.3e-3 -> 4.2e-5).
+  The same narrow rule on the CTAs of all M tiles: H200 session 20 (NOTES.md v22), M = 128,
+  CUPTI kernel us, Llama-3-8B down (14336 -> 4096) 51.2 -> 30.8, o_proj (4096^2) 17.1 ->
+  13.0; N = 28672 (448 CTAs) keeps one: 65.7 against 78.9 split."""
+  narrow = lambda rows: (n is not None and 2 * -(-n // BLOCK_N) * -(-m // rows)
+                         <= tuning.num_sms())
   if m <= 64:
-    narrow = n is not None and 2 * -(-n // BLOCK_N) <= tuning.num_sms()
     return Config(block_m=64, stages=4, substeps=2 if m <= 16 else 1, warpgroups=4,
                   scale_after_mma=True, overlap_mma=True, unpadded_rows=True,
-                  split_k=2 if narrow else 1)
-  return Config(block_m=128, stages=4, warpgroups=2, scale_after_mma=True)
+                  split_k=2 if narrow(64) else 1)
+  return Config(block_m=128, stages=4, warpgroups=2, scale_after_mma=True,
+                split_k=2 if narrow(128) else 1)
 
 
 def shared_x_config(block_m: int, warpgroups: int = 4) -> Config:
@@ -837,6 +987,8 @@ def logical_codes(params: QuantizedWeight) -> jax.Array:
   undone)."""
   if k_permuted(params.layout):
     return mgpu_convert.permute_k(params.codes)
+  if fp8_mma(params.layout):
+    return mgpu_convert.permute_k8(params.codes, inverse=True)
   return params.codes
 
 
@@ -853,8 +1005,8 @@ def code_values(params: QuantizedWeight, dtype) -> jax.Array:
   instead, 40-160 us more (NOTES.md v21).  Permuted fp4 codes take the float-arithmetic
   decode: the integer one after the permutation made XLA's fusion 1263 us, this one 65.5
   (the K order's decode: 85)."""
-  if k_permuted(params.layout):
-    codes = mgpu_convert.permute_k(params.codes)
+  if k_permuted(params.layout) or fp8_mma(params.layout):
+    codes = logical_codes(params)
     if params.spec.weight_format.name == FP4:
       return mgpu_convert.e2m1_from_int4_float(codes, dtype)
     return codes.astype(dtype)

@@ -304,8 +304,9 @@ def k_major(codes: jax.Array) -> jax.Array:
 
 
 def _codes_in_k_order(params: QuantizedWeight) -> None:
-  """The Pallas unpack reads the stored codes: refuse a permuted layout by name."""
-  if wna16_mgpu.k_permuted(params.layout):
+  """The Pallas unpack reads the stored codes: refuse a permuted (":pk") or fp8-MMA (":p8")
+  layout by name."""
+  if wna16_mgpu.k_permuted(params.layout) or wna16_mgpu.fp8_mma(params.layout):
     raise ValueError(f"params.layout={params.layout!r}: the Pallas unpack reads codes in K "
                      f"order; prepare with {FAMILY}.prepare (no permuted K order)")
 
