@@ -1,0 +1,85 @@
+"""Device probe (session 20): launch shapes of the grouped kernel on the fp8-MMA layout
+(W4A8 MXFP4 experts, ``wna16_mgpu.prepare(mma="fp8")``).  The grouped heuristic was tuned
+on the 16-bit route, whose e2m1 -> bf16 conversion made 64-token launches issue-bound
+(NOTES_moe.md session 19); the fp8 route converts in ~0.9 instructions per weight, so
+the best launch may differ.  CUPTI time of the grouped kernel per layer over ``--sets``
+expert sets, each config's output compared with the heuristic's.
+Usage: probe_fp8_moe.py [--shape 256,8,512,7168] [--tokens 16,64,256]"""
+import argparse
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import common
+import humming_jax as hj
+from humming_jax import moe
+from humming_jax.kernels import grouped_wna16_mgpu as g16, grouped_wnam_mgpu as gw
+from humming_jax.kernels import wna16_mgpu as mg
+
+
+def variants(tokens, e):
+  """(name, block_m or None, config changes or a Config) to time."""
+  base = [("heuristic", None, None)]
+  decode = [(f"wg{w}-st{s}-sub{b}", 16, dict(warpgroups=w, stages=s, substeps=b))
+            for w, s, b in ((1, 4, 2), (2, 2, 2), (2, 4, 2), (1, 6, 2), (1, 8, 1), (4, 4, 2),
+                            (1, 4, 1), (2, 3, 2))]
+  wide = [(f"shx-bm{bm}", bm, mg.shared_x_config(bm)) for bm in (16, 32, 48)]
+  wide += [(f"bm{bm}-wg{w}-st{s}", bm, dict(warpgroups=w, stages=s, substeps=1,
+                                            split_warpgroups="k"))
+           for bm in (16, 32) for w, s in ((1, 4), (2, 2))]
+  return base + (decode if tokens <= 64 else wide)
+
+
+def main():
+  ap = argparse.ArgumentParser()
+  ap.add_argument("--shape", default="256,8,512,7168")  # E, top-k, N, K
+  ap.add_argument("--tokens", default="16,64,256")
+  ap.add_argument("--sets", type=int, default=2)
+  a = ap.parse_args()
+  e, topk, n, k = map(int, a.shape.split(","))
+  spec = hj.QuantSpec.preset("w4a8-mxfp4")
+  ps = [jax.jit(lambda w: gw.prepare(hj.quantize(w, spec)))(
+      (jax.random.normal(jax.random.key(i), (e, k, n), jnp.float32) / np.sqrt(k)))
+      for i in range(a.sets)]
+  assert ps[0].layout.endswith(":p8"), ps[0].layout
+  for tokens in map(int, a.tokens.split(",")):
+    key = jax.random.key(tokens)
+    ids = jnp.argsort(jax.random.uniform(key, (tokens, e)), axis=1)[:, :topk].astype(jnp.int32)
+    g = moe.sort_tokens(ids, e).group_sizes
+    x = jax.random.normal(jax.random.key(1), (tokens * topk, k), jnp.bfloat16)
+    ref, line = None, []
+    for name, bm, change in variants(tokens, e):
+      m = x.shape[0]
+      block_m = bm or g16.tile_rows(m, e)
+      if change is None:
+        cfg = None
+      elif isinstance(change, dict):
+        launch = g16.heuristic(min(e, m), n, ps[0].codes.shape[-3],
+                               g16.launch_rows(m, e, block_m), params=ps[0], tile_rows=block_m)
+        cfg = dataclasses.replace(launch, **change)
+      else:
+        cfg = change
+      f = jax.jit(lambda ps, x, g, cfg=cfg, bm=bm: [
+          gw.run(p, x, g, config=cfg, block_m=bm) for p in ps])
+      try:
+        out = f(ps, x, g)
+        t = common.kernel_times(f, (ps, x, g), per=a.sets)
+      except Exception as err:  # noqa: BLE001 - a launch shape that does not build
+        line.append(f"{name} FAILED {type(err).__name__}: {str(err)[:60]}")
+        continue
+      main_k = max(t.values())
+      diff = 0.0
+      if ref is None:
+        ref = out
+      else:
+        diff = max(float(np.max(np.abs(np.asarray(u, np.float32) - np.asarray(v, np.float32)))
+                         / np.max(np.abs(np.asarray(v, np.float32)))) for u, v in zip(out, ref))
+      line.append(f"{name} {main_k:6.1f}/{sum(t.values()):6.1f}"
+                  + (f" (diff {diff:.0e})" if diff > 1e-3 else ""))
+    print(f"E{e} N{n} K{k} T={tokens}: " + " | ".join(line), flush=True)
+
+
+if __name__ == "__main__":
+  main()
