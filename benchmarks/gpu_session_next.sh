@@ -1,36 +1,40 @@
 #!/usr/bin/env bash
-# The next device calls, prepared 2026-12-01 at the end of session 19 (its calls:
-# benchmarks/results/2026-12-01-session19, script gpu_session19.sh).  One call first:
-#   verify: the mend after session 19's device time -- permuted (":pk") codes take the
-#      in-place PTX route under any config, only the flags of their format (the grouped
-#      kernels pass their heuristic's config explicitly; under HUMMING_JAX_INT4_PTX=0 the
-#      session-19 form refused every fp4 MoE call).  GPU tests with the default env, then
-#      the fp4 grouped decode and the int4 PTX cases under HUMMING_JAX_INT4_PTX=0, then
-#      HUMMING_JAX_PERMUTE_K=0 (the K-order fallback) on the dense decode tests.
-#   dense: the W4A16 ladder at 8192^2 (M = 1 ... 4096) and the four Llama-3-8B projections
-#      (M = 1 / 16 / 128), with Humming (issue 3's table on the permuted layout).
+# The next device calls, prepared 2026-12-01 at the end of session 20 (its calls:
+# benchmarks/results/2026-12-01-session20, script gpu_session20.sh).  In order:
+#   verify: what session 20 built after its device time -- the fp8-MMA layout's scale
+#      groups of 64 / 128 (several 32-deep WGMMAs per group partial), grouped W4A8 at one
+#      token with grid split-K, 128-row fp8 tiles on two warpgroups, and the dense
+#      fp8-MMA layout (HUMMING_JAX_DENSE_FP8_MMA=1: decode on fp8 WGMMA, the fold's
+#      prefill through the ":p8"-reading unpack).
+#   dense8: W4A8 MXFP4 8192^2 at M = 1 / 16 / 1024 / 4096 with Humming, the dense fp8-MMA
+#      layout against the K-order one (issue 4: decode <= 12 us; prefill must not lose).
+#      If it wins at decode and holds at prefill, make HUMMING_JAX_DENSE_FP8_MMA default on.
+#   moe:  W4A8 MXFP4 MoE rows at 1024 tokens on Mixtral-like shapes (the two-warpgroup
+#      128-row rule, untimed).
 # Usage: gpu_session_next.sh [STEP...]  (default: verify).  Carry: [".whl"].
 source "$(dirname "$0")/gpu_env.sh"
 T() { local t=$1; shift; timeout -k 5 -s INT "$t" "$@"; }
 PYT="python3 -m pytest -p no:cacheprovider -o addopts= --tb=short -rA -W ignore::DeprecationWarning"
 s_verify() {
-  T 200 $PYT tests/test_wna16_mgpu.py tests/test_grouped_wna16_mgpu.py -m gpu \
-    -k "int4_ptx_gpu or fp4_whole_registers_gpu or qwen3_decode_gpu or split_k_gpu" 2>&1 \
-    | grep -E "^(FAILED|ERROR)|^E |passed|failed" | cut -c1-300 | tail -10
-  HUMMING_JAX_INT4_PTX=0 T 120 $PYT tests/test_grouped_wna16_mgpu.py -m gpu \
-    -k "qwen3_decode_gpu" 2>&1 | grep -E "^(FAILED|ERROR)|^E |passed|failed" | tail -6
-  HUMMING_JAX_PERMUTE_K=0 T 120 $PYT tests/test_wna16_mgpu.py -m gpu -k "quant_dense_gpu" \
-    2>&1 | grep -E "^(FAILED|ERROR)|^E |passed|failed" | tail -6
+  T 300 $PYT tests/test_grouped_wnam_mgpu.py tests/test_wnam_mgpu.py -m gpu \
+    -k "fp8_mma" 2>&1 | grep -E "^(FAILED|ERROR)|^E |passed|failed|rel err" | cut -c1-300 | tail -16
 }
-s_dense() {
-  T 300 python3 benchmarks/bench_dense.py --shapes 8192x8192 --ms 1,16,128,1024,4096 \
-    --specs w4a16-g128-zp,w4a16-mxfp4 --humming --kernel-times --calls 10 --repeats 2 \
-    --json "$OUT/dense_ladder.json" > "$OUT/dense_ladder.log" 2>&1
-  grep -E "^[0-9]+x|rror" "$OUT/dense_ladder.log" | cut -c1-330
-  T 280 python3 benchmarks/bench_dense.py --shapes 4096x6144,4096x4096,4096x28672,14336x4096 \
-    --ms 1,16,128 --specs w4a16-g128-zp --humming --kernel-times --calls 10 --repeats 2 \
-    --json "$OUT/dense_llama.json" > "$OUT/dense_llama.log" 2>&1
-  grep -E "^[0-9]+x|rror" "$OUT/dense_llama.log" | cut -c1-330
+s_dense8() {
+  for flag in 0 1; do
+    HUMMING_JAX_DENSE_FP8_MMA=$flag T 240 python3 benchmarks/bench_dense.py \
+      --shapes 8192x8192 --ms 1,16,1024,4096 --specs w4a8-mxfp4 --humming --kernel-times \
+      --calls 10 --repeats 2 --json "$OUT/dense_w4a8_fp8mma$flag.json" \
+      > "$OUT/dense_w4a8_fp8mma$flag.log" 2>&1
+    echo "HUMMING_JAX_DENSE_FP8_MMA=$flag"; grep -E "^8192|rror" "$OUT/dense_w4a8_fp8mma$flag.log" | cut -c1-330
+  done
+}
+s_moe() {
+  for shape in mixtral-gate_up mixtral-down; do
+    T 150 python3 benchmarks/bench_moe.py --shapes $shape --tokens 16,1024 \
+      --specs w4a8-mxfp4 --humming --no-baselines --chain resident --span --calls 10 \
+      --repeats 2 --json "$OUT/moe_$shape.json" > "$OUT/moe_$shape.log" 2>&1
+    grep -E "T=|rror" "$OUT/moe_$shape.log" | cut -c1-300
+  done
 }
 for s in ${@:-verify}; do step "$s"; "s_$s"; done
 step done

@@ -11,7 +11,7 @@ import pytest
 
 import humming_jax as hj
 from humming_jax import formats
-from humming_jax.kernels import carrier_unpack as cu, wnam_mgpu as wm
+from humming_jax.kernels import carrier_unpack as cu, mgpu_convert as mc, wnam_mgpu as wm
 
 E4M3, E2M1 = formats.get_format("fp8_e4m3"), formats.get_format("fp4_e2m1")
 RUNS = jnp.arange(1 << 16, dtype=jnp.uint32)  # every 16-bit run of four codes
@@ -203,3 +203,22 @@ def test_unpack_gpu(wide):
   p = params("w4a8-fp8", 8192, 4096, seed=5)
   np.testing.assert_array_equal(bits(jax.jit(lambda p: wm._carrier_codes(p, pallas=True))(p)),
                                 bits(jax.jit(wm._carrier_codes)(p)))
+
+
+@pytest.mark.parametrize("wide", [False, True])
+def test_p8_order_is_the_k_order(wide):
+  """The unpack of codes stored in the fp8-MMA order (``order="p8"``) is bit-equal to the
+  unpack of the same codes in K order: the fold (normal and far-group blocks) and the
+  plain e2m1 carrier; int codes and groups under 32 are refused."""
+  p = params("w4a8-mxfp4", 384, 256, seed=1, wide=wide)
+  stored = mc.permute_k8(p.codes.astype(jnp.int8)).astype(jnp.int4)
+  meta = wm.mx_fold_metadata(p)
+  for sc, mt in ((p.scales, meta), (None, None)):
+    want = bits(cu.unpack(p.codes, sc, mt, kind="e2m1", interpret=True))
+    got = bits(cu.unpack(stored, sc, mt, kind="e2m1", interpret=True, order="p8"))
+    np.testing.assert_array_equal(got, want)
+  with pytest.raises(ValueError, match="order='p8', kind='int'"):
+    cu.unpack(stored, kind="int", order="p8")
+  with pytest.raises(ValueError, match="order='p8': groups of 16"):
+    cu.unpack(stored, jnp.ones((3 * 8, 256), jnp.bfloat16), meta._replace(
+        normal=jnp.ones((4, 3), jnp.int32)), kind="e2m1", order="p8")

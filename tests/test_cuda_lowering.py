@@ -306,3 +306,19 @@ def test_fp8_mma_layouts_lower_for_h200(group, tokens, monkeypatch):
     g = jax.ShapeDtypeStruct((shape[0],), jnp.int32)
     text = lower_for_h200(lambda p, x, g, cfg=cfg: gw.run(p, x, g, config=cfg), p, x, g)
     assert "custom_call" in text
+
+
+def test_dense_fp8_mma_lowers_for_h200(monkeypatch):
+  """HUMMING_JAX_DENSE_FP8_MMA=1: dense W4A8 MXFP4 in the fp8-MMA layout at 8192^2 --
+  the decode (M = 1, 16) on fp8 WGMMA and the fold's prefill (M = 4096) through the
+  ":p8"-reading Pallas-Triton unpack -- lower for the H200."""
+  from humming_jax.kernels import wnam_mgpu
+  monkeypatch.setenv("HUMMING_JAX_DENSE_FP8_MMA", "1")
+  p = abstract_params("w4a8-mxfp4", (8192, 8192))
+  assert p.layout.endswith(":p8"), p.layout
+  for m in (1, 16):
+    x = jax.ShapeDtypeStruct((m, 8192), jnp.bfloat16)
+    assert "custom_call" in lower_for_h200(wnam_mgpu.run, p, x)
+  x = jax.ShapeDtypeStruct((4096, 8192), jnp.bfloat16)
+  text = lower_for_h200(wnam_mgpu.run, p, x)
+  assert "carrier_unpack_e2m1_p8" in text and "mosaic_gpu" in text

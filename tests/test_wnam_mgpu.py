@@ -487,3 +487,59 @@ def test_mx_fold_prefill_gpu(monkeypatch):
   e = rel(y_wide, jax.jit(reference.dense_reference)(q_wide, x))
   print(f"wnam_mgpu MXFP4 fold past the exact span, run(): rel err {e:.2e}")
   assert bool(jnp.all(jnp.isfinite(y_wide.astype(jnp.float32)))) and e <= 5e-3
+
+
+def test_dense_fp8_mma_layout_interpret(monkeypatch):
+  """HUMMING_JAX_DENSE_FP8_MMA=1 (off by default; not yet GPU-run): W4A8 MXFP4 prepared in
+  the fp8-MMA layout (":p8"); decode on fp8 WGMMA (e4m3 codes and row scales) within 1e-4
+  of the reference, the MXFP4 fold's prefill through the ":p8"-reading Pallas unpack equal
+  to the same prefill from the K-order layout, the layout round trip exact."""
+  from humming_jax.kernels import w8a8_mgpu
+  monkeypatch.delenv("HUMMING_JAX_DENSE_FP8_MMA", raising=False)
+  spec = SPECS["w4a8-mxfp4"]
+  q, x = make(spec, 5, 256, 192, seed=13)
+  assert wm.fp8_mma_applies(spec) and not wm.dense_fp8_mma(spec)
+  k_order = wm.prepare(q)
+  assert not wna16_mgpu.fp8_mma(k_order.layout)
+  monkeypatch.setenv("HUMMING_JAX_DENSE_FP8_MMA", "1")
+  assert not wm.dense_fp8_mma(SPECS["w4a8-int8"])
+  p = wm.prepare(q)
+  assert p.layout.endswith(":p8"), p.layout
+  np.testing.assert_array_equal(np.asarray(wm.to_canonical(p).codes), np.asarray(q.codes))
+  y = jax.jit(lambda p, x: wm.run(p, x, interpret=True))(p, x)
+  assert y.dtype == x.dtype and rel(y, reference.dense_reference(q, x)) <= 1e-4
+  q, x = make(spec, w8a8_mgpu.MIN_M + 8, 224, 200, seed=11)
+  p = wm.prepare(q)
+  monkeypatch.setenv("HUMMING_JAX_DENSE_FP8_MMA", "0")
+  k_order = wm.prepare(q)
+  bits = lambda a: np.asarray(a).view(np.uint8)
+  np.testing.assert_array_equal(bits(wm.mx_fold_codes(p, pallas=True, interpret=True)),
+                                bits(wm.mx_fold_codes(k_order, pallas=True, interpret=True)))
+  np.testing.assert_array_equal(bits(wm.mx_fold_codes(p)), bits(wm.mx_fold_codes(k_order)))
+  np.testing.assert_array_equal(np.asarray(wm.run(p, x, interpret=True)),
+                                np.asarray(wm.run(k_order, x, interpret=True)))
+
+
+@pytest.mark.gpu
+def test_dense_fp8_mma_gpu(monkeypatch):
+  """HUMMING_JAX_DENSE_FP8_MMA=1 on the H200 (built after session 20's device time): W4A8
+  MXFP4 8192^2 in the fp8-MMA layout -- decode at M = 1 / 16 within 1e-3 of the reference,
+  the fold's prefill at M = 1024 (":p8"-reading unpack) equal to the K-order layout's."""
+  spec = SPECS["w4a8-mxfp4"]
+  q, x = make(spec, 1024, 8192, 8192, seed=8)
+  monkeypatch.setenv("HUMMING_JAX_DENSE_FP8_MMA", "0")
+  k_order = jax.jit(wm.prepare)(q)
+  monkeypatch.setenv("HUMMING_JAX_DENSE_FP8_MMA", "1")
+  p = jax.jit(lambda q: wm.prepare(q))(q)
+  assert p.layout.endswith(":p8"), p.layout
+  for m in (1, 16):
+    e = rel(jax.jit(lambda p, x: wm.run(p, x))(p, x[:m]),
+            jax.jit(reference.dense_reference)(q, x[:m]))
+    print(f"wnam_mgpu fp8 MMA decode M={m}: rel err {e:.2e}")
+    assert e <= 1e-3
+  fold = lambda p: wm.mx_fold_codes(p, pallas=True)
+  np.testing.assert_array_equal(np.asarray(jax.jit(fold)(p)).view(np.uint8),
+                                np.asarray(jax.jit(fold)(k_order)).view(np.uint8))
+  y = jax.jit(lambda p, x: wm.run(p, x))(p, x)
+  np.testing.assert_array_equal(np.asarray(y), np.asarray(
+      jax.jit(lambda p, x: wm.run(p, x))(k_order, x)))

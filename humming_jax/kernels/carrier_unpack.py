@@ -264,10 +264,31 @@ def _kernel(*refs, kind: str):
         lambda x, s: e2m1_e4m3_lanes(x, s), x, s)
 
 
-@functools.partial(jax.jit, static_argnames=("kind", "block_n", "interpret"))
+def _kernel_p8(*refs):
+  """The ":p8" order (``mgpu_convert.permute_k8``): each stored 16-byte run holds K-order
+  codes 0..15 of its 32 in its high nibbles and 16..31 in its low ones, so a 32-bit word
+  of 8 stored codes is two words of 4 K-order codes already in byte lanes -- one shift
+  and one mask each, against :func:`spread_nibbles`' seven ops."""
+  codes_ref, *fold_refs, out_ref = refs
+  w = codes_ref[...]  # (bn, G, runs per group, 4) uint32 words of 8 stored codes
+  planes = lambda: ((w >> _u32(4)) & _u32(0x0F0F0F0F), w & _u32(0x0F0F0F0F))
+
+  def both(s, subnormals):  # (..., 2, 4): each run's K-order words 0..3, then 4..7
+    hi, lo = (e2m1_e4m3_lanes(p, s, subnormals=subnormals) for p in planes())
+    return jnp.swapaxes(jnp.stack([hi, lo], axis=-1), -1, -2)
+  if not fold_refs:
+    out_ref[...] = both(0, False)
+    return
+  scales_ref, base_ref, normal_ref = fold_refs
+  s = fold_shifts(scale_exponents(scales_ref[...]), base_ref[...][None, :]).T[:, :, None, None]
+  out_ref[...] = jax.lax.cond(normal_ref[0] != 0, lambda s: both(s, False),
+                              lambda s: both(s, True), s)
+
+
+@functools.partial(jax.jit, static_argnames=("kind", "block_n", "interpret", "order"))
 def unpack(codes: jax.Array, scales: jax.Array | None = None,
            meta: FoldMetadata | None = None, *, kind: str, block_n: int = BLOCK_N,
-           interpret: bool = False) -> jax.Array:
+           interpret: bool = False, order: str = "k") -> jax.Array:
   """(Kp / bk, Np, bk) int4 codes -> (Np, Kp) float8_e4m3fn, K-major.
 
   ``kind="int"``: the codes are integers (-8 .. 7).  ``kind="e2m1"``: e2m1 bit patterns;
@@ -275,7 +296,8 @@ def unpack(codes: jax.Array, scales: jax.Array | None = None,
   codes along K (the layout's MXFP4 scale rows), and their ``meta``
   (:func:`fold_metadata` at this ``block_n``), each value times 2**(E - B)
   (``fold_shifts``: the MXFP4 fold; None: no shift).  The kernel reads the shifts off the
-  scale rows itself."""
+  scale rows itself.  ``order="p8"``: e2m1 codes stored in ``mgpu_convert.permute_k8``'s
+  order (the fp8-MMA layout; groups of 32 codes or more); the output is in K order."""
   if codes.ndim != 3 or codes.dtype != jnp.int4:
     raise ValueError(f"codes: expected (Kp / bk, Np, bk) int4; got {codes.shape} "
                      f"{codes.dtype}")
@@ -285,6 +307,9 @@ def unpack(codes: jax.Array, scales: jax.Array | None = None,
     raise ValueError("scales and meta: pass both (the fold) or neither")
   if scales is not None and kind != "e2m1":
     raise ValueError("scales: only for kind='e2m1'")
+  if order not in ("k", "p8") or (order == "p8" and kind != "e2m1"):
+    raise ValueError(f"order={order!r}, kind={kind!r}: expected order 'k', or 'p8' with "
+                     f"kind 'e2m1'")
   t, np_, bk = codes.shape
   if np_ % block_n:
     raise ValueError(f"codes: Np={np_} must be a multiple of block_n={block_n}")
@@ -296,24 +321,37 @@ def unpack(codes: jax.Array, scales: jax.Array | None = None,
                      f"{bk // 4}, and fold_metadata at block_n={block_n} (base ({np_},), "
                      f"normal ({np_ // block_n}, {t})); got {scales.shape}, "
                      f"{meta.base.shape}, {meta.normal.shape}")
+  if order == "p8" and bk % (32 * g):
+    raise ValueError(f"order='p8': groups of {bk // g} codes; expected multiples of 32")
   h = bk // 4 // g  # 16-bit runs of four codes per group
-  runs = jax.lax.bitcast_convert_type(codes.reshape(t, np_, bk // 4, 4), jnp.uint16)
-  operands = [runs.reshape(t, np_, g, h)]
-  in_specs = [pl.BlockSpec((None, block_n, g, h), lambda kb, i: (kb, i, 0, 0))]
+  if order == "p8":  # 32-bit words of 8 codes, 4 per stored run of 32
+    rg = bk // 32 // g  # runs per group
+    words = jax.lax.bitcast_convert_type(codes.reshape(t, np_, bk // 8, 8), jnp.uint32)
+    operands = [words.reshape(t, np_, g, rg, 4)]
+    in_specs = [pl.BlockSpec((None, block_n, g, rg, 4), lambda kb, i: (kb, i, 0, 0, 0))]
+  else:
+    runs = jax.lax.bitcast_convert_type(codes.reshape(t, np_, bk // 4, 4), jnp.uint16)
+    operands = [runs.reshape(t, np_, g, h)]
+    in_specs = [pl.BlockSpec((None, block_n, g, h), lambda kb, i: (kb, i, 0, 0))]
   if scales is not None:
     operands += [scales.reshape(t, g, np_), meta.base.astype(jnp.int32), meta.normal]
     in_specs += [pl.BlockSpec((None, g, block_n), lambda kb, i: (kb, 0, i)),
                  pl.BlockSpec((block_n,), lambda kb, i: (i,)),
                  pl.BlockSpec((None, 1), lambda kb, i: (i, kb))]
+  if order == "p8":
+    body, out_block = _kernel_p8, (g, rg, 2, 4)
+  else:
+    body, out_block = functools.partial(_kernel, kind=kind), (g, h)
+  zeros = (0,) * len(out_block)
   out = pl.pallas_call(
-      functools.partial(_kernel, kind=kind),
-      out_shape=jax.ShapeDtypeStruct((np_, t, g, h), jnp.uint32),
+      body,
+      out_shape=jax.ShapeDtypeStruct((np_, t, *out_block), jnp.uint32),
       grid=(t, np_ // block_n),
       in_specs=in_specs,
-      out_specs=pl.BlockSpec((block_n, None, g, h), lambda kb, i: (i, kb, 0, 0)),
+      out_specs=pl.BlockSpec((block_n, None, *out_block), lambda kb, i: (i, kb, *zeros)),
       compiler_params=plt.CompilerParams(num_warps=4, num_stages=2),
       interpret=interpret,
-      name=f"carrier_unpack_{kind}",
+      name=f"carrier_unpack_{kind}" + ("_p8" if order == "p8" else ""),
   )(*operands)
   out = jax.lax.bitcast_convert_type(out.reshape(np_, t * bk // 4), jnp.uint8)
   return jax.lax.bitcast_convert_type(out.reshape(np_, t * bk), jnp.float8_e4m3fn)

@@ -34,7 +34,7 @@ import jax
 import jax.numpy as jnp
 
 from humming_jax.kernels import grouped_wna16_mgpu, registry, tuning, wna16_mgpu
-from humming_jax.kernels.wnam_mgpu import renamed, weight_spec, weight_view
+from humming_jax.kernels.wnam_mgpu import fp8_mma_applies, renamed, weight_spec, weight_view
 from humming_jax.quantize import QuantizedWeight, fake_quantize_activations, kernel_activations
 from humming_jax.spec import QuantSpec
 
@@ -51,9 +51,7 @@ def fp8_mma(spec: QuantSpec) -> bool:
   layout): e4m3 activations with one scale per row or per tensor, and fp4 weights in
   scale groups of 32 or more (``wna16_mgpu.fp8_mma_reason``) -- e.g. W4A8 MXFP4 --,
   unless HUMMING_JAX_FP8_MMA=0 (the 16-bit route: activations rounded to x's dtype)."""
-  return (spec.act == "fp8_e4m3" and spec.act_granularity in ("token", "tensor")
-          and wna16_mgpu.fp8_mma_reason(weight_spec(spec)) is None
-          and tuning.env_flag("HUMMING_JAX_FP8_MMA", True))
+  return fp8_mma_applies(spec) and tuning.env_flag("HUMMING_JAX_FP8_MMA", True)
 
 
 def prepare(params: QuantizedWeight) -> QuantizedWeight:

@@ -44,8 +44,8 @@ import jax
 import jax.numpy as jnp
 
 from humming_jax import formats
-from humming_jax.kernels import carrier_unpack, registry, w8a8, w8a8_mgpu, wna16_mgpu
-from humming_jax.quantize import QuantizedWeight, fake_quantize_activations
+from humming_jax.kernels import carrier_unpack, registry, tuning, w8a8, w8a8_mgpu, wna16_mgpu
+from humming_jax.quantize import QuantizedWeight, fake_quantize_activations, kernel_activations
 from humming_jax.spec import QuantSpec
 
 FAMILY = "wnam_mgpu"
@@ -86,14 +86,32 @@ def renamed(layout: str, family: str) -> str:
   return family + layout[layout.index(":"):]
 
 
+def fp8_mma_applies(spec: QuantSpec) -> bool:
+  """fp4 weights in scale groups of 32 or more with e4m3 activations scaled per token or
+  per tensor (W4A8 MXFP4): the specs ``wna16_mgpu``'s fp8-MMA layout (":p8") computes on
+  fp8 WGMMA (dense here, grouped in ``grouped_wnam_mgpu``)."""
+  return (spec.act == "fp8_e4m3" and spec.act_granularity in ("token", "tensor")
+          and wna16_mgpu.fp8_mma_reason(weight_spec(spec)) is None)
+
+
+def dense_fp8_mma(spec: QuantSpec) -> bool:
+  """Whether :func:`prepare` takes the fp8-MMA layout: :func:`fp8_mma_applies` and
+  HUMMING_JAX_DENSE_FP8_MMA=1 -- off by default: built in session 20 after its device
+  time (decode on the grouped route's GPU-tested kernel, prefill on the ":p8"-reading
+  unpack), not yet run on the GPU."""
+  return fp8_mma_applies(spec) and tuning.env_flag("HUMMING_JAX_DENSE_FP8_MMA", False)
+
+
 def prepare(params: QuantizedWeight) -> QuantizedWeight:
   """Canonical params -> the WnA16 Mosaic layout of their weights (the activation scale of
   a static spec kept as it is), in K order: the prefill's Pallas unpack
   (``carrier_unpack``) reads the codes as stored, so no permuted layout
-  (``wna16_mgpu.permutes``) here."""
+  (``wna16_mgpu.permutes``) here; or, where :func:`dense_fp8_mma` says so, the fp8-MMA
+  layout, which the unpack reads too (``order="p8"``)."""
   if (why := unsupported_reason(params.spec)) is not None:
     raise ValueError(f"spec {params.spec.name}: not supported by the {FAMILY} kernel ({why})")
-  out = wna16_mgpu.prepare(weight_view(params, "canonical"), permute=False)
+  out = wna16_mgpu.prepare(weight_view(params, "canonical"), permute=False,
+                           mma="fp8" if dense_fp8_mma(params.spec) else "bf16")
   return out.replace(spec=params.spec, act_scale=params.act_scale,
                      layout=renamed(out.layout, FAMILY))
 
@@ -134,6 +152,15 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
     # 2.6e-3 against the reference, same time).
     w = wna16_mgpu.dequantize_prepared(view.replace(global_scale=None), jax.numpy.float32)
     return w8a8.dequant_gemm(params, x, weights=w)
+  if wna16_mgpu.fp8_mma(params.layout):  # e4m3 codes and row scales on fp8 WGMMA
+    if x.dtype not in (jnp.bfloat16, jnp.float16):
+      raise ValueError(f"x.dtype={x.dtype}: the fp8-MMA layout's decode takes bfloat16 / "
+                       f"float16 x")
+    m = x.shape[0]
+    qa = kernel_activations(x, params.spec, params.act_scale, rows=m, kp=k)
+    x_scale = jnp.broadcast_to(qa.scales.reshape(-1, 1), (m, 1)).reshape(m)
+    return wna16_mgpu.run(view, qa.values, interpret=interpret, config=config,
+                          x_scale=x_scale, out_dtype=x.dtype)
   xq = fake_quantize_activations(x, params.spec, params.act_scale).astype(x.dtype)
   return wna16_mgpu.run(view, xq, interpret=interpret, config=config)
 
@@ -262,11 +289,11 @@ def mx_fold_codes(params: QuantizedWeight, *, pallas: bool = False,
   reference through the formats' decode / encode.  ``meta``: the Pallas unpack's
   :func:`mx_fold_metadata`, when the caller has it (default: from its kernel)."""
   if pallas:
-    _codes_in_k_order(params)
+    order = _unpack_order(params)
     if meta is None:
       meta = mx_fold_metadata(params, pallas=True, interpret=interpret)
     return carrier_unpack.unpack(params.codes, params.scales, meta, kind="e2m1",
-                                 interpret=interpret)
+                                 interpret=interpret, order=order)
   shift = mx_fold_shifts(params)
   t, np_, bk = params.codes.shape
   g = params.spec.group_size
@@ -303,12 +330,14 @@ def k_major(codes: jax.Array) -> jax.Array:
   return codes.transpose(1, 0, 2).reshape(np_, t * bk)
 
 
-def _codes_in_k_order(params: QuantizedWeight) -> None:
-  """The Pallas unpack reads the stored codes: refuse a permuted (":pk") or fp8-MMA (":p8")
-  layout by name."""
-  if wna16_mgpu.k_permuted(params.layout) or wna16_mgpu.fp8_mma(params.layout):
+def _unpack_order(params: QuantizedWeight) -> str:
+  """The Pallas unpack's ``order`` for this layout's codes: "k", or "p8" (the fp8-MMA
+  layout); a permuted (":pk") layout is refused by name."""
+  if wna16_mgpu.k_permuted(params.layout):
     raise ValueError(f"params.layout={params.layout!r}: the Pallas unpack reads codes in K "
-                     f"order; prepare with {FAMILY}.prepare (no permuted K order)")
+                     f"order or the fp8-MMA order; prepare with {FAMILY}.prepare (no "
+                     f"permuted K order)")
+  return "p8" if wna16_mgpu.fp8_mma(params.layout) else "k"
 
 
 def _carrier_codes(params: QuantizedWeight, *, pallas: bool = False,
@@ -323,9 +352,9 @@ def _carrier_codes(params: QuantizedWeight, *, pallas: bool = False,
   elif carrier == jax.numpy.int8:  # integer codes (prefill_8bit_runs: exact carriers only)
     vals = wna16_mgpu.code_values(params, carrier)
   elif pallas and params.codes.dtype == jnp.int4:
-    _codes_in_k_order(params)
+    order = _unpack_order(params)
     kind = "e2m1" if params.spec.weight_format.name == wna16_mgpu.FP4 else "int"
-    return carrier_unpack.unpack(params.codes, kind=kind, interpret=interpret)
+    return carrier_unpack.unpack(params.codes, kind=kind, interpret=interpret, order=order)
   else:  # int4 / fp4 values (all zero or normal in e4m3) -> e4m3 codes off their float32
     # bits.  H200 8192^2 unpack: XLA's float32 -> e4m3 convert 196 us, the format's general
     # encode 121 us (session 14), this form 81 (session 15); int8's 33.
