@@ -17,6 +17,7 @@ from pathlib import Path
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -335,6 +336,13 @@ def time_torch_graph(layers, x, *, calls: int = 50, repeats: int = 5) -> dict[st
     per_layer.append((time.perf_counter() - t0) / (calls * len(layers)) * 1e6)
   return {"us": statistics.median(per_layer), "us_min": min(per_layer),
           "us_max": max(per_layer), "first_call_s": first}
+
+
+def max_rel_diff(outs, refs) -> float:
+  """Largest over paired outputs of max |u - v| / max |v| (the probes' check that two
+  launches of one computation agree)."""
+  return max(float(np.max(np.abs(np.asarray(u, np.float32) - np.asarray(v, np.float32)))
+                   / np.max(np.abs(np.asarray(v, np.float32)))) for u, v in zip(outs, refs))
 
 
 def rel_err(y, ref) -> float:

@@ -74,8 +74,7 @@ def main():
       if ref is None:
         ref = out
       else:
-        diff = max(float(np.max(np.abs(np.asarray(u, np.float32) - np.asarray(v, np.float32)))
-                         / np.max(np.abs(np.asarray(v, np.float32)))) for u, v in zip(out, ref))
+        diff = common.max_rel_diff(out, ref)
       line.append(f"{name} {main_k:6.1f}/{sum(t.values()):6.1f}"
                   + (f" (diff {diff:.0e})" if diff > 1e-3 else ""))
     print(f"E{e} N{n} K{k} T={tokens}: " + " | ".join(line), flush=True)

@@ -44,9 +44,7 @@ def main():
         t = common.kernel_times(f, (layouts[perm], x), per=a.sets)
         main_k = {k: round(v, 2) for k, v in t.items() if v > 0.5}
         line.append(f"{'permuted' if perm else 'k-order'} {sum(t.values()):7.2f} us {main_k}")
-      diff = max(float(np.max(np.abs(np.asarray(u, np.float32) - np.asarray(v, np.float32)))
-                       / np.max(np.abs(np.asarray(v, np.float32))))
-                 for u, v in zip(outs[True], outs[False]))
+      diff = common.max_rel_diff(outs[True], outs[False])
       print(f"{name} M={m}: " + " | ".join(line) + f" | max rel diff {diff:.1e}", flush=True)
 
 

@@ -57,8 +57,7 @@ def main():
         if ref is None:
           ref = out
         else:
-          diff = max(float(np.max(np.abs(np.asarray(u, np.float32) - np.asarray(v, np.float32)))
-                           / np.max(np.abs(np.asarray(v, np.float32)))) for u, v in zip(out, ref))
+          diff = common.max_rel_diff(out, ref)
         line.append(f"{name} {sum(t.values()):6.2f}" + (f" (diff {diff:.0e})" if diff else ""))
       print(f"{shape} M={m}: " + " | ".join(line), flush=True)
 
