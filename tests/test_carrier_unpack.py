@@ -217,6 +217,15 @@ def test_p8_order_is_the_k_order(wide):
     want = bits(cu.unpack(p.codes, sc, mt, kind="e2m1", interpret=True))
     got = bits(cu.unpack(stored, sc, mt, kind="e2m1", interpret=True, order="p8"))
     np.testing.assert_array_equal(got, want)
+  for group in (64, 128):  # several stored runs per scale group (shift broadcast)
+    spec = hj.QuantSpec("fp4_e2m1", "group", group, scale_dtype="e8m0", act="fp8_e4m3")
+    w = jax.random.normal(jax.random.key(group), (384, 256), jnp.float32) / 40
+    pg = wm.prepare(hj.quantize(w, spec))
+    sg = mc.permute_k8(pg.codes.astype(jnp.int8)).astype(jnp.int4)
+    mg = wm.mx_fold_metadata(pg)
+    np.testing.assert_array_equal(
+        bits(cu.unpack(sg, pg.scales, mg, kind="e2m1", interpret=True, order="p8")),
+        bits(cu.unpack(pg.codes, pg.scales, mg, kind="e2m1", interpret=True)))
   with pytest.raises(ValueError, match="order='p8', kind='int'"):
     cu.unpack(stored, kind="int", order="p8")
   with pytest.raises(ValueError, match="order='p8': groups of 16"):

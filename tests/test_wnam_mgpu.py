@@ -516,8 +516,24 @@ def test_dense_fp8_mma_layout_interpret(monkeypatch):
   np.testing.assert_array_equal(bits(wm.mx_fold_codes(p, pallas=True, interpret=True)),
                                 bits(wm.mx_fold_codes(k_order, pallas=True, interpret=True)))
   np.testing.assert_array_equal(bits(wm.mx_fold_codes(p)), bits(wm.mx_fold_codes(k_order)))
+  orders = []
+  orig = wm.carrier_unpack.unpack
+  monkeypatch.setattr(wm.carrier_unpack, "unpack",
+                      lambda *a, **kw: orders.append(kw.get("order")) or orig(*a, **kw))
+  assert wm.mx_fold_runs(p)
   np.testing.assert_array_equal(np.asarray(wm.run(p, x, interpret=True)),
                                 np.asarray(wm.run(k_order, x, interpret=True)))
+  assert orders == ["p8", "k"], orders  # the fold's route, each reading its own layout
+  # No 8-bit route (fp4 with bf16 scales in groups of 128) at M >= 512 and float32 x: the
+  # layout's XLA dequantize + GEMM, as from the K order.
+  spec = hj.QuantSpec("fp4_e2m1", "group", 128, act="fp8_e4m3")
+  q, x = make(spec, w8a8_mgpu.MIN_M + 8, 256, 192, seed=14)
+  monkeypatch.setenv("HUMMING_JAX_DENSE_FP8_MMA", "1")
+  p = wm.prepare(q)
+  assert p.layout.endswith(":p8"), p.layout
+  for xx in (x, x[:3].astype(jnp.float32)):
+    want = reference.dense_reference(q, xx)
+    assert rel(wm.run(p, xx, interpret=True), want) <= TOL
 
 
 @pytest.mark.gpu

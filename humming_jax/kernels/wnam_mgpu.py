@@ -152,11 +152,14 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
     # 2.6e-3 against the reference, same time).
     w = wna16_mgpu.dequantize_prepared(view.replace(global_scale=None), jax.numpy.float32)
     return w8a8.dequant_gemm(params, x, weights=w)
+  m = x.shape[0]
   if wna16_mgpu.fp8_mma(params.layout):  # e4m3 codes and row scales on fp8 WGMMA
-    if x.dtype not in (jnp.bfloat16, jnp.float16):
-      raise ValueError(f"x.dtype={x.dtype}: the fp8-MMA layout's decode takes bfloat16 / "
-                       f"float16 x")
-    m = x.shape[0]
+    if (m >= (config or wna16_mgpu.heuristic(m, n)).dequant_gemm_min_m
+        or x.dtype not in (jnp.bfloat16, jnp.float16)):
+      # Where the K-order layout's decode path takes XLA's dequantize + GEMM (large M, no
+      # 8-bit route above; float32 x), so does this layout (code_values undoes its order).
+      xq = fake_quantize_activations(x, params.spec, params.act_scale).astype(x.dtype)
+      return wna16_mgpu.dequant_gemm(view, xq)
     qa = kernel_activations(x, params.spec, params.act_scale, rows=m, kp=k)
     x_scale = jnp.broadcast_to(qa.scales.reshape(-1, 1), (m, 1)).reshape(m)
     return wna16_mgpu.run(view, qa.values, interpret=interpret, config=config,
