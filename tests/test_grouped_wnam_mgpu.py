@@ -99,6 +99,10 @@ def test_fp8_mma_split_k_and_dense_interpret(monkeypatch):
   y = jax.jit(lambda p, x, g: gw.run(p, x, g, interpret=True, config=cfg))(p, x, g)
   want = reference.ragged_dot_reference(q, x, g)
   assert rel(y, want) <= 1e-4, rel(y, want)
+  x16 = x.astype(jnp.float16)  # fp16 tokens: fp16 out, the e8m0 scales kept in bf16
+  y16 = jax.jit(lambda p, x, g: gw.run(p, x, g, interpret=True))(p, x16, g)
+  assert y16.dtype == jnp.float16
+  assert rel(y16, reference.ragged_dot_reference(q, x16, g)) <= 1e-3
   # dense: expert 1's weights, x as e4m3 codes with row scales
   view = gw.weight_view(p, gw.renamed(p.layout, g16.FAMILY))
   dense = view.replace(codes=view.codes[1], scales=view.scales[1], shape=view.shape[1:],
