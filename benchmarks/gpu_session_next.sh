@@ -11,6 +11,9 @@
 #      If it wins at decode and holds at prefill, make HUMMING_JAX_DENSE_FP8_MMA default on.
 #   moe:  W4A8 MXFP4 MoE rows at 1024 tokens on Mixtral-like shapes (the two-warpgroup
 #      128-row rule, untimed).
+#   overlap: HUMMING_JAX_FP8_OVERLAP=0 / 1 (a step's K tiles keep their group partials, so
+#      tile j converts while tile j - 1's WGMMAs run) on DeepSeek-V3 gate_up at 1 / 16 / 64
+#      tokens; if it wins, make it the default.
 # Usage: gpu_session_next.sh [STEP...]  (default: verify).  Carry: [".whl"].
 source "$(dirname "$0")/gpu_env.sh"
 T() { local t=$1; shift; timeout -k 5 -s INT "$t" "$@"; }
@@ -18,6 +21,8 @@ PYT="python3 -m pytest -p no:cacheprovider -o addopts= --tb=short -rA -W ignore:
 s_verify() {
   T 300 $PYT tests/test_grouped_wnam_mgpu.py tests/test_wnam_mgpu.py -m gpu \
     -k "fp8_mma" 2>&1 | grep -E "^(FAILED|ERROR)|^E |passed|failed|rel err" | cut -c1-300 | tail -16
+  HUMMING_JAX_FP8_OVERLAP=1 T 200 $PYT tests/test_grouped_wnam_mgpu.py -m gpu \
+    -k "fp8_mma_gpu or deepseek" 2>&1 | grep -E "^(FAILED|ERROR)|^E |passed|failed|rel err" | cut -c1-300 | tail -16
 }
 s_dense8() {
   for flag in 0 1; do
@@ -34,6 +39,15 @@ s_moe() {
       --specs w4a8-mxfp4 --humming --no-baselines --chain resident --span --calls 10 \
       --repeats 2 --json "$OUT/moe_$shape.json" > "$OUT/moe_$shape.log" 2>&1
     grep -E "T=|rror" "$OUT/moe_$shape.log" | cut -c1-300
+  done
+}
+s_overlap() {
+  for flag in 0 1; do
+    HUMMING_JAX_FP8_OVERLAP=$flag T 120 python3 benchmarks/bench_moe.py \
+      --shapes deepseek-v3-gate_up --tokens 1,16,64 --specs w4a8-mxfp4 --no-baselines \
+      --chain resident --span --calls 20 --repeats 2 --json "$OUT/moe_overlap$flag.json" \
+      > "$OUT/moe_overlap$flag.log" 2>&1
+    echo "HUMMING_JAX_FP8_OVERLAP=$flag"; grep -E "T=|rror" "$OUT/moe_overlap$flag.log" | cut -c1-300
   done
 }
 for s in ${@:-verify}; do step "$s"; "s_$s"; done

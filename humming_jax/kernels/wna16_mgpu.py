@@ -499,6 +499,11 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
   fp8_group_blocks = max(1, min(scale_k(spec), bk) // 32)  # (fp8 specs: groups >= 32)
   fp8_groups = fp8_blocks // fp8_group_blocks
   in_flight = max(1, min(fp8_groups, 128 // block_m))
+  # HUMMING_JAX_FP8_OVERLAP=1 (off; built after session 20's device time, not timed):
+  # every K tile of a step keeps its group partials (<= 64 registers per thread in all),
+  # so tile j's conversion runs while tile j - 1's WGMMAs do.
+  fp8_overlap = (fp8 and sub >= 2 and sub * fp8_groups * block_m <= 128
+                 and tuning.env_flag("HUMMING_JAX_FP8_OVERLAP", False))
   has_bias = params.bias is not None and fused_epilogue  # added in the kernel
   # Epilogue rows multiplied in the kernel: the global scale, the column scale.
   scale_rows = [r for r in (params.global_scale, params.scales if col else None)
@@ -668,30 +673,58 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
         # the GPU; SMEM for the interpreter), then rounds of `in_flight` scale groups: each
         # group's WGMMAs into its own fresh accumulator, one wait, each partial times its
         # scale row (group g of the tile is scale row g: groups >= 64 are one per tile).
-        for j in range(sub):
+        def operands(j):
           w = plgpu.load(w_buf.at[wg, slot, j], layout=_UPCAST[4],
                          optimized=config.optimized_load)
           if interpret:
+            buf = a_smem.at[wg, j % 2] if fp8_overlap else a_smem.at[wg]
             vals = mgpu_convert.permute_k8(w.astype(jnp.int8), inverse=True)
             plgpu.wgmma_wait(0)
-            a_smem.at[wg][...] = mgpu_convert.e2m1_to_e4m3_interpret(vals)
+            buf[...] = mgpu_convert.e2m1_to_e4m3_interpret(vals)
             plgpu.commit_smem()
-            a_blocks = [a_smem.at[wg, :, pl.ds(b * 32, 32)] for b in range(fp8_blocks)]
+            a_blocks = [buf.at[:, pl.ds(b * 32, 32)] for b in range(fp8_blocks)]
           else:
             a_blocks = mgpu_convert.e2m1_to_e4m3_ptx(w, fp8_blocks)
-          x_blocks = [x_smem.at[:, pl.ds(j * bk + b * 32, 32)].T for b in range(fp8_blocks)]
+          return a_blocks, [x_smem.at[:, pl.ds(j * bk + b * 32, 32)].T
+                            for b in range(fp8_blocks)]
+
+        def issue(part_refs, blocks, group):
+          for ref, g in zip(part_refs, group):
+            for b in range(g * fp8_group_blocks, (g + 1) * fp8_group_blocks):
+              plgpu.wgmma(ref, blocks[0][b], blocks[1][b])
+
+        def scaled_sum(total, part_refs, j, group):
+          for ref, g in zip(part_refs, group):
+            part = ref[...]
+            total = total + part * bcast(scale_row(j, g).astype(jnp.float32), part.shape)
+          return total
+
+        if fp8_overlap:  # tile j converts while tile j - 1's WGMMAs run (opt-in, untimed)
+          group = range(fp8_groups)
+
+          def step_products(*part_refs):
+            sets = [part_refs[j * fp8_groups:(j + 1) * fp8_groups] for j in range(sub)]
+            out = total
+            for j in range(sub):
+              blocks = operands(j)
+              if j:  # reading a partial waits for every WGMMA in flight: before issuing j
+                plgpu.wgmma_wait(0)
+                out = scaled_sum(out, sets[j - 1], j - 1, group)
+              issue(sets[j], blocks, group)
+            plgpu.wgmma_wait(0)
+            return scaled_sum(out, sets[sub - 1], sub - 1, group)
+          return pl.run_scoped(step_products, *[acc_t] * (sub * fp8_groups))
+
+        for j in range(sub):
+          blocks = operands(j)
           for r0 in range(0, fp8_groups, in_flight):
             group = range(r0, min(fp8_groups, r0 + in_flight))
 
-            def round_products(*part_refs, group=group):
-              for ref, g in zip(part_refs, group):
-                for b in range(g * fp8_group_blocks, (g + 1) * fp8_group_blocks):
-                  plgpu.wgmma(ref, a_blocks[b], x_blocks[b])
+            def round_products(*part_refs, group=group, blocks=blocks, j=j, total=total):
+              issue(part_refs, blocks, group)
               plgpu.wgmma_wait(0)
-              return [ref[...] for ref in part_refs]
-            products = pl.run_scoped(round_products, *[acc_t] * len(group))
-            for part, g in zip(products, group):
-              total = total + part * bcast(scale_row(j, g).astype(jnp.float32), part.shape)
+              return scaled_sum(total, part_refs, j, group)
+            total = pl.run_scoped(round_products, *[acc_t] * len(group))
         return total
 
       def scoped(acc_ref):
@@ -812,7 +845,8 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
       bias = jnp.pad(bias, [(0, 0)] * (bias.ndim - 1) + [(0, np_ - n)])
     operands.append(bias.reshape(*bias.shape[:-1], 1, np_))
   if interpret:
-    scratch["a_smem"] = (plgpu.SMEM((wgs, BLOCK_N, bk), jnp.float8_e4m3fn, transforms=x_tf)
+    a_fp8 = (wgs, 2, BLOCK_N, bk) if fp8_overlap else (wgs, BLOCK_N, bk)
+    scratch["a_smem"] = (plgpu.SMEM(a_fp8, jnp.float8_e4m3fn, transforms=x_tf)
                          if fp8 else plgpu.SMEM((wgs, BLOCK_N, bk), cdt, transforms=a_tf))
   if fp8:
     scratch.update(xs_smem=plgpu.SMEM((block_m,), jnp.float32),
