@@ -693,9 +693,8 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
             for b in range(g * fp8_group_blocks, (g + 1) * fp8_group_blocks):
               plgpu.wgmma(ref, blocks[0][b], blocks[1][b])
 
-        def scaled_sum(total, part_refs, j, group):
-          for ref, g in zip(part_refs, group):
-            part = ref[...]
+        def scaled_sum(total, parts, j, group):
+          for part, g in zip(parts, group):
             total = total + part * bcast(scale_row(j, g).astype(jnp.float32), part.shape)
           return total
 
@@ -709,10 +708,10 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
               blocks = operands(j)
               if j:  # reading a partial waits for every WGMMA in flight: before issuing j
                 plgpu.wgmma_wait(0)
-                out = scaled_sum(out, sets[j - 1], j - 1, group)
+                out = scaled_sum(out, [r[...] for r in sets[j - 1]], j - 1, group)
               issue(sets[j], blocks, group)
             plgpu.wgmma_wait(0)
-            return scaled_sum(out, sets[sub - 1], sub - 1, group)
+            return scaled_sum(out, [r[...] for r in sets[sub - 1]], sub - 1, group)
           return pl.run_scoped(step_products, *[acc_t] * (sub * fp8_groups))
 
         for j in range(sub):
@@ -720,11 +719,12 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
           for r0 in range(0, fp8_groups, in_flight):
             group = range(r0, min(fp8_groups, r0 + in_flight))
 
-            def round_products(*part_refs, group=group, blocks=blocks, j=j, total=total):
+            def round_products(*part_refs, group=group, blocks=blocks):
               issue(part_refs, blocks, group)
               plgpu.wgmma_wait(0)
-              return scaled_sum(total, part_refs, j, group)
-            total = pl.run_scoped(round_products, *[acc_t] * len(group))
+              return [ref[...] for ref in part_refs]
+            total = scaled_sum(total, pl.run_scoped(round_products, *[acc_t] * len(group)),
+                               j, group)
         return total
 
       def scoped(acc_ref):
