@@ -247,42 +247,34 @@ def _fold_metadata_pallas(scales, *, tiles, real_groups, block_n, interpret):
   return FoldMetadata(base, col_scale, normal)
 
 
-def _kernel(*refs, kind: str):
+def _kernel(*refs, kind: str, order: str):
   codes_ref, *fold_refs, out_ref = refs
-  x = spread_nibbles(codes_ref[...].astype(jnp.uint32))  # (bn, G, h) words of 4 codes
+  if order == "p8":
+    # The ":p8" order (``mgpu_convert.permute_k8``): each stored 16-byte run holds K-order
+    # codes 0..15 of its 32 in its high nibbles and 16..31 in its low ones, so a 32-bit
+    # word of 8 stored codes is two words of 4 K-order codes already in byte lanes -- one
+    # shift and one mask each, against spread_nibbles' seven ops.  Output (..., 2, 4):
+    # each run's K-order words 0..3, then 4..7.
+    w = codes_ref[...]  # (bn, G, runs per group, 4) uint32 words of 8 stored codes
+    words = ((w >> _u32(4)) & _u32(0x0F0F0F0F), w & _u32(0x0F0F0F0F))
+    join = lambda hi, lo: jnp.swapaxes(jnp.stack([hi, lo], axis=-1), -1, -2)
+  else:
+    words = (spread_nibbles(codes_ref[...].astype(jnp.uint32)),)  # (bn, G, h) of 4 codes
+    join = lambda x: x
+  e2m1 = lambda ws, s, subnormals: join(*(e2m1_e4m3_lanes(x, s, subnormals=subnormals)
+                                          for x in ws))
   if kind == "int":
-    out_ref[...] = int_e4m3_lanes(x)
+    out_ref[...] = join(*(int_e4m3_lanes(x) for x in words))
   elif not fold_refs:
-    out_ref[...] = e2m1_e4m3_lanes(x, subnormals=False)
+    out_ref[...] = e2m1(words, 0, False)
   else:
     scales_ref, base_ref, normal_ref = fold_refs
-    # (G, bn) group scales of this K tile -> (bn, G, 1) shifts: one per group of codes
+    # (G, bn) group scales of this K tile -> (bn, G, 1[, 1]) shifts: one per group of codes
     s = fold_shifts(scale_exponents(scales_ref[...]), base_ref[...][None, :]).T[:, :, None]
+    s = s.reshape(s.shape + (1,) * (words[0].ndim - s.ndim))
     out_ref[...] = jax.lax.cond(
         normal_ref[0] != 0,  # every shift of the block >= _NORMAL_SHIFT (fold_metadata)
-        lambda x, s: e2m1_e4m3_lanes(x, s, subnormals=False),
-        lambda x, s: e2m1_e4m3_lanes(x, s), x, s)
-
-
-def _kernel_p8(*refs):
-  """The ":p8" order (``mgpu_convert.permute_k8``): each stored 16-byte run holds K-order
-  codes 0..15 of its 32 in its high nibbles and 16..31 in its low ones, so a 32-bit word
-  of 8 stored codes is two words of 4 K-order codes already in byte lanes -- one shift
-  and one mask each, against :func:`spread_nibbles`' seven ops."""
-  codes_ref, *fold_refs, out_ref = refs
-  w = codes_ref[...]  # (bn, G, runs per group, 4) uint32 words of 8 stored codes
-  planes = lambda: ((w >> _u32(4)) & _u32(0x0F0F0F0F), w & _u32(0x0F0F0F0F))
-
-  def both(s, subnormals):  # (..., 2, 4): each run's K-order words 0..3, then 4..7
-    hi, lo = (e2m1_e4m3_lanes(p, s, subnormals=subnormals) for p in planes())
-    return jnp.swapaxes(jnp.stack([hi, lo], axis=-1), -1, -2)
-  if not fold_refs:
-    out_ref[...] = both(0, False)
-    return
-  scales_ref, base_ref, normal_ref = fold_refs
-  s = fold_shifts(scale_exponents(scales_ref[...]), base_ref[...][None, :]).T[:, :, None, None]
-  out_ref[...] = jax.lax.cond(normal_ref[0] != 0, lambda s: both(s, False),
-                              lambda s: both(s, True), s)
+        lambda ws, s: e2m1(ws, s, False), lambda ws, s: e2m1(ws, s, True), words, s)
 
 
 @functools.partial(jax.jit, static_argnames=("kind", "block_n", "interpret", "order"))
@@ -338,13 +330,10 @@ def unpack(codes: jax.Array, scales: jax.Array | None = None,
     in_specs += [pl.BlockSpec((None, g, block_n), lambda kb, i: (kb, 0, i)),
                  pl.BlockSpec((block_n,), lambda kb, i: (i,)),
                  pl.BlockSpec((None, 1), lambda kb, i: (i, kb))]
-  if order == "p8":
-    body, out_block = _kernel_p8, (g, rg, 2, 4)
-  else:
-    body, out_block = functools.partial(_kernel, kind=kind), (g, h)
+  out_block = (g, rg, 2, 4) if order == "p8" else (g, h)
   zeros = (0,) * len(out_block)
   out = pl.pallas_call(
-      body,
+      functools.partial(_kernel, kind=kind, order=order),
       out_shape=jax.ShapeDtypeStruct((np_, t, *out_block), jnp.uint32),
       grid=(t, np_ // block_n),
       in_specs=in_specs,

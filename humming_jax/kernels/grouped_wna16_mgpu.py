@@ -386,8 +386,7 @@ def run(params: QuantizedWeight, x: jax.Array, group_sizes: jax.Array, *,
     raise ValueError(f"block_m={block_m} must be a multiple of 8 in [8, {MAX_BLOCK_M}]")
   m = x.shape[0]
   if m == 0:
-    return jnp.zeros((0, n), (out_dtype or jnp.bfloat16) if x.dtype == jnp.float8_e4m3fn
-                     else x.dtype)
+    return jnp.zeros((0, n), wna16_mgpu.output_dtype(x, out_dtype))
   block_m = block_m or tile_rows(m, e)
   num_tiles = max_tiles(m, e, block_m)
   if interpret:

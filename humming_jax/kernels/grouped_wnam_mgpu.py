@@ -34,8 +34,9 @@ import jax
 import jax.numpy as jnp
 
 from humming_jax.kernels import grouped_wna16_mgpu, registry, tuning, wna16_mgpu
-from humming_jax.kernels.wnam_mgpu import fp8_mma_applies, renamed, weight_spec, weight_view
-from humming_jax.quantize import QuantizedWeight, fake_quantize_activations, kernel_activations
+from humming_jax.kernels.wnam_mgpu import (fp8_mma_applies, fp8_operands, renamed,
+                                           weight_spec, weight_view)
+from humming_jax.quantize import QuantizedWeight, fake_quantize_activations
 from humming_jax.spec import QuantSpec
 
 FAMILY = "grouped_wnam_mgpu"
@@ -96,10 +97,8 @@ def run(params: QuantizedWeight, x: jax.Array, group_sizes: jax.Array, *,
     return jnp.zeros((0, n), x.dtype)
   view = weight_view(params, renamed(params.layout, grouped_wna16_mgpu.FAMILY))
   if wna16_mgpu.fp8_mma(params.layout):
-    m = x.shape[0]
-    qa = kernel_activations(x, params.spec, params.act_scale, rows=m, kp=k)
-    x_scale = jnp.broadcast_to(qa.scales.reshape(-1, 1), (m, 1)).reshape(m)
-    return grouped_wna16_mgpu.run(view, qa.values, group_sizes, interpret=interpret,
+    codes, x_scale = fp8_operands(x, params)
+    return grouped_wna16_mgpu.run(view, codes, group_sizes, interpret=interpret,
                                   config=config, block_m=block_m, x_scale=x_scale,
                                   out_dtype=x.dtype)
   xq = fake_quantize_activations(x, params.spec, params.act_scale).astype(x.dtype)

@@ -431,12 +431,15 @@ def e2m1_to_e4m3_ptx(codes: jax.Array, blocks: int) -> tuple[jax.Array, ...]:
       raise NotImplementedError(f"fp8-MMA e2m1 codes: this jax's Mosaic GPU gives "
                                 f"WGMMA_UPCAST_4X registers {arr.registers.shape} and "
                                 f"WGMMA_8BIT {out_shape} (jax 0.11.2: (., K/32, ...) and "
-                                f"(., 2, ...)); prepare the weights with mma='bf16'")
+                                f"(., 2, ...)); prepare the weights again with "
+                                f"HUMMING_JAX_FP8_MMA=0 (grouped) / HUMMING_JAX_DENSE_FP8_MMA=0 "
+                                f"(dense): the 16-bit route")
     outs = [np.empty(out_shape, dtype=object) for _ in range(blocks)]
     for idx, reg in np.ndenumerate(arr.registers):
       if ir.VectorType(reg.type).shape != [8]:
         raise NotImplementedError(f"fp8-MMA e2m1 codes: expected registers of 8 int4 "
-                                  f"codes, got {reg.type}; prepare with mma='bf16'")
+                                  f"codes, got {reg.type}; prepare the weights again "
+                                  f"with HUMMING_JAX_FP8_MMA=0 / HUMMING_JAX_DENSE_FP8_MMA=0")
       w = mgpu_utils.bitcast(reg, i32)
       sign, mag = c(0x80808080), c(0x1C1C1C1C)
       hi = arith.ori(arith.andi(w, sign), arith.andi(arith.shrui(w, c(2)), mag))

@@ -326,6 +326,23 @@ class Tiles(NamedTuple):
   block_m: int
 
 
+def default_config(params: QuantizedWeight, m: int) -> Config:
+  """The launch :func:`run` takes for M rows without an explicit config: the autotune
+  cache's entry for (layout kind, M bucket, N, K, device), else :func:`heuristic`.  The
+  direct (W8A8) and fp8-MMA views tune apart (same spec, other layout)."""
+  k, n = params.shape[-2:]
+  name = (params.spec.name + (":direct" if params.codes.ndim == 2 else "")
+          + (":p8" if fp8_mma(params.layout) else ""))
+  key = tuning.cache_key(FAMILY, name, tuning.bucket_m(m), n, k, tuning.device_kind())
+  return tuning.cached_config(key, Config) or heuristic(m, n)
+
+
+def output_dtype(x: jax.Array, out_dtype=None):
+  """The output dtype of :func:`run` for ``x``: x's own, or for float8_e4m3fn x (the
+  fp8-MMA layout) ``out_dtype`` (default bfloat16)."""
+  return jnp.dtype(out_dtype or jnp.bfloat16) if x.dtype == jnp.float8_e4m3fn else x.dtype
+
+
 def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
         config: Config | None = None, tiles: Tiles | None = None,
         x_scale: jax.Array | None = None, out_dtype=None) -> jax.Array:
@@ -370,8 +387,7 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
   bits = spec.weight_bits
   m = x.shape[0]
   if m == 0:
-    return jnp.zeros((0, n), (out_dtype or jnp.bfloat16) if x.dtype == jnp.float8_e4m3fn
-                     else x.dtype)
+    return jnp.zeros((0, n), output_dtype(x, out_dtype))
   fp8 = x.dtype == jnp.float8_e4m3fn  # fp8 activations on the fp8-MMA layout
   if fp8 != fp8_mma(params.layout):
     raise ValueError(f"x.dtype={x.dtype} with params.layout={params.layout!r}: the fp8-MMA "
@@ -388,10 +404,7 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
                                                           jnp.dtype(jnp.float16)):
     raise ValueError(f"out_dtype={out_dtype}: expected bfloat16 or float16")
   explicit = config is not None  # checked as given; cached / heuristic ones adapt
-  if config is None:  # run_direct's views tune apart from W8A16 (same spec, other layout)
-    name = spec.name + (":direct" if direct else "") + (":p8" if fp8 else "")
-    key = tuning.cache_key(FAMILY, name, tuning.bucket_m(m), n, k, tuning.device_kind())
-    config = tuning.cached_config(key, Config) or heuristic(m, n)
+  config = config or default_config(params, m)
   permuted = k_permuted(params.layout)
   if fp8:  # its own route (fp8_tiles below); none of the 16-bit conversion flags
     config = dataclasses.replace(config, scale_after_mma=False, zero_point_mma=False,
@@ -417,7 +430,7 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
     return dequant_gemm(params, x)
   if not fp8 and x.dtype not in (jnp.bfloat16, jnp.float16):
     raise ValueError(f"x.dtype={x.dtype}: the grouped Mosaic kernel takes bfloat16 / float16")
-  cdt = jnp.dtype(out_dtype or jnp.bfloat16) if fp8 else x.dtype
+  cdt = output_dtype(x, out_dtype)
   sub = divisor(config.substeps, k_tiles)
   if grouped:  # x rows read from each tile's first row; output: block_m rows per tile
     block_m = tiles.block_m

@@ -94,6 +94,14 @@ def fp8_mma_applies(spec: QuantSpec) -> bool:
           and wna16_mgpu.fp8_mma_reason(weight_spec(spec)) is None)
 
 
+def fp8_operands(x: jax.Array, params: QuantizedWeight) -> tuple[jax.Array, jax.Array]:
+  """(M, K) 16-bit x -> the fp8-MMA layout's operands: x quantized as the spec says
+  (``quantize.kernel_activations``: e4m3 codes) and each row's float32 scale, (M,)."""
+  m, k = x.shape
+  qa = kernel_activations(x, params.spec, params.act_scale, rows=m, kp=k)
+  return qa.values, jnp.broadcast_to(qa.scales.reshape(-1, 1), (m, 1)).reshape(m)
+
+
 def dense_fp8_mma(spec: QuantSpec) -> bool:
   """Whether :func:`prepare` takes the fp8-MMA layout: :func:`fp8_mma_applies` and
   HUMMING_JAX_DENSE_FP8_MMA=1 -- off by default: built in session 20 after its device
@@ -154,15 +162,14 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
     return w8a8.dequant_gemm(params, x, weights=w)
   m = x.shape[0]
   if wna16_mgpu.fp8_mma(params.layout):  # e4m3 codes and row scales on fp8 WGMMA
-    if (m >= (config or wna16_mgpu.heuristic(m, n)).dequant_gemm_min_m
+    if (m >= (config or wna16_mgpu.default_config(view, m)).dequant_gemm_min_m
         or x.dtype not in (jnp.bfloat16, jnp.float16)):
       # Where the K-order layout's decode path takes XLA's dequantize + GEMM (large M, no
       # 8-bit route above; float32 x), so does this layout (code_values undoes its order).
       xq = fake_quantize_activations(x, params.spec, params.act_scale).astype(x.dtype)
       return wna16_mgpu.dequant_gemm(view, xq)
-    qa = kernel_activations(x, params.spec, params.act_scale, rows=m, kp=k)
-    x_scale = jnp.broadcast_to(qa.scales.reshape(-1, 1), (m, 1)).reshape(m)
-    return wna16_mgpu.run(view, qa.values, interpret=interpret, config=config,
+    codes, x_scale = fp8_operands(x, params)
+    return wna16_mgpu.run(view, codes, interpret=interpret, config=config,
                           x_scale=x_scale, out_dtype=x.dtype)
   xq = fake_quantize_activations(x, params.spec, params.act_scale).astype(x.dtype)
   return wna16_mgpu.run(view, xq, interpret=interpret, config=config)
