@@ -9,8 +9,9 @@
 #   dense8: W4A8 MXFP4 8192^2 at M = 1 / 16 / 1024 / 4096 with Humming, the dense fp8-MMA
 #      layout against the K-order one (issue 4: decode <= 12 us; prefill must not lose).
 #      If it wins at decode and holds at prefill, make HUMMING_JAX_DENSE_FP8_MMA default on.
-#   moe:  W4A8 MXFP4 MoE rows at 1024 tokens on Mixtral-like shapes (the two-warpgroup
-#      128-row rule, untimed).
+#   moe:  W4A8 MXFP4 MoE rows at 16 / 1024 tokens on Mixtral-like shapes (128-row fp8
+#      tiles on the default four warpgroups); then compare two warpgroups by hand
+#      (config=wna16_mgpu.shared_x_config(128, warpgroups=2)): registers may spill at four.
 #   overlap: HUMMING_JAX_FP8_OVERLAP=0 / 1 (a step's K tiles keep their group partials, so
 #      tile j converts while tile j - 1's WGMMAs run) on DeepSeek-V3 gate_up at 1 / 16 / 64
 #      tokens; if it wins, make it the default.
