@@ -19,12 +19,21 @@ from humming_jax.kernels import grouped_wna16_mgpu as g16, grouped_wnam_mgpu as 
 from humming_jax.kernels import wna16_mgpu as mg
 
 
-def variants(tokens, e):
+def variants(tokens, e, rows):
   """(name, block_m or None, config changes or a Config) to time."""
   base = [("heuristic", None, None)]
   decode = [(f"wg{w}-st{s}-sub{b}", 16, dict(warpgroups=w, stages=s, substeps=b))
             for w, s, b in ((1, 4, 2), (2, 2, 2), (2, 4, 2), (1, 6, 2), (1, 8, 1), (4, 4, 2),
                             (1, 4, 1), (2, 3, 2))]
+  if tokens > 64 and rows > 64:  # session 21: 128-row tiles on four shared-x warpgroups
+    # (the heuristic) took 7.2 ms at Mixtral gate_up 1024 tokens (Humming 0.50 ms)
+    wide = [(f"shx{w}-bm{bm}", bm, mg.shared_x_config(bm, warpgroups=w))
+            for bm in (rows, 64) for w in (2, 1)]
+    wide += [(f"bm{bm}-wg{w}-st{s}-k", bm, dict(warpgroups=w, stages=s, substeps=1,
+                                                split_warpgroups="k"))
+             for bm in (rows, 64) for w, s in ((1, 4), (2, 2))]
+    wide += [("shx4-bm64", 64, mg.shared_x_config(64))]
+    return base + wide
   wide = [(f"shx-bm{bm}", bm, mg.shared_x_config(bm)) for bm in (16, 32, 48)]
   wide += [(f"bm{bm}-wg{w}-st{s}", bm, dict(warpgroups=w, stages=s, substeps=1,
                                             split_warpgroups="k"))
@@ -37,6 +46,7 @@ def main():
   ap.add_argument("--shape", default="256,8,512,7168")  # E, top-k, N, K
   ap.add_argument("--tokens", default="16,64,256")
   ap.add_argument("--sets", type=int, default=2)
+  ap.add_argument("--interpret", action="store_true")  # a CPU check of the configs
   a = ap.parse_args()
   e, topk, n, k = map(int, a.shape.split(","))
   spec = hj.QuantSpec.preset("w4a8-mxfp4")
@@ -50,7 +60,7 @@ def main():
     g = moe.sort_tokens(ids, e).group_sizes
     x = jax.random.normal(jax.random.key(1), (tokens * topk, k), jnp.bfloat16)
     ref, line = None, []
-    for name, bm, change in variants(tokens, e):
+    for name, bm, change in variants(tokens, e, g16.tile_rows(x.shape[0], e)):
       m = x.shape[0]
       block_m = bm or g16.tile_rows(m, e)
       if change is None:
@@ -62,10 +72,11 @@ def main():
       else:
         cfg = change
       f = jax.jit(lambda ps, x, g, cfg=cfg, bm=bm: [
-          gw.run(p, x, g, config=cfg, block_m=bm) for p in ps])
+          gw.run(p, x, g, config=cfg, block_m=bm, interpret=a.interpret) for p in ps])
       try:
         out = f(ps, x, g)
-        t = common.kernel_times(f, (ps, x, g), per=a.sets)
+        t = ({"interpret": 0.0} if a.interpret else
+             common.kernel_times(f, (ps, x, g), per=a.sets))
       except Exception as err:  # noqa: BLE001 - a launch shape that does not build
         line.append(f"{name} FAILED {type(err).__name__}: {str(err)[:60]}")
         continue

@@ -1,0 +1,82 @@
+"""Device probe (session 21): launch shapes of the dense kernel on the fp8-MMA layout
+(W4A8 MXFP4, ``wna16_mgpu.prepare(mma="fp8")``) at decode.  Session 21's first call
+measured the heuristic's 64-row launch at 8192^2, M = 1: ~18 us of kernel, against the
+~11 predicted (NOTES.md v23): each 32-deep WGMMA of a 64-row x tile does 64 / M times
+the work M needs, and the float32 group partials of 64 columns cost registers.
+CUPTI time of the main kernel per layer over ``--sets`` weight sets (plus the other
+kernels: the activation quantization), each config's output compared with the
+heuristic's.  ``--interpret``: a CPU check of the configs at a small shape.
+Usage: probe_dense_fp8.py [--shape 8192,8192] [--ms 1,16]"""
+import argparse
+import dataclasses
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import common
+import humming_jax as hj
+from humming_jax.kernels import wna16_mgpu as mg, wnam_mgpu as wm
+
+
+def variants():
+  """(name, config changes from the heuristic, env) to time."""
+  out = [("heuristic", None, {})]
+  for bm, wg, sub, st, sk in ((16, 4, 2, 4, 1), (16, 4, 1, 4, 1), (16, 2, 2, 4, 1),
+                              (16, 4, 2, 6, 1), (16, 4, 2, 4, 2), (16, 2, 2, 6, 2),
+                              (32, 4, 2, 4, 1), (64, 4, 1, 4, 1), (64, 4, 2, 4, 2),
+                              (16, 1, 2, 8, 1)):
+    out.append((f"bm{bm}-wg{wg}-sub{sub}-st{st}-sk{sk}",
+                dict(block_m=bm, warpgroups=wg, substeps=sub, stages=st, split_k=sk), {}))
+  out.append(("bm16-wg4-sub2-st4-sk1+overlap",
+              dict(block_m=16, warpgroups=4, substeps=2, stages=4, split_k=1),
+              {"HUMMING_JAX_FP8_OVERLAP": "1"}))
+  return out
+
+
+def main():
+  ap = argparse.ArgumentParser()
+  ap.add_argument("--shape", default="8192,8192")  # K, N
+  ap.add_argument("--ms", default="1,16")
+  ap.add_argument("--sets", type=int, default=4)
+  ap.add_argument("--interpret", action="store_true")
+  a = ap.parse_args()
+  k, n = map(int, a.shape.split(","))
+  spec = hj.QuantSpec.preset("w4a8-mxfp4")
+  ps = [jax.jit(lambda w: mg.prepare(wm.weight_view(hj.quantize(w, spec), "canonical"),
+                                    permute=False, mma="fp8"))(
+      jax.random.normal(jax.random.key(i), (k, n), jnp.float32) / np.sqrt(k))
+      for i in range(a.sets)]
+  assert ps[0].layout.endswith(":p8"), ps[0].layout
+  for m in map(int, a.ms.split(",")):
+    x = jax.random.normal(jax.random.key(m), (m, k), jnp.bfloat16)
+    xq, xs = wm.fp8_operands(x, ps[0].replace(spec=spec))
+    ref, line = None, []
+    for name, change, env in variants():
+      cfg = None if change is None else dataclasses.replace(mg.default_config(ps[0], m),
+                                                            **change)
+      os.environ.update(env)
+      try:
+        f = jax.jit(lambda ps, xq, xs, cfg=cfg: [
+            mg.run(p, xq, x_scale=xs, config=cfg, interpret=a.interpret) for p in ps])
+        out = f(ps, xq, xs)
+        t = ({"interpret": 0.0} if a.interpret else
+             common.kernel_times(f, (ps, xq, xs), per=a.sets))
+      except Exception as err:  # noqa: BLE001 - a launch shape that does not build
+        line.append(f"{name} FAILED {type(err).__name__}: {str(err)[:80]}")
+        continue
+      finally:
+        for key in env:
+          os.environ.pop(key)
+      diff = 0.0
+      if ref is None:
+        ref = out
+      else:
+        diff = common.max_rel_diff(out, ref)
+      line.append(f"{name} {max(t.values()):6.1f}" + (f" (diff {diff:.0e})" if diff > 1e-3 else ""))
+    print(f"K{k} N{n} M={m}:\n  " + "\n  ".join(line), flush=True)
+
+
+if __name__ == "__main__":
+  main()
