@@ -16,8 +16,9 @@ s_probe() {
 s_moe128() {
   T 220 python3 benchmarks/probe_fp8_moe.py --shape 8,2,28672,4096 --tokens 256,1024 2>&1 | grep -v Warn | tail -4
   T 150 python3 benchmarks/probe_fp8_moe.py --shape 8,2,4096,14336 --tokens 1024 2>&1 | grep -v Warn | tail -4
+  T 120 python3 benchmarks/probe_fp8_moe.py --shape 256,8,512,7168 --tokens 1024 2>&1 | grep -v Warn | tail -4
 }
 for s in ${@:-probe}; do
-  if declare -f "s_$s" >/dev/null; then step "$s"; "s_$s"; else bash "$(dirname "$0")/gpu_session_next.sh" "$s"; fi
+  if declare -f "s_$s" >/dev/null; then step "$s"; "s_$s" 2>&1 | tee "$OUT/$s.log"; else bash "$(dirname "$0")/gpu_session_next.sh" "$s"; fi
 done
 step done
