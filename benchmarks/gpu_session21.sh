@@ -18,6 +18,17 @@ s_moe128() {
   T 150 python3 benchmarks/probe_fp8_moe.py --shape 8,2,4096,14336 --tokens 1024 2>&1 | grep -v Warn | tail -4
   T 120 python3 benchmarks/probe_fp8_moe.py --shape 256,8,512,7168 --tokens 1024 2>&1 | grep -v Warn | tail -4
 }
+# call 4 (wide): the two-warpgroup rule for fp8 tiles over 80 rows, GPU-tested (the
+#   128-row test) and timed on Mixtral at 1024 tokens with Humming.
+s_wide() {
+  T 120 python3 -m pytest -p no:cacheprovider -o addopts= -rA tests/test_grouped_wnam_mgpu.py \
+    -m gpu -k "fp8_mma_gpu and 512" 2>&1 | grep -E "^(FAILED|ERROR)|^E |passed|failed|rel err" | tail -5
+  for shape in mixtral-gate_up mixtral-down; do
+    T 110 python3 benchmarks/bench_moe.py --shapes $shape --tokens 1024 --specs w4a8-mxfp4 \
+      --humming --no-baselines --chain resident --span --calls 10 --repeats 2 \
+      --json "$OUT/moe_$shape.json" 2>&1 | grep -E "T=|rror" | cut -c1-300
+  done
+}
 for s in ${@:-probe}; do
   if declare -f "s_$s" >/dev/null; then step "$s"; "s_$s" 2>&1 | tee "$OUT/$s.log"; else bash "$(dirname "$0")/gpu_session_next.sh" "$s"; fi
 done

@@ -195,6 +195,26 @@ def test_round_trip_and_ranking():
   assert y0.shape == (0, 128) and y0.dtype == x.dtype
 
 
+def test_fp8_wide_tile_launch(monkeypatch):
+  """The grouped heuristic's launch for fp8-MMA tiles of more than 80 rows: two shared-x
+  warpgroups (H200 session 21: four spilled at 128 rows, Mixtral gate_up 1024 tokens 7.1
+  ms -> 1.2); 80-row tiles keep four, the 16-bit route's 128-row tiles keep four."""
+  monkeypatch.delenv("HUMMING_JAX_FP8_MMA", raising=False)
+  from humming_jax.kernels import grouped_wna16_mgpu as gm  # noqa: PLC0415
+  shape = jax.ShapeDtypeStruct((8, 4096, 28672), jnp.float32)
+
+  def launch(name, rows):
+    q = jax.eval_shape(lambda w: hj.quantize(w, hj.QuantSpec.preset(name)), shape)
+    p = jax.eval_shape(lambda q: hj.prepare(q, grouped=True, kernel=gw.FAMILY), q)
+    view = gw.weight_view(p, gw.renamed(p.layout, gm.FAMILY))  # as gw.run passes it
+    cfg = gm.heuristic(8, 28672, 32, rows, params=view, tile_rows=rows)
+    return cfg.split_warpgroups, cfg.warpgroups
+
+  assert launch("w4a8-mxfp4", 128) == ("n", 2)
+  assert launch("w4a8-mxfp4", 80) == ("n", 4)
+  assert launch("w4a8-int8", 128) == ("n", 4)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("tokens", [1, 16, 64])
 @pytest.mark.parametrize("name", ["w4a8-int8", "w4a8-mxfp4"])

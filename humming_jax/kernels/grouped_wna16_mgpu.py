@@ -160,9 +160,13 @@ def heuristic(tiles: int, n: int, k_tiles: int, block_m: int, *,
     # 168.4; the 16-bit route's conversion made the shared x tile pay, NOTES_moe.md).
     return dataclasses.replace(wna16_mgpu.shared_x_config(block_m), warpgroups=1,
                                substeps=1, split_warpgroups="k")
-  # (128-row fp8 tiles keep the shared-x launch's four warpgroups, as GPU-tested in session
-  # 20: a running sum and a group partial of 64 registers each may spill there; two
-  # warpgroups are queued for timing in benchmarks/gpu_session_next.sh, not a default.)
+  if block_m > 80 and fp8:
+    # fp8-MMA layout, wide tiles: two shared-x warpgroups.  Four leave 128 registers per
+    # thread, and a 128-row tile's running sum and group partial take 64 each: H200
+    # session 21, Mixtral gate_up / down at 1024 tokens (128-row tiles), CUPTI kernel us,
+    # 7089.6 -> 1199.3 / 3932.8 -> 657.8.  80-row tiles (256 tokens) run well on four:
+    # 316.6 against 388.0 on two.  (Tiles of 88-120 rows are untimed.)
+    return wna16_mgpu.shared_x_config(block_m, warpgroups=2)
   if block_m >= 16:
     return wna16_mgpu.shared_x_config(block_m)
   config = wna16_mgpu.heuristic(block_m)
