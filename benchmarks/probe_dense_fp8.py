@@ -29,9 +29,6 @@ def variants():
                               (16, 1, 2, 8, 1)):
     out.append((f"bm{bm}-wg{wg}-sub{sub}-st{st}-sk{sk}",
                 dict(block_m=bm, warpgroups=wg, substeps=sub, stages=st, split_k=sk), {}))
-  out.append(("bm16-wg4-sub2-st4-sk1+overlap",
-              dict(block_m=16, warpgroups=4, substeps=2, stages=4, split_k=1),
-              {"HUMMING_JAX_FP8_OVERLAP": "1"}))
   return out
 
 

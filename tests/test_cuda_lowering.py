@@ -323,19 +323,3 @@ def test_dense_fp8_mma_lowers_for_h200(monkeypatch):
   x = jax.ShapeDtypeStruct((4096, 8192), jnp.bfloat16)
   text = lower_for_h200(run, p, x)
   assert "carrier_unpack_e2m1_p8" in text and "mosaic_gpu" in text
-
-
-def test_fp8_overlap_lowers_for_h200(monkeypatch):
-  """HUMMING_JAX_FP8_OVERLAP=1: the grouped fp8 route with a step's K tiles overlapped
-  (DeepSeek-V3 gate_up, 1 / 16 / 64 tokens) lowers for the H200."""
-  from humming_jax.kernels import grouped_wnam_mgpu as gw
-  monkeypatch.delenv("HUMMING_JAX_FP8_MMA", raising=False)
-  monkeypatch.setenv("HUMMING_JAX_FP8_OVERLAP", "1")
-  spec = hj.QuantSpec.preset("w4a8-mxfp4")
-  q = jax.eval_shape(lambda w: hj.quantize(w, spec),
-                     jax.ShapeDtypeStruct((256, 7168, 512), jnp.float32))
-  p = jax.eval_shape(gw.prepare, q)
-  g = jax.ShapeDtypeStruct((256,), jnp.int32)
-  for tokens in (1, 16, 64):
-    x = jax.ShapeDtypeStruct((tokens * 8, 7168), jnp.bfloat16)
-    assert "custom_call" in lower_for_h200(lambda p, x, g: gw.run(p, x, g), p, x, g)

@@ -512,11 +512,6 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
   fp8_group_blocks = max(1, min(scale_k(spec), bk) // 32)  # (fp8 specs: groups >= 32)
   fp8_groups = fp8_blocks // fp8_group_blocks
   in_flight = max(1, min(fp8_groups, 128 // block_m))
-  # HUMMING_JAX_FP8_OVERLAP=1 (off; built after session 20's device time, not timed):
-  # every K tile of a step keeps its group partials (<= 64 registers per thread in all),
-  # so tile j's conversion runs while tile j - 1's WGMMAs do.
-  fp8_overlap = (fp8 and sub >= 2 and sub * fp8_groups * block_m <= 128
-                 and tuning.env_flag("HUMMING_JAX_FP8_OVERLAP", False))
   has_bias = params.bias is not None and fused_epilogue  # added in the kernel
   # Epilogue rows multiplied in the kernel: the global scale, the column scale.
   scale_rows = [r for r in (params.global_scale, params.scales if col else None)
@@ -690,7 +685,7 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
           w = plgpu.load(w_buf.at[wg, slot, j], layout=_UPCAST[4],
                          optimized=config.optimized_load)
           if interpret:
-            buf = a_smem.at[wg, j % 2] if fp8_overlap else a_smem.at[wg]
+            buf = a_smem.at[wg]
             vals = mgpu_convert.permute_k8(w.astype(jnp.int8), inverse=True)
             plgpu.wgmma_wait(0)
             buf[...] = mgpu_convert.e2m1_to_e4m3_interpret(vals)
@@ -710,22 +705,6 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
           for part, g in zip(parts, group):
             total = total + part * bcast(scale_row(j, g).astype(jnp.float32), part.shape)
           return total
-
-        if fp8_overlap:  # tile j converts while tile j - 1's WGMMAs run (opt-in, untimed)
-          group = range(fp8_groups)
-
-          def step_products(*part_refs):
-            sets = [part_refs[j * fp8_groups:(j + 1) * fp8_groups] for j in range(sub)]
-            out = total
-            for j in range(sub):
-              blocks = operands(j)
-              if j:  # reading a partial waits for every WGMMA in flight: before issuing j
-                plgpu.wgmma_wait(0)
-                out = scaled_sum(out, [r[...] for r in sets[j - 1]], j - 1, group)
-              issue(sets[j], blocks, group)
-            plgpu.wgmma_wait(0)
-            return scaled_sum(out, [r[...] for r in sets[sub - 1]], sub - 1, group)
-          return pl.run_scoped(step_products, *[acc_t] * (sub * fp8_groups))
 
         for j in range(sub):
           blocks = operands(j)
@@ -858,8 +837,7 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
       bias = jnp.pad(bias, [(0, 0)] * (bias.ndim - 1) + [(0, np_ - n)])
     operands.append(bias.reshape(*bias.shape[:-1], 1, np_))
   if interpret:
-    a_fp8 = (wgs, 2, BLOCK_N, bk) if fp8_overlap else (wgs, BLOCK_N, bk)
-    scratch["a_smem"] = (plgpu.SMEM(a_fp8, jnp.float8_e4m3fn, transforms=x_tf)
+    scratch["a_smem"] = (plgpu.SMEM((wgs, BLOCK_N, bk), jnp.float8_e4m3fn, transforms=x_tf)
                          if fp8 else plgpu.SMEM((wgs, BLOCK_N, bk), cdt, transforms=a_tf))
   if fp8:
     scratch.update(xs_smem=plgpu.SMEM((block_m,), jnp.float32),
