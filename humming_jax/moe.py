@@ -23,7 +23,8 @@ import jax
 import jax.numpy as jnp
 
 from humming_jax import ops
-from humming_jax.kernels import grouped_wna16, grouped_wna16_mgpu, registry, wna16
+from humming_jax.kernels import (grouped_wna16, grouped_wna16_mgpu, grouped_wnam_mgpu, registry,
+                                 tuning, wna16)
 from humming_jax.quantize import (QuantizedWeight, dequantize, fake_quantize_activations)
 
 Activation = Literal["silu", "gelu"]
@@ -332,7 +333,10 @@ def quant_moe(gate_up_params: QuantizedWeight, down_params: QuantizedWeight, x: 
   are padded to its tile (:func:`align_tokens`) so every tile reads and
   writes its rows in place (no row gather; benchmarks/NOTES_moe.md).  Otherwise (e.g.
   stacks prepared one by one, gate_up on Mosaic and down on Triton) rows are sorted by
-  expert (:func:`sort_tokens`) and each GEMM is :func:`quant_ragged_dot` on its own family.
+  expert (:func:`sort_tokens`) and each GEMM is :func:`quant_ragged_dot` on its own family;
+  gate_up experts on the grouped fp8-MMA route (W4A8 MXFP4 with per-token or static
+  activation scales) take the T tokens quantized once, their e4m3 codes and scales then
+  gathered (the same operands as quantizing the T*k gathered rows).
   """
   for name, p in (("gate_up_params", gate_up_params), ("down_params", down_params)):
     if not isinstance(p, QuantizedWeight) or p.num_experts is None:
@@ -369,10 +373,35 @@ def quant_moe(gate_up_params: QuantizedWeight, down_params: QuantizedWeight, x: 
   else:
     r = sort_tokens(topk_ids, e)
     run = lambda p, a: quant_ragged_dot(p, a, r.group_sizes, backend=backend)
-  xs = jnp.take(x, r.token_of_row, axis=0)
-  hid = run(gate_up_params, xs)
+  hid = _gate_up_quantized_first(gate_up_params, x, r, backend)
+  if hid is None:
+    hid = run(gate_up_params, jnp.take(x, r.token_of_row, axis=0))
   ys = run(down_params, glu(hid, activation))
   return combine(ys, topk_weights, r).astype(x.dtype)
+
+
+def _gate_up_quantized_first(params: QuantizedWeight, x: jax.Array, r: SortedTokens,
+                             backend: ops.Backend) -> jax.Array | None:
+  """The gate_up GEMM of experts on the grouped fp8-MMA route (W4A8 MXFP4) whose
+  activation scales are per token or static: the T tokens quantized once, then their e4m3
+  codes and scales gathered into expert order -- bit for bit the operands of the T*k
+  gathered rows, for 1/k of the pre-pass and a 1-byte row gather instead of a 2-byte one
+  (``grouped_wnam_mgpu.quantizes_rows_alone``).  None where that does not apply, or with
+  HUMMING_JAX_MOE_QUANTIZE_FIRST=0 (to time it against the bf16 gather; built in session
+  21 after its device time: CPU-tested, not yet timed)."""
+  if (x.dtype not in (jnp.bfloat16, jnp.float16)
+      or not tuning.env_flag("HUMMING_JAX_MOE_QUANTIZE_FIRST", True)):
+    return None
+  b, kernel = ops.backend_and_kernel(params, x.dtype, backend, grouped=True)
+  if b == "xla" or kernel.name != grouped_wnam_mgpu.FAMILY:
+    return None
+  p = ops.in_layout_of(kernel, params)
+  if not grouped_wnam_mgpu.quantizes_rows_alone(p):
+    return None
+  codes, scales = grouped_wnam_mgpu.fp8_operands(x, p)
+  return grouped_wnam_mgpu.run_quantized(
+      p, jnp.take(codes, r.token_of_row, axis=0), jnp.take(scales, r.token_of_row, axis=0),
+      r.group_sizes, out_dtype=x.dtype, interpret=b == "interpret")
 
 
 def _aligned_mosaic(gate_up_params, down_params, x, resolved_backend: str) -> bool:

@@ -216,6 +216,70 @@ def test_quant_moe_interpret_vs_oracle(kernel):
   assert _rel(y, r) < 2e-2
 
 
+def test_quant_moe_w4a8_quantizes_tokens_before_the_gather(monkeypatch):
+  """W4A8 MXFP4 stacks on the grouped fp8-MMA route: quant_moe quantizes the T tokens
+  once and gathers their e4m3 codes and scales (per-token scales: a row's operands are
+  its own), bit-equal to gathering the bf16 rows and quantizing the T*k rows; the down
+  GEMM quantizes its T*k rows itself.  An out-of-range id adds nothing, as before."""
+  from humming_jax.kernels import grouped_wnam_mgpu as gw
+  monkeypatch.delenv("HUMMING_JAX_FP8_MMA", raising=False)
+  e, h, inter, t, topk = 4, 256, 128, 5, 2
+  ks = jax.random.split(jax.random.PRNGKey(12), 5)
+  spec = hj.QuantSpec.preset("w4a8-mxfp4")
+  gu = hj.quantize(jax.random.normal(ks[0], (e, h, 2 * inter)) / 16, spec)
+  dn = hj.quantize(jax.random.normal(ks[1], (e, inter, h)) / 11, spec)
+  pgu, pdn = moe.prepare_experts(gu, dn)
+  assert gw.quantizes_rows_alone(pgu) and gw.quantizes_rows_alone(pdn)
+  x = jax.random.normal(ks[2], (t, h), jnp.bfloat16)
+  w, ids = moe.topk_routing(jax.random.normal(ks[3], (t, e)), topk)
+  ids = ids.at[1, 0].set(e + 2)  # out of range
+  rows_quantized = []
+  real = gw.fp8_operands
+  monkeypatch.setattr(gw, "fp8_operands",
+                      lambda a, p: rows_quantized.append(a.shape[0]) or real(a, p))
+  y = jax.jit(hj.quant_moe, static_argnames=("activation", "backend"))(
+      pgu, pdn, x, w, ids, backend="interpret")
+  assert rows_quantized == [t, t * topk]  # gate_up: the tokens; down: its rows
+  r = moe.sort_tokens(ids, e)
+  run = lambda p, a: hj.quant_ragged_dot(p, a, r.group_sizes, backend="interpret")
+  want = moe.combine(run(pdn, moe.glu(run(pgu, jnp.take(x, r.token_of_row, axis=0)))), w,
+                     r).astype(x.dtype)
+  np.testing.assert_array_equal(np.asarray(y, np.float32), np.asarray(want, np.float32))
+  monkeypatch.setenv("HUMMING_JAX_MOE_QUANTIZE_FIRST", "0")  # the switch: the rows' gather
+  rows_quantized.clear()
+  y_off = jax.jit(lambda *a: hj.quant_moe(*a, backend="interpret"))(pgu, pdn, x, w, ids)
+  assert rows_quantized == [t * topk, t * topk]
+  np.testing.assert_array_equal(np.asarray(y_off, np.float32), np.asarray(y, np.float32))
+  w_ok = np.where(np.asarray(ids) < e, np.asarray(w), 0.0)
+  assert _rel(y, _moe_oracle(gu, dn, x, w_ok, np.minimum(np.asarray(ids), e - 1), "silu")
+              ) < 5e-2
+
+
+@pytest.mark.gpu
+def test_quant_moe_w4a8_quantizes_tokens_first_gpu(monkeypatch):
+  """The same on the H200 at DeepSeek-V3's shapes (E 256, H 7168, I 256, top-8), 64
+  tokens: the layer with the tokens quantized before the gather against the rows'
+  gather (HUMMING_JAX_MOE_QUANTIZE_FIRST=0), and against the layer on the XLA path."""
+  monkeypatch.delenv("HUMMING_JAX_FP8_MMA", raising=False)
+  e, h, inter, t, topk = 256, 7168, 256, 64, 8
+  ks = jax.random.split(jax.random.PRNGKey(13), 5)
+  spec = hj.QuantSpec.preset("w4a8-mxfp4")
+  gu = hj.quantize(jax.random.normal(ks[0], (e, h, 2 * inter)) / np.sqrt(h), spec)
+  dn = hj.quantize(jax.random.normal(ks[1], (e, inter, h)) / np.sqrt(inter), spec)
+  pgu, pdn = moe.prepare_experts(gu, dn)
+  x = jax.random.normal(ks[2], (t, h), jnp.bfloat16)
+  w, ids = moe.topk_routing(jax.random.normal(ks[3], (t, e)), topk)
+  layer = lambda: jax.jit(lambda *a: hj.quant_moe(*a))(pgu, pdn, x, w, ids)
+  y = layer()
+  monkeypatch.setenv("HUMMING_JAX_MOE_QUANTIZE_FIRST", "0")
+  y_off = layer()
+  diff = _rel(y, np.asarray(y_off, np.float64))
+  ref = jax.jit(lambda *a: hj.quant_moe(*a, backend="xla"))(gu, dn, x, w, ids)
+  err = _rel(y, np.asarray(ref, np.float64))
+  print(f"quant_moe W4A8 quantize-first: diff vs row gather {diff:.1e}, err {err:.2e}")
+  assert diff <= 1e-6 and err < 1e-2
+
+
 def test_quant_moe_errors():
   spec = hj.QuantSpec.preset("w4a16-g128")
   gu = hj.quantize(jnp.ones((2, 128, 128)) * 0.1, spec)

@@ -95,15 +95,49 @@ def run(params: QuantizedWeight, x: jax.Array, group_sizes: jax.Array, *,
     raise ValueError(f"x must be (M, K={k}); got shape {x.shape}")
   if x.shape[0] == 0:
     return jnp.zeros((0, n), x.dtype)
-  view = weight_view(params, renamed(params.layout, grouped_wna16_mgpu.FAMILY))
   if wna16_mgpu.fp8_mma(params.layout):
     codes, x_scale = fp8_operands(x, params)
-    return grouped_wna16_mgpu.run(view, codes, group_sizes, interpret=interpret,
-                                  config=config, block_m=block_m, x_scale=x_scale,
-                                  out_dtype=x.dtype)
+    return run_quantized(params, codes, x_scale, group_sizes, out_dtype=x.dtype,
+                         interpret=interpret, config=config, block_m=block_m)
+  view = weight_view(params, renamed(params.layout, grouped_wna16_mgpu.FAMILY))
   xq = fake_quantize_activations(x, params.spec, params.act_scale).astype(x.dtype)
   return grouped_wna16_mgpu.run(view, xq, group_sizes, interpret=interpret, config=config,
                                 block_m=block_m)
+
+
+def quantizes_rows_alone(params: QuantizedWeight) -> bool:
+  """Whether ``params`` take :func:`run_quantized`'s operands (the fp8-MMA layout) from
+  activations whose codes and scale of a row depend on that row alone (per-token or
+  static scales): then quantizing the tokens before a row gather gives the gathered rows'
+  own operands, bit for bit (``moe.quant_moe`` does so)."""
+  spec = params.spec
+  return (registry.layout_family(params.layout) == FAMILY
+          and wna16_mgpu.fp8_mma(params.layout)
+          and (spec.act_granularity == "token" or spec.act_static))
+
+
+def run_quantized(params: QuantizedWeight, codes: jax.Array, x_scale: jax.Array,
+                  group_sizes: jax.Array, *, out_dtype=jnp.bfloat16,
+                  interpret: bool = False, config=None, block_m: int | None = None
+                  ) -> jax.Array:
+  """:func:`run` on activations already quantized for the fp8-MMA layout: (M, K)
+  float8_e4m3fn ``codes`` and (M,) float32 row scales ``x_scale`` (``fp8_operands``'
+  outputs, e.g. computed per token and then gathered into expert order), rows sorted by
+  expert -> (M, N) in ``out_dtype`` (bfloat16 / float16)."""
+  if registry.layout_family(params.layout) != FAMILY or not wna16_mgpu.fp8_mma(params.layout):
+    raise ValueError(f"params.layout={params.layout!r}: expected {FAMILY}:...:p8 params "
+                     f"(the fp8-MMA layout; grouped_wnam_mgpu.fp8_mma says which specs)")
+  e, k, n = params.shape
+  if codes.ndim != 2 or codes.shape[1] != k or codes.dtype != jnp.float8_e4m3fn:
+    raise ValueError(f"codes must be (M, K={k}) float8_e4m3fn; got {codes.shape} "
+                     f"{codes.dtype}")
+  if x_scale.shape != codes.shape[:1] or x_scale.dtype != jnp.float32:
+    raise ValueError(f"x_scale must be (M={codes.shape[0]},) float32; got {x_scale.shape} "
+                     f"{x_scale.dtype}")
+  view = weight_view(params, renamed(params.layout, grouped_wna16_mgpu.FAMILY))
+  return grouped_wna16_mgpu.run(view, codes, group_sizes, interpret=interpret,
+                                config=config, block_m=block_m, x_scale=x_scale,
+                                out_dtype=out_dtype)
 
 
 def priority_for(spec: QuantSpec, shape: tuple[int, ...]) -> int | None:
