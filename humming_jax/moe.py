@@ -355,6 +355,8 @@ def quant_moe(gate_up_params: QuantizedWeight, down_params: QuantizedWeight, x: 
                      f"must both be (tokens={x.shape[0]}, k)")
   if activation not in ACTIVATIONS:
     raise ValueError(f"activation={activation!r}; expected one of {ACTIVATIONS}")
+  if x.shape[0] == 0:  # no tokens: nothing routed (the row gathers need one)
+    return jnp.zeros((0, h), x.dtype)
   b = ops.resolve_backend(backend, gate_up_params.spec, grouped=True, x_dtype=x.dtype)
   if (b != "xla" and x.dtype in (jnp.bfloat16, jnp.float16)
       and "canonical" in (gate_up_params.layout, down_params.layout)
@@ -370,10 +372,11 @@ def quant_moe(gate_up_params: QuantizedWeight, down_params: QuantizedWeight, x: 
     r = align_tokens(topk_ids, e, bm)
     run = lambda p, a: grouped_wna16_mgpu.run_aligned(p, a, r.group_sizes, block_m=bm,
                                                        interpret=b == "interpret")
+    hid = None
   else:
     r = sort_tokens(topk_ids, e)
     run = lambda p, a: quant_ragged_dot(p, a, r.group_sizes, backend=backend)
-  hid = _gate_up_quantized_first(gate_up_params, x, r, backend)
+    hid = _gate_up_quantized_first(gate_up_params, x, r, backend)
   if hid is None:
     hid = run(gate_up_params, jnp.take(x, r.token_of_row, axis=0))
   ys = run(down_params, glu(hid, activation))
