@@ -12,6 +12,8 @@
 #      timed at (128, 4096; 8192^2 W4A8 MXFP4, with Humming); default-on if it holds there.
 #   m1: the dense ":p8" decode at M = 1 against M = 8 / 16 (M = 1 was 2-3 us slower on
 #      every launch in session 21's sweep; probe_dense_fp8.py).
+#   mixtral16: grouped fp8 decode launches at Mixtral shapes, 16 tokens (gate_up 184.2 us
+#      wall vs Humming 134.2 in session 21; the 16-row fp8 rule was tuned on DeepSeek-V3).
 # Usage: gpu_session_next.sh [STEP...]  (default: verify).  Carry: [".whl"].
 source "$(dirname "$0")/gpu_env.sh"
 T() { local t=$1; shift; timeout -k 5 -s INT "$t" "$@"; }
@@ -23,7 +25,7 @@ s_verify() {
 }
 s_layer() {
   for flag in 0 1; do
-    HUMMING_JAX_MOE_QUANTIZE_FIRST=$flag T 200 python3 benchmarks/bench_moe_layer.py \
+    HUMMING_JAX_MOE_QUANTIZE_FIRST=$flag T 270 python3 benchmarks/bench_moe_layer.py \
       --models deepseek-v3,qwen3-30b-a3b --tokens 16,64,1024 --spec w4a8-mxfp4 \
       --families default --breakdown --calls 10 --repeats 2 \
       --json "$OUT/layer_w4a8_qfirst$flag.json" > "$OUT/layer_w4a8_qfirst$flag.log" 2>&1
@@ -41,6 +43,10 @@ s_dense128() {
 }
 s_m1() {
   T 150 python3 benchmarks/probe_dense_fp8.py --shape 8192,8192 --ms 1,8,16 2>&1 | grep -v Warn | tail -40
+}
+s_mixtral16() {
+  T 150 python3 benchmarks/probe_fp8_moe.py --shape 8,2,28672,4096 --tokens 16 2>&1 | grep -v Warn | tail -3
+  T 150 python3 benchmarks/probe_fp8_moe.py --shape 8,2,4096,14336 --tokens 16 2>&1 | grep -v Warn | tail -3
 }
 for s in ${@:-verify}; do step "$s"; "s_$s"; done
 step done
