@@ -14,6 +14,9 @@
 #      every launch in session 21's sweep; probe_dense_fp8.py).
 #   mixtral16: grouped fp8 decode launches at Mixtral shapes, 16 tokens (gate_up 184.2 us
 #      wall vs Humming 134.2 in session 21; the 16-row fp8 rule was tuned on DeepSeek-V3).
+#   ncu: Nsight Compute on the two fp8 misses (probe_ncu.py's dense8 / grouped8 cases):
+#      the dense ":p8" decode at M = 1 / 16 and Mixtral gate_up's 128-row tiles at 1024
+#      tokens (~400 TFLOP/s against Humming's ~945): stall reasons and the SASS.
 # Usage: gpu_session_next.sh [STEP...]  (default: verify).  Carry: [".whl"].
 source "$(dirname "$0")/gpu_env.sh"
 T() { local t=$1; shift; timeout -k 5 -s INT "$t" "$@"; }
@@ -47,6 +50,25 @@ s_m1() {
 s_mixtral16() {
   T 150 python3 benchmarks/probe_fp8_moe.py --shape 8,2,28672,4096 --tokens 16 2>&1 | grep -v Warn | tail -3
   T 150 python3 benchmarks/probe_fp8_moe.py --shape 8,2,4096,14336 --tokens 16 2>&1 | grep -v Warn | tail -3
+}
+s_ncu() {
+  command -v ncu >/dev/null || export PATH="$PATH:$(ls -d /opt/nvidia/nsight-compute/*/ 2>/dev/null | head -1)"
+  export XLA_PYTHON_CLIENT_PREALLOCATE=false
+  local NCU="ncu --clock-control none --kernel-name regex:mosaic_gpu --launch-skip 1
+    --launch-count 1 --section SourceCounters --section WarpStateStats --section SpeedOfLight
+    --section SchedulerStats"
+  for c in "dense8_m1:--case dense8 --m 1" "dense8_m16:--case dense8 --m 16" \
+           "grouped8_mixtral1024:--case grouped8 --m 1024 --k 4096 --n 28672 --experts 8 --topk 2"; do
+    local name=${c%%:*} args=${c#*:}
+    T 120 $NCU -f -o "$OUT/$name" python3 benchmarks/probe_ncu.py --spec w4a8-mxfp4 $args \
+      > "$OUT/ncu_$name.log" 2>&1
+    echo "$name rc=$?"; grep -E "==ERR|rror" "$OUT/ncu_$name.log" | head -3
+    T 40 ncu -i "$OUT/$name.ncu-rep" --page details > "$OUT/details_$name.txt" 2>&1
+    grep -E "Duration|DRAM Throughput|Issue Slots Busy|Executed Ipc A|Registers Per|Stall" \
+      "$OUT/details_$name.txt" | head -12
+    T 40 ncu -i "$OUT/$name.ncu-rep" --page source --print-source sass --csv \
+      > "$OUT/sass_$name.csv" 2> /dev/null; rm -f "$OUT/$name.ncu-rep"
+  done
 }
 for s in ${@:-verify}; do step "$s"; "s_$s"; done
 step done

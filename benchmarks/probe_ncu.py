@@ -9,7 +9,10 @@ runs ``--runs`` times; profile only the Mosaic kernel (its symbol ends in ``_mos
 
 Cases: ``dense`` (K x N weights, M token rows, ``--config`` as in profile_mgpu.py) and
 ``grouped`` (DeepSeek-V3-style gate_up stack, E experts, top-k routing of ``--m`` tokens,
-through ``grouped_wna16_mgpu.run``).  Question it answers (NOTES.md v5/v6): is the M = 1
+through ``grouped_wna16_mgpu.run``); ``dense8`` / ``grouped8`` the same on the fp8-MMA
+layout (W4A8 MXFP4: e4m3 activation codes and row scales, ``wna16_mgpu.prepare(mma="fp8")``;
+session 21's questions: why the dense M = 1 decode takes ~18 us and the 128-row grouped
+tile ~400 TFLOP/s).  Question it answers (NOTES.md v5/v6): is the M = 1
 plateau (~17-18 us per 8192^2 int4 layer, ~1.9 TB/s) instruction issue, barrier / TMA
 latency, or DRAM?  The hypothesis of v5 (issue-bound at ~0.5 IPC) was never measured.
 
@@ -30,12 +33,14 @@ sys.path.insert(0, __file__.rsplit("/", 2)[0])
 import humming_jax as hj  # noqa: E402
 from benchmarks.profile_mgpu import parse_config  # noqa: E402
 from humming_jax import moe  # noqa: E402
-from humming_jax.kernels import grouped_wna16_mgpu, wna16_mgpu  # noqa: E402
+from humming_jax.kernels import (grouped_wna16_mgpu, grouped_wnam_mgpu,  # noqa: E402
+                                 wna16_mgpu, wnam_mgpu)
 
 
 def main() -> None:
   ap = argparse.ArgumentParser()
-  ap.add_argument("--case", choices=("dense", "grouped"), default="dense")
+  ap.add_argument("--case", choices=("dense", "grouped", "dense8", "grouped8"),
+                  default="dense")
   ap.add_argument("--spec", default="w4a16-g128-zp")
   ap.add_argument("--m", type=int, default=1, help="token rows (grouped: tokens)")
   ap.add_argument("--k", type=int, default=8192)
@@ -51,7 +56,35 @@ def main() -> None:
   args = ap.parse_args()
   spec = hj.QuantSpec.preset(args.spec)
   rng = np.random.default_rng(0)
-  if args.case == "dense":
+  fp8 = args.case.endswith("8")
+  if fp8 and not wnam_mgpu.fp8_mma_applies(spec):
+    raise SystemExit(f"--case {args.case}: --spec {args.spec} has no fp8-MMA layout "
+                     f"(e.g. w4a8-mxfp4)")
+  if args.case == "dense8":
+    w = jax.random.normal(jax.random.key(0), (args.k, args.n), jnp.float32) / np.sqrt(args.k)
+    params = jax.jit(lambda w: wna16_mgpu.prepare(
+        wnam_mgpu.weight_view(hj.quantize(w, spec), "canonical"), permute=False,
+        mma="fp8"))(w)
+    x = jnp.asarray(rng.standard_normal((args.m, args.k), np.float32), jnp.bfloat16)
+    codes, x_scale = wnam_mgpu.fp8_operands(x, params.replace(spec=spec))
+    cfg = parse_config(args.config, args.m)
+    fn = jax.jit(lambda p, c, s: wna16_mgpu.run(p, c, x_scale=s, config=cfg,
+                                                interpret=args.interpret))
+    inputs = (params, codes, x_scale)
+  elif args.case == "grouped8":
+    e, k, n = args.experts, args.k, args.n
+    w = jax.random.normal(jax.random.key(0), (e, k, n), jnp.float32) / np.sqrt(k)
+    params = jax.jit(lambda w: grouped_wnam_mgpu.prepare(hj.quantize(w, spec)))(w)
+    assert wna16_mgpu.fp8_mma(params.layout), params.layout
+    ids = jnp.asarray(np.argsort(rng.random((args.m, e)), axis=1)[:, :args.topk], jnp.int32)
+    r = moe.sort_tokens(ids, e)
+    xt = jnp.asarray(rng.standard_normal((args.m, k), np.float32), jnp.bfloat16)
+    codes, x_scale = grouped_wnam_mgpu.fp8_operands(xt, params)
+    codes, x_scale = codes[r.token_of_row], x_scale[r.token_of_row]
+    fn = jax.jit(lambda p, c, s, g: grouped_wnam_mgpu.run_quantized(
+        p, c, s, g, interpret=args.interpret))
+    inputs = (params, codes, x_scale, r.group_sizes)
+  elif args.case == "dense":
     w = jax.random.normal(jax.random.key(0), (args.k, args.n), jnp.float32) / np.sqrt(args.k)
     params = jax.jit(wna16_mgpu.prepare)(jax.jit(hj.quantize, static_argnums=1)(w, spec))
     x = jnp.asarray(rng.standard_normal((args.m, args.k), np.float32), jnp.bfloat16)
