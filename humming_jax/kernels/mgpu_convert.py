@@ -70,15 +70,26 @@ def permute_k(codes: jax.Array) -> jax.Array:
   return codes.reshape(*lead, k // PERMUTE_RUN, 4, 4, 2).swapaxes(-3, -2).reshape(codes.shape)
 
 
+def _code_words(arr, what: str, remedy: str):
+  """(index, i32 word) of each register of a WGMMA_UPCAST_4X array of int4 codes (8 codes
+  per 32-bit register, as jax 0.11.2's Mosaic GPU lays them out); another register shape
+  is refused by name (``what``), with the ``remedy`` a user can take."""
+  from jax.experimental.mosaic.gpu import utils as mgpu_utils
+  from jaxlib.mlir import ir
+  i32 = ir.IntegerType.get_signless(32)
+  for idx, reg in np.ndenumerate(arr.registers):
+    if ir.VectorType(reg.type).shape != [8]:
+      raise NotImplementedError(f"{what}: expected registers of 8 int4 codes, got "
+                                f"{reg.type}; {remedy}")
+    yield idx, mgpu_utils.bitcast(reg, i32)
+
+
 def _direct_pairs(arr, convert_word):
   """WGMMA-layout registers from a WGMMA_UPCAST_4X array of permuted codes: 4X register
   (i, C, *rest) (32 bits: 8 codes) gives WGMMA registers (i, 4C + c, *rest), c < 4, each
   ``convert_word(word, c, idx)`` of the register's i32 word and the new register's index."""
   from jax.experimental.mosaic import gpu as mgpu
-  from jax.experimental.mosaic.gpu import utils as mgpu_utils
-  from jaxlib.mlir import ir
 
-  i32 = ir.IntegerType.get_signless(32)
   assert arr.layout == mgpu.WGMMA_LAYOUT_UPCAST_4X, arr.layout  # inline_mgpu's arg_types
   shape = mgpu.WGMMA_LAYOUT.registers_shape(arr.shape)
   if arr.registers.ndim != len(shape) or shape[1] != 4 * arr.registers.shape[1]:
@@ -87,12 +98,8 @@ def _direct_pairs(arr, convert_word):
                               f"(jax 0.11.2: (., K/32, ...) and (., K/8, ...)); prepare the "
                               f"weights with HUMMING_JAX_PERMUTE_K=0 (the K order)")
   out = np.empty(shape, dtype=object)
-  for idx, reg in np.ndenumerate(arr.registers):
-    if ir.VectorType(reg.type).shape != [8]:
-      raise NotImplementedError(f"permuted codes: expected registers of 8 int4 codes, got "
-                                f"{reg.type}; prepare the weights with "
-                                f"HUMMING_JAX_PERMUTE_K=0 (the K order)")
-    word = mgpu_utils.bitcast(reg, i32)
+  for idx, word in _code_words(arr, "permuted codes",
+                               "prepare the weights with HUMMING_JAX_PERMUTE_K=0 (the K order)"):
     for c in range(4):
       new = (idx[0], 4 * idx[1] + c, *idx[2:])
       out[new] = convert_word(word, c, new)
@@ -435,12 +442,8 @@ def e2m1_to_e4m3_ptx(codes: jax.Array, blocks: int) -> tuple[jax.Array, ...]:
                                 f"HUMMING_JAX_FP8_MMA=0 (grouped) / HUMMING_JAX_DENSE_FP8_MMA=0 "
                                 f"(dense): the 16-bit route")
     outs = [np.empty(out_shape, dtype=object) for _ in range(blocks)]
-    for idx, reg in np.ndenumerate(arr.registers):
-      if ir.VectorType(reg.type).shape != [8]:
-        raise NotImplementedError(f"fp8-MMA e2m1 codes: expected registers of 8 int4 "
-                                  f"codes, got {reg.type}; prepare the weights again "
-                                  f"with HUMMING_JAX_FP8_MMA=0 / HUMMING_JAX_DENSE_FP8_MMA=0")
-      w = mgpu_utils.bitcast(reg, i32)
+    for idx, w in _code_words(arr, "fp8-MMA e2m1 codes", "prepare the weights again with "
+                              "HUMMING_JAX_FP8_MMA=0 / HUMMING_JAX_DENSE_FP8_MMA=0"):
       sign, mag = c(0x80808080), c(0x1C1C1C1C)
       hi = arith.ori(arith.andi(w, sign), arith.andi(arith.shrui(w, c(2)), mag))
       lo = arith.ori(arith.andi(arith.shli(w, c(4)), sign),

@@ -104,9 +104,9 @@ def fp8_operands(x: jax.Array, params: QuantizedWeight) -> tuple[jax.Array, jax.
 
 def dense_fp8_mma(spec: QuantSpec) -> bool:
   """Whether :func:`prepare` takes the fp8-MMA layout: :func:`fp8_mma_applies` and
-  HUMMING_JAX_DENSE_FP8_MMA=1 -- off by default: built in session 20 after its device
-  time (decode on the grouped route's GPU-tested kernel, prefill on the ":p8"-reading
-  unpack), not yet run on the GPU."""
+  HUMMING_JAX_DENSE_FP8_MMA=1 -- off by default.  H200 session 21 (NOTES.md v23), 8192^2,
+  CUPTI kernels per layer, K order -> ":p8": M = 1 21.9 -> 20.8 us, M = 16 23.1 -> 20.8,
+  M = 1024 131.7 -> 129.8 (decode error 2.6e-3 -> 3.4e-4); M = 128 / 4096 untimed."""
   return fp8_mma_applies(spec) and tuning.env_flag("HUMMING_JAX_DENSE_FP8_MMA", False)
 
 
