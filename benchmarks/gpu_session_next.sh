@@ -7,7 +7,8 @@
 #   layer: the whole W4A8 MoE layer (bench_moe_layer.py), DeepSeek-V3 and Qwen3 at 16 / 64
 #      / 1024 tokens, HUMMING_JAX_MOE_QUANTIZE_FIRST=0 / 1 (predicted at DeepSeek 1024
 #      tokens: ~60 us less per layer -- the pre-pass over 1/8 of the rows and a 1-byte
-#      gather; NOTES_moe.md session 21).
+#      gather; NOTES_moe.md session 21).  Opt-in until then: if it passes and wins, make
+#      HUMMING_JAX_MOE_QUANTIZE_FIRST default on (moe._gate_up_quantized_first).
 #   dense128: the dense fp8-MMA layout (HUMMING_JAX_DENSE_FP8_MMA=1) at the M it was not
 #      timed at (128, 4096; 8192^2 W4A8 MXFP4, with Humming); default-on if it holds there.
 #   m1: the dense ":p8" decode at M = 1 against M = 8 / 16 (M = 1 was 2-3 us slower on

@@ -237,6 +237,7 @@ def test_quant_moe_w4a8_quantizes_tokens_before_the_gather(monkeypatch):
   real = gw.fp8_operands
   monkeypatch.setattr(gw, "fp8_operands",
                       lambda a, p: rows_quantized.append(a.shape[0]) or real(a, p))
+  monkeypatch.setenv("HUMMING_JAX_MOE_QUANTIZE_FIRST", "1")  # opt-in until GPU-timed
   y = jax.jit(lambda *a: hj.quant_moe(*a, backend="interpret"))(pgu, pdn, x, w, ids)
   assert rows_quantized == [t, t * topk]  # gate_up: the tokens; down: its rows
   r = moe.sort_tokens(ids, e)
@@ -244,7 +245,7 @@ def test_quant_moe_w4a8_quantizes_tokens_before_the_gather(monkeypatch):
   want = moe.combine(run(pdn, moe.glu(run(pgu, jnp.take(x, r.token_of_row, axis=0)))), w,
                      r).astype(x.dtype)
   np.testing.assert_array_equal(np.asarray(y, np.float32), np.asarray(want, np.float32))
-  monkeypatch.setenv("HUMMING_JAX_MOE_QUANTIZE_FIRST", "0")  # the switch: the rows' gather
+  monkeypatch.delenv("HUMMING_JAX_MOE_QUANTIZE_FIRST")  # the default: the rows' gather
   rows_quantized.clear()
   y_off = jax.jit(lambda *a: hj.quant_moe(*a, backend="interpret"))(pgu, pdn, x, w, ids)
   assert rows_quantized == [t * topk, t * topk]
@@ -273,6 +274,7 @@ def test_quant_moe_w4a8_static_scale_and_no_tokens(monkeypatch):
   w, ids = moe.topk_routing(jax.random.normal(ks[3], (t, e)), topk)
   layer = lambda x, w, ids: jax.jit(lambda *a: hj.quant_moe(*a, backend="interpret"))(
       pgu, pdn, x, w, ids)
+  monkeypatch.setenv("HUMMING_JAX_MOE_QUANTIZE_FIRST", "1")
   y = layer(x, w, ids)
   monkeypatch.setenv("HUMMING_JAX_MOE_QUANTIZE_FIRST", "0")
   np.testing.assert_array_equal(np.asarray(layer(x, w, ids), np.float32),
@@ -304,6 +306,7 @@ def test_quant_moe_w4a8_quantizes_tokens_first_gpu(monkeypatch):
   monkeypatch.setattr(gw, "fp8_operands",
                       lambda a, p: rows_quantized.append(a.shape[0]) or real(a, p))
   layer = lambda: jax.jit(lambda *a: hj.quant_moe(*a))(pgu, pdn, x, w, ids)
+  monkeypatch.setenv("HUMMING_JAX_MOE_QUANTIZE_FIRST", "1")
   y = layer()
   monkeypatch.setenv("HUMMING_JAX_MOE_QUANTIZE_FIRST", "0")
   y_off = layer()
