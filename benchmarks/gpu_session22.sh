@@ -6,7 +6,7 @@
 #   diag:    probe_layout_hang.py on the stalled case (Qwen3-30B-A3B W4A8, 1024 tokens, 8 layers)
 #   verify:  as gpu_session_next.sh's (quantize-first GPU test, grouped fp8 tests)
 #   layerq:  bench_moe_layer DeepSeek-V3 W4A8 16/64/1024 with HUMMING_JAX_MOE_QUANTIZE_FIRST=1
-#            (call 1 has the =0 row), one layer at a time (--layers 1 ... the chain stalled)
+#            (call 1 has the =0 row; chain of 8 as there)
 #   dense128: dense W4A8 MXFP4 8192^2 at M = 128 / 4096, HUMMING_JAX_DENSE_FP8_MMA=0 / 1
 source "$(dirname "$0")/gpu_env.sh"
 T() { local t=$1; shift; timeout -k 5 -s INT "$t" "$@"; }
