@@ -334,10 +334,10 @@ def quant_moe(gate_up_params: QuantizedWeight, down_params: QuantizedWeight, x: 
   writes its rows in place (no row gather; benchmarks/NOTES_moe.md).  Otherwise (e.g.
   stacks prepared one by one, gate_up on Mosaic and down on Triton) rows are sorted by
   expert (:func:`sort_tokens`) and each GEMM is :func:`quant_ragged_dot` on its own family;
-  with HUMMING_JAX_MOE_QUANTIZE_FIRST=1 (opt-in until GPU-timed), gate_up experts on the
+  gate_up experts on the
   grouped fp8-MMA route (W4A8 MXFP4 with per-token or static activation scales) take the T
   tokens quantized once, their e4m3 codes and scales then gathered (the same operands as
-  quantizing the T*k gathered rows).
+  quantizing the T*k gathered rows; HUMMING_JAX_MOE_QUANTIZE_FIRST=0 gathers the rows).
   """
   for name, p in (("gate_up_params", gate_up_params), ("down_params", down_params)):
     if not isinstance(p, QuantizedWeight) or p.num_experts is None:
@@ -390,12 +390,13 @@ def _gate_up_quantized_first(params: QuantizedWeight, x: jax.Array, r: SortedTok
   activation scales are per token or static: the T tokens quantized once, then their e4m3
   codes and scales gathered into expert order -- bit for bit the operands of the T*k
   gathered rows, for 1/k of the pre-pass and a 1-byte row gather instead of a 2-byte one
-  (``grouped_wnam_mgpu.quantizes_rows_alone``).  Opt-in, HUMMING_JAX_MOE_QUANTIZE_FIRST=1:
-  built in session 21 after its device time (bit-equal in the interpreter, not yet run or
-  timed on the GPU), so the default stays the GPU-tested rows' gather.  None where it is
-  off or does not apply."""
+  (``grouped_wnam_mgpu.quantizes_rows_alone``).  H200 session 22: bit-equal to the rows'
+  gather (codes, scales and layer output; DeepSeek-V3, 64 tokens), layer walls at
+  DeepSeek-V3 16 / 64 / 1024 tokens 159.5 / 313.6 / 731.9 -> 160.2 / 314.4 / 701.9 us
+  (NOTES_moe.md).  On by default; HUMMING_JAX_MOE_QUANTIZE_FIRST=0 gathers the rows.  None
+  where it is off or does not apply."""
   if (x.dtype not in (jnp.bfloat16, jnp.float16)
-      or not tuning.env_flag("HUMMING_JAX_MOE_QUANTIZE_FIRST", False)):
+      or not tuning.env_flag("HUMMING_JAX_MOE_QUANTIZE_FIRST", True)):
     return None
   b, kernel = ops.backend_and_kernel(params, x.dtype, backend, grouped=True)
   if b == "xla" or kernel.name != grouped_wnam_mgpu.FAMILY:
