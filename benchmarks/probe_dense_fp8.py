@@ -6,7 +6,7 @@ the work M needs, and the float32 group partials of 64 columns cost registers.
 CUPTI time of the main kernel per layer over ``--sets`` weight sets (plus the other
 kernels: the activation quantization), each config's output compared with the
 heuristic's.  ``--interpret``: a CPU check of the configs at a small shape.
-Usage: probe_dense_fp8.py [--shape 8192,8192] [--ms 1,16]"""
+Usage: probe_dense_fp8.py [--shape 8192,8192] [--ms 1,16] [--fold]"""
 import argparse
 import dataclasses
 import os
@@ -20,8 +20,17 @@ import humming_jax as hj
 from humming_jax.kernels import wna16_mgpu as mg, wnam_mgpu as wm
 
 
-def variants():
-  """(name, config changes from the heuristic, env) to time."""
+def variants(fold: bool = False):
+  """(name, config changes from the heuristic, env) to time.  ``fold`` (session 22): the
+  heuristic and a few launches, each also with ``fp8_fold`` (the e8m0 group scales folded
+  into the e4m3 operands, one partial per K tile)."""
+  if fold:
+    out = []
+    for name, change in (("heuristic", {}), ("bm64-wg4", dict(block_m=64, warpgroups=4)),
+                         ("bm128-wg2", dict(block_m=128, warpgroups=2)),
+                         ("bm64-wg2", dict(block_m=64, warpgroups=2))):
+      out += [(name, change or None, {}), (name + "+fold", dict(change, fp8_fold=True), {})]
+    return out
   out = [("heuristic", None, {})]
   for bm, wg, sub, st, sk in ((16, 4, 2, 4, 1), (16, 4, 1, 4, 1), (16, 2, 2, 4, 1),
                               (16, 4, 2, 6, 1), (16, 4, 2, 4, 2), (16, 2, 2, 6, 2),
@@ -38,6 +47,7 @@ def main():
   ap.add_argument("--ms", default="1,16")
   ap.add_argument("--sets", type=int, default=4)
   ap.add_argument("--interpret", action="store_true")
+  ap.add_argument("--fold", action="store_true", help="time fp8_fold against the partials")
   a = ap.parse_args()
   k, n = map(int, a.shape.split(","))
   spec = hj.QuantSpec.preset("w4a8-mxfp4")
@@ -50,7 +60,7 @@ def main():
     x = jax.random.normal(jax.random.key(m), (m, k), jnp.bfloat16)
     xq, xs = wm.fp8_operands(x, ps[0].replace(spec=spec))
     ref, line = None, []
-    for name, change, env in variants():
+    for name, change, env in variants(a.fold):
       cfg = None if change is None else dataclasses.replace(mg.default_config(ps[0], m),
                                                             **change)
       os.environ.update(env)

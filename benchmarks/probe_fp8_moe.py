@@ -4,7 +4,7 @@ on the 16-bit route, whose e2m1 -> bf16 conversion made 64-token launches issue-
 (NOTES_moe.md session 19); the fp8 route converts in ~0.9 instructions per weight, so
 the best launch may differ.  CUPTI time of the grouped kernel per layer over ``--sets``
 expert sets, each config's output compared with the heuristic's.
-Usage: probe_fp8_moe.py [--shape 256,8,512,7168] [--tokens 16,64,256]"""
+Usage: probe_fp8_moe.py [--shape 256,8,512,7168] [--tokens 16,64,256] [--fold]"""
 import argparse
 import dataclasses
 
@@ -19,9 +19,17 @@ from humming_jax.kernels import grouped_wna16_mgpu as g16, grouped_wnam_mgpu as 
 from humming_jax.kernels import wna16_mgpu as mg
 
 
-def variants(tokens, e, rows):
-  """(name, block_m or None, config changes or a Config) to time."""
+def variants(tokens, e, rows, fold=False):
+  """(name, block_m or None, config changes or a Config) to time.  ``fold`` (session 22):
+  the heuristic and the wide tiles' launches with and without ``fp8_fold``."""
   base = [("heuristic", None, None)]
+  if fold:
+    out = base + [("heuristic+fold", None, dict(fp8_fold=True))]
+    if rows > 64:
+      out += [(f"shx{w}-bm{bm}" + ("+fold" if f else ""), bm,
+               dataclasses.replace(mg.shared_x_config(bm, warpgroups=w), fp8_fold=f))
+              for bm, w in ((64, 4), (64, 2)) for f in (False, True)]
+    return out
   decode = [(f"wg{w}-st{s}-sub{b}", 16, dict(warpgroups=w, stages=s, substeps=b))
             for w, s, b in ((1, 4, 2), (2, 2, 2), (2, 4, 2), (1, 6, 2), (1, 8, 1), (4, 4, 2),
                             (1, 4, 1), (2, 3, 2))]
@@ -47,6 +55,7 @@ def main():
   ap.add_argument("--tokens", default="16,64,256")
   ap.add_argument("--sets", type=int, default=2)
   ap.add_argument("--interpret", action="store_true")  # a CPU check of the configs
+  ap.add_argument("--fold", action="store_true", help="time fp8_fold against the partials")
   a = ap.parse_args()
   e, topk, n, k = map(int, a.shape.split(","))
   spec = hj.QuantSpec.preset("w4a8-mxfp4")
@@ -60,7 +69,7 @@ def main():
     g = moe.sort_tokens(ids, e).group_sizes
     x = jax.random.normal(jax.random.key(1), (tokens * topk, k), jnp.bfloat16)
     ref, line = None, []
-    for name, bm, change in variants(tokens, e, g16.tile_rows(x.shape[0], e)):
+    for name, bm, change in variants(tokens, e, g16.tile_rows(x.shape[0], e), a.fold):
       m = x.shape[0]
       block_m = bm or g16.tile_rows(m, e)
       if change is None:

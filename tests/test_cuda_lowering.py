@@ -323,3 +323,24 @@ def test_dense_fp8_mma_lowers_for_h200(monkeypatch):
   x = jax.ShapeDtypeStruct((4096, 8192), jnp.bfloat16)
   text = lower_for_h200(run, p, x)
   assert "carrier_unpack_e2m1_p8" in text and "mosaic_gpu" in text
+
+
+def test_fp8_fold_lowers_for_h200(monkeypatch):
+  """HUMMING_JAX_FP8_FOLD=1 (the e8m0 group scales folded into the e4m3 operands, one
+  partial per K tile): the grouped fp8 kernel at Mixtral gate_up, 1024 tokens (128-row
+  tiles on two warpgroups) and DeepSeek-V3 gate_up at 16 tokens, and the dense ":p8"
+  decode at M = 128, lower for the H200."""
+  from humming_jax.kernels import grouped_wnam_mgpu as gw, wnam_mgpu
+  monkeypatch.delenv("HUMMING_JAX_FP8_MMA", raising=False)
+  monkeypatch.setenv("HUMMING_JAX_FP8_FOLD", "1")
+  for shape, rows in (((8, 4096, 28672), 2048), ((256, 7168, 512), 128)):
+    p = abstract_params("w4a8-mxfp4", shape, grouped=True, kernel=gw.FAMILY)
+    assert p.layout.endswith(":p8"), p.layout
+    x = jax.ShapeDtypeStruct((rows, shape[1]), jnp.bfloat16)
+    g = jax.ShapeDtypeStruct((shape[0],), jnp.int32)
+    text = lower_for_h200(lambda p, x, g: gw.run(p, x, g), p, x, g)
+    assert "custom_call" in text
+  monkeypatch.setenv("HUMMING_JAX_DENSE_FP8_MMA", "1")
+  p = abstract_params("w4a8-mxfp4", (8192, 8192))
+  x = jax.ShapeDtypeStruct((128, 8192), jnp.bfloat16)
+  assert "mosaic_gpu" in lower_for_h200(lambda p, x: wnam_mgpu.run(p, x), p, x)

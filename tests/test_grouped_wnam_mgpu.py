@@ -117,6 +117,81 @@ def test_fp8_mma_split_k_and_dense_interpret(monkeypatch):
   assert wna16_mgpu.run(dense, codes[:0], interpret=True, x_scale=s[:0]).dtype == jnp.bfloat16
 
 
+@pytest.mark.parametrize("fold_groups", [1, 2, 4])
+def test_fp8_fold_interpret(fold_groups, monkeypatch):
+  """config.fp8_fold: each K tile's e8m0 group scales folded into the e4m3 operands (one
+  partial per tile) -- against the per-group partials of the same layout and the
+  reference, with groups spread over 0..14 binades inside a K tile (raises 11..-3: the
+  lowest groups' codes become zero), a NaN scale (its columns NaN), and groups of 32 / 64
+  / 128 (K tiles of 128 / 64 / 128: four groups per tile, or one)."""
+  from humming_jax.kernels import mgpu_convert, wna16_mgpu
+  monkeypatch.delenv("HUMMING_JAX_FP8_MMA", raising=False)
+  monkeypatch.delenv("HUMMING_JAX_FP8_FOLD", raising=False)
+  group = 128 // fold_groups
+  spec = hj.QuantSpec("fp4_e2m1", "group", group, scale_dtype="e8m0", act="fp8_e4m3")
+  e, k, n, gs = 2, 256, 64, [5, 70]
+  kw, kx = jax.random.split(jax.random.key(41))
+  w = np.array(jax.random.normal(kw, (e, k, n)) / np.sqrt(k))
+  spread = (np.arange(k // group) % 4) * (3 if fold_groups > 1 else 0)  # 0, 3, 6, 9 binades
+  w *= np.repeat(2.0 ** -spread, group)[None, :, None]
+  w[0, :group, 7] *= 2.0 ** 14  # column 7 of expert 0: one group 14 binades up
+  q = hj.quantize(jnp.asarray(w), spec)
+  q = q.replace(scales=q.scales.at[1, 1, 9].set(255))  # e8m0 NaN: expert 1, column 9
+  x = jax.random.normal(kx, (sum(gs), k), jnp.float32).astype(jnp.bfloat16)
+  g = jnp.asarray(gs, jnp.int32)
+  p = gw.prepare(q)
+  assert p.layout.endswith(":p8"), p.layout
+  runs, folded = {}, []
+  real = mgpu_convert.e2m1_to_e4m3_folded_interpret
+  monkeypatch.setattr(mgpu_convert, "e2m1_to_e4m3_folded_interpret",
+                      lambda *a: folded.append(a[1].shape) or real(*a))
+  for fold in (False, True):
+    cfg = dataclasses.replace(wna16_mgpu.shared_x_config(80, warpgroups=2), fp8_fold=fold)
+    runs[fold] = np.asarray(jax.jit(lambda p, x, g, cfg=cfg: gw.run(
+        p, x, g, interpret=True, config=cfg, block_m=80))(p, x, g), np.float64)
+  # fold=True only; K tiles of 128 (groups of 32: four groups per tile) or one group each
+  bk = wna16_mgpu.block_k_for(spec)
+  assert folded and all(sh == (64, bk // group) for sh in folded), (folded, bk)
+  want = np.asarray(reference.ragged_dot_reference(q, x, g), np.float64)
+  nan = np.isnan(want)
+  assert nan[gs[0]:, 9].all() and nan.sum() == gs[1]  # the NaN scale's column, expert 1
+  np.testing.assert_array_equal(np.isnan(runs[True]), nan)
+  ok = ~nan
+  assert rel(runs[True][ok], want[ok]) <= 1e-4, rel(runs[True][ok], want[ok])
+  # The fold drops only codes > 11 binades below their tile's largest group: column 7 of
+  # expert 0 (its other groups 14+ binades down) differs from the per-group partials by
+  # less than 2**-11 of its size; every other value is the same sum in another order.
+  diff = np.abs(runs[True] - runs[False])[ok]
+  assert diff.max() <= 2.0 ** -10 * np.abs(runs[False][ok]).max()
+  if fold_groups > 1:
+    col7 = runs[False][:gs[0], 7]
+    assert np.abs(runs[True][:gs[0], 7] - col7).max() <= 2.0 ** -11 * np.abs(col7).max() * 8
+  words = np.random.default_rng(0).integers(0, 2 ** 32, 4096, dtype=np.uint64)
+  hi, _ = mgpu_convert.e2m1_to_e4m3_reference(words.astype(np.uint32))
+  assert not mgpu_convert.shift_e4m3_reference(hi, -1).any()
+  codes = jax.random.randint(kx, (64, 128), -8, 8).astype(jnp.int8)
+  raises = jnp.tile(jnp.array([11, 0, -1, 5]), (64, 1))[:, :128 // 32]
+  out = np.asarray(real(codes, raises, 32).astype(jnp.float32))
+  vals = np.asarray(mgpu_convert.to_float_interpret(codes, jnp.float32))
+  np.testing.assert_array_equal(out, vals * 2.0 ** np.repeat(np.array([5, -6, 0, -1]), 32)
+                                * (np.repeat(np.array([11, 0, -1, 5]), 32) >= 0))
+
+
+def test_fold_bit_arithmetic_exhaustive():
+  """mgpu_convert.shift_e4m3_reference (the integer ops of the folded conversion): every
+  e2m1 nibble of every register position, raised 0..11 binades, is the e4m3 value times
+  2**r; a negative raise gives zeros."""
+  import ml_dtypes
+  from humming_jax.kernels import mgpu_convert
+  words = np.arange(1 << 16, dtype=np.uint32)
+  words = words | (words[::-1] << np.uint32(16))
+  vals = lambda v: v.view(np.uint8).view(ml_dtypes.float8_e4m3fn).astype(np.float64)
+  for v in mgpu_convert.e2m1_to_e4m3_reference(words):
+    for r in range(-2, mgpu_convert.FOLD_MAX_SHIFT + 1):
+      got = vals(mgpu_convert.shift_e4m3_reference(v, r))
+      np.testing.assert_array_equal(got, vals(v) * 2.0 ** r if r >= 0 else 0 * vals(v))
+
+
 def test_fp8_mma_refusals():
   """Bad input to the fp8-MMA layout is refused by name: specs it cannot hold, bad
   prepare arguments, 16-bit x on it, fp8 x without row scales, fp8 x on a 16-bit layout,
@@ -244,6 +319,33 @@ def test_fp8_mma_gpu(shape, tokens, monkeypatch):
   assert p.layout.endswith(":p8"), p.layout
   print(f"fp8 MMA {shape} {tokens} tokens: rel err {e_:.2e}")
   assert e_ <= 1e-3
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape,tokens", [((8, 4096, 2048), 512), ((256, 7168, 512), 16),
+                                          ((128, 2048, 1536), 128)])
+def test_fp8_fold_gpu(shape, tokens, monkeypatch):
+  """HUMMING_JAX_FP8_FOLD=1 on the H200: the e8m0 group scales folded into the e4m3
+  operands (mgpu_convert.e2m1_to_e4m3_folded_ptx, one partial per K tile) at a
+  Mixtral-like 128-row tile, DeepSeek-V3 gate_up at 16 tokens and Qwen3 gate_up at 128
+  tokens (80-row tiles): within 1e-3 of the reference, and within 1e-3 of the
+  per-group partials (HUMMING_JAX_FP8_FOLD unset) on the same inputs."""
+  monkeypatch.delenv("HUMMING_JAX_FP8_MMA", raising=False)
+  e, k, n = shape
+  out = {}
+  for flag in ("0", "1"):
+    monkeypatch.setenv("HUMMING_JAX_FP8_FOLD", flag)
+    # a fresh function per flag: the flag is read at trace time
+    err, p = routed_error("w4a8-mxfp4", e, k, n, tokens, 27,
+                          lambda q: hj.prepare(q, grouped=True, kernel=gw.FAMILY),
+                          lambda p, x, g: hj.quant_ragged_dot(p, x, g))
+    g, x = routed_rows(e, k, tokens, seed=28)  # routed_error's rows
+    out[flag] = (err, jax.jit(lambda p, x, g: hj.quant_ragged_dot(p, x, g))(p, x, g))
+  assert p.layout.endswith(":p8"), p.layout
+  diff = rel(out["1"][1], out["0"][1])
+  print(f"fp8 fold {shape} {tokens} tokens: rel err {out['1'][0]:.2e} (partials "
+        f"{out['0'][0]:.2e}), fold vs partials {diff:.1e}")
+  assert out["1"][0] <= 1e-3 and diff <= 1e-3
 
 
 @pytest.mark.gpu

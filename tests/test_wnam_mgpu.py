@@ -537,6 +537,24 @@ def test_dense_fp8_mma_layout_interpret(monkeypatch):
 
 
 @pytest.mark.gpu
+def test_dense_fp8_fold_gpu(monkeypatch):
+  """HUMMING_JAX_FP8_FOLD=1 with HUMMING_JAX_DENSE_FP8_MMA=1 on the H200 (session 22): the
+  dense fp8 kernel with the e8m0 group scales folded into its e4m3 operands at M = 16 /
+  128, within 1e-3 of the reference."""
+  spec = SPECS["w4a8-mxfp4"]
+  q, x = make(spec, 128, 8192, 8192, seed=9)
+  monkeypatch.setenv("HUMMING_JAX_DENSE_FP8_MMA", "1")
+  monkeypatch.setenv("HUMMING_JAX_FP8_FOLD", "1")
+  p = jax.jit(lambda q: wm.prepare(q))(q)
+  assert p.layout.endswith(":p8"), p.layout
+  for m in (16, 128):
+    e = rel(jax.jit(lambda p, x: wm.run(p, x))(p, x[:m]),
+            jax.jit(reference.dense_reference)(q, x[:m]))
+    print(f"wnam_mgpu fp8 fold M={m}: rel err {e:.2e}")
+    assert e <= 1e-3
+
+
+@pytest.mark.gpu
 def test_dense_fp8_mma_gpu(monkeypatch):
   """HUMMING_JAX_DENSE_FP8_MMA=1 on the H200 (built after session 20's device time): W4A8
   MXFP4 8192^2 in the fp8-MMA layout -- decode at M = 1 / 16 within 1e-3 of the reference,

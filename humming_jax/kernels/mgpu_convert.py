@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+from jax import lax
 import numpy as np
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
@@ -455,6 +456,128 @@ def e2m1_to_e4m3_ptx(codes: jax.Array, blocks: int) -> tuple[jax.Array, ...]:
                                       _is_signed=None) for o in outs)
 
   return convert(codes)
+
+
+FOLD_MAX_SHIFT = 11  # binades an e2m1 * 2**-6 e4m3 operand can be raised by: the exponent
+# field goes 0..3 -> r..3 + r, and 3 + 11 = 14 is e4m3's last field below NaN (max 192)
+_M28, _M32, _HALF = 0x1C1C1C1C, 0x20202020, 0x04040404
+
+
+def fold_shifts(scales):
+  """The fold of a K tile's power-of-two group scales (e8m0 scales as float32 rows, one
+  per group): ``(multiplier, raises)``.  Group g's operands are raised by ``raises[g] =
+  FOLD_MAX_SHIFT - log2(max / scales[g])`` binades (int32; negative: more than
+  FOLD_MAX_SHIFT binades below the tile's largest scale, and its codes become zero), so
+  the tile's one float32 partial times ``multiplier = max * 2**-FOLD_MAX_SHIFT`` is the
+  sum of every group's partial times its scale.  A NaN scale makes the max, so the
+  column's output, NaN."""
+  top = scales[0]
+  for s_ in scales[1:]:
+    top = jnp.maximum(top, s_)
+  exp = lambda v: lax.shift_right_logical(lax.bitcast_convert_type(v, jnp.int32), 23)
+  return (top * (2.0 ** -FOLD_MAX_SHIFT),
+          [FOLD_MAX_SHIFT - (exp(top) - exp(s_)) for s_ in scales])
+
+
+def shift_e4m3_reference(v: np.ndarray, r: int) -> np.ndarray:
+  """The integer ops of :func:`e2m1_to_e4m3_folded_ptx` on uint32 words of four e4m3
+  operands from :func:`e2m1_to_e4m3_reference` (sign in bit 7, e2m1 magnitude in bits
+  4..2): each nonzero byte raised by ``r`` binades (8 * r on the exponent field; the
+  subnormal 0.5 * 2**-6 = 0x04 becomes the normal 8 * r for r >= 1, its mantissa bit
+  dropped); every byte zero for r < 0."""
+  v = v.astype(np.uint32)
+  if r < 0:
+    return np.zeros_like(v)
+  x = v & np.uint32(_M28)
+  nz = ((x + np.uint32(_M28)) & np.uint32(_M32)) >> np.uint32(2)  # 8 per nonzero byte
+  half = (~((x ^ np.uint32(_HALF)) + np.uint32(_M28)) & np.uint32(_M32)) >> np.uint32(3)
+  return v + nz * np.uint32(r) - half * np.uint32(min(r, 1))
+
+
+def e2m1_to_e4m3_folded_ptx(codes: jax.Array, blocks: int, group_blocks: int,
+                            scales: list, top: jax.Array) -> tuple[jax.Array, ...]:
+  """:func:`e2m1_to_e4m3_ptx` with each scale group's power-of-two scale folded in:
+  ``scales`` (one (64,) float32 row of e8m0 values per group of ``group_blocks`` 32-code
+  runs, WGMMA row layout) and ``top``, their elementwise max, give each group's raise as
+  :func:`fold_shifts` does (from the exponent fields), and its operands go up that many
+  binades, so
+  one float32 partial per K tile, times :func:`fold_shifts`' multiplier, replaces a
+  partial per group.  A negative raise (a group more than FOLD_MAX_SHIFT binades below the
+  tile's largest scale) zeroes its codes.  GPU only; :func:`shift_e4m3_reference` is the
+  same arithmetic in numpy."""
+  shape = (codes.shape[0], 32)
+  out_t = plgpu.ShapeDtypeStruct(shape, jnp.dtype(jnp.float8_e4m3fn),
+                                 layout=plgpu.Layout.WGMMA_8BIT)
+  row = plgpu.Layout.WGMMA.reduce(1)
+
+  @plgpu.inline_mgpu(arg_types=(plgpu.Layout.WGMMA_UPCAST_4X,) + (row,) * (len(scales) + 1),
+                     return_type=tuple([out_t] * blocks))
+  def convert(ctx, arr, top_row, *scale_rows):
+    del ctx
+    from jax.experimental.mosaic import gpu as mgpu
+    from jax.experimental.mosaic.gpu import utils as mgpu_utils
+    from jaxlib.mlir import ir
+    from jaxlib.mlir.dialects import arith
+
+    i32 = ir.IntegerType.get_signless(32)
+    f8 = ir.VectorType.get((4,), ir.Float8E4M3FNType.get())
+    c = lambda v: mgpu_utils.c(v, i32)
+    src_shape = mgpu.WGMMA_LAYOUT_UPCAST_4X.registers_shape((shape[0], 32 * blocks))
+    out_shape = mgpu.WGMMA_LAYOUT_8BIT.registers_shape(shape)
+    row_shape = mgpu.WGMMA_ROW_LAYOUT.registers_shape((shape[0],))
+    if (arr.registers.shape != src_shape or out_shape[1] != 2 or src_shape[1] != blocks
+        or len(src_shape) < 5 or src_shape[4] != 2 or row_shape[2] != 2
+        or any(r.registers.shape != row_shape for r in (top_row, *scale_rows))):
+      raise NotImplementedError(f"fp8-MMA folded e2m1 codes: this jax's Mosaic GPU gives "
+                                f"WGMMA_UPCAST_4X registers {arr.registers.shape}, "
+                                f"WGMMA_8BIT {out_shape} and WGMMA rows {row_shape} (jax "
+                                f"0.11.2: (1, K/32, 1, 1, 2, ...), (1, 2, ...), (1, 1, 2, "
+                                f"...)); run without HUMMING_JAX_FP8_FOLD")
+    # Per (row half, group): the raise r, min(r, 1) (the 0.5 fix), r >= 0 (kept).
+    exp = lambda r, h: arith.shrui(mgpu_utils.bitcast(
+        r.registers[(0, 0, h) + (0,) * (len(row_shape) - 3)], i32), c(23))
+    consts = {}
+    for h in range(2):
+      top_exp = exp(top_row, h)
+      for g, r in enumerate(scale_rows):
+        d = arith.subi(c(FOLD_MAX_SHIFT), arith.subi(top_exp, exp(r, h)))
+        consts[h, g] = (d, arith.minsi(d, c(1)), arith.cmpi(arith.CmpIPredicate.sge, d, c(0)))
+
+    def shifted(v, h, g):
+      d, d1, keep = consts[h, g]
+      x = arith.andi(v, c(_M28))
+      nz = arith.shrui(arith.andi(arith.addi(x, c(_M28)), c(_M32)), c(2))
+      half = arith.shrui(arith.andi(arith.xori(arith.addi(arith.xori(x, c(_HALF)), c(_M28)),
+                                               c(-1)), c(_M32)), c(3))
+      out = arith.subi(arith.addi(v, arith.muli(nz, d)), arith.muli(half, d1))
+      return arith.select(keep, out, c(0))
+
+    outs = [np.empty(out_shape, dtype=object) for _ in range(blocks)]
+    for idx, w in _code_words(arr, "fp8-MMA folded e2m1 codes", "run without "
+                              "HUMMING_JAX_FP8_FOLD"):
+      sign, mag = c(0x80808080), c(0x1C1C1C1C)
+      hi = arith.ori(arith.andi(w, sign), arith.andi(arith.shrui(w, c(2)), mag))
+      lo = arith.ori(arith.andi(arith.shli(w, c(4)), sign),
+                     arith.andi(arith.shli(w, c(2)), mag))
+      run, h = idx[1], idx[4]
+      for half_k, val in ((0, hi), (1, lo)):
+        val = shifted(val, h, run // group_blocks)
+        outs[run][(idx[0], half_k, *idx[2:])] = mgpu_utils.bitcast(val, f8)
+    return tuple(mgpu.FragmentedArray(_registers=o, _layout=mgpu.WGMMA_LAYOUT_8BIT,
+                                      _is_signed=None) for o in outs)
+
+  return convert(codes, top, *scales)
+
+
+def e2m1_to_e4m3_folded_interpret(codes: jax.Array, raises: jax.Array, group: int
+                                  ) -> jax.Array:
+  """What :func:`e2m1_to_e4m3_folded_ptx` computes, on values: (64, K) e2m1 codes (K
+  order) and (64, K / group) int32 raises -> float8_e4m3fn ``value * 2**(raise - 6)``,
+  zero where the raise is negative (exact: 2**-7 .. 192, e4m3 values)."""
+  r = jnp.repeat(raises, group, axis=1)
+  vals = to_float_interpret(codes, jnp.float32) * E4M3_FROM_E2M1
+  vals = vals * jnp.exp2(jnp.maximum(r, 0).astype(jnp.float32))
+  return jnp.where(r >= 0, vals, 0.0).astype(jnp.float8_e4m3fn)
 
 
 def e4m3_to_float(codes, dtype):

@@ -127,6 +127,11 @@ class MgpuConfig:
   # removed it: M = 1 15.8 vs 16.0 us, grouped 1 token 9.94 vs 9.31, and ptxas failed on
   # it at M = 16; NOTES.md v16.)
   overlap_mma: bool = False
+  # fp8-MMA layout with e8m0 group scales (W4A8 MXFP4): fold each K tile's power-of-two
+  # group scales into the e4m3 operands' exponents (mgpu_convert.e2m1_to_e4m3_folded_ptx),
+  # one float32 partial and one WGMMA wait per K tile instead of one per 32-deep group.
+  # Built in session 22 for the 128-row prefill tiles (~400 TFLOP/s, one wait per group).
+  fp8_fold: bool = False
 
   def __post_init__(self):
     if self.split_warpgroups not in ("k", "n"):

@@ -409,6 +409,12 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
   if fp8:  # its own route (fp8_tiles below); none of the 16-bit conversion flags
     config = dataclasses.replace(config, scale_after_mma=False, zero_point_mma=False,
                                  overlap_mma=False)
+  if fp8 and tuning.env_flag("HUMMING_JAX_FP8_FOLD", False):  # opt-in until GPU-timed
+    config = dataclasses.replace(config, fp8_fold=spec.scale_dtype == "e8m0")
+  if config.fp8_fold and not (fp8 and spec.scale_dtype == "e8m0"):
+    raise ValueError(f"config.fp8_fold=True needs the fp8-MMA layout with e8m0 (power-of-"
+                     f"two) group scales; got x.dtype={x.dtype}, spec {spec.name} "
+                     f"(scale_dtype={spec.scale_dtype!r})")
   if permuted and not interpret:
     # The GPU converts permuted codes only with the PTX that reads them in place, so the
     # conversion route of any config is that one (the same values as Mosaic's conversion,
@@ -696,9 +702,11 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
           return a_blocks, [x_smem.at[:, pl.ds(j * bk + b * 32, 32)].T
                             for b in range(fp8_blocks)]
 
-        def issue(part_refs, blocks, group):
+        def issue(part_refs, blocks, group):  # group None: every block of the tile
           for ref, g in zip(part_refs, group):
-            for b in range(g * fp8_group_blocks, (g + 1) * fp8_group_blocks):
+            runs = (range(fp8_blocks) if g is None
+                    else range(g * fp8_group_blocks, (g + 1) * fp8_group_blocks))
+            for b in runs:
               plgpu.wgmma(ref, blocks[0][b], blocks[1][b])
 
         def scaled_sum(total, parts, j, group):
@@ -706,7 +714,39 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
             total = total + part * bcast(scale_row(j, g).astype(jnp.float32), part.shape)
           return total
 
+        def folded_operands(j):  # the tile's group scales folded into its operands
+          scales = [scale_row(j, g).astype(jnp.float32) for g in range(fp8_groups)]
+          mult, raises = mgpu_convert.fold_shifts(scales)
+          w = plgpu.load(w_buf.at[wg, slot, j], layout=_UPCAST[4],
+                         optimized=config.optimized_load)
+          if interpret:
+            buf = a_smem.at[wg]
+            vals = mgpu_convert.permute_k8(w.astype(jnp.int8), inverse=True)
+            plgpu.wgmma_wait(0)
+            buf[...] = mgpu_convert.e2m1_to_e4m3_folded_interpret(
+                vals, jnp.stack(raises, axis=1), 32 * fp8_group_blocks)
+            plgpu.commit_smem()
+            a_blocks = [buf.at[:, pl.ds(b * 32, 32)] for b in range(fp8_blocks)]
+          else:
+            top = scales[0]
+            for s_ in scales[1:]:
+              top = jnp.maximum(top, s_)
+            a_blocks = mgpu_convert.e2m1_to_e4m3_folded_ptx(w, fp8_blocks, fp8_group_blocks,
+                                                            scales, top)
+          return mult, (a_blocks, [x_smem.at[:, pl.ds(j * bk + b * 32, 32)].T
+                                   for b in range(fp8_blocks)])
+
         for j in range(sub):
+          if config.fp8_fold:  # one partial per K tile, one wait
+            mult, blocks = folded_operands(j)
+
+            def tile_product(part_ref, blocks=blocks):
+              issue([part_ref], blocks, [None])
+              plgpu.wgmma_wait(0)
+              return part_ref[...]
+            part = pl.run_scoped(tile_product, acc_t)
+            total = total + part * bcast(mult, part.shape)
+            continue
           blocks = operands(j)
           for r0 in range(0, fp8_groups, in_flight):
             group = range(r0, min(fp8_groups, r0 + in_flight))
