@@ -41,3 +41,14 @@ s_dense128() {
 }
 for s in ${@:-verify}; do step "$s"; "s_$s"; done
 step done
+# Calls 3-7 (as run; each from the repo root, `source benchmarks/gpu_env.sh` first):
+#   3: pytest tests/test_moe.py -m gpu -k quantizes_tokens_first -s  (the operands' report)
+#   4: bash benchmarks/gpu_session22_fold.sh
+#   5: ncu --section WarpStateStats --section SpeedOfLight --section ComputeWorkloadAnalysis
+#        python3 benchmarks/probe_ncu.py --spec w4a8-mxfp4 --case grouped8 --m 1024 --k 4096
+#        --n 28672 --experts 8 --topk 2   (ncu --clock-control none --kernel-name
+#        regex:mosaic_gpu --launch-skip 1 --launch-count 1, as s_ncu in gpu_session_next.sh)
+#   6: the same launch with --metrics launch__registers_per_thread, local / shared loads,
+#        stall ratios; and --case dense8 --m 128
+#   7: the grouped8 launch with --metrics lts__t_bytes.sum, lts__t_sectors_op_read.sum,
+#        lts__t_sectors_srcunit_tex_op_read.sum, dram__bytes_read.sum

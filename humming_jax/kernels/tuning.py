@@ -130,7 +130,11 @@ class MgpuConfig:
   # fp8-MMA layout with e8m0 group scales (W4A8 MXFP4): fold each K tile's power-of-two
   # group scales into the e4m3 operands' exponents (mgpu_convert.e2m1_to_e4m3_folded_ptx),
   # one float32 partial and one WGMMA wait per K tile instead of one per 32-deep group.
-  # Built in session 22 for the 128-row prefill tiles (~400 TFLOP/s, one wait per group).
+  # Off: H200 session 22 (CUPTI kernel us) Mixtral gate_up 1024 tokens 1202.8 -> 1238.8,
+  # dense 8192^2 M = 128 44.8 -> 45.3; error 2.8e-4 -> 4.8e-4 (128-deep fp8 accumulation).
+  # The waits were not the bound: that tile streams 4.1 GB from L2 (x re-read by each of
+  # 224 column CTAs; NOTES_moe.md).  Kept (opt-in, GPU-tested) as the step to one
+  # accumulator per CTA, which wider column tiles need (registers).
   fp8_fold: bool = False
 
   def __post_init__(self):

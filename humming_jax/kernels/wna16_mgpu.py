@@ -409,7 +409,7 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
   if fp8:  # its own route (fp8_tiles below); none of the 16-bit conversion flags
     config = dataclasses.replace(config, scale_after_mma=False, zero_point_mma=False,
                                  overlap_mma=False)
-  if fp8 and tuning.env_flag("HUMMING_JAX_FP8_FOLD", False):  # opt-in until GPU-timed
+  if fp8 and tuning.env_flag("HUMMING_JAX_FP8_FOLD", False):  # opt-in: no gain (Config)
     config = dataclasses.replace(config, fp8_fold=spec.scale_dtype == "e8m0")
   if config.fp8_fold and not (fp8 and spec.scale_dtype == "e8m0"):
     raise ValueError(f"config.fp8_fold=True needs the fp8-MMA layout with e8m0 (power-of-"
