@@ -106,7 +106,8 @@ def dense_fp8_mma(spec: QuantSpec) -> bool:
   """Whether :func:`prepare` takes the fp8-MMA layout: :func:`fp8_mma_applies` and
   HUMMING_JAX_DENSE_FP8_MMA=1 -- off by default.  H200 session 21 (NOTES.md v23), 8192^2,
   CUPTI kernels per layer, K order -> ":p8": M = 1 21.9 -> 20.8 us, M = 16 23.1 -> 20.8,
-  M = 1024 131.7 -> 129.8 (decode error 2.6e-3 -> 3.4e-4); M = 128 / 4096 untimed."""
+  M = 1024 131.7 -> 129.8 (decode error 2.6e-3 -> 3.4e-4); session 22: M = 128 41.3 ->
+  47.6, M = 4096 413.1 -> 410.6 (NOTES.md v24), so off."""
   return fp8_mma_applies(spec) and tuning.env_flag("HUMMING_JAX_DENSE_FP8_MMA", False)
 
 
