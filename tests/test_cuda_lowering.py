@@ -330,17 +330,25 @@ def test_fp8_fold_lowers_for_h200(monkeypatch):
   partial per K tile): the grouped fp8 kernel at Mixtral gate_up, 1024 tokens (128-row
   tiles on two warpgroups) and DeepSeek-V3 gate_up at 16 tokens, and the dense ":p8"
   decode at M = 128, lower for the H200."""
-  from humming_jax.kernels import grouped_wnam_mgpu as gw, wnam_mgpu
+  from humming_jax.kernels import grouped_wnam_mgpu as gw, mgpu_convert, wnam_mgpu
   monkeypatch.delenv("HUMMING_JAX_FP8_MMA", raising=False)
   monkeypatch.setenv("HUMMING_JAX_FP8_FOLD", "1")
+  folded = []  # the folded conversion is what lowers (not the per-group partials)
+  real = mgpu_convert.e2m1_to_e4m3_folded_ptx
+  monkeypatch.setattr(mgpu_convert, "e2m1_to_e4m3_folded_ptx",
+                      lambda *a: folded.append(a[2]) or real(*a))
   for shape, rows in (((8, 4096, 28672), 2048), ((256, 7168, 512), 128)):
     p = abstract_params("w4a8-mxfp4", shape, grouped=True, kernel=gw.FAMILY)
     assert p.layout.endswith(":p8"), p.layout
     x = jax.ShapeDtypeStruct((rows, shape[1]), jnp.bfloat16)
     g = jax.ShapeDtypeStruct((shape[0],), jnp.int32)
+    before = len(folded)
     text = lower_for_h200(lambda p, x, g: gw.run(p, x, g), p, x, g)
-    assert "custom_call" in text
+    assert "custom_call" in text and len(folded) > before
   monkeypatch.setenv("HUMMING_JAX_DENSE_FP8_MMA", "1")
   p = abstract_params("w4a8-mxfp4", (8192, 8192))
+  assert p.layout.endswith(":p8"), p.layout
   x = jax.ShapeDtypeStruct((128, 8192), jnp.bfloat16)
+  before = len(folded)
   assert "mosaic_gpu" in lower_for_h200(lambda p, x: wnam_mgpu.run(p, x), p, x)
+  assert len(folded) > before and set(folded) == {1}  # groups of 32: one run per group

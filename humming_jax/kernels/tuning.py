@@ -226,7 +226,7 @@ def _load_cache(path: str, mtime: float) -> dict:
 # the class default at tuning time, so a cache written before a default changed must not
 # pin the old one (the fp4 whole-register relayout went on in session 6, the int4 PTX
 # conversion in session 11; both give the same bits, only faster).
-NOT_TUNED = ("int4_ptx", "fp4_whole_registers")
+NOT_TUNED = ("int4_ptx", "fp4_whole_registers", "fp8_fold")
 
 
 def cached_config(key: str, cls: type = TuningConfig):

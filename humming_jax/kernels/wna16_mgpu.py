@@ -409,8 +409,9 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
   if fp8:  # its own route (fp8_tiles below); none of the 16-bit conversion flags
     config = dataclasses.replace(config, scale_after_mma=False, zero_point_mma=False,
                                  overlap_mma=False)
-  if fp8 and tuning.env_flag("HUMMING_JAX_FP8_FOLD", False):  # opt-in: no gain (Config)
-    config = dataclasses.replace(config, fp8_fold=spec.scale_dtype == "e8m0")
+  if (fp8 and spec.scale_dtype == "e8m0" and scale_k(spec) < bk
+      and tuning.env_flag("HUMMING_JAX_FP8_FOLD", False)):  # opt-in: no gain (Config)
+    config = dataclasses.replace(config, fp8_fold=True)  # (one group per tile: nothing to fold)
   if config.fp8_fold and not (fp8 and spec.scale_dtype == "e8m0"):
     raise ValueError(f"config.fp8_fold=True needs the fp8-MMA layout with e8m0 (power-of-"
                      f"two) group scales; got x.dtype={x.dtype}, spec {spec.name} "
