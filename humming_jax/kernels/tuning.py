@@ -134,7 +134,10 @@ class MgpuConfig:
   # dense 8192^2 M = 128 44.8 -> 45.3; error 2.8e-4 -> 4.8e-4 (128-deep fp8 accumulation).
   # The waits were not the bound: that tile streams 4.1 GB from L2 (x re-read by each of
   # 224 column CTAs; NOTES_moe.md).  Kept (opt-in, GPU-tested) as the step to one
-  # accumulator per CTA, which wider column tiles need (registers).
+  # accumulator per CTA, which wider column tiles need (registers).  Its error is relative
+  # to the tile's largest group: codes > 11 binades below it are zeroed, so where that
+  # group meets near-zero activations the zeroed groups' whole share is lost
+  # (test_fp8_fold_interpret shows it).
   fp8_fold: bool = False
 
   def __post_init__(self):
