@@ -334,9 +334,9 @@ def test_fp8_fold_lowers_for_h200(monkeypatch):
   monkeypatch.delenv("HUMMING_JAX_FP8_MMA", raising=False)
   monkeypatch.setenv("HUMMING_JAX_FP8_FOLD", "1")
   folded = []  # the folded conversion is what lowers (not the per-group partials)
-  real = mgpu_convert.e2m1_to_e4m3_folded_ptx
-  monkeypatch.setattr(mgpu_convert, "e2m1_to_e4m3_folded_ptx",
-                      lambda *a: folded.append(a[2]) or real(*a))
+  real = mgpu_convert.e2m1_to_e4m3_ptx
+  monkeypatch.setattr(mgpu_convert, "e2m1_to_e4m3_ptx", lambda *a, **kw: (
+      kw.get("scales") is not None and folded.append(kw["group_blocks"])) or real(*a, **kw))
   for shape, rows in (((8, 4096, 28672), 2048), ((256, 7168, 512), 128)):
     p = abstract_params("w4a8-mxfp4", shape, grouped=True, kernel=gw.FAMILY)
     assert p.layout.endswith(":p8"), p.layout

@@ -330,7 +330,7 @@ def test_fp8_mma_gpu(shape, tokens, monkeypatch):
                                           ((128, 2048, 1536), 128)])
 def test_fp8_fold_gpu(shape, tokens, monkeypatch):
   """HUMMING_JAX_FP8_FOLD=1 on the H200: the e8m0 group scales folded into the e4m3
-  operands (mgpu_convert.e2m1_to_e4m3_folded_ptx, one partial per K tile) at a
+  operands (mgpu_convert.e2m1_to_e4m3_ptx's fold, one partial per K tile) at a
   Mixtral-like 128-row tile, DeepSeek-V3 gate_up at 16 tokens and Qwen3 gate_up at 128
   tokens (80-row tiles): within 1e-3 of the reference, and within 1e-3 of the
   per-group partials (HUMMING_JAX_FP8_FOLD unset) on the same inputs."""

@@ -408,56 +408,6 @@ def e2m1_to_e4m3_reference(words: np.ndarray) -> np.ndarray:
   return hi, lo
 
 
-def e2m1_to_e4m3_ptx(codes: jax.Array, blocks: int) -> tuple[jax.Array, ...]:
-  """":p8"-ordered e2m1 codes (a (64, 32 * blocks) int4 tile as loaded: WGMMA_UPCAST_4X)
-  -> ``blocks`` (64, 32) float8_e4m3fn WGMMA_8BIT A operands holding ``value * 2**-6``, one
-  per K run of 32 (GPU only).  Per 8 codes: the high nibbles' register is
-  ``(w & 0x80808080) | ((w >> 2) & 0x1c1c1c1c)``, the low nibbles' the same of ``w << 4``
-  (sign to bit 7, magnitude to bits 4..2: e4m3's exponent field low bits and mantissa
-  MSB; e2m1's subnormal 0.5 lands on e4m3's 2**-7).  ~0.9 integer ops per weight against
-  ~3 for the e2m1 -> bf16 conversion and its scale multiply."""
-  shape = (codes.shape[0], 32)
-  out_t = plgpu.ShapeDtypeStruct(shape, jnp.dtype(jnp.float8_e4m3fn),
-                                 layout=plgpu.Layout.WGMMA_8BIT)
-
-  @plgpu.inline_mgpu(arg_types=(plgpu.Layout.WGMMA_UPCAST_4X,),
-                     return_type=tuple([out_t] * blocks))
-  def convert(ctx, arr):
-    del ctx
-    from jax.experimental.mosaic import gpu as mgpu
-    from jax.experimental.mosaic.gpu import utils as mgpu_utils
-    from jaxlib.mlir import ir
-    from jaxlib.mlir.dialects import arith
-
-    i32 = ir.IntegerType.get_signless(32)
-    f8 = ir.VectorType.get((4,), ir.Float8E4M3FNType.get())
-    c = lambda v: mgpu_utils.c(v, i32)
-    src_shape = mgpu.WGMMA_LAYOUT_UPCAST_4X.registers_shape((shape[0], 32 * blocks))
-    out_shape = mgpu.WGMMA_LAYOUT_8BIT.registers_shape(shape)
-    if (arr.registers.shape != src_shape or len(out_shape) != len(src_shape)
-        or out_shape[1] != 2 or src_shape[1] != blocks):
-      raise NotImplementedError(f"fp8-MMA e2m1 codes: this jax's Mosaic GPU gives "
-                                f"WGMMA_UPCAST_4X registers {arr.registers.shape} and "
-                                f"WGMMA_8BIT {out_shape} (jax 0.11.2: (., K/32, ...) and "
-                                f"(., 2, ...)); prepare the weights again with "
-                                f"HUMMING_JAX_FP8_MMA=0 (grouped) / HUMMING_JAX_DENSE_FP8_MMA=0 "
-                                f"(dense): the 16-bit route")
-    outs = [np.empty(out_shape, dtype=object) for _ in range(blocks)]
-    for idx, w in _code_words(arr, "fp8-MMA e2m1 codes", "prepare the weights again with "
-                              "HUMMING_JAX_FP8_MMA=0 / HUMMING_JAX_DENSE_FP8_MMA=0"):
-      sign, mag = c(0x80808080), c(0x1C1C1C1C)
-      hi = arith.ori(arith.andi(w, sign), arith.andi(arith.shrui(w, c(2)), mag))
-      lo = arith.ori(arith.andi(arith.shli(w, c(4)), sign),
-                     arith.andi(arith.shli(w, c(2)), mag))
-      run = idx[1]
-      for half, val in ((0, hi), (1, lo)):
-        outs[run][(idx[0], half, *idx[2:])] = mgpu_utils.bitcast(val, f8)
-    return tuple(mgpu.FragmentedArray(_registers=o, _layout=mgpu.WGMMA_LAYOUT_8BIT,
-                                      _is_signed=None) for o in outs)
-
-  return convert(codes)
-
-
 FOLD_MAX_SHIFT = 11  # binades an e2m1 * 2**-6 e4m3 operand is raised by at most: the exponent
 # field goes 0..3 -> r..3 + r <= 14 (max 192).  12 would be exact too (field 15 holds 384 =
 # 0x7C; e4m3fn's only NaN is 0x7F and e2m1 mantissas never reach it); 11 is what ran on the GPU.
@@ -481,7 +431,7 @@ def fold_shifts(scales):
 
 
 def shift_e4m3_reference(v: np.ndarray, r: int) -> np.ndarray:
-  """The integer ops of :func:`e2m1_to_e4m3_folded_ptx` on uint32 words of four e4m3
+  """The integer ops of :func:`e2m1_to_e4m3_ptx`'s fold on uint32 words of four e4m3
   operands from :func:`e2m1_to_e4m3_reference` (sign in bit 7, e2m1 magnitude in bits
   4..2): each nonzero byte raised by ``r`` binades (8 * r on the exponent field; the
   subnormal 0.5 * 2**-6 = 0x04 becomes the normal 8 * r for r >= 1, its mantissa bit
@@ -495,25 +445,35 @@ def shift_e4m3_reference(v: np.ndarray, r: int) -> np.ndarray:
   return v + nz * np.uint32(r) - half * np.uint32(min(r, 1))
 
 
-def e2m1_to_e4m3_folded_ptx(codes: jax.Array, blocks: int, group_blocks: int,
-                            scales: list, top: jax.Array) -> tuple[jax.Array, ...]:
-  """:func:`e2m1_to_e4m3_ptx` with each scale group's power-of-two scale folded in:
-  ``scales`` (one (64,) float32 row of e8m0 values per group of ``group_blocks`` 32-code
-  runs, WGMMA row layout) and ``top``, their elementwise max, give each group's raise as
-  :func:`fold_shifts` does (from the exponent fields), and its operands go up that many
-  binades, so
-  one float32 partial per K tile, times :func:`fold_shifts`' multiplier, replaces a
-  partial per group.  A negative raise (a group more than FOLD_MAX_SHIFT binades below the
-  tile's largest scale) zeroes its codes.  GPU only; :func:`shift_e4m3_reference` is the
-  same arithmetic in numpy."""
+def e2m1_to_e4m3_ptx(codes: jax.Array, blocks: int, *, group_blocks: int = 0,
+                     scales: list | None = None, top: jax.Array | None = None
+                     ) -> tuple[jax.Array, ...]:
+  """":p8"-ordered e2m1 codes (a (64, 32 * blocks) int4 tile as loaded: WGMMA_UPCAST_4X)
+  -> ``blocks`` (64, 32) float8_e4m3fn WGMMA_8BIT A operands holding ``value * 2**-6``, one
+  per K run of 32 (GPU only).  Per 8 codes: the high nibbles' register is
+  ``(w & 0x80808080) | ((w >> 2) & 0x1c1c1c1c)``, the low nibbles' the same of ``w << 4``
+  (sign to bit 7, magnitude to bits 4..2: e4m3's exponent field low bits and mantissa
+  MSB; e2m1's subnormal 0.5 lands on e4m3's 2**-7).  ~0.9 integer ops per weight against
+  ~3 for the e2m1 -> bf16 conversion and its scale multiply.
+
+  With ``scales`` (the fold, ``Config.fp8_fold``): one (64,) float32 row of e8m0 values per
+  group of ``group_blocks`` 32-code runs (WGMMA row layout) and ``top``, their elementwise
+  max.  Each group's operands are raised as :func:`fold_shifts` says (computed here from
+  the exponent fields), so one float32 partial per K tile, times :func:`fold_shifts`'
+  multiplier, replaces a partial per group; a negative raise zeroes the group's codes.
+  :func:`shift_e4m3_reference` is that arithmetic in numpy."""
+  fold = scales is not None
   shape = (codes.shape[0], 32)
   out_t = plgpu.ShapeDtypeStruct(shape, jnp.dtype(jnp.float8_e4m3fn),
                                  layout=plgpu.Layout.WGMMA_8BIT)
-  row = plgpu.Layout.WGMMA.reduce(1)
+  rows = (plgpu.Layout.WGMMA.reduce(1),) * (len(scales) + 1) if fold else ()
+  remedy = ("run without HUMMING_JAX_FP8_FOLD" if fold else
+            "prepare the weights again with HUMMING_JAX_FP8_MMA=0 (grouped) / "
+            "HUMMING_JAX_DENSE_FP8_MMA=0 (dense): the 16-bit route")
 
-  @plgpu.inline_mgpu(arg_types=(plgpu.Layout.WGMMA_UPCAST_4X,) + (row,) * (len(scales) + 1),
+  @plgpu.inline_mgpu(arg_types=(plgpu.Layout.WGMMA_UPCAST_4X,) + rows,
                      return_type=tuple([out_t] * blocks))
-  def convert(ctx, arr, top_row, *scale_rows):
+  def convert(ctx, arr, *row_args):
     del ctx
     from jax.experimental.mosaic import gpu as mgpu
     from jax.experimental.mosaic.gpu import utils as mgpu_utils
@@ -526,25 +486,28 @@ def e2m1_to_e4m3_folded_ptx(codes: jax.Array, blocks: int, group_blocks: int,
     src_shape = mgpu.WGMMA_LAYOUT_UPCAST_4X.registers_shape((shape[0], 32 * blocks))
     out_shape = mgpu.WGMMA_LAYOUT_8BIT.registers_shape(shape)
     row_shape = mgpu.WGMMA_ROW_LAYOUT.registers_shape((shape[0],))
-    if (arr.registers.shape != src_shape or out_shape[1] != 2 or src_shape[1] != blocks
-        or len(src_shape) < 5 or src_shape[4] != 2 or row_shape[2] != 2
-        or any(r.registers.shape != row_shape for r in (top_row, *scale_rows))):
-      raise NotImplementedError(f"fp8-MMA folded e2m1 codes: this jax's Mosaic GPU gives "
+    if (arr.registers.shape != src_shape or len(out_shape) != len(src_shape)
+        or out_shape[1] != 2 or src_shape[1] != blocks
+        or fold and (src_shape[4] != 2 or row_shape[2] != 2
+                     or any(r.registers.shape != row_shape for r in row_args))):
+      raise NotImplementedError(f"fp8-MMA e2m1 codes: this jax's Mosaic GPU gives "
                                 f"WGMMA_UPCAST_4X registers {arr.registers.shape}, "
                                 f"WGMMA_8BIT {out_shape} and WGMMA rows {row_shape} (jax "
                                 f"0.11.2: (1, K/32, 1, 1, 2, ...), (1, 2, ...), (1, 1, 2, "
-                                f"...)); run without HUMMING_JAX_FP8_FOLD")
-    # Per (row half, group): the raise r, min(r, 1) (the 0.5 fix), r >= 0 (kept).
-    exp = lambda r, h: arith.shrui(mgpu_utils.bitcast(
-        r.registers[(0, 0, h) + (0,) * (len(row_shape) - 3)], i32), c(23))
-    consts = {}
-    for h in range(2):
-      top_exp = exp(top_row, h)
-      for g, r in enumerate(scale_rows):
-        d = arith.subi(c(FOLD_MAX_SHIFT), arith.subi(top_exp, exp(r, h)))
-        consts[h, g] = (d, arith.minsi(d, c(1)), arith.cmpi(arith.CmpIPredicate.sge, d, c(0)))
+                                f"...)); {remedy}")
+    consts = {}  # fold: per (row half, group) the raise r, min(r, 1) (the 0.5 fix), r >= 0
+    if fold:
+      exp = lambda r, h: arith.shrui(mgpu_utils.bitcast(
+          r.registers[(0, 0, h) + (0,) * (len(row_shape) - 3)], i32), c(23))
+      top_row, *scale_rows = row_args
+      for h in range(2):
+        top_exp = exp(top_row, h)
+        for g, r in enumerate(scale_rows):
+          d = arith.subi(c(FOLD_MAX_SHIFT), arith.subi(top_exp, exp(r, h)))
+          consts[h, g] = (d, arith.minsi(d, c(1)),
+                          arith.cmpi(arith.CmpIPredicate.sge, d, c(0)))
 
-    def shifted(v, h, g):
+    def shifted(v, h, g):  # shift_e4m3_reference's ops
       d, d1, keep = consts[h, g]
       x = arith.andi(v, c(_M28))
       nz = arith.shrui(arith.andi(arith.addi(x, c(_M28)), c(_M32)), c(2))
@@ -554,25 +517,25 @@ def e2m1_to_e4m3_folded_ptx(codes: jax.Array, blocks: int, group_blocks: int,
       return arith.select(keep, out, c(0))
 
     outs = [np.empty(out_shape, dtype=object) for _ in range(blocks)]
-    for idx, w in _code_words(arr, "fp8-MMA folded e2m1 codes", "run without "
-                              "HUMMING_JAX_FP8_FOLD"):
+    for idx, w in _code_words(arr, "fp8-MMA e2m1 codes", remedy):
       sign, mag = c(0x80808080), c(0x1C1C1C1C)
       hi = arith.ori(arith.andi(w, sign), arith.andi(arith.shrui(w, c(2)), mag))
       lo = arith.ori(arith.andi(arith.shli(w, c(4)), sign),
                      arith.andi(arith.shli(w, c(2)), mag))
-      run, h = idx[1], idx[4]
+      run = idx[1]
       for half_k, val in ((0, hi), (1, lo)):
-        val = shifted(val, h, run // group_blocks)
+        if fold:
+          val = shifted(val, idx[4], run // group_blocks)
         outs[run][(idx[0], half_k, *idx[2:])] = mgpu_utils.bitcast(val, f8)
     return tuple(mgpu.FragmentedArray(_registers=o, _layout=mgpu.WGMMA_LAYOUT_8BIT,
                                       _is_signed=None) for o in outs)
 
-  return convert(codes, top, *scales)
+  return convert(codes, *((top, *scales) if fold else ()))
 
 
 def e2m1_to_e4m3_folded_interpret(codes: jax.Array, raises: jax.Array, group: int
                                   ) -> jax.Array:
-  """What :func:`e2m1_to_e4m3_folded_ptx` computes, on values: (64, K) e2m1 codes (K
+  """What :func:`e2m1_to_e4m3_ptx` computes with the fold, on values: (64, K) e2m1 codes (K
   order) and (64, K / group) int32 raises -> float8_e4m3fn ``value * 2**(raise - 6)``,
   zero where the raise is negative (exact: 2**-7 .. 192, e4m3 values)."""
   r = jnp.repeat(raises, group, axis=1)

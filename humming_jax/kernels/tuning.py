@@ -128,7 +128,7 @@ class MgpuConfig:
   # it at M = 16; NOTES.md v16.)
   overlap_mma: bool = False
   # fp8-MMA layout with e8m0 group scales (W4A8 MXFP4): fold each K tile's power-of-two
-  # group scales into the e4m3 operands' exponents (mgpu_convert.e2m1_to_e4m3_folded_ptx),
+  # group scales into the e4m3 operands' exponents (mgpu_convert.e2m1_to_e4m3_ptx's fold),
   # one float32 partial and one WGMMA wait per K tile instead of one per 32-deep group.
   # Off: H200 session 22 (CUPTI kernel us) Mixtral gate_up 1024 tokens 1202.8 -> 1238.8,
   # dense 8192^2 M = 128 44.8 -> 45.3; error 2.8e-4 -> 4.8e-4 (128-deep fp8 accumulation).

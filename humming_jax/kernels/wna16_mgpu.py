@@ -688,20 +688,32 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
         # the GPU; SMEM for the interpreter), then rounds of `in_flight` scale groups: each
         # group's WGMMAs into its own fresh accumulator, one wait, each partial times its
         # scale row (group g of the tile is scale row g: groups >= 64 are one per tile).
-        def operands(j):
+        def operands(j):  # (fold multiplier or None, (A blocks, B blocks)) of K tile j
+          mult = None
+          if config.fp8_fold:  # the tile's group scales folded into its operands
+            scales = [scale_row(j, g).astype(jnp.float32) for g in range(fp8_groups)]
+            mult, raises = mgpu_convert.fold_shifts(scales)
           w = plgpu.load(w_buf.at[wg, slot, j], layout=_UPCAST[4],
                          optimized=config.optimized_load)
           if interpret:
             buf = a_smem.at[wg]
             vals = mgpu_convert.permute_k8(w.astype(jnp.int8), inverse=True)
             plgpu.wgmma_wait(0)
-            buf[...] = mgpu_convert.e2m1_to_e4m3_interpret(vals)
+            buf[...] = (mgpu_convert.e2m1_to_e4m3_interpret(vals) if mult is None else
+                        mgpu_convert.e2m1_to_e4m3_folded_interpret(
+                            vals, jnp.stack(raises, axis=1), 32 * fp8_group_blocks))
             plgpu.commit_smem()
             a_blocks = [buf.at[:, pl.ds(b * 32, 32)] for b in range(fp8_blocks)]
-          else:
+          elif mult is None:
             a_blocks = mgpu_convert.e2m1_to_e4m3_ptx(w, fp8_blocks)
-          return a_blocks, [x_smem.at[:, pl.ds(j * bk + b * 32, 32)].T
-                            for b in range(fp8_blocks)]
+          else:
+            top = scales[0]
+            for s_ in scales[1:]:
+              top = jnp.maximum(top, s_)
+            a_blocks = mgpu_convert.e2m1_to_e4m3_ptx(w, fp8_blocks, scales=scales, top=top,
+                                                     group_blocks=fp8_group_blocks)
+          return mult, (a_blocks, [x_smem.at[:, pl.ds(j * bk + b * 32, 32)].T
+                                   for b in range(fp8_blocks)])
 
         def issue(part_refs, blocks, group):  # group None: every block of the tile
           for ref, g in zip(part_refs, group):
@@ -715,31 +727,9 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
             total = total + part * bcast(scale_row(j, g).astype(jnp.float32), part.shape)
           return total
 
-        def folded_operands(j):  # the tile's group scales folded into its operands
-          scales = [scale_row(j, g).astype(jnp.float32) for g in range(fp8_groups)]
-          mult, raises = mgpu_convert.fold_shifts(scales)
-          w = plgpu.load(w_buf.at[wg, slot, j], layout=_UPCAST[4],
-                         optimized=config.optimized_load)
-          if interpret:
-            buf = a_smem.at[wg]
-            vals = mgpu_convert.permute_k8(w.astype(jnp.int8), inverse=True)
-            plgpu.wgmma_wait(0)
-            buf[...] = mgpu_convert.e2m1_to_e4m3_folded_interpret(
-                vals, jnp.stack(raises, axis=1), 32 * fp8_group_blocks)
-            plgpu.commit_smem()
-            a_blocks = [buf.at[:, pl.ds(b * 32, 32)] for b in range(fp8_blocks)]
-          else:
-            top = scales[0]
-            for s_ in scales[1:]:
-              top = jnp.maximum(top, s_)
-            a_blocks = mgpu_convert.e2m1_to_e4m3_folded_ptx(w, fp8_blocks, fp8_group_blocks,
-                                                            scales, top)
-          return mult, (a_blocks, [x_smem.at[:, pl.ds(j * bk + b * 32, 32)].T
-                                   for b in range(fp8_blocks)])
-
         for j in range(sub):
-          if config.fp8_fold:  # one partial per K tile, one wait
-            mult, blocks = folded_operands(j)
+          mult, blocks = operands(j)
+          if mult is not None:  # folded: one partial per K tile, one wait
 
             def tile_product(part_ref, blocks=blocks):
               issue([part_ref], blocks, [None])
@@ -748,7 +738,6 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
             part = pl.run_scoped(tile_product, acc_t)
             total = total + part * bcast(mult, part.shape)
             continue
-          blocks = operands(j)
           for r0 in range(0, fp8_groups, in_flight):
             group = range(r0, min(fp8_groups, r0 + in_flight))
 
