@@ -345,6 +345,24 @@ def max_rel_diff(outs, refs) -> float:
                    / np.max(np.abs(np.asarray(v, np.float32)))) for u, v in zip(outs, refs))
 
 
+def time_variant(name: str, f, args, *, per: int, interpret: bool, ref=None,
+                 with_total: bool = False, err_chars: int = 80):
+  """One launch variant of a probe: ``(entry, ref)`` -- the entry ``name`` and the CUPTI
+  time of ``f(*args)``'s main (longest) kernel per ``per`` (and, ``with_total``, of all
+  its kernels; zeros under ``interpret``), with the largest relative difference from
+  ``ref`` where over 1e-3, and ``ref`` (this output when none was given).  A variant that
+  does not build is an entry, not an error."""
+  try:
+    out = f(*args)
+    t = {"interpret": 0.0} if interpret else kernel_times(f, args, per=per)
+  except Exception as err:  # noqa: BLE001 - a launch shape that does not build
+    return f"{name} FAILED {type(err).__name__}: {str(err)[:err_chars]}", ref
+  diff = 0.0 if ref is None else max_rel_diff(out, ref)
+  entry = (f"{name} {max(t.values()):6.1f}" + (f"/{sum(t.values()):6.1f}" if with_total else "")
+           + (f" (diff {diff:.0e})" if diff > 1e-3 else ""))
+  return entry, out if ref is None else ref
+
+
 def rel_err(y, ref) -> float:
   y, ref = jnp.asarray(y, jnp.float32), jnp.asarray(ref, jnp.float32)
   return float(jnp.linalg.norm(y - ref) / jnp.linalg.norm(ref))

@@ -68,21 +68,12 @@ def main():
       try:
         f = jax.jit(lambda ps, xq, xs, cfg=cfg: [
             mg.run(p, xq, x_scale=xs, config=cfg, interpret=a.interpret) for p in ps])
-        out = f(ps, xq, xs)
-        t = ({"interpret": 0.0} if a.interpret else
-             common.kernel_times(f, (ps, xq, xs), per=a.sets))
-      except Exception as err:  # noqa: BLE001 - a launch shape that does not build
-        line.append(f"{name} FAILED {type(err).__name__}: {str(err)[:80]}")
-        continue
+        entry, ref = common.time_variant(name, f, (ps, xq, xs), per=a.sets,
+                                         interpret=a.interpret, ref=ref)
       finally:
         for key in env:
           os.environ.pop(key)
-      diff = 0.0
-      if ref is None:
-        ref = out
-      else:
-        diff = common.max_rel_diff(out, ref)
-      line.append(f"{name} {max(t.values()):6.1f}" + (f" (diff {diff:.0e})" if diff > 1e-3 else ""))
+      line.append(entry)
     print(f"K{k} N{n} M={m}:\n  " + "\n  ".join(line), flush=True)
 
 

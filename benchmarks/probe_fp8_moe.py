@@ -82,21 +82,9 @@ def main():
         cfg = change
       f = jax.jit(lambda ps, x, g, cfg=cfg, bm=bm: [
           gw.run(p, x, g, config=cfg, block_m=bm, interpret=a.interpret) for p in ps])
-      try:
-        out = f(ps, x, g)
-        t = ({"interpret": 0.0} if a.interpret else
-             common.kernel_times(f, (ps, x, g), per=a.sets))
-      except Exception as err:  # noqa: BLE001 - a launch shape that does not build
-        line.append(f"{name} FAILED {type(err).__name__}: {str(err)[:60]}")
-        continue
-      main_k = max(t.values())
-      diff = 0.0
-      if ref is None:
-        ref = out
-      else:
-        diff = common.max_rel_diff(out, ref)
-      line.append(f"{name} {main_k:6.1f}/{sum(t.values()):6.1f}"
-                  + (f" (diff {diff:.0e})" if diff > 1e-3 else ""))
+      entry, ref = common.time_variant(name, f, (ps, x, g), per=a.sets, interpret=a.interpret,
+                                       ref=ref, with_total=True, err_chars=60)
+      line.append(entry)
     print(f"E{e} N{n} K{k} T={tokens}: " + " | ".join(line), flush=True)
 
 
