@@ -4,7 +4,11 @@ on the 16-bit route, whose e2m1 -> bf16 conversion made 64-token launches issue-
 (NOTES_moe.md session 19); the fp8 route converts in ~0.9 instructions per weight, so
 the best launch may differ.  CUPTI time of the grouped kernel per layer over ``--sets``
 expert sets, each config's output compared with the heuristic's.
-Usage: probe_fp8_moe.py [--shape 256,8,512,7168] [--tokens 16,64,256] [--fold]"""
+``--cluster`` (session 24): the heuristic's shared-x launch with its x tiles multicast to
+clusters of 2 / 4 column CTAs (``Config.cluster_n``); ``--preset w4a16-mxfp4`` times the
+16-bit route (grouped_wna16_mgpu) instead.
+Usage: probe_fp8_moe.py [--shape 256,8,512,7168] [--tokens 16,64,256] [--fold] [--cluster]
+                        [--preset w4a8-mxfp4]"""
 import argparse
 import dataclasses
 
@@ -19,10 +23,18 @@ from humming_jax.kernels import grouped_wna16_mgpu as g16, grouped_wnam_mgpu as 
 from humming_jax.kernels import wna16_mgpu as mg
 
 
-def variants(tokens, e, rows, fold=False):
+def variants(tokens, e, rows, fold=False, cluster=False):
   """(name, block_m or None, config changes or a Config) to time.  ``fold`` (session 22):
-  the heuristic and the wide tiles' launches with and without ``fp8_fold``."""
+  the heuristic and the wide tiles' launches with and without ``fp8_fold``; ``cluster``
+  (session 24): the heuristic's launch on clusters of 2 / 4 CTAs, and for tiles over 64
+  rows the four-warpgroup 64-row shared-x launch with and without them."""
   base = [("heuristic", None, None)]
+  if cluster:
+    out = base + [(f"heuristic+cl{c}", None, dict(cluster_n=c)) for c in (2, 4)]
+    if rows > 64:
+      out += [(f"shx4-bm64-cl{c}", 64, dataclasses.replace(mg.shared_x_config(64),
+                                                           cluster_n=c)) for c in (1, 2)]
+    return out
   if fold:
     out = base + [("heuristic+fold", None, dict(fp8_fold=True))]
     if rows > 64:
@@ -56,20 +68,24 @@ def main():
   ap.add_argument("--sets", type=int, default=2)
   ap.add_argument("--interpret", action="store_true")  # a CPU check of the configs
   ap.add_argument("--fold", action="store_true", help="time fp8_fold against the partials")
+  ap.add_argument("--cluster", action="store_true", help="time clusters of column CTAs")
+  ap.add_argument("--preset", default="w4a8-mxfp4")
   a = ap.parse_args()
   e, topk, n, k = map(int, a.shape.split(","))
-  spec = hj.QuantSpec.preset("w4a8-mxfp4")
-  ps = [jax.jit(lambda w: gw.prepare(hj.quantize(w, spec)))(
+  spec = hj.QuantSpec.preset(a.preset)
+  family = gw if spec.act is not None else g16  # the 16-bit route for A16 presets
+  ps = [jax.jit(lambda w: family.prepare(hj.quantize(w, spec)))(
       (jax.random.normal(jax.random.key(i), (e, k, n), jnp.float32) / np.sqrt(k)))
       for i in range(a.sets)]
-  assert ps[0].layout.endswith(":p8"), ps[0].layout
+  assert family is g16 or ps[0].layout.endswith(":p8"), ps[0].layout
   for tokens in map(int, a.tokens.split(",")):
     key = jax.random.key(tokens)
     ids = jnp.argsort(jax.random.uniform(key, (tokens, e)), axis=1)[:, :topk].astype(jnp.int32)
     g = moe.sort_tokens(ids, e).group_sizes
     x = jax.random.normal(jax.random.key(1), (tokens * topk, k), jnp.bfloat16)
     ref, line = None, []
-    for name, bm, change in variants(tokens, e, g16.tile_rows(x.shape[0], e), a.fold):
+    for name, bm, change in variants(tokens, e, g16.tile_rows(x.shape[0], e), a.fold,
+                                    a.cluster):
       m = x.shape[0]
       block_m = bm or g16.tile_rows(m, e)
       if change is None:
@@ -77,11 +93,14 @@ def main():
       elif isinstance(change, dict):
         launch = g16.heuristic(min(e, m), n, ps[0].codes.shape[-3],
                                g16.launch_rows(m, e, block_m), params=ps[0], tile_rows=block_m)
+        if "cluster_n" in change and launch.split_warpgroups != "n":
+          line.append(f"{name} n/a ({launch.split_warpgroups}-split launch)")
+          continue
         cfg = dataclasses.replace(launch, **change)
       else:
         cfg = change
       f = jax.jit(lambda ps, x, g, cfg=cfg, bm=bm: [
-          gw.run(p, x, g, config=cfg, block_m=bm, interpret=a.interpret) for p in ps])
+          family.run(p, x, g, config=cfg, block_m=bm, interpret=a.interpret) for p in ps])
       entry, ref = common.time_variant(name, f, (ps, x, g), per=a.sets, interpret=a.interpret,
                                        ref=ref, with_total=True, err_chars=60)
       line.append(entry)

@@ -352,3 +352,33 @@ def test_fp8_fold_lowers_for_h200(monkeypatch):
   before = len(folded)
   assert "mosaic_gpu" in lower_for_h200(lambda p, x: wnam_mgpu.run(p, x), p, x)
   assert len(folded) > before and set(folded) == {1}  # groups of 32: one run per group
+
+
+@pytest.mark.parametrize("cluster", ["2", "4"])
+def test_clusters_lower_for_h200(cluster, monkeypatch):
+  """HUMMING_JAX_CLUSTER_N (x tiles multicast to clusters of column CTAs, Config.cluster_n)
+  on the shared-x launches: the grouped fp8 kernel at Mixtral gate_up, 1024 tokens
+  (128-row tiles on two warpgroups), the grouped 16-bit kernel at Mixtral down, 1024
+  tokens (128-row tiles on four), and the dense kernel at M = 128 on an explicit shared-x
+  config -- lower for the H200 with the cluster in the launch."""
+  from humming_jax.kernels import grouped_wna16_mgpu as gm, grouped_wnam_mgpu as gw
+  monkeypatch.delenv("HUMMING_JAX_FP8_MMA", raising=False)
+  monkeypatch.setenv("HUMMING_JAX_CLUSTER_N", cluster)
+  clusters, real = [], mg.plgpu.kernel
+  monkeypatch.setattr(mg.plgpu, "kernel", lambda *a, **kw: clusters.append(
+      kw.get("cluster")) or real(*a, **kw))
+  want = (int(cluster), 1, 1)
+  for name, family, shape, rows in (("w4a8-mxfp4", gw, (8, 4096, 28672), 2048),
+                                    ("w4a16-mxfp4", gm, (8, 14336, 4096), 2048)):
+    p = abstract_params(name, shape, grouped=True, kernel=family.FAMILY)
+    x = jax.ShapeDtypeStruct((rows, shape[1]), jnp.bfloat16)
+    g = jax.ShapeDtypeStruct((shape[0],), jnp.int32)
+    clusters.clear()
+    text = lower_for_h200(lambda p, x, g, f=family: f.run(p, x, g), p, x, g)
+    assert "custom_call" in text and clusters and set(clusters) == {want}, (name, clusters)
+  p = abstract_params("w4a16-g128-zp", (8192, 8192))
+  x = jax.ShapeDtypeStruct((128, 8192), jnp.bfloat16)
+  cfg = dataclasses.replace(mg.shared_x_config(128, warpgroups=2), cluster_n=int(cluster))
+  clusters.clear()
+  assert "custom_call" in lower_for_h200(lambda p, x: mg.run(p, x, config=cfg), p, x)
+  assert clusters and set(clusters) == {want}, clusters  # (traced twice)

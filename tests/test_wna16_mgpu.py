@@ -451,7 +451,11 @@ def test_heuristic_splits_k_only_for_narrow_n():
                                            overlap_mma=True),
                                  mg.Config(8, 4, 1, warpgroups=8, scale_after_mma=True),
                                  mg.shared_x_config(128), mg.shared_x_config(64),
-                                 mg.Config(64, 4, 1, warpgroups=2, split_warpgroups="n")])
+                                 mg.Config(64, 4, 1, warpgroups=2, split_warpgroups="n"),
+                                 # x tiles multicast to clusters of 2 / 4 column CTAs
+                                 dataclasses.replace(mg.shared_x_config(128, 2), cluster_n=2),
+                                 dataclasses.replace(mg.shared_x_config(128, 2), cluster_n=4),
+                                 dataclasses.replace(mg.shared_x_config(64), cluster_n=4)])
 def test_configs_gpu(cfg):
   spec = hj.QuantSpec.preset("w4a16-g128-zp")
   q, x = make(spec, 100, 4096, 1024, True, seed=5)
@@ -539,6 +543,45 @@ def test_config_validation():
     mg.Config(warpgroups=9)
   with pytest.raises(ValueError, match="overlap_mma=True needs scale_after_mma"):
     mg.Config(overlap_mma=True)
+  with pytest.raises(ValueError, match="cluster_n=3: expected 1, 2 or 4"):
+    mg.Config(cluster_n=3)
+  with pytest.raises(ValueError, match="cluster_n=2 needs split_warpgroups='n'"):
+    mg.Config(cluster_n=2)
+
+
+# (spec, M, K, N, bias, config): one warpgroup per CTA, as a cluster of two CTAs of two
+# warpgroups needs four interpreter threads blocked at once, and the CPU client runs only
+# as many as there are cores (2 in CI; it hangs) -- the H200 runs those (test_configs_gpu)
+CLUSTER_CASES = [
+    (hj.QuantSpec.preset("w4a16-g128-zp"), 5, 512, 200, True,  # N pad: 2 clusters of 2
+     mg.Config(64, 2, 1, warpgroups=1, split_warpgroups="n", cluster_n=2)),
+    (hj.QuantSpec.preset("w4a16-nvfp4"), 70, 384, 128, False,  # 2 M tiles; 3 K steps
+     mg.Config(64, 2, 1, warpgroups=1, scale_after_mma=True, split_warpgroups="n",
+               cluster_n=2)),
+    # grid split-K 2 (the column scale after the XLA sum), 2 clusters
+    (hj.QuantSpec.preset("w8a16"), 9, 1024, 256, True,
+     mg.Config(64, 2, 1, warpgroups=1, split_k=2, split_warpgroups="n", cluster_n=2)),
+]
+
+
+@pytest.mark.parametrize("case", CLUSTER_CASES, ids=lambda c: f"{c[0].name}-m{c[1]}")
+def test_cluster_interpret(case, monkeypatch):
+  """Config.cluster_n: adjacent column CTAs as one cluster sharing each x tile through a
+  cluster barrier (the interpreter copies x into each CTA whole rather than multicasting
+  parts).  The launch has the cluster; the output equals the unclustered launch's
+  exactly (each CTA's arithmetic is unchanged) and matches the reference."""
+  spec, m, k, n, bias, cfg = case
+  q, x = make(spec, m, k, n, bias, seed=3)
+  p = mg.prepare(q)
+  clusters, real = [], mg.plgpu.kernel
+  monkeypatch.setattr(mg.plgpu, "kernel", lambda *a, **kw: clusters.append(
+      kw.get("cluster")) or real(*a, **kw))
+  out = {c: np.asarray(jax.jit(lambda p, x, c=c: mg.run(
+      p, x, interpret=True, config=dataclasses.replace(cfg, cluster_n=c)))(p, x), np.float32)
+         for c in (1, cfg.cluster_n)}
+  assert clusters == [None, (cfg.cluster_n, 1, 1)], clusters
+  np.testing.assert_array_equal(out[cfg.cluster_n], out[1])
+  assert rel(out[cfg.cluster_n], reference.dense_reference(q, x)) <= TOL
 
 
 def test_config_that_cannot_fit_is_refused_by_name():

@@ -39,6 +39,14 @@ def env_flag(name: str, default: bool) -> bool:
   return value == "1"
 
 
+def env_choice(name: str, choices: tuple[str, ...]) -> str | None:
+  """One of ``choices`` from the environment (unset or empty: None)."""
+  value = os.environ.get(name) or None
+  if value is not None and value not in choices:
+    raise ValueError(f"{name}={value!r}: expected one of {choices}")
+  return value
+
+
 @dataclasses.dataclass(frozen=True)
 class TuningConfig:
   """Tiling of one Pallas-Triton GEMM launch."""
@@ -139,6 +147,12 @@ class MgpuConfig:
   # group meets near-zero activations the zeroed groups' whole share is lost
   # (test_fp8_fold_interpret shows it).
   fp8_fold: bool = False
+  # With split_warpgroups="n": CTAs of adjacent column blocks and the same rows run as one
+  # cluster, and each x tile is read from L2 once per cluster: every CTA loads 1/cluster_n
+  # of it and TMA multicasts that part into the others' shared memory.  A slot is refilled
+  # once every warpgroup of the cluster has released it (a cluster barrier).  Aimed at
+  # the 128-row fp8 tiles, which are L2-bound on x re-reads (NOTES_moe.md session 22).
+  cluster_n: int = 1
 
   def __post_init__(self):
     if self.split_warpgroups not in ("k", "n"):
@@ -152,6 +166,11 @@ class MgpuConfig:
       raise ValueError(f"block_m={self.block_m} must be a multiple of 8 in [8, 256]")
     if self.stages < 1 or self.substeps < 1:
       raise ValueError(f"stages={self.stages} and substeps={self.substeps} must be >= 1")
+    if self.cluster_n not in (1, 2, 4):
+      raise ValueError(f"cluster_n={self.cluster_n}: expected 1, 2 or 4 CTAs per cluster")
+    if self.cluster_n > 1 and self.split_warpgroups != "n":
+      raise ValueError(f"cluster_n={self.cluster_n} needs split_warpgroups='n' (one x tile "
+                       f"per CTA to multicast); got {self.split_warpgroups!r}")
     if self.zero_point_mma and not self.scale_after_mma:
       raise ValueError("zero_point_mma=True needs scale_after_mma=True")
     if self.overlap_mma and not self.scale_after_mma:

@@ -412,6 +412,9 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
   if (fp8 and spec.scale_dtype == "e8m0" and scale_k(spec) < bk
       and tuning.env_flag("HUMMING_JAX_FP8_FOLD", False)):  # opt-in: no gain (Config)
     config = dataclasses.replace(config, fp8_fold=True)  # (one group per tile: nothing to fold)
+  cluster_env = tuning.env_choice("HUMMING_JAX_CLUSTER_N", ("1", "2", "4"))
+  if cluster_env and config.split_warpgroups == "n":  # every shared-x launch (a device A/B)
+    config = dataclasses.replace(config, cluster_n=int(cluster_env))
   if config.fp8_fold and not (fp8 and spec.scale_dtype == "e8m0"):
     raise ValueError(f"config.fp8_fold=True needs the fp8-MMA layout with e8m0 (power-of-"
                      f"two) group scales; got x.dtype={x.dtype}, spec {spec.name} "
@@ -512,6 +515,17 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
                       block_m, bk, bits, has_zeros, out_bytes=out_bytes, scale_rows=gpt,
                       column_scale=col, **fp8_bytes)
   eg = wgs if share_x else 1  # warpgroups with their own epilogue (output columns)
+  # CTAs of adjacent column blocks sharing each x tile by TMA multicast (Config.cluster_n);
+  # the interpreter copies x into each CTA whole (same values, no multicast).  As with
+  # warpgroups above, the interpreter keeps at most two threads per cluster: its threads
+  # run on the CPU client, at most one per core at once, and a third one blocked on the
+  # cluster barrier hung a 2-core machine (session 24).  Each CTA's arithmetic does not
+  # depend on the cluster: the H200 tests compare the outputs exactly.
+  cl = config.cluster_n if share_x and not (interpret and config.cluster_n * wgs > 2) else 1
+  # a power of two dividing the column blocks and the x tile's 8-row groups (each CTA
+  # multicasts whole groups: Mosaic splits the tile's leading dimension)
+  while (np_ // (BLOCK_N * eg)) % cl or (block_m // 8) % cl:
+    cl //= 2
   # fp8: one float32 partial per scale group of a K tile (its 32-deep WGMMAs, one per
   # 32-code block, into it); `in_flight` groups issued before one wait (partials of <= 64
   # registers per thread in all).
@@ -546,6 +560,8 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
     ep_gmem = [rest.pop(0) for _ in range(n_ep)]  # [global scale], [column scale], [bias]
     (o_gmem,) = rest
     ni, mi, ki = lax.axis_index("n"), lax.axis_index("m"), lax.axis_index("k")
+    if cl > 1:  # the cluster's column block, then this CTA's within it
+      ni = ni * cl + lax.axis_index("cn")
     ms = pl.ds(mi * block_m, block_m)  # output rows (and x rows when dense)
     wg = lax.axis_index("wg")
     cols = lambda g: pl.ds((ni * eg + g) * BLOCK_N, BLOCK_N)  # warpgroup g's columns
@@ -592,8 +608,9 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
           return
 
         @pl.when(wg == 0)
-        def _():
-          plgpu.copy_gmem_to_smem(x_src, x_buf.at[0, slot], bars.at[slot])
+        def _():  # (cluster: this CTA's 1/cl of the tile, multicast to every CTA of it)
+          plgpu.copy_gmem_to_smem(x_src, x_buf.at[0, slot], bars.at[slot],
+                                  collective_axes="cn" if cl > 1 else None)
           for g in range(wgs):
             fetch_one(t, slot, g, cols(g), bars.at[slot])
 
@@ -765,6 +782,7 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
           def _():
             if share_x:  # this warpgroup is done with the shared slot; warpgroup 0
               plgpu.barrier_arrive(free.at[slot])  # refills it once every one is
+              # (cluster: every one of every CTA, as the refill multicasts into them all)
               pl.when(wg == 0)(lambda: plgpu.barrier_wait(free.at[slot]))
             fetch(step + stages, slot)
           return total
@@ -838,8 +856,10 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
       w_buf=plgpu.SMEM((wgs, stages, sub, BLOCK_N, bk), params.codes.dtype, transforms=w_tf),
       bars=(plgpu.Barrier(num_arrivals=1 + wgs * copies, num_barriers=stages) if share_x
             else plgpu.Barrier(num_arrivals=1 + copies, num_barriers=wgs * stages)))
-  if share_x:  # slot released: one arrival per warpgroup; output tiles written
-    scratch["free"] = plgpu.Barrier(num_arrivals=wgs, num_barriers=stages)
+  if share_x:  # slot released: one arrival per warpgroup (of the cluster); output written
+    scratch["free"] = (plgpu.ClusterBarrier(collective_axes=("cn",), num_arrivals=wgs,
+                                            num_barriers=stages) if cl > 1
+                       else plgpu.Barrier(num_arrivals=wgs, num_barriers=stages))
     if wgs > 1:
       scratch["out_bar"] = plgpu.Barrier(num_arrivals=wgs - 1)
   if not col:
@@ -876,7 +896,9 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
     scratch["ones_smem"] = plgpu.SMEM((wgs, BLOCK_N, bk), cdt, transforms=a_tf)
   out = plgpu.kernel(
       kernel, out_type=out_type,
-      grid=(np_ // (BLOCK_N * eg), mp // block_m, split), grid_names=("n", "m", "k"),
+      grid=(np_ // (BLOCK_N * eg * cl), mp // block_m, split), grid_names=("n", "m", "k"),
+      # (a 3-D cluster lines up with the grid: (cl, 1, 1) groups column blocks)
+      **(dict(cluster=(cl, 1, 1), cluster_names=("cn", "cm", "ck")) if cl > 1 else {}),
       num_threads=wgs, thread_name="wg", scratch_types=scratch,
       interpret=plgpu.InterpretGPUParams() if interpret else False,
   )(*operands)
