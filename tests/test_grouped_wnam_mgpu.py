@@ -181,6 +181,31 @@ def test_fp8_fold_interpret(group, monkeypatch):
                                 * (np.repeat(np.array([11, 0, -1, 5]), 32) >= 0))
 
 
+def test_fp8_cluster_interpret(monkeypatch):
+  """Config.cluster_n on the grouped fp8-MMA kernel (W4A8 MXFP4): two column CTAs per
+  cluster sharing each expert tile's x rows, an empty expert and two row tiles of one
+  expert; the output equals the unclustered launch's exactly and matches the reference.
+  One warpgroup per CTA (the interpreter's thread limit: test_wna16_mgpu.CLUSTER_CASES)."""
+  from humming_jax.kernels import wna16_mgpu
+  monkeypatch.delenv("HUMMING_JAX_FP8_MMA", raising=False)
+  e, k, n, gs = 3, 384, 256, [5, 0, 90]
+  q, x = make("w4a8-mxfp4", e, k, n, sum(gs), False, seed=31)
+  g = jnp.asarray(gs, jnp.int32)
+  p = gw.prepare(q)
+  assert p.layout.endswith(":p8"), p.layout
+  base = dataclasses.replace(wna16_mgpu.shared_x_config(80, warpgroups=1), stages=2)
+  clusters, real = [], wna16_mgpu.plgpu.kernel
+  monkeypatch.setattr(wna16_mgpu.plgpu, "kernel", lambda *a, **kw: clusters.append(
+      kw.get("cluster")) or real(*a, **kw))
+  out = {c: np.asarray(jax.jit(lambda p, x, g, c=c: gw.run(
+      p, x, g, interpret=True, config=dataclasses.replace(base, cluster_n=c),
+      block_m=80))(p, x, g), np.float32) for c in (1, 2)}
+  assert clusters == [None, (2, 1, 1)], clusters
+  np.testing.assert_array_equal(out[2], out[1])
+  want = reference.ragged_dot_reference(q, x, g)
+  assert rel(out[2], want) <= 1e-3, rel(out[2], want)
+
+
 def test_fold_bit_arithmetic_exhaustive():
   """mgpu_convert.shift_e4m3_reference (the integer ops of the folded conversion): every
   e2m1 nibble of every register position, raised 0..11 binades, is the e4m3 value times
@@ -277,7 +302,8 @@ def test_round_trip_and_ranking():
 def test_fp8_wide_tile_launch(monkeypatch):
   """The grouped heuristic's launch for fp8-MMA tiles of more than 80 rows: two shared-x
   warpgroups (H200 session 21: four spilled at 128 rows, Mixtral gate_up 1024 tokens 7.1
-  ms -> 1.2); 80-row tiles keep four, the 16-bit route's 128-row tiles keep four."""
+  ms -> 1.2) in clusters of two CTAs (session 24: 1191.6 -> 1146.6 us); 80-row tiles keep
+  four, the 16-bit route's 128-row tiles keep four, neither clustered."""
   monkeypatch.delenv("HUMMING_JAX_FP8_MMA", raising=False)
   from humming_jax.kernels import grouped_wna16_mgpu as gm  # noqa: PLC0415
   shape = jax.ShapeDtypeStruct((8, 4096, 28672), jnp.float32)
@@ -287,11 +313,11 @@ def test_fp8_wide_tile_launch(monkeypatch):
     p = jax.eval_shape(lambda q: hj.prepare(q, grouped=True, kernel=gw.FAMILY), q)
     view = gw.weight_view(p, gw.renamed(p.layout, gm.FAMILY))  # as gw.run passes it
     cfg = gm.heuristic(8, 28672, 32, rows, params=view, tile_rows=rows)
-    return cfg.split_warpgroups, cfg.warpgroups
+    return cfg.split_warpgroups, cfg.warpgroups, cfg.cluster_n
 
-  assert launch("w4a8-mxfp4", 128) == ("n", 2)
-  assert launch("w4a8-mxfp4", 80) == ("n", 4)
-  assert launch("w4a8-int8", 128) == ("n", 4)
+  assert launch("w4a8-mxfp4", 128) == ("n", 2, 2)  # in clusters of two (session 24)
+  assert launch("w4a8-mxfp4", 80) == ("n", 4, 1)
+  assert launch("w4a8-int8", 128) == ("n", 4, 1)
 
 
 @pytest.mark.gpu
@@ -350,6 +376,36 @@ def test_fp8_fold_gpu(shape, tokens, monkeypatch):
   print(f"fp8 fold {shape} {tokens} tokens: rel err {out['1'][0]:.2e} (partials "
         f"{out['0'][0]:.2e}), fold vs partials {diff:.1e}")
   assert out["1"][0] <= 1e-3 and diff <= 1e-3
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name,shape,tokens", [
+    ("w4a8-mxfp4", (8, 4096, 2048), 512),  # 128-row tiles, two warpgroups (fp8 MMA)
+    ("w4a8-mxfp4", (128, 2048, 1536), 1024),  # 80-row tiles, four warpgroups: 2 CTAs
+    ("w4a16-mxfp4", (8, 4096, 2048), 512),  # the 16-bit route's 128-row tiles
+    ("w4a16-g128-zp", (8, 14336, 4096), 128)])
+def test_cluster_gpu(name, shape, tokens, monkeypatch):
+  """HUMMING_JAX_CLUSTER_N=2 / 4 (x tiles TMA-multicast to clusters of column CTAs) on
+  the H200: within 1e-3 (fp8 MMA) / the 16-bit tolerance of the reference, and the same
+  output as the unclustered launch (each CTA's arithmetic is unchanged)."""
+  from humming_jax.kernels import grouped_wna16_mgpu as gm
+  monkeypatch.delenv("HUMMING_JAX_FP8_MMA", raising=False)
+  family = gw if hj.QuantSpec.preset(name).act is not None else gm
+  e, k, n = shape
+  out = {}
+  for flag in ("1", "2", "4"):
+    monkeypatch.setenv("HUMMING_JAX_CLUSTER_N", flag)  # read at trace time: fresh lambdas
+    err, p = routed_error(name, e, k, n, tokens, 27,
+                          lambda q: hj.prepare(q, grouped=True, kernel=family.FAMILY),
+                          lambda p, x, g: hj.quant_ragged_dot(p, x, g))
+    g, x = routed_rows(e, k, tokens, seed=28)  # routed_error's rows
+    out[flag] = (err, np.asarray(jax.jit(lambda p, x, g: hj.quant_ragged_dot(p, x, g))(
+        p, x, g), np.float32))
+  print(f"cluster {name} {shape} {tokens} tokens: rel err "
+        + ", ".join(f"cl{f} {e_:.2e}" for f, (e_, _) in out.items()))
+  for flag in ("2", "4"):
+    assert out[flag][0] <= (1e-3 if family is gw else TOL), (flag, out[flag][0])
+    np.testing.assert_array_equal(out[flag][1], out["1"][1])
 
 
 @pytest.mark.gpu

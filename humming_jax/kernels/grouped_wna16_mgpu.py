@@ -165,8 +165,13 @@ def heuristic(tiles: int, n: int, k_tiles: int, block_m: int, *,
     # thread, and a 128-row tile's running sum and group partial take 64 each: H200
     # session 21, Mixtral gate_up / down at 1024 tokens (128-row tiles), CUPTI kernel us,
     # 7089.6 -> 1199.3 / 3932.8 -> 657.8.  80-row tiles (256 tokens) run well on four:
-    # 316.6 against 388.0 on two.  (Tiles of 88-120 rows are untimed.)
-    return wna16_mgpu.shared_x_config(block_m, warpgroups=2)
+    # 316.6 against 388.0 on two.  (Tiles of 88-120 rows are untimed.)  Pairs of column
+    # CTAs as one cluster, each x tile read once per pair and multicast (Config.cluster_n):
+    # H200 session 24, probe_fp8_moe.py at 1024 tokens, CUPTI kernel us: Mixtral gate_up
+    # 1191.6 -> 1146.6 (four: 1266.3), down 655.6 -> 631.4 (four: 633.1).  The 16-bit
+    # route's tiles lose with it (990.2 -> 1016.4, 544.4 -> 565.5): not there.
+    return dataclasses.replace(wna16_mgpu.shared_x_config(block_m, warpgroups=2),
+                               cluster_n=2)
   if block_m >= 16:
     return wna16_mgpu.shared_x_config(block_m)
   config = wna16_mgpu.heuristic(block_m)
