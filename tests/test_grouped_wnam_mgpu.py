@@ -379,28 +379,36 @@ def test_fp8_fold_gpu(shape, tokens, monkeypatch):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("name,shape,tokens", [
-    ("w4a8-mxfp4", (8, 4096, 2048), 512),  # 128-row tiles, two warpgroups (fp8 MMA)
-    ("w4a8-mxfp4", (128, 2048, 1536), 1024),  # 80-row tiles, four warpgroups: 2 CTAs
-    ("w4a16-mxfp4", (8, 4096, 2048), 512),  # the 16-bit route's 128-row tiles
-    ("w4a16-g128-zp", (8, 14336, 4096), 128)])
-def test_cluster_gpu(name, shape, tokens, monkeypatch):
+@pytest.mark.parametrize("name,shape,tokens,most", [
+    ("w4a8-mxfp4", (8, 4096, 2048), 512, 4),  # 128-row tiles, two warpgroups (fp8 MMA)
+    ("w4a8-mxfp4", (128, 2048, 1536), 1024, 2),  # 80-row tiles, four warpgroups: 6 CTAs
+    ("w4a16-mxfp4", (8, 4096, 2048), 512, 4),  # the 16-bit route's 128-row tiles
+    ("w4a16-g128-zp", (8, 14336, 4096), 128, 4)])
+def test_cluster_gpu(name, shape, tokens, most, monkeypatch):
   """HUMMING_JAX_CLUSTER_N=2 / 4 (x tiles TMA-multicast to clusters of column CTAs) on
-  the H200: within 1e-3 (fp8 MMA) / the 16-bit tolerance of the reference, and the same
-  output as the unclustered launch (each CTA's arithmetic is unchanged)."""
-  from humming_jax.kernels import grouped_wna16_mgpu as gm
+  the H200: the launch has the cluster (at most ``most``: the size that divides the
+  column CTAs), the output is within 1e-3 (fp8 MMA) / the 16-bit tolerance of the
+  reference and the same as the unclustered launch's (each CTA's arithmetic is
+  unchanged).  (The launch check was added after session 24's GPU run of the rest.)"""
+  from humming_jax.kernels import grouped_wna16_mgpu as gm, wna16_mgpu
   monkeypatch.delenv("HUMMING_JAX_FP8_MMA", raising=False)
   family = gw if hj.QuantSpec.preset(name).act is not None else gm
+  clusters, real = [], wna16_mgpu.plgpu.kernel
+  monkeypatch.setattr(wna16_mgpu.plgpu, "kernel", lambda *a, **kw: clusters.append(
+      kw.get("cluster")) or real(*a, **kw))
   e, k, n = shape
   out = {}
   for flag in ("1", "2", "4"):
     monkeypatch.setenv("HUMMING_JAX_CLUSTER_N", flag)  # read at trace time: fresh lambdas
+    clusters.clear()
     err, p = routed_error(name, e, k, n, tokens, 27,
                           lambda q: hj.prepare(q, grouped=True, kernel=family.FAMILY),
                           lambda p, x, g: hj.quant_ragged_dot(p, x, g))
     g, x = routed_rows(e, k, tokens, seed=28)  # routed_error's rows
     out[flag] = (err, np.asarray(jax.jit(lambda p, x, g: hj.quant_ragged_dot(p, x, g))(
         p, x, g), np.float32))
+    size = min(int(flag), most)
+    assert set(clusters) == {None if size == 1 else (size, 1, 1)}, (flag, clusters)
   print(f"cluster {name} {shape} {tokens} tokens: rel err "
         + ", ".join(f"cl{f} {e_:.2e}" for f, (e_, _) in out.items()))
   for flag in ("2", "4"):

@@ -452,9 +452,8 @@ def test_heuristic_splits_k_only_for_narrow_n():
                                  mg.Config(8, 4, 1, warpgroups=8, scale_after_mma=True),
                                  mg.shared_x_config(128), mg.shared_x_config(64),
                                  mg.Config(64, 4, 1, warpgroups=2, split_warpgroups="n"),
-                                 # x tiles multicast to clusters of 2 / 4 column CTAs
-                                 dataclasses.replace(mg.shared_x_config(128, 2), cluster_n=2),
-                                 dataclasses.replace(mg.shared_x_config(128, 2), cluster_n=4),
+                                 # x tiles multicast to clusters of 4 column CTAs (64-row
+                                 # tiles: 8 row groups; 104-row ones would run unclustered)
                                  dataclasses.replace(mg.shared_x_config(64), cluster_n=4)])
 def test_configs_gpu(cfg):
   spec = hj.QuantSpec.preset("w4a16-g128-zp")
@@ -553,7 +552,8 @@ def test_config_validation():
 # warpgroups needs four interpreter threads blocked at once, and the CPU client runs only
 # as many as there are cores (2 in CI; it hangs) -- the H200 runs those (test_configs_gpu)
 CLUSTER_CASES = [
-    (hj.QuantSpec.preset("w4a16-g128-zp"), 5, 512, 200, True,  # N pad: 2 clusters of 2
+    # N pad: 2 clusters of 2 (12 rows: a 16-row tile, two 8-row groups to split)
+    (hj.QuantSpec.preset("w4a16-g128-zp"), 12, 512, 200, True,
      mg.Config(64, 2, 1, warpgroups=1, split_warpgroups="n", cluster_n=2)),
     (hj.QuantSpec.preset("w4a16-nvfp4"), 70, 384, 128, False,  # 2 M tiles; 3 K steps
      mg.Config(64, 2, 1, warpgroups=1, scale_after_mma=True, split_warpgroups="n",
@@ -562,6 +562,30 @@ CLUSTER_CASES = [
     (hj.QuantSpec.preset("w8a16"), 9, 1024, 256, True,
      mg.Config(64, 2, 1, warpgroups=1, split_k=2, split_warpgroups="n", cluster_n=2)),
 ]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["w4a16-g128-zp", "w4a16-mxfp4"])
+def test_cluster_dense_gpu(name, monkeypatch):
+  """Dense M = 128 on two shared-x warpgroups in clusters of 2 / 4 on the H200 (session 24
+  wrote it after its device time; the grouped kernel's clusters ran in test_cluster_gpu):
+  the launch has the cluster, the output equals the unclustered launch's exactly and
+  matches the reference."""
+  q, x = make(hj.QuantSpec.preset(name), 128, 4096, 2048, True, seed=6)
+  p = mg.prepare(q)
+  clusters, real = [], mg.plgpu.kernel
+  monkeypatch.setattr(mg.plgpu, "kernel", lambda *a, **kw: clusters.append(
+      kw.get("cluster")) or real(*a, **kw))
+  out = {}
+  for c in (1, 2, 4):
+    cfg = dataclasses.replace(mg.shared_x_config(128, warpgroups=2), cluster_n=c)
+    clusters.clear()
+    out[c] = np.asarray(jax.jit(lambda p, x, cfg=cfg: mg.run(p, x, config=cfg))(p, x),
+                        np.float32)
+    assert set(clusters) == {None if c == 1 else (c, 1, 1)}, (c, clusters)
+  for c in (2, 4):
+    np.testing.assert_array_equal(out[c], out[1])
+  assert rel(out[2], reference.dense_reference(q, x)) <= TOL
 
 
 @pytest.mark.parametrize("case", CLUSTER_CASES, ids=lambda c: f"{c[0].name}-m{c[1]}")

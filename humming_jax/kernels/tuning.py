@@ -140,18 +140,20 @@ class MgpuConfig:
   # one float32 partial and one WGMMA wait per K tile instead of one per 32-deep group.
   # Off: H200 session 22 (CUPTI kernel us) Mixtral gate_up 1024 tokens 1202.8 -> 1238.8,
   # dense 8192^2 M = 128 44.8 -> 45.3; error 2.8e-4 -> 4.8e-4 (128-deep fp8 accumulation).
-  # The waits were not the bound: that tile streams 4.1 GB from L2 (x re-read by each of
-  # 224 column CTAs; NOTES_moe.md).  Kept (opt-in, GPU-tested) as the step to one
-  # accumulator per CTA, which wider column tiles need (registers).  Its error is relative
-  # to the tile's largest group: codes > 11 binades below it are zeroed, so where that
-  # group meets near-zero activations the zeroed groups' whole share is lost
+  # The waits were not the bound (nor L2 traffic: session 24's clusters; the tile is
+  # latency-bound at one 8-warp CTA per SM, NOTES.md v25).  Kept (opt-in, GPU-tested) as
+  # the step to one accumulator per CTA, which fewer registers per thread need.  Its error
+  # is relative to the tile's largest group: codes > 11 binades below it are zeroed, so
+  # where that group meets near-zero activations the zeroed groups' whole share is lost
   # (test_fp8_fold_interpret shows it).
   fp8_fold: bool = False
   # With split_warpgroups="n": CTAs of adjacent column blocks and the same rows run as one
-  # cluster, and each x tile is read from L2 once per cluster: every CTA loads 1/cluster_n
-  # of it and TMA multicasts that part into the others' shared memory.  A slot is refilled
-  # once every warpgroup of the cluster has released it (a cluster barrier).  Aimed at
-  # the 128-row fp8 tiles, which are L2-bound on x re-reads (NOTES_moe.md session 22).
+  # cluster sharing each x tile: every CTA loads 1/cluster_n of it and TMA multicasts that
+  # part into the others' shared memory.  A slot is refilled once every warpgroup of the
+  # cluster has released it (a cluster barrier).  run() halves it until it divides the
+  # column blocks and the tile's 8-row groups (Mosaic splits the leading dimension), so
+  # e.g. 104-row tiles or an odd count of column CTAs run unclustered.  The 128-row fp8
+  # expert tiles gain 3.8-4.0 % with pairs; the 16-bit route's lose (NOTES.md v25).
   cluster_n: int = 1
 
   def __post_init__(self):
