@@ -26,11 +26,12 @@ from humming_jax.kernels import wna16_mgpu as mg
 def variants(tokens, e, rows, fold=False, cluster=False):
   """(name, block_m or None, config changes or a Config) to time.  ``fold`` (session 22):
   the heuristic and the wide tiles' launches with and without ``fp8_fold``; ``cluster``
-  (session 24): the heuristic's launch on clusters of 2 / 4 CTAs, and for tiles over 64
-  rows the four-warpgroup 64-row shared-x launch with and without them."""
+  (session 24): the heuristic's launch on clusters of 1 / 2 / 4 CTAs (its fp8 tiles over
+  80 rows run in pairs since), and for tiles over 64 rows the four-warpgroup 64-row
+  shared-x launch with and without them."""
   base = [("heuristic", None, None)]
   if cluster:
-    out = base + [(f"heuristic+cl{c}", None, dict(cluster_n=c)) for c in (2, 4)]
+    out = base + [(f"heuristic+cl{c}", None, dict(cluster_n=c)) for c in (1, 2, 4)]
     if rows > 64:
       out += [(f"shx4-bm64-cl{c}", 64, dataclasses.replace(mg.shared_x_config(64),
                                                            cluster_n=c)) for c in (1, 2)]

@@ -558,9 +558,9 @@ CLUSTER_CASES = [
     (hj.QuantSpec.preset("w4a16-nvfp4"), 70, 384, 128, False,  # 2 M tiles; 3 K steps
      mg.Config(64, 2, 1, warpgroups=1, scale_after_mma=True, split_warpgroups="n",
                cluster_n=2)),
-    # grid split-K 2 (the column scale after the XLA sum), 2 clusters
+    # grid split-K 2 (the column scale after the XLA sum); 4 asked, 2 in the interpreter
     (hj.QuantSpec.preset("w8a16"), 9, 1024, 256, True,
-     mg.Config(64, 2, 1, warpgroups=1, split_k=2, split_warpgroups="n", cluster_n=2)),
+     mg.Config(64, 2, 1, warpgroups=1, split_k=2, split_warpgroups="n", cluster_n=4)),
 ]
 
 
@@ -603,7 +603,7 @@ def test_cluster_interpret(case, monkeypatch):
   out = {c: np.asarray(jax.jit(lambda p, x, c=c: mg.run(
       p, x, interpret=True, config=dataclasses.replace(cfg, cluster_n=c)))(p, x), np.float32)
          for c in (1, cfg.cluster_n)}
-  assert clusters == [None, (cfg.cluster_n, 1, 1)], clusters
+  assert clusters == [None, (min(cfg.cluster_n, 2), 1, 1)], clusters  # (2 threads at most)
   np.testing.assert_array_equal(out[cfg.cluster_n], out[1])
   assert rel(out[cfg.cluster_n], reference.dense_reference(q, x)) <= TOL
 

@@ -521,7 +521,9 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
   # run on the CPU client, at most one per core at once, and a third one blocked on the
   # cluster barrier hung a 2-core machine (session 24).  Each CTA's arithmetic does not
   # depend on the cluster: test_cluster_gpu compares the outputs exactly on the H200.
-  cl = config.cluster_n if share_x and not (interpret and config.cluster_n * wgs > 2) else 1
+  cl = config.cluster_n if share_x else 1
+  if interpret:
+    cl = min(cl, max(1, 2 // wgs))
   # a power of two dividing the column blocks and the x tile's 8-row groups (each CTA
   # multicasts whole groups: Mosaic splits the tile's leading dimension)
   while (np_ // (BLOCK_N * eg)) % cl or (block_m // 8) % cl:
