@@ -25,3 +25,14 @@ def pytest_collection_modifyitems(config, items):
   for item in items:
     if "gpu" in item.keywords:
       item.add_marker(skip)
+
+
+@pytest.fixture
+def launched_clusters(monkeypatch):
+  """The ``cluster`` argument of every Mosaic GPU kernel launch that wna16_mgpu.run builds
+  from here on (None: no cluster), in order; traced launches count (lowering included)."""
+  from humming_jax.kernels import wna16_mgpu
+  clusters, real = [], wna16_mgpu.plgpu.kernel
+  monkeypatch.setattr(wna16_mgpu.plgpu, "kernel", lambda *a, **kw: clusters.append(
+      kw.get("cluster")) or real(*a, **kw))
+  return clusters

@@ -355,7 +355,7 @@ def test_fp8_fold_lowers_for_h200(monkeypatch):
 
 
 @pytest.mark.parametrize("cluster", ["2", "4"])
-def test_clusters_lower_for_h200(cluster, monkeypatch):
+def test_clusters_lower_for_h200(cluster, monkeypatch, launched_clusters):
   """HUMMING_JAX_CLUSTER_N (x tiles multicast to clusters of column CTAs, Config.cluster_n)
   on the shared-x launches: the grouped fp8 kernel at Mixtral gate_up, 1024 tokens
   (128-row tiles on two warpgroups), the grouped 16-bit kernel at Mixtral down, 1024
@@ -364,9 +364,7 @@ def test_clusters_lower_for_h200(cluster, monkeypatch):
   from humming_jax.kernels import grouped_wna16_mgpu as gm, grouped_wnam_mgpu as gw
   monkeypatch.delenv("HUMMING_JAX_FP8_MMA", raising=False)
   monkeypatch.setenv("HUMMING_JAX_CLUSTER_N", cluster)
-  clusters, real = [], mg.plgpu.kernel
-  monkeypatch.setattr(mg.plgpu, "kernel", lambda *a, **kw: clusters.append(
-      kw.get("cluster")) or real(*a, **kw))
+  clusters = launched_clusters
   want = (int(cluster), 1, 1)
   for name, family, shape, rows in (("w4a8-mxfp4", gw, (8, 4096, 28672), 2048),
                                     ("w4a16-mxfp4", gm, (8, 14336, 4096), 2048)):

@@ -181,7 +181,7 @@ def test_fp8_fold_interpret(group, monkeypatch):
                                 * (np.repeat(np.array([11, 0, -1, 5]), 32) >= 0))
 
 
-def test_fp8_cluster_interpret(monkeypatch):
+def test_fp8_cluster_interpret(monkeypatch, launched_clusters):
   """Config.cluster_n on the grouped fp8-MMA kernel (W4A8 MXFP4): two column CTAs per
   cluster sharing each expert tile's x rows, an empty expert and two row tiles of one
   expert; the output equals the unclustered launch's exactly and matches the reference.
@@ -194,9 +194,7 @@ def test_fp8_cluster_interpret(monkeypatch):
   p = gw.prepare(q)
   assert p.layout.endswith(":p8"), p.layout
   base = dataclasses.replace(wna16_mgpu.shared_x_config(80, warpgroups=1), stages=2)
-  clusters, real = [], wna16_mgpu.plgpu.kernel
-  monkeypatch.setattr(wna16_mgpu.plgpu, "kernel", lambda *a, **kw: clusters.append(
-      kw.get("cluster")) or real(*a, **kw))
+  clusters = launched_clusters
   out = {c: np.asarray(jax.jit(lambda p, x, g, c=c: gw.run(
       p, x, g, interpret=True, config=dataclasses.replace(base, cluster_n=c),
       block_m=80))(p, x, g), np.float32) for c in (1, 2)}
@@ -384,18 +382,16 @@ def test_fp8_fold_gpu(shape, tokens, monkeypatch):
     ("w4a8-mxfp4", (128, 2048, 1536), 1024, 2),  # 80-row tiles, four warpgroups: 6 CTAs
     ("w4a16-mxfp4", (8, 4096, 2048), 512, 4),  # the 16-bit route's 128-row tiles
     ("w4a16-g128-zp", (8, 14336, 4096), 128, 4)])
-def test_cluster_gpu(name, shape, tokens, most, monkeypatch):
+def test_cluster_gpu(name, shape, tokens, most, monkeypatch, launched_clusters):
   """HUMMING_JAX_CLUSTER_N=2 / 4 (x tiles TMA-multicast to clusters of column CTAs) on
   the H200: the launch has the cluster (at most ``most``: the size that divides the
   column CTAs), the output is within 1e-3 (fp8 MMA) / the 16-bit tolerance of the
   reference and the same as the unclustered launch's (each CTA's arithmetic is
   unchanged).  (The launch check was added after session 24's GPU run of the rest.)"""
-  from humming_jax.kernels import grouped_wna16_mgpu as gm, wna16_mgpu
+  from humming_jax.kernels import grouped_wna16_mgpu as gm
   monkeypatch.delenv("HUMMING_JAX_FP8_MMA", raising=False)
   family = gw if hj.QuantSpec.preset(name).act is not None else gm
-  clusters, real = [], wna16_mgpu.plgpu.kernel
-  monkeypatch.setattr(wna16_mgpu.plgpu, "kernel", lambda *a, **kw: clusters.append(
-      kw.get("cluster")) or real(*a, **kw))
+  clusters = launched_clusters
   e, k, n = shape
   out = {}
   for flag in ("1", "2", "4"):

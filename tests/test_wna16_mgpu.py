@@ -566,16 +566,14 @@ CLUSTER_CASES = [
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", ["w4a16-g128-zp", "w4a16-mxfp4"])
-def test_cluster_dense_gpu(name, monkeypatch):
+def test_cluster_dense_gpu(name, launched_clusters):
   """Dense M = 128 on two shared-x warpgroups in clusters of 2 / 4 on the H200 (session 24
   wrote it after its device time; the grouped kernel's clusters ran in test_cluster_gpu):
   the launch has the cluster, the output equals the unclustered launch's exactly and
   matches the reference."""
   q, x = make(hj.QuantSpec.preset(name), 128, 4096, 2048, True, seed=6)
   p = mg.prepare(q)
-  clusters, real = [], mg.plgpu.kernel
-  monkeypatch.setattr(mg.plgpu, "kernel", lambda *a, **kw: clusters.append(
-      kw.get("cluster")) or real(*a, **kw))
+  clusters = launched_clusters
   out = {}
   for c in (1, 2, 4):
     cfg = dataclasses.replace(mg.shared_x_config(128, warpgroups=2), cluster_n=c)
@@ -589,7 +587,7 @@ def test_cluster_dense_gpu(name, monkeypatch):
 
 
 @pytest.mark.parametrize("case", CLUSTER_CASES, ids=lambda c: f"{c[0].name}-m{c[1]}")
-def test_cluster_interpret(case, monkeypatch):
+def test_cluster_interpret(case, launched_clusters):
   """Config.cluster_n: adjacent column CTAs as one cluster sharing each x tile through a
   cluster barrier (the interpreter copies x into each CTA whole rather than multicasting
   parts).  The launch has the cluster; the output equals the unclustered launch's
@@ -597,9 +595,7 @@ def test_cluster_interpret(case, monkeypatch):
   spec, m, k, n, bias, cfg = case
   q, x = make(spec, m, k, n, bias, seed=3)
   p = mg.prepare(q)
-  clusters, real = [], mg.plgpu.kernel
-  monkeypatch.setattr(mg.plgpu, "kernel", lambda *a, **kw: clusters.append(
-      kw.get("cluster")) or real(*a, **kw))
+  clusters = launched_clusters
   out = {c: np.asarray(jax.jit(lambda p, x, c=c: mg.run(
       p, x, interpret=True, config=dataclasses.replace(cfg, cluster_n=c)))(p, x), np.float32)
          for c in (1, cfg.cluster_n)}
