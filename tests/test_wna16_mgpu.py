@@ -604,6 +604,71 @@ def test_cluster_interpret(case, launched_clusters):
   assert rel(out[cfg.cluster_n], reference.dense_reference(q, x)) <= TOL
 
 
+STATIC_SLOT_CASES = [
+    # 10 K steps over 4 stages: two unrolled rounds and a 2-step rest (no refill in it)
+    (hj.QuantSpec.preset("w4a16-g128-zp"), 5, 1280, 128, True, mg.Config(64, 4, 1)),
+    # the decode heuristic's form: 2 K tiles per step, overlap, 2 warpgroups over K
+    (hj.QuantSpec.preset("w4a16-mxfp4"), 3, 1536, 64, False,
+     mg.Config(64, 3, 2, warpgroups=2, scale_after_mma=True, overlap_mma=True)),
+    # shared x: the slot-release barrier at constant slots; 2 M tiles
+    (hj.QuantSpec.preset("w8a16"), 70, 640, 128, True,
+     mg.Config(64, 2, 1, warpgroups=2, split_warpgroups="n")),
+]
+
+
+@pytest.mark.parametrize("case", STATIC_SLOT_CASES, ids=lambda c: f"{c[0].name}-m{c[1]}")
+def test_static_slots_interpret(case):
+  """Config.static_slots: the K loop unrolled by its stages (constant slots), the steps
+  past the last whole round after it.  Same arithmetic in the same order: the output
+  equals the rolled loop's exactly, and matches the reference."""
+  spec, m, k, n, bias, cfg = case
+  q, x = make(spec, m, k, n, bias, seed=12)
+  p = mg.prepare(q)
+  out = {s: np.asarray(jax.jit(lambda p, x, s=s: mg.run(
+      p, x, interpret=True, config=dataclasses.replace(cfg, static_slots=s)))(p, x),
+      np.float32) for s in (False, True)}
+  np.testing.assert_array_equal(out[True], out[False])
+  assert rel(out[True], reference.dense_reference(q, x)) <= TOL
+
+
+def test_static_slots_have_no_races(monkeypatch):
+  """The race detector on the unrolled pipeline: slot reuse across a round's end and the
+  shared-x slot release at constant slots."""
+  from jax._src.pallas.mosaic_gpu.interpret import interpret_pallas_call as ipc
+  params = mg.plgpu.InterpretGPUParams
+  monkeypatch.setattr(mg.plgpu, "InterpretGPUParams", lambda: params(detect_races=True))
+  q, x = make(hj.QuantSpec.preset("w4a16-g128-zp"), 8, 640, 128, True, seed=13)
+  for cfg in (mg.Config(64, 2, 1, warpgroups=2, static_slots=True),
+              mg.Config(64, 2, 1, warpgroups=2, split_warpgroups="n", static_slots=True)):
+    y = mg.run(mg.prepare(q), x, interpret=True, config=cfg)
+    assert ipc.get_races().races_found is False, cfg
+    assert rel(y, reference.dense_reference(q, x)) <= TOL
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name,m", [("w4a16-g128-zp", 1), ("w4a16-mxfp4", 16),
+                                    ("w4a16-g128-zp", 128)])
+def test_static_slots_gpu(name, m):
+  """Config.static_slots on the H200 at the decode and M = 128 launches of the heuristic:
+  the output equals the rolled loop's exactly and matches the reference."""
+  q, x = make(hj.QuantSpec.preset(name), m, 8192, 1024, True, seed=14)
+  p = mg.prepare(q)
+  out = {}
+  for s in (False, True):
+    cfg = dataclasses.replace(mg.heuristic(m, 1024), static_slots=s)
+    out[s] = np.asarray(jax.jit(lambda p, x, cfg=cfg: mg.run(p, x, config=cfg))(p, x),
+                        np.float32)
+  np.testing.assert_array_equal(out[True], out[False])
+  assert rel(out[True], reference.dense_reference(q, x)) <= TOL
+
+
+def test_static_slots_from_the_environment(monkeypatch):
+  monkeypatch.setenv("HUMMING_JAX_STATIC_SLOTS", "1")
+  assert mg.Config().static_slots and mg.heuristic(1).static_slots
+  monkeypatch.setenv("HUMMING_JAX_STATIC_SLOTS", "0")
+  assert not mg.Config().static_slots
+
+
 def test_config_that_cannot_fit_is_refused_by_name():
   """4 warpgroups x 2 substeps of 64 tokens need ~331 KB even at 2 stages: a clear error,
   not a launch failure (seen on the H200 as the intended refusal)."""
