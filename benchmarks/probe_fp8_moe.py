@@ -4,12 +4,10 @@ on the 16-bit route, whose e2m1 -> bf16 conversion made 64-token launches issue-
 (NOTES_moe.md session 19); the fp8 route converts in ~0.9 instructions per weight, so
 the best launch may differ.  CUPTI time of the grouped kernel per layer over ``--sets``
 expert sets, each config's output compared with the heuristic's.
-``--slots`` (session 25): the heuristic against the same launch with its K loop unrolled
-by its stages (``Config.static_slots``).
 ``--cluster`` (session 24): the heuristic's shared-x launch with its x tiles multicast to
 clusters of 2 / 4 column CTAs (``Config.cluster_n``); ``--preset w4a16-mxfp4`` times the
 16-bit route (grouped_wna16_mgpu) instead.
-Usage: probe_fp8_moe.py [--shape 256,8,512,7168] [--tokens 16,64,256] [--fold] [--cluster] [--slots]
+Usage: probe_fp8_moe.py [--shape 256,8,512,7168] [--tokens 16,64,256] [--fold] [--cluster]
                         [--preset w4a8-mxfp4]"""
 import argparse
 import dataclasses
@@ -25,15 +23,13 @@ from humming_jax.kernels import grouped_wna16_mgpu as g16, grouped_wnam_mgpu as 
 from humming_jax.kernels import wna16_mgpu as mg
 
 
-def variants(tokens, e, rows, fold=False, cluster=False, slots=False):
+def variants(tokens, e, rows, fold=False, cluster=False):
   """(name, block_m or None, config changes or a Config) to time.  ``fold`` (session 22):
   the heuristic and the wide tiles' launches with and without ``fp8_fold``; ``cluster``
   (session 24): the heuristic's launch on clusters of 1 / 2 / 4 CTAs (its fp8 tiles over
   80 rows run in pairs since), and for tiles over 64 rows the four-warpgroup 64-row
   shared-x launch with and without them."""
   base = [("heuristic", None, None)]
-  if slots:  # session 25: the K loop unrolled by its stages (Config.static_slots)
-    return base + [("heuristic+static", None, dict(static_slots=True))]
   if cluster:
     out = base + [(f"heuristic+cl{c}", None, dict(cluster_n=c)) for c in (1, 2, 4)]
     if rows > 64:
@@ -74,7 +70,6 @@ def main():
   ap.add_argument("--interpret", action="store_true")  # a CPU check of the configs
   ap.add_argument("--fold", action="store_true", help="time fp8_fold against the partials")
   ap.add_argument("--cluster", action="store_true", help="time clusters of column CTAs")
-  ap.add_argument("--slots", action="store_true", help="time Config.static_slots")
   ap.add_argument("--preset", default="w4a8-mxfp4")
   a = ap.parse_args()
   e, topk, n, k = map(int, a.shape.split(","))
@@ -91,7 +86,7 @@ def main():
     x = jax.random.normal(jax.random.key(1), (tokens * topk, k), jnp.bfloat16)
     ref, line = None, []
     for name, bm, change in variants(tokens, e, g16.tile_rows(x.shape[0], e), a.fold,
-                                    a.cluster, a.slots):
+                                    a.cluster):
       m = x.shape[0]
       block_m = bm or g16.tile_rows(m, e)
       if change is None:

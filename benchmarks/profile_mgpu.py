@@ -68,8 +68,6 @@ def parse_config(name: str, m: int, base: tuning.MgpuConfig | None = None
       fields["overlap_mma"] = True
     elif tok == "noovl":  # (with acc: the decode default's overlap needs scale_after_mma)
       fields["overlap_mma"] = False
-    elif tok == "ss":  # the K loop unrolled by its stages (session 25)
-      fields["static_slots"] = True
     elif tok == "whole":
       fields["fp4_whole_registers"] = True
     else:

@@ -380,30 +380,3 @@ def test_clusters_lower_for_h200(cluster, monkeypatch, launched_clusters):
   clusters.clear()
   assert "custom_call" in lower_for_h200(lambda p, x: mg.run(p, x, config=cfg), p, x)
   assert clusters and set(clusters) == {want}, clusters  # (traced twice)
-
-
-def test_static_slots_lower_for_h200(monkeypatch):
-  """HUMMING_JAX_STATIC_SLOTS=1 (Config.static_slots, the K loop unrolled by its stages)
-  lowers for the H200 on the dense decode (M = 1 int4 / MXFP4, M = 128), the grouped fp8
-  128-row tile (Mixtral gate_up, 1024 tokens, in clusters) and the grouped decode, and
-  the unrolled modules differ from the rolled ones."""
-  from humming_jax.kernels import grouped_wna16_mgpu as gm, grouped_wnam_mgpu as gw
-  monkeypatch.delenv("HUMMING_JAX_FP8_MMA", raising=False)
-  cases = [(name, (8192, 8192), m, None) for name, m in (("w4a16-g128-zp", 1),
-                                                        ("w4a16-mxfp4", 1),
-                                                        ("w4a16-g128-zp", 128))]
-  cases += [("w4a8-mxfp4", (8, 4096, 28672), 2048, gw), ("w4a16-g128-zp", (256, 7168, 512),
-                                                         8, gm)]
-  for name, shape, rows, family in cases:
-    grouped = len(shape) == 3
-    p = abstract_params(name, shape, grouped=grouped,
-                        kernel=family.FAMILY if family else None)
-    kernel = family or registry.find(p.spec, grouped=grouped)
-    x = jax.ShapeDtypeStruct((rows, shape[-2]), jnp.bfloat16)
-    args = (p, x) + ((jax.ShapeDtypeStruct((shape[0],), jnp.int32),) if grouped else ())
-    texts = {}
-    for flag in ("0", "1"):
-      monkeypatch.setenv("HUMMING_JAX_STATIC_SLOTS", flag)
-      texts[flag] = lower_for_h200(lambda *a, k=kernel: k.run(*a), *args)
-      assert "custom_call" in texts[flag], (name, flag)
-    assert texts["0"] != texts["1"], name

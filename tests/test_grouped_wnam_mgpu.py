@@ -117,42 +117,6 @@ def test_fp8_mma_split_k_and_dense_interpret(monkeypatch):
   assert wna16_mgpu.run(dense, codes[:0], interpret=True, x_scale=s[:0]).dtype == jnp.bfloat16
 
 
-def test_fp8_static_slots_interpret(monkeypatch):
-  """Config.static_slots on the fp8-MMA route (the scale rows and x tiles of constant
-  slots, 5 K steps over 2 stages: two rounds and a rest): the same output as the rolled
-  loop, bit for bit."""
-  from humming_jax.kernels import wna16_mgpu
-  monkeypatch.delenv("HUMMING_JAX_FP8_MMA", raising=False)
-  q, x = make("w4a8-mxfp4", 2, 640, 128, 6, False, seed=35)
-  g = jnp.asarray([4, 2], jnp.int32)
-  p = gw.prepare(q)
-  assert p.layout.endswith(":p8"), p.layout
-  cfg = dataclasses.replace(wna16_mgpu.heuristic(1, 128), substeps=1, stages=2,
-                            warpgroups=1)
-  out = {s: np.asarray(jax.jit(lambda p, x, g, s=s: gw.run(
-      p, x, g, interpret=True, config=dataclasses.replace(cfg, static_slots=s)))(p, x, g),
-      np.float32) for s in (False, True)}
-  np.testing.assert_array_equal(out[True], out[False])
-  assert rel(out[True], reference.ragged_dot_reference(q, x, g)) <= 1e-4
-
-
-@pytest.mark.gpu
-def test_fp8_static_slots_gpu(monkeypatch):
-  """Config.static_slots on the H200 at the 128-row fp8 tile (two shared-x warpgroups in
-  clusters of two, 256 rows per expert): equal to the rolled loop, bit for bit."""
-  monkeypatch.delenv("HUMMING_JAX_FP8_MMA", raising=False)
-  monkeypatch.delenv("HUMMING_JAX_CLUSTER_N", raising=False)
-  q, x = make("w4a8-mxfp4", 2, 2048, 512, 512, False, seed=36)
-  g = jnp.asarray([256, 256], jnp.int32)
-  p = gw.prepare(q)
-  out = {}
-  for s in ("0", "1"):
-    monkeypatch.setenv("HUMMING_JAX_STATIC_SLOTS", s)
-    out[s] = np.asarray(jax.jit(lambda p, x, g: gw.run(p, x, g))(p, x, g), np.float32)
-  np.testing.assert_array_equal(out["1"], out["0"])
-  assert rel(out["1"], reference.ragged_dot_reference(q, x, g)) <= 1e-3
-
-
 @pytest.mark.parametrize("group", [32, 64, 128])
 def test_fp8_fold_interpret(group, monkeypatch):
   """config.fp8_fold: each K tile's e8m0 group scales folded into the e4m3 operands (one

@@ -155,14 +155,6 @@ class MgpuConfig:
   # e.g. 104-row tiles or an odd count of column CTAs run unclustered.  The 128-row fp8
   # expert tiles gain 3.8-4.0 % with pairs; the 16-bit route's lose (NOTES.md v25).
   cluster_n: int = 1
-  # The K loop unrolled by ``stages`` steps, so each step's pipeline slot is a constant:
-  # the shared-memory addresses of its x tile (the WGMMA B descriptors), codes and scale
-  # rows fold to constants instead of slot * stride arithmetic per step (the uniform-
-  # datapath instructions, 0.73 per weight in the decode kernel's SASS, NOTES.md v21).
-  # Session 25 experiment (HUMMING_JAX_STATIC_SLOTS=1 for a whole process): off until
-  # timed.
-  static_slots: bool = dataclasses.field(
-      default_factory=lambda: env_flag("HUMMING_JAX_STATIC_SLOTS", False))
 
   def __post_init__(self):
     if self.split_warpgroups not in ("k", "n"):

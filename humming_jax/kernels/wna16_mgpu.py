@@ -775,38 +775,24 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
         for st in range(stages):
           fetch(st, st)
 
-        def step_body(step, slot, total):  # slot: traced, or an int (static_slots)
+        def body(step, total):
+          slot = lax.rem(step, stages)
           plgpu.barrier_wait(bars.at[slot if share_x else wg * stages + slot])
           total = compute(slot, acc_ref, total)
 
-          def refill():
+          @pl.when(step + stages < steps_w)
+          def _():
             if share_x:  # this warpgroup is done with the shared slot; warpgroup 0
               plgpu.barrier_arrive(free.at[slot])  # refills it once every one is
               # (cluster: every one of every CTA, as the refill multicasts into them all)
               pl.when(wg == 0)(lambda: plgpu.barrier_wait(free.at[slot]))
             fetch(step + stages, slot)
-          if not isinstance(step, int):
-            pl.when(step + stages < steps_w)(refill)
-          elif step + stages < steps_w:
-            refill()
           return total
 
         total = None  # the running sum lives in acc_ref, or (after, fp8) in registers:
         if after or fp8:
           total = plgpu.layout_cast(jnp.zeros((BLOCK_N, block_m), jnp.float32), _WGMMA)
-        if config.static_slots:  # rounds of `stages` steps with constant slots, then the rest
-          rounds, rest = divmod(steps_w, stages)
-
-          def round_body(r, total):
-            for s in range(stages):
-              total = step_body(r * stages + s, s, total)
-            return total
-          total = lax.fori_loop(0, rounds, round_body, total)
-          for s in range(rest):
-            total = step_body(rounds * stages + s, s, total)
-        else:
-          total = lax.fori_loop(
-              0, steps_w, lambda step, t: step_body(step, lax.rem(step, stages), t), total)
+        total = lax.fori_loop(0, steps_w, body, total)
         return total if after or fp8 else acc_ref[...]
 
       acc = pl.run_scoped(scoped, plgpu.ACC((BLOCK_N, block_m), jnp.float32))
