@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Session 25 device calls (2026-12-02).  Every log goes to $OUT first.
+#   verify: GPU tests not run before (test_cluster_dense_gpu, test_cluster_gpu's launch
+#           check) and the static-slot GPU tests (Config.static_slots)
+#   rate:   probe_wgmma_rate.py: the fp8 tile's loop body with no memory traffic (register-A
+#           fp8 WGMMA rate, + conversion, + per-tile / per-group partials; bf16 beside it),
+#           with ptxas' register counts
+#   slots:  Config.static_slots against the rolled loop: dense 8192^2 decode / M = 128
+#           (profile_mgpu.py), grouped fp8 Mixtral gate_up 1024 tokens and DeepSeek-V3
+#           gate_up 64 tokens (probe_fp8_moe.py --slots).  Call 1 ran verify, rate and
+#           slots at commit 396c33a; static slots were 1.6-2.5x slower and were reverted
+#           (c2faa0e), so `slots` and the static-slot tests of `verify` no longer exist.
+source "$(dirname "$0")/gpu_env.sh"
+T() { local t=$1; shift; timeout -k 5 -s INT "$t" "$@"; }
+PYT="python3 -m pytest -p no:cacheprovider -o addopts= --tb=short -rA -W ignore::DeprecationWarning"
+s_verify() {
+  T 200 $PYT tests/test_wna16_mgpu.py tests/test_grouped_wnam_mgpu.py -m gpu \
+    -k "cluster or static_slots" > "$OUT/verify.log" 2>&1
+  echo "rc=$?"; grep -E "^(FAILED|ERROR)|^E |passed|failed" "$OUT/verify.log" | cut -c1-250 | tail -16
+}
+s_rate() {
+  for bw in "128 2" "64 4" "128 1"; do
+    set -- $bw
+    MOSAIC_GPU_DUMP_PTXAS=1 T 100 python3 benchmarks/probe_wgmma_rate.py --block-m $1 --wgs $2 \
+      > "$OUT/rate_bm$1_wg$2.log" 2>&1
+    echo "bm$1 wg$2 rc=$?"; grep -E "TFLOP|FAILED|rror" "$OUT/rate_bm$1_wg$2.log" | cut -c1-200
+    grep -E "Used [0-9]+ registers" "$OUT/rate_bm$1_wg$2.log" | sed -E 's/.*(Used [0-9]+ registers).*/\1/' | tr '\n' ';'; echo
+  done
+}
+s_slots() {
+  for spec in w4a16-g128-zp w4a16-mxfp4; do
+    T 150 python3 benchmarks/profile_mgpu.py --spec $spec --ms 1,16,128 --configs default,ss \
+      > "$OUT/slots_dense_$spec.log" 2>&1
+    echo "$spec rc=$?"; grep -E "^M=" "$OUT/slots_dense_$spec.log" | cut -c1-200
+  done
+  for st in "8,2,28672,4096 1024" "256,8,512,7168 64"; do
+    set -- $st
+    T 120 python3 benchmarks/probe_fp8_moe.py --slots --shape $1 --tokens $2 \
+      > "$OUT/slots_moe_$2.log" 2>&1
+    echo "moe $1 T=$2 rc=$?"; grep -E "^E[0-9]|rror" "$OUT/slots_moe_$2.log" | cut -c1-300
+  done
+}
+for s in ${@:-verify}; do step "$s"; "s_$s"; done
+step done
