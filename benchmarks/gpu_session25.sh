@@ -10,6 +10,8 @@
 #           gate_up 64 tokens (probe_fp8_moe.py --slots).  Call 1 ran verify, rate and
 #           slots at commit 396c33a; static slots were 1.6-2.5x slower and were reverted
 #           (c2faa0e), so `slots` and the static-slot tests of `verify` no longer exist.
+#   single: Config.fp8_single_acc (one accumulator, the fold against each column's max):
+#           GPU tests, probe_fp8_moe.py --single on Mixtral gate_up / down and DeepSeek-V3
 source "$(dirname "$0")/gpu_env.sh"
 T() { local t=$1; shift; timeout -k 5 -s INT "$t" "$@"; }
 PYT="python3 -m pytest -p no:cacheprovider -o addopts= --tb=short -rA -W ignore::DeprecationWarning"
@@ -38,6 +40,16 @@ s_slots() {
     T 120 python3 benchmarks/probe_fp8_moe.py --slots --shape $1 --tokens $2 \
       > "$OUT/slots_moe_$2.log" 2>&1
     echo "moe $1 T=$2 rc=$?"; grep -E "^E[0-9]|rror" "$OUT/slots_moe_$2.log" | cut -c1-300
+  done
+}
+s_single() {  # Config.fp8_single_acc (opt-in): GPU tests, then the grouped fp8 launches
+  T 150 $PYT tests/test_grouped_wnam_mgpu.py -m gpu -s -k "single_acc" > "$OUT/single.log" 2>&1
+  echo "rc=$?"; grep -E "^(FAILED|ERROR)|^E |passed|failed|rel err" "$OUT/single.log" | cut -c1-250 | tail -8
+  for st in "8,2,28672,4096 1024" "8,2,4096,14336 1024" "8,2,28672,4096 4096" "256,8,512,7168 64"; do
+    set -- $st
+    T 130 python3 benchmarks/probe_fp8_moe.py --single --shape $1 --tokens $2 \
+      > "$OUT/single_$1_$2.log" 2>&1
+    echo "moe $1 T=$2 rc=$?"; grep -E "^E[0-9]|rror" "$OUT/single_$1_$2.log" | cut -c1-400
   done
 }
 for s in ${@:-verify}; do step "$s"; "s_$s"; done

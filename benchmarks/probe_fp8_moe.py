@@ -4,10 +4,13 @@ on the 16-bit route, whose e2m1 -> bf16 conversion made 64-token launches issue-
 (NOTES_moe.md session 19); the fp8 route converts in ~0.9 instructions per weight, so
 the best launch may differ.  CUPTI time of the grouped kernel per layer over ``--sets``
 expert sets, each config's output compared with the heuristic's.
+``--single`` (session 25): ``Config.fp8_single_acc`` (the fold against each column's
+largest group, one accumulator) on the heuristic's launch and, for tiles over 80 rows, on
+four shared-x warpgroups (256 columns per CTA) in clusters of 2 / 1.
 ``--cluster`` (session 24): the heuristic's shared-x launch with its x tiles multicast to
 clusters of 2 / 4 column CTAs (``Config.cluster_n``); ``--preset w4a16-mxfp4`` times the
 16-bit route (grouped_wna16_mgpu) instead.
-Usage: probe_fp8_moe.py [--shape 256,8,512,7168] [--tokens 16,64,256] [--fold] [--cluster]
+Usage: probe_fp8_moe.py [--shape 256,8,512,7168] [--tokens 16,64,256] [--fold] [--cluster] [--single]
                         [--preset w4a8-mxfp4]"""
 import argparse
 import dataclasses
@@ -23,13 +26,20 @@ from humming_jax.kernels import grouped_wna16_mgpu as g16, grouped_wnam_mgpu as 
 from humming_jax.kernels import wna16_mgpu as mg
 
 
-def variants(tokens, e, rows, fold=False, cluster=False):
+def variants(tokens, e, rows, fold=False, cluster=False, single=False):
   """(name, block_m or None, config changes or a Config) to time.  ``fold`` (session 22):
   the heuristic and the wide tiles' launches with and without ``fp8_fold``; ``cluster``
   (session 24): the heuristic's launch on clusters of 1 / 2 / 4 CTAs (its fp8 tiles over
   80 rows run in pairs since), and for tiles over 64 rows the four-warpgroup 64-row
   shared-x launch with and without them."""
   base = [("heuristic", None, None)]
+  if single:  # session 25: Config.fp8_single_acc, on the heuristic and on four warpgroups
+    one = dict(fp8_single_acc=True, split_k=1)
+    out = base + [("heuristic+single", None, one)]
+    if rows > 80:
+      out += [(f"shx4-cl{c}+single", None, dataclasses.replace(
+          mg.shared_x_config(rows, warpgroups=4), cluster_n=c, **one)) for c in (2, 1)]
+    return out
   if cluster:
     out = base + [(f"heuristic+cl{c}", None, dict(cluster_n=c)) for c in (1, 2, 4)]
     if rows > 64:
@@ -70,6 +80,7 @@ def main():
   ap.add_argument("--interpret", action="store_true")  # a CPU check of the configs
   ap.add_argument("--fold", action="store_true", help="time fp8_fold against the partials")
   ap.add_argument("--cluster", action="store_true", help="time clusters of column CTAs")
+  ap.add_argument("--single", action="store_true", help="time Config.fp8_single_acc")
   ap.add_argument("--preset", default="w4a8-mxfp4")
   a = ap.parse_args()
   e, topk, n, k = map(int, a.shape.split(","))
@@ -86,7 +97,7 @@ def main():
     x = jax.random.normal(jax.random.key(1), (tokens * topk, k), jnp.bfloat16)
     ref, line = None, []
     for name, bm, change in variants(tokens, e, g16.tile_rows(x.shape[0], e), a.fold,
-                                    a.cluster):
+                                    a.cluster, a.single):
       m = x.shape[0]
       block_m = bm or g16.tile_rows(m, e)
       if change is None:

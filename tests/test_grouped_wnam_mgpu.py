@@ -117,6 +117,45 @@ def test_fp8_mma_split_k_and_dense_interpret(monkeypatch):
   assert wna16_mgpu.run(dense, codes[:0], interpret=True, x_scale=s[:0]).dtype == jnp.bfloat16
 
 
+@pytest.mark.parametrize("wgs,split", [(1, "k"), (2, "k"), (2, "n")])
+def test_fp8_single_acc_interpret(wgs, split, monkeypatch):
+  """config.fp8_single_acc (opt-in, session 25): the e8m0 group scales folded against each
+  column's largest one over all of K, every K tile into one accumulator, the column max in
+  the epilogue.  Random weights (groups within 11 binades of their column's largest):
+  the reference within 1e-4, on warpgroups splitting K (summed in SMEM) or N."""
+  from humming_jax.kernels import wna16_mgpu
+  monkeypatch.delenv("HUMMING_JAX_FP8_MMA", raising=False)
+  q, x = make("w4a8-mxfp4", 2, 512, 128, 6, True, seed=37)
+  g = jnp.asarray([2, 4], jnp.int32)
+  p = gw.prepare(q)
+  cfg = dataclasses.replace(wna16_mgpu.heuristic(1, 128), substeps=1, stages=2,
+                            warpgroups=wgs, split_warpgroups=split, fp8_single_acc=True, split_k=1,
+                            scale_after_mma=False, overlap_mma=False)
+  y = jax.jit(lambda p, x, g: gw.run(p, x, g, interpret=True, config=cfg))(p, x, g)
+  want = reference.ragged_dot_reference(q, x, g)
+  assert rel(y, want) <= 1e-4, rel(y, want)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("wgs", [2, 4])
+def test_fp8_single_acc_gpu(wgs, monkeypatch):
+  """config.fp8_single_acc on the H200 at 128-row tiles (256 rows per expert, K = 4096)
+  on two / four shared-x warpgroups in clusters of two: the reference within 1e-2 (the
+  fp8 MMA sums all of K in its reduced-precision accumulator; the error is printed)."""
+  from humming_jax.kernels import wna16_mgpu
+  monkeypatch.delenv("HUMMING_JAX_FP8_MMA", raising=False)
+  q, x = make("w4a8-mxfp4", 2, 4096, 512, 512, False, seed=38)
+  g = jnp.asarray([256, 256], jnp.int32)
+  p = gw.prepare(q)
+  cfg = dataclasses.replace(wna16_mgpu.shared_x_config(128, warpgroups=wgs), cluster_n=2,
+                            fp8_single_acc=True)
+  y = jax.jit(lambda p, x, g: gw.run(p, x, g, config=cfg))(p, x, g)
+  want = reference.ragged_dot_reference(q, x, g)
+  err = rel(y, want)
+  print(f"fp8_single_acc wgs={wgs}: rel err {err:.2e}")
+  assert err <= 1e-2, err
+
+
 @pytest.mark.parametrize("group", [32, 64, 128])
 def test_fp8_fold_interpret(group, monkeypatch):
   """config.fp8_fold: each K tile's e8m0 group scales folded into the e4m3 operands (one

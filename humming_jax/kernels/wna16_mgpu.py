@@ -415,6 +415,10 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
   cluster_env = tuning.env_choice("HUMMING_JAX_CLUSTER_N", ("1", "2", "4"))
   if cluster_env and config.split_warpgroups == "n":  # every shared-x launch (a device A/B)
     config = dataclasses.replace(config, cluster_n=int(cluster_env))
+  single = config.fp8_single_acc
+  if single and not (fp8 and spec.scale_dtype == "e8m0" and not config.fp8_fold):
+    raise ValueError(f"config.fp8_single_acc=True needs the fp8-MMA layout with e8m0 group "
+                     f"scales and fp8_fold=False; got x.dtype={x.dtype}, spec {spec.name}")
   if config.fp8_fold and not (fp8 and spec.scale_dtype == "e8m0"):
     raise ValueError(f"config.fp8_fold=True needs the fp8-MMA layout with e8m0 (power-of-"
                      f"two) group scales; got x.dtype={x.dtype}, spec {spec.name} "
@@ -460,6 +464,8 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
   xs = None  # fp8: the row scales times 2**6 (the e4m3 operands hold e2m1 values * 2**-6)
   if fp8:
     xs = x_scale.reshape(m).astype(jnp.float32) * (1 / mgpu_convert.E4M3_FROM_E2M1)
+    if single:  # the column fold's 2**-11 (its max row is an epilogue row below)
+      xs = xs * (2.0 ** -mgpu_convert.FOLD_MAX_SHIFT)
     if rows != m:
       xs = jnp.pad(xs, (0, rows - m))
   has_zeros = params.zeros is not None
@@ -495,6 +501,9 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
   split = divisor(config.split_k, k_steps)
   steps = k_steps // split  # pipeline steps per CTA
   fused_epilogue = split == 1  # else f32 partials (split, Np, Mp), summed by XLA
+  if single and not fused_epilogue:
+    raise ValueError(f"config.fp8_single_acc=True: split_k={config.split_k} gives "
+                     f"{split} K splits; the column fold needs the kernel's epilogue (1)")
   out_bytes = 2 if fused_epilogue else 4
   # Warpgroups split K (each streams steps_w of the steps into its own buffers) or, with
   # share_x, N (each its own 64 columns over every step, one x tile shared in SMEM).
@@ -539,6 +548,8 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
   # Epilogue rows multiplied in the kernel: the global scale, the column scale.
   scale_rows = [r for r in (params.global_scale, params.scales if col else None)
                 if r is not None] if fused_epilogue else []
+  if single:  # each column's largest group scale: the fold's base, last epilogue row
+    scale_rows.append(jnp.max(params.scales.astype(jnp.float32), axis=-2, keepdims=True))
   n_ep = len(scale_rows) + has_bias  # epilogue vectors, fetched during the K loop
   # fp8 x: 32-byte swizzle, so each 32-deep K step of a tile is a whole swizzle tile (the
   # B operand of one fp8 WGMMA beside its (64, 32) register A operand).
@@ -616,6 +627,8 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
           for g in range(wgs):
             fetch_one(t, slot, g, cols(g), bars.at[slot])
 
+      top_row = None  # fp8_single_acc: this warpgroup's (64,) column maxima (scoped)
+
       def compute(slot, acc_ref, total):
         x_smem = x_buf.at[0 if share_x else wg, slot]
         bcast = lambda v, shape: lax.broadcast_in_dim(v, shape, [0])
@@ -664,7 +677,8 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
 
         acc_t = plgpu.ACC((BLOCK_N, block_m), jnp.float32)
         if fp8:
-          return fp8_tiles(slot, x_smem, lambda j, i: row(s_buf, j, i), bcast, acc_t, total)
+          return fp8_tiles(slot, x_smem, lambda j, i: row(s_buf, j, i), bcast, acc_t, total,
+                           acc_ref, top_row)
         # overlap: tile j + 1 is dequantized while tile j's WGMMA runs.  (Reading an
         # accumulator waits for every WGMMA in flight, so the wgmma_wait(1) below adds no
         # overlap of its own; the form GPU-tested in session 13.)
@@ -702,16 +716,20 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
         plgpu.wgmma_wait(0)  # the slot may be refilled next
         return total
 
-      def fp8_tiles(slot, x_smem, scale_row, bcast, acc_t, total):
+      def fp8_tiles(slot, x_smem, scale_row, bcast, acc_t, total, acc_ref, top_row):
         # Per K tile: the (64, 32) e4m3 A operands of its 32-code blocks (in registers on
         # the GPU; SMEM for the interpreter), then rounds of `in_flight` scale groups: each
         # group's WGMMAs into its own fresh accumulator, one wait, each partial times its
         # scale row (group g of the tile is scale row g: groups >= 64 are one per tile).
         def operands(j):  # (fold multiplier or None, (A blocks, B blocks)) of K tile j
           mult = None
-          if config.fp8_fold:  # the tile's group scales folded into its operands
+          if config.fp8_fold or single:  # the group scales folded into the operands
             scales = [scale_row(j, g).astype(jnp.float32) for g in range(fp8_groups)]
-            mult, raises = mgpu_convert.fold_shifts(scales)
+            if single:  # against the column's largest group (top_row), not the tile's
+              mult, raises = mgpu_convert.fold_shifts([top_row] + scales)
+              raises = raises[1:]
+            else:
+              mult, raises = mgpu_convert.fold_shifts(scales)
           w = plgpu.load(w_buf.at[wg, slot, j], layout=_UPCAST[4],
                          optimized=config.optimized_load)
           if interpret:
@@ -726,9 +744,11 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
           elif mult is None:
             a_blocks = mgpu_convert.e2m1_to_e4m3_ptx(w, fp8_blocks)
           else:
-            top = scales[0]
-            for s_ in scales[1:]:
-              top = jnp.maximum(top, s_)
+            top = top_row
+            if not single:
+              top = scales[0]
+              for s_ in scales[1:]:
+                top = jnp.maximum(top, s_)
             a_blocks = mgpu_convert.e2m1_to_e4m3_ptx(w, fp8_blocks, scales=scales, top=top,
                                                      group_blocks=fp8_group_blocks)
           return mult, (a_blocks, [x_smem.at[:, pl.ds(j * bk + b * 32, 32)].T
@@ -748,6 +768,11 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
 
         for j in range(sub):
           mult, blocks = operands(j)
+          if single:  # every K tile into the one accumulator; its max row in the epilogue
+            issue([acc_ref], blocks, [None])
+            if j == sub - 1:
+              plgpu.wgmma_wait(0)  # the slot may be refilled next
+            continue
           if mult is not None:  # folded: one partial per K tile, one wait
 
             def tile_product(part_ref, blocks=blocks):
@@ -769,6 +794,10 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
         return total
 
       def scoped(acc_ref):
+        nonlocal top_row
+        if single:  # the columns' largest group scales, before the first K tile
+          plgpu.barrier_wait(own(ep_barrier, e))
+          top_row = plgpu.load(ep_smem.at[e * n_ep + len(scale_rows) - 1], layout=_ROW)
         if zero_mma:  # the constant all-ones WGMMA A operand of the x sums
           ones_smem.at[wg][...] = jnp.ones((BLOCK_N, bk), cdt)
           plgpu.commit_smem()
@@ -790,10 +819,11 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
           return total
 
         total = None  # the running sum lives in acc_ref, or (after, fp8) in registers:
-        if after or fp8:
+        in_registers = after or (fp8 and not single)
+        if in_registers:
           total = plgpu.layout_cast(jnp.zeros((BLOCK_N, block_m), jnp.float32), _WGMMA)
         total = lax.fori_loop(0, steps_w, body, total)
-        return total if after or fp8 else acc_ref[...]
+        return total if in_registers else acc_ref[...]
 
       acc = pl.run_scoped(scoped, plgpu.ACC((BLOCK_N, block_m), jnp.float32))
       if wgs > 1 and not share_x:  # partial sums of warpgroups 1.. -> SMEM -> warpgroup 0
@@ -817,7 +847,8 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
           out_smem[...] = y
         else:
           if n_ep:
-            plgpu.barrier_wait(own(ep_barrier, e))
+            if not single:  # (single: waited for before the K loop)
+              plgpu.barrier_wait(own(ep_barrier, e))
             ep = lambda i: lax.broadcast_in_dim(
                 plgpu.load(ep_smem.at[e * n_ep + i], layout=_ROW), y.shape, [0])
             for i in range(len(scale_rows)):
