@@ -12,6 +12,8 @@
 #           (c2faa0e), so `slots` and the static-slot tests of `verify` no longer exist.
 #   single: Config.fp8_single_acc (one accumulator, the fold against each column's max):
 #           GPU tests, probe_fp8_moe.py --single on Mixtral gate_up / down and DeepSeek-V3
+#   moe:    bench_moe Mixtral gate_up / down, 1024 / 4096 tokens, W4A8 MXFP4 with Humming,
+#           HUMMING_JAX_FP8_SINGLE_ACC=1
 source "$(dirname "$0")/gpu_env.sh"
 T() { local t=$1; shift; timeout -k 5 -s INT "$t" "$@"; }
 PYT="python3 -m pytest -p no:cacheprovider -o addopts= --tb=short -rA -W ignore::DeprecationWarning"
@@ -50,6 +52,15 @@ s_single() {  # Config.fp8_single_acc (opt-in): GPU tests, then the grouped fp8 
     T 130 python3 benchmarks/probe_fp8_moe.py --single --shape $1 --tokens $2 \
       > "$OUT/single_$1_$2.log" 2>&1
     echo "moe $1 T=$2 rc=$?"; grep -E "^E[0-9]|rror" "$OUT/single_$1_$2.log" | cut -c1-400
+  done
+}
+s_moe() {  # HUMMING_JAX_FP8_SINGLE_ACC=1 (the grouped heuristic's opt-in) with Humming
+  for shape in mixtral-gate_up mixtral-down; do
+    HUMMING_JAX_FP8_SINGLE_ACC=1 T 200 python3 benchmarks/bench_moe.py --shapes $shape \
+      --tokens 1024,4096 --specs w4a8-mxfp4 --humming --no-baselines --chain resident \
+      --span --calls 10 --repeats 2 --json "$OUT/moe_${shape}_single.json" \
+      > "$OUT/moe_${shape}_single.log" 2>&1
+    echo "$shape rc=$?"; grep -E "T=|rror" "$OUT/moe_${shape}_single.log" | cut -c1-300
   done
 }
 for s in ${@:-verify}; do step "$s"; "s_$s"; done

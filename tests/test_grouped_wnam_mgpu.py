@@ -136,6 +136,31 @@ def test_fp8_single_acc_interpret(wgs, split, monkeypatch):
   assert rel(y, want) <= 1e-4, rel(y, want)
 
 
+def test_fp8_single_acc_opt_in(monkeypatch):
+  """HUMMING_JAX_FP8_SINGLE_ACC=1: the grouped heuristic runs fp8 tiles over 80 rows with
+  e8m0 scales on four shared-x warpgroups with one accumulator each (off: two warpgroups
+  in pairs, per-group partials); the default path through gw.run then matches the
+  reference (104-row tiles)."""
+  from humming_jax.kernels import grouped_wna16_mgpu as g16
+  monkeypatch.delenv("HUMMING_JAX_FP8_MMA", raising=False)
+  q, x = make("w4a8-mxfp4", 2, 256, 128, 200, False, seed=39)
+  g = jnp.asarray([100, 100], jnp.int32)
+  p = gw.prepare(q)
+  launch = lambda: g16.heuristic(2, 128, p.codes.shape[-3], 128, params=p, tile_rows=128)
+  monkeypatch.delenv("HUMMING_JAX_FP8_SINGLE_ACC", raising=False)
+  off = launch()
+  assert (off.warpgroups, off.cluster_n, off.fp8_single_acc) == (2, 2, False)
+  monkeypatch.setenv("HUMMING_JAX_FP8_SINGLE_ACC", "1")
+  on = launch()
+  assert (on.warpgroups, on.split_warpgroups, on.fp8_single_acc) == (4, "n", True)
+  seen, heuristic = [], g16.heuristic
+  monkeypatch.setattr(g16, "heuristic", lambda *a, **k: seen.append(heuristic(*a, **k))
+                      or seen[-1])
+  y = jax.jit(lambda p, x, g: gw.run(p, x, g, interpret=True))(p, x, g)
+  assert seen and all(c.fp8_single_acc for c in seen), seen
+  assert rel(y, reference.ragged_dot_reference(q, x, g)) <= 1e-4
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("wgs", [2, 4])
 def test_fp8_single_acc_gpu(wgs, monkeypatch):
