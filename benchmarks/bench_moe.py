@@ -145,7 +145,9 @@ def quantize_sets(spec_name, ws):
     spec = hj.QuantSpec.preset(key[0])
     quant = jax.jit(hj.quantize, static_argnums=1)
     qs = [quant(w, spec) for w in ws]
-    prep = jax.jit(functools.partial(hj.prepare, grouped=True, kernel=family))
+    # eager, as a user prepares once: the fp8-MMA layout's ":cf" check (one-accumulator
+    # tiles, wna16_mgpu.mark_column_fold) needs concrete scales
+    prep = functools.partial(hj.prepare, grouped=True, kernel=family)
     _SETS[key] = (ws, (qs, [jax.block_until_ready(prep(q)) for q in qs]))
   return _SETS[key][1]
 

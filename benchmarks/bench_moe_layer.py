@@ -49,7 +49,8 @@ FAMILIES = {"default": None, "triton": "grouped_wna16", "mgpu": "grouped_wna16_m
 def prepare(layers, family):
   if family not in FAMILIES:
     raise ValueError(f"--families: unknown family {family!r}; expected {sorted(FAMILIES)}")
-  prep = jax.jit(lambda gu, dn: moe.prepare_experts(gu, dn, kernel=FAMILIES[family]))
+  # eager, as a user prepares once: the fp8-MMA layout's ":cf" check needs concrete scales
+  prep = lambda gu, dn: moe.prepare_experts(gu, dn, kernel=FAMILIES[family])
   return [jax.block_until_ready(prep(*pair)) for pair in layers]
 
 

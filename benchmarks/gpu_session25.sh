@@ -13,7 +13,9 @@
 #   single: Config.fp8_single_acc (one accumulator, the fold against each column's max):
 #           GPU tests, probe_fp8_moe.py --single on Mixtral gate_up / down and DeepSeek-V3
 #   moe:    bench_moe Mixtral gate_up / down, 1024 / 4096 tokens, W4A8 MXFP4 with Humming,
-#           HUMMING_JAX_FP8_SINGLE_ACC=1
+#           HUMMING_JAX_FP8_SINGLE_ACC=1 (call 3, at 0982b26: then an opt-in)
+#   default: the one-accumulator tiles as the grouped default for ":cf" weights: GPU tests,
+#           bench_moe Mixtral with Humming, the whole Mixtral W4A8 layer at 1024 tokens
 source "$(dirname "$0")/gpu_env.sh"
 T() { local t=$1; shift; timeout -k 5 -s INT "$t" "$@"; }
 PYT="python3 -m pytest -p no:cacheprovider -o addopts= --tb=short -rA -W ignore::DeprecationWarning"
@@ -62,6 +64,21 @@ s_moe() {  # HUMMING_JAX_FP8_SINGLE_ACC=1 (the grouped heuristic's opt-in) with 
       > "$OUT/moe_${shape}_single.log" 2>&1
     echo "$shape rc=$?"; grep -E "T=|rror" "$OUT/moe_${shape}_single.log" | cut -c1-300
   done
+}
+s_default() {  # the one-accumulator tiles as the default for ":cf" weights (eager prepare)
+  T 200 $PYT tests/test_grouped_wnam_mgpu.py -m gpu -s -k "single_acc or fp8_mma_gpu" \
+    > "$OUT/default.log" 2>&1
+  echo "rc=$?"; grep -E "^(FAILED|ERROR)|^E |passed|failed|rel err" "$OUT/default.log" | cut -c1-250 | tail -12
+  for shape in mixtral-gate_up mixtral-down; do
+    T 150 python3 benchmarks/bench_moe.py --shapes $shape --tokens 1024,4096 \
+      --specs w4a8-mxfp4 --humming --no-baselines --chain resident --span --calls 10 \
+      --repeats 2 --json "$OUT/moe_$shape.json" > "$OUT/moe_$shape.log" 2>&1
+    echo "$shape rc=$?"; grep -E "T=|rror" "$OUT/moe_$shape.log" | cut -c1-300
+  done
+  T 170 python3 benchmarks/bench_moe_layer.py --models mixtral --tokens 1024 \
+    --spec w4a8-mxfp4 --families default --breakdown --calls 10 --repeats 2 \
+    --json "$OUT/layer.json" > "$OUT/layer.log" 2>&1
+  echo "layer rc=$?"; grep -E "^\{|rror|mosaic" "$OUT/layer.log" | cut -c1-250 | head -8
 }
 for s in ${@:-verify}; do step "$s"; "s_$s"; done
 step done

@@ -5,8 +5,9 @@ on the 16-bit route, whose e2m1 -> bf16 conversion made 64-token launches issue-
 the best launch may differ.  CUPTI time of the grouped kernel per layer over ``--sets``
 expert sets, each config's output compared with the heuristic's.
 ``--single`` (session 25): ``Config.fp8_single_acc`` (the fold against each column's
-largest group, one accumulator) on the heuristic's launch and, for tiles over 80 rows, on
-four shared-x warpgroups (256 columns per CTA) in clusters of 2 / 1.
+largest group, one accumulator; the heuristic's launch for tiles over 80 rows of ":cf"
+weights since) against the per-group launch it replaced, on two and four shared-x
+warpgroups (128 / 256 columns per CTA), in clusters of 2 / 1.
 ``--cluster`` (session 24): the heuristic's shared-x launch with its x tiles multicast to
 clusters of 2 / 4 column CTAs (``Config.cluster_n``); ``--preset w4a16-mxfp4`` times the
 16-bit route (grouped_wna16_mgpu) instead.
@@ -33,13 +34,18 @@ def variants(tokens, e, rows, fold=False, cluster=False, single=False):
   80 rows run in pairs since), and for tiles over 64 rows the four-warpgroup 64-row
   shared-x launch with and without them."""
   base = [("heuristic", None, None)]
-  if single:  # session 25: Config.fp8_single_acc, on the heuristic and on four warpgroups
+  if single:  # session 25: Config.fp8_single_acc (the heuristic's for tiles over 80 rows
+    # of ":cf" weights since) against the per-group launch it replaced, and variants
     one = dict(fp8_single_acc=True, split_k=1)
-    out = base + [("heuristic+single", None, one)]
-    if rows > 80:
-      out += [(f"shx4-cl{c}+single", None, dataclasses.replace(
-          mg.shared_x_config(rows, warpgroups=4), cluster_n=c, **one)) for c in (2, 1)]
-    return out
+    if rows <= 80:
+      return base + [("heuristic+single", None, one)]
+    return base + [
+        ("pergroup-shx2-cl2", None, dataclasses.replace(
+            mg.shared_x_config(rows, warpgroups=2), cluster_n=2)),
+        ("single-shx2-cl2", None, dataclasses.replace(
+            mg.shared_x_config(rows, warpgroups=2), cluster_n=2, **one))] + [
+        (f"single-shx4-cl{c}", None, dataclasses.replace(
+            mg.shared_x_config(rows, warpgroups=4), cluster_n=c, **one)) for c in (2, 1)]
   if cluster:
     out = base + [(f"heuristic+cl{c}", None, dict(cluster_n=c)) for c in (1, 2, 4)]
     if rows > 64:
@@ -86,10 +92,11 @@ def main():
   e, topk, n, k = map(int, a.shape.split(","))
   spec = hj.QuantSpec.preset(a.preset)
   family = gw if spec.act is not None else g16  # the 16-bit route for A16 presets
-  ps = [jax.jit(lambda w: family.prepare(hj.quantize(w, spec)))(
-      (jax.random.normal(jax.random.key(i), (e, k, n), jnp.float32) / np.sqrt(k)))
+  quant = jax.jit(lambda w: hj.quantize(w, spec))
+  ps = [family.prepare(quant(  # eager: the ":cf" check needs concrete scales
+      jax.random.normal(jax.random.key(i), (e, k, n), jnp.float32) / np.sqrt(k)))
       for i in range(a.sets)]
-  assert family is g16 or ps[0].layout.endswith(":p8"), ps[0].layout
+  assert family is g16 or "p8" in ps[0].layout.split(":"), ps[0].layout
   for tokens in map(int, a.tokens.split(",")):
     key = jax.random.key(tokens)
     ids = jnp.argsort(jax.random.uniform(key, (tokens, e)), axis=1)[:, :topk].astype(jnp.int32)

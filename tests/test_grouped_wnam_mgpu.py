@@ -70,7 +70,7 @@ def test_fp8_mma_layout_interpret(key, monkeypatch):
   g = jnp.asarray(gs, jnp.int32)
   assert gw.fp8_mma(spec)
   p = gw.prepare(q)
-  assert p.layout.endswith(":p8"), p.layout
+  assert "p8" in p.layout.split(":"), p.layout
   y = jax.jit(lambda p, x, g: gw.run(p, x, g, interpret=True))(p, x, g)
   want = reference.ragged_dot_reference(q, x, g)
   ok = jnp.isfinite(want).all(axis=1)
@@ -136,29 +136,47 @@ def test_fp8_single_acc_interpret(wgs, split, monkeypatch):
   assert rel(y, want) <= 1e-4, rel(y, want)
 
 
-def test_fp8_single_acc_opt_in(monkeypatch):
-  """HUMMING_JAX_FP8_SINGLE_ACC=1: the grouped heuristic runs fp8 tiles over 80 rows with
-  e8m0 scales on four shared-x warpgroups with one accumulator each (off: two warpgroups
-  in pairs, per-group partials); the default path through gw.run then matches the
-  reference (104-row tiles)."""
-  from humming_jax.kernels import grouped_wna16_mgpu as g16
+def test_fp8_single_acc_route(monkeypatch):
+  """The one-accumulator route (Config.fp8_single_acc) is taken only where it is exact:
+  an eager prepare marks the layout ":cf" when every column's e8m0 scales span at most
+  11 binades; the grouped heuristic then runs fp8 tiles over 80 rows on four shared-x
+  warpgroups with one accumulator each (HUMMING_JAX_FP8_SINGLE_ACC=0: two warpgroups in
+  pairs, per-group partials), and the default path through gw.run matches the
+  reference (104-row tiles).  A prepare under jit (scales not concrete) and a column
+  with a group 12 binades under its largest are not marked, take the per-group route,
+  and an explicit fp8_single_acc config is refused on them by name."""
+  from humming_jax.kernels import grouped_wna16_mgpu as g16, wna16_mgpu
   monkeypatch.delenv("HUMMING_JAX_FP8_MMA", raising=False)
+  monkeypatch.delenv("HUMMING_JAX_FP8_SINGLE_ACC", raising=False)
   q, x = make("w4a8-mxfp4", 2, 256, 128, 200, False, seed=39)
   g = jnp.asarray([100, 100], jnp.int32)
   p = gw.prepare(q)
-  launch = lambda: g16.heuristic(2, 128, p.codes.shape[-3], 128, params=p, tile_rows=128)
-  monkeypatch.delenv("HUMMING_JAX_FP8_SINGLE_ACC", raising=False)
-  off = launch()
-  assert (off.warpgroups, off.cluster_n, off.fp8_single_acc) == (2, 2, False)
-  monkeypatch.setenv("HUMMING_JAX_FP8_SINGLE_ACC", "1")
-  on = launch()
+  assert p.layout.split(":")[-2:] == ["p8", "cf"], p.layout
+  assert jax.jit(gw.prepare)(q).layout == p.layout[:-3]  # traced: unchecked, unmarked
+  launch = lambda p: g16.heuristic(2, 128, p.codes.shape[-3], 128, params=p, tile_rows=128)
+  on = launch(p)
   assert (on.warpgroups, on.split_warpgroups, on.fp8_single_acc) == (4, "n", True)
+  monkeypatch.setenv("HUMMING_JAX_FP8_SINGLE_ACC", "0")
+  off = launch(p)
+  assert (off.warpgroups, off.cluster_n, off.fp8_single_acc) == (2, 2, False)
+  monkeypatch.delenv("HUMMING_JAX_FP8_SINGLE_ACC")
   seen, heuristic = [], g16.heuristic
   monkeypatch.setattr(g16, "heuristic", lambda *a, **k: seen.append(heuristic(*a, **k))
                       or seen[-1])
   y = jax.jit(lambda p, x, g: gw.run(p, x, g, interpret=True))(p, x, g)
   assert seen and all(c.fp8_single_acc for c in seen), seen
   assert rel(y, reference.ragged_dot_reference(q, x, g)) <= 1e-4
+  # expert 1, column 5: group 0's scale raised 12 binades over the column's others
+  wide = q.replace(scales=q.scales.at[1, 0, 5].add(jnp.uint8(12)))  # e8m0: + 12 binades
+  pw = gw.prepare(wide)
+  assert not wna16_mgpu.column_folds(pw.layout), pw.layout
+  assert not launch(pw).fp8_single_acc
+  seen.clear()
+  yw = jax.jit(lambda p, x, g: gw.run(p, x, g, interpret=True))(pw, x, g)
+  assert seen and not any(c.fp8_single_acc for c in seen)
+  assert rel(yw, reference.ragged_dot_reference(wide, x, g)) <= 1e-4
+  with pytest.raises(ValueError, match="fp8_single_acc=True needs.*':cf'"):
+    gw.run(pw, x, g, interpret=True, config=on)
 
 
 @pytest.mark.gpu
@@ -179,6 +197,35 @@ def test_fp8_single_acc_gpu(wgs, monkeypatch):
   err = rel(y, want)
   print(f"fp8_single_acc wgs={wgs}: rel err {err:.2e}")
   assert err <= 1e-2, err
+
+
+@pytest.mark.gpu
+def test_fp8_single_acc_default_gpu(monkeypatch):
+  """The default path on the H200 for eagerly prepared W4A8 MXFP4 experts (":cf") at
+  128-row tiles (K = 14336, as Mixtral down): hj.quant_ragged_dot runs the one-accumulator
+  launch on four warpgroups, within 1e-2 of the reference and of the per-group route
+  (HUMMING_JAX_FP8_SINGLE_ACC=0; both printed)."""
+  from humming_jax.kernels import grouped_wna16_mgpu as g16
+  monkeypatch.delenv("HUMMING_JAX_FP8_MMA", raising=False)
+  monkeypatch.delenv("HUMMING_JAX_CLUSTER_N", raising=False)
+  q, x = make("w4a8-mxfp4", 4, 14336, 1024, 1024, False, seed=40)
+  g = jnp.asarray([256, 300, 212, 256], jnp.int32)
+  p = hj.prepare(q, grouped=True)
+  assert p.layout.split(":")[-2:] == ["p8", "cf"], p.layout
+  want = reference.ragged_dot_reference(q, x, g)
+  out, seen, heuristic = {}, [], g16.heuristic
+  monkeypatch.setattr(g16, "heuristic", lambda *a, **k: seen.append(heuristic(*a, **k))
+                      or seen[-1])
+  for flag in ("1", "0"):
+    monkeypatch.setenv("HUMMING_JAX_FP8_SINGLE_ACC", flag)
+    seen.clear()
+    out[flag] = jax.jit(lambda p, x, g: hj.quant_ragged_dot(p, x, g))(p, x, g)
+    assert seen and all((c.fp8_single_acc, c.warpgroups) == ((True, 4) if flag == "1"
+                                                             else (False, 2)) for c in seen)
+  errs = {f: rel(y, want) for f, y in out.items()}
+  print(f"one accumulator: rel err {errs['1']:.2e}; per group {errs['0']:.2e}; between "
+        f"{rel(out['1'], out['0']):.2e}")
+  assert errs["1"] <= 1e-2 and rel(out["1"], out["0"]) <= 1e-2
 
 
 @pytest.mark.parametrize("group", [32, 64, 128])
@@ -208,7 +255,7 @@ def test_fp8_fold_interpret(group, monkeypatch):
   x = x.at[:gs[0], :group].set(0)  # expert 0's rows: nothing from column 7's top group
   g = jnp.asarray(gs, jnp.int32)
   p = gw.prepare(q)
-  assert p.layout.endswith(":p8"), p.layout
+  assert "p8" in p.layout.split(":"), p.layout
   runs, folded = {}, []
   real = mgpu_convert.e2m1_to_e4m3_folded_interpret
   monkeypatch.setattr(mgpu_convert, "e2m1_to_e4m3_folded_interpret",
@@ -256,7 +303,7 @@ def test_fp8_cluster_interpret(monkeypatch, launched_clusters):
   q, x = make("w4a8-mxfp4", e, k, n, sum(gs), False, seed=31)
   g = jnp.asarray(gs, jnp.int32)
   p = gw.prepare(q)
-  assert p.layout.endswith(":p8"), p.layout
+  assert "p8" in p.layout.split(":"), p.layout
   base = dataclasses.replace(wna16_mgpu.shared_x_config(80, warpgroups=1), stages=2)
   clusters = launched_clusters
   out = {c: np.asarray(jax.jit(lambda p, x, g, c=c: gw.run(
@@ -408,7 +455,7 @@ def test_fp8_mma_gpu(shape, tokens, monkeypatch):
   e_, p = routed_error("w4a8-mxfp4", e, k, n, tokens, 27,
                        lambda q: hj.prepare(q, grouped=True, kernel=gw.FAMILY),
                        hj.quant_ragged_dot)
-  assert p.layout.endswith(":p8"), p.layout
+  assert "p8" in p.layout.split(":"), p.layout
   print(f"fp8 MMA {shape} {tokens} tokens: rel err {e_:.2e}")
   assert e_ <= 1e-3
 
@@ -433,7 +480,7 @@ def test_fp8_fold_gpu(shape, tokens, monkeypatch):
                           lambda p, x, g: hj.quant_ragged_dot(p, x, g))
     g, x = routed_rows(e, k, tokens, seed=28)  # routed_error's rows
     out[flag] = (err, jax.jit(lambda p, x, g: hj.quant_ragged_dot(p, x, g))(p, x, g))
-  assert p.layout.endswith(":p8"), p.layout
+  assert "p8" in p.layout.split(":"), p.layout
   diff = rel(out["1"][1], out["0"][1])
   print(f"fp8 fold {shape} {tokens} tokens: rel err {out['1'][0]:.2e} (partials "
         f"{out['0'][0]:.2e}), fold vs partials {diff:.1e}")
@@ -490,7 +537,7 @@ def test_fp8_mma_groups_gpu(key, monkeypatch):
                                     if spec.act_static else None))(w)
   g, x = routed_rows(128, 2048, 16, seed=36)
   p = jax.jit(gw.prepare)(q)
-  assert p.layout.endswith(":p8"), p.layout
+  assert "p8" in p.layout.split(":"), p.layout
   e_ = rel(jax.jit(hj.quant_ragged_dot)(p, x, g),
            jax.jit(reference.ragged_dot_reference)(q, x, g))
   print(f"fp8 MMA {key}: rel err {e_:.2e}")

@@ -504,7 +504,7 @@ def test_dense_fp8_mma_layout_interpret(monkeypatch):
   monkeypatch.setenv("HUMMING_JAX_DENSE_FP8_MMA", "1")
   assert not wm.dense_fp8_mma(SPECS["w4a8-int8"])
   p = wm.prepare(q)
-  assert p.layout.endswith(":p8"), p.layout
+  assert "p8" in p.layout.split(":"), p.layout
   np.testing.assert_array_equal(np.asarray(wm.to_canonical(p).codes), np.asarray(q.codes))
   y = jax.jit(lambda p, x: wm.run(p, x, interpret=True))(p, x)
   assert y.dtype == x.dtype and rel(y, reference.dense_reference(q, x)) <= 1e-4
@@ -530,7 +530,7 @@ def test_dense_fp8_mma_layout_interpret(monkeypatch):
   q, x = make(spec, w8a8_mgpu.MIN_M + 8, 256, 192, seed=14)
   monkeypatch.setenv("HUMMING_JAX_DENSE_FP8_MMA", "1")
   p = wm.prepare(q)
-  assert p.layout.endswith(":p8"), p.layout
+  assert "p8" in p.layout.split(":"), p.layout
   for xx in (x, x[:3].astype(jnp.float32)):
     want = reference.dense_reference(q, xx)
     assert rel(wm.run(p, xx, interpret=True), want) <= TOL
@@ -545,7 +545,7 @@ def test_dense_fp8_fold_gpu(monkeypatch):
   q, x = make(spec, 128, 8192, 8192, seed=9)
   monkeypatch.setenv("HUMMING_JAX_DENSE_FP8_MMA", "1")
   p = jax.jit(lambda q: wm.prepare(q))(q)
-  assert p.layout.endswith(":p8"), p.layout
+  assert "p8" in p.layout.split(":"), p.layout
   for m in (16, 128):
     want = jax.jit(reference.dense_reference)(q, x[:m])
     ys = {}
@@ -569,7 +569,7 @@ def test_dense_fp8_mma_gpu(monkeypatch):
   k_order = jax.jit(wm.prepare)(q)
   monkeypatch.setenv("HUMMING_JAX_DENSE_FP8_MMA", "1")
   p = jax.jit(lambda q: wm.prepare(q))(q)
-  assert p.layout.endswith(":p8"), p.layout
+  assert "p8" in p.layout.split(":"), p.layout
   for m in (1, 16):
     e = rel(jax.jit(lambda p, x: wm.run(p, x))(p, x[:m]),
             jax.jit(reference.dense_reference)(q, x[:m]))

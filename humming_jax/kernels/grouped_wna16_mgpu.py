@@ -160,16 +160,19 @@ def heuristic(tiles: int, n: int, k_tiles: int, block_m: int, *,
     # 168.4; the 16-bit route's conversion made the shared x tile pay, NOTES_moe.md).
     return dataclasses.replace(wna16_mgpu.shared_x_config(block_m), warpgroups=1,
                                substeps=1, split_warpgroups="k")
-  if (block_m > 80 and fp8 and params.spec.scale_dtype == "e8m0"
-      and tuning.env_flag("HUMMING_JAX_FP8_SINGLE_ACC", False)):
-    # Opt-in (Config.fp8_single_acc): one accumulator per warpgroup leaves the registers
-    # for four shared-x warpgroups (256 columns per CTA, so each x tile is read half as
-    # often).  H200 session 25, probe_fp8_moe.py --single, CUPTI kernel us: Mixtral gate_up
-    # 1024 tokens 1151.6 -> 922.1, 4096 tokens 3643.6 -> 2891.8, down 1024 633.3 -> 514.2;
-    # the same fold on the two-warpgroup launch: 1138.5 (NOTES_moe.md session 25).  Not
-    # the default: codes more than 11 binades below their column's largest group become
-    # zero (no guard), and the error against the per-group route is 5e-3 - 8e-3 (K up to
-    # 14336 summed in the fp8 MMA's accumulator) against its ~3e-4.
+  if (block_m > 80 and fp8 and wna16_mgpu.column_folds(params.layout)
+      and tuning.env_flag("HUMMING_JAX_FP8_SINGLE_ACC", True)):
+    # Weights whose e8m0 scales fold exactly against each column's largest (":cf",
+    # wna16_mgpu.mark_column_fold): one accumulator per warpgroup (Config.fp8_single_acc)
+    # leaves the registers (106 against 255 per thread in probe_wgmma_rate.py) for four
+    # shared-x warpgroups, 256 columns per CTA, each x tile read half as often.  H200
+    # session 25, probe_fp8_moe.py --single, CUPTI kernel us: Mixtral gate_up 1024 tokens
+    # 1151.6 -> 922.1 (clusters of two: 939.5), 4096 tokens 3643.6 -> 2891.8, down 1024
+    # 633.3 -> 514.2; the same fold on the two-warpgroup launch: 1138.5 (NOTES_moe.md
+    # session 25).  The fp8 MMA then sums all of K in its reduced-precision accumulator:
+    # 1.7e-3 / 2.6e-3 against the reference at K 4096 / 14336 (bench_moe), the class of
+    # w8a8_mgpu's fp8 GEMM and of the 16-bit route, against ~3e-4 for per-group partials.
+    # HUMMING_JAX_FP8_SINGLE_ACC=0 keeps the per-group launch below.
     return dataclasses.replace(wna16_mgpu.shared_x_config(block_m, warpgroups=4),
                                fp8_single_acc=True)
   if block_m > 80 and fp8:

@@ -60,13 +60,17 @@ def prepare(params: QuantizedWeight) -> QuantizedWeight:
   spec and a static spec's activation scale kept): the fp8-MMA layout where
   :func:`fp8_mma` says so, else 4-bit codes in the permuted K order
   (``wna16_mgpu.permutes``: no Pallas unpack reads this layout, unlike dense
-  ``wnam_mgpu``'s)."""
+  ``wnam_mgpu``'s).  Eagerly (concrete weights), e8m0 scales that span at most 11 binades
+  per column also mark the layout ":cf" (``wna16_mgpu.mark_column_fold``): tiles over 80
+  rows then run with one accumulator (``Config.fp8_single_acc``; ~20 % faster at Mixtral
+  sizes); under ``jax.jit`` the check cannot run and the per-group route is taken."""
   if not supports(params.spec):
     raise ValueError(f"spec {params.spec.name}: not supported by the {FAMILY} kernel "
                      f"(activation-quantized specs whose weights the "
                      f"{grouped_wna16_mgpu.FAMILY} kernel takes)")
   out = grouped_wna16_mgpu.prepare(weight_view(params, "canonical"),
                                    mma="fp8" if fp8_mma(params.spec) else "bf16")
+  out = wna16_mgpu.mark_column_fold(out)  # ":cf": the one-accumulator tiles may run
   return out.replace(spec=params.spec, act_scale=params.act_scale,
                      layout=renamed(out.layout, FAMILY))
 

@@ -155,14 +155,15 @@ class MgpuConfig:
   # e.g. 104-row tiles or an odd count of column CTAs run unclustered.  The 128-row fp8
   # expert tiles gain 3.8-4.0 % with pairs; the 16-bit route's lose (NOTES.md v25).
   cluster_n: int = 1
-  # Session 25 experiment, opt-in: the fold against each column's largest group scale over
-  # all of K (not the K tile's), so every K tile's fp8 WGMMAs accumulate straight into one
-  # accumulator (no float32 partial, no per-group multiply, no wait per group) and the
-  # epilogue multiplies each column by max * 2**-11.  Codes more than 11 binades below
-  # their column's largest group become zero, and the fp8 MMA sums all of K in its
-  # reduced-precision accumulator (w8a8_mgpu's 3e-3 at K = 8192).  No guard yet.  The
-  # loop body alone runs 1561 against 869 TFLOP/s (probe_wgmma_rate.py, 128-row tiles on
-  # two warpgroups) in 106 against 255 registers, so 128-row tiles fit four warpgroups.
+  # Session 25: the fold against each column's largest group scale over all of K (not the
+  # K tile's), so every K tile's fp8 WGMMAs accumulate straight into one accumulator (no
+  # float32 partial, no per-group multiply, no wait per group) and the epilogue multiplies
+  # each column by max * 2**-11.  Exact only where every column's scales span <= 11
+  # binades: run() takes it on layouts marked ":cf" (wna16_mgpu.mark_column_fold) and
+  # nowhere else.  The fp8 MMA then sums all of K in its reduced-precision accumulator
+  # (w8a8_mgpu's class of error).  The loop body alone runs 1561 against 869 TFLOP/s
+  # (probe_wgmma_rate.py, 128-row tiles, two warpgroups) in 106 against 255 registers, so
+  # 128-row tiles fit four warpgroups (grouped_wna16_mgpu.heuristic takes that).
   fp8_single_acc: bool = False
 
   def __post_init__(self):

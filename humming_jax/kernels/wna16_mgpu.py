@@ -181,6 +181,33 @@ def fp8_mma(layout: str) -> bool:
   return "p8" in layout.split(":")[1:]
 
 
+def column_folds(layout: str) -> bool:
+  """Whether a layout string of this family (or its grouped / W4A8 views) carries the
+  ":cf" check of :func:`mark_column_fold`: every column's e8m0 group scales lie within
+  ``mgpu_convert.FOLD_MAX_SHIFT`` binades of its largest, so ``Config.fp8_single_acc``
+  computes it exactly (up to the fp8 MMA's accumulation)."""
+  return "cf" in layout.split(":")[1:]
+
+
+def mark_column_fold(prepared: QuantizedWeight) -> QuantizedWeight:
+  """``prepared`` (the fp8-MMA layout, e8m0 scales, dense or stacked) with ":cf" added to
+  its layout where its scales allow ``Config.fp8_single_acc``: in every column the groups'
+  scales span at most ``mgpu_convert.FOLD_MAX_SHIFT`` binades (a NaN scale fails), so
+  folding each group against the column's largest is exact.  A value check, so it needs
+  concrete scales: traced ones (``prepare`` under ``jax.jit``) are returned unmarked and
+  run the per-group route.  Padding rows and columns are left out."""
+  if (not fp8_mma(prepared.layout) or column_folds(prepared.layout)
+      or prepared.spec.scale_dtype != "e8m0" or isinstance(prepared.scales, jax.core.Tracer)):
+    return prepared
+  k, n = prepared.shape[-2:]
+  groups = -(-k // prepared.spec.group_size)
+  e = jnp.log2(prepared.scales[..., :groups, :n].astype(jnp.float32))  # exact: powers of 2
+  spread = jnp.max(e, axis=-2) - jnp.min(e, axis=-2)
+  if not bool(jnp.all(spread <= mgpu_convert.FOLD_MAX_SHIFT)):
+    return prepared
+  return prepared.replace(layout=prepared.layout + ":cf")
+
+
 def fp8_mma_reason(spec: QuantSpec) -> str | None:
   """Why ``spec``'s weights have no fp8-MMA layout (None: they have): fp4 e2m1 codes
   (exact in e4m3 times 2**-6) whose scale groups cover whole 32-deep WGMMA K steps (each
@@ -416,9 +443,12 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
   if cluster_env and config.split_warpgroups == "n":  # every shared-x launch (a device A/B)
     config = dataclasses.replace(config, cluster_n=int(cluster_env))
   single = config.fp8_single_acc
-  if single and not (fp8 and spec.scale_dtype == "e8m0" and not config.fp8_fold):
-    raise ValueError(f"config.fp8_single_acc=True needs the fp8-MMA layout with e8m0 group "
-                     f"scales and fp8_fold=False; got x.dtype={x.dtype}, spec {spec.name}")
+  if single and not (fp8 and column_folds(params.layout) and not config.fp8_fold):
+    raise ValueError(f"config.fp8_single_acc=True needs the fp8-MMA layout checked by "
+                     f"mark_column_fold (':cf': e8m0 scales within "
+                     f"{mgpu_convert.FOLD_MAX_SHIFT} binades per column; prepare eagerly) "
+                     f"and fp8_fold=False; got params.layout={params.layout!r}, "
+                     f"x.dtype={x.dtype}, fp8_fold={config.fp8_fold}")
   if config.fp8_fold and not (fp8 and spec.scale_dtype == "e8m0"):
     raise ValueError(f"config.fp8_fold=True needs the fp8-MMA layout with e8m0 (power-of-"
                      f"two) group scales; got x.dtype={x.dtype}, spec {spec.name} "
