@@ -66,16 +66,16 @@ s_moe() {  # HUMMING_JAX_FP8_SINGLE_ACC=1 (the grouped heuristic's opt-in) with 
   done
 }
 s_default() {  # the one-accumulator tiles as the default for ":cf" weights (eager prepare)
-  T 200 $PYT tests/test_grouped_wnam_mgpu.py -m gpu -s -k "single_acc or fp8_mma_gpu" \
+  T 170 $PYT tests/test_grouped_wnam_mgpu.py -m gpu -s -k "single_acc or fp8_mma_gpu" \
     > "$OUT/default.log" 2>&1
   echo "rc=$?"; grep -E "^(FAILED|ERROR)|^E |passed|failed|rel err" "$OUT/default.log" | cut -c1-250 | tail -12
   for shape in mixtral-gate_up mixtral-down; do
-    T 150 python3 benchmarks/bench_moe.py --shapes $shape --tokens 1024,4096 \
+    T 110 python3 benchmarks/bench_moe.py --shapes $shape --tokens 1024 \
       --specs w4a8-mxfp4 --humming --no-baselines --chain resident --span --calls 10 \
       --repeats 2 --json "$OUT/moe_$shape.json" > "$OUT/moe_$shape.log" 2>&1
     echo "$shape rc=$?"; grep -E "T=|rror" "$OUT/moe_$shape.log" | cut -c1-300
   done
-  T 170 python3 benchmarks/bench_moe_layer.py --models mixtral --tokens 1024 \
+  T 130 python3 benchmarks/bench_moe_layer.py --models mixtral --tokens 1024 \
     --spec w4a8-mxfp4 --families default --breakdown --calls 10 --repeats 2 \
     --json "$OUT/layer.json" > "$OUT/layer.log" 2>&1
   echo "layer rc=$?"; grep -E "^\{|rror|mosaic" "$OUT/layer.log" | cut -c1-250 | head -8
