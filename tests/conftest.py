@@ -6,6 +6,14 @@ import pytest
 
 # Exact float32 matmuls in references on the CPU.
 jax.config.update("jax_default_matmul_precision", "highest")
+# The GPU interpreter runs each CTA / warpgroup of a launch as a Python thread that calls
+# its own jitted program, and with async dispatch the CPU client runs those programs on
+# its thread pool (one thread per core).  A cluster test on 2 cores then deadlocked now
+# and then (session 25: test_fp8_cluster_interpret, all threads idle after 10 min): the
+# outer program's thread-map callback held one pool thread waiting for the CTAs, one CTA
+# held the other blocked on the cluster barrier, and the second CTA found no thread to
+# run on.  Executed inline, each program runs on its own calling thread.
+jax.config.update("jax_cpu_enable_async_dispatch", False)
 
 
 def _has_gpu() -> bool:
