@@ -117,23 +117,37 @@ def test_fp8_mma_split_k_and_dense_interpret(monkeypatch):
   assert wna16_mgpu.run(dense, codes[:0], interpret=True, x_scale=s[:0]).dtype == jnp.bfloat16
 
 
-@pytest.mark.parametrize("wgs,split", [(1, "k"), (2, "k"), (2, "n")])
-def test_fp8_single_acc_interpret(wgs, split, monkeypatch):
-  """config.fp8_single_acc (opt-in, session 25): the e8m0 group scales folded against each
-  column's largest one over all of K, every K tile into one accumulator, the column max in
-  the epilogue.  Random weights (groups within 11 binades of their column's largest):
-  the reference within 1e-4, on warpgroups splitting K (summed in SMEM) or N."""
+@pytest.mark.parametrize("wgs,split,sub,k,tiny", [
+    (1, "k", 1, 512, False), (2, "k", 1, 512, False), (2, "n", 1, 512, False),
+    (1, "k", 2, 512, False),  # two K tiles per pipeline step
+    # K 320: the last K tile is padded, its padding scale rows hold 1.0; weights ~1e-4,
+    # so scales ~2**-18: a column maximum taken over the padding (1.0) would zero them all
+    (1, "k", 1, 320, True)])
+def test_fp8_single_acc_interpret(wgs, split, sub, k, tiny, monkeypatch):
+  """config.fp8_single_acc: the e8m0 group scales folded against each column's largest
+  one over all of K (the real groups', not the padding's), every K tile into one
+  accumulator, the column max in the epilogue.  Random weights (groups within 11 binades
+  of their column's largest): the reference within 1e-4, on warpgroups splitting K
+  (summed in SMEM) or N, one or two K tiles per step, and a padded K."""
   from humming_jax.kernels import wna16_mgpu
   monkeypatch.delenv("HUMMING_JAX_FP8_MMA", raising=False)
-  q, x = make("w4a8-mxfp4", 2, 512, 128, 6, True, seed=37)
+  kw, kx = jax.random.split(jax.random.key(37))
+  w = jax.random.normal(kw, (2, k, 128)) / np.sqrt(k) * (1e-4 if tiny else 1.0)
+  q = hj.quantize(w, hj.QuantSpec.preset("w4a8-mxfp4"))
+  x = jax.random.normal(kx, (6, k), jnp.float32).astype(jnp.bfloat16)
   g = jnp.asarray([2, 4], jnp.int32)
   p = gw.prepare(q)
-  cfg = dataclasses.replace(wna16_mgpu.heuristic(1, 128), substeps=1, stages=2,
-                            warpgroups=wgs, split_warpgroups=split, fp8_single_acc=True, split_k=1,
-                            scale_after_mma=False, overlap_mma=False)
+  assert wna16_mgpu.column_folds(p.layout), p.layout
+  cfg = dataclasses.replace(wna16_mgpu.heuristic(1, 128), substeps=sub, stages=2,
+                            warpgroups=wgs, split_warpgroups=split, fp8_single_acc=True,
+                            split_k=1, scale_after_mma=False, overlap_mma=False)
   y = jax.jit(lambda p, x, g: gw.run(p, x, g, interpret=True, config=cfg))(p, x, g)
   want = reference.ragged_dot_reference(q, x, g)
+  assert float(jnp.max(jnp.abs(want))) > 0
   assert rel(y, want) <= 1e-4, rel(y, want)
+  if k == 512:  # 4 K tiles split in two: the column fold needs the kernel's epilogue
+    with pytest.raises(ValueError, match="split_k=2 gives 2 K splits"):
+      gw.run(p, x, g, interpret=True, config=dataclasses.replace(cfg, split_k=2, substeps=1))
 
 
 def test_fp8_single_acc_route(monkeypatch):
@@ -142,9 +156,10 @@ def test_fp8_single_acc_route(monkeypatch):
   11 binades; the grouped heuristic then runs fp8 tiles over 80 rows on four shared-x
   warpgroups with one accumulator each (HUMMING_JAX_FP8_SINGLE_ACC=0: two warpgroups in
   pairs, per-group partials), and the default path through gw.run matches the
-  reference (104-row tiles).  A prepare under jit (scales not concrete) and a column
-  with a group 12 binades under its largest are not marked, take the per-group route,
-  and an explicit fp8_single_acc config is refused on them by name."""
+  reference (120-row tiles).  A prepare under jit (scales not concrete), a column whose
+  scales span 12 binades and a NaN scale are not marked; the first two take the
+  per-group route, and an explicit fp8_single_acc config is refused on them by name.
+  Marked by hand (a stale mark), the column that does not fold comes out NaN."""
   from humming_jax.kernels import grouped_wna16_mgpu as g16, wna16_mgpu
   monkeypatch.delenv("HUMMING_JAX_FP8_MMA", raising=False)
   monkeypatch.delenv("HUMMING_JAX_FP8_SINGLE_ACC", raising=False)
@@ -166,8 +181,8 @@ def test_fp8_single_acc_route(monkeypatch):
   y = jax.jit(lambda p, x, g: gw.run(p, x, g, interpret=True))(p, x, g)
   assert seen and all(c.fp8_single_acc for c in seen), seen
   assert rel(y, reference.ragged_dot_reference(q, x, g)) <= 1e-4
-  # expert 1, column 5: group 0's scale raised 12 binades over the column's others
-  wide = q.replace(scales=q.scales.at[1, 0, 5].add(jnp.uint8(12)))  # e8m0: + 12 binades
+  # expert 1, column 5: group 0's scale set 12 binades over the column's largest
+  wide = q.replace(scales=q.scales.at[1, 0, 5].set(q.scales[1, :, 5].max() + 12))  # e8m0
   pw = gw.prepare(wide)
   assert not wna16_mgpu.column_folds(pw.layout), pw.layout
   assert not launch(pw).fp8_single_acc
@@ -177,13 +192,27 @@ def test_fp8_single_acc_route(monkeypatch):
   assert rel(yw, reference.ragged_dot_reference(wide, x, g)) <= 1e-4
   with pytest.raises(ValueError, match="fp8_single_acc=True needs.*':cf'"):
     gw.run(pw, x, g, interpret=True, config=on)
+  nan = q.replace(scales=q.scales.at[0, 1, 2].set(jnp.uint8(0xFF)))  # e8m0 NaN
+  assert not wna16_mgpu.column_folds(gw.prepare(nan).layout)
+  # a stale mark (the wide scales under the ":cf" of other weights): the column that does
+  # not fold is NaN, never silently wrong; the others match the reference
+  stale = pw.replace(layout=pw.layout + ":cf")
+  ys = np.asarray(jax.jit(lambda p, x, g: gw.run(p, x, g, interpret=True, config=on))(
+      stale, x, g), np.float32)
+  want_w = np.asarray(reference.ragged_dot_reference(wide, x, g), np.float32)
+  rows1 = slice(100, 200)  # expert 1's rows
+  assert np.isnan(ys[rows1, 5]).all() and not np.isnan(np.delete(ys, 5, axis=1)).any()
+  assert not np.isnan(ys[:100, 5]).any()  # expert 0's column 5 folds
+  keep = np.ones(ys.shape, bool)
+  keep[rows1, 5] = False
+  assert rel(ys[keep], want_w[keep]) <= 1e-4
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("wgs", [2, 4])
 def test_fp8_single_acc_gpu(wgs, monkeypatch):
   """config.fp8_single_acc on the H200 at 128-row tiles (256 rows per expert, K = 4096)
-  on two / four shared-x warpgroups in clusters of two: the reference within 1e-2 (the
+  on two / four shared-x warpgroups in clusters of two: the reference within 5e-3 (the
   fp8 MMA sums all of K in its reduced-precision accumulator; the error is printed)."""
   from humming_jax.kernels import wna16_mgpu
   monkeypatch.delenv("HUMMING_JAX_FP8_MMA", raising=False)
@@ -196,14 +225,14 @@ def test_fp8_single_acc_gpu(wgs, monkeypatch):
   want = reference.ragged_dot_reference(q, x, g)
   err = rel(y, want)
   print(f"fp8_single_acc wgs={wgs}: rel err {err:.2e}")
-  assert err <= 1e-2, err
+  assert err <= 5e-3, err  # (H200 session 25: 1.61e-3)
 
 
 @pytest.mark.gpu
 def test_fp8_single_acc_default_gpu(monkeypatch):
   """The default path on the H200 for eagerly prepared W4A8 MXFP4 experts (":cf") at
   128-row tiles (K = 14336, as Mixtral down): hj.quant_ragged_dot runs the one-accumulator
-  launch on four warpgroups, within 1e-2 of the reference and of the per-group route
+  launch on four warpgroups, within 5e-3 of the reference and of the per-group route
   (HUMMING_JAX_FP8_SINGLE_ACC=0; both printed)."""
   from humming_jax.kernels import grouped_wna16_mgpu as g16
   monkeypatch.delenv("HUMMING_JAX_FP8_MMA", raising=False)
@@ -225,7 +254,7 @@ def test_fp8_single_acc_default_gpu(monkeypatch):
   errs = {f: rel(y, want) for f, y in out.items()}
   print(f"one accumulator: rel err {errs['1']:.2e}; per group {errs['0']:.2e}; between "
         f"{rel(out['1'], out['0']):.2e}")
-  assert errs["1"] <= 1e-2 and rel(out["1"], out["0"]) <= 1e-2
+  assert errs["1"] <= 5e-3 and rel(out["1"], out["0"]) <= 5e-3  # (session 25: 2.56e-3)
 
 
 @pytest.mark.parametrize("group", [32, 64, 128])

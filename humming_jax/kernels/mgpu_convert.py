@@ -414,20 +414,29 @@ FOLD_MAX_SHIFT = 11  # binades an e2m1 * 2**-6 e4m3 operand is raised by at most
 _M28, _M32, _HALF = 0x1C1C1C1C, 0x20202020, 0x04040404
 
 
-def fold_shifts(scales):
-  """The fold of a K tile's power-of-two group scales (e8m0 scales as float32 rows, one
-  per group): ``(multiplier, raises)``.  Group g's operands are raised by ``raises[g] =
-  FOLD_MAX_SHIFT - log2(max / scales[g])`` binades (int32; negative: more than
-  FOLD_MAX_SHIFT binades below the tile's largest scale, and its codes become zero), so
-  the tile's one float32 partial times ``multiplier = max * 2**-FOLD_MAX_SHIFT`` is the
-  sum of every group's partial times its scale.  A NaN scale makes the max, so the
-  column's output, NaN."""
-  top = scales[0]
-  for s_ in scales[1:]:
-    top = jnp.maximum(top, s_)
-  exp = lambda v: lax.shift_right_logical(lax.bitcast_convert_type(v, jnp.int32), 23)
+def scale_exponent(v: jax.Array) -> jax.Array:
+  """Biased exponent field of float32 values (int32): ``log2(v) + 127`` for the e8m0
+  scales' powers of two from 2**-126 up, 0 for 2**-127 (so differences stay exact), 255
+  for NaN / inf -- the bits the fold's PTX reads (no float log2, which can miss a power of
+  two by an ulp)."""
+  return lax.shift_right_logical(lax.bitcast_convert_type(v, jnp.int32), 23)
+
+
+def fold_shifts(scales, top=None):
+  """The fold of power-of-two group scales (e8m0 scales as float32 rows, one per group)
+  against ``top`` (default: their elementwise max, the K tile's largest; the one-
+  accumulator route passes its column's largest over all of K): ``(multiplier,
+  raises)``.  Group g's operands are raised by ``raises[g] = FOLD_MAX_SHIFT - log2(top /
+  scales[g])`` binades (int32; negative: more than FOLD_MAX_SHIFT binades below ``top``,
+  and its codes become zero), so the one float32 sum times ``multiplier = top *
+  2**-FOLD_MAX_SHIFT`` is the sum of every group's partial times its scale.  A NaN scale
+  makes the max, so the column's output, NaN."""
+  if top is None:
+    top = scales[0]
+    for s_ in scales[1:]:
+      top = jnp.maximum(top, s_)
   return (top * (2.0 ** -FOLD_MAX_SHIFT),
-          [FOLD_MAX_SHIFT - (exp(top) - exp(s_)) for s_ in scales])
+          [FOLD_MAX_SHIFT - (scale_exponent(top) - scale_exponent(s_)) for s_ in scales])
 
 
 def shift_e4m3_reference(v: np.ndarray, r: int) -> np.ndarray:
@@ -456,9 +465,10 @@ def e2m1_to_e4m3_ptx(codes: jax.Array, blocks: int, *, group_blocks: int = 0,
   MSB; e2m1's subnormal 0.5 lands on e4m3's 2**-7).  ~0.9 integer ops per weight against
   ~3 for the e2m1 -> bf16 conversion and its scale multiply.
 
-  With ``scales`` (the fold, ``Config.fp8_fold``): one (64,) float32 row of e8m0 values per
-  group of ``group_blocks`` 32-code runs (WGMMA row layout) and ``top``, their elementwise
-  max.  Each group's operands are raised as :func:`fold_shifts` says (computed here from
+  With ``scales`` (the fold: ``Config.fp8_fold`` / ``fp8_single_acc``): one (64,) float32
+  row of e8m0 values per group of ``group_blocks`` 32-code runs (WGMMA row layout) and
+  ``top``, their elementwise max (fp8_fold) or the column's largest over all of K
+  (fp8_single_acc).  Each group's operands are raised as :func:`fold_shifts` says (computed here from
   the exponent fields), so one float32 partial per K tile, times :func:`fold_shifts`'
   multiplier, replaces a partial per group; a negative raise zeroes the group's codes.
   :func:`shift_e4m3_reference` is that arithmetic in numpy."""
@@ -467,7 +477,7 @@ def e2m1_to_e4m3_ptx(codes: jax.Array, blocks: int, *, group_blocks: int = 0,
   out_t = plgpu.ShapeDtypeStruct(shape, jnp.dtype(jnp.float8_e4m3fn),
                                  layout=plgpu.Layout.WGMMA_8BIT)
   rows = (plgpu.Layout.WGMMA.reduce(1),) * (len(scales) + 1) if fold else ()
-  remedy = ("run without HUMMING_JAX_FP8_FOLD" if fold else
+  remedy = ("run without HUMMING_JAX_FP8_FOLD, with HUMMING_JAX_FP8_SINGLE_ACC=0" if fold else
             "prepare the weights again with HUMMING_JAX_FP8_MMA=0 (grouped) / "
             "HUMMING_JAX_DENSE_FP8_MMA=0 (dense): the 16-bit route")
 

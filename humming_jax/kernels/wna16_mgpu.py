@@ -201,8 +201,8 @@ def mark_column_fold(prepared: QuantizedWeight) -> QuantizedWeight:
     return prepared
   k, n = prepared.shape[-2:]
   groups = -(-k // prepared.spec.group_size)
-  e = jnp.log2(prepared.scales[..., :groups, :n].astype(jnp.float32))  # exact: powers of 2
-  spread = jnp.max(e, axis=-2) - jnp.min(e, axis=-2)
+  e = mgpu_convert.scale_exponent(prepared.scales[..., :groups, :n].astype(jnp.float32))
+  spread = jnp.max(e, axis=-2) - jnp.min(e, axis=-2)  # (a NaN scale: 255, > 11 apart)
   if not bool(jnp.all(spread <= mgpu_convert.FOLD_MAX_SHIFT)):
     return prepared
   return prepared.replace(layout=prepared.layout + ":cf")
@@ -437,6 +437,7 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
     config = dataclasses.replace(config, scale_after_mma=False, zero_point_mma=False,
                                  overlap_mma=False)
   if (fp8 and spec.scale_dtype == "e8m0" and scale_k(spec) < bk
+      and not config.fp8_single_acc  # (the column fold is a fold already)
       and tuning.env_flag("HUMMING_JAX_FP8_FOLD", False)):  # opt-in: no gain (Config)
     config = dataclasses.replace(config, fp8_fold=True)  # (one group per tile: nothing to fold)
   cluster_env = tuning.env_choice("HUMMING_JAX_CLUSTER_N", ("1", "2", "4"))
@@ -575,11 +576,20 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
   fp8_groups = fp8_blocks // fp8_group_blocks
   in_flight = max(1, min(fp8_groups, 128 // block_m))
   has_bias = params.bias is not None and fused_epilogue  # added in the kernel
-  # Epilogue rows multiplied in the kernel: the global scale, the column scale.
+  # Epilogue rows multiplied in the kernel: the global scale, the column scale, the column
+  # fold's largest group scales (fp8_single_acc).
   scale_rows = [r for r in (params.global_scale, params.scales if col else None)
                 if r is not None] if fused_epilogue else []
-  if single:  # each column's largest group scale: the fold's base, last epilogue row
-    scale_rows.append(jnp.max(params.scales.astype(jnp.float32), axis=-2, keepdims=True))
+  if single:  # each column's largest group scale: the fold's base, last epilogue row.
+    # Over the real groups only: the padding rows past K hold 1.0 (their codes are zero).
+    # A column whose scales span more than the fold's range (a ":cf" mark gone stale,
+    # e.g. other weights loaded into a prepared tree) gets a NaN base: its output is NaN,
+    # never silently short of the zeroed groups.
+    real = params.scales[..., :-(-k // scale_k(spec)), :].astype(jnp.float32)
+    e = mgpu_convert.scale_exponent(real)
+    folds = (jnp.max(e, axis=-2, keepdims=True) - jnp.min(e, axis=-2, keepdims=True)
+             <= mgpu_convert.FOLD_MAX_SHIFT)
+    scale_rows.append(jnp.where(folds, jnp.max(real, axis=-2, keepdims=True), jnp.nan))
   n_ep = len(scale_rows) + has_bias  # epilogue vectors, fetched during the K loop
   # fp8 x: 32-byte swizzle, so each 32-deep K step of a tile is a whole swizzle tile (the
   # B operand of one fp8 WGMMA beside its (64, 32) register A operand).
@@ -600,7 +610,7 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
     w_gmem = rest.pop(0)
     s_gmem = None if col else rest.pop(0)
     z_gmem = rest.pop(0) if has_zeros else None
-    ep_gmem = [rest.pop(0) for _ in range(n_ep)]  # [global scale], [column scale], [bias]
+    ep_gmem = [rest.pop(0) for _ in range(n_ep)]  # [global], [column scale], [max], [bias]
     (o_gmem,) = rest
     ni, mi, ki = lax.axis_index("n"), lax.axis_index("m"), lax.axis_index("k")
     if cl > 1:  # the cluster's column block, then this CTA's within it
@@ -751,15 +761,14 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
         # the GPU; SMEM for the interpreter), then rounds of `in_flight` scale groups: each
         # group's WGMMAs into its own fresh accumulator, one wait, each partial times its
         # scale row (group g of the tile is scale row g: groups >= 64 are one per tile).
+        # fp8_fold: the tile's groups folded, one partial per tile; fp8_single_acc: folded
+        # against top_row, every tile's WGMMAs into acc_ref, a wait before the slot's refill.
         def operands(j):  # (fold multiplier or None, (A blocks, B blocks)) of K tile j
           mult = None
           if config.fp8_fold or single:  # the group scales folded into the operands
             scales = [scale_row(j, g).astype(jnp.float32) for g in range(fp8_groups)]
-            if single:  # against the column's largest group (top_row), not the tile's
-              mult, raises = mgpu_convert.fold_shifts([top_row] + scales)
-              raises = raises[1:]
-            else:
-              mult, raises = mgpu_convert.fold_shifts(scales)
+            # single: against the column's largest group (top_row), not the tile's
+            mult, raises = mgpu_convert.fold_shifts(scales, top=top_row if single else None)
           w = plgpu.load(w_buf.at[wg, slot, j], layout=_UPCAST[4],
                          optimized=config.optimized_load)
           if interpret:
@@ -848,7 +857,7 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
             fetch(step + stages, slot)
           return total
 
-        total = None  # the running sum lives in acc_ref, or (after, fp8) in registers:
+        total = None  # the running sum lives in acc_ref, or (after, per-group fp8) in registers:
         in_registers = after or (fp8 and not single)
         if in_registers:
           total = plgpu.layout_cast(jnp.zeros((BLOCK_N, block_m), jnp.float32), _WGMMA)
