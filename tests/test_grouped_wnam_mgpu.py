@@ -157,9 +157,10 @@ def test_fp8_single_acc_route(monkeypatch):
   warpgroups with one accumulator each (HUMMING_JAX_FP8_SINGLE_ACC=0: two warpgroups in
   pairs, per-group partials), and the default path through gw.run matches the
   reference (120-row tiles).  A prepare under jit (scales not concrete), a column whose
-  scales span 12 binades and a NaN scale are not marked; the first two take the
-  per-group route, and an explicit fp8_single_acc config is refused on them by name.
-  Marked by hand (a stale mark), the column that does not fold comes out NaN."""
+  scales span 12 binades and a NaN scale are not marked; the wide one takes the
+  per-group route, and an explicit fp8_single_acc config is refused on it by name.
+  Marked by hand (a stale mark), the column that does not fold comes out NaN.
+  HUMMING_JAX_FP8_FOLD=1 leaves the one-accumulator launch as it is."""
   from humming_jax.kernels import grouped_wna16_mgpu as g16, wna16_mgpu
   monkeypatch.delenv("HUMMING_JAX_FP8_MMA", raising=False)
   monkeypatch.delenv("HUMMING_JAX_FP8_SINGLE_ACC", raising=False)
@@ -178,8 +179,10 @@ def test_fp8_single_acc_route(monkeypatch):
   seen, heuristic = [], g16.heuristic
   monkeypatch.setattr(g16, "heuristic", lambda *a, **k: seen.append(heuristic(*a, **k))
                       or seen[-1])
+  monkeypatch.setenv("HUMMING_JAX_FP8_FOLD", "1")  # (the per-tile fold: not with single)
   y = jax.jit(lambda p, x, g: gw.run(p, x, g, interpret=True))(p, x, g)
-  assert seen and all(c.fp8_single_acc for c in seen), seen
+  monkeypatch.delenv("HUMMING_JAX_FP8_FOLD")
+  assert seen and all(c.fp8_single_acc and not c.fp8_fold for c in seen), seen
   assert rel(y, reference.ragged_dot_reference(q, x, g)) <= 1e-4
   # expert 1, column 5: group 0's scale set 12 binades over the column's largest
   wide = q.replace(scales=q.scales.at[1, 0, 5].set(q.scales[1, :, 5].max() + 12))  # e8m0

@@ -477,7 +477,8 @@ def e2m1_to_e4m3_ptx(codes: jax.Array, blocks: int, *, group_blocks: int = 0,
   out_t = plgpu.ShapeDtypeStruct(shape, jnp.dtype(jnp.float8_e4m3fn),
                                  layout=plgpu.Layout.WGMMA_8BIT)
   rows = (plgpu.Layout.WGMMA.reduce(1),) * (len(scales) + 1) if fold else ()
-  remedy = ("run without HUMMING_JAX_FP8_FOLD, with HUMMING_JAX_FP8_SINGLE_ACC=0" if fold else
+  remedy = ("run without HUMMING_JAX_FP8_FOLD, with HUMMING_JAX_FP8_SINGLE_ACC=0, and no "
+            "fp8_fold / fp8_single_acc in an explicit config" if fold else
             "prepare the weights again with HUMMING_JAX_FP8_MMA=0 (grouped) / "
             "HUMMING_JAX_DENSE_FP8_MMA=0 (dense): the 16-bit route")
 
@@ -550,7 +551,8 @@ def e2m1_to_e4m3_folded_interpret(codes: jax.Array, raises: jax.Array, group: in
   zero where the raise is negative (exact: 2**-7 .. 192, e4m3 values)."""
   r = jnp.repeat(raises, group, axis=1)
   vals = to_float_interpret(codes, jnp.float32) * E4M3_FROM_E2M1
-  vals = vals * jnp.exp2(jnp.maximum(r, 0).astype(jnp.float32))
+  # (raises over FOLD_MAX_SHIFT meet only the zero codes of K-padding groups)
+  vals = vals * jnp.exp2(jnp.clip(r, 0, FOLD_MAX_SHIFT).astype(jnp.float32))
   return jnp.where(r >= 0, vals, 0.0).astype(jnp.float8_e4m3fn)
 
 

@@ -192,7 +192,8 @@ def column_folds(layout: str) -> bool:
 def mark_column_fold(prepared: QuantizedWeight) -> QuantizedWeight:
   """``prepared`` (the fp8-MMA layout, e8m0 scales, dense or stacked) with ":cf" added to
   its layout where its scales allow ``Config.fp8_single_acc``: in every column the groups'
-  scales span at most ``mgpu_convert.FOLD_MAX_SHIFT`` binades (a NaN scale fails), so
+  scales span at most ``mgpu_convert.FOLD_MAX_SHIFT`` binades (a NaN scale among finite
+  ones fails; where it passes, the column's maximum is NaN and so is its output), so
   folding each group against the column's largest is exact.  A value check, so it needs
   concrete scales: traced ones (``prepare`` under ``jax.jit``) are returned unmarked and
   run the per-group route.  Padding rows and columns are left out."""
@@ -202,7 +203,7 @@ def mark_column_fold(prepared: QuantizedWeight) -> QuantizedWeight:
   k, n = prepared.shape[-2:]
   groups = -(-k // prepared.spec.group_size)
   e = mgpu_convert.scale_exponent(prepared.scales[..., :groups, :n].astype(jnp.float32))
-  spread = jnp.max(e, axis=-2) - jnp.min(e, axis=-2)  # (a NaN scale: 255, > 11 apart)
+  spread = jnp.max(e, axis=-2) - jnp.min(e, axis=-2)  # (a NaN scale's field: 255 or 511)
   if not bool(jnp.all(spread <= mgpu_convert.FOLD_MAX_SHIFT)):
     return prepared
   return prepared.replace(layout=prepared.layout + ":cf")
@@ -444,7 +445,8 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
   if cluster_env and config.split_warpgroups == "n":  # every shared-x launch (a device A/B)
     config = dataclasses.replace(config, cluster_n=int(cluster_env))
   single = config.fp8_single_acc
-  if single and not (fp8 and column_folds(params.layout) and not config.fp8_fold):
+  if single and not (fp8 and spec.scale_dtype == "e8m0" and column_folds(params.layout)
+                     and not config.fp8_fold):
     raise ValueError(f"config.fp8_single_acc=True needs the fp8-MMA layout checked by "
                      f"mark_column_fold (':cf': e8m0 scales within "
                      f"{mgpu_convert.FOLD_MAX_SHIFT} binades per column; prepare eagerly) "
