@@ -6,14 +6,18 @@ import pytest
 
 # Exact float32 matmuls in references on the CPU.
 jax.config.update("jax_default_matmul_precision", "highest")
-# The GPU interpreter runs each CTA / warpgroup of a launch as a Python thread that calls
-# its own jitted program, and with async dispatch the CPU client runs those programs on
-# its thread pool (one thread per core).  A cluster test on 2 cores then deadlocked now
-# and then (session 25: test_fp8_cluster_interpret, all threads idle after 10 min): the
-# outer program's thread-map callback held one pool thread waiting for the CTAs, one CTA
-# held the other blocked on the cluster barrier, and the second CTA found no thread to
-# run on.  Executed inline, each program runs on its own calling thread.
-jax.config.update("jax_cpu_enable_async_dispatch", False)
+
+# The GPU interpreter's clusters (Config.cluster_n) can deadlock: on this 2-core machine
+# test_fp8_cluster_interpret hung with every thread idle twice in session 25 (a full-file
+# run, and a CI run with the CPU client's async dispatch off, which was tried as the fix
+# and did not help) and once in session 24, while it passes in ~13 s otherwise.  The
+# cluster interpreter tests run only with HUMMING_JAX_INTERPRET_CLUSTERS=1; the clusters
+# stay covered by the H200 tests (test_cluster_gpu, test_cluster_dense_gpu) and the CPU
+# lowering for the H200 (test_clusters_lower_for_h200).
+interpret_clusters = pytest.mark.skipif(
+    os.environ.get("HUMMING_JAX_INTERPRET_CLUSTERS") != "1",
+    reason="the GPU interpreter's cluster barrier can deadlock (HUMMING_JAX_INTERPRET_"
+           "CLUSTERS=1 runs it)")
 
 
 def _has_gpu() -> bool:

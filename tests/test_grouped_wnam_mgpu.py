@@ -12,6 +12,7 @@ import pytest
 import humming_jax as hj
 from humming_jax.kernels import grouped_wnam_mgpu as gw, reference, registry
 
+from conftest import interpret_clusters
 from test_grouped_wna16_mgpu import TOL, make, rel, routed_error, routed_rows
 
 CASES = [  # (preset, E, K, N, group_sizes, M): uneven, empty experts, a zero tail
@@ -324,6 +325,7 @@ def test_fp8_fold_interpret(group, monkeypatch):
                                 * (np.repeat(np.array([11, 0, -1, 5]), 32) >= 0))
 
 
+@interpret_clusters
 def test_fp8_cluster_interpret(monkeypatch, launched_clusters):
   """Config.cluster_n on the grouped fp8-MMA kernel (W4A8 MXFP4): two column CTAs per
   cluster sharing each expert tile's x rows, an empty expert and two row tiles of one

@@ -21,6 +21,7 @@ from hypothesis import given, settings, strategies as st
 
 import humming_jax as hj
 from humming_jax.kernels import reference, registry, wna16_mgpu as mg
+from conftest import interpret_clusters
 
 TOL = 1e-2
 
@@ -586,6 +587,7 @@ def test_cluster_dense_gpu(name, launched_clusters):
   assert rel(out[2], reference.dense_reference(q, x)) <= TOL
 
 
+@interpret_clusters
 @pytest.mark.parametrize("case", CLUSTER_CASES, ids=lambda c: f"{c[0].name}-m{c[1]}")
 def test_cluster_interpret(case, launched_clusters):
   """Config.cluster_n: adjacent column CTAs as one cluster sharing each x tile through a
