@@ -189,6 +189,17 @@ def column_folds(layout: str) -> bool:
   return "cf" in layout.split(":")[1:]
 
 
+def column_fold_base(scales: jax.Array, k: int, spec: QuantSpec):
+  """``(top, folds)`` of prepared scale rows ((..., rows, Np), the real groups of K
+  only: the padding rows past K hold 1.0): each column's largest group scale and whether
+  its scales span at most ``mgpu_convert.FOLD_MAX_SHIFT`` binades, both (..., 1, Np)."""
+  real = scales[..., :-(-k // scale_k(spec)), :].astype(jnp.float32)
+  e = mgpu_convert.scale_exponent(real)
+  folds = (jnp.max(e, axis=-2, keepdims=True) - jnp.min(e, axis=-2, keepdims=True)
+           <= mgpu_convert.FOLD_MAX_SHIFT)
+  return jnp.max(real, axis=-2, keepdims=True), folds
+
+
 def mark_column_fold(prepared: QuantizedWeight) -> QuantizedWeight:
   """``prepared`` (the fp8-MMA layout, e8m0 scales, dense or stacked) with ":cf" added to
   its layout where its scales allow ``Config.fp8_single_acc``: in every column the groups'
@@ -201,10 +212,8 @@ def mark_column_fold(prepared: QuantizedWeight) -> QuantizedWeight:
       or prepared.spec.scale_dtype != "e8m0" or isinstance(prepared.scales, jax.core.Tracer)):
     return prepared
   k, n = prepared.shape[-2:]
-  groups = -(-k // prepared.spec.group_size)
-  e = mgpu_convert.scale_exponent(prepared.scales[..., :groups, :n].astype(jnp.float32))
-  spread = jnp.max(e, axis=-2) - jnp.min(e, axis=-2)  # (a NaN scale's field: 255 or 511)
-  if not bool(jnp.all(spread <= mgpu_convert.FOLD_MAX_SHIFT)):
+  _, folds = column_fold_base(prepared.scales[..., :n], k, prepared.spec)
+  if not bool(jnp.all(folds)):  # (a NaN scale's exponent field: 255 or 511)
     return prepared
   return prepared.replace(layout=prepared.layout + ":cf")
 
@@ -587,11 +596,8 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
     # A column whose scales span more than the fold's range (a ":cf" mark gone stale,
     # e.g. other weights loaded into a prepared tree) gets a NaN base: its output is NaN,
     # never silently short of the zeroed groups.
-    real = params.scales[..., :-(-k // scale_k(spec)), :].astype(jnp.float32)
-    e = mgpu_convert.scale_exponent(real)
-    folds = (jnp.max(e, axis=-2, keepdims=True) - jnp.min(e, axis=-2, keepdims=True)
-             <= mgpu_convert.FOLD_MAX_SHIFT)
-    scale_rows.append(jnp.where(folds, jnp.max(real, axis=-2, keepdims=True), jnp.nan))
+    top, folds = column_fold_base(params.scales, k, spec)
+    scale_rows.append(jnp.where(folds, top, jnp.nan))
   n_ep = len(scale_rows) + has_bias  # epilogue vectors, fetched during the K loop
   # fp8 x: 32-byte swizzle, so each 32-deep K step of a tile is a whole swizzle tile (the
   # B operand of one fp8 WGMMA beside its (64, 32) register A operand).
@@ -785,11 +791,7 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
           elif mult is None:
             a_blocks = mgpu_convert.e2m1_to_e4m3_ptx(w, fp8_blocks)
           else:
-            top = top_row
-            if not single:
-              top = scales[0]
-              for s_ in scales[1:]:
-                top = jnp.maximum(top, s_)
+            top = top_row if single else functools.reduce(jnp.maximum, scales)
             a_blocks = mgpu_convert.e2m1_to_e4m3_ptx(w, fp8_blocks, scales=scales, top=top,
                                                      group_blocks=fp8_group_blocks)
           return mult, (a_blocks, [x_smem.at[:, pl.ds(j * bk + b * 32, 32)].T
