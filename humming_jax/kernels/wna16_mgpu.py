@@ -838,14 +838,14 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
 
       def scoped(acc_ref):
         nonlocal top_row
-        if single:  # the columns' largest group scales, before the first K tile
-          plgpu.barrier_wait(own(ep_barrier, e))
-          top_row = plgpu.load(ep_smem.at[e * n_ep + len(scale_rows) - 1], layout=_ROW)
         if zero_mma:  # the constant all-ones WGMMA A operand of the x sums
           ones_smem.at[wg][...] = jnp.ones((BLOCK_N, bk), cdt)
           plgpu.commit_smem()
-        for st in range(stages):
+        for st in range(stages):  # (single: in flight while the column maxima arrive)
           fetch(st, st)
+        if single:  # the columns' largest group scales, before the first K tile
+          plgpu.barrier_wait(own(ep_barrier, e))
+          top_row = plgpu.load(ep_smem.at[e * n_ep + len(scale_rows) - 1], layout=_ROW)
 
         def body(step, total):
           slot = lax.rem(step, stages)
