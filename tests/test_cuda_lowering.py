@@ -382,11 +382,13 @@ def test_clusters_lower_for_h200(cluster, monkeypatch, launched_clusters):
   assert clusters and set(clusters) == {want}, clusters  # (traced twice)
 
 
-@pytest.mark.parametrize("shape,rows", [((8, 4096, 28672), 2048), ((8, 14336, 4096), 8192)])
-def test_single_acc_tiles_lower_for_h200(shape, rows, monkeypatch):
+@pytest.mark.parametrize("shape,rows,tile", [((8, 4096, 28672), 2048, 144),
+                                             ((8, 14336, 4096), 8192, 152)])
+def test_single_acc_tiles_lower_for_h200(shape, rows, tile, monkeypatch):
   """The one-accumulator fp8 tiles (Config.fp8_single_acc: four shared-x warpgroups, the
   grouped heuristic's launch for tiles over 80 rows of ":cf" weights) lower for the H200
-  at Mixtral gate_up (1024 tokens) and down (4096 tokens).  (abstract params carry no
+  at Mixtral gate_up (1024 tokens) and down (4096 tokens), in the 144 / 152-row tiles
+  grouped_wna16_mgpu.single_acc_tile_rows picks there.  (abstract params carry no
   values: the ":cf" mark an eager prepare would add is added by hand.)"""
   from humming_jax.kernels import grouped_wna16_mgpu as gm, grouped_wnam_mgpu as gw
   monkeypatch.delenv("HUMMING_JAX_FP8_MMA", raising=False)
@@ -399,4 +401,5 @@ def test_single_acc_tiles_lower_for_h200(shape, rows, monkeypatch):
   monkeypatch.setattr(gm, "heuristic", lambda *a, **k: seen.append(heuristic(*a, **k))
                       or seen[-1])
   assert "custom_call" in lower_for_h200(lambda p, x, g: gw.run(p, x, g), p, x, g)
-  assert seen and all(c.fp8_single_acc and c.warpgroups == 4 for c in seen), seen
+  assert seen and all(c.fp8_single_acc and c.warpgroups == 4 and c.block_m == tile
+                      for c in seen), seen

@@ -79,6 +79,9 @@ def to_canonical(prepared: QuantizedWeight) -> QuantizedWeight:
 
 
 MAX_BLOCK_M = 128  # above 64 rows: two warpgroups (wna16_mgpu.heuristic's prefill tile)
+# Rows per tile a caller may ask for on the one-accumulator fp8 route: the widest WGMMA N
+# (tokens are the MMA's N here)
+MAX_RUN_BLOCK_M = 256
 
 
 def block_rows(m: int, num_experts: int) -> int:
@@ -93,16 +96,73 @@ def block_rows(m: int, num_experts: int) -> int:
   return min(MAX_BLOCK_M, max(8, -(-want // 8) * 8))
 
 
-def tile_rows(m: int, num_experts: int) -> int:
+# Rows per tile the one-accumulator fp8 tiles (four shared-x warpgroups) may take beyond
+# 128: H200 session 26, ptxas 116-128 registers and no spills up to 160.  (From 152 rows
+# four stages do not fit shared memory and fit_stages runs three; 136 and 152 rows have an
+# odd count of 8-row groups, so an opt-in cluster_n=2 runs unclustered there.)
+SINGLE_ACC_BLOCK_MS = tuple(range(128, 161, 8))
+
+
+def expected_tiles(rows: float, block_m: int) -> float:
+  """The tiles an expert takes, expected over a random routing: an expert of n rows
+  starting o rows past an 8-row boundary takes ceil((n + o) / block_m) tiles
+  (:func:`tile_schedule`), n ~ Normal(rows, sqrt(rows)) (the binomial count of a uniform
+  routing, slightly wide), o uniform in 0..7."""
+  sd = max(math.sqrt(rows), 1e-9)
+  total = weight = 0.0
+  for i in range(-48, 49):  # +-6 standard deviations in steps of 1/8
+    n = rows + i * sd / 8
+    p = math.exp(-0.5 * (i / 8) ** 2)
+    if n > 0:
+      total += p * sum(math.ceil((n + o) / block_m) for o in range(8)) / 8
+      weight += p
+  return total / weight
+
+
+# A tile's cost beyond its rows, in rows: fitted to the H200 times of session 26 below
+# (the tiles of 128 rows cost ~9 % more per row than those of 152 at equal padded rows).
+SINGLE_ACC_TILE_ROWS_OVERHEAD = 128
+
+
+def single_acc_tile_rows(m: int, num_experts: int) -> int:
+  """Rows per tile for the one-accumulator fp8 tiles where :func:`block_rows` is capped
+  (experts of ~110+ rows): of :data:`SINGLE_ACC_BLOCK_MS`, the one of least expected cost,
+  tiles x (rows + :data:`SINGLE_ACC_TILE_ROWS_OVERHEAD`) (:func:`expected_tiles`).  A
+  ~256-row Mixtral expert at 1024 tokens took three 128-row tiles about half the time;
+  two 144-row tiles hold it.  H200 session 26 (probe_fp8_moe.py --blocks, CUPTI kernel
+  us, 128 -> 144 / 160 rows per tile): Mixtral gate_up 1024 tokens 909.5 -> 728.5 /
+  791.9, down 496.1 -> 341.5 / 396.9 (16 column CTAs per tile: two waves, not three);
+  gate_up 4096 tokens (~1024 rows per expert), 128 -> 152 / 160 rows: 2869.2 -> 2617.8 /
+  2691.6.  The model picks 144 and 152 there."""
+  rows = grouped_wna16.rows_per_active_expert(m, num_experts)
+  best = min(SINGLE_ACC_BLOCK_MS, key=lambda b: (
+      round(expected_tiles(rows, b) * (b + SINGLE_ACC_TILE_ROWS_OVERHEAD), 6), -b))
+  return min(best, max(MAX_BLOCK_M, -(-m // 8) * 8))  # no wider than the rows (one expert)
+
+
+def single_acc_tiles(params: QuantizedWeight | None) -> bool:
+  """Whether tiles over 80 rows of ``params`` run as one-accumulator fp8 tiles on four
+  shared-x warpgroups (:func:`heuristic`): the fp8-MMA layout marked ":cf"
+  (``wna16_mgpu.mark_column_fold``), unless HUMMING_JAX_FP8_SINGLE_ACC=0."""
+  return (params is not None and wna16_mgpu.fp8_mma(params.layout)
+          and wna16_mgpu.column_folds(params.layout)
+          and tuning.env_flag("HUMMING_JAX_FP8_SINGLE_ACC", True))
+
+
+def tile_rows(m: int, num_experts: int, params: QuantizedWeight | None = None) -> int:
   """Rows per tile of :func:`run`: :func:`block_rows`, except that 8-row decode tiles
-  become 16-row ones above 8 rows.  A tile starts at its expert's first row rounded down
-  to 8, so an expert whose rows cross an 8-row boundary took two 8-row tiles, each
-  dequantizing its whole weight slab: a random top-8 routing of 64 tokens gave 251 tiles
-  for 224 active DeepSeek-V3 experts and 170 for 123 Qwen3-30B-A3B experts.  H200
-  session 12, DeepSeek-V3 gate_up at 64 tokens, the 8-row tiles' launch
-  (:func:`heuristic` of ``block_rows``) on 16-row tiles: kernel 221.8 -> 197.3 us (wall
-  233.1 -> 206.0).  Up to 8 rows (1 token, top-8) every row lies in one 8-row window."""
+  become 16-row ones above 8 rows, and that capped tiles of ``params`` on the
+  one-accumulator fp8 route take :func:`single_acc_tile_rows`.  A tile starts at its
+  expert's first row rounded down to 8, so an expert whose rows cross an 8-row boundary
+  took two 8-row tiles, each dequantizing its whole weight slab: a random top-8 routing
+  of 64 tokens gave 251 tiles for 224 active DeepSeek-V3 experts and 170 for 123
+  Qwen3-30B-A3B experts.  H200 session 12, DeepSeek-V3 gate_up at 64 tokens, the 8-row
+  tiles' launch (:func:`heuristic` of ``block_rows``) on 16-row tiles: kernel 221.8 ->
+  197.3 us (wall 233.1 -> 206.0).  Up to 8 rows (1 token, top-8) every row lies in one
+  8-row window."""
   rows = block_rows(m, num_experts)
+  if rows == MAX_BLOCK_M and single_acc_tiles(params):
+    return single_acc_tile_rows(m, num_experts)
   return 16 if rows == 8 and m > 8 else rows
 
 
@@ -160,8 +220,7 @@ def heuristic(tiles: int, n: int, k_tiles: int, block_m: int, *,
     # 168.4; the 16-bit route's conversion made the shared x tile pay, NOTES_moe.md).
     return dataclasses.replace(wna16_mgpu.shared_x_config(block_m), warpgroups=1,
                                substeps=1, split_warpgroups="k")
-  if (block_m > 80 and fp8 and wna16_mgpu.column_folds(params.layout)
-      and tuning.env_flag("HUMMING_JAX_FP8_SINGLE_ACC", True)):
+  if block_m > 80 and single_acc_tiles(params):
     # Weights whose e8m0 scales fold exactly against each column's largest (":cf",
     # wna16_mgpu.mark_column_fold): one accumulator per warpgroup (Config.fp8_single_acc)
     # leaves the registers (106 against 255 per thread in probe_wgmma_rate.py) for four
@@ -391,7 +450,8 @@ def run(params: QuantizedWeight, x: jax.Array, group_sizes: jax.Array, *,
         out_dtype=None) -> jax.Array:
   """(M, K) bf16 / fp16 rows sorted by expert x prepared stacked params -> (M, N).
 
-  ``block_m``: rows per tile (a multiple of 8 up to :data:`MAX_BLOCK_M`; default
+  ``block_m``: rows per tile (a multiple of 8 up to :data:`MAX_BLOCK_M`, or
+  :data:`MAX_RUN_BLOCK_M` on the one-accumulator fp8 route; default
   :func:`tile_rows`); ``config``: the launch (default :func:`heuristic` of
   :func:`launch_rows`).  The fp8-MMA layout (``prepare(mma="fp8")``) takes
   float8_e4m3fn rows with their (M,) float32 ``x_scale`` and returns ``out_dtype``
@@ -404,12 +464,17 @@ def run(params: QuantizedWeight, x: jax.Array, group_sizes: jax.Array, *,
     raise ValueError(f"x must be (M, K={k}); got shape {x.shape}")
   if group_sizes.shape != (e,):
     raise ValueError(f"group_sizes must be ({e},); got shape {group_sizes.shape}")
-  if block_m is not None and (block_m % 8 or not 8 <= block_m <= MAX_BLOCK_M):
-    raise ValueError(f"block_m={block_m} must be a multiple of 8 in [8, {MAX_BLOCK_M}]")
+  # Tiles over 128 rows were measured on the one-accumulator fp8 route only (the others'
+  # accumulators and partials do not fit the registers there)
+  single = config.fp8_single_acc if config is not None else single_acc_tiles(params)
+  widest = MAX_RUN_BLOCK_M if single else MAX_BLOCK_M
+  if block_m is not None and (block_m % 8 or not 8 <= block_m <= widest):
+    raise ValueError(f"block_m={block_m} must be a multiple of 8 in [8, {widest}] "
+                     f"(over {MAX_BLOCK_M}: the one-accumulator fp8 route only)")
   m = x.shape[0]
   if m == 0:
     return jnp.zeros((0, n), wna16_mgpu.output_dtype(x, out_dtype))
-  block_m = block_m or tile_rows(m, e)
+  block_m = block_m or tile_rows(m, e, params)
   num_tiles = max_tiles(m, e, block_m)
   if interpret:
     # The Pallas-Triton and Mosaic GPU interpreters in one CPU program hang (session 12:
