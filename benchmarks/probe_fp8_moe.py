@@ -11,8 +11,13 @@ warpgroups (128 / 256 columns per CTA), in clusters of 2 / 1.
 ``--cluster`` (session 24): the heuristic's shared-x launch with its x tiles multicast to
 clusters of 2 / 4 column CTAs (``Config.cluster_n``); ``--preset w4a16-mxfp4`` times the
 16-bit route (grouped_wna16_mgpu) instead.
+``--blocks 128,144,256:2`` (session 26): that launch at other rows per tile (tiles of
+more than 128 rows pad Mixtral's ~256-row experts less), ``:2`` on two warpgroups.
+Call 1 of session 26 also timed each with a step's WGMMAs left in flight (a
+``Config.fp8_mma_in_flight``, since removed: -4 % to +2 %, and its outputs differed
+from the plain launch's on the H200).
 Usage: probe_fp8_moe.py [--shape 256,8,512,7168] [--tokens 16,64,256] [--fold] [--cluster] [--single]
-                        [--preset w4a8-mxfp4]"""
+                        [--blocks 128,144] [--preset w4a8-mxfp4]"""
 import argparse
 import dataclasses
 
@@ -27,21 +32,24 @@ from humming_jax.kernels import grouped_wna16_mgpu as g16, grouped_wnam_mgpu as 
 from humming_jax.kernels import wna16_mgpu as mg
 
 
-def variants(tokens, e, rows, fold=False, cluster=False, single=False):
+def variants(tokens, e, rows, fold=False, cluster=False, single=False, blocks=None):
   """(name, block_m or None, config changes or a Config) to time.  ``fold`` (session 22):
   the heuristic and the wide tiles' launches with and without ``fp8_fold``; ``cluster``
   (session 24): the heuristic's launch on clusters of 1 / 2 / 4 CTAs (its fp8 tiles over
   80 rows run in pairs since), and for tiles over 64 rows the four-warpgroup 64-row
   shared-x launch with and without them."""
   base = [("heuristic", None, None)]
+  if blocks:  # session 26: the one-accumulator shared-x tile at other row counts
+    return base + [(f"single-bm{bm}-wg{w}", bm, dataclasses.replace(
+        mg.shared_x_config(bm, warpgroups=w), fp8_single_acc=True)) for bm, w in blocks]
   if single:  # session 25: Config.fp8_single_acc (the heuristic's for tiles over 80 rows
     # of ":cf" weights since) against the per-group launch it replaced, and variants
     one = dict(fp8_single_acc=True, split_k=1)
     if rows <= 80:
       return base + [("heuristic+single", None, one)]
-    return base + [
-        ("pergroup-shx2-cl2", None, dataclasses.replace(
-            mg.shared_x_config(rows, warpgroups=2), cluster_n=2)),
+    return base + [  # (the per-group launch at most 128 rows: its registers)
+        ("pergroup-shx2-cl2", min(rows, g16.MAX_BLOCK_M), dataclasses.replace(
+            mg.shared_x_config(min(rows, g16.MAX_BLOCK_M), warpgroups=2), cluster_n=2)),
         ("single-shx2-cl2", None, dataclasses.replace(
             mg.shared_x_config(rows, warpgroups=2), cluster_n=2, **one))] + [
         (f"single-shx4-cl{c}", None, dataclasses.replace(
@@ -88,6 +96,9 @@ def main():
   ap.add_argument("--cluster", action="store_true", help="time clusters of column CTAs")
   ap.add_argument("--single", action="store_true", help="time Config.fp8_single_acc")
   ap.add_argument("--preset", default="w4a8-mxfp4")
+  ap.add_argument("--blocks", default=None,
+                  help="comma list of rows per tile[:warpgroups] (default 4): the "
+                       "one-accumulator shared-x tile at each (eager prepare)")
   a = ap.parse_args()
   e, topk, n, k = map(int, a.shape.split(","))
   spec = hj.QuantSpec.preset(a.preset)
@@ -95,7 +106,9 @@ def main():
   quant = jax.jit(lambda w: hj.quantize(w, spec))
   # --single: eager, so the ":cf" check (concrete scales) marks the layout for the
   # one-accumulator launch; the other modes time the per-group route of unmarked params
-  prep = family.prepare if a.single else jax.jit(family.prepare)
+  blocks = ([tuple(map(int, (v + ":4").split(":")[:2])) for v in a.blocks.split(",")]
+            if a.blocks else None)  # rows[:warpgroups]
+  prep = family.prepare if a.single or blocks else jax.jit(family.prepare)
   ps = [prep(quant(jax.random.normal(jax.random.key(i), (e, k, n), jnp.float32) / np.sqrt(k)))
         for i in range(a.sets)]
   assert family is g16 or "p8" in ps[0].layout.split(":"), ps[0].layout
@@ -105,10 +118,10 @@ def main():
     g = moe.sort_tokens(ids, e).group_sizes
     x = jax.random.normal(jax.random.key(1), (tokens * topk, k), jnp.bfloat16)
     ref, line = None, []
-    for name, bm, change in variants(tokens, e, g16.tile_rows(x.shape[0], e), a.fold,
-                                    a.cluster, a.single):
-      m = x.shape[0]
-      block_m = bm or g16.tile_rows(m, e)
+    m = x.shape[0]
+    for name, bm, change in variants(tokens, e, g16.tile_rows(m, e, ps[0]), a.fold,
+                                    a.cluster, a.single, blocks):
+      block_m = bm or g16.tile_rows(m, e, ps[0])  # (the rows run() takes by default)
       if change is None:
         cfg = None
       elif isinstance(change, dict):
@@ -120,7 +133,7 @@ def main():
         cfg = dataclasses.replace(launch, **change)
       else:
         cfg = change
-      f = jax.jit(lambda ps, x, g, cfg=cfg, bm=bm: [
+      f = jax.jit(lambda ps, x, g, cfg=cfg, bm=block_m: [
           family.run(p, x, g, config=cfg, block_m=bm, interpret=a.interpret) for p in ps])
       entry, ref = common.time_variant(name, f, (ps, x, g), per=a.sets, interpret=a.interpret,
                                        ref=ref, with_total=True, err_chars=60)

@@ -49,6 +49,8 @@ def main() -> None:
   ap.add_argument("--topk", type=int, default=8)
   ap.add_argument("--config", default="default")
   ap.add_argument("--runs", type=int, default=3)
+  ap.add_argument("--eager", action="store_true",
+                  help="grouped8: prepare eagerly (the ':cf' mark, one-accumulator tiles)")
   ap.add_argument("--interpret", action="store_true", help="CPU check of the script")
   ap.add_argument("--hlo", default=None, metavar="FILE",
                   help="also write XLA's optimized HLO of the call and list the ops of its "
@@ -74,7 +76,10 @@ def main() -> None:
   elif args.case == "grouped8":
     e, k, n = args.experts, args.k, args.n
     w = jax.random.normal(jax.random.key(0), (e, k, n), jnp.float32) / np.sqrt(k)
-    params = jax.jit(lambda w: grouped_wnam_mgpu.prepare(hj.quantize(w, spec)))(w)
+    q = jax.jit(lambda w: hj.quantize(w, spec))(w)
+    # --eager: prepared outside jit, so the ":cf" check can mark the layout for the
+    # one-accumulator tiles (the default launch for tiles over 80 rows since session 25)
+    params = (grouped_wnam_mgpu.prepare if args.eager else jax.jit(grouped_wnam_mgpu.prepare))(q)
     assert wna16_mgpu.fp8_mma(params.layout), params.layout
     ids = jnp.asarray(np.argsort(rng.random((args.m, e)), axis=1)[:, :args.topk], jnp.int32)
     r = moe.sort_tokens(ids, e)
