@@ -9,6 +9,7 @@
 #   default: the rows-per-tile chooser (grouped_wna16_mgpu.single_acc_tile_rows) as the
 #           default: GPU tests, bench_moe Mixtral with Humming, the Mixtral W4A8 layer
 #   others: bench_moe W4A8 rows the chooser changed on the other shapes, with Humming
+#   check:  probe_fp8_moe.py --blocks on those shapes: the chooser's pick against 128 rows
 #   wide:   the one-accumulator tile on two warpgroups at 192-256 rows (one conversion
 #           for more MMA work), against the four-warpgroup 144 / 152
 #   ncu:    Nsight Compute of the default Mixtral gate_up 1024-token launch (eager prepare,
@@ -56,6 +57,10 @@ s_wide() {  # two warpgroups of 64 columns x up to 256 tokens: one e2m1 -> e4m3 
   # feeds twice the MMA work (Nsight Compute, call 3: the ALU pipe is the busiest, 56 %)
   blocks_probe wide "8,2,28672,4096 1024 144,192:2,224:2,256:2" \
     "8,2,28672,4096 4096 152,208:2,256:2"
+}
+s_check() {  # the chooser's picks on the other shapes it widened, against 128-row tiles
+  blocks_probe check "256,8,512,7168 4096 128,144,160" "128,8,1536,2048 4096 128,144,160" \
+    "8,2,28672,4096 512 128,144,160"  # (call 5: the two 4096 runs shared one log name)
 }
 s_default() {  # the chooser's tiles (144 / 152 / 160 rows) as the default: GPU tests, then
   # bench_moe Mixtral with Humming in the same process, the whole Mixtral W4A8 layer
