@@ -125,7 +125,7 @@ def ragged_dot_fn(spec_name):
 
   def run(p, xg):
     m, e, n = xg[0].shape[0], p.shape[0], p.shape[2]
-    block_m = tile_rows or gm.tile_rows(m, e)
+    block_m = tile_rows or gm.tile_rows(m, e, p)  # (the rows gm.run takes by default)
     rows = gm.launch_rows(m, e, block_m)
     if family == "mgpu-xn":
       cfg = wna16_mgpu.shared_x_config(rows)

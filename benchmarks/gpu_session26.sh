@@ -5,7 +5,7 @@
 #           step limit cut
 #   blocks: probe_fp8_moe.py --blocks: the one-accumulator tile at 128 / 144 / 160 rows,
 #           Mixtral gate_up / down at 1024 and 4096 (call 1 also timed a since-removed
-#           fp8_mma_in_flight beside each: 0-3 % faster, outputs not bit-equal)
+#           fp8_mma_in_flight beside each: -4 % to +2 %, outputs not bit-equal)
 #   default: the rows-per-tile chooser (grouped_wna16_mgpu.single_acc_tile_rows) as the
 #           default: GPU tests, bench_moe Mixtral with Humming, the Mixtral W4A8 layer
 #   others: bench_moe W4A8 rows the chooser changed on the other shapes, with Humming

@@ -219,7 +219,8 @@ def test_single_acc_tile_rows(monkeypatch):
   Unmarked layouts, HUMMING_JAX_FP8_SINGLE_ACC=0 and uncapped tiles keep block_rows'.
   Through gw.run: 2 experts x 150 rows in 160-row one-accumulator tiles (the
   interpreter), the reference within 1e-4, rows past the routed ones zero; an explicit
-  block_m over 256 is refused, and over 128 off the one-accumulator route."""
+  block_m is taken up to 160 (256 with an explicit one-accumulator config) and refused
+  beyond, and over 128 off the one-accumulator route."""
   from humming_jax.kernels import grouped_wna16_mgpu as g16
   monkeypatch.delenv("HUMMING_JAX_FP8_MMA", raising=False)
   monkeypatch.delenv("HUMMING_JAX_FP8_SINGLE_ACC", raising=False)
@@ -247,8 +248,13 @@ def test_single_acc_tile_rows(monkeypatch):
   want = reference.ragged_dot_reference(q, x, g)
   assert rel(y[:300], want[:300]) <= 1e-4, rel(y[:300], want[:300])
   assert not bool(jnp.any(y[300:] != 0))
-  with pytest.raises(ValueError, match="block_m=264 must be a multiple of 8 in"):
-    gw.run(p, x, g, interpret=True, block_m=264)
+  # explicit rows over 128 on the route: up to 160 on the default launch, 256 with an
+  # explicit one-accumulator config
+  assert jax.eval_shape(lambda: gw.run(p, x, g, interpret=True, block_m=152)).shape == y.shape
+  with pytest.raises(ValueError, match=r"block_m=168 .*\[8, 160\]"):
+    gw.run(p, x, g, interpret=True, block_m=168)
+  with pytest.raises(ValueError, match=r"block_m=264 .*\[8, 256\]"):
+    gw.run(p, x, g, interpret=True, block_m=264, config=seen[0][1])
   monkeypatch.setenv("HUMMING_JAX_FP8_SINGLE_ACC", "0")
   assert g16.tile_rows(300, 2, p) == 128
   # over 128 rows only on the one-accumulator route (the per-group launch's registers)

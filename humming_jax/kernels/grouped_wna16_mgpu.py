@@ -450,8 +450,9 @@ def run(params: QuantizedWeight, x: jax.Array, group_sizes: jax.Array, *,
         out_dtype=None) -> jax.Array:
   """(M, K) bf16 / fp16 rows sorted by expert x prepared stacked params -> (M, N).
 
-  ``block_m``: rows per tile (a multiple of 8 up to :data:`MAX_BLOCK_M`, or
-  :data:`MAX_RUN_BLOCK_M` on the one-accumulator fp8 route; default
+  ``block_m``: rows per tile (a multiple of 8 up to :data:`MAX_BLOCK_M`; on the
+  one-accumulator fp8 route up to 160, or :data:`MAX_RUN_BLOCK_M` with an explicit
+  ``Config.fp8_single_acc`` config; default
   :func:`tile_rows`); ``config``: the launch (default :func:`heuristic` of
   :func:`launch_rows`).  The fp8-MMA layout (``prepare(mma="fp8")``) takes
   float8_e4m3fn rows with their (M,) float32 ``x_scale`` and returns ``out_dtype``
@@ -464,17 +465,20 @@ def run(params: QuantizedWeight, x: jax.Array, group_sizes: jax.Array, *,
     raise ValueError(f"x must be (M, K={k}); got shape {x.shape}")
   if group_sizes.shape != (e,):
     raise ValueError(f"group_sizes must be ({e},); got shape {group_sizes.shape}")
-  # Tiles over 128 rows were measured on the one-accumulator fp8 route only (the others'
-  # accumulators and partials do not fit the registers there)
+  # Tiles over 128 rows run on the one-accumulator fp8 route only (the others' accumulators
+  # and partials do not fit the registers there): up to 256 rows with an explicit config,
+  # up to what the default four-warpgroup launch was measured at (160) without one.
   single = config.fp8_single_acc if config is not None else single_acc_tiles(params)
-  widest = MAX_RUN_BLOCK_M if single else MAX_BLOCK_M
+  widest = (MAX_BLOCK_M if not single else MAX_RUN_BLOCK_M if config is not None
+            else max(SINGLE_ACC_BLOCK_MS))
   if block_m is not None and (block_m % 8 or not 8 <= block_m <= widest):
-    raise ValueError(f"block_m={block_m} must be a multiple of 8 in [8, {widest}] "
-                     f"(over {MAX_BLOCK_M}: the one-accumulator fp8 route only)")
+    raise ValueError(f"block_m={block_m} must be a multiple of 8 in [8, {widest}] (over "
+                     f"{MAX_BLOCK_M}: the one-accumulator fp8 route only; over "
+                     f"{max(SINGLE_ACC_BLOCK_MS)}: with an explicit config)")
   m = x.shape[0]
   if m == 0:
     return jnp.zeros((0, n), wna16_mgpu.output_dtype(x, out_dtype))
-  block_m = block_m or tile_rows(m, e, params)
+  block_m = block_m or tile_rows(m, e, params if single else None)
   num_tiles = max_tiles(m, e, block_m)
   if interpret:
     # The Pallas-Triton and Mosaic GPU interpreters in one CPU program hang (session 12:
