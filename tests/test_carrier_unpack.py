@@ -211,7 +211,7 @@ def test_p8_order_is_the_k_order(wide):
   unpack of the same codes in K order: the fold (normal and far-group blocks) and the
   plain e2m1 carrier; int codes and groups under 32 are refused."""
   p = params("w4a8-mxfp4", 384, 256, seed=1, wide=wide)
-  stored = mc.permute_k8(p.codes.astype(jnp.int8)).astype(jnp.int4)
+  stored = mc.p8_store(p.codes.astype(jnp.int8)).astype(jnp.int4)
   meta = wm.mx_fold_metadata(p)
   for sc, mt in ((p.scales, meta), (None, None)):
     want = bits(cu.unpack(p.codes, sc, mt, kind="e2m1", interpret=True))
@@ -221,7 +221,7 @@ def test_p8_order_is_the_k_order(wide):
     spec = hj.QuantSpec("fp4_e2m1", "group", group, scale_dtype="e8m0", act="fp8_e4m3")
     w = jax.random.normal(jax.random.key(group), (384, 256), jnp.float32) / 40
     pg = wm.prepare(hj.quantize(w, spec))
-    sg = mc.permute_k8(pg.codes.astype(jnp.int8)).astype(jnp.int4)
+    sg = mc.p8_store(pg.codes.astype(jnp.int8)).astype(jnp.int4)
     mg = wm.mx_fold_metadata(pg)
     np.testing.assert_array_equal(
         bits(cu.unpack(sg, pg.scales, mg, kind="e2m1", interpret=True, order="p8")),

@@ -242,9 +242,8 @@ def test_float_arithmetic_decode_is_the_format_decode(dtype):
 
 def test_fp8_mma_order_and_e4m3_bits():
   """The ":p8" K order: stored position 8q + 2b + h of each run of 32 holds column
-  16 (1 - h) + 4q + b, and the inverse undoes it; the integer ops of the e2m1 -> e4m3
-  conversion give every nibble's value times 2**-6 in its byte of the right register and
-  nothing in the other one (every code at every nibble position)."""
+  16 (1 - h) + 4q + b, and the inverse undoes it; p8_store's regrouped words load back
+  exactly (p8_load)."""
   x = jnp.arange(2 * 64).reshape(2, 64)
   y = mc.permute_k8(x)
   for run in range(2):
@@ -255,16 +254,46 @@ def test_fp8_mma_order_and_e4m3_bits():
   np.testing.assert_array_equal(mc.permute_k8(y, inverse=True), x)
   with pytest.raises(ValueError, match="multiple of 32"):
     mc.permute_k8(x[:, :48])
+  codes = jnp.asarray(np.random.default_rng(0).integers(-8, 8, (64, 256)), jnp.int8)
+  stored = mc.p8_store(codes)
+  assert stored.dtype == codes.dtype and int(stored.min()) >= -8 and int(stored.max()) <= 7
+  np.testing.assert_array_equal(mc.p8_load(stored), codes)
+  np.testing.assert_array_equal(mc.p8_load(mc.p8_store(codes.astype(jnp.int4))), codes)
   want = np.asarray(mc.e2m1_to_e4m3_interpret(jnp.arange(16) - 16 * (jnp.arange(16) >= 8))
                     .astype(jnp.float32))
   decoded = np.asarray(mc.to_float_interpret(jnp.arange(16), jnp.float32)) * 2.0 ** -6
   np.testing.assert_array_equal(want, decoded)
-  for code in range(16):
-    for pos in range(8):
-      hi, lo = mc.e2m1_to_e4m3_reference(np.array([code << (4 * pos)], np.uint32))
-      mine, other = (hi, lo) if pos % 2 else (lo, hi)
-      byte = (int(mine[0]) >> (8 * (pos // 2))) & 0xFF
-      assert int(mine[0]) == byte << (8 * (pos // 2)), (code, pos)
-      assert int(other[0]) == 0, (code, pos)
-      v = np.array([byte], np.uint8).view(jnp.float8_e4m3fn).astype(np.float32)[0]
-      assert v == decoded[code] and np.signbit(v) == (code >= 8), (code, pos, v)
+
+
+def test_prmt_reference_is_the_ptx_prmt():
+  """mgpu_convert.prmt_reference (the numpy prmt behind e2m1_to_e4m3_reference) agrees
+  with this file's evaluator, sign-replicate selectors included."""
+  rng = np.random.default_rng(1)
+  a, b, c = (rng.integers(0, 1 << 32, 256, dtype=np.uint64) for _ in range(3))
+  got = mc.prmt_reference(a, b, c)
+  for i in range(256):
+    assert int(got[i]) == _prmt(int(a[i]), int(b[i]), int(c[i]) & 0xFFFF), i
+
+
+@pytest.mark.parametrize("r", list(range(-2, mc.FOLD_MAX_SHIFT + 1)))
+def test_p8_table_conversion_every_code_and_position(r):
+  """The integer ops of e2m1_to_e4m3_ptx (e2m1_to_e4m3_reference) on words that p8_store
+  wrote: every code at every position of a run of 32, raised r binades, lands in the byte
+  of its column's register (columns 4q + b in the first, 16 + 4q + b in the second) as
+  its e2m1 value times 2**(r - 6), signed zeros included; a negative raise gives zeros."""
+  import ml_dtypes
+  rng = np.random.default_rng(r + 2)
+  codes = np.concatenate([np.repeat(np.arange(16)[:, None], 32, axis=1),  # every code
+                          rng.integers(0, 16, (512, 32))]).astype(np.int32)
+  signed = jnp.asarray(codes - 16 * (codes >= 8), jnp.int8)
+  nib = (np.asarray(mc.p8_store(signed)).astype(np.int64) & 0xF).reshape(-1, 4, 8)
+  words = (nib << (4 * np.arange(8))).sum(-1).astype(np.uint32)  # (rows, 4) lanes q
+  first, second = mc.e2m1_to_e4m3_reference(words, r)
+  to_vals = lambda w: (w.astype("<u4").view(np.uint8).view(ml_dtypes.float8_e4m3fn)
+                       .astype(np.float64).reshape(-1, 16))  # column 4q + b of each half
+  want = E2M1[codes].astype(np.float64) * 2.0 ** (r - 6)
+  if r < 0:
+    want = 0.0 * want
+  got = np.concatenate([to_vals(first), to_vals(second)], axis=1)
+  np.testing.assert_array_equal(got, want)
+  np.testing.assert_array_equal(np.signbit(got), np.signbit(want))

@@ -250,13 +250,14 @@ def _fold_metadata_pallas(scales, *, tiles, real_groups, block_n, interpret):
 def _kernel(*refs, kind: str, order: str):
   codes_ref, *fold_refs, out_ref = refs
   if order == "p8":
-    # The ":p8" order (``mgpu_convert.permute_k8``): each stored 16-byte run holds K-order
-    # codes 0..15 of its 32 in its high nibbles and 16..31 in its low ones, so a 32-bit
-    # word of 8 stored codes is two words of 4 K-order codes already in byte lanes -- one
-    # shift and one mask each, against spread_nibbles' seven ops.  Output (..., 2, 4):
-    # each run's K-order words 0..3, then 4..7.
+    # The ":p8" words (``mgpu_convert.p8_store``): a 32-bit word of 8 stored codes is two
+    # words of 4 K-order codes (K-order codes 0..15 of a run of 32, then 16..31) whose
+    # signs already sit in byte lanes (bits 8b + 7 and 8b + 3) and whose magnitudes are
+    # nibbles 0..3 and 4..7.  Output (..., 2, 4): each run's K-order words 0..3, then 4..7.
     w = codes_ref[...]  # (bn, G, runs per group, 4) uint32 words of 8 stored codes
-    words = ((w >> _u32(4)) & _u32(0x0F0F0F0F), w & _u32(0x0F0F0F0F))
+    mags = lambda n: spread_nibbles(n) & _u32(0x07070707)
+    words = (((w >> _u32(4)) & _u32(0x08080808)) | mags(w),
+             (w & _u32(0x08080808)) | mags(w >> _u32(16)))
     join = lambda hi, lo: jnp.swapaxes(jnp.stack([hi, lo], axis=-1), -1, -2)
   else:
     words = (spread_nibbles(codes_ref[...].astype(jnp.uint32)),)  # (bn, G, h) of 4 codes
@@ -288,8 +289,8 @@ def unpack(codes: jax.Array, scales: jax.Array | None = None,
   codes along K (the layout's MXFP4 scale rows), and their ``meta``
   (:func:`fold_metadata` at this ``block_n``), each value times 2**(E - B)
   (``fold_shifts``: the MXFP4 fold; None: no shift).  The kernel reads the shifts off the
-  scale rows itself.  ``order="p8"``: e2m1 codes stored in ``mgpu_convert.permute_k8``'s
-  order (the fp8-MMA layout; groups of 32 codes or more); the output is in K order."""
+  scale rows itself.  ``order="p8"``: e2m1 codes as ``mgpu_convert.p8_store`` stores
+  them (the fp8-MMA layout; groups of 32 codes or more); the output is in K order."""
   if codes.ndim != 3 or codes.dtype != jnp.int4:
     raise ValueError(f"codes: expected (Kp / bk, Np, bk) int4; got {codes.shape} "
                      f"{codes.dtype}")

@@ -372,8 +372,8 @@ def int4_to_float_reference(codes: jax.Array, dtype, zeros: jax.Array | None = N
 # each run of 32 codes, the code of column 16 (1 - h) + 4 q + b (q, b < 4; h < 2) is stored
 # at 8 q + 2 b + h.  Loaded in the WGMMA_UPCAST_4X layout, lane q's 32-bit register of 8
 # nibbles then holds in its high nibbles the four e4m3 values of its WGMMA_8BIT register
-# for columns 4 q + b and in its low nibbles those for 16 + 4 q + b: three and four
-# integer ops make the two 8-bit registers (:func:`e2m1_to_e4m3_ptx`), no relayout.
+# for columns 4 q + b and in its low nibbles those for 16 + 4 q + b, no relayout.  The
+# layout stores these words with their magnitudes regrouped (:func:`p8_store`).
 def permute_k8(codes: jax.Array, *, inverse: bool = False) -> jax.Array:
   """Codes in K order -> the ":p8" order along the last axis (``inverse``: back), whose
   length must be a multiple of :data:`PERMUTE_RUN`."""
@@ -390,6 +390,43 @@ def permute_k8(codes: jax.Array, *, inverse: bool = False) -> jax.Array:
 
 E4M3_FROM_E2M1 = 2.0 ** -6  # e2m1 bits s e1 e0 m placed as e4m3 s 0 0 e1 e0 m 0 0
 
+# The ":p8" words.  Each 32-bit word of 8 stored codes (permute_k8's order: nibble 2b + 1
+# holds code A_b of the WGMMA register of the run's first 16 columns, nibble 2b code B_b of
+# the second's) keeps every sign bit where that order put it (A_b's at bit 8b + 7, B_b's at
+# 8b + 3: already the sign bits of the two e4m3 registers, B_b's after a shift by 4), and
+# regroups the magnitude bits: A_0..A_3's in nibbles 0..3, B_0..B_3's in nibbles 4..7.  So
+# each register's four magnitudes are one ``prmt``'s four 4-bit selectors into an 8-byte
+# table of e4m3 bytes (:func:`e4m3_tables`), and the fold's per-group raise is a different
+# table, not per-byte arithmetic: 7 integer ops per 8 weights with or without the fold,
+# against 5 without and ~27 with it for the per-byte form (H200 session 26's Nsight Compute
+# profile of the one-accumulator tile: the ALU pipe the busiest, at 56 %).
+P8_MAG_SOURCE = (1, 3, 5, 7, 0, 2, 4, 6)  # stored nibble n's magnitude: permute_k8 code's
+P8_MAG_HOME = (4, 0, 5, 1, 6, 2, 7, 3)  # the inverse: code n's magnitude is in nibble ...
+
+
+def _regroup_magnitudes(codes: jax.Array, source) -> jax.Array:
+  *lead, k = codes.shape
+  u = codes.astype(jnp.int32) & 0xF
+  w = u.reshape(*lead, k // 8, 8)
+  # (slices, not a gather by an index array: the Mosaic GPU interpreter's kernel body
+  # takes no array constants)
+  out = jnp.stack([(w[..., n] & 8) | (w[..., src] & 7) for n, src in enumerate(source)],
+                  axis=-1)
+  out = out - 16 * (out >= 8)  # the two's-complement nibble, as the layout stores codes
+  return out.reshape(codes.shape).astype(codes.dtype)
+
+
+def p8_store(codes: jax.Array) -> jax.Array:
+  """Codes in K order (e2m1 bit patterns as two's-complement int values, last axis a
+  multiple of :data:`PERMUTE_RUN`) -> the ":p8" layout's stored nibbles: permute_k8's
+  order, then each word's magnitudes regrouped (:data:`P8_MAG_SOURCE`)."""
+  return _regroup_magnitudes(permute_k8(codes), P8_MAG_SOURCE)
+
+
+def p8_load(stored: jax.Array) -> jax.Array:
+  """Inverse of :func:`p8_store` (the K-order codes, exact)."""
+  return permute_k8(_regroup_magnitudes(stored, P8_MAG_HOME), inverse=True)
+
 
 def e2m1_to_e4m3_interpret(codes: jax.Array) -> jax.Array:
   """e2m1 bit patterns (int4, K order) -> float8_e4m3fn ``value * 2**-6``: what
@@ -398,20 +435,55 @@ def e2m1_to_e4m3_interpret(codes: jax.Array) -> jax.Array:
   return (to_float_interpret(codes, jnp.float32) * E4M3_FROM_E2M1).astype(jnp.float8_e4m3fn)
 
 
-def e2m1_to_e4m3_reference(words: np.ndarray) -> np.ndarray:
-  """The integer ops of :func:`e2m1_to_e4m3_ptx` on uint32 words of 8 nibbles (numpy, for
-  the CPU check of the bit arithmetic): (high-nibble register, low-nibble register)."""
-  w = words.astype(np.uint32)
-  hi = (w & np.uint32(0x80808080)) | ((w >> np.uint32(2)) & np.uint32(0x1C1C1C1C))
-  lo = (((w << np.uint32(4)) & np.uint32(0x80808080))
-        | ((w << np.uint32(2)) & np.uint32(0x1C1C1C1C)))
-  return hi, lo
-
-
 FOLD_MAX_SHIFT = 11  # binades an e2m1 * 2**-6 e4m3 operand is raised by at most: the exponent
 # field goes 0..3 -> r..3 + r <= 14 (max 192).  12 would be exact too (field 15 holds 384 =
 # 0x7C; e4m3fn's only NaN is 0x7F and e2m1 mantissas never reach it); 11 is what ran on the GPU.
-_M28, _M32, _HALF = 0x1C1C1C1C, 0x20202020, 0x04040404
+# e4m3 bytes of the e2m1 magnitudes 0..7 times 2**-6, raised r binades: bytes 4 i + 8 r
+# (the exponent field + r), except 0 (stays 0) and the subnormal 0.5 * 2**-6 = 0x04, which
+# becomes the normal 8 r from r = 1 (its mantissa bit dropped).  Table words (bytes 0..3,
+# 4..7) at r = 0 and what one binade adds to each.
+_TABLE = (0x0C080400, 0x1C181410)
+_TABLE_STEP = (0x08080800, 0x08080808)
+_HALF_FIX = 0x400  # byte 1 from r = 1: 4 + 8 r - 4
+
+
+def e4m3_tables(r: int) -> tuple[int, int]:
+  """The two table words of a raise of ``r`` binades (:data:`_TABLE`), in Python ints (the
+  numpy check and the constant of the unfolded conversion); zeros for r < 0 (a group more
+  than FOLD_MAX_SHIFT binades below its top: its codes become zero)."""
+  if r < 0:
+    return 0, 0
+  return (_TABLE[0] + r * _TABLE_STEP[0] - (_HALF_FIX if r >= 1 else 0),
+          _TABLE[1] + r * _TABLE_STEP[1])
+
+
+def prmt_reference(a, b, c):
+  """PTX ``prmt.b32`` (default mode) on uint32 numpy arrays: byte i of the result is byte
+  ``c[4i + 2 : 4i]`` of the 8 bytes {b, a} (a: bytes 0..3), sign-replicated where
+  ``c[4i + 3]`` is set."""
+  a, b, c = (np.asarray(v, np.uint64) for v in (a, b, c))
+  both = (b << np.uint64(32)) | a
+  out = np.zeros(np.broadcast(a, b, c).shape, np.uint64)
+  for i in range(4):
+    sel = (c >> np.uint64(4 * i)) & np.uint64(0xF)
+    byte = (both >> (np.uint64(8) * (sel & np.uint64(7)))) & np.uint64(0xFF)
+    byte = np.where(sel & np.uint64(8), np.where(byte & np.uint64(0x80), np.uint64(0xFF),
+                                                 np.uint64(0)), byte)
+    out |= byte << np.uint64(8 * i)
+  return out.astype(np.uint32)
+
+
+def e2m1_to_e4m3_reference(words: np.ndarray, r: int = 0) -> tuple[np.ndarray, np.ndarray]:
+  """The integer ops of :func:`e2m1_to_e4m3_ptx` on uint32 ":p8" words of 8 stored codes
+  (numpy, for the CPU check of the bit arithmetic), with every group raised ``r``
+  binades: (first K half's register, second's), four e4m3 bytes each."""
+  w = np.asarray(words, np.uint32)
+  t0, t1 = e4m3_tables(r)
+  mag = w & np.uint32(0x77777777)
+  hi = prmt_reference(t0, t1, mag) | (w & np.uint32(0x80808080))
+  lo = (prmt_reference(t0, t1, mag >> np.uint32(16))
+        | ((w << np.uint32(4)) & np.uint32(0x80808080)))
+  return hi, lo
 
 
 def scale_exponent(v: jax.Array) -> jax.Array:
@@ -439,39 +511,28 @@ def fold_shifts(scales, top=None):
           [FOLD_MAX_SHIFT - (scale_exponent(top) - scale_exponent(s_)) for s_ in scales])
 
 
-def shift_e4m3_reference(v: np.ndarray, r: int) -> np.ndarray:
-  """The integer ops of :func:`e2m1_to_e4m3_ptx`'s fold on uint32 words of four e4m3
-  operands from :func:`e2m1_to_e4m3_reference` (sign in bit 7, e2m1 magnitude in bits
-  4..2): each nonzero byte raised by ``r`` binades (8 * r on the exponent field; the
-  subnormal 0.5 * 2**-6 = 0x04 becomes the normal 8 * r for r >= 1, its mantissa bit
-  dropped); every byte zero for r < 0."""
-  v = v.astype(np.uint32)
-  if r < 0:
-    return np.zeros_like(v)
-  x = v & np.uint32(_M28)
-  nz = ((x + np.uint32(_M28)) & np.uint32(_M32)) >> np.uint32(2)  # 8 per nonzero byte
-  half = (~((x ^ np.uint32(_HALF)) + np.uint32(_M28)) & np.uint32(_M32)) >> np.uint32(3)
-  return v + nz * np.uint32(r) - half * np.uint32(min(r, 1))
-
-
 def e2m1_to_e4m3_ptx(codes: jax.Array, blocks: int, *, group_blocks: int = 0,
-                     scales: list | None = None, top: jax.Array | None = None
-                     ) -> tuple[jax.Array, ...]:
-  """":p8"-ordered e2m1 codes (a (64, 32 * blocks) int4 tile as loaded: WGMMA_UPCAST_4X)
+                     scales: list | None = None, top: jax.Array | None = None,
+                     raises_in_range: bool = False) -> tuple[jax.Array, ...]:
+  """":p8"-stored e2m1 codes (a (64, 32 * blocks) int4 tile as loaded: WGMMA_UPCAST_4X)
   -> ``blocks`` (64, 32) float8_e4m3fn WGMMA_8BIT A operands holding ``value * 2**-6``, one
-  per K run of 32 (GPU only).  Per 8 codes: the high nibbles' register is
-  ``(w & 0x80808080) | ((w >> 2) & 0x1c1c1c1c)``, the low nibbles' the same of ``w << 4``
-  (sign to bit 7, magnitude to bits 4..2: e4m3's exponent field low bits and mantissa
-  MSB; e2m1's subnormal 0.5 lands on e4m3's 2**-7).  ~0.9 integer ops per weight against
-  ~3 for the e2m1 -> bf16 conversion and its scale multiply.
+  per K run of 32 (GPU only).  Lane q's 32-bit register of 8 stored codes holds the
+  e4m3 values of its WGMMA_8BIT registers for columns 4 q + b (magnitudes in nibbles
+  0..3, signs at bits 8 b + 7) and 16 + 4 q + b (nibbles 4..7, signs at 8 b + 3):
+  ``prmt(t0, t1, w & 0x77777777) | (w & 0x80808080)`` and the same of the magnitudes
+  shifted down 16, with the signs of ``w << 4`` -- 7 integer ops per 8 weights
+  (:func:`e2m1_to_e4m3_reference` in numpy).
 
   With ``scales`` (the fold: ``Config.fp8_fold`` / ``fp8_single_acc``): one (64,) float32
   row of e8m0 values per group of ``group_blocks`` 32-code runs (WGMMA row layout) and
   ``top``, their elementwise max (fp8_fold) or the column's largest over all of K
-  (fp8_single_acc).  Each group's operands are raised as :func:`fold_shifts` says (computed here from
-  the exponent fields), so one float32 partial per K tile, times :func:`fold_shifts`'
-  multiplier, replaces a partial per group; a negative raise zeroes the group's codes.
-  :func:`shift_e4m3_reference` is that arithmetic in numpy."""
+  (fp8_single_acc).  Each group's operands are raised as :func:`fold_shifts` says, by
+  table words built per (row, group) from the exponent fields (:func:`e4m3_tables`), so
+  one float32 partial per K tile, times :func:`fold_shifts`' multiplier, replaces a
+  partial per group; a negative raise zeroes the group's codes.  ``raises_in_range``:
+  the caller guarantees 0 <= raise <= FOLD_MAX_SHIFT for every group of real codes (the
+  ":cf" column fold; a column whose scales do not fold comes out NaN from its base), so
+  the zeroing select is left out."""
   fold = scales is not None
   shape = (codes.shape[0], 32)
   out_t = plgpu.ShapeDtypeStruct(shape, jnp.dtype(jnp.float8_e4m3fn),
@@ -489,7 +550,7 @@ def e2m1_to_e4m3_ptx(codes: jax.Array, blocks: int, *, group_blocks: int = 0,
     from jax.experimental.mosaic import gpu as mgpu
     from jax.experimental.mosaic.gpu import utils as mgpu_utils
     from jaxlib.mlir import ir
-    from jaxlib.mlir.dialects import arith
+    from jaxlib.mlir.dialects import arith, llvm
 
     i32 = ir.IntegerType.get_signless(32)
     f8 = ir.VectorType.get((4,), ir.Float8E4M3FNType.get())
@@ -506,37 +567,37 @@ def e2m1_to_e4m3_ptx(codes: jax.Array, blocks: int, *, group_blocks: int = 0,
                                 f"WGMMA_8BIT {out_shape} and WGMMA rows {row_shape} (jax "
                                 f"0.11.2: (1, K/32, 1, 1, 2, ...), (1, 2, ...), (1, 1, 2, "
                                 f"...)); {remedy}")
-    consts = {}  # fold: per (row half, group) the raise r, min(r, 1) (the 0.5 fix), r >= 0
+    tables = {}  # fold: per (row half, group) the table words of its raise
     if fold:
       exp = lambda r, h: arith.shrui(mgpu_utils.bitcast(
           r.registers[(0, 0, h) + (0,) * (len(row_shape) - 3)], i32), c(23))
       top_row, *scale_rows = row_args
       for h in range(2):
-        top_exp = exp(top_row, h)
+        base = arith.subi(c(FOLD_MAX_SHIFT), exp(top_row, h))
         for g, r in enumerate(scale_rows):
-          d = arith.subi(c(FOLD_MAX_SHIFT), arith.subi(top_exp, exp(r, h)))
-          consts[h, g] = (d, arith.minsi(d, c(1)),
-                          arith.cmpi(arith.CmpIPredicate.sge, d, c(0)))
+          d = arith.addi(base, exp(r, h))  # the raise, e4m3_tables' r
+          half = arith.select(arith.cmpi(arith.CmpIPredicate.sge, d, c(1)),
+                              c(_TABLE[0] - _HALF_FIX), c(_TABLE[0]))
+          t0 = arith.addi(arith.muli(d, c(_TABLE_STEP[0])), half)
+          t1 = arith.addi(arith.muli(d, c(_TABLE_STEP[1])), c(_TABLE[1]))
+          if not raises_in_range:
+            keep = arith.cmpi(arith.CmpIPredicate.sge, d, c(0))
+            t0, t1 = arith.select(keep, t0, c(0)), arith.select(keep, t1, c(0))
+          tables[h, g] = (t0, t1)
 
-    def shifted(v, h, g):  # shift_e4m3_reference's ops
-      d, d1, keep = consts[h, g]
-      x = arith.andi(v, c(_M28))
-      nz = arith.shrui(arith.andi(arith.addi(x, c(_M28)), c(_M32)), c(2))
-      half = arith.shrui(arith.andi(arith.xori(arith.addi(arith.xori(x, c(_HALF)), c(_M28)),
-                                               c(-1)), c(_M32)), c(3))
-      out = arith.subi(arith.addi(v, arith.muli(nz, d)), arith.muli(half, d1))
-      return arith.select(keep, out, c(0))
+    def prmt(t, sel):
+      return llvm.inline_asm(i32, [t[0], t[1], sel], "prmt.b32 $0, $1, $2, $3;", "=r,r,r,r")
 
     outs = [np.empty(out_shape, dtype=object) for _ in range(blocks)]
     for idx, w in _code_words(arr, "fp8-MMA e2m1 codes", remedy):
-      sign, mag = c(0x80808080), c(0x1C1C1C1C)
-      hi = arith.ori(arith.andi(w, sign), arith.andi(arith.shrui(w, c(2)), mag))
-      lo = arith.ori(arith.andi(arith.shli(w, c(4)), sign),
-                     arith.andi(arith.shli(w, c(2)), mag))
       run = idx[1]
+      t = tables[idx[4], run // group_blocks] if fold else (c(_TABLE[0]), c(_TABLE[1]))
+      sign = c(0x80808080)
+      mag = arith.andi(w, c(0x77777777))
+      hi = arith.ori(prmt(t, mag), arith.andi(w, sign))
+      lo = arith.ori(prmt(t, arith.shrui(mag, c(16))),
+                     arith.andi(arith.shli(w, c(4)), sign))
       for half_k, val in ((0, hi), (1, lo)):
-        if fold:
-          val = shifted(val, idx[4], run // group_blocks)
         outs[run][(idx[0], half_k, *idx[2:])] = mgpu_utils.bitcast(val, f8)
     return tuple(mgpu.FragmentedArray(_registers=o, _layout=mgpu.WGMMA_LAYOUT_8BIT,
                                       _is_signed=None) for o in outs)

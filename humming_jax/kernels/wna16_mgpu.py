@@ -35,8 +35,8 @@ Hopper reads from registers:
        sums them.
 
 fp8 activations (session 20): fp4 codes in the ":p8" layout (``prepare(mma="fp8")``,
-``mgpu_convert.permute_k8``) become e4m3 WGMMA A operands (e2m1 values times 2**-6, with
-integer ops in place), x is float8_e4m3fn in SMEM, each scale group's fp8 WGMMAs go into
+``mgpu_convert.p8_store``) become e4m3 WGMMA A operands (e2m1 values times 2**-6, a
+``prmt`` table lookup in place), x is float8_e4m3fn in SMEM, each scale group's fp8 WGMMAs go into
 their own float32 partial which is then scaled, and the epilogue multiplies each row by its
 activation scale times 2**6 (``run(..., x_scale=...)``).
 
@@ -176,7 +176,7 @@ def k_permuted(layout: str) -> bool:
 
 def fp8_mma(layout: str) -> bool:
   """Whether a layout string of this family (or its grouped / W4A8 views) is the fp8-MMA
-  layout (":p8", ``prepare(mma="fp8")``): e2m1 codes in ``mgpu_convert.permute_k8``'s
+  layout (":p8", ``prepare(mma="fp8")``): e2m1 codes in ``mgpu_convert.p8_store``'s
   order, for float8_e4m3fn activations on fp8 WGMMA."""
   return "p8" in layout.split(":")[1:]
 
@@ -246,7 +246,7 @@ def prepare(params: QuantizedWeight, *, permute: bool | None = None,
   undoes it.
 
   ``mma="fp8"``: the layout of float8_e4m3fn activations (layout suffix ":p8",
-  :func:`fp8_mma_reason` says which specs): the codes in ``mgpu_convert.permute_k8``'s order,
+  :func:`fp8_mma_reason` says which specs): the codes in ``mgpu_convert.p8_store``'s order,
   which the kernel turns into e4m3 WGMMA operands in place; scales and the rest as above."""
   spec = params.spec
   if (why := unsupported_reason(spec)) is not None:
@@ -298,7 +298,7 @@ def prepare(params: QuantizedWeight, *, permute: bool | None = None,
   if permute:
     codes = mgpu_convert.permute_k(codes)
   if mma == "fp8":
-    codes = mgpu_convert.permute_k8(codes)
+    codes = mgpu_convert.p8_store(codes)
   codes = codes.astype(_CODE_DTYPE[bits])
   if spec.weight_format.name == FP8:  # the same byte, typed for the in-register cvt
     codes = jax.lax.bitcast_convert_type(codes, jnp.float8_e4m3fn)
@@ -781,7 +781,7 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
                          optimized=config.optimized_load)
           if interpret:
             buf = a_smem.at[wg]
-            vals = mgpu_convert.permute_k8(w.astype(jnp.int8), inverse=True)
+            vals = mgpu_convert.p8_load(w.astype(jnp.int8))
             plgpu.wgmma_wait(0)
             buf[...] = (mgpu_convert.e2m1_to_e4m3_interpret(vals) if mult is None else
                         mgpu_convert.e2m1_to_e4m3_folded_interpret(
@@ -792,8 +792,10 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
             a_blocks = mgpu_convert.e2m1_to_e4m3_ptx(w, fp8_blocks)
           else:
             top = top_row if single else functools.reduce(jnp.maximum, scales)
+            # single: ":cf" holds every real group within FOLD_MAX_SHIFT binades of top
             a_blocks = mgpu_convert.e2m1_to_e4m3_ptx(w, fp8_blocks, scales=scales, top=top,
-                                                     group_blocks=fp8_group_blocks)
+                                                     group_blocks=fp8_group_blocks,
+                                                     raises_in_range=single)
           return mult, (a_blocks, [x_smem.at[:, pl.ds(j * bk + b * 32, 32)].T
                                    for b in range(fp8_blocks)])
 
@@ -1141,7 +1143,7 @@ def logical_codes(params: QuantizedWeight) -> jax.Array:
   if k_permuted(params.layout):
     return mgpu_convert.permute_k(params.codes)
   if fp8_mma(params.layout):
-    return mgpu_convert.permute_k8(params.codes, inverse=True)
+    return mgpu_convert.p8_load(params.codes)
   return params.codes
 
 
