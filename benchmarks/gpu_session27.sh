@@ -7,8 +7,10 @@
 #   ab:     probe_fp8_moe.py (CUPTI µs of the grouped kernel) with the old package and
 #           with the new one, same call: Mixtral gate_up / down 1024 tokens (--blocks at
 #           the chooser's pick: the default and the explicit launch)
-#   ab2:    the same on DeepSeek-V3 gate_up 64 / 4096 and Qwen3 gate_up 4096 (--single:
-#           the per-group route at 64 tokens beside the one-accumulator one)
+#   ab2:    the same on DeepSeek-V3 gate_up 64 / 4096 (--single: the per-group route at
+#           64 tokens beside the one-accumulator one)
+#   ab3:    the same on Qwen3 gate_up 4096 and Mixtral gate_up 4096
+#   rest:   the grouped GPU tests that call 1's verify step limit cut
 #   moe:    bench_moe W4A8 MXFP4 Mixtral with Humming in the same process; the layer
 source "$(dirname "$0")/gpu_env.sh"
 T() { local t=$1; shift; timeout -k 5 -s INT "$t" "$@"; }
@@ -35,8 +37,15 @@ s_ab() {
 }
 s_ab2() {
   ab_probe deepseek_gu --shape 256,8,512,7168 --tokens 64,4096 --single
+}
+s_ab3() {
   ab_probe qwen3_gu_4096 --shape 128,8,1536,2048 --tokens 4096 --blocks 144
   ab_probe mixtral_gu_4096 --shape 8,2,28672,4096 --tokens 4096 --blocks 152
+}
+s_rest() {  # the grouped GPU tests call 1's 240 s step limit cut (after 14 passed)
+  T 200 $PYT tests/test_grouped_wnam_mgpu.py -m gpu -s -k "(fp8_mma_gpu and (256 or 512)) or \
+    fold_gpu or cluster_gpu or groups_gpu or default_choice" > "$OUT/rest.log" 2>&1
+  echo "rc=$?"; grep -E "^(FAILED|ERROR)|^E |passed|failed" "$OUT/rest.log" | cut -c1-250 | tail -12
 }
 s_moe() {
   for shape in mixtral-gate_up mixtral-down; do
