@@ -38,6 +38,11 @@ s_ab() {
 s_ab2() {
   ab_probe deepseek_gu --shape 256,8,512,7168 --tokens 64,4096 --single
 }
+s_rest2() {  # the ones call 2's rest step left (6 passed before its 200 s limit)
+  T 230 $PYT tests/test_grouped_wnam_mgpu.py -m gpu -s -k "cluster_gpu or groups_gpu or \
+    default_choice" > "$OUT/rest2.log" 2>&1
+  echo "rc=$?"; grep -E "^(PASSED|FAILED|ERROR)|^E |passed|failed" "$OUT/rest2.log" | cut -c1-200 | tail -14
+}
 s_ab3() {
   ab_probe qwen3_gu_4096 --shape 128,8,1536,2048 --tokens 4096 --blocks 144
   ab_probe mixtral_gu_4096 --shape 8,2,28672,4096 --tokens 4096 --blocks 152
