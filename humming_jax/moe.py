@@ -404,7 +404,7 @@ def _gate_up_quantized_first(params: QuantizedWeight, x: jax.Array, r: SortedTok
   p = ops.in_layout_of(kernel, params)
   if not grouped_wnam_mgpu.quantizes_rows_alone(p):
     return None
-  codes, scales = grouped_wnam_mgpu.fp8_operands(x, p)
+  codes, scales = grouped_wnam_mgpu.fp8_operands(x, p, interpret=b == "interpret")
   return grouped_wnam_mgpu.run_quantized(
       p, jnp.take(codes, r.token_of_row, axis=0), jnp.take(scales, r.token_of_row, axis=0),
       r.group_sizes, out_dtype=x.dtype, interpret=b == "interpret")

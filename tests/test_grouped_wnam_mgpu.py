@@ -401,6 +401,53 @@ def test_fp8_cluster_interpret(monkeypatch, launched_clusters):
   assert rel(out[2], want) <= 1e-3, rel(out[2], want)
 
 
+def test_fp8_operands_take_the_one_pass_prepass_on_the_gpu_only():
+  """wnam_mgpu.fp8_operands asks w8a8.fused_prepass_applies: per-token e4m3 activations
+  of 16-bit x, from FUSED_PREPASS_MIN_M rows, K a multiple of 128, not in the interpreter
+  (which keeps XLA's pre-pass, the operands every interpreter test compares); else XLA."""
+  from humming_jax.kernels import w8a8
+  spec = hj.QuantSpec.preset("w4a8-mxfp4")
+  rows = w8a8.FUSED_PREPASS_MIN_M
+  x = jnp.zeros((rows, 256), jnp.bfloat16)
+  assert w8a8.fused_prepass_applies(x, spec, 256)
+  assert not w8a8.fused_prepass_applies(x, spec, 256, interpret=True)
+  assert not w8a8.fused_prepass_applies(x[:rows - 1], spec, 256)
+  assert not w8a8.fused_prepass_applies(x, spec, 320)  # K not a multiple of 128
+  assert not w8a8.fused_prepass_applies(x.astype(jnp.float32), spec, 256)
+  static = hj.QuantSpec("fp4_e2m1", "group", 32, scale_dtype="e8m0", act="fp8_e4m3",
+                        act_granularity="tensor", act_static=True)
+  assert not w8a8.fused_prepass_applies(x, static, 256)
+
+
+@pytest.mark.gpu
+def test_fp8_operands_one_pass_gpu(monkeypatch):
+  """On the H200, the grouped fp8-MMA route's operands of 2048 rows x K 14336 (Mixtral
+  down at 1024 tokens) come from the one-pass pre-pass: the same codes and scales as
+  XLA's pre-pass but for float32 division's last place (<= 1e-4 of codes one e4m3 step
+  apart), and the grouped GEMM on them matches the reference."""
+  from humming_jax.kernels import w8a8
+  from humming_jax.quantize import kernel_activations
+  monkeypatch.delenv("HUMMING_JAX_FP8_MMA", raising=False)
+  q, x = make("w4a8-mxfp4", 4, 14336, 256, 2048, False)
+  p = hj.prepare(q, grouped=True, kernel=gw.FAMILY)
+  assert "p8" in p.layout.split(":"), p.layout
+  assert w8a8.fused_prepass_applies(x, p.spec, x.shape[1])
+  codes, scales = jax.jit(gw.fp8_operands)(x, p)
+  qa = jax.jit(lambda x: kernel_activations(x, p.spec, None, rows=x.shape[0],
+                                            kp=x.shape[1]))(x)
+  a, b = np.asarray(codes, np.float32), np.asarray(qa.values, np.float32)
+  code_diff = int(np.sum(a != b))
+  scale_rel = float(np.max(np.abs(np.asarray(scales) - np.asarray(qa.scales).reshape(-1))
+                           / np.asarray(qa.scales).reshape(-1)))
+  g = jnp.asarray(np.random.default_rng(3).multinomial(x.shape[0], [0.25] * 4), jnp.int32)
+  y = jax.jit(lambda p, x, g: gw.run(p, x, g))(p, x, g)
+  err = rel(y, reference.ragged_dot_reference(q, x, g))
+  print(f"one-pass pre-pass: codes differing {code_diff} of {a.size}, scale rel "
+        f"{scale_rel:.1e}; grouped GEMM rel err {err:.2e}")
+  assert code_diff <= 1e-4 * a.size and scale_rel <= 1e-6, (code_diff, scale_rel)
+  assert err <= 1e-2, err
+
+
 def test_fp8_mma_refusals():
   """Bad input to the fp8-MMA layout is refused by name: specs it cannot hold, bad
   prepare arguments, 16-bit x on it, fp8 x without row scales, fp8 x on a 16-bit layout,

@@ -236,7 +236,7 @@ def test_quant_moe_w4a8_quantizes_tokens_before_the_gather(monkeypatch):
   rows_quantized = []
   real = gw.fp8_operands
   monkeypatch.setattr(gw, "fp8_operands",
-                      lambda a, p: rows_quantized.append(a.shape[0]) or real(a, p))
+                      lambda a, p, **kw: rows_quantized.append(a.shape[0]) or real(a, p, **kw))
   monkeypatch.delenv("HUMMING_JAX_MOE_QUANTIZE_FIRST", raising=False)  # the default
   y = jax.jit(lambda *a: hj.quant_moe(*a, backend="interpret"))(pgu, pdn, x, w, ids)
   assert rows_quantized == [t, t * topk]  # gate_up: the tokens; down: its rows
@@ -289,7 +289,8 @@ def test_quant_moe_w4a8_static_scale_and_no_tokens(monkeypatch):
 def test_quant_moe_w4a8_quantizes_tokens_first_gpu(monkeypatch):
   """The same on the H200 at DeepSeek-V3's shapes (E 256, H 7168, I 256, top-8), 64
   tokens: the layer with the tokens quantized before the gather against the rows'
-  gather (HUMMING_JAX_MOE_QUANTIZE_FIRST=0), and against the layer on the XLA path."""
+  gather (HUMMING_JAX_MOE_QUANTIZE_FIRST=0), and against the layer on the XLA path.  Not
+  bit-equal here since session 27: the gathered rows (512) take the one-pass pre-pass."""
   from humming_jax.kernels import grouped_wnam_mgpu as gw
   monkeypatch.delenv("HUMMING_JAX_FP8_MMA", raising=False)
   e, h, inter, t, topk = 256, 7168, 256, 64, 8
@@ -304,7 +305,7 @@ def test_quant_moe_w4a8_quantizes_tokens_first_gpu(monkeypatch):
   rows_quantized = []
   real = gw.fp8_operands
   monkeypatch.setattr(gw, "fp8_operands",
-                      lambda a, p: rows_quantized.append(a.shape[0]) or real(a, p))
+                      lambda a, p, **kw: rows_quantized.append(a.shape[0]) or real(a, p, **kw))
   layer = lambda: jax.jit(lambda *a: hj.quant_moe(*a))(pgu, pdn, x, w, ids)
   monkeypatch.setenv("HUMMING_JAX_MOE_QUANTIZE_FIRST", "1")
   y = layer()
@@ -325,12 +326,16 @@ def test_quant_moe_w4a8_quantizes_tokens_first_gpu(monkeypatch):
         f"{code_diff}, scales differing {scale_diff}, diff vs row gather {diff:.1e}, "
         f"err {err:.2e}")
   assert rows_quantized == [t, t * topk, t * topk, t * topk]
-  assert code_diff == 0 and scale_diff == 0
-  np.testing.assert_array_equal(np.asarray(y, np.float32), np.asarray(y_off, np.float32))
+  # The 64 tokens take XLA's pre-pass, the 512 gathered rows the one-pass Pallas kernel
+  # (w8a8.fused_prepass_applies, from 512 rows): on the H200 its float32 division may
+  # round a scale or code one step apart from XLA's (<= 1e-4 of codes, test_act_prepass).
+  assert code_diff <= 1e-4 * first[0].size and scale_diff <= 1e-4 * first[1].size, (
+      code_diff, scale_diff)
+  assert diff <= 1e-2, diff
   # A whole layer, as the other quant_moe tests bound it (2e-2): the down GEMM re-quantizes
   # the GLU output per token to e4m3, where gate_up's ~3e-4 against the XLA path can flip some
   # of those roundings (one e4m3 step is 6-12 %).  H200 session 22: 1.45e-2 on either
-  # dispatch (bit-equal above); bench_moe_layer's default rows 1.39e-2-1.51e-2.
+  # dispatch (bit-equal then); bench_moe_layer's default rows 1.39e-2-1.51e-2.
   assert err < 2e-2
 
 

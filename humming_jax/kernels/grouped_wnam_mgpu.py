@@ -100,7 +100,7 @@ def run(params: QuantizedWeight, x: jax.Array, group_sizes: jax.Array, *,
   if x.shape[0] == 0:
     return jnp.zeros((0, n), x.dtype)
   if wna16_mgpu.fp8_mma(params.layout):
-    codes, x_scale = fp8_operands(x, params)
+    codes, x_scale = fp8_operands(x, params, interpret=interpret)
     return run_quantized(params, codes, x_scale, group_sizes, out_dtype=x.dtype,
                          interpret=interpret, config=config, block_m=block_m)
   view = weight_view(params, renamed(params.layout, grouped_wna16_mgpu.FAMILY))

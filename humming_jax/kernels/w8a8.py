@@ -435,6 +435,18 @@ FUSED_PREPASS = True
 FUSED_PREPASS_MIN_M = 512
 
 
+def fused_prepass_applies(x: jax.Array, spec: QuantSpec, kp: int, *,
+                          interpret: bool = False) -> bool:
+  """Whether the pre-pass of ``x`` into a (rows, ``kp``) operand takes the one-pass kernel
+  (``act_prepass.quantize_rows``): FUSED_PREPASS, a per-token spec it supports, 16-bit x
+  of at least FUSED_PREPASS_MIN_M rows, ``kp`` a multiple of 128, on the GPU (not the
+  interpreter: see :func:`act_operands`).  The W8A8 family's dense pre-pass and the
+  grouped fp8-MMA route's (``wnam_mgpu.fp8_operands``) ask here."""
+  return (FUSED_PREPASS and not interpret and x.shape[0] >= FUSED_PREPASS_MIN_M
+          and kp % 128 == 0 and act_prepass.supports(spec)
+          and x.dtype in (jnp.bfloat16, jnp.float16))
+
+
 def act_operands(x: jax.Array, spec: QuantSpec, plan: Plan, act_scale, *, rows: int,
                  kp: int, per_row: bool | None = None, interpret: bool = False
                  ) -> tuple[jax.Array, jax.Array]:
@@ -448,8 +460,7 @@ def act_operands(x: jax.Array, spec: QuantSpec, plan: Plan, act_scale, *, rows: 
   of the interpreted Mosaic GEMM, a route test hung in CI (session 18, cause not found;
   NOTES.md v20).  The kernel's own interpreter tests call it directly."""
   m, k = x.shape
-  if (FUSED_PREPASS and not interpret and m >= FUSED_PREPASS_MIN_M and per_row is not False
-      and act_prepass.supports(spec) and x.dtype in (jnp.bfloat16, jnp.float16)):
+  if per_row is not False and fused_prepass_applies(x, spec, kp, interpret=interpret):
     return act_prepass.quantize_rows(x, spec, rows=rows, kp=kp)
   qa = act_quant.kernel_operand(x, spec, act_scale, rows=rows, kp=kp)
   a, sa = qa.values, qa.scales
