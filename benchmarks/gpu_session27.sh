@@ -10,7 +10,9 @@
 #   ab2:    the same on DeepSeek-V3 gate_up 64 / 4096 (--single: the per-group route at
 #           64 tokens beside the one-accumulator one)
 #   ab3:    the same on Qwen3 gate_up 4096 and Mixtral gate_up 4096
-#   rest:   the grouped GPU tests that call 1's verify step limit cut
+#   rest:   the grouped GPU tests that call 1's verify step limit cut (rest2: the rest)
+#   prepass: the one-pass pre-pass on the grouped fp8 route: GPU tests, Mixtral 1024 rows,
+#           the layer
 #   moe:    bench_moe W4A8 MXFP4 Mixtral with Humming in the same process; the layer
 source "$(dirname "$0")/gpu_env.sh"
 T() { local t=$1; shift; timeout -k 5 -s INT "$t" "$@"; }
@@ -63,6 +65,21 @@ s_moe() {
     --spec w4a8-mxfp4 --families default --breakdown --calls 10 --repeats 2 \
     --json "$OUT/layer.json" > "$OUT/layer.log" 2>&1
   echo "layer rc=$?"; grep -E "^\{|rror|mosaic" "$OUT/layer.log" | cut -c1-250 | head -8
+}
+s_prepass() {  # the one-pass pre-pass on the grouped fp8-MMA route: its GPU tests, then
+  # bench_moe Mixtral at 1024 tokens with Humming, the Mixtral W4A8 layer
+  T 120 $PYT tests/test_grouped_wnam_mgpu.py tests/test_moe.py -m gpu -s \
+    -k "one_pass_gpu or quantizes_tokens_first_gpu" > "$OUT/prepass.log" 2>&1
+  echo "rc=$?"; grep -E "^(PASSED|FAILED|ERROR)|^E |passed|failed|pre-pass|quantize-first" \
+    "$OUT/prepass.log" | cut -c1-250 | tail -8
+  T 110 python3 benchmarks/bench_moe.py --shapes mixtral-gate_up,mixtral-down --tokens 1024 \
+    --specs w4a8-mxfp4 --humming --no-baselines --chain resident --span --calls 10 \
+    --repeats 2 --json "$OUT/moe_1024.json" > "$OUT/moe_1024.log" 2>&1
+  echo "moe rc=$?"; grep -E "T=|rror" "$OUT/moe_1024.log" | cut -c1-300
+  T 90 python3 benchmarks/bench_moe_layer.py --models mixtral --tokens 1024 \
+    --spec w4a8-mxfp4 --families default --breakdown --calls 10 --repeats 2 \
+    --json "$OUT/layer2.json" > "$OUT/layer2.log" 2>&1
+  echo "layer rc=$?"; grep -E "^\{|rror" "$OUT/layer2.log" | cut -c1-2500 | head -3
 }
 for s in ${@:-verify}; do step "$s"; "s_$s"; done
 step done
