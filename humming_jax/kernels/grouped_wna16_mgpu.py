@@ -143,9 +143,9 @@ def single_acc_tile_rows(m: int, num_experts: int) -> int:
 def single_acc_tiles(params: QuantizedWeight | None) -> bool:
   """Whether tiles over 80 rows of ``params`` run as one-accumulator fp8 tiles on four
   shared-x warpgroups (:func:`heuristic`): the fp8-MMA layout marked ":cf"
-  (``wna16_mgpu.mark_column_fold``), unless HUMMING_JAX_FP8_SINGLE_ACC=0."""
-  return (params is not None and wna16_mgpu.fp8_mma(params.layout)
-          and wna16_mgpu.column_folds(params.layout)
+  (``wna16_mgpu.single_acc_layout``, the check ``wna16_mgpu.run`` makes of the config),
+  unless HUMMING_JAX_FP8_SINGLE_ACC=0."""
+  return (params is not None and wna16_mgpu.single_acc_layout(params)
           and tuning.env_flag("HUMMING_JAX_FP8_SINGLE_ACC", True))
 
 

@@ -218,6 +218,15 @@ def mark_column_fold(prepared: QuantizedWeight) -> QuantizedWeight:
   return prepared.replace(layout=prepared.layout + ":cf")
 
 
+def single_acc_layout(params: QuantizedWeight) -> bool:
+  """Whether ``params``' layout can run ``Config.fp8_single_acc`` (one accumulator, the
+  group scales folded against each column's largest): the fp8-MMA layout, e8m0 scales,
+  checked by :func:`mark_column_fold` (":cf").  :func:`run` refuses the config elsewhere;
+  ``grouped_wna16_mgpu.single_acc_tiles`` picks the route by it."""
+  return (fp8_mma(params.layout) and params.spec.scale_dtype == "e8m0"
+          and column_folds(params.layout))
+
+
 def fp8_mma_reason(spec: QuantSpec) -> str | None:
   """Why ``spec``'s weights have no fp8-MMA layout (None: they have): fp4 e2m1 codes
   (exact in e4m3 times 2**-6) whose scale groups cover whole 32-deep WGMMA K steps (each
@@ -454,8 +463,7 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
   if cluster_env and config.split_warpgroups == "n":  # every shared-x launch (a device A/B)
     config = dataclasses.replace(config, cluster_n=int(cluster_env))
   single = config.fp8_single_acc
-  if single and not (fp8 and spec.scale_dtype == "e8m0" and column_folds(params.layout)
-                     and not config.fp8_fold):
+  if single and not (fp8 and single_acc_layout(params) and not config.fp8_fold):
     raise ValueError(f"config.fp8_single_acc=True needs the fp8-MMA layout checked by "
                      f"mark_column_fold (':cf': e8m0 scales within "
                      f"{mgpu_convert.FOLD_MAX_SHIFT} binades per column; prepare eagerly) "
