@@ -59,7 +59,7 @@ def main():
   assert "p8" in ps[0].layout.split(":"), ps[0].layout
   for m in map(int, a.ms.split(",")):
     x = jax.random.normal(jax.random.key(m), (m, k), jnp.bfloat16)
-    xq, xs = wm.fp8_operands(x, ps[0].replace(spec=spec))
+    xq, xs = wm.fp8_operands(x, ps[0].replace(spec=spec), interpret=a.interpret)
     ref, line = None, []
     for name, change, env in variants(a.fold):
       cfg = None if change is None else dataclasses.replace(mg.default_config(ps[0], m),

@@ -68,7 +68,8 @@ def main() -> None:
         wnam_mgpu.weight_view(hj.quantize(w, spec), "canonical"), permute=False,
         mma="fp8"))(w)
     x = jnp.asarray(rng.standard_normal((args.m, args.k), np.float32), jnp.bfloat16)
-    codes, x_scale = wnam_mgpu.fp8_operands(x, params.replace(spec=spec))
+    codes, x_scale = wnam_mgpu.fp8_operands(x, params.replace(spec=spec),
+                                            interpret=args.interpret)
     cfg = parse_config(args.config, args.m)
     fn = jax.jit(lambda p, c, s: wna16_mgpu.run(p, c, x_scale=s, config=cfg,
                                                 interpret=args.interpret))
@@ -84,7 +85,7 @@ def main() -> None:
     ids = jnp.asarray(np.argsort(rng.random((args.m, e)), axis=1)[:, :args.topk], jnp.int32)
     r = moe.sort_tokens(ids, e)
     xt = jnp.asarray(rng.standard_normal((args.m, k), np.float32), jnp.bfloat16)
-    codes, x_scale = grouped_wnam_mgpu.fp8_operands(xt, params)
+    codes, x_scale = grouped_wnam_mgpu.fp8_operands(xt, params, interpret=args.interpret)
     codes, x_scale = codes[r.token_of_row], x_scale[r.token_of_row]
     fn = jax.jit(lambda p, c, s, g: grouped_wnam_mgpu.run_quantized(
         p, c, s, g, interpret=args.interpret))

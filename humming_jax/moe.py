@@ -388,8 +388,11 @@ def _gate_up_quantized_first(params: QuantizedWeight, x: jax.Array, r: SortedTok
                              backend: ops.Backend) -> jax.Array | None:
   """The gate_up GEMM of experts on the grouped fp8-MMA route (W4A8 MXFP4) whose
   activation scales are per token or static: the T tokens quantized once, then their e4m3
-  codes and scales gathered into expert order -- bit for bit the operands of the T*k
-  gathered rows, for 1/k of the pre-pass and a 1-byte row gather instead of a 2-byte one
+  codes and scales gathered into expert order -- the operands of the T*k gathered rows
+  (bit for bit where both take the same pre-pass; from 512 rows the gathered rows take
+  the one-pass Pallas one, whose float32 division may round a code one step apart from
+  XLA's: H200 session 27, DeepSeek-V3 64 tokens, still 0 codes differing), for 1/k of the
+  pre-pass and a 1-byte row gather instead of a 2-byte one
   (``grouped_wnam_mgpu.quantizes_rows_alone``).  H200 session 22: bit-equal to the rows'
   gather (codes, scales and layer output; DeepSeek-V3, 64 tokens), layer walls at
   DeepSeek-V3 16 / 64 / 1024 tokens 159.5 / 313.6 / 731.9 -> 160.2 / 314.4 / 701.9 us

@@ -401,7 +401,7 @@ def test_fp8_cluster_interpret(monkeypatch, launched_clusters):
   assert rel(out[2], want) <= 1e-3, rel(out[2], want)
 
 
-def test_fp8_operands_take_the_one_pass_prepass_on_the_gpu_only():
+def test_fp8_operands_take_the_one_pass_prepass_on_the_gpu_only(monkeypatch):
   """wnam_mgpu.fp8_operands asks w8a8.fused_prepass_applies: per-token e4m3 activations
   of 16-bit x, from FUSED_PREPASS_MIN_M rows, K a multiple of 128, not in the interpreter
   (which keeps XLA's pre-pass, the operands every interpreter test compares); else XLA."""
@@ -417,6 +417,25 @@ def test_fp8_operands_take_the_one_pass_prepass_on_the_gpu_only():
   static = hj.QuantSpec("fp4_e2m1", "group", 32, scale_dtype="e8m0", act="fp8_e4m3",
                         act_granularity="tensor", act_static=True)
   assert not w8a8.fused_prepass_applies(x, static, 256)
+  # fp8_operands takes the one-pass kernel where the predicate holds (recorded here; the
+  # kernel itself runs only on the GPU), XLA's pre-pass in the interpreter.
+  from humming_jax.kernels import act_prepass
+  from humming_jax.quantize import kernel_activations
+  q, xr = make("w4a8-mxfp4", 2, 256, 64, rows, False)
+  p = hj.prepare(q, grouped=True, kernel=gw.FAMILY)
+  calls = []
+
+  def recorded(x, spec, *, rows, kp):
+    calls.append((x.shape, rows, kp))
+    qa = kernel_activations(x, spec, None, rows=rows, kp=kp)
+    return qa.values, qa.scales.reshape(rows, 1)
+  monkeypatch.setattr(act_prepass, "quantize_rows", recorded)
+  codes, scales = gw.fp8_operands(xr, p)
+  assert calls == [((rows, 256), rows, 256)] and scales.shape == (rows,), calls
+  codes_i, scales_i = gw.fp8_operands(xr, p, interpret=True)
+  assert len(calls) == 1
+  np.testing.assert_array_equal(np.asarray(codes, np.float32), np.asarray(codes_i, np.float32))
+  np.testing.assert_array_equal(np.asarray(scales), np.asarray(scales_i))
 
 
 @pytest.mark.gpu

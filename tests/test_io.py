@@ -101,3 +101,25 @@ def test_unsupported_leaf_is_a_type_error(tmp_path):
   with pytest.raises(TypeError, match="at /x"):
     hj.save(tmp_path / "c.safetensors", {"x": object()})
   assert not os.listdir(tmp_path)
+
+
+def test_version_1_files_load_except_prepared_fp8_mma_words(tmp_path, monkeypatch):
+  """Version 1 files (before the ':p8' words changed in session 27) still load, but a
+  prepared ':p8' QuantizedWeight in one is refused by name rather than decoded wrongly;
+  the same tree saved by this version loads."""
+  from humming_jax import io as hio
+  q = hj.quantize(jax.random.normal(jax.random.key(3), (2, 256, 128)) / 16, "w4a8-mxfp4")
+  p8 = hj.prepare(q, grouped=True, kernel="grouped_wnam_mgpu")
+  assert "p8" in p8.layout.split(":"), p8.layout
+  monkeypatch.setattr(hio, "VERSION", 1)
+  hj.save(str(tmp_path / "plain.safetensors"), {"q": q})
+  hj.save(str(tmp_path / "p8.safetensors"), {"p8": p8})
+  monkeypatch.undo()
+  back = hj.load(str(tmp_path / "plain.safetensors"))["q"]
+  np.testing.assert_array_equal(np.asarray(back.codes), np.asarray(q.codes))
+  with pytest.raises(ValueError, match="version 1.*':p8'.*prepare them again"):
+    hj.load(str(tmp_path / "p8.safetensors"))
+  hj.save(str(tmp_path / "p8_v2.safetensors"), {"p8": p8})
+  again = hj.load(str(tmp_path / "p8_v2.safetensors"))["p8"]
+  assert again.layout == p8.layout
+  np.testing.assert_array_equal(np.asarray(again.codes, np.int8), np.asarray(p8.codes, np.int8))

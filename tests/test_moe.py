@@ -289,8 +289,9 @@ def test_quant_moe_w4a8_static_scale_and_no_tokens(monkeypatch):
 def test_quant_moe_w4a8_quantizes_tokens_first_gpu(monkeypatch):
   """The same on the H200 at DeepSeek-V3's shapes (E 256, H 7168, I 256, top-8), 64
   tokens: the layer with the tokens quantized before the gather against the rows'
-  gather (HUMMING_JAX_MOE_QUANTIZE_FIRST=0), and against the layer on the XLA path.  Not
-  bit-equal here since session 27: the gathered rows (512) take the one-pass pre-pass."""
+  gather (HUMMING_JAX_MOE_QUANTIZE_FIRST=0), and against the layer on the XLA path.  Bit
+  equality is no longer guaranteed since session 27: the gathered rows (512) take the
+  one-pass pre-pass, the 64 tokens XLA's."""
   from humming_jax.kernels import grouped_wnam_mgpu as gw
   monkeypatch.delenv("HUMMING_JAX_FP8_MMA", raising=False)
   e, h, inter, t, topk = 256, 7168, 256, 64, 8
@@ -319,6 +320,8 @@ def test_quant_moe_w4a8_quantizes_tokens_first_gpu(monkeypatch):
   gathered = jax.jit(lambda r: real(r, pgu))(rows)
   code_diff = int(np.sum(np.asarray(first[0], np.float32) != np.asarray(gathered[0], np.float32)))
   scale_diff = int(np.sum(np.asarray(first[1]) != np.asarray(gathered[1])))
+  scale_rel = float(np.max(np.abs(np.asarray(first[1]) - np.asarray(gathered[1]))
+                           / np.asarray(gathered[1])))
   diff = _rel(y, np.asarray(y_off, np.float64))
   ref = jax.jit(lambda *a: hj.quant_moe(*a, backend="xla"))(gu, dn, x, w, ids)
   err = _rel(y, np.asarray(ref, np.float64))
@@ -328,10 +331,10 @@ def test_quant_moe_w4a8_quantizes_tokens_first_gpu(monkeypatch):
   assert rows_quantized == [t, t * topk, t * topk, t * topk]
   # The 64 tokens take XLA's pre-pass, the 512 gathered rows the one-pass Pallas kernel
   # (w8a8.fused_prepass_applies, from 512 rows): on the H200 its float32 division may
-  # round a scale or code one step apart from XLA's (<= 1e-4 of codes, test_act_prepass).
-  assert code_diff <= 1e-4 * first[0].size and scale_diff <= 1e-4 * first[1].size, (
-      code_diff, scale_diff)
-  assert diff <= 1e-2, diff
+  # round a scale in the last place or a code one step apart from XLA's (<= 1e-4 of codes,
+  # test_act_prepass).  Session 27 measured 0 codes, 0 scales and 0.0 here.
+  assert code_diff <= 1e-4 * first[0].size and scale_rel <= 1e-6, (code_diff, scale_rel)
+  assert diff <= 1e-3, diff
   # A whole layer, as the other quant_moe tests bound it (2e-2): the down GEMM re-quantizes
   # the GLU output per token to e4m3, where gate_up's ~3e-4 against the XLA path can flip some
   # of those roundings (one e4m3 step is 6-12 %).  H200 session 22: 1.45e-2 on either

@@ -113,7 +113,8 @@ def quantizes_rows_alone(params: QuantizedWeight) -> bool:
   """Whether ``params`` take :func:`run_quantized`'s operands (the fp8-MMA layout) from
   activations whose codes and scale of a row depend on that row alone (per-token or
   static scales): then quantizing the tokens before a row gather gives the gathered rows'
-  own operands, bit for bit (``moe.quant_moe`` does so)."""
+  own operands (``moe.quant_moe`` does so; bit for bit where both take the same pre-pass,
+  ``wnam_mgpu.fp8_operands``)."""
   spec = params.spec
   return (registry.layout_family(params.layout) == FAMILY
           and wna16_mgpu.fp8_mma(params.layout)

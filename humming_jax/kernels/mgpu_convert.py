@@ -406,6 +406,9 @@ P8_MAG_HOME = (4, 0, 5, 1, 6, 2, 7, 3)  # the inverse: code n's magnitude is in 
 
 def _regroup_magnitudes(codes: jax.Array, source) -> jax.Array:
   *lead, k = codes.shape
+  if k % 8:
+    raise ValueError(f"codes.shape={codes.shape}: the last axis must be a multiple of 8 "
+                     f"(32-bit words of 8 codes)")
   u = codes.astype(jnp.int32) & 0xF
   w = u.reshape(*lead, k // 8, 8)
   # (slices, not a gather by an index array: the Mosaic GPU interpreter's kernel body

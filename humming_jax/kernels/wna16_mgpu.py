@@ -299,7 +299,8 @@ def prepare(params: QuantizedWeight, *, permute: bool | None = None,
   if mma == "fp8" and (why := fp8_mma_reason(spec)) is not None:
     raise ValueError(f"mma='fp8': spec {spec.name} has no fp8-MMA layout ({why})")
   if mma == "fp8" and permute:
-    raise ValueError("mma='fp8' has its own K order (permute_k8); leave permute unset")
+    raise ValueError("mma='fp8' has its own K order (mgpu_convert.p8_store); leave permute "
+                     "unset")
   permute = (permutes(spec) if permute is None else permute) and mma == "bf16"
   if permute and (bits != 4 or not _converts_in_place(spec)):
     raise ValueError(f"permute=True: spec {spec.name} has no permuted layout (only 4-bit "
