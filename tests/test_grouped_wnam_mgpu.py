@@ -467,6 +467,32 @@ def test_fp8_operands_one_pass_gpu(monkeypatch):
   assert err <= 1e-2, err
 
 
+def test_fp8_fold_refuses_a_padded_k(monkeypatch):
+  """The tile fold takes each K tile's largest group scale as its base, and K-padding scale
+  rows hold 1.0; with small scales (here ~2**-16) in a padded last tile every real group
+  would be zeroed.  An explicit fp8_fold config is refused by name where K is padded, and
+  HUMMING_JAX_FP8_FOLD=1 leaves such weights on the per-group route, matching the
+  reference."""
+  from humming_jax.kernels import wna16_mgpu
+  monkeypatch.delenv("HUMMING_JAX_FP8_MMA", raising=False)
+  spec = hj.QuantSpec("fp4_e2m1", "group", 32, scale_dtype="e8m0", act="fp8_e4m3")
+  e, k, n, gs = 2, 320, 64, [6, 10]  # K 320: the last 128-deep K tile half padding
+  kw, kx = jax.random.split(jax.random.key(43))
+  q = hj.quantize(jax.random.normal(kw, (e, k, n)) * 2.0 ** -16, spec)
+  x = jax.random.normal(kx, (sum(gs), k), jnp.float32).astype(jnp.bfloat16)
+  g = jnp.asarray(gs, jnp.int32)
+  p = gw.prepare(q)
+  assert "p8" in p.layout.split(":") and p.codes.shape[-3] * p.codes.shape[-1] > k
+  cfg = dataclasses.replace(wna16_mgpu.shared_x_config(16, warpgroups=1), fp8_fold=True)
+  with pytest.raises(ValueError, match="K a multiple of the K tile.*K=320, padded to 384"):
+    gw.run(p, x, g, interpret=True, config=cfg, block_m=16)
+  monkeypatch.setenv("HUMMING_JAX_FP8_FOLD", "1")
+  y = np.asarray(jax.jit(lambda p, x, g: gw.run(p, x, g, interpret=True))(p, x, g),
+                 np.float64)
+  want = np.asarray(reference.ragged_dot_reference(q, x, g), np.float64)
+  assert rel(y, want) <= 1e-2, rel(y, want)
+
+
 def test_fp8_mma_refusals():
   """Bad input to the fp8-MMA layout is refused by name: specs it cannot hold, bad
   prepare arguments, 16-bit x on it, fp8 x without row scales, fp8 x on a 16-bit layout,

@@ -456,7 +456,10 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
   if fp8:  # its own route (fp8_tiles below); none of the 16-bit conversion flags
     config = dataclasses.replace(config, scale_after_mma=False, zero_point_mma=False,
                                  overlap_mma=False)
-  if (fp8 and spec.scale_dtype == "e8m0" and scale_k(spec) < bk
+  # The tile fold takes each K tile's largest group scale as its base, and K-padding scale
+  # rows hold 1.0: in a padded last tile, real groups more than FOLD_MAX_SHIFT binades
+  # below 1.0 would be zeroed, so no tile fold where K is padded.
+  if (fp8 and spec.scale_dtype == "e8m0" and scale_k(spec) < bk and kp == k
       and not config.fp8_single_acc  # (the column fold is a fold already)
       and tuning.env_flag("HUMMING_JAX_FP8_FOLD", False)):  # opt-in: no gain (Config)
     config = dataclasses.replace(config, fp8_fold=True)  # (one group per tile: nothing to fold)
@@ -470,10 +473,12 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
                      f"{mgpu_convert.FOLD_MAX_SHIFT} binades per column; prepare eagerly) "
                      f"and fp8_fold=False; got params.layout={params.layout!r}, "
                      f"x.dtype={x.dtype}, fp8_fold={config.fp8_fold}")
-  if config.fp8_fold and not (fp8 and spec.scale_dtype == "e8m0"):
+  if config.fp8_fold and not (fp8 and spec.scale_dtype == "e8m0" and kp == k):
     raise ValueError(f"config.fp8_fold=True needs the fp8-MMA layout with e8m0 (power-of-"
-                     f"two) group scales; got x.dtype={x.dtype}, spec {spec.name} "
-                     f"(scale_dtype={spec.scale_dtype!r})")
+                     f"two) group scales and K a multiple of the K tile (its padding scale "
+                     f"rows would enter a tile's base); got x.dtype={x.dtype}, spec "
+                     f"{spec.name} (scale_dtype={spec.scale_dtype!r}), K={k}, padded "
+                     f"to {kp}")
   if permuted and not interpret:
     # The GPU converts permuted codes only with the PTX that reads them in place, so the
     # conversion route of any config is that one (the same values as Mosaic's conversion,
