@@ -29,7 +29,7 @@ FORMAT = "humming_jax.checkpoint"
 # 2 (session 27): the fp8-MMA layout's (":p8") stored words changed (mgpu_convert.p8_store);
 # version 1 files load, except prepared ":p8" weights, which would decode wrongly.
 VERSION = 2
-READS = (1, 2)
+READS = (1, VERSION)
 _META_KEY = "humming_jax"
 # dtypes the safetensors numpy API stores natively; everything else goes as raw bytes.
 _NATIVE = {"float16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8",
@@ -119,7 +119,7 @@ def load(path: str | os.PathLike) -> Any:
     raise ValueError(f"{path}: damaged humming_jax metadata ({e})") from None
   if not isinstance(doc, dict) or doc.get("format") != FORMAT:
     raise ValueError(f"{path}: metadata is not a {FORMAT} document")
-  if doc.get("version") not in READS:
+  if type(doc.get("version")) is not int or doc["version"] not in READS:
     raise ValueError(f"{path}: checkpoint version {doc.get('version')!r}; this humming_jax "
                      f"reads versions {READS}")
   try:
@@ -168,16 +168,16 @@ def _decode_tree(path: str, doc: dict, f: Any) -> Any:
     if kind == "scalar":
       return val
     if kind == "quantized":
-      leaves = {k: (None if v is None else array(v)) for k, v in val["leaves"].items()}
-      try:
-        spec = QuantSpec(**val["spec"])
-      except (TypeError, ValueError) as e:
-        raise ValueError(f"{path}: invalid spec in checkpoint ({e})") from None
       if doc["version"] == 1 and "p8" in str(val["layout"]).split(":")[1:]:
         raise ValueError(f"{path}: prepared weights of layout {val['layout']!r} written by "
                          f"checkpoint version 1, whose fp8-MMA (':p8') words this "
                          f"humming_jax stores differently; prepare them again from the "
                          f"canonical (or original) checkpoint")
+      leaves = {k: (None if v is None else array(v)) for k, v in val["leaves"].items()}
+      try:
+        spec = QuantSpec(**val["spec"])
+      except (TypeError, ValueError) as e:
+        raise ValueError(f"{path}: invalid spec in checkpoint ({e})") from None
       return QuantizedWeight(**leaves, spec=spec, shape=tuple(val["shape"]),
                              layout=val["layout"])
     raise ValueError(f"{path}: unknown tree entry kind {kind!r}")

@@ -108,13 +108,14 @@ def test_version_1_files_load_except_prepared_fp8_mma_words(tmp_path, monkeypatc
   prepared ':p8' QuantizedWeight in one is refused by name rather than decoded wrongly;
   the same tree saved by this version loads."""
   from humming_jax import io as hio
+  monkeypatch.delenv("HUMMING_JAX_FP8_MMA", raising=False)
   q = hj.quantize(jax.random.normal(jax.random.key(3), (2, 256, 128)) / 16, "w4a8-mxfp4")
   p8 = hj.prepare(q, grouped=True, kernel="grouped_wnam_mgpu")
   assert "p8" in p8.layout.split(":"), p8.layout
   monkeypatch.setattr(hio, "VERSION", 1)
   hj.save(str(tmp_path / "plain.safetensors"), {"q": q})
   hj.save(str(tmp_path / "p8.safetensors"), {"p8": p8})
-  monkeypatch.undo()
+  monkeypatch.setattr(hio, "VERSION", 2)
   back = hj.load(str(tmp_path / "plain.safetensors"))["q"]
   np.testing.assert_array_equal(np.asarray(back.codes), np.asarray(q.codes))
   with pytest.raises(ValueError, match="version 1.*':p8'.*prepare them again"):

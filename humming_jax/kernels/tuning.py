@@ -145,7 +145,9 @@ class MgpuConfig:
   # the step to one accumulator per CTA, which fewer registers per thread need.  Its error
   # is relative to the tile's largest group: codes > 11 binades below it are zeroed, so
   # where that group meets near-zero activations the zeroed groups' whole share is lost
-  # (test_fp8_fold_interpret shows it).
+  # (test_fp8_fold_interpret shows it).  Only where K needs no padding (the padding scale
+  # rows, 1.0, would enter the last tile's base): HUMMING_JAX_FP8_FOLD=1 leaves padded-K
+  # weights on the per-group route, and run() refuses an explicit config there.
   fp8_fold: bool = False
   # With split_warpgroups="n": CTAs of adjacent column blocks and the same rows run as one
   # cluster sharing each x tile: every CTA loads 1/cluster_n of it and TMA multicasts that

@@ -442,7 +442,7 @@ def fused_prepass_applies(x: jax.Array, spec: QuantSpec, kp: int, *,
   of at least FUSED_PREPASS_MIN_M rows, ``kp`` a multiple of 128, on the GPU (not the
   interpreter: see :func:`act_operands`).  The W8A8 family's dense pre-pass and the
   fp8-MMA layout's (``wnam_mgpu.fp8_operands``: the grouped route, and the dense one where
-  an explicit config runs it at 512+ rows) ask here."""
+  a config, explicit or cached, runs it at 512+ rows) ask here."""
   return (FUSED_PREPASS and not interpret and x.shape[0] >= FUSED_PREPASS_MIN_M
           and kp % 128 == 0 and act_prepass.supports(spec)
           and x.dtype in (jnp.bfloat16, jnp.float16))

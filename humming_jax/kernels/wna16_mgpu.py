@@ -472,12 +472,13 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
                      f"mark_column_fold (':cf': e8m0 scales within "
                      f"{mgpu_convert.FOLD_MAX_SHIFT} binades per column; prepare eagerly) "
                      f"and fp8_fold=False; got params.layout={params.layout!r}, "
-                     f"x.dtype={x.dtype}, fp8_fold={config.fp8_fold}")
+                     f"scale_dtype={spec.scale_dtype!r}, x.dtype={x.dtype}, "
+                     f"fp8_fold={config.fp8_fold}")
   if config.fp8_fold and not (fp8 and spec.scale_dtype == "e8m0" and kp == k):
     raise ValueError(f"config.fp8_fold=True needs the fp8-MMA layout with e8m0 (power-of-"
-                     f"two) group scales and K a multiple of the K tile (its padding scale "
-                     f"rows would enter a tile's base); got x.dtype={x.dtype}, spec "
-                     f"{spec.name} (scale_dtype={spec.scale_dtype!r}), K={k}, padded "
+                     f"two) group scales and K a multiple of the K tile bk={bk} (its "
+                     f"padding scale rows would enter a tile's base); got x.dtype={x.dtype}, "
+                     f"spec {spec.name} (scale_dtype={spec.scale_dtype!r}), K={k}, padded "
                      f"to {kp}")
   if permuted and not interpret:
     # The GPU converts permuted codes only with the PTX that reads them in place, so the
