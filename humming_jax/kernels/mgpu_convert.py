@@ -594,7 +594,7 @@ def e2m1_to_e4m3_ptx(codes: jax.Array, blocks: int, *, group_blocks: int = 0,
     outs = [np.empty(out_shape, dtype=object) for _ in range(blocks)]
     for idx, w in _code_words(arr, "fp8-MMA e2m1 codes", remedy):
       run = idx[1]
-      t = tables[idx[4], run // group_blocks] if fold else (c(_TABLE[0]), c(_TABLE[1]))
+      t = tables[idx[4], run // group_blocks] if fold else tuple(map(c, e4m3_tables(0)))
       sign = c(0x80808080)
       mag = arith.andi(w, c(0x77777777))
       hi = arith.ori(prmt(t, mag), arith.andi(w, sign))
