@@ -28,8 +28,10 @@ from humming_jax.spec import QuantSpec
 FORMAT = "humming_jax.checkpoint"
 # 2 (session 27): the fp8-MMA layout's (":p8") stored words changed (mgpu_convert.p8_store);
 # version 1 files load, except prepared ":p8" weights, which would decode wrongly.
-VERSION = 2
-READS = (1, VERSION)
+# 3 (session 28): QuantizedWeight's ``fold_base`` leaf (prepared ":cf" layouts); files of
+# versions 1-2 have none and load with it None (the kernel then computes it per call).
+VERSION = 3
+READS = (1, 2, VERSION)
 _META_KEY = "humming_jax"
 # dtypes the safetensors numpy API stores natively; everything else goes as raw bytes.
 _NATIVE = {"float16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8",

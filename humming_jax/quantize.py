@@ -55,7 +55,10 @@ class QuantizedWeight:
 
   Array leaves: ``codes`` (packed uint32), ``scales``, ``zeros`` (uint8, or None),
   ``global_scale`` (fp32 scalar per tensor/expert, or None), ``bias`` ((N,) or (E, N), or
-  None), ``act_scale`` (static activation scale, or None).
+  None), ``act_scale`` (static activation scale, or None), ``fold_base`` (kernel layouts
+  only: per-column metadata a kernel's ``prepare`` derives from ``scales`` so that calls
+  need not recompute it -- the fp8-MMA layout's column-fold base,
+  ``wna16_mgpu.mark_column_fold`` -- or None).
   Static aux data: ``spec``, ``shape`` (the logical float shape) and ``layout``
   (``"canonical"`` or the name of a kernel layout made by a kernel's ``prepare``).
   """
@@ -69,15 +72,17 @@ class QuantizedWeight:
   spec: QuantSpec
   shape: tuple[int, ...]
   layout: str = "canonical"
+  fold_base: jax.Array | None = None
 
-  _LEAVES = ("codes", "scales", "zeros", "global_scale", "bias", "act_scale")
+  _LEAVES = ("codes", "scales", "zeros", "global_scale", "bias", "act_scale", "fold_base")
 
   def tree_flatten(self):
     return tuple(getattr(self, f) for f in self._LEAVES), (self.spec, self.shape, self.layout)
 
   @classmethod
   def tree_unflatten(cls, aux, leaves):
-    return cls(*leaves, *aux)
+    spec, shape, layout = aux
+    return cls(**dict(zip(cls._LEAVES, leaves)), spec=spec, shape=shape, layout=layout)
 
   def tree_flatten_with_keys(self):
     leaves = tuple((jax.tree_util.GetAttrKey(f), getattr(self, f)) for f in self._LEAVES)
@@ -100,10 +105,11 @@ class QuantizedWeight:
     return dataclasses.replace(self, **changes)
 
   def nbytes(self) -> int:
-    """Bytes of codes + scales + zero points + global scale as stored (a kernel layout's
-    ``jnp.int4`` codes count half a byte each)."""
+    """Bytes of codes + scales + zero points + global scale (+ a kernel layout's
+    ``fold_base``) as stored (a kernel layout's ``jnp.int4`` codes count half a byte
+    each)."""
     return sum(array_bytes(a) for a in (self.codes, self.scales, self.zeros,
-                                        self.global_scale) if a is not None)
+                                        self.global_scale, self.fold_base) if a is not None)
 
   def __repr__(self) -> str:
     return (f"QuantizedWeight(spec={self.spec.name}, shape={self.shape}, "

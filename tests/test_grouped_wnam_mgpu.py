@@ -107,6 +107,7 @@ def test_fp8_mma_split_k_and_dense_interpret(monkeypatch):
   # dense: expert 1's weights, x as e4m3 codes with row scales
   view = gw.weight_view(p, gw.renamed(p.layout, g16.FAMILY))
   dense = view.replace(codes=view.codes[1], scales=view.scales[1], shape=view.shape[1:],
+                       fold_base=view.fold_base[1],
                        layout=view.layout.replace(g16.FAMILY, wna16_mgpu.FAMILY, 1))
   assert wna16_mgpu.fp8_mma(dense.layout)
   s = jnp.max(jnp.abs(x.astype(jnp.float32)), axis=1) / 448
@@ -210,6 +211,45 @@ def test_fp8_single_acc_route(monkeypatch):
   keep = np.ones(ys.shape, bool)
   keep[rows1, 5] = False
   assert rel(ys[keep], want_w[keep]) <= 1e-4
+
+
+def test_fold_base_stored_at_prepare(monkeypatch):
+  """An eager prepare that marks ":cf" stores each column's fold base (``fold_base``,
+  ``wna16_mgpu.column_fold_row`` of the scale rows), and a call then takes it instead of
+  reducing every scale row again (no top-level reduction over the scales in the traced
+  call; with ``fold_base=None`` -- checkpoints before version 3 -- there is one).  Both
+  give the same bits.  A traced prepare stores none (unmarked); to_canonical drops it; a
+  base of the wrong shape or dtype is refused by name."""
+  from humming_jax.kernels import wna16_mgpu
+  monkeypatch.delenv("HUMMING_JAX_FP8_MMA", raising=False)
+  monkeypatch.delenv("HUMMING_JAX_FP8_SINGLE_ACC", raising=False)
+  q, x = make("w4a8-mxfp4", 2, 256, 128, 200, False, seed=41)
+  g = jnp.asarray([90, 110], jnp.int32)
+  p = gw.prepare(q)
+  assert wna16_mgpu.column_folds(p.layout) and p.fold_base is not None
+  e, rows, np_ = p.scales.shape
+  assert p.fold_base.shape == (e, 1, np_) and p.fold_base.dtype == jnp.float32
+  np.testing.assert_array_equal(
+      np.asarray(p.fold_base), np.asarray(wna16_mgpu.column_fold_row(p.scales, 256, q.spec)))
+  assert not np.isnan(np.asarray(p.fold_base)[..., :128]).any()
+  assert jax.jit(gw.prepare)(q).fold_base is None
+  assert gw.to_canonical(p).fold_base is None
+  call = lambda p, x, g: gw.run(p, x, g, interpret=True)
+
+  def scale_reductions(params):  # top-level reductions whose operand spans the columns
+    eqns = jax.make_jaxpr(call)(params, x, g).jaxpr.eqns
+    return [q for q in eqns if q.primitive.name in ("reduce_max", "reduce_min")
+            and q.invars[0].aval.shape[-1:] == (np_,)]
+
+  unstored = p.replace(fold_base=None)
+  assert not scale_reductions(p) and scale_reductions(unstored)
+  y = jax.jit(call)(p, x, g)
+  np.testing.assert_array_equal(np.asarray(y, np.float32),
+                                np.asarray(jax.jit(call)(unstored, x, g), np.float32))
+  assert rel(y, reference.ragged_dot_reference(q, x, g)) <= 1e-4
+  for bad in (p.fold_base[:, :, :64], p.fold_base.astype(jnp.bfloat16)):
+    with pytest.raises(ValueError, match=r"params.fold_base: expected float32\[2, 1, "):
+      call(p.replace(fold_base=bad), x, g)
 
 
 def test_single_acc_tile_rows(monkeypatch):

@@ -124,3 +124,34 @@ def test_version_1_files_load_except_prepared_fp8_mma_words(tmp_path, monkeypatc
   again = hj.load(str(tmp_path / "p8_v2.safetensors"))["p8"]
   assert again.layout == p8.layout
   np.testing.assert_array_equal(np.asarray(again.codes, np.int8), np.asarray(p8.codes, np.int8))
+
+
+def test_version_2_files_load_without_the_fold_base(tmp_path, monkeypatch):
+  """Version 3 stores a prepared ':cf' layout's ``fold_base`` (bit-exact round trip); a
+  version-2 file had none (its QuantizedWeight entry lacks the leaf), loads with it None
+  and the same layout, and computes the same (the kernel then derives the base per
+  call)."""
+  import json
+  from humming_jax import io as hio
+  from humming_jax.checkpoints._io import SafetensorsFile
+  monkeypatch.delenv("HUMMING_JAX_FP8_MMA", raising=False)
+  q = hj.quantize(jax.random.normal(jax.random.key(4), (2, 256, 128)) / 16, "w4a8-mxfp4")
+  p = hj.prepare(q, grouped=True, kernel="grouped_wnam_mgpu")
+  assert p.layout.endswith(":cf") and p.fold_base is not None, p.layout
+  hj.save(str(tmp_path / "v3.safetensors"), {"p": p})
+  back = hj.load(str(tmp_path / "v3.safetensors"))["p"]
+  assert back.layout == p.layout and _bits(back.fold_base) == _bits(p.fold_base)
+  # A version-2 writer: no fold_base entry at all.
+  monkeypatch.setattr(hio, "VERSION", 2)
+  monkeypatch.setattr(hj.QuantizedWeight, "_LEAVES", hj.QuantizedWeight._LEAVES[:-1])
+  hj.save(str(tmp_path / "v2.safetensors"), {"p": p})
+  monkeypatch.undo()
+  doc = json.loads(SafetensorsFile(str(tmp_path / "v2.safetensors")).metadata["humming_jax"])
+  assert doc["version"] == 2 and "fold_base" not in doc["tree"]["dict"]["p"]["quantized"]["leaves"]
+  old = hj.load(str(tmp_path / "v2.safetensors"))["p"]
+  assert old.fold_base is None and old.layout == p.layout
+  x = jax.random.normal(jax.random.key(5), (200, 256)).astype(jnp.bfloat16)
+  g = jnp.asarray([90, 110], jnp.int32)  # tiles over 80 rows: the one-accumulator route
+  run = jax.jit(lambda p, x: hj.quant_ragged_dot(p, x, g, backend="interpret"))
+  np.testing.assert_array_equal(np.asarray(run(old, x), np.float32),
+                                np.asarray(run(back, x), np.float32))
