@@ -11,6 +11,10 @@
 #           CUPTI aborted, "activity records were dropped", and no row was written)
 #   ab:     the same walls at 1024 tokens with the old package (no Humming)
 #   layer:  the Mixtral W4A8 layer at 1024 tokens (breakdown), old package then new
+#   probe:  probe_fp8_moe.py --blocks: the one-accumulator tile at 24-96 rows (Qwen3 /
+#           DeepSeek-V3 gate_up at 256 / 1024 tokens) against the heuristic's per-group one
+#   small:  the one-accumulator default from 24 rows: its GPU tests, the per-group launch
+#           (old package) against it on the shapes "probe" did not time, bench_moe rows
 #   others: bench_moe W4A8 MXFP4 DeepSeek-V3 / Qwen3-30B-A3B rows with Humming
 source "$(dirname "$0")/gpu_env.sh"
 T() { local t=$1; shift; timeout -k 5 -s INT "$t" "$@"; }
@@ -57,6 +61,36 @@ s_others2() {
       --humming --no-baselines --json "$OUT/moe_$shape.json" > "$OUT/moe_$shape.log" 2>&1
     echo "$shape rc=$?"; grep -E "T=|rror" "$OUT/moe_$shape.log" | cut -c1-300
   done
+}
+s_probe() {  # the one-accumulator tile below 88 rows (the heuristic's per-group launch there)
+  T 200 python3 benchmarks/probe_fp8_moe.py --shape 128,8,1536,2048 --tokens 256,1024 \
+    --blocks 24,32,48,64,80,96 > "$OUT/probe_qwen3_gu.log" 2>&1
+  echo "qwen3 rc=$?"; grep -E "T=|rror" "$OUT/probe_qwen3_gu.log" | cut -c1-1500
+  T 200 python3 benchmarks/probe_fp8_moe.py --shape 256,8,512,7168 --tokens 256,1024 \
+    --blocks 24,32,48,64 > "$OUT/probe_deepseek_gu.log" 2>&1
+  echo "deepseek rc=$?"; grep -E "T=|rror" "$OUT/probe_deepseek_gu.log" | cut -c1-1500
+}
+s_small() {  # one accumulator from 24 rows (SINGLE_ACC_MIN_ROWS): GPU tests, then the old
+  # package's per-group heuristic against the one-accumulator tile at the rows the new
+  # default takes, on the shapes call 4 did not time (CUPTI), then bench_moe with Humming
+  T 120 $PYT tests/test_grouped_wnam_mgpu.py -m gpu -s -k "single_acc_gpu" \
+    > "$OUT/small_tests.log" 2>&1
+  echo "rc=$?"; grep -E "^(PASSED|FAILED|ERROR)|^E |passed|failed|rel err" \
+    "$OUT/small_tests.log" | cut -c1-200 | tail -12
+  pb() { local name=$1; shift
+    PYTHONPATH=$OLD T 90 python3 benchmarks/probe_fp8_moe.py --sets 1 "$@" > "$OUT/pb_$name.log" 2>&1
+    echo "$name rc=$?"; grep -E "T=|rror" "$OUT/pb_$name.log" | cut -c1-600; }
+  pb qwen3_dn_256 --shape 128,8,2048,768 --tokens 256 --blocks 24
+  pb qwen3_dn_1024 --shape 128,8,2048,768 --tokens 1024 --blocks 80
+  pb deepseek_dn_1024 --shape 256,8,7168,256 --tokens 1024 --blocks 48
+  T 150 python3 benchmarks/bench_moe.py --shapes qwen3-30b-a3b-gate_up --tokens 256,1024 $MOE \
+    --humming --no-baselines --json "$OUT/moe_small_qwen3.json" > "$OUT/moe_small_qwen3.log" 2>&1
+  echo "qwen3 rc=$?"; grep -E "T=|rror" "$OUT/moe_small_qwen3.log" | cut -c1-300
+  T 100 python3 benchmarks/bench_moe.py --shapes deepseek-v3-gate_up --tokens 1024 $MOE \
+    --humming --no-baselines --json "$OUT/moe_small_ds.json" > "$OUT/moe_small_ds.log" 2>&1
+  echo "deepseek rc=$?"; grep -E "T=|rror" "$OUT/moe_small_ds.log" | cut -c1-300
+  pb mixtral_gu_small --shape 8,2,28672,4096 --tokens 64,256 --blocks 24,80
+  pb mixtral_dn_small --shape 8,2,4096,14336 --tokens 64,256 --blocks 24,80
 }
 for s in ${@:-verify}; do step "$s"; "s_$s"; done
 step done

@@ -174,6 +174,12 @@ def test_fp8_single_acc_route(monkeypatch):
   launch = lambda p: g16.heuristic(2, 128, p.codes.shape[-3], 128, params=p, tile_rows=128)
   on = launch(p)
   assert (on.warpgroups, on.split_warpgroups, on.fp8_single_acc) == (4, "n", True)
+  # from SINGLE_ACC_MIN_ROWS (24) rows per tile; 16-row tiles keep one warpgroup over K
+  small = lambda p, rows: g16.heuristic(2, 128, p.codes.shape[-3], rows, params=p,
+                                        tile_rows=rows)
+  assert g16.SINGLE_ACC_MIN_ROWS == 24
+  assert all(small(p, r).fp8_single_acc and small(p, r).warpgroups == 4 for r in (24, 48, 80))
+  assert not small(p, 16).fp8_single_acc and small(p, 16).split_warpgroups == "k"
   monkeypatch.setenv("HUMMING_JAX_FP8_SINGLE_ACC", "0")
   off = launch(p)
   assert (off.warpgroups, off.cluster_n, off.fp8_single_acc) == (2, 2, False)
@@ -190,7 +196,7 @@ def test_fp8_single_acc_route(monkeypatch):
   wide = q.replace(scales=q.scales.at[1, 0, 5].set(q.scales[1, :, 5].max() + 12))  # e8m0
   pw = gw.prepare(wide)
   assert not wna16_mgpu.column_folds(pw.layout), pw.layout
-  assert not launch(pw).fp8_single_acc
+  assert not launch(pw).fp8_single_acc and not small(pw, 24).fp8_single_acc
   seen.clear()
   yw = jax.jit(lambda p, x, g: gw.run(p, x, g, interpret=True))(pw, x, g)
   assert seen and not any(c.fp8_single_acc for c in seen)
@@ -252,6 +258,24 @@ def test_fold_base_stored_at_prepare(monkeypatch):
       call(p.replace(fold_base=bad), x, g)
 
 
+def test_single_acc_default_small_tiles_interpret(monkeypatch):
+  """~15 rows per expert: the default takes 24-row one-accumulator tiles on four
+  shared-x warpgroups (session 28) and matches the reference."""
+  from humming_jax.kernels import grouped_wna16_mgpu as g16
+  monkeypatch.delenv("HUMMING_JAX_FP8_MMA", raising=False)
+  monkeypatch.delenv("HUMMING_JAX_FP8_SINGLE_ACC", raising=False)
+  q, x = make("w4a8-mxfp4", 4, 256, 256, 60, False, seed=42)
+  g = jnp.asarray([14, 17, 15, 14], jnp.int32)
+  p = gw.prepare(q)
+  assert g16.tile_rows(60, 4, p) == 24
+  seen, heuristic = [], g16.heuristic
+  monkeypatch.setattr(g16, "heuristic", lambda *a, **k: seen.append(heuristic(*a, **k))
+                      or seen[-1])
+  y = jax.jit(lambda p, x, g: gw.run(p, x, g, interpret=True))(p, x, g)
+  assert seen and all(c.fp8_single_acc and c.warpgroups == 4 for c in seen), seen
+  assert rel(y, reference.ragged_dot_reference(q, x, g)) <= 1e-4
+
+
 def test_single_acc_tile_rows(monkeypatch):
   """Capped tiles (experts of ~110+ rows) on the one-accumulator route take the rows per
   tile of least expected cost: Mixtral at 1024 / 4096 tokens (256 / 1024 rows per expert)
@@ -303,13 +327,15 @@ def test_single_acc_tile_rows(monkeypatch):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("wgs,block_m", [(2, 128), (4, 128), (4, 144), (4, 160)])
+@pytest.mark.parametrize("wgs,block_m", [(2, 128), (4, 128), (4, 144), (4, 160), (4, 24),
+                                         (4, 48), (4, 80)])
 def test_fp8_single_acc_gpu(wgs, block_m, monkeypatch):
   """config.fp8_single_acc on the H200 (256 / 300 rows per expert, K = 4096) on two / four
   shared-x warpgroups in clusters of two, tiles of 128 rows and wider (the default for
-  Mixtral-sized experts since session 26): the reference within 5e-3 (the fp8 MMA sums
-  all of K in its reduced-precision accumulator; the error is printed)."""
-  from humming_jax.kernels import wna16_mgpu
+  Mixtral-sized experts since session 26) and of 24-80 rows (the default there since
+  session 28, where the heuristic is checked to pick it): the reference within 5e-3 (the
+  fp8 MMA sums all of K in its reduced-precision accumulator; the error is printed)."""
+  from humming_jax.kernels import grouped_wna16_mgpu as g16, wna16_mgpu
   monkeypatch.delenv("HUMMING_JAX_FP8_MMA", raising=False)
   q, x = make("w4a8-mxfp4", 2, 4096, 512, 556, False, seed=38)
   g = jnp.asarray([256, 300], jnp.int32)
@@ -321,6 +347,9 @@ def test_fp8_single_acc_gpu(wgs, block_m, monkeypatch):
   err = rel(y, want)
   print(f"fp8_single_acc wgs={wgs} block_m={block_m}: rel err {err:.2e}")
   assert err <= 5e-3, err  # (H200 session 26: 1.61e-3 at 128, 144 and 160 rows)
+  if block_m < 128:  # the tiles the default takes from session 28 (24-80 rows)
+    assert g16.heuristic(2, 512, p.codes.shape[-3], block_m, params=p,
+                         tile_rows=block_m).fp8_single_acc
 
 
 @pytest.mark.gpu

@@ -140,9 +140,20 @@ def single_acc_tile_rows(m: int, num_experts: int) -> int:
   return min(best, max(MAX_BLOCK_M, -(-m // 8) * 8))  # no wider than the rows (one expert)
 
 
+# The fewest rows per tile that run as one-accumulator fp8 tiles (below: 16-row tiles on
+# one warpgroup over K, per-group partials).  H200 session 28, probe_fp8_moe.py --blocks,
+# CUPTI kernel us, the per-group launch of the same rows -> one accumulator on four shared-x
+# warpgroups: Qwen3-30B-A3B gate_up 256 tokens (24-row tiles) 118.1 -> 90.9, 1024 tokens
+# (80 rows) 176.7 -> 140.7; DeepSeek-V3 gate_up 1024 tokens (48 rows) 249.9 -> 211.9; at
+# 256 tokens DeepSeek-V3's 16-row per-group tiles ran 170.7, 24-row one-accumulator ones
+# 166.0 (16 rows on that launch: untimed).
+SINGLE_ACC_MIN_ROWS = 24
+
+
 def single_acc_tiles(params: QuantizedWeight | None) -> bool:
-  """Whether tiles over 80 rows of ``params`` run as one-accumulator fp8 tiles on four
-  shared-x warpgroups (:func:`heuristic`): the fp8-MMA layout marked ":cf"
+  """Whether tiles of :data:`SINGLE_ACC_MIN_ROWS` rows and more of ``params`` run as
+  one-accumulator fp8 tiles on four shared-x warpgroups (:func:`heuristic`; over 80 rows
+  before session 28): the fp8-MMA layout marked ":cf"
   (``wna16_mgpu.single_acc_layout``, the check ``wna16_mgpu.run`` makes of the config),
   unless HUMMING_JAX_FP8_SINGLE_ACC=0."""
   return (params is not None and wna16_mgpu.single_acc_layout(params)
@@ -220,7 +231,7 @@ def heuristic(tiles: int, n: int, k_tiles: int, block_m: int, *,
     # 168.4; the 16-bit route's conversion made the shared x tile pay, NOTES_moe.md).
     return dataclasses.replace(wna16_mgpu.shared_x_config(block_m), warpgroups=1,
                                substeps=1, split_warpgroups="k")
-  if block_m > 80 and single_acc_tiles(params):
+  if block_m >= SINGLE_ACC_MIN_ROWS and single_acc_tiles(params):
     # Weights whose e8m0 scales fold exactly against each column's largest (":cf",
     # wna16_mgpu.mark_column_fold): one accumulator per warpgroup (Config.fp8_single_acc)
     # leaves the registers (106 against 255 per thread in probe_wgmma_rate.py) for four

@@ -61,9 +61,9 @@ def prepare(params: QuantizedWeight) -> QuantizedWeight:
   :func:`fp8_mma` says so, else 4-bit codes in the permuted K order
   (``wna16_mgpu.permutes``: no Pallas unpack reads this layout, unlike dense
   ``wnam_mgpu``'s).  Eagerly (concrete weights), e8m0 scales that span at most 11 binades
-  per column also mark the layout ":cf" (``wna16_mgpu.mark_column_fold``): tiles over 80
-  rows then run with one accumulator (``Config.fp8_single_acc``; ~20 % faster at Mixtral
-  sizes); under ``jax.jit`` the check cannot run and the per-group route is taken."""
+  per column also mark the layout ":cf" (``wna16_mgpu.mark_column_fold``): tiles of 24
+  rows and more then run with one accumulator (``Config.fp8_single_acc``; 15-28 % faster
+  at the benchmark shapes, ``grouped_wna16_mgpu.SINGLE_ACC_MIN_ROWS``); under ``jax.jit`` the check cannot run and the per-group route is taken."""
   if not supports(params.spec):
     raise ValueError(f"spec {params.spec.name}: not supported by the {FAMILY} kernel "
                      f"(activation-quantized specs whose weights the "
