@@ -30,6 +30,7 @@ FORMAT = "humming_jax.checkpoint"
 # version 1 files load, except prepared ":p8" weights, which would decode wrongly.
 # 3 (session 28): QuantizedWeight's ``fold_base`` leaf (prepared ":cf" layouts); files of
 # versions 1-2 have none and load with it None (the kernel then computes it per call).
+# A tree without a fold_base is written as version 2, which older releases read.
 VERSION = 3
 READS = (1, 2, VERSION)
 _META_KEY = "humming_jax"
@@ -48,6 +49,7 @@ def _dtype(name: str) -> np.dtype:
 class _Writer:
   def __init__(self):
     self.tensors: dict[str, np.ndarray] = {}
+    self.fold_base = False  # whether a QuantizedWeight carries one (version 3)
 
   def add(self, a: Any) -> dict:
     a = np.asarray(jax.device_get(a))
@@ -61,6 +63,7 @@ class _Writer:
 
   def encode(self, node: Any, path: str) -> Any:
     if isinstance(node, QuantizedWeight):
+      self.fold_base |= node.fold_base is not None
       return {"quantized": {
           "spec": dataclasses.asdict(node.spec), "shape": list(node.shape),
           "layout": node.layout,
@@ -93,7 +96,9 @@ def save(path: str | os.PathLike, tree: Any) -> None:
   half-written checkpoint under ``path``."""
   from safetensors.numpy import save_file
   w = _Writer()
-  doc = {"format": FORMAT, "version": VERSION, "tree": w.encode(tree, "")}
+  encoded = w.encode(tree, "")
+  doc = {"format": FORMAT, "version": VERSION if w.fold_base else min(VERSION, 2),
+         "tree": encoded}
   path = os.fspath(path)
   tmp = path + ".tmp"
   save_file(w.tensors, tmp, metadata={_META_KEY: json.dumps(doc)})

@@ -102,6 +102,10 @@ class QuantizedWeight:
     return self.shape[0] if len(self.shape) == 3 else None
 
   def replace(self, **changes) -> "QuantizedWeight":
+    """A copy with ``changes``.  New ``scales`` without a new ``fold_base`` drop the old
+    base (it is derived from the scales; a kernel recomputes it where it needs one)."""
+    if "scales" in changes and "fold_base" not in changes:
+      changes["fold_base"] = None
     return dataclasses.replace(self, **changes)
 
   def nbytes(self) -> int:

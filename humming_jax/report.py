@@ -54,8 +54,9 @@ def _path_str(path) -> str:
 def report(tree) -> Report:
   """Per tensor of ``tree`` (quantized or float): stored dtypes, shapes, bytes, bits/weight.
 
-  Bits per weight count codes + scales + zero points + global scale (not the bias, which a
-  float layer has too); float tensors count their own dtype."""
+  Bits per weight count codes + scales + zero points + global scale (+ a prepared layout's
+  ``fold_base``; not the bias, which a float layer has too); float tensors count their own
+  dtype."""
   out = []
   leaves = jax.tree_util.tree_flatten_with_path(
       tree, is_leaf=lambda x: isinstance(x, QuantizedWeight))[0]
@@ -63,7 +64,7 @@ def report(tree) -> Report:
     p = _path_str(path)
     if isinstance(leaf, QuantizedWeight):
       stored = tuple((name, str(a.dtype), tuple(a.shape), array_bytes(a))
-                     for name in ("codes", "scales", "zeros", "global_scale")
+                     for name in ("codes", "scales", "zeros", "global_scale", "fold_base")
                      if (a := getattr(leaf, name)) is not None)
       nbytes = sum(s[3] for s in stored)
       numel = int(np.prod(leaf.shape))

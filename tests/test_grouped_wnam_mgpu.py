@@ -242,10 +242,10 @@ def test_fold_base_stored_at_prepare(monkeypatch):
   assert gw.to_canonical(p).fold_base is None
   call = lambda p, x, g: gw.run(p, x, g, interpret=True)
 
-  def scale_reductions(params):  # top-level reductions whose operand spans the columns
+  def scale_reductions(params):  # top-level reductions of (E, rows, Np) operands (K != Np)
     eqns = jax.make_jaxpr(call)(params, x, g).jaxpr.eqns
     return [q for q in eqns if q.primitive.name in ("reduce_max", "reduce_min")
-            and q.invars[0].aval.shape[-1:] == (np_,)]
+            and q.invars[0].aval.ndim == 3 and q.invars[0].aval.shape[-1] == np_]
 
   unstored = p.replace(fold_base=None)
   assert not scale_reductions(p) and scale_reductions(unstored)
@@ -253,6 +253,9 @@ def test_fold_base_stored_at_prepare(monkeypatch):
   np.testing.assert_array_equal(np.asarray(y, np.float32),
                                 np.asarray(jax.jit(call)(unstored, x, g), np.float32))
   assert rel(y, reference.ragged_dot_reference(q, x, g)) <= 1e-4
+  # new scales through replace drop the stored base (a stale one is never kept that way)
+  assert p.replace(scales=p.scales).fold_base is None
+  assert p.replace(layout=p.layout).fold_base is p.fold_base
   for bad in (p.fold_base[:, :, :64], p.fold_base.astype(jnp.bfloat16)):
     with pytest.raises(ValueError, match=r"params.fold_base: expected float32\[2, 1, "):
       call(p.replace(fold_base=bad), x, g)

@@ -128,30 +128,41 @@ def test_version_1_files_load_except_prepared_fp8_mma_words(tmp_path, monkeypatc
 
 def test_version_2_files_load_without_the_fold_base(tmp_path, monkeypatch):
   """Version 3 stores a prepared ':cf' layout's ``fold_base`` (bit-exact round trip); a
-  version-2 file had none (its QuantizedWeight entry lacks the leaf), loads with it None
-  and the same layout, and computes the same (the kernel then derives the base per
-  call)."""
+  tree without one is still written as version 2 (older releases read it).  A version-2
+  file of a ':cf' layout (its QuantizedWeight entry lacks the leaf) loads with it None and
+  the same layout, and computes the same on the one-accumulator route (the kernel then
+  derives the base per call)."""
   import json
   from humming_jax import io as hio
   from humming_jax.checkpoints._io import SafetensorsFile
+  from humming_jax.kernels import grouped_wna16_mgpu as g16
   monkeypatch.delenv("HUMMING_JAX_FP8_MMA", raising=False)
+  monkeypatch.delenv("HUMMING_JAX_FP8_SINGLE_ACC", raising=False)
+  version = lambda name: json.loads(SafetensorsFile(str(tmp_path / name)).metadata[
+      "humming_jax"])
   q = hj.quantize(jax.random.normal(jax.random.key(4), (2, 256, 128)) / 16, "w4a8-mxfp4")
   p = hj.prepare(q, grouped=True, kernel="grouped_wnam_mgpu")
   assert p.layout.endswith(":cf") and p.fold_base is not None, p.layout
   hj.save(str(tmp_path / "v3.safetensors"), {"p": p})
+  hj.save(str(tmp_path / "canonical.safetensors"), {"q": q})
+  assert version("v3.safetensors")["version"] == 3
+  assert version("canonical.safetensors")["version"] == 2
   back = hj.load(str(tmp_path / "v3.safetensors"))["p"]
   assert back.layout == p.layout and _bits(back.fold_base) == _bits(p.fold_base)
-  # A version-2 writer: no fold_base entry at all.
-  monkeypatch.setattr(hio, "VERSION", 2)
-  monkeypatch.setattr(hj.QuantizedWeight, "_LEAVES", hj.QuantizedWeight._LEAVES[:-1])
-  hj.save(str(tmp_path / "v2.safetensors"), {"p": p})
-  monkeypatch.undo()
-  doc = json.loads(SafetensorsFile(str(tmp_path / "v2.safetensors")).metadata["humming_jax"])
+  with monkeypatch.context() as m:  # a version-2 writer: no fold_base entry at all
+    m.setattr(hio, "VERSION", 2)
+    m.setattr(hj.QuantizedWeight, "_LEAVES", hj.QuantizedWeight._LEAVES[:-1])
+    hj.save(str(tmp_path / "v2.safetensors"), {"p": p})
+  doc = version("v2.safetensors")
   assert doc["version"] == 2 and "fold_base" not in doc["tree"]["dict"]["p"]["quantized"]["leaves"]
   old = hj.load(str(tmp_path / "v2.safetensors"))["p"]
   assert old.fold_base is None and old.layout == p.layout
   x = jax.random.normal(jax.random.key(5), (200, 256)).astype(jnp.bfloat16)
-  g = jnp.asarray([90, 110], jnp.int32)  # tiles over 80 rows: the one-accumulator route
+  g = jnp.asarray([90, 110], jnp.int32)
+  seen, heuristic = [], g16.heuristic
+  monkeypatch.setattr(g16, "heuristic", lambda *a, **k: seen.append(heuristic(*a, **k))
+                      or seen[-1])
   run = jax.jit(lambda p, x: hj.quant_ragged_dot(p, x, g, backend="interpret"))
-  np.testing.assert_array_equal(np.asarray(run(old, x), np.float32),
-                                np.asarray(run(back, x), np.float32))
+  y_old, y_new = run(old, x), run(back, x)
+  assert seen and all(c.fp8_single_acc for c in seen), seen  # the route that reads the base
+  np.testing.assert_array_equal(np.asarray(y_old, np.float32), np.asarray(y_new, np.float32))

@@ -534,8 +534,9 @@ def e2m1_to_e4m3_ptx(codes: jax.Array, blocks: int, *, group_blocks: int = 0,
   one float32 partial per K tile, times :func:`fold_shifts`' multiplier, replaces a
   partial per group; a negative raise zeroes the group's codes.  ``raises_in_range``:
   the caller guarantees 0 <= raise <= FOLD_MAX_SHIFT for every group of real codes (the
-  ":cf" column fold; a column whose scales do not fold comes out NaN from its base), so
-  the zeroing select is left out."""
+  ":cf" column fold; a column whose scales do not fold comes out NaN from a base computed
+  per call, ``wna16_mgpu.column_fold_row``, but not from a stale stored one), so the
+  zeroing select is left out."""
   fold = scales is not None
   shape = (codes.shape[0], 32)
   out_t = plgpu.ShapeDtypeStruct(shape, jnp.dtype(jnp.float8_e4m3fn),

@@ -203,8 +203,11 @@ def column_fold_base(scales: jax.Array, k: int, spec: QuantSpec):
 def column_fold_row(scales: jax.Array, k: int, spec: QuantSpec) -> jax.Array:
   """(..., 1, Np) float32: each column's largest real group scale (:func:`column_fold_base`),
   NaN where the column's scales span more than the fold's range -- the one-accumulator
-  route's last epilogue row.  A column that cannot fold (a ":cf" mark gone stale) so
-  comes out NaN, never silently short of the zeroed groups."""
+  route's last epilogue row.  Computed from the scales in hand (per call where params
+  carry no stored ``fold_base``), a column that cannot fold (a ":cf" mark gone stale)
+  comes out NaN, never silently short of the zeroed groups.  A stored base is trusted:
+  ``QuantizedWeight.replace(scales=...)`` drops it, but scales swapped into a prepared
+  tree by other means (tree_map over the leaves) keep a stale one."""
   top, folds = column_fold_base(scales, k, spec)
   return jnp.where(folds, top, jnp.nan)
 
