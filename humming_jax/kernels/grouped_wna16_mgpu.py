@@ -146,7 +146,8 @@ def single_acc_tile_rows(m: int, num_experts: int) -> int:
 # warpgroups: Qwen3-30B-A3B gate_up 256 tokens (24-row tiles) 118.1 -> 90.9, 1024 tokens
 # (80 rows) 176.7 -> 140.7; DeepSeek-V3 gate_up 1024 tokens (48 rows) 249.9 -> 211.9; at
 # 256 tokens DeepSeek-V3's 16-row per-group tiles ran 170.7, 24-row one-accumulator ones
-# 166.0 (16 rows on that launch: untimed).
+# 166.0; at 64 tokens its 16-row tiles ran 134.6 per group, 136.9 with one accumulator
+# (session 27, NOTES.md v28), so 16-row tiles stay.
 SINGLE_ACC_MIN_ROWS = 24
 
 
