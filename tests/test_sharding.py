@@ -24,10 +24,6 @@ HERE = pathlib.Path(__file__).parent
 sys.path.insert(0, str(HERE))
 import sharding_checks  # noqa: E402
 
-# One pytest-xdist worker runs this module (make test: --dist loadgroup): its module
-# fixture runs the 8-device subprocess checks once, not once per worker.
-pytestmark = pytest.mark.xdist_group("sharding")
-
 MESH8 = AbstractMesh((2, 4), ("dp", "tp"))
 
 
