@@ -75,6 +75,9 @@ class QuantizedWeight:
   fold_base: jax.Array | None = None
 
   _LEAVES = ("codes", "scales", "zeros", "global_scale", "bias", "act_scale", "fold_base")
+  # The leaves that store the weight (what nbytes and hj.report count; not the bias or the
+  # activation scale, which a float layer has as well).
+  STORED = ("codes", "scales", "zeros", "global_scale", "fold_base")
 
   def tree_flatten(self):
     return tuple(getattr(self, f) for f in self._LEAVES), (self.spec, self.shape, self.layout)
@@ -112,8 +115,7 @@ class QuantizedWeight:
     """Bytes of codes + scales + zero points + global scale (+ a kernel layout's
     ``fold_base``) as stored (a kernel layout's ``jnp.int4`` codes count half a byte
     each)."""
-    return sum(array_bytes(a) for a in (self.codes, self.scales, self.zeros,
-                                        self.global_scale, self.fold_base) if a is not None)
+    return sum(array_bytes(a) for f in self.STORED if (a := getattr(self, f)) is not None)
 
   def __repr__(self) -> str:
     return (f"QuantizedWeight(spec={self.spec.name}, shape={self.shape}, "

@@ -64,7 +64,7 @@ def report(tree) -> Report:
     p = _path_str(path)
     if isinstance(leaf, QuantizedWeight):
       stored = tuple((name, str(a.dtype), tuple(a.shape), array_bytes(a))
-                     for name in ("codes", "scales", "zeros", "global_scale", "fold_base")
+                     for name in QuantizedWeight.STORED
                      if (a := getattr(leaf, name)) is not None)
       nbytes = sum(s[3] for s in stored)
       numel = int(np.prod(leaf.shape))

@@ -48,3 +48,14 @@ def launched_clusters(monkeypatch):
   monkeypatch.setattr(wna16_mgpu.plgpu, "kernel", lambda *a, **kw: clusters.append(
       kw.get("cluster")) or real(*a, **kw))
   return clusters
+
+
+@pytest.fixture
+def grouped_launches(monkeypatch):
+  """Every config ``grouped_wna16_mgpu.heuristic`` returns from here on, in order (the
+  launch a grouped Mosaic call takes when no config is given)."""
+  from humming_jax.kernels import grouped_wna16_mgpu
+  seen, real = [], grouped_wna16_mgpu.heuristic
+  monkeypatch.setattr(grouped_wna16_mgpu, "heuristic",
+                      lambda *a, **kw: seen.append(real(*a, **kw)) or seen[-1])
+  return seen

@@ -152,7 +152,7 @@ def test_fp8_single_acc_interpret(wgs, split, sub, k, tiny, monkeypatch):
       gw.run(p, x, g, interpret=True, config=dataclasses.replace(cfg, split_k=2, substeps=1))
 
 
-def test_fp8_single_acc_route(monkeypatch):
+def test_fp8_single_acc_route(monkeypatch, grouped_launches):
   """The one-accumulator route (Config.fp8_single_acc) is taken only where it is exact:
   an eager prepare marks the layout ":cf" when every column's e8m0 scales span at most
   11 binades; the grouped heuristic then runs fp8 tiles over 80 rows on four shared-x
@@ -184,9 +184,8 @@ def test_fp8_single_acc_route(monkeypatch):
   off = launch(p)
   assert (off.warpgroups, off.cluster_n, off.fp8_single_acc) == (2, 2, False)
   monkeypatch.delenv("HUMMING_JAX_FP8_SINGLE_ACC")
-  seen, heuristic = [], g16.heuristic
-  monkeypatch.setattr(g16, "heuristic", lambda *a, **k: seen.append(heuristic(*a, **k))
-                      or seen[-1])
+  seen = grouped_launches
+  seen.clear()  # (the launches asked for above)
   monkeypatch.setenv("HUMMING_JAX_FP8_FOLD", "1")  # (the per-tile fold: not with single)
   y = jax.jit(lambda p, x, g: gw.run(p, x, g, interpret=True))(p, x, g)
   monkeypatch.delenv("HUMMING_JAX_FP8_FOLD")
@@ -236,7 +235,8 @@ def test_fold_base_stored_at_prepare(monkeypatch):
   e, rows, np_ = p.scales.shape
   assert p.fold_base.shape == (e, 1, np_) and p.fold_base.dtype == jnp.float32
   np.testing.assert_array_equal(
-      np.asarray(p.fold_base), np.asarray(wna16_mgpu.column_fold_row(p.scales, 256, q.spec)))
+      np.asarray(p.fold_base), np.asarray(wna16_mgpu.column_fold_row(
+          *wna16_mgpu.column_fold_base(p.scales, 256, q.spec))))
   assert not np.isnan(np.asarray(p.fold_base)[..., :128]).any()
   assert jax.jit(gw.prepare)(q).fold_base is None
   assert gw.to_canonical(p).fold_base is None
@@ -261,7 +261,7 @@ def test_fold_base_stored_at_prepare(monkeypatch):
       call(p.replace(fold_base=bad), x, g)
 
 
-def test_single_acc_default_small_tiles_interpret(monkeypatch):
+def test_single_acc_default_small_tiles_interpret(monkeypatch, grouped_launches):
   """~15 rows per expert: the default takes 24-row one-accumulator tiles on four
   shared-x warpgroups (session 28) and matches the reference."""
   from humming_jax.kernels import grouped_wna16_mgpu as g16
@@ -271,9 +271,7 @@ def test_single_acc_default_small_tiles_interpret(monkeypatch):
   g = jnp.asarray([14, 17, 15, 14], jnp.int32)
   p = gw.prepare(q)
   assert g16.tile_rows(60, 4, p) == 24
-  seen, heuristic = [], g16.heuristic
-  monkeypatch.setattr(g16, "heuristic", lambda *a, **k: seen.append(heuristic(*a, **k))
-                      or seen[-1])
+  seen = grouped_launches
   y = jax.jit(lambda p, x, g: gw.run(p, x, g, interpret=True))(p, x, g)
   assert seen and all(c.fp8_single_acc and c.warpgroups == 4 for c in seen), seen
   assert rel(y, reference.ragged_dot_reference(q, x, g)) <= 1e-4
@@ -356,13 +354,12 @@ def test_fp8_single_acc_gpu(wgs, block_m, monkeypatch):
 
 
 @pytest.mark.gpu
-def test_fp8_single_acc_default_gpu(monkeypatch):
+def test_fp8_single_acc_default_gpu(monkeypatch, grouped_launches):
   """The default path on the H200 for eagerly prepared W4A8 MXFP4 experts (":cf") of
   ~256 rows (K = 14336, as Mixtral down): hj.quant_ragged_dot runs the one-accumulator
   launch on four warpgroups (144-row tiles since session 26), within 5e-3 of the
   reference and of the per-group route (HUMMING_JAX_FP8_SINGLE_ACC=0, 128-row tiles;
   both printed)."""
-  from humming_jax.kernels import grouped_wna16_mgpu as g16
   monkeypatch.delenv("HUMMING_JAX_FP8_MMA", raising=False)
   monkeypatch.delenv("HUMMING_JAX_CLUSTER_N", raising=False)
   q, x = make("w4a8-mxfp4", 4, 14336, 1024, 1024, False, seed=40)
@@ -370,9 +367,7 @@ def test_fp8_single_acc_default_gpu(monkeypatch):
   p = hj.prepare(q, grouped=True)
   assert p.layout.split(":")[-2:] == ["p8", "cf"], p.layout
   want = reference.ragged_dot_reference(q, x, g)
-  out, seen, heuristic = {}, [], g16.heuristic
-  monkeypatch.setattr(g16, "heuristic", lambda *a, **k: seen.append(heuristic(*a, **k))
-                      or seen[-1])
+  out, seen = {}, grouped_launches
   for flag in ("1", "0"):
     monkeypatch.setenv("HUMMING_JAX_FP8_SINGLE_ACC", flag)
     seen.clear()

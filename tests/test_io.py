@@ -126,7 +126,7 @@ def test_version_1_files_load_except_prepared_fp8_mma_words(tmp_path, monkeypatc
   np.testing.assert_array_equal(np.asarray(again.codes, np.int8), np.asarray(p8.codes, np.int8))
 
 
-def test_version_2_files_load_without_the_fold_base(tmp_path, monkeypatch):
+def test_version_2_files_load_without_the_fold_base(tmp_path, monkeypatch, grouped_launches):
   """Version 3 stores a prepared ':cf' layout's ``fold_base`` (bit-exact round trip); a
   tree without one is still written as version 2 (older releases read it).  A version-2
   file of a ':cf' layout (its QuantizedWeight entry lacks the leaf) loads with it None and
@@ -135,7 +135,6 @@ def test_version_2_files_load_without_the_fold_base(tmp_path, monkeypatch):
   import json
   from humming_jax import io as hio
   from humming_jax.checkpoints._io import SafetensorsFile
-  from humming_jax.kernels import grouped_wna16_mgpu as g16
   monkeypatch.delenv("HUMMING_JAX_FP8_MMA", raising=False)
   monkeypatch.delenv("HUMMING_JAX_FP8_SINGLE_ACC", raising=False)
   version = lambda name: json.loads(SafetensorsFile(str(tmp_path / name)).metadata[
@@ -154,14 +153,13 @@ def test_version_2_files_load_without_the_fold_base(tmp_path, monkeypatch):
     m.setattr(hj.QuantizedWeight, "_LEAVES", hj.QuantizedWeight._LEAVES[:-1])
     hj.save(str(tmp_path / "v2.safetensors"), {"p": p})
   doc = version("v2.safetensors")
-  assert doc["version"] == 2 and "fold_base" not in doc["tree"]["dict"]["p"]["quantized"]["leaves"]
+  assert doc["version"] == 2
+  assert "fold_base" not in doc["tree"]["dict"]["p"]["quantized"]["leaves"]
   old = hj.load(str(tmp_path / "v2.safetensors"))["p"]
   assert old.fold_base is None and old.layout == p.layout
   x = jax.random.normal(jax.random.key(5), (200, 256)).astype(jnp.bfloat16)
   g = jnp.asarray([90, 110], jnp.int32)
-  seen, heuristic = [], g16.heuristic
-  monkeypatch.setattr(g16, "heuristic", lambda *a, **k: seen.append(heuristic(*a, **k))
-                      or seen[-1])
+  seen = grouped_launches
   run = jax.jit(lambda p, x: hj.quant_ragged_dot(p, x, g, backend="interpret"))
   y_old, y_new = run(old, x), run(back, x)
   assert seen and all(c.fp8_single_acc for c in seen), seen  # the route that reads the base

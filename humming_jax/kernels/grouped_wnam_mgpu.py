@@ -63,7 +63,8 @@ def prepare(params: QuantizedWeight) -> QuantizedWeight:
   ``wnam_mgpu``'s).  Eagerly (concrete weights), e8m0 scales that span at most 11 binades
   per column also mark the layout ":cf" (``wna16_mgpu.mark_column_fold``): tiles of 24
   rows and more then run with one accumulator (``Config.fp8_single_acc``; 15-28 % faster
-  at the benchmark shapes, ``grouped_wna16_mgpu.SINGLE_ACC_MIN_ROWS``); under ``jax.jit`` the check cannot run and the per-group route is taken."""
+  at the benchmark shapes, ``grouped_wna16_mgpu.SINGLE_ACC_MIN_ROWS``); under ``jax.jit``
+  the check cannot run and the per-group route is taken."""
   if not supports(params.spec):
     raise ValueError(f"spec {params.spec.name}: not supported by the {FAMILY} kernel "
                      f"(activation-quantized specs whose weights the "
