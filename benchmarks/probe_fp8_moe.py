@@ -12,7 +12,8 @@ warpgroups (128 / 256 columns per CTA), in clusters of 2 / 1.
 clusters of 2 / 4 column CTAs (``Config.cluster_n``); ``--preset w4a16-mxfp4`` times the
 16-bit route (grouped_wna16_mgpu) instead.
 ``--blocks 128,144,256:2`` (session 26): that launch at other rows per tile (tiles of
-more than 128 rows pad Mixtral's ~256-row experts less), ``:2`` on two warpgroups.
+more than 128 rows pad Mixtral's ~256-row experts less), ``:2`` on two warpgroups;
+``96:4:6`` (session 29) with 6 stages (lowered by ``run`` to what fits).
 Call 1 of session 26 also timed each with a step's WGMMAs left in flight (a
 ``Config.fp8_mma_in_flight``, since removed: -4 % to +2 %, and its outputs differed
 from the plain launch's on the H200).
@@ -40,8 +41,11 @@ def variants(tokens, e, rows, fold=False, cluster=False, single=False, blocks=No
   shared-x launch with and without them."""
   base = [("heuristic", None, None)]
   if blocks:  # session 26: the one-accumulator shared-x tile at other row counts
-    return base + [(f"single-bm{bm}-wg{w}", bm, dataclasses.replace(
-        mg.shared_x_config(bm, warpgroups=w), fp8_single_acc=True)) for bm, w in blocks]
+    # (session 29: and other stages; run() lowers them to what fits shared memory)
+    return base + [(f"single-bm{bm}-wg{w}" + (f"-st{st}" if st else ""), bm,
+                    dataclasses.replace(mg.shared_x_config(bm, warpgroups=w),
+                                        fp8_single_acc=True, **({"stages": st} if st else {})))
+                   for bm, w, st in blocks]
   if single:  # session 25: Config.fp8_single_acc (the heuristic's for tiles over 80 rows
     # of ":cf" weights since) against the per-group launch it replaced, and variants
     one = dict(fp8_single_acc=True, split_k=1)
@@ -97,8 +101,9 @@ def main():
   ap.add_argument("--single", action="store_true", help="time Config.fp8_single_acc")
   ap.add_argument("--preset", default="w4a8-mxfp4")
   ap.add_argument("--blocks", default=None,
-                  help="comma list of rows per tile[:warpgroups] (default 4): the "
-                       "one-accumulator shared-x tile at each (eager prepare)")
+                  help="comma list of rows per tile[:warpgroups[:stages]] (default 4 "
+                       "warpgroups, the config's stages): the one-accumulator shared-x "
+                       "tile at each (eager prepare)")
   a = ap.parse_args()
   e, topk, n, k = map(int, a.shape.split(","))
   spec = hj.QuantSpec.preset(a.preset)
@@ -106,8 +111,8 @@ def main():
   quant = jax.jit(lambda w: hj.quantize(w, spec))
   # --single: eager, so the ":cf" check (concrete scales) marks the layout for the
   # one-accumulator launch; the other modes time the per-group route of unmarked params
-  blocks = ([tuple(map(int, (v + ":4").split(":")[:2])) for v in a.blocks.split(",")]
-            if a.blocks else None)  # rows[:warpgroups]
+  blocks = ([tuple(map(int, (v + ":4:0").split(":")[:3])) for v in a.blocks.split(",")]
+            if a.blocks else None)  # rows[:warpgroups[:stages]] (stages 0: the config's)
   prep = family.prepare if a.single or blocks else jax.jit(family.prepare)
   ps = [prep(quant(jax.random.normal(jax.random.key(i), (e, k, n), jnp.float32) / np.sqrt(k)))
         for i in range(a.sets)]
