@@ -5,6 +5,7 @@
 #           the default on the stored base in its refactored form)
 #   probe:  probe_fp8_moe.py --blocks at the small-expert rows (Qwen3-30B-A3B / DeepSeek-V3
 #           gate_up, 256 / 1024 tokens): tile rows, stages, two-warpgroup CTAs (two per SM)
+#   tiles:  (call 2) the tile-row model extended below 128 rows, two-warpgroup CTAs
 #   split:  bench_moe --breakdown of one grouped GEMM: where the wall beyond the kernel goes
 #   down:   bench_moe W4A8 MXFP4 DeepSeek-V3 / Qwen3-30B-A3B down rows with Humming
 source "$(dirname "$0")/gpu_env.sh"
@@ -26,6 +27,21 @@ s_probe() {
   pb deepseek_gu_1024 --shape 256,8,512,7168 --tokens 1024 \
     --blocks ${DB:-48,56,64,48:4:6,48:4:8,48:2:4,48:2:3}
   pb qwen3_gu_256 --shape 128,8,1536,2048 --tokens 256 --blocks ${QS:-24,32,24:4:6,24:2:3,32:2:3}
+}
+s_tiles() {  # call 2: the tile-row model (expected tiles x (rows + 128)) below 128 rows, on
+  # two-warpgroup CTAs (two per SM) against four
+  pb() { local name=$1; shift; echo "== $name" >> "$OUT/tiles.log"
+    T 150 python3 benchmarks/probe_fp8_moe.py --sets 2 "$@" >> "$OUT/tiles.log" 2>&1
+    echo "$name rc=$?"; grep -E "T=|rror" "$OUT/tiles.log" | tail -1 | cut -c1-2000; }
+  pb qwen3_gu --shape 128,8,1536,2048 --tokens 1024 --blocks 88,88:2:3,88:2:4,96:2:4,104:2:4
+  pb qwen3_gu --shape 128,8,1536,2048 --tokens 256 --blocks 32:2:2,32:2:3,32:2:4,40:2:3
+  pb qwen3_dn --shape 128,8,2048,768 --tokens 1024 --blocks 88,88:2:3,88:2:4,96:2:4
+  pb qwen3_dn --shape 128,8,2048,768 --tokens 256 --blocks 24:2:3,32,32:2:3
+  for sh in 8,2,28672,4096 8,2,4096,14336; do
+    pb mixtral --shape $sh --tokens 64 --blocks 32,32:2:3,24:2:3
+    pb mixtral --shape $sh --tokens 256 --blocks 88,88:2:3,88:2:4
+  done
+  pb deepseek_dn --shape 256,8,7168,256 --tokens 1024 --blocks 48:2:3,48:2:2
 }
 s_split() {
   for shape in ${SPLIT:-qwen3-30b-a3b-gate_up deepseek-v3-gate_up}; do
