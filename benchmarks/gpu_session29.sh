@@ -6,6 +6,7 @@
 #   probe:  probe_fp8_moe.py --blocks at the small-expert rows (Qwen3-30B-A3B / DeepSeek-V3
 #           gate_up, 256 / 1024 tokens): tile rows, stages, two-warpgroup CTAs (two per SM)
 #   tiles:  (call 2) the tile-row model extended below 128 rows, two-warpgroup CTAs
+#   check:  (call 3) the new launch: GPU tests, walls new (with Humming) / old per shape
 #   split:  bench_moe --breakdown of one grouped GEMM: where the wall beyond the kernel goes
 #   down:   bench_moe W4A8 MXFP4 DeepSeek-V3 / Qwen3-30B-A3B down rows with Humming
 source "$(dirname "$0")/gpu_env.sh"
@@ -42,6 +43,21 @@ s_tiles() {  # call 2: the tile-row model (expected tiles x (rows + 128)) below 
     pb mixtral --shape $sh --tokens 256 --blocks 88,88:2:3,88:2:4
   done
   pb deepseek_dn --shape 256,8,7168,256 --tokens 1024 --blocks 48:2:3,48:2:2
+}
+s_check() {  # call 3: the session-29 launch (tile rows below 128, two-warpgroup CTAs):
+  # its GPU tests, then bench_moe walls new (with Humming) and old (.ab_old: 8faccbf,
+  # the package before it) in the same call
+  T 200 $PYT tests/test_grouped_wnam_mgpu.py -m gpu -s -k "single_acc" > "$OUT/check.log" 2>&1
+  echo "tests rc=$?"; grep -E "^(PASSED|FAILED|ERROR)|^E |passed|failed|rel err" \
+    "$OUT/check.log" | cut -c1-250 | tail -14
+  bm() { local tag=$1 shape=$2 tokens=$3; shift 3; echo "== $tag $shape" >> "$OUT/check.log"
+    T 150 python3 "$@" --shapes $shape --tokens $tokens $MOE --no-baselines \
+      --json "$OUT/ab_${tag}_$shape.json" >> "$OUT/check.log" 2>&1
+    echo "$tag $shape rc=$?"; grep -E "T=|rror" "$OUT/check.log" | tail -2 | cut -c1-300; }
+  for spec in ${CHECK:-qwen3-30b-a3b-gate_up:256,1024 qwen3-30b-a3b-down:256,1024 deepseek-v3-down:1024 mixtral-down:64,256}; do
+    bm new ${spec%%:*} ${spec##*:} benchmarks/bench_moe.py --humming
+    PYTHONPATH=/tmp/site:.ab_old bm old ${spec%%:*} ${spec##*:} .ab_old/benchmarks/bench_moe.py
+  done
 }
 s_split() {
   for shape in ${SPLIT:-qwen3-30b-a3b-gate_up deepseek-v3-gate_up}; do

@@ -382,14 +382,18 @@ def test_clusters_lower_for_h200(cluster, monkeypatch, launched_clusters):
   assert clusters and set(clusters) == {want}, clusters  # (traced twice)
 
 
-@pytest.mark.parametrize("shape,rows,tile", [((8, 4096, 28672), 2048, 144),
-                                             ((8, 14336, 4096), 8192, 152)])
-def test_single_acc_tiles_lower_for_h200(shape, rows, tile, monkeypatch):
-  """The one-accumulator fp8 tiles (Config.fp8_single_acc: four shared-x warpgroups, the
-  grouped heuristic's launch for tiles over 80 rows of ":cf" weights) lower for the H200
-  at Mixtral gate_up (1024 tokens) and down (4096 tokens), in the 144 / 152-row tiles
-  grouped_wna16_mgpu.single_acc_tile_rows picks there.  (abstract params carry no
-  values: the ":cf" mark an eager prepare would add is added by hand.)"""
+@pytest.mark.parametrize("shape,rows,tile,wgs", [((8, 4096, 28672), 2048, 144, 4),
+                                                 ((8, 14336, 4096), 8192, 152, 4),
+                                                 ((128, 2048, 1536), 8192, 88, 2),
+                                                 ((8, 14336, 4096), 128, 32, 4)])
+def test_single_acc_tiles_lower_for_h200(shape, rows, tile, wgs, monkeypatch):
+  """The one-accumulator fp8 tiles (Config.fp8_single_acc on shared-x warpgroups, the
+  grouped heuristic's launch for tiles of 24+ rows of ":cf" weights) lower for the H200
+  in the tiles grouped_wna16_mgpu.single_acc_tile_rows picks: Mixtral gate_up (1024
+  tokens, 144 rows) and down (4096 tokens, 152; 64 tokens, 32: one wave, four
+  warpgroups) and Qwen3-30B-A3B gate_up (1024 tokens, 88 rows on two warpgroups, session
+  29).  (abstract params carry no values: the ":cf" mark an eager prepare would add is
+  added by hand.)"""
   from humming_jax.kernels import grouped_wna16_mgpu as gm, grouped_wnam_mgpu as gw
   monkeypatch.delenv("HUMMING_JAX_FP8_MMA", raising=False)
   monkeypatch.delenv("HUMMING_JAX_FP8_SINGLE_ACC", raising=False)
@@ -401,5 +405,5 @@ def test_single_acc_tiles_lower_for_h200(shape, rows, tile, monkeypatch):
   monkeypatch.setattr(gm, "heuristic", lambda *a, **k: seen.append(heuristic(*a, **k))
                       or seen[-1])
   assert "custom_call" in lower_for_h200(lambda p, x, g: gw.run(p, x, g), p, x, g)
-  assert seen and all(c.fp8_single_acc and c.warpgroups == 4 and c.block_m == tile
-                      for c in seen), seen
+  assert seen and all(c.fp8_single_acc and c.warpgroups == wgs
+                      and c.block_m == max(64, tile) for c in seen), seen

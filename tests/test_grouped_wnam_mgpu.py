@@ -262,15 +262,16 @@ def test_fold_base_stored_at_prepare(monkeypatch):
 
 
 def test_single_acc_default_small_tiles_interpret(monkeypatch, grouped_launches):
-  """~15 rows per expert: the default takes 24-row one-accumulator tiles on four
-  shared-x warpgroups (session 28) and matches the reference."""
+  """~15 rows per expert: the default takes one-accumulator tiles (from 24 rows, session
+  28) of the rows single_acc_tile_rows picks (32: one tile per expert, session 29) on four
+  shared-x warpgroups (one wave of CTAs) and matches the reference."""
   from humming_jax.kernels import grouped_wna16_mgpu as g16
   monkeypatch.delenv("HUMMING_JAX_FP8_MMA", raising=False)
   monkeypatch.delenv("HUMMING_JAX_FP8_SINGLE_ACC", raising=False)
   q, x = make("w4a8-mxfp4", 4, 256, 256, 60, False, seed=42)
   g = jnp.asarray([14, 17, 15, 14], jnp.int32)
   p = gw.prepare(q)
-  assert g16.tile_rows(60, 4, p) == 24
+  assert g16.block_rows(60, 4) == 24 and g16.tile_rows(60, 4, p) == 32
   seen = grouped_launches
   y = jax.jit(lambda p, x, g: gw.run(p, x, g, interpret=True))(p, x, g)
   assert seen and all(c.fp8_single_acc and c.warpgroups == 4 for c in seen), seen
@@ -302,7 +303,7 @@ def test_single_acc_tile_rows(monkeypatch):
   assert p.layout.endswith(":cf"), p.layout
   assert g16.tile_rows(300, 2, p) == 160 and g16.tile_rows(300, 2) == 128
   assert g16.tile_rows(300, 2, jax.jit(gw.prepare)(q)) == 128  # unmarked
-  assert g16.tile_rows(40, 2, p) == g16.block_rows(40, 2) < 128  # not capped
+  assert g16.tile_rows(40, 2, p) == g16.single_acc_tile_rows(40, 2) == 32  # not capped
   assert g16.single_acc_tile_rows(140, 1) == 144  # one expert: no wider than its rows
   seen, heuristic = [], g16.heuristic
   monkeypatch.setattr(g16, "heuristic", lambda *a, **k: seen.append(
@@ -327,14 +328,50 @@ def test_single_acc_tile_rows(monkeypatch):
     gw.run(p, x, g, interpret=True, block_m=144)
 
 
+def test_single_acc_small_expert_launch(monkeypatch):
+  """Below capped experts (session 29): the one-accumulator tiles take the rows of least
+  expected cost (H200-best at Qwen3-30B-A3B 1024 / 256 tokens: 88 / 32; DeepSeek-V3 1024:
+  48), where block_rows' mean + 2 standard deviations split experts; experts of under
+  ~24 rows keep the per-group 16-row tiles.  The launch: two-warpgroup CTAs where four
+  make more than two waves and two CTAs of the tile's rows fit an SM, with the most
+  stages that do; four otherwise (one wave, or tiles over 96 rows)."""
+  from humming_jax.kernels import grouped_wna16_mgpu as g16, tuning, wna16_mgpu
+  monkeypatch.delenv("HUMMING_JAX_FP8_MMA", raising=False)
+  monkeypatch.delenv("HUMMING_JAX_FP8_SINGLE_ACC", raising=False)
+  monkeypatch.setattr(tuning, "num_sms", lambda: 132)
+  q, _ = make("w4a8-mxfp4", 2, 256, 128, 16, False, seed=43)
+  p = gw.prepare(q)
+  assert wna16_mgpu.single_acc_layout(p)
+  assert (g16.block_rows(8192, 128), g16.tile_rows(8192, 128, p)) == (80, 88)
+  assert (g16.block_rows(2048, 128), g16.tile_rows(2048, 128, p)) == (24, 32)
+  assert g16.tile_rows(8192, 256, p) == 48
+  assert g16.tile_rows(2048, 256, p) == 16  # 8 rows per expert: per-group 16-row tiles
+  assert g16.tile_rows(8192, 128, jax.jit(gw.prepare)(q)) == 80  # unmarked: block_rows'
+  launch = lambda tiles, n, rows: g16.heuristic(tiles, n, 16, rows, params=p,
+                                                tile_rows=rows)
+  two = launch(128, 1536, 88)  # Qwen3 gate_up, 1024 tokens: 768 four-warpgroup CTAs
+  assert (two.warpgroups, two.split_warpgroups, two.fp8_single_acc, two.stages) == (
+      2, "n", True, 4)
+  assert launch(8, 4096, 32).warpgroups == 4  # Mixtral down, 64 tokens: one wave
+  assert launch(128, 1536, 104).warpgroups == 4  # over SINGLE_ACC_TWO_WG_MAX_ROWS
+  # the stages fall to what lets two CTAs share an SM
+  monkeypatch.setattr(tuning, "SM_SMEM_BYTES", 2 * (wna16_mgpu.smem_bytes(
+      88, 3, 1, 128, 4, False, warpgroups=2, scale_rows=4, share_x=True, x_bytes=1,
+      scale_bytes=p.scales.dtype.itemsize, x_scales=True) + 1024))
+  assert launch(128, 1536, 88).stages == 3
+  monkeypatch.setattr(tuning, "SM_SMEM_BYTES", 1000)  # none fits: four warpgroups
+  assert launch(128, 1536, 88).warpgroups == 4
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("wgs,block_m", [(2, 128), (4, 128), (4, 144), (4, 160), (4, 24),
-                                         (4, 48), (4, 80)])
+                                         (4, 48), (4, 80), (2, 32), (2, 88)])
 def test_fp8_single_acc_gpu(wgs, block_m, monkeypatch):
   """config.fp8_single_acc on the H200 (256 / 300 rows per expert, K = 4096) on two / four
   shared-x warpgroups in clusters of two, tiles of 128 rows and wider (the default for
-  Mixtral-sized experts since session 26) and of 24-80 rows (the default there since
-  session 28, where the heuristic is checked to pick it): the reference within 5e-3 (the
+  Mixtral-sized experts since session 26) and of 24-88 rows (the default there since
+  session 28, where the heuristic is checked to pick it; on two warpgroups since session
+  29 where four would make more than two waves): the reference within 5e-3 (the
   fp8 MMA sums all of K in its reduced-precision accumulator; the error is printed)."""
   from humming_jax.kernels import grouped_wna16_mgpu as g16, wna16_mgpu
   monkeypatch.delenv("HUMMING_JAX_FP8_MMA", raising=False)
@@ -378,6 +415,32 @@ def test_fp8_single_acc_default_gpu(monkeypatch, grouped_launches):
   print(f"one accumulator: rel err {errs['1']:.2e}; per group {errs['0']:.2e}; between "
         f"{rel(out['1'], out['0']):.2e}")
   assert errs["1"] <= 5e-3 and rel(out["1"], out["0"]) <= 5e-3  # (session 25: 2.56e-3)
+
+
+@pytest.mark.gpu
+def test_single_acc_small_experts_default_gpu(monkeypatch, grouped_launches):
+  """The default path on the H200 for small experts (session 29): 64 experts of ~64 rows,
+  N = 1536 (Qwen3-30B-A3B gate_up at 1024 tokens, K cut to 1024) -- hj.quant_ragged_dot
+  takes single_acc_tile_rows' 88-row tiles on two-warpgroup CTAs (384 four-warpgroup
+  CTAs would be ~3 waves), within 5e-3 of the reference (printed)."""
+  from humming_jax.kernels import grouped_wna16_mgpu as g16
+  monkeypatch.delenv("HUMMING_JAX_FP8_MMA", raising=False)
+  monkeypatch.delenv("HUMMING_JAX_FP8_SINGLE_ACC", raising=False)
+  monkeypatch.delenv("HUMMING_JAX_CLUSTER_N", raising=False)
+  sizes = np.random.default_rng(44).binomial(64 * 64 * 2, 1 / 128, size=64)
+  m = int(sizes.sum())
+  q, x = make("w4a8-mxfp4", 64, 1024, 1536, m, False, seed=44)
+  g = jnp.asarray(sizes, jnp.int32)
+  p = hj.prepare(q, grouped=True)
+  assert p.layout.split(":")[-2:] == ["p8", "cf"], p.layout
+  assert g16.tile_rows(m, 64, p) == 88, (m, g16.tile_rows(m, 64, p))
+  y = jax.jit(lambda p, x, g: hj.quant_ragged_dot(p, x, g))(p, x, g)
+  seen = grouped_launches
+  assert seen and all((c.fp8_single_acc, c.warpgroups, c.block_m) == (True, 2, 88)
+                      for c in seen), seen
+  err = rel(y, reference.ragged_dot_reference(q, x, g))
+  print(f"small experts, two warpgroups: rel err {err:.2e}")
+  assert err <= 5e-3, err
 
 
 @pytest.mark.parametrize("group", [32, 64, 128])

@@ -96,11 +96,6 @@ def block_rows(m: int, num_experts: int) -> int:
   return min(MAX_BLOCK_M, max(8, -(-want // 8) * 8))
 
 
-# Rows per tile the one-accumulator fp8 tiles (four shared-x warpgroups) may take beyond
-# 128: H200 session 26, ptxas 116-128 registers and no spills up to 160.  (From 152 rows
-# four stages do not fit shared memory and fit_stages runs three; 136 and 152 rows have an
-# odd count of 8-row groups, so an opt-in cluster_n=2 runs unclustered there.)
-SINGLE_ACC_BLOCK_MS = tuple(range(128, 161, 8))
 
 
 def expected_tiles(rows: float, block_m: int) -> float:
@@ -125,15 +120,25 @@ SINGLE_ACC_TILE_ROWS_OVERHEAD = 128
 
 
 def single_acc_tile_rows(m: int, num_experts: int) -> int:
-  """Rows per tile for the one-accumulator fp8 tiles where :func:`block_rows` is capped
-  (experts of ~110+ rows): of :data:`SINGLE_ACC_BLOCK_MS`, the one of least expected cost,
-  tiles x (rows + :data:`SINGLE_ACC_TILE_ROWS_OVERHEAD`) (:func:`expected_tiles`).  A
-  ~256-row Mixtral expert at 1024 tokens took three 128-row tiles about half the time;
-  two 144-row tiles hold it.  H200 session 26 (probe_fp8_moe.py --blocks, CUPTI kernel
-  us, 128 -> 144 / 160 rows per tile): Mixtral gate_up 1024 tokens 909.5 -> 728.5 /
-  791.9, down 496.1 -> 341.5 / 396.9 (16 column CTAs per tile: two waves, not three);
-  gate_up 4096 tokens (~1024 rows per expert), 128 -> 152 / 160 rows: 2869.2 -> 2617.8 /
-  2691.6.  The model picks 144 and 152 there."""
+  """Rows per tile for the one-accumulator fp8 tiles: of :data:`SINGLE_ACC_BLOCK_MS`, the
+  one of least expected cost, tiles x (rows + :data:`SINGLE_ACC_TILE_ROWS_OVERHEAD`)
+  (:func:`expected_tiles`).  Every tile streams its expert's whole weight slab, so a tile
+  that splits an expert costs about a tile of 128 more rows.
+
+  - Capped experts (~110+ rows; session 26): a ~256-row Mixtral expert at 1024 tokens took
+    three 128-row tiles about half the time; two 144-row tiles hold it.  H200, CUPTI
+    kernel us, 128 -> 144 / 160 rows per tile: Mixtral gate_up 1024 tokens 909.5 ->
+    728.5 / 791.9, down 496.1 -> 341.5 / 396.9; gate_up 4096 tokens (~1024 rows per
+    expert), 128 -> 152 / 160: 2869.2 -> 2617.8 / 2691.6.  The model picks 144 and 152.
+  - Smaller experts (session 29; before, :func:`block_rows`' mean + 2 standard deviations,
+    which splits ~6-15 % of them): the model picks a tile that holds nearly every expert
+    in one.  H200, probe_fp8_moe.py --blocks, CUPTI kernel us, block_rows' tile -> the
+    model's (on the launch :func:`heuristic` takes for it): Qwen3-30B-A3B gate_up 1024
+    tokens (64 rows per expert) 80 -> 88 rows 141.3 -> 124.9 (96: 128.0; 112 on four
+    warpgroups: 136.4), 256 tokens (16) 24 -> 32 rows 90.5 -> 80.3; down 1024 tokens 91.6
+    -> 74.9; Mixtral down 64 tokens 24 -> 32 rows 162.7 -> 98.0 (one tile per expert: one
+    wave of CTAs, not two); DeepSeek-V3 gate_up 1024 tokens: 48 either way (56 / 64:
+    +3 / +4 %)."""
   rows = grouped_wna16.rows_per_active_expert(m, num_experts)
   best = min(SINGLE_ACC_BLOCK_MS, key=lambda b: (
       round(expected_tiles(rows, b) * (b + SINGLE_ACC_TILE_ROWS_OVERHEAD), 6), -b))
@@ -149,6 +154,16 @@ def single_acc_tile_rows(m: int, num_experts: int) -> int:
 # 166.0; at 64 tokens its 16-row tiles ran 134.6 per group, 136.9 with one accumulator
 # (session 27, NOTES.md v28), so 16-row tiles stay.
 SINGLE_ACC_MIN_ROWS = 24
+# Rows per tile the one-accumulator fp8 tiles may take (:func:`single_acc_tile_rows`), up
+# to 160: H200 session 26, ptxas 116-128 registers and no spills up to 160 on four
+# shared-x warpgroups.  (From 152 rows four stages do not fit shared memory and fit_stages
+# runs three; 136 and 152 rows have an odd count of 8-row groups, so an opt-in
+# cluster_n=2 runs unclustered there.)
+SINGLE_ACC_BLOCK_MS = tuple(range(SINGLE_ACC_MIN_ROWS, 161, 8))
+# The widest one-accumulator tiles that run on two-warpgroup CTAs (:func:`heuristic`):
+# the widest timed that way (H200 session 29; 104 rows with four stages, where two such
+# CTAs do not fit an SM's shared memory, ran 177.7 us against 124.9 at 88 rows).
+SINGLE_ACC_TWO_WG_MAX_ROWS = 96
 
 
 def single_acc_tiles(params: QuantizedWeight | None) -> bool:
@@ -163,8 +178,9 @@ def single_acc_tiles(params: QuantizedWeight | None) -> bool:
 
 def tile_rows(m: int, num_experts: int, params: QuantizedWeight | None = None) -> int:
   """Rows per tile of :func:`run`: :func:`block_rows`, except that 8-row decode tiles
-  become 16-row ones above 8 rows, and that capped tiles of ``params`` on the
-  one-accumulator fp8 route take :func:`single_acc_tile_rows`.  A tile starts at its
+  become 16-row ones above 8 rows, and that tiles of ``params`` on the one-accumulator fp8
+  route (:data:`SINGLE_ACC_MIN_ROWS` rows and more; capped ones only before session 29)
+  take :func:`single_acc_tile_rows`.  A tile starts at its
   expert's first row rounded down to 8, so an expert whose rows cross an 8-row boundary
   took two 8-row tiles, each dequantizing its whole weight slab: a random top-8 routing
   of 64 tokens gave 251 tiles for 224 active DeepSeek-V3 experts and 170 for 123
@@ -173,7 +189,7 @@ def tile_rows(m: int, num_experts: int, params: QuantizedWeight | None = None) -
   197.3 us (wall 233.1 -> 206.0).  Up to 8 rows (1 token, top-8) every row lies in one
   8-row window."""
   rows = block_rows(m, num_experts)
-  if rows == MAX_BLOCK_M and single_acc_tiles(params):
+  if rows >= SINGLE_ACC_MIN_ROWS and single_acc_tiles(params):
     return single_acc_tile_rows(m, num_experts)
   return 16 if rows == 8 and m > 8 else rows
 
@@ -244,8 +260,7 @@ def heuristic(tiles: int, n: int, k_tiles: int, block_m: int, *,
     # 1.7e-3 / 2.6e-3 against the reference at K 4096 / 14336 (bench_moe), the class of
     # w8a8_mgpu's fp8 GEMM and of the 16-bit route, against ~3e-4 for per-group partials.
     # HUMMING_JAX_FP8_SINGLE_ACC=0 keeps the per-group launch below.
-    return dataclasses.replace(wna16_mgpu.shared_x_config(block_m, warpgroups=4),
-                               fp8_single_acc=True)
+    return _single_acc_launch(tiles, n, block_m, params)
   if block_m > 80 and fp8:
     # fp8-MMA layout, wide tiles: two shared-x warpgroups.  Four leave 128 registers per
     # thread, and a 128-row tile's running sum and group partial take 64 each: H200
@@ -282,6 +297,44 @@ def heuristic(tiles: int, n: int, k_tiles: int, block_m: int, *,
   if 2 * col_blocks <= tuning.num_sms():
     config = dataclasses.replace(config, split_k=2)
   return config
+
+
+def _single_acc_launch(tiles: int, n: int, block_m: int, params: QuantizedWeight
+                       ) -> wna16_mgpu.Config:
+  """The one-accumulator launch (:func:`heuristic`): four shared-x warpgroups (256
+  columns per CTA), or two (128 columns) where the four-warpgroup CTAs make more than two
+  waves, the tile has at most :data:`SINGLE_ACC_TWO_WG_MAX_ROWS` rows and two such CTAs
+  fit an SM's shared memory (the most stages up to the config's for which they do).
+
+  Why: with one accumulator the four-warpgroup CTA holds a whole SM (~106 registers per
+  thread), so its pipeline's fill and its epilogue stand alone in every wave; two CTAs
+  of two warpgroups per SM overlap one's with the other's K loop.  Wide tiles (128+ rows)
+  keep four: they re-read x, and 256 columns per CTA read it half as often (session 25).
+  H200 session 29, probe_fp8_moe.py --blocks, CUPTI kernel us, four -> two warpgroups at
+  the same rows: DeepSeek-V3 down 1024 tokens (48 rows, K 256: two K tiles per CTA) 313.6
+  -> 200.2; Qwen3-30B-A3B down 1024 tokens (88 rows) 85.5 -> 74.9, 256 tokens (32) 66.6
+  -> 50.2; Qwen3 gate_up 256 tokens (32 rows) 99.8 -> 80.3, 1024 tokens (88) 124.9 ->
+  124.9; Mixtral gate_up 64 / 256 tokens (32 / 88 rows) 206.8 -> 171.0 / 255.6 -> 246.1;
+  DeepSeek-V3 gate_up 1024 tokens (48) 212.2 -> 214.0 (three stages: 210.4).  One wave
+  of four-warpgroup CTAs stays on four: Mixtral down 64 tokens (32 rows, 128 CTAs) 98.0
+  against 168.3 on two, 256 tokens (88 rows) 117.9 against 132.3."""
+  four = dataclasses.replace(wna16_mgpu.shared_x_config(block_m, warpgroups=4),
+                             fp8_single_acc=True)
+  ctas = tiles * -(-n // (4 * wna16_mgpu.BLOCK_N))
+  if block_m > SINGLE_ACC_TWO_WG_MAX_ROWS or ctas <= 2 * tuning.num_sms():
+    return four
+  two = dataclasses.replace(wna16_mgpu.shared_x_config(block_m, warpgroups=2),
+                            fp8_single_acc=True)
+  spec = params.spec
+  bk = wna16_mgpu.block_k_for(spec)
+  for stages in range(two.stages, 1, -1):
+    need = wna16_mgpu.smem_bytes(  # the fp8 route's buffers (wna16_mgpu.run's count)
+        block_m, stages, 1, bk, spec.weight_bits, False, warpgroups=2,
+        scale_rows=bk // wna16_mgpu.scale_k(spec), share_x=True, x_bytes=1,
+        scale_bytes=params.scales.dtype.itemsize, x_scales=True)
+    if 2 * (need + 1024) <= tuning.SM_SMEM_BYTES:
+      return dataclasses.replace(two, stages=stages)
+  return four
 
 
 def _fits_per_sm(config: wna16_mgpu.Config, params: QuantizedWeight | None,
