@@ -111,8 +111,10 @@ def main():
   quant = jax.jit(lambda w: hj.quantize(w, spec))
   # --single: eager, so the ":cf" check (concrete scales) marks the layout for the
   # one-accumulator launch; the other modes time the per-group route of unmarked params
-  blocks = ([tuple(map(int, (v + ":4:0").split(":")[:3])) for v in a.blocks.split(",")]
-            if a.blocks else None)  # rows[:warpgroups[:stages]] (stages 0: the config's)
+  def block(v):  # rows[:warpgroups[:stages]] (default 4 warpgroups, stages 0: the config's)
+    parts = v.split(":")
+    return tuple(map(int, parts + ["4", "0"][len(parts) - 1:]))
+  blocks = [block(v) for v in a.blocks.split(",")] if a.blocks else None
   prep = family.prepare if a.single or blocks else jax.jit(family.prepare)
   ps = [prep(quant(jax.random.normal(jax.random.key(i), (e, k, n), jnp.float32) / np.sqrt(k)))
         for i in range(a.sets)]

@@ -155,10 +155,10 @@ def test_fp8_single_acc_interpret(wgs, split, sub, k, tiny, monkeypatch):
 def test_fp8_single_acc_route(monkeypatch, grouped_launches):
   """The one-accumulator route (Config.fp8_single_acc) is taken only where it is exact:
   an eager prepare marks the layout ":cf" when every column's e8m0 scales span at most
-  11 binades; the grouped heuristic then runs fp8 tiles over 80 rows on four shared-x
-  warpgroups with one accumulator each (HUMMING_JAX_FP8_SINGLE_ACC=0: two warpgroups in
-  pairs, per-group partials), and the default path through gw.run matches the
-  reference (120-row tiles).  A prepare under jit (scales not concrete), a column whose
+  11 binades; the grouped heuristic then runs fp8 tiles of 24+ rows (here 24-128, one
+  wave) on four shared-x warpgroups with one accumulator each
+  (HUMMING_JAX_FP8_SINGLE_ACC=0: two warpgroups in pairs, per-group partials), and the
+  default path through gw.run matches the reference (128-row tiles).  A prepare under jit (scales not concrete), a column whose
   scales span 12 binades and a NaN scale are not marked; the wide one takes the
   per-group route, and an explicit fp8_single_acc config is refused on it by name.
   Marked by hand (a stale mark), the column that does not fold comes out NaN.
@@ -279,10 +279,11 @@ def test_single_acc_default_small_tiles_interpret(monkeypatch, grouped_launches)
 
 
 def test_single_acc_tile_rows(monkeypatch):
-  """Capped tiles (experts of ~110+ rows) on the one-accumulator route take the rows per
-  tile of least expected cost: Mixtral at 1024 / 4096 tokens (256 / 1024 rows per expert)
-  144 / 152, as the H200 measured best (session 26); very large experts the widest.
-  Unmarked layouts, HUMMING_JAX_FP8_SINGLE_ACC=0 and uncapped tiles keep block_rows'.
+  """Tiles on the one-accumulator route take the rows per tile of least expected cost:
+  Mixtral at 1024 / 4096 tokens (256 / 1024 rows per expert) 144 / 152, as the H200
+  measured best (session 26); very large experts the widest; uncapped tiles too since
+  session 29 (test_single_acc_small_expert_launch).  Unmarked layouts and
+  HUMMING_JAX_FP8_SINGLE_ACC=0 keep block_rows'.
   Through gw.run: 2 experts x 150 rows in 160-row one-accumulator tiles (the
   interpreter), the reference within 1e-4, rows past the routed ones zero; an explicit
   block_m is taken up to 160 (256 with an explicit one-accumulator config) and refused
@@ -368,7 +369,8 @@ def test_single_acc_small_expert_launch(monkeypatch):
                                          (4, 48), (4, 80), (2, 32), (2, 88)])
 def test_fp8_single_acc_gpu(wgs, block_m, monkeypatch):
   """config.fp8_single_acc on the H200 (256 / 300 rows per expert, K = 4096) on two / four
-  shared-x warpgroups in clusters of two, tiles of 128 rows and wider (the default for
+  shared-x warpgroups in clusters of two (where the tile's 8-row groups split in two: not
+  at 88 rows), tiles of 128 rows and wider (the default for
   Mixtral-sized experts since session 26) and of 24-88 rows (the default there since
   session 28, where the heuristic is checked to pick it; on two warpgroups since session
   29 where four would make more than two waves): the reference within 5e-3 (the

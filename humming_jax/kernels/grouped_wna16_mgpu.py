@@ -96,8 +96,6 @@ def block_rows(m: int, num_experts: int) -> int:
   return min(MAX_BLOCK_M, max(8, -(-want // 8) * 8))
 
 
-
-
 def expected_tiles(rows: float, block_m: int) -> float:
   """The tiles an expert takes, expected over a random routing: an expert of n rows
   starting o rows past an 8-row boundary takes ceil((n + o) / block_m) tiles
@@ -136,9 +134,9 @@ def single_acc_tile_rows(m: int, num_experts: int) -> int:
     model's (on the launch :func:`heuristic` takes for it): Qwen3-30B-A3B gate_up 1024
     tokens (64 rows per expert) 80 -> 88 rows 141.3 -> 124.9 (96: 128.0; 112 on four
     warpgroups: 136.4), 256 tokens (16) 24 -> 32 rows 90.5 -> 80.3; down 1024 tokens 91.6
-    -> 74.9; Mixtral down 64 tokens 24 -> 32 rows 162.7 -> 98.0 (one tile per expert: one
-    wave of CTAs, not two); DeepSeek-V3 gate_up 1024 tokens: 48 either way (56 / 64:
-    +3 / +4 %)."""
+    -> 74.9; Mixtral down 64 tokens 24 -> 32 rows 162.7 -> 98.0 (the probe's routing took
+    one tile per expert either way: why 24-row tiles ran so slowly there is not known);
+    DeepSeek-V3 gate_up 1024 tokens: 48 either way (56 / 64: +3 / +4 %)."""
   rows = grouped_wna16.rows_per_active_expert(m, num_experts)
   best = min(SINGLE_ACC_BLOCK_MS, key=lambda b: (
       round(expected_tiles(rows, b) * (b + SINGLE_ACC_TILE_ROWS_OVERHEAD), 6), -b))
@@ -168,8 +166,8 @@ SINGLE_ACC_TWO_WG_MAX_ROWS = 96
 
 def single_acc_tiles(params: QuantizedWeight | None) -> bool:
   """Whether tiles of :data:`SINGLE_ACC_MIN_ROWS` rows and more of ``params`` run as
-  one-accumulator fp8 tiles on four shared-x warpgroups (:func:`heuristic`; over 80 rows
-  before session 28): the fp8-MMA layout marked ":cf"
+  one-accumulator fp8 tiles on shared-x warpgroups (:func:`heuristic`,
+  :func:`_single_acc_launch`; over 80 rows before session 28): the fp8-MMA layout marked ":cf"
   (``wna16_mgpu.single_acc_layout``, the check ``wna16_mgpu.run`` makes of the config),
   unless HUMMING_JAX_FP8_SINGLE_ACC=0."""
   return (params is not None and wna16_mgpu.single_acc_layout(params)
@@ -211,6 +209,9 @@ def heuristic(tiles: int, n: int, k_tiles: int, block_m: int, *,
   experts), ``k_tiles`` K tiles per expert.  H200 sweeps of
   session 10 (benchmarks/NOTES_moe.md; int4 g128 zp, us per grouped GEMM):
 
+  - fp8 one-accumulator tiles (24+ rows of ":cf" weights): four shared-x warpgroups, or
+    two where four would make more than two waves (:func:`_single_acc_launch`, session
+    29); the other fp8 routes below.
   - 16+ rows per tile: warpgroups splitting N over one shared x tile
     (:func:`wna16_mgpu.shared_x_config`): each CTA reads its x rows once instead of once per
     64 columns.  DeepSeek-V3 gate_up / down at 1024 tokens (48-row tiles) 418.0 -> 345.7 /
@@ -327,11 +328,15 @@ def _single_acc_launch(tiles: int, n: int, block_m: int, params: QuantizedWeight
                             fp8_single_acc=True)
   spec = params.spec
   bk = wna16_mgpu.block_k_for(spec)
+  # wna16_mgpu.run's count of the fp8 route's buffers: scale rows kept in their 16-bit
+  # dtype, else float32
+  s_bytes = (params.scales.dtype.itemsize
+             if params.scales.dtype in (jnp.bfloat16, jnp.float16) else 4)
   for stages in range(two.stages, 1, -1):
-    need = wna16_mgpu.smem_bytes(  # the fp8 route's buffers (wna16_mgpu.run's count)
-        block_m, stages, 1, bk, spec.weight_bits, False, warpgroups=2,
+    need = wna16_mgpu.smem_bytes(
+        block_m, stages, 1, bk, spec.weight_bits, params.zeros is not None, warpgroups=2,
         scale_rows=bk // wna16_mgpu.scale_k(spec), share_x=True, x_bytes=1,
-        scale_bytes=params.scales.dtype.itemsize, x_scales=True)
+        scale_bytes=s_bytes, x_scales=True)
     if 2 * (need + 1024) <= tuning.SM_SMEM_BYTES:
       return dataclasses.replace(two, stages=stages)
   return four
