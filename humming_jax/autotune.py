@@ -11,15 +11,24 @@ per (device kind, spec, M bucket, N, K) is merged into the cache that
 ``kernels/tuning.py`` consults at trace time (``HUMMING_JAX_TUNING_CACHE`` or
 ``~/.cache/humming_jax/tuning.json``).  Needs a GPU.
 
-``--grouped E:TOPK:KxN`` tunes the MoE grouped kernel (``kernels/grouped_wna16.py``,
-candidates ``grouped_wna16.grouped_candidates``) for stacked (E, K, N) experts at the given
-token counts: tokens x TOPK rows routed uniformly at random, the chain of 8 expert stacks;
-the winner is checked against ``reference.ragged_dot_reference`` before it is stored, under
-the key ``grouped_wna16.choose_config`` looks up.
+``--grouped E:TOPK:KxN`` tunes the MoE grouped kernel ``hj.prepare(grouped=True)`` picks
+for stacked (E, K, N) experts at the given token counts: tokens x TOPK rows routed
+uniformly at random, the chain of 8 expert stacks; the winner is checked against
+``reference.ragged_dot_reference`` before it is stored.
+- The Mosaic grouped kernel (``grouped_wna16_mgpu``, and ``grouped_wnam_mgpu``'s W4A8 /
+  W4A4 experts on it): rows per tile and launch, candidates
+  ``grouped_wna16_mgpu.launch_candidates``, stored under ``launch_cache_key``, which
+  ``grouped_wna16_mgpu.run`` looks up (``hj.quant_ragged_dot``, and ``hj.quant_moe``
+  where it sorts rows; its tile-aligned W4A16 path keeps its own tile rows).  Weights are
+  prepared eagerly, as a user would, so W4A8 MXFP4 experts tune the one-accumulator route.
+- The Pallas-Triton grouped kernel (``kernels/grouped_wna16.py``, candidates
+  ``grouped_wna16.grouped_candidates``), under the key ``grouped_wna16.choose_config``
+  looks up.
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import statistics
 import time
 
@@ -30,7 +39,7 @@ from tqdm import tqdm
 import humming_jax as hj
 from humming_jax import moe
 from humming_jax.kernels import grouped_wna16, layout, reference, registry, tuning, wna16
-from humming_jax.kernels import wna16_mgpu
+from humming_jax.kernels import grouped_wna16_mgpu, grouped_wnam_mgpu, wna16_mgpu, wnam_mgpu
 
 
 def _time(fn, params_list, args: tuple, calls: int) -> float:
@@ -140,6 +149,80 @@ def autotune_grouped(spec_name: "str | hj.QuantSpec", num_experts: int, topk: in
   return best
 
 
+MOSAIC_GROUPED = (grouped_wna16_mgpu.FAMILY, grouped_wnam_mgpu.FAMILY)
+
+
+def _routed_rows(num_experts: int, topk: int, k: int, tokens: int, key: jax.Array
+                 ) -> tuple[jax.Array, jax.Array]:
+  """(tokens * topk, K) bf16 rows sorted by expert and their (E,) group sizes: a uniform
+  random top-k routing of random tokens (what both grouped tunings time)."""
+  ids = jnp.argsort(jax.random.uniform(jax.random.fold_in(key, 0), (tokens, num_experts)),
+                    axis=1)[:, :topk].astype(jnp.int32)
+  routed = moe.sort_tokens(ids, num_experts)
+  x = jax.random.normal(jax.random.fold_in(key, 1), (tokens, k), jnp.bfloat16)
+  return jnp.take(x, routed.token_of_row, axis=0), routed.group_sizes
+
+
+def autotune_grouped_mgpu(spec_name: "str | hj.QuantSpec", num_experts: int, topk: int,
+                          k: int, n: int, tokens: list[int], *, layers: int = 8,
+                          calls: int = 20, interpret: bool = False, candidates=None,
+                          tol: float = 1e-2) -> dict:
+  """Time the Mosaic grouped kernel's launches (rows per tile, Config) at each token
+  count; return {``grouped_wna16_mgpu.launch_cache_key``: Config with ``block_m`` = the
+  rows per tile}.  ``candidates(m, e, params)`` overrides the search space (tests);
+  ``interpret`` as in :func:`autotune_grouped`."""
+  spec = spec_name if isinstance(spec_name, hj.QuantSpec) else hj.QuantSpec.preset(spec_name)
+  if not 1 <= topk <= num_experts:
+    raise ValueError(f"topk={topk}: expected 1 <= topk <= num_experts={num_experts}")
+  family = registry.find(spec, grouped=True, shape=(num_experts, k, n))
+  if family is None or family.name not in MOSAIC_GROUPED:
+    raise ValueError(f"spec {spec.name} with (E={num_experts}, K={k}, N={n}): "
+                     f"hj.prepare(grouped=True) picks "
+                     f"{None if family is None else family.name}, not one of the Mosaic "
+                     f"grouped kernels {MOSAIC_GROUPED}")
+  keys = jax.random.split(jax.random.key(0), layers + 1)
+  quant = jax.jit(hj.quantize, static_argnums=1)
+  qs = [quant(jax.random.normal(kk, (num_experts, k, n)) / k**0.5, spec) for kk in keys[:-1]]
+  # eagerly, as a user prepares: the ":cf" check of W4A8 MXFP4 experts needs the scales
+  params = [jax.block_until_ready(hj.prepare(q, grouped=True, kernel=family.name))
+            for q in qs]
+  wnam = family.name == grouped_wnam_mgpu.FAMILY
+  run_family = grouped_wnam_mgpu.run if wnam else grouped_wna16_mgpu.run
+  # the params grouped_wna16_mgpu.run sees (and keys its cache lookup on)
+  view = (wnam_mgpu.weight_view(params[0], wnam_mgpu.renamed(
+      params[0].layout, grouped_wna16_mgpu.FAMILY)) if wnam else params[0])
+  cands = candidates or grouped_wna16_mgpu.launch_candidates
+  best = {}
+  for t in tokens:
+    xr, gs = _routed_rows(num_experts, topk, k, t, jax.random.fold_in(keys[-1], t))
+    m = xr.shape[0]
+    results = []
+    for rows, cfg in tqdm(cands(m, num_experts, view), desc=f"{spec.name} E={num_experts} "
+                          f"T={t}", leave=False):
+      run = lambda p, x, g, c=cfg, r=rows: run_family(p, x, g, config=c, block_m=r,
+                                                      interpret=interpret)
+      try:
+        results.append((_time(run, params, (xr, gs), calls), rows, cfg))
+      except Exception as e:  # noqa: BLE001 - e.g. shared memory exceeded: skip it
+        tqdm.write(f"  skip {rows} rows, {cfg}: {type(e).__name__}")
+    if not results:
+      raise RuntimeError(f"no candidate launch ran for {spec.name} E={num_experts} T={t}")
+    us, rows, cfg = min(results, key=lambda r: r[0])
+    y = run_family(params[0], xr, gs, config=cfg, block_m=rows, interpret=interpret)
+    ref = reference.ragged_dot_reference(qs[0], xr, gs)
+    err = float(jnp.linalg.norm((y - ref).astype(jnp.float32))
+                / jnp.maximum(jnp.linalg.norm(ref.astype(jnp.float32)), 1e-30))
+    if not err <= tol:
+      raise RuntimeError(f"{spec.name} E={num_experts} T={t}: {rows} rows per tile with "
+                         f"{cfg} give relative error {err:.2e} vs the reference (limit "
+                         f"{tol}); not stored")
+    best[grouped_wna16_mgpu.launch_cache_key(view, m)] = dataclasses.replace(cfg,
+                                                                             block_m=rows)
+    print(f"{spec.name} E={num_experts} top{topk} T={t} (M={m}) K={k} N={n}: {us:.1f} us "
+          f"per grouped GEMM, {rows} rows per tile with {cfg} (rel err {err:.1e})")
+  return best
+
+
 def _parse_grouped(item: str) -> tuple[int, int, int, int]:
   try:
     e, topk, shape = item.split(":")
@@ -166,8 +249,11 @@ def main(argv=None) -> None:
   entries = {}
   for spec_name in args.specs.split(","):
     for e, topk, k, n in groups:
-      entries.update(autotune_grouped(spec_name, e, topk, k, n,
-                                      [int(t) for t in args.tokens.split(",")]))
+      spec = hj.QuantSpec.preset(spec_name)
+      family = registry.find(spec, grouped=True, shape=(e, k, n))
+      tune = (autotune_grouped_mgpu if family is not None and family.name in MOSAIC_GROUPED
+              else autotune_grouped)
+      entries.update(tune(spec, e, topk, k, n, [int(t) for t in args.tokens.split(",")]))
     for shape in ([] if groups else args.shapes.split(",")):
       k, n = (int(v) for v in shape.lower().split("x"))
       entries.update(autotune(spec_name, k, n, [int(m) for m in args.ms.split(",")]))

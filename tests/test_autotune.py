@@ -1,7 +1,10 @@
 """The autotune command's grouped (MoE) mode: its search space, and that what it stores is
 what the grouped kernel looks up (interpret mode: the timings mean nothing on a CPU, the
 keys and the correctness check do)."""
+import dataclasses
+
 import jax
+import jax.numpy as jnp
 import pytest
 
 import humming_jax as hj
@@ -68,3 +71,95 @@ def test_autotune_grouped_rejects_bad_arguments():
   assert autotune._parse_grouped("256:8:7168x512") == (256, 8, 7168, 512)
   with pytest.raises(SystemExit, match="E:TOPK:KxN"):
     autotune._parse_grouped("256x8")
+
+
+def _w4a8_experts(e, k, n, seed=0):
+  """Eagerly prepared W4A8 MXFP4 experts (":cf": the one-accumulator route) and the view
+  grouped_wna16_mgpu.run receives from grouped_wnam_mgpu.run."""
+  from humming_jax.kernels import grouped_wnam_mgpu as gw, wnam_mgpu
+  from humming_jax.kernels import grouped_wna16_mgpu as g16
+  spec = hj.QuantSpec.preset("w4a8-mxfp4")
+  q = jax.jit(hj.quantize, static_argnums=1)(
+      jax.random.normal(jax.random.key(seed), (e, k, n)) / k**0.5, spec)
+  p = gw.prepare(q)
+  return q, p, wnam_mgpu.weight_view(p, wnam_mgpu.renamed(p.layout, g16.FAMILY))
+
+
+def test_mgpu_launch_candidates(monkeypatch):
+  """The Mosaic grouped kernel's search space: the default launch first, each pair once,
+  rows around the default (and block_rows'), one-accumulator launches of two and four
+  warpgroups with 2-4 stages on ":cf" experts, none on unmarked ones."""
+  from humming_jax.kernels import grouped_wna16_mgpu as g16, grouped_wnam_mgpu as gw
+  monkeypatch.delenv("HUMMING_JAX_FP8_MMA", raising=False)
+  monkeypatch.delenv("HUMMING_JAX_FP8_SINGLE_ACC", raising=False)
+  monkeypatch.setattr(tuning, "num_sms", lambda: 132)
+  q, p, view = _w4a8_experts(8, 256, 512)
+  m = 8 * 64  # 64 rows per expert: default 88-row tiles (session 29)
+  cands = g16.launch_candidates(m, 8, view)
+  rows = g16.tile_rows(m, 8, view)
+  assert rows == 88 and cands[0] == (88, g16.heuristic(8, 512, view.codes.shape[-3], 88,
+                                                       params=view, tile_rows=88))
+  assert len(set(cands)) == len(cands)
+  assert {r for r, _ in cands} == {80, 88, 96}
+  assert all(c.fp8_single_acc and c.split_warpgroups == "n" for _, c in cands)
+  assert {(c.warpgroups, c.stages) for r, c in cands if r == 88} >= {
+      (w, s) for w in (2, 4) for s in (2, 3, 4)}
+  unmarked = jax.jit(gw.prepare)(q)
+  from humming_jax.kernels import wnam_mgpu
+  uview = wnam_mgpu.weight_view(unmarked, wnam_mgpu.renamed(unmarked.layout, g16.FAMILY))
+  ucands = g16.launch_candidates(m, 8, uview)
+  assert ucands and not any(c.fp8_single_acc for _, c in ucands)
+  assert all(r <= g16.MAX_BLOCK_M for r, _ in ucands)
+  # the cache keys of the two routes differ (the ":cf" launch is not served to the other)
+  assert g16.launch_cache_key(view, m) != g16.launch_cache_key(uview, m)
+  assert g16.launch_cache_key(view, m) == g16.launch_cache_key(view, m - 8)  # one bucket
+
+
+def test_autotune_grouped_mgpu_stores_what_run_reads(tmp_path, monkeypatch):
+  """What the Mosaic grouped tuning stores (rows per tile in the Config's block_m) is
+  what grouped_wna16_mgpu.run then takes by default, through grouped_wnam_mgpu.run: the
+  stored rows and launch, not the heuristic's, within 1e-4 of the reference; another
+  token bucket keeps the heuristic; an entry past the route's rows is ignored with a
+  warning."""
+  from humming_jax.kernels import grouped_wna16_mgpu as g16, grouped_wnam_mgpu as gw
+  from humming_jax.kernels import reference, wna16_mgpu
+  monkeypatch.setenv("HUMMING_JAX_TUNING_CACHE", str(tmp_path / "tuning.json"))
+  monkeypatch.delenv("HUMMING_JAX_FP8_MMA", raising=False)
+  monkeypatch.delenv("HUMMING_JAX_FP8_SINGLE_ACC", raising=False)
+  tried = (32, dataclasses.replace(wna16_mgpu.shared_x_config(32, warpgroups=2),
+                                   fp8_single_acc=True, stages=3))
+  seen = []
+
+  def cands(m, e, params):
+    seen.append((m, e, params.layout))
+    return [tried]
+
+  best = autotune.autotune_grouped_mgpu("w4a8-mxfp4", 4, 2, 256, 128, [20], layers=1,
+                                        calls=1, interpret=True, candidates=cands)
+  assert len(seen) == 1 and seen[0][:2] == (40, 4)
+  assert seen[0][2].startswith(g16.FAMILY) and seen[0][2].endswith(":p8:cf")
+  [(key, cfg)] = best.items()
+  assert cfg == dataclasses.replace(tried[1], block_m=32) and ":p8:cf|" in key
+  tuning.store_configs(best)
+  q, p, view = _w4a8_experts(4, 256, 128, seed=3)
+  assert g16.cached_launch(view, 40) == (32, cfg)
+  assert g16.tile_rows(40, 4, view) != 32  # (the default would take other rows)
+  launches, heur = [], []
+  real_run, real_heuristic = wna16_mgpu.run, g16.heuristic
+  monkeypatch.setattr(wna16_mgpu, "run", lambda *a, **kw: launches.append(
+      (kw["tiles"].block_m, kw["config"])) or real_run(*a, **kw))
+  monkeypatch.setattr(g16, "heuristic", lambda *a, **kw: heur.append(1) or
+                      real_heuristic(*a, **kw))
+  g = jnp.asarray([9, 11, 12, 8], jnp.int32)
+  x = jax.random.normal(jax.random.key(4), (40, 256), jnp.bfloat16)
+  y = jax.jit(lambda p, x, g: gw.run(p, x, g, interpret=True))(p, x, g)
+  assert launches == [(32, cfg)] and not heur, (launches, heur)
+  ref = reference.ragged_dot_reference(q, x, g)
+  err = float(jnp.linalg.norm((y - ref).astype(jnp.float32))
+              / jnp.linalg.norm(ref.astype(jnp.float32)))
+  assert err <= 1e-4, err
+  assert g16.cached_launch(view, 4096) is None  # another bucket: the heuristic's
+  # an entry this version would refuse (rows past the route's widest) is ignored
+  tuning.store_configs({key: dataclasses.replace(cfg, block_m=200)})
+  with pytest.warns(UserWarning, match="200 rows per tile"):
+    assert g16.cached_launch(view, 40) is None

@@ -41,6 +41,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -360,6 +361,68 @@ def _fits_per_sm(config: wna16_mgpu.Config, params: QuantizedWeight | None,
   return ctas * (need + 1024) <= tuning.SM_SMEM_BYTES
 
 
+def launch_cache_key(params: QuantizedWeight, m: int) -> str:
+  """The autotune cache key of :func:`run`'s launch for M rows of ``params``: experts,
+  weight spec and route (the fp8-MMA layout ":p8"; ":cf" where the one-accumulator tiles
+  run, :func:`single_acc_tiles`), M bucket, N, K and the device kind."""
+  e, k, n = params.shape
+  name = (params.spec.name + (":p8" if wna16_mgpu.fp8_mma(params.layout) else "")
+          + (":cf" if single_acc_tiles(params) else ""))
+  return tuning.cache_key(f"{FAMILY}/e{e}", name, tuning.bucket_m(m), n, k,
+                          tuning.device_kind())
+
+
+def cached_launch(params: QuantizedWeight, m: int) -> tuple[int, wna16_mgpu.Config] | None:
+  """(rows per tile, launch) of the autotune cache for M rows of ``params``, or None.  A
+  grouped entry is a ``Config`` whose ``block_m`` is the rows per tile (the grouped
+  kernel's tiles carry their own rows; a Config's block_m sizes dense CTAs only).  One
+  entry serves every M of its bucket (``tuning.bucket_m``), as the autotune command
+  measured it at one M.  Entries this version would refuse (rows past what :func:`run`
+  takes) are ignored with a warning."""
+  key = launch_cache_key(params, m)
+  cfg = tuning.cached_config(key, wna16_mgpu.Config)
+  if cfg is None:
+    return None
+  widest = max(SINGLE_ACC_BLOCK_MS) if cfg.fp8_single_acc else MAX_BLOCK_M
+  if cfg.block_m > widest:
+    warnings.warn(f"ignoring autotune cache entry {key!r}: {cfg.block_m} rows per tile "
+                  f"(at most {widest} on this route)", stacklevel=3)
+    return None
+  return cfg.block_m, cfg
+
+
+def launch_candidates(m: int, num_experts: int, params: QuantizedWeight
+                      ) -> list[tuple[int, wna16_mgpu.Config]]:
+  """The autotune search space of :func:`run`'s launch for M rows of ``params``: (rows per
+  tile, Config) pairs, the default first.  Rows: the default's, 8 either side and
+  :func:`block_rows`'; launches: :func:`heuristic`'s at those rows, and shared-x CTAs of
+  two and four warpgroups (on the one-accumulator route with 2-4 stages: H200 session 29
+  found the best of these to move with the shape, NOTES.md v30)."""
+  e, _, n = params.shape
+  k_tiles = params.codes.shape[-3]
+  single = single_acc_tiles(params)
+  widest = max(SINGLE_ACC_BLOCK_MS) if single else MAX_BLOCK_M
+  default = tile_rows(m, e, params)
+  launch = lambda rows: heuristic(min(e, m), n, k_tiles, launch_rows(m, e, rows),
+                                  params=params, tile_rows=rows)
+  out = [(default, launch(default))]
+  for rows in sorted({default - 8, default, default + 8, block_rows(m, e)}):
+    if not 8 <= rows <= widest:
+      continue
+    if rows <= MAX_BLOCK_M or single:
+      out.append((rows, launch(rows)))
+    if rows < 16:
+      continue
+    for wgs in (2, 4):
+      base = wna16_mgpu.shared_x_config(rows, warpgroups=wgs)
+      if single and rows >= SINGLE_ACC_MIN_ROWS:
+        out += [(rows, dataclasses.replace(base, fp8_single_acc=True, stages=st))
+                for st in (2, 3, 4)]
+      elif rows <= MAX_BLOCK_M:
+        out.append((rows, base))
+  return list(dict.fromkeys(out))  # (in order, once each)
+
+
 def max_tiles(m: int, num_experts: int, block_m: int) -> int:
   """Static bound on the tiles of any split: each of the at most min(E, M) non-empty
   segments adds up to 7 rows (its start rounded down to 8) and one partial tile; and every
@@ -524,7 +587,8 @@ def run(params: QuantizedWeight, x: jax.Array, group_sizes: jax.Array, *,
   one-accumulator fp8 route up to 160, or :data:`MAX_RUN_BLOCK_M` with an explicit
   ``Config.fp8_single_acc`` config; default
   :func:`tile_rows`); ``config``: the launch (default :func:`heuristic` of
-  :func:`launch_rows`).  The fp8-MMA layout (``prepare(mma="fp8")``) takes
+  :func:`launch_rows`).  With neither given, an autotune cache entry for the shape
+  (:func:`cached_launch`, ``python -m humming_jax.autotune --grouped``) gives both.  The fp8-MMA layout (``prepare(mma="fp8")``) takes
   float8_e4m3fn rows with their (M,) float32 ``x_scale`` and returns ``out_dtype``
   (``wna16_mgpu.run``)."""
   if registry.layout_family(params.layout) != FAMILY:
@@ -535,6 +599,8 @@ def run(params: QuantizedWeight, x: jax.Array, group_sizes: jax.Array, *,
     raise ValueError(f"x must be (M, K={k}); got shape {x.shape}")
   if group_sizes.shape != (e,):
     raise ValueError(f"group_sizes must be ({e},); got shape {group_sizes.shape}")
+  if config is None and block_m is None and (hit := cached_launch(params, x.shape[0])):
+    block_m, config = hit  # the autotune command's launch for this shape
   # Tiles over 128 rows run on the one-accumulator fp8 route only (the others' accumulators
   # and partials do not fit the registers there): up to 256 rows with an explicit config,
   # up to what the default four-warpgroup launch was measured at (160) without one.
