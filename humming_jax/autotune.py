@@ -88,6 +88,31 @@ def autotune(spec_name: "str | hj.QuantSpec", k: int, n: int, ms: list[int], *, 
   return best
 
 
+MOSAIC_GROUPED = (grouped_wna16_mgpu.FAMILY, grouped_wnam_mgpu.FAMILY)
+
+
+def _checked(y: jax.Array, ref: jax.Array, tol: float, what: str) -> float:
+  """The relative error of a tuning winner's output ``y`` against the reference; raises
+  (naming ``what``) past ``tol``, so a wrong launch is never stored."""
+  err = float(jnp.linalg.norm((y - ref).astype(jnp.float32))
+              / jnp.maximum(jnp.linalg.norm(ref.astype(jnp.float32)), 1e-30))
+  if not err <= tol:
+    raise RuntimeError(f"{what} gives relative error {err:.2e} vs the reference (limit "
+                       f"{tol}); not stored")
+  return err
+
+
+def _routed_rows(num_experts: int, topk: int, k: int, tokens: int, key: jax.Array
+                 ) -> tuple[jax.Array, jax.Array]:
+  """(tokens * topk, K) bf16 rows sorted by expert and their (E,) group sizes: a uniform
+  random top-k routing of random tokens (what both grouped tunings time)."""
+  ids = jnp.argsort(jax.random.uniform(jax.random.fold_in(key, 0), (tokens, num_experts)),
+                    axis=1)[:, :topk].astype(jnp.int32)
+  routed = moe.sort_tokens(ids, num_experts)
+  x = jax.random.normal(jax.random.fold_in(key, 1), (tokens, k), jnp.bfloat16)
+  return jnp.take(x, routed.token_of_row, axis=0), routed.group_sizes
+
+
 def autotune_grouped(spec_name: "str | hj.QuantSpec", num_experts: int, topk: int, k: int,
                      n: int, tokens: list[int], *, layers: int = 8, calls: int = 20,
                      interpret: bool = False, candidates=None, tol: float = 1e-2) -> dict:
@@ -117,11 +142,7 @@ def autotune_grouped(spec_name: "str | hj.QuantSpec", num_experts: int, topk: in
       m, e, n_, kt, lt=lt))
   best = {}
   for t in tokens:
-    ids = jnp.argsort(jax.random.uniform(jax.random.fold_in(keys[-2], t), (t, num_experts)),
-                      axis=1)[:, :topk].astype(jnp.int32)
-    routed = moe.sort_tokens(ids, num_experts)
-    x = jax.random.normal(jax.random.fold_in(keys[-1], t), (t, k), jnp.bfloat16)
-    xr, gs = jnp.take(x, routed.token_of_row, axis=0), routed.group_sizes
+    xr, gs = _routed_rows(num_experts, topk, k, t, jax.random.fold_in(keys[-1], t))
     m = xr.shape[0]
     results = []
     for cfg in tqdm(cands(m, num_experts, np_, k_tiles), desc=f"{spec.name} E={num_experts} "
@@ -134,33 +155,15 @@ def autotune_grouped(spec_name: "str | hj.QuantSpec", num_experts: int, topk: in
     if not results:
       raise RuntimeError(f"no candidate config ran for {spec.name} E={num_experts} T={t}")
     us, cfg = min(results, key=lambda r: r[0])
-    y = grouped_wna16.run(params[0], xr, gs, config=cfg, interpret=interpret)
-    ref = reference.ragged_dot_reference(qs[0], xr, gs)
-    err = float(jnp.linalg.norm((y - ref).astype(jnp.float32))
-                / jnp.maximum(jnp.linalg.norm(ref.astype(jnp.float32)), 1e-30))
-    if not err <= tol:
-      raise RuntimeError(f"{spec.name} E={num_experts} T={t}: config {cfg} gives relative "
-                         f"error {err:.2e} vs the reference (limit {tol}); not stored")
+    err = _checked(grouped_wna16.run(params[0], xr, gs, config=cfg, interpret=interpret),
+                   reference.ragged_dot_reference(qs[0], xr, gs), tol,
+                   f"{spec.name} E={num_experts} T={t}: config {cfg}")
     key = tuning.cache_key(f"{grouped_wna16.FAMILY}/e{num_experts}", spec.name,
                            tuning.bucket_m(m), np_, k, tuning.device_kind())
     best[key] = cfg
     print(f"{spec.name} E={num_experts} top{topk} T={t} (M={m}) K={k} N={n}: {us:.1f} us "
           f"per grouped GEMM with {cfg} (rel err {err:.1e})")
   return best
-
-
-MOSAIC_GROUPED = (grouped_wna16_mgpu.FAMILY, grouped_wnam_mgpu.FAMILY)
-
-
-def _routed_rows(num_experts: int, topk: int, k: int, tokens: int, key: jax.Array
-                 ) -> tuple[jax.Array, jax.Array]:
-  """(tokens * topk, K) bf16 rows sorted by expert and their (E,) group sizes: a uniform
-  random top-k routing of random tokens (what both grouped tunings time)."""
-  ids = jnp.argsort(jax.random.uniform(jax.random.fold_in(key, 0), (tokens, num_experts)),
-                    axis=1)[:, :topk].astype(jnp.int32)
-  routed = moe.sort_tokens(ids, num_experts)
-  x = jax.random.normal(jax.random.fold_in(key, 1), (tokens, k), jnp.bfloat16)
-  return jnp.take(x, routed.token_of_row, axis=0), routed.group_sizes
 
 
 def autotune_grouped_mgpu(spec_name: "str | hj.QuantSpec", num_experts: int, topk: int,
@@ -208,14 +211,10 @@ def autotune_grouped_mgpu(spec_name: "str | hj.QuantSpec", num_experts: int, top
     if not results:
       raise RuntimeError(f"no candidate launch ran for {spec.name} E={num_experts} T={t}")
     us, rows, cfg = min(results, key=lambda r: r[0])
-    y = run_family(params[0], xr, gs, config=cfg, block_m=rows, interpret=interpret)
-    ref = reference.ragged_dot_reference(qs[0], xr, gs)
-    err = float(jnp.linalg.norm((y - ref).astype(jnp.float32))
-                / jnp.maximum(jnp.linalg.norm(ref.astype(jnp.float32)), 1e-30))
-    if not err <= tol:
-      raise RuntimeError(f"{spec.name} E={num_experts} T={t}: {rows} rows per tile with "
-                         f"{cfg} give relative error {err:.2e} vs the reference (limit "
-                         f"{tol}); not stored")
+    err = _checked(run_family(params[0], xr, gs, config=cfg, block_m=rows,
+                              interpret=interpret),
+                   reference.ragged_dot_reference(qs[0], xr, gs), tol,
+                   f"{spec.name} E={num_experts} T={t}: {rows} rows per tile with {cfg}")
     best[grouped_wna16_mgpu.launch_cache_key(view, m)] = dataclasses.replace(cfg,
                                                                              block_m=rows)
     print(f"{spec.name} E={num_experts} top{topk} T={t} (M={m}) K={k} N={n}: {us:.1f} us "
