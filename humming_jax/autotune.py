@@ -131,7 +131,7 @@ def autotune_grouped(spec_name: "str | hj.QuantSpec", num_experts: int, topk: in
     # The entries still serve params prepared with kernel="grouped_wna16".
     tqdm.write(f"note: hj.prepare(grouped=True) picks {default.name} for (E={num_experts}, "
                f"K={k}, N={n}); this tunes the {grouped_wna16.FAMILY} kernel")
-  keys = jax.random.split(jax.random.key(0), layers + 2)
+  keys = jax.random.split(jax.random.key(0), layers + 1)
   quant = jax.jit(hj.quantize, static_argnums=1)
   qs = [quant(jax.random.normal(kk, (num_experts, k, n)) / k**0.5, spec) for kk in keys[:layers]]
   params = [jax.jit(grouped_wna16.prepare)(q) for q in qs]
@@ -172,8 +172,10 @@ def autotune_grouped_mgpu(spec_name: "str | hj.QuantSpec", num_experts: int, top
                           tol: float = 1e-2) -> dict:
   """Time the Mosaic grouped kernel's launches (rows per tile, Config) at each token
   count; return {``grouped_wna16_mgpu.launch_cache_key``: Config with ``block_m`` = the
-  rows per tile}.  ``candidates(m, e, params)`` overrides the search space (tests);
-  ``interpret`` as in :func:`autotune_grouped`."""
+  rows per tile}.  ``candidates(m, params)`` overrides the search space (tests);
+  ``interpret`` as in :func:`autotune_grouped`.  Token counts whose M falls under one
+  cache key (``launch_cache_key``: M bucket and default rows per tile) are refused: the
+  later winner would replace the earlier."""
   spec = spec_name if isinstance(spec_name, hj.QuantSpec) else hj.QuantSpec.preset(spec_name)
   if not 1 <= topk <= num_experts:
     raise ValueError(f"topk={topk}: expected 1 <= topk <= num_experts={num_experts}")
@@ -195,13 +197,19 @@ def autotune_grouped_mgpu(spec_name: "str | hj.QuantSpec", num_experts: int, top
   view = (wnam_mgpu.weight_view(params[0], wnam_mgpu.renamed(
       params[0].layout, grouped_wna16_mgpu.FAMILY)) if wnam else params[0])
   cands = candidates or grouped_wna16_mgpu.launch_candidates
+  owners = {}
+  for t in tokens:
+    owners.setdefault(grouped_wna16_mgpu.launch_cache_key(view, t * topk), []).append(t)
+  if shared := [ts for ts in owners.values() if len(ts) > 1]:
+    raise ValueError(f"tokens {shared}: each group falls under one autotune cache key (M "
+                     f"bucket and default rows per tile); tune one token count of each")
   best = {}
   for t in tokens:
     xr, gs = _routed_rows(num_experts, topk, k, t, jax.random.fold_in(keys[-1], t))
     m = xr.shape[0]
     results = []
-    for rows, cfg in tqdm(cands(m, num_experts, view), desc=f"{spec.name} E={num_experts} "
-                          f"T={t}", leave=False):
+    for rows, cfg in tqdm(cands(m, view), desc=f"{spec.name} E={num_experts} T={t}",
+                          leave=False):
       run = lambda p, x, g, c=cfg, r=rows: run_family(p, x, g, config=c, block_m=r,
                                                       interpret=interpret)
       try:
@@ -240,6 +248,10 @@ def main(argv=None) -> None:
   ap.add_argument("--grouped", default=None,
                   help="MoE experts E:TOPK:KxN[,...] (tunes the grouped kernel instead)")
   ap.add_argument("--tokens", default="1,64,1024", help="token counts for --grouped")
+  ap.add_argument("--triton", action="store_true",
+                  help="--grouped: tune the Pallas-Triton grouped kernel even where "
+                       "hj.prepare(grouped=True) picks a Mosaic one (for params prepared "
+                       "with kernel='grouped_wna16')")
   args = ap.parse_args(argv)
   groups = [_parse_grouped(g) for g in args.grouped.split(",")] if args.grouped else []
   if jax.default_backend() != "gpu":
@@ -251,7 +263,7 @@ def main(argv=None) -> None:
       spec = hj.QuantSpec.preset(spec_name)
       family = registry.find(spec, grouped=True, shape=(e, k, n))
       tune = (autotune_grouped_mgpu if family is not None and family.name in MOSAIC_GROUPED
-              else autotune_grouped)
+              and not args.triton else autotune_grouped)
       entries.update(tune(spec, e, topk, k, n, [int(t) for t in args.tokens.split(",")]))
     for shape in ([] if groups else args.shapes.split(",")):
       k, n = (int(v) for v in shape.lower().split("x"))

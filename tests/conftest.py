@@ -39,6 +39,16 @@ def pytest_collection_modifyitems(config, items):
       item.add_marker(skip)
 
 
+@pytest.fixture(autouse=True)
+def _no_host_tuning_cache(monkeypatch, tmp_path_factory):
+  """Every test starts from an empty autotune cache: a host's own
+  (~/.cache/humming_jax/tuning.json, e.g. after ``python -m humming_jax.autotune``)
+  would change the default launches the tests check.  Tests that write a cache point
+  HUMMING_JAX_TUNING_CACHE at their own file."""
+  monkeypatch.setenv("HUMMING_JAX_TUNING_CACHE",
+                     str(tmp_path_factory.getbasetemp() / "no-tuning-cache.json"))
+
+
 @pytest.fixture
 def launched_clusters(monkeypatch):
   """The ``cluster`` argument of every Mosaic GPU kernel launch that wna16_mgpu.run builds

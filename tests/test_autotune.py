@@ -95,7 +95,7 @@ def test_mgpu_launch_candidates(monkeypatch):
   monkeypatch.setattr(tuning, "num_sms", lambda: 132)
   q, p, view = _w4a8_experts(8, 256, 512)
   m = 8 * 64  # 64 rows per expert: default 88-row tiles (session 29)
-  cands = g16.launch_candidates(m, 8, view)
+  cands = g16.launch_candidates(m, view)
   rows = g16.tile_rows(m, 8, view)
   assert rows == 88 and cands[0] == (88, g16.heuristic(8, 512, view.codes.shape[-3], 88,
                                                        params=view, tile_rows=88))
@@ -107,7 +107,7 @@ def test_mgpu_launch_candidates(monkeypatch):
   unmarked = jax.jit(gw.prepare)(q)
   from humming_jax.kernels import wnam_mgpu
   uview = wnam_mgpu.weight_view(unmarked, wnam_mgpu.renamed(unmarked.layout, g16.FAMILY))
-  ucands = g16.launch_candidates(m, 8, uview)
+  ucands = g16.launch_candidates(m, uview)
   assert ucands and not any(c.fp8_single_acc for _, c in ucands)
   assert all(r <= g16.MAX_BLOCK_M for r, _ in ucands)
   # the cache keys of the two routes differ (the ":cf" launch is not served to the other)
@@ -119,8 +119,9 @@ def test_autotune_grouped_mgpu_stores_what_run_reads(tmp_path, monkeypatch):
   """What the Mosaic grouped tuning stores (rows per tile in the Config's block_m) is
   what grouped_wna16_mgpu.run then takes by default, through grouped_wnam_mgpu.run: the
   stored rows and launch, not the heuristic's, within 1e-4 of the reference; another
-  token bucket keeps the heuristic; an entry past the route's rows is ignored with a
-  warning."""
+  token bucket keeps the heuristic; an entry past the route's rows, or of the
+  one-accumulator route where it is off, is ignored with a warning; token counts that
+  share a key are refused."""
   from humming_jax.kernels import grouped_wna16_mgpu as g16, grouped_wnam_mgpu as gw
   from humming_jax.kernels import reference, wna16_mgpu
   monkeypatch.setenv("HUMMING_JAX_TUNING_CACHE", str(tmp_path / "tuning.json"))
@@ -130,8 +131,8 @@ def test_autotune_grouped_mgpu_stores_what_run_reads(tmp_path, monkeypatch):
                                    fp8_single_acc=True, stages=3))
   seen = []
 
-  def cands(m, e, params):
-    seen.append((m, e, params.layout))
+  def cands(m, params):
+    seen.append((m, params.shape[0], params.layout))
     return [tried]
 
   best = autotune.autotune_grouped_mgpu("w4a8-mxfp4", 4, 2, 256, 128, [20], layers=1,
@@ -163,3 +164,14 @@ def test_autotune_grouped_mgpu_stores_what_run_reads(tmp_path, monkeypatch):
   tuning.store_configs({key: dataclasses.replace(cfg, block_m=200)})
   with pytest.warns(UserWarning, match="200 rows per tile"):
     assert g16.cached_launch(view, 40) is None
+  # a one-accumulator launch where that route is off (the env switch: another key)
+  monkeypatch.setenv("HUMMING_JAX_FP8_SINGLE_ACC", "0")
+  off_key = g16.launch_cache_key(view, 40)
+  assert off_key != key and ":cf|" not in off_key
+  tuning.store_configs({off_key: cfg})
+  with pytest.warns(UserWarning, match="one-accumulator launch, and that route is off"):
+    assert g16.cached_launch(view, 40) is None
+  # two token counts under one key are refused before anything is timed
+  with pytest.raises(ValueError, match=r"tokens \[\[20, 21\]\]"):
+    autotune.autotune_grouped_mgpu("w4a8-mxfp4", 4, 2, 256, 128, [20, 21], layers=1,
+                                   interpret=True, candidates=cands)

@@ -158,8 +158,8 @@ def test_fp8_single_acc_route(monkeypatch, grouped_launches):
   11 binades; the grouped heuristic then runs fp8 tiles of 24+ rows (here 24-128, one
   wave) on four shared-x warpgroups with one accumulator each
   (HUMMING_JAX_FP8_SINGLE_ACC=0: two warpgroups in pairs, per-group partials), and the
-  default path through gw.run matches the reference (128-row tiles).  A prepare under jit (scales not concrete), a column whose
-  scales span 12 binades and a NaN scale are not marked; the wide one takes the
+  default path through gw.run matches the reference (128-row tiles).  A prepare under jit
+  (scales not concrete), a column whose scales span 12 binades and a NaN scale are not marked; the wide one takes the
   per-group route, and an explicit fp8_single_acc config is refused on it by name.
   Marked by hand (a stale mark), the column that does not fold comes out NaN.
   HUMMING_JAX_FP8_FOLD=1 leaves the one-accumulator launch as it is."""

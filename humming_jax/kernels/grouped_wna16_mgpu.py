@@ -362,37 +362,43 @@ def _fits_per_sm(config: wna16_mgpu.Config, params: QuantizedWeight | None,
 
 
 def launch_cache_key(params: QuantizedWeight, m: int) -> str:
-  """The autotune cache key of :func:`run`'s launch for M rows of ``params``: experts,
-  weight spec and route (the fp8-MMA layout ":p8"; ":cf" where the one-accumulator tiles
-  run, :func:`single_acc_tiles`), M bucket, N, K and the device kind."""
+  """The autotune cache key of :func:`run`'s launch for M rows of ``params``: experts and
+  the default rows per tile (:func:`tile_rows`: the rows per expert, which the M bucket
+  alone does not tell -- it stops at 8192), weight spec and route (the fp8-MMA layout
+  ":p8"; ":cf" where the one-accumulator tiles run, :func:`single_acc_tiles`), M bucket,
+  N, K and the device kind."""
   e, k, n = params.shape
   name = (params.spec.name + (":p8" if wna16_mgpu.fp8_mma(params.layout) else "")
           + (":cf" if single_acc_tiles(params) else ""))
-  return tuning.cache_key(f"{FAMILY}/e{e}", name, tuning.bucket_m(m), n, k,
-                          tuning.device_kind())
+  return tuning.cache_key(f"{FAMILY}/e{e}/r{tile_rows(m, e, params)}", name,
+                          tuning.bucket_m(m), n, k, tuning.device_kind())
 
 
 def cached_launch(params: QuantizedWeight, m: int) -> tuple[int, wna16_mgpu.Config] | None:
   """(rows per tile, launch) of the autotune cache for M rows of ``params``, or None.  A
   grouped entry is a ``Config`` whose ``block_m`` is the rows per tile (the grouped
   kernel's tiles carry their own rows; a Config's block_m sizes dense CTAs only).  One
-  entry serves every M of its bucket (``tuning.bucket_m``), as the autotune command
-  measured it at one M.  Entries this version would refuse (rows past what :func:`run`
-  takes) are ignored with a warning."""
+  entry serves every M of its key (the same M bucket and default rows per tile), as the
+  autotune command measured it at one M.  Entries the default path would not run are
+  ignored with a warning: rows past its widest (160 on the one-accumulator route, else
+  128), or a one-accumulator launch where that route is off (weights not marked ":cf",
+  HUMMING_JAX_FP8_SINGLE_ACC=0)."""
   key = launch_cache_key(params, m)
   cfg = tuning.cached_config(key, wna16_mgpu.Config)
   if cfg is None:
     return None
   widest = max(SINGLE_ACC_BLOCK_MS) if cfg.fp8_single_acc else MAX_BLOCK_M
-  if cfg.block_m > widest:
-    warnings.warn(f"ignoring autotune cache entry {key!r}: {cfg.block_m} rows per tile "
-                  f"(at most {widest} on this route)", stacklevel=3)
+  why = (f"{cfg.block_m} rows per tile (at most {widest} on this route)"
+         if cfg.block_m > widest else
+         "a one-accumulator launch, and that route is off for these params"
+         if cfg.fp8_single_acc and not single_acc_tiles(params) else None)
+  if why is not None:
+    warnings.warn(f"ignoring autotune cache entry {key!r}: {why}", stacklevel=3)
     return None
   return cfg.block_m, cfg
 
 
-def launch_candidates(m: int, num_experts: int, params: QuantizedWeight
-                      ) -> list[tuple[int, wna16_mgpu.Config]]:
+def launch_candidates(m: int, params: QuantizedWeight) -> list[tuple[int, wna16_mgpu.Config]]:
   """The autotune search space of :func:`run`'s launch for M rows of ``params``: (rows per
   tile, Config) pairs, the default first.  Rows: the default's, 8 either side and
   :func:`block_rows`'; launches: :func:`heuristic`'s at those rows, and shared-x CTAs of
@@ -588,9 +594,9 @@ def run(params: QuantizedWeight, x: jax.Array, group_sizes: jax.Array, *,
   ``Config.fp8_single_acc`` config; default
   :func:`tile_rows`); ``config``: the launch (default :func:`heuristic` of
   :func:`launch_rows`).  With neither given, an autotune cache entry for the shape
-  (:func:`cached_launch`, ``python -m humming_jax.autotune --grouped``) gives both.  The fp8-MMA layout (``prepare(mma="fp8")``) takes
-  float8_e4m3fn rows with their (M,) float32 ``x_scale`` and returns ``out_dtype``
-  (``wna16_mgpu.run``)."""
+  (:func:`cached_launch`, ``python -m humming_jax.autotune --grouped``) gives both.  The
+  fp8-MMA layout (``prepare(mma="fp8")``) takes float8_e4m3fn rows with their (M,)
+  float32 ``x_scale`` and returns ``out_dtype`` (``wna16_mgpu.run``)."""
   if registry.layout_family(params.layout) != FAMILY:
     raise ValueError(f"params.layout={params.layout!r}: expected {FAMILY}:... params; call "
                      f"grouped_wna16_mgpu.prepare first")
