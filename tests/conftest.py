@@ -1,7 +1,17 @@
 """Shared test setup: GPU tests skip without a GPU; CPU tests run everywhere."""
 import os
 
-import jax
+# The GPU interpreter runs each CTA / warpgroup as a thread whose jitted program blocks in
+# callbacks (barrier waits, the thread map) on the XLA CPU client's thread pool, one
+# thread per core by default.  On a 2-core machine two blocked callbacks can hold the
+# whole pool while the program they wait for has no thread to run on: session 29's CI
+# hung so in test_io (a warpgroup in a barrier wait, the thread-map callback waiting,
+# two warpgroup programs inside their jitted calls; session 25 saw the same with
+# clusters).  A larger pool (PJRT_NPROC, read when the CPU client starts) leaves threads
+# for them; it changes no result.  Set before any backend starts.
+os.environ.setdefault("PJRT_NPROC", "8")
+
+import jax  # noqa: E402
 import pytest
 
 # Exact float32 matmuls in references on the CPU.
