@@ -124,13 +124,13 @@ def ragged_dot_fn(spec_name):
   tokens = "-".join(t for t in toks if not t.startswith("rows"))
 
   def run(p, xg):
-    m, e, n = xg[0].shape[0], p.shape[0], p.shape[2]
+    m, e = xg[0].shape[0], p.shape[0]
     block_m = tile_rows or gm.tile_rows(m, e, p)  # (the rows gm.run takes by default)
     rows = gm.launch_rows(m, e, block_m)
     if family == "mgpu-xn":
       cfg = wna16_mgpu.shared_x_config(rows)
     else:  # the launch gm.run's heuristic picks, as the base of the tokens
-      base = gm.heuristic(min(e, m), n, p.codes.shape[-3], rows, params=p, tile_rows=block_m)
+      base = gm.default_launch(m, p, block_m)
       cfg = parse_config(tokens, rows, base=base) if tokens else base
     return gm.run(p, xg[0], xg[1], config=cfg, block_m=tile_rows)
   return run

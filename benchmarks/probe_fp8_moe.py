@@ -132,8 +132,7 @@ def main():
       if change is None:
         cfg = None
       elif isinstance(change, dict):
-        launch = g16.heuristic(min(e, m), n, ps[0].codes.shape[-3],
-                               g16.launch_rows(m, e, block_m), params=ps[0], tile_rows=block_m)
+        launch = g16.default_launch(m, ps[0], block_m)
         if "cluster_n" in change and launch.split_warpgroups != "n":
           line.append(f"{name} n/a ({launch.split_warpgroups}-split launch)")
           continue

@@ -102,6 +102,21 @@ def _checked(y: jax.Array, ref: jax.Array, tol: float, what: str) -> float:
   return err
 
 
+def _fastest(runs, params: list, args: tuple, calls: int, what: str):
+  """(us, tag) of the fastest of ``runs`` -- (tag, fn(p, *args)) pairs -- over the chain
+  of ``params``; a candidate that fails (e.g. shared memory exceeded) is skipped, and
+  RuntimeError (naming ``what``) if none ran."""
+  results = []
+  for tag, run in tqdm(runs, desc=what, leave=False):
+    try:
+      results.append((_time(run, params, args, calls), tag))
+    except Exception as e:  # noqa: BLE001 - e.g. shared memory exceeded: skip it
+      tqdm.write(f"  skip {tag}: {type(e).__name__}")
+  if not results:
+    raise RuntimeError(f"no candidate ran for {what}")
+  return min(results, key=lambda r: r[0])
+
+
 def _routed_rows(num_experts: int, topk: int, k: int, tokens: int, key: jax.Array
                  ) -> tuple[jax.Array, jax.Array]:
   """(tokens * topk, K) bf16 rows sorted by expert and their (E,) group sizes: a uniform
@@ -144,17 +159,10 @@ def autotune_grouped(spec_name: "str | hj.QuantSpec", num_experts: int, topk: in
   for t in tokens:
     xr, gs = _routed_rows(num_experts, topk, k, t, jax.random.fold_in(keys[-1], t))
     m = xr.shape[0]
-    results = []
-    for cfg in tqdm(cands(m, num_experts, np_, k_tiles), desc=f"{spec.name} E={num_experts} "
-                    f"T={t}", leave=False):
-      run = lambda p, x, g, c=cfg: grouped_wna16.run(p, x, g, config=c, interpret=interpret)
-      try:
-        results.append((_time(run, params, (xr, gs), calls), cfg))
-      except Exception as e:  # noqa: BLE001 - e.g. shared memory exceeded: skip it
-        tqdm.write(f"  skip {cfg}: {type(e).__name__}")
-    if not results:
-      raise RuntimeError(f"no candidate config ran for {spec.name} E={num_experts} T={t}")
-    us, cfg = min(results, key=lambda r: r[0])
+    runs = [(cfg, lambda p, x, g, c=cfg: grouped_wna16.run(p, x, g, config=c,
+                                                            interpret=interpret))
+            for cfg in cands(m, num_experts, np_, k_tiles)]
+    us, cfg = _fastest(runs, params, (xr, gs), calls, f"{spec.name} E={num_experts} T={t}")
     err = _checked(grouped_wna16.run(params[0], xr, gs, config=cfg, interpret=interpret),
                    reference.ragged_dot_reference(qs[0], xr, gs), tol,
                    f"{spec.name} E={num_experts} T={t}: config {cfg}")
@@ -207,18 +215,10 @@ def autotune_grouped_mgpu(spec_name: "str | hj.QuantSpec", num_experts: int, top
   for t in tokens:
     xr, gs = _routed_rows(num_experts, topk, k, t, jax.random.fold_in(keys[-1], t))
     m = xr.shape[0]
-    results = []
-    for rows, cfg in tqdm(cands(m, view), desc=f"{spec.name} E={num_experts} T={t}",
-                          leave=False):
-      run = lambda p, x, g, c=cfg, r=rows: run_family(p, x, g, config=c, block_m=r,
-                                                      interpret=interpret)
-      try:
-        results.append((_time(run, params, (xr, gs), calls), rows, cfg))
-      except Exception as e:  # noqa: BLE001 - e.g. shared memory exceeded: skip it
-        tqdm.write(f"  skip {rows} rows, {cfg}: {type(e).__name__}")
-    if not results:
-      raise RuntimeError(f"no candidate launch ran for {spec.name} E={num_experts} T={t}")
-    us, rows, cfg = min(results, key=lambda r: r[0])
+    runs = [((rows, cfg), lambda p, x, g, c=cfg, r=rows: run_family(
+        p, x, g, config=c, block_m=r, interpret=interpret)) for rows, cfg in cands(m, view)]
+    us, (rows, cfg) = _fastest(runs, params, (xr, gs), calls,
+                               f"{spec.name} E={num_experts} T={t}")
     err = _checked(run_family(params[0], xr, gs, config=cfg, block_m=rows,
                               interpret=interpret),
                    reference.ragged_dot_reference(qs[0], xr, gs), tol,

@@ -201,6 +201,15 @@ def launch_rows(m: int, num_experts: int, block_m: int) -> int:
   return block_rows(m, num_experts) if block_m <= 16 else block_m
 
 
+def default_launch(m: int, params: QuantizedWeight, block_m: int) -> wna16_mgpu.Config:
+  """The launch :func:`run` takes for M rows of ``params`` in ``block_m``-row tiles
+  without a config or a cache entry: :func:`heuristic` of :func:`launch_rows`, with about
+  the active experts as the tiles."""
+  e, _, n = params.shape
+  return heuristic(min(e, m), n, params.codes.shape[-3], launch_rows(m, e, block_m),
+                   params=params, tile_rows=block_m)
+
+
 def heuristic(tiles: int, n: int, k_tiles: int, block_m: int, *,
               params: QuantizedWeight | None = None, tile_rows: int = 8
               ) -> wna16_mgpu.Config:
@@ -327,25 +336,20 @@ def _single_acc_launch(tiles: int, n: int, block_m: int, params: QuantizedWeight
     return four
   two = dataclasses.replace(wna16_mgpu.shared_x_config(block_m, warpgroups=2),
                             fp8_single_acc=True)
-  spec = params.spec
-  bk = wna16_mgpu.block_k_for(spec)
-  # wna16_mgpu.run's count of the fp8 route's buffers: scale rows kept in their 16-bit
-  # dtype, else float32
-  s_bytes = (params.scales.dtype.itemsize
-             if params.scales.dtype in (jnp.bfloat16, jnp.float16) else 4)
   for stages in range(two.stages, 1, -1):
-    need = wna16_mgpu.smem_bytes(
-        block_m, stages, 1, bk, spec.weight_bits, params.zeros is not None, warpgroups=2,
-        scale_rows=bk // wna16_mgpu.scale_k(spec), share_x=True, x_bytes=1,
-        scale_bytes=s_bytes, x_scales=True)
-    if 2 * (need + 1024) <= tuning.SM_SMEM_BYTES:
-      return dataclasses.replace(two, stages=stages)
+    candidate = dataclasses.replace(two, stages=stages)
+    if _fits_per_sm(candidate, params, block_m, 2, fp8_route=True):
+      return candidate
   return four
 
 
 def _fits_per_sm(config: wna16_mgpu.Config, params: QuantizedWeight | None,
-                 tile_rows: int, ctas: int) -> bool:
-  """Whether ``ctas`` CTAs of ``config`` fit one SM's shared memory."""
+                 tile_rows: int, ctas: int, *, fp8_route: bool = False) -> bool:
+  """Whether ``ctas`` CTAs of ``config`` fit one SM's shared memory.  ``fp8_route``:
+  counted as ``wna16_mgpu.run`` allocates the fp8-MMA route's buffers (1-byte x, the
+  scale rows in their 16-bit dtype or float32, the row scales, a shared x tile for
+  ``split_warpgroups="n"``); without it the decode rules' count, with which their
+  launches were timed (NOTES_moe.md session 20: the fp8 route's x counted as 2 bytes)."""
   if params is None:  # the measured case: int4 g128 with zero points
     bits, has_zeros, bk, gpt, col = 4, True, 128, 1, False
   else:
@@ -353,11 +357,14 @@ def _fits_per_sm(config: wna16_mgpu.Config, params: QuantizedWeight | None,
     bits, has_zeros = spec.weight_bits, params.zeros is not None
     bk = wna16_mgpu.block_k_for(spec)
     gpt, col = bk // wna16_mgpu.scale_k(spec), wna16_mgpu.column_scaled(spec)
-  # (The fp8 route's 1-byte x counts as 2 here: its launches were timed with this count,
-  # NOTES_moe.md session 20.)
+  fp8 = {}
+  if fp8_route:
+    fp8 = dict(share_x=config.split_warpgroups == "n", x_bytes=1, x_scales=True,
+               scale_bytes=(params.scales.dtype.itemsize
+                            if params.scales.dtype in (jnp.bfloat16, jnp.float16) else 4))
   need = wna16_mgpu.smem_bytes(tile_rows, config.stages, config.substeps, bk, bits, has_zeros,
                                warpgroups=config.warpgroups, scale_rows=gpt,
-                               column_scale=col)
+                               column_scale=col, **fp8)
   return ctas * (need + 1024) <= tuning.SM_SMEM_BYTES
 
 
@@ -404,13 +411,11 @@ def launch_candidates(m: int, params: QuantizedWeight) -> list[tuple[int, wna16_
   :func:`block_rows`'; launches: :func:`heuristic`'s at those rows, and shared-x CTAs of
   two and four warpgroups (on the one-accumulator route with 2-4 stages: H200 session 29
   found the best of these to move with the shape, NOTES.md v30)."""
-  e, _, n = params.shape
-  k_tiles = params.codes.shape[-3]
+  e = params.shape[0]
   single = single_acc_tiles(params)
   widest = max(SINGLE_ACC_BLOCK_MS) if single else MAX_BLOCK_M
   default = tile_rows(m, e, params)
-  launch = lambda rows: heuristic(min(e, m), n, k_tiles, launch_rows(m, e, rows),
-                                  params=params, tile_rows=rows)
+  launch = functools.partial(default_launch, m, params)
   out = [(default, launch(default))]
   for rows in sorted({default - 8, default, default + 8, block_rows(m, e)}):
     if not 8 <= rows <= widest:
@@ -629,8 +634,7 @@ def run(params: QuantizedWeight, x: jax.Array, group_sizes: jax.Array, *,
     sched, src = reference_schedule(group_sizes, m, block_m, num_tiles)
   else:
     sched, src = schedule(group_sizes, m, block_m, num_tiles)
-  config = config or heuristic(min(e, m), n, params.codes.shape[-3],
-                               launch_rows(m, e, block_m), params=params, tile_rows=block_m)
+  config = config or default_launch(m, params, block_m)
   y_tiles = wna16_mgpu.run(params, x, interpret=interpret, config=config,
                            tiles=wna16_mgpu.Tiles(sched, num_tiles, block_m),
                            x_scale=x_scale, out_dtype=out_dtype)

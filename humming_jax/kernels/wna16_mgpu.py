@@ -205,9 +205,10 @@ def column_fold_row(top: jax.Array, folds: jax.Array) -> jax.Array:
   largest real group scale, NaN where the column's scales span more than the fold's
   range -- the one-accumulator route's last epilogue row.  Computed from the scales in
   hand (per call where params carry no stored ``fold_base``), a column that cannot fold
-  (a ":cf" mark gone stale) comes out NaN, never silently short of the zeroed groups.  A stored base is trusted:
-  ``QuantizedWeight.replace(scales=...)`` drops it, but scales swapped into a prepared
-  tree by other means (tree_map over the leaves) keep a stale one."""
+  (a ":cf" mark gone stale) comes out NaN, never silently short of the zeroed groups.  A
+  stored base is trusted: ``QuantizedWeight.replace(scales=...)`` drops it, but scales
+  swapped into a prepared tree by other means (tree_map over the leaves) keep a stale
+  one."""
   return jnp.where(folds, top, jnp.nan)
 
 
@@ -223,9 +224,9 @@ def mark_column_fold(prepared: QuantizedWeight) -> QuantizedWeight:
   The marked params also carry the fold's base (:func:`column_fold_row` over every
   prepared column) as ``fold_base``: :func:`run` computed it from the scale rows on every
   call, XLA reductions over all of them (H200 session 28, the Mixtral W4A8 layer at 1024
-  tokens: four fusions, 76.5 us; the layer 1107.3 -> 1038.5 us without them).  ``fold_base`` is derived from ``scales``;
-  replacing one without the other gives wrong columns (as codes without their scales
-  would).  Params marked ":cf" without it (checkpoints before version 3) have it
+  tokens: four fusions, 76.5 us; the layer 1107.3 -> 1038.5 us without them).
+  ``fold_base`` is derived from ``scales``; replacing one without the other gives wrong
+  columns (as codes without their scales would).  Params marked ":cf" without it (checkpoints before version 3) have it
   computed per call."""
   if (not fp8_mma(prepared.layout) or column_folds(prepared.layout)
       or prepared.spec.scale_dtype != "e8m0" or isinstance(prepared.scales, jax.core.Tracer)):
