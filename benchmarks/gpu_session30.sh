@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Session 30 device calls (2026-12-02).  Every log goes to $OUT; the device tool returns at
-# most 8 files, so each step appends to one log.  Carry: [".whl", ".ab_old"] (.ab_old: the
-# package before the change, 6090062, with its bench scripts).
+# most 8 files, so each step appends to one log.  Carry: [".whl", ".ab_old"] for tests / ab
+# (.ab_old: the package before the change, 6090062, with its bench scripts); [".whl",
+# ".ab_inplace"] for inplace / w4a16 (.ab_inplace: the in-place build, inplace_build.diff).
 #   tests: the grouped GPU tests with the rows stored in place (new: a zero tail); call 1
 #          ran them on the first form (a plain output tile), which was slower (NOTES)
 #   ab:    bench_moe walls, this package (with Humming) and the previous one in the same
