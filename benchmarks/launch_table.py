@@ -4,12 +4,14 @@ the MoE benchmark shapes and token counts, for W4A8 MXFP4 (":cf" marked and not)
 W4A16 int4 g128 zp experts on an H200's 132 SMs, from abstract params (no weights).  Run
 it with two packages on PYTHONPATH and diff the outputs to see which launches a dispatch
 change moves before spending device time (session 29: HEAD against 27e3afa, 126 points,
-identical).
+identical; session 30: the in-place build against 6090062, identical).  It asks
+``grouped_wna16_mgpu.default_launch``, so both packages must be d339fbb or later.
 Usage: PYTHONPATH=<package root> python benchmarks/launch_table.py"""
 import jax
 import jax.numpy as jnp
 import humming_jax as hj
-from humming_jax.kernels import grouped_wna16_mgpu as g16, grouped_wnam_mgpu as gw, wnam_mgpu, tuning
+from humming_jax.kernels import (grouped_wna16_mgpu as g16, grouped_wnam_mgpu as gw, tuning,
+                                 wnam_mgpu)
 tuning.num_sms = lambda: 132  # the H200's
 def params(name, shape, fam, cf):
   spec = hj.QuantSpec.preset(name)
@@ -28,5 +30,5 @@ for name, fam, cf in (("w4a8-mxfp4", gw.FAMILY, True), ("w4a8-mxfp4", gw.FAMILY,
     for t in (1, 16, 64, 256, 512, 1024, 4096):
       m = t * topk
       rows = g16.tile_rows(m, e, p)
-      cfg = g16.heuristic(min(e, m), n, p.codes.shape[-3], g16.launch_rows(m, e, rows), params=p, tile_rows=rows)
+      cfg = g16.default_launch(m, p, rows)
       print(name, cf, s, t, rows, cfg)

@@ -226,8 +226,8 @@ def mark_column_fold(prepared: QuantizedWeight) -> QuantizedWeight:
   call, XLA reductions over all of them (H200 session 28, the Mixtral W4A8 layer at 1024
   tokens: four fusions, 76.5 us; the layer 1107.3 -> 1038.5 us without them).
   ``fold_base`` is derived from ``scales``; replacing one without the other gives wrong
-  columns (as codes without their scales would).  Params marked ":cf" without it (checkpoints before version 3) have it
-  computed per call."""
+  columns (as codes without their scales would).  Params marked ":cf" without it
+  (checkpoints before version 3) have it computed per call."""
   if (not fp8_mma(prepared.layout) or column_folds(prepared.layout)
       or prepared.spec.scale_dtype != "e8m0" or isinstance(prepared.scales, jax.core.Tracer)):
     return prepared
