@@ -155,6 +155,44 @@ def test_qwen3_decode_gpu(name, tokens):
   assert err <= TOL
 
 
+@pytest.mark.parametrize("name,gs,bias", [("w4a16-mxfp4", [3, 0, 9, 1], False),
+                                          ("w4a16-nvfp4", [0, 7, 2, 5], True)])
+def test_scale_fold_interpret(name, gs, bias, monkeypatch):
+  """":sf" experts (wna16_mgpu.scale_fold_base per expert, (E, 1, Np)): bit for bit the
+  unfolded kernel's rows."""
+  q, x = make(name, 4, 512, 192, sum(gs) + 3, bias, seed=41)
+  g = jnp.asarray(gs, jnp.int32)
+  p = gm.prepare(q)
+  assert gm.wna16_mgpu.scale_folds(p.layout) and p.fold_base.shape == (4, 1, 192)
+  monkeypatch.setenv("HUMMING_JAX_SCALE_FOLD", "0")
+  plain = gm.prepare(q)
+  assert not gm.wna16_mgpu.scale_folds(plain.layout)
+  run = jax.jit(lambda p, x, g: gm.run(p, x, g, interpret=True))
+  y = run(p, x, g)
+  np.testing.assert_array_equal(np.asarray(y, np.float32), np.asarray(run(plain, x, g),
+                                                                      np.float32))
+  assert rel(y, reference.ragged_dot_reference(q, x, g)) <= TOL
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tokens", [1, 64])
+@pytest.mark.parametrize("name", ["w4a16-mxfp4", "w4a16-nvfp4"])
+def test_scale_fold_gpu(name, tokens, monkeypatch):
+  """Qwen3-30B-A3B gate_up experts on the H200: the folded conversion bit for bit the
+  unfolded one, and within the tolerance of the reference."""
+  q, _ = make(name, 128, 2048, 1536, 1, False, seed=42)
+  g, x = routed_rows(128, 2048, tokens, seed=43)
+  run = jax.jit(gm.run)
+  p = jax.block_until_ready(gm.prepare(q))
+  assert gm.wna16_mgpu.scale_folds(p.layout)
+  y = run(p, x, g)
+  monkeypatch.setenv("HUMMING_JAX_SCALE_FOLD", "0")
+  plain = gm.prepare(q)
+  np.testing.assert_array_equal(np.asarray(y, np.float32), np.asarray(run(plain, x, g),
+                                                                      np.float32))
+  assert rel(y, jax.jit(reference.ragged_dot_reference)(q, x, g)) <= TOL
+
+
 def test_tile_schedule_covers_every_row_once():
   """Random splits (empty experts, long and short segments, sum < M and sum > M): tiles
   start at a multiple of 8, own rows of one expert, cover each row below sum(group_sizes)

@@ -680,6 +680,88 @@ def test_fp4_whole_registers_gpu(name, m):
 
 
 # ---------------------------------------------------------------------------------------
+# ":sf": fp4 group scales folded into the conversion's multiply (scale_fold_base)
+# ---------------------------------------------------------------------------------------
+def test_scale_fold_base_values():
+  spec = hj.QuantSpec.preset("w4a16-mxfp4")
+  # (rows, N): K = 64 -> two real group rows of 32, then a K-padding row of 1.0 left out
+  s = jnp.array([[2.0 ** -7, 0.75, 0.0, 2.0 ** 100, 3.0, jnp.nan],
+                 [2.0 ** -9, 0.25, 0.0, 2.0 ** -40, 2.0 ** 6, 1.0],
+                 [1.0, 1.0, 1.0, 1.0, 1.0, 1.0]], jnp.float32)
+  base = np.asarray(mg.scale_fold_base(s, 64, spec))
+  assert base.shape == (1, 6)
+  # at least 2**-1; else the least power of two >= the column's largest |scale|; NaN
+  # where a scale lies more than SCALE_FOLD_MAX_SPAN binades below it or is not finite
+  np.testing.assert_array_equal(base[0, :5], [0.5, 1.0, 0.5, np.nan, 64.0])
+  assert np.isnan(base[0, 5])
+  assert mg.SCALE_FOLD_MAX_SPAN == 132  # 0.5 * 2**-132 = bf16's least subnormal
+
+
+@pytest.mark.parametrize("name,m,k,n,cfg", [
+    ("w4a16-mxfp4", 5, 512, 192, mg.Config(64, 2, 2)),  # N pad (200 -> 256 below: 192)
+    ("w4a16-mxfp4", 16, 1024, 128, mg.Config(64, 2, 2, warpgroups=2)),
+    ("w4a16-nvfp4", 3, 288, 136, mg.Config(64, 2, 1)),  # K and N padded; global scale
+    ("w4a16-nvfp4", 70, 512, 256, mg.Config(128, 2, 1, split_warpgroups="n",
+                                            warpgroups=2)),  # 2 M tiles, shared x
+])
+def test_scale_fold_matches_unfolded_interpret(name, m, k, n, cfg, monkeypatch):
+  """The folded layout computes code x scale / D (rounded once, as the PTX's fma does) and
+  multiplies by D in the epilogue: bit for bit the unfolded kernel's output."""
+  q, x = make(hj.QuantSpec.preset(name), m, k, n, True, seed=31)
+  p = mg.prepare(q)
+  assert mg.scale_folds(p.layout) and p.fold_base.shape == (1, p.scales.shape[-1])
+  monkeypatch.setenv("HUMMING_JAX_SCALE_FOLD", "0")
+  plain = mg.prepare(q)
+  assert not mg.scale_folds(plain.layout) and plain.fold_base is None
+  run = jax.jit(lambda p, x: mg.run(p, x, interpret=True, config=cfg))
+  y = run(p, x)
+  np.testing.assert_array_equal(np.asarray(y, np.float32), np.asarray(run(plain, x), np.float32))
+  assert rel(y, reference.dense_reference(q, x)) <= TOL
+  # the layout reads back exactly, and fp16 activations take the unfolded route on it
+  assert bool(jnp.all(mg.to_canonical(p).codes == q.codes))
+  xh = x.astype(jnp.float16)
+  np.testing.assert_array_equal(np.asarray(run(p, xh), np.float32),
+                                np.asarray(run(plain, xh), np.float32))
+
+
+def test_scale_fold_column_out_of_range():
+  """A column whose e8m0 scales span more than SCALE_FOLD_MAX_SPAN binades: an eager prepare
+  keeps the unfolded layout (exact); a traced one folds and that column comes out NaN."""
+  spec = hj.QuantSpec.preset("w4a16-mxfp4")
+  q, x = make(spec, 4, 256, 64, False, seed=32)
+  exps = np.asarray(q.scales).copy()  # e8m0 exponent bytes, (K / 32, N)
+  exps[0, 5], exps[1, 5] = 200, 10  # 190 binades apart
+  q = q.replace(scales=jnp.asarray(exps))
+  eager = mg.prepare(q)
+  assert not mg.scale_folds(eager.layout) and eager.fold_base is None
+  assert rel(mg.run(eager, x, interpret=True), reference.dense_reference(q, x)) <= TOL
+  traced = jax.jit(mg.prepare)(q)
+  assert mg.scale_folds(traced.layout)
+  base = np.asarray(traced.fold_base)
+  assert np.isnan(base[0, 5]) and np.isfinite(np.delete(base[0], 5)).all()
+  y = np.asarray(mg.run(traced, x, interpret=True), np.float32)
+  assert np.isnan(y[:, 5]).all() and np.isfinite(np.delete(y, 5, axis=1)).all()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", [1, 16, 128])
+@pytest.mark.parametrize("name", ["w4a16-mxfp4", "w4a16-nvfp4"])
+def test_scale_fold_gpu(name, m, monkeypatch):
+  """The folded conversion on the H200 (the PTX's fma with the scale factor): bit for bit
+  the unfolded kernel's output, at the benchmark shape."""
+  q, x = make(hj.QuantSpec.preset(name), m, 8192, 8192, True, seed=33)
+  run = jax.jit(lambda p, x: mg.run(p, x))
+  p = jax.block_until_ready(mg.prepare(q))
+  assert mg.scale_folds(p.layout)
+  y = run(p, x)
+  monkeypatch.setenv("HUMMING_JAX_SCALE_FOLD", "0")
+  plain = mg.prepare(q)
+  assert not mg.scale_folds(plain.layout)
+  np.testing.assert_array_equal(np.asarray(y, np.float32), np.asarray(run(plain, x), np.float32))
+  assert rel(y, jax.jit(reference.dense_reference)(q, x)) <= TOL
+
+
+# ---------------------------------------------------------------------------------------
 # The default route (hj.prepare + hj.quant_dense, heuristic configs) over a sweep of shapes
 # (issue 3: M = 1, 7, 16, 33, 128; K and N odd multiples of the tile, N off the tile too).
 # ---------------------------------------------------------------------------------------

@@ -68,9 +68,10 @@ def prepare(params: QuantizedWeight, *, permute: bool | None = None,
                      f"{params.shape}")
   if (why := wna16_mgpu.unsupported_reason(params.spec)) is not None:
     raise ValueError(f"spec {params.spec.name}: not supported by the {FAMILY} kernel ({why})")
-  return grouped_wna16.stack_prepare(functools.partial(wna16_mgpu.prepare, permute=permute,
-                                                       mma=mma),
-                                     params, FAMILY, wna16_mgpu.FAMILY)
+  stacked = grouped_wna16.stack_prepare(
+      functools.partial(wna16_mgpu.prepare, permute=permute, mma=mma), params, FAMILY,
+      wna16_mgpu.FAMILY)
+  return wna16_mgpu.settle_scale_fold(stacked)  # (per expert under vmap: traced there)
 
 
 def to_canonical(prepared: QuantizedWeight) -> QuantizedWeight:

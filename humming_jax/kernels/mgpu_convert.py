@@ -85,6 +85,12 @@ def _code_words(arr, what: str, remedy: str):
     yield idx, mgpu_utils.bitcast(reg, i32)
 
 
+def bias_factor(dtype) -> float:
+  """2**(bias - 1) of the 16-bit ``dtype`` (bf16 2**126, fp16 2**14): what the PTX
+  conversion multiplies its bit-built value by (:func:`_target`)."""
+  return 2.0 ** (jnp.finfo(dtype).maxexp - 2)
+
+
 def _direct_pairs(arr, convert_word):
   """WGMMA-layout registers from a WGMMA_UPCAST_4X array of permuted codes: 4X register
   (i, C, *rest) (32 bits: 8 codes) gives WGMMA registers (i, 4C + c, *rest), c < 4, each
@@ -120,15 +126,20 @@ def e2m1_from_int4_float(codes: jax.Array, dtype) -> jax.Array:
   return jnp.where(neg, -mag, mag).astype(dtype)
 
 
-def _pair_ptx(part: int, shift: int, scale_bits: int, float_type: str) -> str:
-  """PTX: $1 = 32-bit register of 8 nibbles shifted left by 4, $2 = the register;
-  $0 = values of nibbles (2 part, 2 part + 1) as a packed pair of 16-bit floats.
+def _pair_ptx(part: int, shift: int, scale_bits: int, float_type: str,
+              scaled: bool = False) -> str:
+  """PTX: $1 = 32-bit register of 8 nibbles shifted left by 4, $2 = the register
+  [, $3 = the pair's factors, two 16-bit floats]; $0 = values of nibbles (2 part,
+  2 part + 1) as a packed pair of 16-bit floats.
 
   ``prmt`` puts the byte holding each nibble in its *high* half into the top byte of a
   16-bit half (nibble at bits 15..12: the sign already at bit 15), one shift moves the
-  magnitude to bits shift+2..shift, and one ``lop3`` keeps the sign | magnitude."""
+  magnitude to bits shift+2..shift, and one ``lop3`` keeps the sign | magnitude.  The
+  ``fma`` multiplies by 2**(bias - 1), or with ``scaled`` by $3 (:func:`to_float_ptx`'s
+  ``factors``: the group scale folded into that power of two)."""
   mag = (7 << shift) * 0x10001  # magnitude bits of both halves
   sel = f"0x{4 + part:x}0{part:x}0"  # top bytes: byte part of $1 (even), of $2 (odd)
+  factor = "$3" if scaled else "k"
   return f"""
   {{
   .reg .b32 t, u, sg, k, z;
@@ -139,7 +150,7 @@ def _pair_ptx(part: int, shift: int, scale_bits: int, float_type: str) -> str:
   lop3.b32 t, t, sg, u, 0xEA;
   mov.b32 k, {scale_bits * 0x10001:#x};
   mov.b32 z, 0x80008000;
-  fma.rn.{float_type}x2 $0, t, k, z;
+  fma.rn.{float_type}x2 $0, t, {factor}, z;
   }}
   """
 
@@ -161,7 +172,7 @@ def _sliced_word(reg):
 
 
 def to_float_ptx(codes: jax.Array, dtype, *, relayout: bool = False,
-                 permuted: bool = False) -> jax.Array:
+                 permuted: bool = False, factors: jax.Array | None = None) -> jax.Array:
   """Same as :func:`to_float_interpret`, as inline PTX on the registers (GPU only).
 
   ``codes``: the int4 tile in the WGMMA layout, or with ``relayout`` as loaded (the
@@ -169,16 +180,25 @@ def to_float_ptx(codes: jax.Array, dtype, *, relayout: bool = False,
   visibly a slice of a 32-bit register of 8 nibbles, which the PTX reads directly; behind
   the ``inline_mgpu`` boundary a slice is an opaque value, so each pair is shifted down to
   the low bits first (~3 instructions more per pair).  ``permuted``: the codes as loaded
-  (WGMMA_UPCAST_4X) in the permuted K order of :func:`permute_k`; no relayout at all."""
+  (WGMMA_UPCAST_4X) in the permuted K order of :func:`permute_k`; no relayout at all.
+
+  ``factors`` (``permuted`` only): a WGMMA-layout ``dtype`` array of the codes' shape that
+  replaces the constant 2**(bias - 1) of the conversion's ``fma``: each code's group
+  scale times that power of two (:func:`bias_factor`; a broadcast row per scale group), so
+  the result is code x scale in one multiply instead of two."""
   shift, scale_bits = _target(dtype)
   float_type = "bf16" if jnp.dtype(dtype) == jnp.bfloat16 else "f16"
+  if factors is not None and not permuted:
+    raise ValueError("to_float_ptx: factors only with permuted codes")
+  arg_types = ((plgpu.Layout.WGMMA_UPCAST_4X if relayout or permuted
+                else plgpu.Layout.WGMMA,)
+               + ((plgpu.Layout.WGMMA,) if factors is not None else ()))
 
   @plgpu.inline_mgpu(
-      arg_types=(plgpu.Layout.WGMMA_UPCAST_4X if relayout or permuted
-                 else plgpu.Layout.WGMMA,),
+      arg_types=arg_types,
       return_type=plgpu.ShapeDtypeStruct(codes.shape, jnp.dtype(dtype),
                                          layout=plgpu.Layout.WGMMA))
-  def convert(ctx, arr):
+  def convert(ctx, arr, *fac):
     del ctx
     from jax.experimental.mosaic import gpu as mgpu
     from jax.experimental.mosaic.gpu import utils as mgpu_utils
@@ -188,10 +208,19 @@ def to_float_ptx(codes: jax.Array, dtype, *, relayout: bool = False,
     i32 = ir.IntegerType.get_signless(32)
     out_el = ir.BF16Type.get() if float_type == "bf16" else ir.F16Type.get()
     if permuted:
+      if fac and fac[0].registers.shape != mgpu.WGMMA_LAYOUT.registers_shape(arr.shape):
+        raise NotImplementedError(f"fp4 PTX conversion: this jax's Mosaic GPU gives the "
+                                  f"scale factors registers {fac[0].registers.shape}, not "
+                                  f"the WGMMA layout's; prepare the weights with "
+                                  f"HUMMING_JAX_SCALE_FOLD=0")
+
       def pair(word, c, idx):
-        del idx
-        out = llvm.inline_asm(i32, [arith.shli(word, mgpu_utils.c(4, i32)), word],
-                              _pair_ptx(c, shift, scale_bits, float_type), "=r,r,r")
+        args, cons = [arith.shli(word, mgpu_utils.c(4, i32)), word], "=r,r,r"
+        if fac:
+          args.append(mgpu_utils.bitcast(fac[0].registers[idx], i32))
+          cons += ",r"
+        out = llvm.inline_asm(i32, args, _pair_ptx(c, shift, scale_bits, float_type,
+                                                   scaled=bool(fac)), cons)
         return mgpu_utils.bitcast(out, ir.VectorType.get((2,), out_el))
       return mgpu.FragmentedArray(_registers=_direct_pairs(arr, pair),
                                   _layout=mgpu.WGMMA_LAYOUT, _is_signed=None)
@@ -229,7 +258,7 @@ def to_float_ptx(codes: jax.Array, dtype, *, relayout: bool = False,
       new_regs[idx] = mgpu_utils.vector_concat(pairs) if len(pairs) > 1 else pairs[0]
     return mgpu.FragmentedArray(_registers=new_regs, _layout=arr.layout, _is_signed=None)
 
-  return convert(codes)
+  return convert(codes, *(() if factors is None else (factors,)))
 
 
 def _magic(dtype) -> int:

@@ -248,6 +248,68 @@ def single_acc_layout(params: QuantizedWeight) -> bool:
           and column_folds(params.layout))
 
 
+def scale_folds(layout: str) -> bool:
+  """Whether a layout string of this family (or its grouped view) carries
+  :func:`scale_fold_base`'s per-column base (":sf"): fp4 codes whose group scales the
+  bf16 conversion folds into its ``fma`` (``mgpu_convert.to_float_ptx``'s ``factors``)."""
+  return "sf" in layout.split(":")[1:]
+
+
+# Binades below a column's base (:func:`scale_fold_base`) that a group scale may lie: an
+# e2m1 code (smallest magnitude 0.5) times scale / base stays at or above bf16's smallest
+# subnormal, 2**-133, so every folded weight is exact.
+SCALE_FOLD_MAX_SPAN = 132
+
+
+def scale_fold_base(scales: jax.Array, k: int, spec: QuantSpec) -> jax.Array:
+  """(..., 1, Np) float32 from prepared scale rows ((..., rows, Np); only the real groups
+  of K count): per column the least power of two D >= its largest |group scale| (and >=
+  2**-1), NaN where a nonzero scale lies more than :data:`SCALE_FOLD_MAX_SPAN` binades
+  below D or a scale is not finite (that column's output comes out NaN, never silently
+  wrong).
+
+  Why: the fp4 conversion multiplies each bit-built pair by 2**126 (bf16) and then by its
+  group scale: 1.0 HMUL2 per weight of MXFP4's 5.1 instructions (NOTES.md v21), in a
+  kernel close to issue-bound.  With ``scale * (2**126 / D)`` (at most 2**126: no
+  overflow; D a power of two: exact) as the ``fma``'s factor, one multiply does both, and
+  the epilogue multiplies each column by D."""
+  # On the float32 bits (exponent fields, as mgpu_convert.scale_exponent): no float op
+  # that a CPU's flush-to-zero could bend on the subnormals here (2**-127, 2**-132 ...).
+  real = scales[..., :-(-k // scale_k(spec)), :].astype(jnp.float32)
+  bits = lax.bitcast_convert_type(real, jnp.int32) & 0x7FFFFFFF  # |scale|: as ints, ordered
+  top = jnp.max(bits, axis=-2, keepdims=True)
+  # log2 D: the top's exponent, + 1 unless it is a power of two; at least -1, so the
+  # kernel's 2**126 / D is a finite bf16
+  log2_d = jnp.maximum((top >> 23) - 127 + ((top & 0x7FFFFF) != 0), -1)
+  low = jnp.min(jnp.where(bits != 0, bits >> 23, 255), axis=-2, keepdims=True)
+  ok = (top < 0x7F800000) & (log2_d <= 127) & (low - 127 >= log2_d - SCALE_FOLD_MAX_SPAN)
+  base = lax.bitcast_convert_type((jnp.minimum(log2_d, 127) + 127) << 23, jnp.float32)
+  return jnp.where(ok, base, jnp.nan)
+
+
+def settle_scale_fold(prepared: QuantizedWeight) -> QuantizedWeight:
+  """``prepared`` (dense or stacked) without its ":sf" fold where its concrete scales show
+  a column the fold cannot hold exactly (finite scales more than
+  :data:`SCALE_FOLD_MAX_SPAN` binades apart): those weights keep the two-multiply
+  conversion.  Traced scales (``prepare`` under ``jax.jit`` or ``vmap``) keep the fold; a
+  column that cannot fold then comes out NaN (:func:`scale_fold_base`)."""
+  if not scale_folds(prepared.layout) or isinstance(prepared.fold_base, jax.core.Tracer):
+    return prepared
+  real = prepared.scales[..., :-(-prepared.shape[-2] // scale_k(prepared.spec)), :]
+  finite = jnp.all(jnp.isfinite(real.astype(jnp.float32)), axis=-2, keepdims=True)
+  if not bool(jnp.any(jnp.isnan(prepared.fold_base) & finite)):
+    return prepared
+  return prepared.replace(layout=prepared.layout.replace(":sf", ""), fold_base=None)
+
+
+def _folds_scales(spec: QuantSpec, mma: str, permute: bool) -> bool:
+  """Whether :func:`prepare` gives ``spec``'s weights the ":sf" layout: fp4 codes with
+  group (not per-channel) scales, 16-bit MMA, the permuted K order (the PTX that takes the
+  factors reads it), unless HUMMING_JAX_SCALE_FOLD=0."""
+  return (spec.weight_format.name == FP4 and not column_scaled(spec) and mma == "bf16"
+          and permute and tuning.env_flag("HUMMING_JAX_SCALE_FOLD", True))
+
+
 def fp8_mma_reason(spec: QuantSpec) -> str | None:
   """Why ``spec``'s weights have no fp8-MMA layout (None: they have): fp4 e2m1 codes
   (exact in e4m3 times 2**-6) whose scale groups cover whole 32-deep WGMMA K steps (each
@@ -277,7 +339,11 @@ def prepare(params: QuantizedWeight, *, permute: bool | None = None,
 
   ``mma="fp8"``: the layout of float8_e4m3fn activations (layout suffix ":p8",
   :func:`fp8_mma_reason` says which specs): the codes in ``mgpu_convert.p8_store``'s order,
-  which the kernel turns into e4m3 WGMMA operands in place; scales and the rest as above."""
+  which the kernel turns into e4m3 WGMMA operands in place; scales and the rest as above.
+
+  fp4 codes with group scales in the permuted order also carry :func:`scale_fold_base`'s
+  per-column base as ``fold_base`` (layout suffix ":sf", :func:`_folds_scales`): the bf16
+  kernel folds each group scale into the conversion's multiply.  Scales stay as above."""
   spec = params.spec
   if (why := unsupported_reason(spec)) is not None:
     raise ValueError(f"spec {spec.name}: not supported by the {FAMILY} kernel ({why})")
@@ -333,9 +399,13 @@ def prepare(params: QuantizedWeight, *, permute: bool | None = None,
   codes = codes.astype(_CODE_DTYPE[bits])
   if spec.weight_format.name == FP8:  # the same byte, typed for the in-register cvt
     codes = jax.lax.bitcast_convert_type(codes, jnp.float8_e4m3fn)
+  fold = _folds_scales(spec, mma, permute)
   layout = (f"{FAMILY}:b{bits}:bk{bk}" + (":cs" if column_scaled(spec) else "")
-            + (":pk" if permute else "") + (":p8" if mma == "fp8" else ""))
-  return params.replace(codes=codes, scales=s, zeros=zeros, global_scale=g, layout=layout)
+            + (":pk" if permute else "") + (":p8" if mma == "fp8" else "")
+            + (":sf" if fold else ""))
+  return settle_scale_fold(params.replace(
+      codes=codes, scales=s, zeros=zeros, global_scale=g, layout=layout,
+      fold_base=scale_fold_base(s, k, spec) if fold else None))
 
 
 def column_scaled(spec: QuantSpec) -> bool:
@@ -585,6 +655,11 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
   split = divisor(config.split_k, k_steps)
   steps = k_steps // split  # pipeline steps per CTA
   fused_epilogue = split == 1  # else f32 partials (split, Np, Mp), summed by XLA
+  # ":sf": each group scale rides in the fp4 conversion's fma as scale * (2**126 / D), the
+  # epilogue multiplies each column by D (scale_fold_base).  Where the bf16 weights take
+  # their scale rows in the K loop (not after the MMA) and the epilogue is the kernel's.
+  sf = (scale_folds(params.layout) and fp4 and not fp8 and not col and not after
+        and permuted and fused_epilogue and cdt == jnp.bfloat16)
   if single and not fused_epilogue:
     raise ValueError(f"config.fp8_single_acc=True: split_k={config.split_k} gives "
                      f"{split} K splits; the column fold needs the kernel's epilogue (1)")
@@ -637,6 +712,9 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
     # stored at prepare time (mark_column_fold) or, for params without it, computed here
     scale_rows.append(params.fold_base if params.fold_base is not None
                       else column_fold_row(*column_fold_base(params.scales, k, spec)))
+  if sf:  # each column's base D, last epilogue row (computed here for params without it)
+    scale_rows.append(params.fold_base if params.fold_base is not None
+                      else scale_fold_base(params.scales, k, spec))
   n_ep = len(scale_rows) + has_bias  # epilogue vectors, fetched during the K loop
   # fp8 x: 32-byte swizzle, so each 32-deep K step of a tile is a whole swizzle tile (the
   # B operand of one fp8 WGMMA beside its (64, 32) register A operand).
@@ -715,21 +793,34 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
             fetch_one(t, slot, g, cols(g), bars.at[slot])
 
       top_row = None  # fp8_single_acc: this warpgroup's (64,) column maxima (scoped)
+      fold_row = None  # sf: its (64,) 2**126 / D (the interpreter: 1 / D) (scoped)
 
       def compute(slot, acc_ref, total):
         x_smem = x_buf.at[0 if share_x else wg, slot]
         bcast = lambda v, shape: lax.broadcast_in_dim(v, shape, [0])
         row = lambda r, j, i=0: plgpu.load(r.at[wg, slot, j * gpt + i], layout=_ROW)
 
+        def per_k_rows(rows):  # rows(i): the tile's i-th (64,) row, over its group's K
+          if gpt == 1:
+            return bcast(rows(0), (BLOCK_N, bk))
+          return jnp.concatenate([bcast(rows(i), (BLOCK_N, bk // gpt)) for i in range(gpt)],
+                                 axis=1)
+
         def tile_operands(j):  # K tile j of the slot: the dequantized W^T tile and x^T
           w = plgpu.load(w_buf.at[wg, slot, j], layout=_UPCAST[bits],
                          optimized=config.optimized_load)
           if permuted and interpret:  # the permuted K order undone on the values
             w = mgpu_convert.permute_k(w.astype(jnp.int8))
+          # sf: scale * (2**126 / D) per code, the conversion's factor (each exact in bf16)
+          factors = per_k_rows(lambda i: row(s_buf, j, i) * fold_row) if sf else None
           if fp4 and not interpret and config.fp4_whole_registers:  # relayout inside
-            w = mgpu_convert.to_float_ptx(w, cdt, relayout=not permuted, permuted=permuted)
+            w = mgpu_convert.to_float_ptx(w, cdt, relayout=not permuted, permuted=permuted,
+                                          factors=factors)
           elif fp4 and not interpret:
             w = mgpu_convert.to_float_ptx(plgpu.layout_cast(w, _WGMMA), cdt)
+          elif fp4 and sf:  # what the PTX computes: code * scale / D, rounded once
+            w = (mgpu_convert.to_float_interpret(plgpu.layout_cast(w, _WGMMA), jnp.float32)
+                 * factors).astype(cdt)
           elif fp4:
             w = mgpu_convert.to_float_interpret(plgpu.layout_cast(w, _WGMMA), cdt)
           elif fp8_codes:
@@ -743,14 +834,10 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
           else:
             w = plgpu.layout_cast(w, _WGMMA).astype(cdt)
 
-          def per_k(r):  # the tile's rows, each broadcast over its group's K columns
-            if gpt == 1:
-              return bcast(row(r, j), w.shape)
-            return jnp.concatenate([bcast(row(r, j, i), (BLOCK_N, bk // gpt))
-                                    for i in range(gpt)], axis=1)
+          per_k = lambda r: per_k_rows(lambda i: row(r, j, i))
           if has_zeros and not zero_mma and not int4_ptx:
             w = w - per_k(z_buf)  # small integers: exact
-          if not after and not col:
+          if not after and not col and not sf:
             w = w * per_k(s_buf)  # the bf16-rounded dequantized weight
           if a_smem is not None:  # the GPU interpreter takes WGMMA operands from SMEM only
             plgpu.wgmma_wait(0)
@@ -878,15 +965,18 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
         return total
 
       def scoped(acc_ref):
-        nonlocal top_row
+        nonlocal top_row, fold_row
         if zero_mma:  # the constant all-ones WGMMA A operand of the x sums
           ones_smem.at[wg][...] = jnp.ones((BLOCK_N, bk), cdt)
           plgpu.commit_smem()
         for st in range(stages):  # (single: in flight while the column maxima arrive)
           fetch(st, st)
-        if single:  # the columns' largest group scales, before the first K tile
-          plgpu.barrier_wait(own(ep_barrier, e))
+        if single or sf:  # the columns' largest group scales / fold bases, before the
+          plgpu.barrier_wait(own(ep_barrier, e))  # first K tile
           top_row = plgpu.load(ep_smem.at[e * n_ep + len(scale_rows) - 1], layout=_ROW)
+        if sf:  # D >= 2**-1: 2**126 / D is finite (the padding rows' scale 1.0 too)
+          fold_row = ((1.0 / top_row) if interpret else
+                      (mgpu_convert.bias_factor(cdt) / top_row).astype(cdt))
 
         def body(step, total):
           slot = lax.rem(step, stages)
@@ -931,7 +1021,7 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
           out_smem[...] = y
         else:
           if n_ep:
-            if not single:  # (single: waited for before the K loop)
+            if not (single or sf):  # (single, sf: waited for before the K loop)
               plgpu.barrier_wait(own(ep_barrier, e))
             ep = lambda i: lax.broadcast_in_dim(
                 plgpu.load(ep_smem.at[e * n_ep + i], layout=_ROW), y.shape, [0])
