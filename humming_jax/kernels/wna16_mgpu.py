@@ -303,11 +303,18 @@ def settle_scale_fold(prepared: QuantizedWeight) -> QuantizedWeight:
 
 
 def _folds_scales(spec: QuantSpec, mma: str, permute: bool) -> bool:
-  """Whether :func:`prepare` gives ``spec``'s weights the ":sf" layout: fp4 codes with
-  group (not per-channel) scales, 16-bit MMA, the permuted K order (the PTX that takes the
-  factors reads it), unless HUMMING_JAX_SCALE_FOLD=0."""
-  return (spec.weight_format.name == FP4 and not column_scaled(spec) and mma == "bf16"
-          and permute and tuning.env_flag("HUMMING_JAX_SCALE_FOLD", True))
+  """Whether :func:`prepare` gives ``spec``'s weights the ":sf" layout: fp4 codes with e8m0
+  group scales (MXFP4), 16-bit MMA, the permuted K order (the PTX that takes the factors
+  reads it), unless HUMMING_JAX_SCALE_FOLD=0.
+
+  e8m0 only: on the H200 (session 31) the folded MXFP4 kernel gave the unfolded one's
+  output bit for bit (dense M = 1 / 16 / 128, grouped 1 / 64 tokens), while NVFP4 (e4m3
+  scales, D = 2**9) differed in ~3e-5 of the outputs by one bf16 ulp (not explained: the
+  folded weights are exact; the interpreter agrees to the bit), so NVFP4 keeps the
+  unfolded route.  ``scale_fold_base`` and the kernel take any power-of-two base."""
+  return (spec.weight_format.name == FP4 and spec.scale_dtype == "e8m0"
+          and not column_scaled(spec) and mma == "bf16" and permute
+          and tuning.env_flag("HUMMING_JAX_SCALE_FOLD", True))
 
 
 def fp8_mma_reason(spec: QuantSpec) -> str | None:
@@ -341,7 +348,7 @@ def prepare(params: QuantizedWeight, *, permute: bool | None = None,
   :func:`fp8_mma_reason` says which specs): the codes in ``mgpu_convert.p8_store``'s order,
   which the kernel turns into e4m3 WGMMA operands in place; scales and the rest as above.
 
-  fp4 codes with group scales in the permuted order also carry :func:`scale_fold_base`'s
+  fp4 codes with e8m0 group scales in the permuted order also carry :func:`scale_fold_base`'s
   per-column base as ``fold_base`` (layout suffix ":sf", :func:`_folds_scales`): the bf16
   kernel folds each group scale into the conversion's multiply.  Scales stay as above."""
   spec = params.spec
