@@ -166,11 +166,16 @@ def test_scale_fold_interpret(gs, bias, monkeypatch):
   monkeypatch.setenv("HUMMING_JAX_SCALE_FOLD", "0")
   plain = gm.prepare(q)
   assert not gm.wna16_mgpu.scale_folds(plain.layout)
-  run = jax.jit(lambda p, x, g: gm.run(p, x, g, interpret=True))
+  # one K split (the default launch here splits K in two, where the fold is off)
+  cfg = gm.wna16_mgpu.Config(64, 2, 2, warpgroups=2)
+  run = jax.jit(lambda p, x, g: gm.run(p, x, g, interpret=True, config=cfg, block_m=16))
   y = run(p, x, g)
   np.testing.assert_array_equal(np.asarray(y, np.float32), np.asarray(run(plain, x, g),
                                                                       np.float32))
   assert rel(y, reference.ragged_dot_reference(q, x, g)) <= TOL
+  # the fold ran: a NaN base turns every computed row NaN (rows past the total stay 0)
+  nan = np.asarray(run(p.replace(fold_base=jnp.full_like(p.fold_base, jnp.nan)), x, g))
+  assert np.isnan(nan[:sum(gs)]).all()
 
 
 @pytest.mark.gpu

@@ -716,6 +716,9 @@ def test_scale_fold_matches_unfolded_interpret(m, k, n, cfg, monkeypatch):
   y = run(p, x)
   np.testing.assert_array_equal(np.asarray(y, np.float32), np.asarray(run(plain, x), np.float32))
   assert rel(y, reference.dense_reference(q, x)) <= TOL
+  # the fold ran: a NaN base turns the output NaN
+  assert np.isnan(np.asarray(run(p.replace(fold_base=jnp.full_like(p.fold_base, jnp.nan)),
+                                 x))).all()
   # the layout reads back exactly, and fp16 activations take the unfolded route on it
   assert bool(jnp.all(mg.to_canonical(p).codes == q.codes))
   xh = x.astype(jnp.float16)

@@ -552,7 +552,7 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
   if params.fold_base is not None and (params.fold_base.shape != want_base
                                        or params.fold_base.dtype != jnp.float32):
     raise ValueError(f"params.fold_base: expected float32{list(want_base)} (one base per "
-                     f"prepared column, mark_column_fold); got "
+                     f"prepared column, mark_column_fold / scale_fold_base); got "
                      f"{params.fold_base.dtype}{list(params.fold_base.shape)}")
   explicit = config is not None  # checked as given; cached / heuristic ones adapt
   config = config or default_config(params, m)
