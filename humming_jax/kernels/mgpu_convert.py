@@ -31,6 +31,12 @@ from humming_jax.formats import get_format
 
 E2M1 = get_format("fp4_e2m1")
 
+def bias_factor(dtype) -> float:
+  """2**(bias - 1) of the 16-bit ``dtype`` (bf16 2**126, fp16 2**14): what the PTX
+  conversion multiplies its bit-built value by (:func:`_target`)."""
+  return 2.0 ** (jnp.finfo(dtype).maxexp - 2)
+
+
 def _target(dtype) -> tuple[int, int]:
   """The bit layout of the 16-bit target: where e2m1's three magnitude bits go (the
   mantissa MSB sits at bit nmant - 1: bf16 6, fp16 9) and the bits of 2**(bias - 1), the
@@ -39,9 +45,8 @@ def _target(dtype) -> tuple[int, int]:
   dtype = jnp.dtype(dtype)
   if dtype not in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)):
     raise ValueError(f"dtype={dtype}: fp4 weights convert to bfloat16 or float16")
-  fi = jnp.finfo(dtype)
-  bias = fi.maxexp - 1
-  return fi.nmant - 1, ((bias - 1) + bias) << fi.nmant
+  return (jnp.finfo(dtype).nmant - 1,
+          int(np.array(bias_factor(dtype), dtype).view(np.uint16)))
 
 
 def to_float_interpret(codes: jax.Array, dtype) -> jax.Array:
@@ -83,12 +88,6 @@ def _code_words(arr, what: str, remedy: str):
       raise NotImplementedError(f"{what}: expected registers of 8 int4 codes, got "
                                 f"{reg.type}; {remedy}")
     yield idx, mgpu_utils.bitcast(reg, i32)
-
-
-def bias_factor(dtype) -> float:
-  """2**(bias - 1) of the 16-bit ``dtype`` (bf16 2**126, fp16 2**14): what the PTX
-  conversion multiplies its bit-built value by (:func:`_target`)."""
-  return 2.0 ** (jnp.finfo(dtype).maxexp - 2)
 
 
 def _direct_pairs(arr, convert_word):

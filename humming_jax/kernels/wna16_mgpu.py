@@ -189,11 +189,17 @@ def column_folds(layout: str) -> bool:
   return "cf" in layout.split(":")[1:]
 
 
+def real_scale_rows(scales: jax.Array, k: int, spec: QuantSpec) -> jax.Array:
+  """Prepared scale rows ((..., rows, Np)) of the real groups of K only, as float32: the
+  K-padding rows past them hold 1.0, which no fold base may count."""
+  return scales[..., :-(-k // scale_k(spec)), :].astype(jnp.float32)
+
+
 def column_fold_base(scales: jax.Array, k: int, spec: QuantSpec):
   """``(top, folds)`` of prepared scale rows ((..., rows, Np), the real groups of K
   only: the padding rows past K hold 1.0): each column's largest group scale and whether
   its scales span at most ``mgpu_convert.FOLD_MAX_SHIFT`` binades, both (..., 1, Np)."""
-  real = scales[..., :-(-k // scale_k(spec)), :].astype(jnp.float32)
+  real = real_scale_rows(scales, k, spec)
   e = mgpu_convert.scale_exponent(real)
   folds = (jnp.max(e, axis=-2, keepdims=True) - jnp.min(e, axis=-2, keepdims=True)
            <= mgpu_convert.FOLD_MAX_SHIFT)
@@ -275,7 +281,7 @@ def scale_fold_base(scales: jax.Array, k: int, spec: QuantSpec) -> jax.Array:
   the epilogue multiplies each column by D."""
   # On the float32 bits (exponent fields, as mgpu_convert.scale_exponent): no float op
   # that a CPU's flush-to-zero could bend on the subnormals here (2**-127, 2**-132 ...).
-  real = scales[..., :-(-k // scale_k(spec)), :].astype(jnp.float32)
+  real = real_scale_rows(scales, k, spec)
   bits = lax.bitcast_convert_type(real, jnp.int32) & 0x7FFFFFFF  # |scale|: as ints, ordered
   top = jnp.max(bits, axis=-2, keepdims=True)
   # log2 D: the top's exponent, + 1 unless it is a power of two; at least -1, so the
@@ -295,8 +301,8 @@ def settle_scale_fold(prepared: QuantizedWeight) -> QuantizedWeight:
   column that cannot fold then comes out NaN (:func:`scale_fold_base`)."""
   if not scale_folds(prepared.layout) or isinstance(prepared.fold_base, jax.core.Tracer):
     return prepared
-  real = prepared.scales[..., :-(-prepared.shape[-2] // scale_k(prepared.spec)), :]
-  finite = jnp.all(jnp.isfinite(real.astype(jnp.float32)), axis=-2, keepdims=True)
+  real = real_scale_rows(prepared.scales, prepared.shape[-2], prepared.spec)
+  finite = jnp.all(jnp.isfinite(real), axis=-2, keepdims=True)
   if not bool(jnp.any(jnp.isnan(prepared.fold_base) & finite)):
     return prepared
   return prepared.replace(layout=prepared.layout.replace(":sf", ""), fold_base=None)
