@@ -155,11 +155,13 @@ def test_qwen3_decode_gpu(name, tokens):
   assert err <= TOL
 
 
-@pytest.mark.parametrize("gs,bias", [([3, 0, 9, 1], False), ([0, 7, 2, 5], True)])
-def test_scale_fold_interpret(gs, bias, monkeypatch):
-  """":sf" MXFP4 experts (wna16_mgpu.scale_fold_base per expert, (E, 1, Np)): bit for bit
-  the unfolded kernel's rows."""
-  q, x = make("w4a16-mxfp4", 4, 512, 192, sum(gs) + 3, bias, seed=41)
+@pytest.mark.parametrize("name,gs,bias", [("w4a16-mxfp4", [3, 0, 9, 1], False),
+                                          ("w4a16-mxfp4", [0, 7, 2, 5], True),
+                                          ("w4a16-nvfp4", [0, 7, 2, 5], True)])
+def test_scale_fold_interpret(name, gs, bias, monkeypatch):
+  """":sf" fp4 experts (wna16_mgpu.scale_fold_base per expert, (E, 1, Np); NVFP4: per-expert
+  global scales): bit for bit the unfolded kernel's rows."""
+  q, x = make(name, 4, 512, 192, sum(gs) + 3, bias, seed=41)
   g = jnp.asarray(gs, jnp.int32)
   p = gm.prepare(q)
   assert gm.wna16_mgpu.scale_folds(p.layout) and p.fold_base.shape == (4, 1, 192)
@@ -180,10 +182,11 @@ def test_scale_fold_interpret(gs, bias, monkeypatch):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("tokens", [1, 64])
-def test_scale_fold_gpu(tokens, monkeypatch):
-  """Qwen3-30B-A3B gate_up MXFP4 experts on the H200: the folded conversion bit for bit
-  the unfolded one, and within the tolerance of the reference."""
-  q, _ = make("w4a16-mxfp4", 128, 2048, 1536, 1, False, seed=42)
+@pytest.mark.parametrize("name", ["w4a16-mxfp4", "w4a16-nvfp4"])
+def test_scale_fold_gpu(name, tokens, monkeypatch):
+  """Qwen3-30B-A3B gate_up fp4 experts on the H200: the folded conversion bit for bit the
+  unfolded one, and within the tolerance of the reference."""
+  q, _ = make(name, 128, 2048, 1536, 1, False, seed=42)
   g, x = routed_rows(128, 2048, tokens, seed=43)
   run = jax.jit(gm.run)
   p = jax.block_until_ready(gm.prepare(q))

@@ -697,16 +697,18 @@ def test_scale_fold_base_values():
   assert mg.SCALE_FOLD_MAX_SPAN == 132  # 0.5 * 2**-132 = bf16's least subnormal
 
 
-@pytest.mark.parametrize("m,k,n,cfg", [
-    (5, 512, 192, mg.Config(64, 2, 2)),
-    (16, 1024, 128, mg.Config(64, 2, 2, warpgroups=2)),  # two warpgroups splitting K
-    (3, 288, 136, mg.Config(64, 2, 1)),  # K and N padded (K-padding scale rows of 1.0)
-    (70, 512, 256, mg.Config(128, 2, 1, split_warpgroups="n", warpgroups=2)),  # shared x
+@pytest.mark.parametrize("name,m,k,n,cfg", [
+    ("w4a16-mxfp4", 5, 512, 192, mg.Config(64, 2, 2)),
+    ("w4a16-nvfp4", 5, 512, 192, mg.Config(64, 2, 2)),  # the global scale after D
+    ("w4a16-mxfp4", 16, 1024, 128, mg.Config(64, 2, 2, warpgroups=2)),  # 2 warpgroups on K
+    ("w4a16-mxfp4", 3, 288, 136, mg.Config(64, 2, 1)),  # K, N padded (padding scales 1.0)
+    ("w4a16-nvfp4", 70, 512, 256, mg.Config(128, 2, 1, split_warpgroups="n",
+                                             warpgroups=2)),  # shared x
 ])
-def test_scale_fold_matches_unfolded_interpret(m, k, n, cfg, monkeypatch):
+def test_scale_fold_matches_unfolded_interpret(name, m, k, n, cfg, monkeypatch):
   """The folded layout computes code x scale / D (rounded once, as the PTX's fma does) and
-  multiplies by D in the epilogue: bit for bit the unfolded kernel's output."""
-  q, x = make(hj.QuantSpec.preset("w4a16-mxfp4"), m, k, n, True, seed=31)
+  multiplies by D first in the epilogue: bit for bit the unfolded kernel's output."""
+  q, x = make(hj.QuantSpec.preset(name), m, k, n, True, seed=31)
   p = mg.prepare(q)
   assert mg.scale_folds(p.layout) and p.fold_base.shape == (1, p.scales.shape[-1])
   monkeypatch.setenv("HUMMING_JAX_SCALE_FOLD", "0")
@@ -726,11 +728,11 @@ def test_scale_fold_matches_unfolded_interpret(m, k, n, cfg, monkeypatch):
                                 np.asarray(run(plain, xh), np.float32))
 
 
-def test_scale_fold_only_for_e8m0_scales():
-  """NVFP4 (e4m3 scales) keeps the unfolded route: on the H200 its folded output differed
-  from the unfolded one in ~3e-5 of the elements by one bf16 ulp (session 31)."""
-  for name, folds in (("w4a16-mxfp4", True), ("w4a16-nvfp4", False),
-                      ("w4a16-g128-zp", False)):
+def test_scale_fold_for_e8m0_and_e4m3_scales():
+  """MXFP4 (e8m0) and NVFP4 (e4m3 scales, fp32 global scale) fold; integer codes and fp4
+  with per-channel scales do not."""
+  for name, folds in (("w4a16-mxfp4", True), ("w4a16-nvfp4", True),
+                      ("w4a16-g128-zp", False), ("w4a16-mxint4", False)):
     q, _ = make(hj.QuantSpec.preset(name), 1, 256, 64, False, seed=30)
     p = mg.prepare(q)
     assert mg.scale_folds(p.layout) == folds and (p.fold_base is not None) == folds, name
@@ -757,10 +759,12 @@ def test_scale_fold_column_out_of_range():
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("m", [1, 16, 128])
-def test_scale_fold_gpu(m, monkeypatch):
-  """The folded MXFP4 conversion on the H200 (the PTX's fma with the scale factor): bit
-  for bit the unfolded kernel's output, at the benchmark shape."""
-  q, x = make(hj.QuantSpec.preset("w4a16-mxfp4"), m, 8192, 8192, True, seed=33)
+@pytest.mark.parametrize("name", ["w4a16-mxfp4", "w4a16-nvfp4"])
+def test_scale_fold_gpu(name, m, monkeypatch):
+  """The folded fp4 conversion on the H200 (the PTX's fma with the scale factor; NVFP4's
+  global scale and the bias after the base): bit for bit the unfolded kernel's output, at
+  the benchmark shape."""
+  q, x = make(hj.QuantSpec.preset(name), m, 8192, 8192, True, seed=33)
   run = jax.jit(lambda p, x: mg.run(p, x))
   p = jax.block_until_ready(mg.prepare(q))
   assert mg.scale_folds(p.layout)

@@ -310,15 +310,14 @@ def settle_scale_fold(prepared: QuantizedWeight) -> QuantizedWeight:
 
 def _folds_scales(spec: QuantSpec, mma: str, permute: bool) -> bool:
   """Whether :func:`prepare` gives ``spec``'s weights the ":sf" layout: fp4 codes with e8m0
-  group scales (MXFP4), 16-bit MMA, the permuted K order (the PTX that takes the factors
-  reads it), unless HUMMING_JAX_SCALE_FOLD=0.
+  (MXFP4) or e4m3 (NVFP4) group scales, 16-bit MMA, the permuted K order (the PTX that
+  takes the factors reads it), unless HUMMING_JAX_SCALE_FOLD=0.
 
-  e8m0 only: on the H200 (session 31) the folded MXFP4 kernel gave the unfolded one's
-  output bit for bit (dense M = 1 / 16 / 128, grouped 1 / 64 tokens), while NVFP4 (e4m3
-  scales, D = 2**9) differed in ~3e-5 of the outputs by one bf16 ulp (not explained: the
-  folded weights are exact; the interpreter agrees to the bit), so NVFP4 keeps the
-  unfolded route.  ``scale_fold_base`` and the kernel take any power-of-two base."""
-  return (spec.weight_format.name == FP4 and spec.scale_dtype == "e8m0"
+  Both scale types are exact in bf16 and so is each folded weight, so the folded kernel
+  gives the unfolded one's output bit for bit when the epilogue multiplies by the base
+  first (:func:`run`).  Session 31 (H200) had the base after NVFP4's global scale: MXFP4
+  (no global scale) was bit-equal, NVFP4 one bf16 ulp off in ~3e-5 of the outputs."""
+  return (spec.weight_format.name == FP4 and spec.scale_dtype in ("e8m0", "fp8_e4m3")
           and not column_scaled(spec) and mma == "bf16" and permute
           and tuning.env_flag("HUMMING_JAX_SCALE_FOLD", True))
 
@@ -354,7 +353,7 @@ def prepare(params: QuantizedWeight, *, permute: bool | None = None,
   :func:`fp8_mma_reason` says which specs): the codes in ``mgpu_convert.p8_store``'s order,
   which the kernel turns into e4m3 WGMMA operands in place; scales and the rest as above.
 
-  fp4 codes with e8m0 group scales in the permuted order also carry :func:`scale_fold_base`'s
+  fp4 codes with e8m0 / e4m3 group scales in the permuted order also carry :func:`scale_fold_base`'s
   per-column base as ``fold_base`` (layout suffix ":sf", :func:`_folds_scales`): the bf16
   kernel folds each group scale into the conversion's multiply.  Scales stay as above."""
   spec = params.spec
@@ -717,16 +716,20 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
   fp8_groups = fp8_blocks // fp8_group_blocks
   in_flight = max(1, min(fp8_groups, 128 // block_m))
   has_bias = params.bias is not None and fused_epilogue  # added in the kernel
-  # Epilogue rows multiplied in the kernel: the global scale, the column scale, the column
-  # fold's largest group scales (fp8_single_acc).
+  # Epilogue rows multiplied in the kernel: [the scale fold's base (sf)], the global scale,
+  # the column scale, [the column fold's largest group scales (fp8_single_acc)].
   scale_rows = [r for r in (params.global_scale, params.scales if col else None)
                 if r is not None] if fused_epilogue else []
   if single:  # each column's largest group scale: the fold's base, last epilogue row,
     # stored at prepare time (mark_column_fold) or, for params without it, computed here
     scale_rows.append(params.fold_base if params.fold_base is not None
                       else column_fold_row(*column_fold_base(params.scales, k, spec)))
-  if sf:  # each column's base D, last epilogue row (computed here for params without it)
-    scale_rows.append(params.fold_base if params.fold_base is not None
+  if sf:  # each column's base D (computed here for params without it), the FIRST epilogue
+    # row: y = acc * D is exact (D a power of two), so the global scale and bias then meet
+    # the unfolded kernel's accumulator and ptxas contracts (acc * g) + bias into the same
+    # fma as there.  D after g rounded acc * g / D apart from the fma (NVFP4, session 31:
+    # ~3e-5 of outputs one bf16 ulp off).
+    scale_rows.insert(0, params.fold_base if params.fold_base is not None
                       else scale_fold_base(params.scales, k, spec))
   n_ep = len(scale_rows) + has_bias  # epilogue vectors, fetched during the K loop
   # fp8 x: 32-byte swizzle, so each 32-deep K step of a tile is a whole swizzle tile (the
@@ -748,7 +751,7 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
     w_gmem = rest.pop(0)
     s_gmem = None if col else rest.pop(0)
     z_gmem = rest.pop(0) if has_zeros else None
-    ep_gmem = [rest.pop(0) for _ in range(n_ep)]  # [global], [column scale], [max], [bias]
+    ep_gmem = [rest.pop(0) for _ in range(n_ep)]  # [D], [global], [col scale], [max], [bias]
     (o_gmem,) = rest
     ni, mi, ki = lax.axis_index("n"), lax.axis_index("m"), lax.axis_index("k")
     if cl > 1:  # the cluster's column block, then this CTA's within it
@@ -986,7 +989,8 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
           fetch(st, st)
         if single or sf:  # the columns' largest group scales / fold bases, before the
           plgpu.barrier_wait(own(ep_barrier, e))  # first K tile
-          top_row = plgpu.load(ep_smem.at[e * n_ep + len(scale_rows) - 1], layout=_ROW)
+          base_i = 0 if sf else len(scale_rows) - 1  # (single: the last row)
+          top_row = plgpu.load(ep_smem.at[e * n_ep + base_i], layout=_ROW)
         if sf:  # D >= 2**-1: 2**126 / D is finite (the padding rows' scale 1.0 too)
           fold_row = ((1.0 / top_row) if interpret else
                       (mgpu_convert.bias_factor(cdt) / top_row).astype(cdt))

@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# Session 32 device calls (2026-12-03).  Every log goes to $OUT; carry [".whl"].
+#   tests:  GPU tests of the ":sf" scale fold (MXFP4 and, new, NVFP4 with the base first
+#           in the epilogue: bit-equal to the unfolded kernel) and the fp4 / grouped decode
+#   prof:   CUPTI kernel us per 8192^2 layer, fold on / off / on / off (PSPECS)
+#   moe:    bench_moe W4A16 walls, fold on (with Humming) then off, 64-token rows (W16)
+#   screen: bench_moe launch screen of the W4A16 grouped tiles at 1024 tokens (SCREEN:
+#           "shape:tokens" entries; specs SSPECS, @mgpu:<tokens> = profile_mgpu's config
+#           tokens on the heuristic's launch, rows<R> the tile rows)
+source "$(dirname "$0")/gpu_env.sh"
+T() { local t=$1; shift; timeout -k 5 -s INT "$t" "$@"; }
+PYT="python3 -m pytest -p no:cacheprovider -o addopts= --tb=short -rA -W ignore::DeprecationWarning"
+MOE="--chain resident --span --calls 10 --repeats 2"
+s_tests() {
+  T ${TT:-300} $PYT -m gpu -s tests/test_wna16_mgpu.py tests/test_grouped_wna16_mgpu.py \
+    -k "${TK:-scale_fold or qwen3_decode or deepseek_decode_split or fp4_whole}" \
+    > "$OUT/tests.log" 2>&1
+  echo "tests rc=$?"; grep -E "^(PASSED|FAILED|ERROR)|^E |passed|failed" \
+    "$OUT/tests.log" | cut -c1-250 | tail -40
+}
+s_prof() {
+  for spec in ${PSPECS:-w4a16-nvfp4}; do
+    for fold in 1 0 1 0; do
+      echo "== $spec fold=$fold" >> "$OUT/prof.log"
+      HUMMING_JAX_SCALE_FOLD=$fold T 120 python3 benchmarks/profile_mgpu.py --spec $spec \
+        --ms ${PMS:-1,16,128} --configs default >> "$OUT/prof.log" 2>&1
+      echo "$spec fold=$fold rc=$?"; grep -E "^M=" "$OUT/prof.log" | tail -3 | cut -c1-200
+    done
+  done
+}
+s_moe() {
+  for spec in ${W16:-qwen3-30b-a3b-gate_up:64 deepseek-v3-gate_up:64}; do
+    for fold in 1 0; do
+      echo "== ${spec} fold=$fold" >> "$OUT/moe.log"
+      HUMMING_JAX_SCALE_FOLD=$fold T 200 python3 benchmarks/bench_moe.py \
+        --shapes ${spec%%:*} --tokens ${spec##*:} \
+        --specs ${MSPECS:-w4a16-mxfp4,w4a16-nvfp4,w4a16-g128-zp} \
+        $MOE $([ $fold = 1 ] && echo --humming) --no-baselines \
+        --json "$OUT/moe_${spec%%:*}_${spec##*:}_f$fold.json" >> "$OUT/moe.log" 2>&1
+      echo "${spec} fold=$fold rc=$?"; grep -E "T=|rror" "$OUT/moe.log" | tail -1 | cut -c1-600
+    done
+  done
+}
+s_screen() {
+  for spec in ${SCREEN:-qwen3-30b-a3b-gate_up:1024}; do
+    echo "== ${spec}" >> "$OUT/screen.log"
+    T ${ST:-240} python3 benchmarks/bench_moe.py --shapes ${spec%%:*} --tokens ${spec##*:} \
+      --specs "$SSPECS" $MOE ${SH:---humming} --no-baselines \
+      --json "$OUT/screen_${spec%%:*}_${spec##*:}.json" >> "$OUT/screen.log" 2>&1
+    echo "${spec} rc=$?"; grep -E "^\| ${spec%%:*}" "$OUT/screen.log" | tail -1 | cut -c1-900
+    grep -E "^\| shape" "$OUT/screen.log" | tail -1 | cut -c1-900
+  done
+}
+for s in ${@:-tests}; do step "$s"; "s_$s"; done
+step done
