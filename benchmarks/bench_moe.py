@@ -132,7 +132,7 @@ def ragged_dot_fn(spec_name):
     else:  # the launch gm.run's heuristic picks, as the base of the tokens
       base = gm.default_launch(m, p, block_m)
       cfg = parse_config(tokens, rows, base=base) if tokens else base
-    return gm.run(p, xg[0], xg[1], config=cfg, block_m=tile_rows)
+    return gm.run(p, xg[0], xg[1], config=cfg, block_m=block_m)
   return run
 
 

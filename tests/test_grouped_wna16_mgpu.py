@@ -710,6 +710,74 @@ def test_heuristic_follows_the_session_10_sweep():
   assert (cfg.split_warpgroups, cfg.warpgroups, cfg.scale_after_mma) == ("n", 4, False)
 
 
+def test_cost_sized_tiles_launch(monkeypatch):
+  """4-bit weights on the 16-bit MMA (session 32): tiles of 24+ rows take the rows of least
+  expected cost (Qwen3-30B-A3B gate_up, 1024 tokens: 88 where block_rows says 80; 256
+  tokens: 32 for 24; DeepSeek-V3 1024 tokens: 48 either way) and run on two-warpgroup
+  shared-x CTAs with the most stages for which two fit an SM, where four-warpgroup CTAs
+  would make more than two waves; W8A16, decode tiles and one-wave launches keep theirs."""
+  monkeypatch.setattr(gm.tuning, "num_sms", lambda: 132)
+  shapes = lambda name, e, k, n: jax.eval_shape(
+      lambda w: gm.prepare(hj.quantize(w, hj.QuantSpec.preset(name))),
+      jax.ShapeDtypeStruct((e, k, n), jnp.float32))
+  for name in ("w4a16-g128-zp", "w4a16-mxfp4", "w4a16-nvfp4"):
+    p = shapes(name, 128, 2048, 1536)
+    assert gm.cost_sized_tiles(p)
+    assert (gm.block_rows(8192, 128), gm.tile_rows(8192, 128, p)) == (80, 88)
+    assert (gm.block_rows(2048, 128), gm.tile_rows(2048, 128, p)) == (24, 32)
+    assert gm.tile_rows(512, 128, p) == 16  # decode tiles unchanged
+    assert gm.tile_rows(8192, 256, p) == 48
+    cfg = gm.default_launch(8192, p, 88)  # 128 experts x 6 CTAs of four: ~6 waves
+    assert (cfg.warpgroups, cfg.stages, cfg.split_warpgroups, cfg.scale_after_mma,
+            cfg.block_m) == (2, 2, "n", False, 88), name  # (3 stages: one CTA per SM)
+    assert gm.default_launch(2048, p, 32).warpgroups == 2
+  mixtral_down = shapes("w4a16-g128-zp", 8, 14336, 4096)  # 8 x 16 CTAs: one wave of four
+  assert gm.default_launch(512, mixtral_down, 88).warpgroups == 4
+  w8 = shapes("w8a16", 128, 2048, 1536)
+  assert not gm.cost_sized_tiles(w8) and gm.tile_rows(8192, 128, w8) == 80
+  assert gm.default_launch(8192, w8, 80).warpgroups == 4
+  # the stages two CTAs of 88 rows can share an SM with; none: four warpgroups
+  p = shapes("w4a16-g128-zp", 128, 2048, 1536)
+  monkeypatch.setattr(gm.tuning, "SM_SMEM_BYTES", 2 * (gm.wna16_mgpu.smem_bytes(
+      88, 3, 1, 128, 4, True, warpgroups=2, scale_rows=1, share_x=True) + 1024))
+  assert gm.default_launch(8192, p, 88).stages == 3
+  monkeypatch.setattr(gm.tuning, "SM_SMEM_BYTES", 1000)
+  assert gm.default_launch(8192, p, 88).warpgroups == 4
+
+
+def test_cost_sized_tiles_interpret(monkeypatch, grouped_launches):
+  """The default path on such tiles (one SM, so the two-warpgroup launch is taken) against
+  the reference: uneven and empty experts, a zero tail."""
+  monkeypatch.setattr(gm.tuning, "num_sms", lambda: 1)
+  gs = [30, 0, 25, 20]
+  q, x = make("w4a16-g128-zp", 4, 256, 128, sum(gs) + 5, True, seed=92)
+  g = jnp.asarray(gs, jnp.int32)
+  p = gm.prepare(q)
+  rows = gm.tile_rows(x.shape[0], 4, p)
+  assert gm.block_rows(x.shape[0], 4) >= gm.SINGLE_ACC_MIN_ROWS and rows % 8 == 0
+  y = jax.jit(lambda p, x, g: gm.run(p, x, g, interpret=True))(p, x, g)
+  assert [(c.warpgroups, c.split_warpgroups) for c in grouped_launches] == [(2, "n")]
+  assert rel(y, reference.ragged_dot_reference(q, x, g)) <= TOL
+  assert not bool(jnp.any(y[sum(gs):] != 0))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name,e,k,n", [("w4a16-g128-zp", 128, 2048, 1536),
+                                        ("w4a16-mxfp4", 128, 2048, 1536),
+                                        ("w4a16-mxfp4", 256, 7168, 512)])
+def test_cost_sized_tiles_default_gpu(name, e, k, n, grouped_launches):
+  """The default launch of 1024 tokens top-8 on the H200 (session 32's rule): Qwen3-30B-A3B
+  gate_up in 88-row tiles on two warpgroups of two stages (the fp4 scale fold on), and
+  DeepSeek-V3 gate_up in 48-row tiles on two warpgroups; within the tolerance of the
+  reference (printed)."""
+  err, p = routed_error(name, e, k, n, 1024, 91, gm.prepare, gm.run)
+  rows = 88 if e == 128 else 48
+  assert grouped_launches and all((c.warpgroups, c.block_m) == (2, max(64, rows))
+                                  for c in grouped_launches), grouped_launches
+  print(f"cost-sized tiles {name} E={e}: rel err {err:.2e}")
+  assert err <= TOL
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", ["w4a16-g128-zp", "w4a16-nvfp4", "w8a16"])
 def test_deepseek_decode_split_k_gpu(name):

@@ -119,6 +119,17 @@ def expected_tiles(rows: float, block_m: int) -> float:
 SINGLE_ACC_TILE_ROWS_OVERHEAD = 128
 
 
+def cheapest_tile_rows(m: int, num_experts: int, choices) -> int:
+  """Of ``choices`` (rows per tile), the one of least expected cost, tiles x (rows +
+  :data:`SINGLE_ACC_TILE_ROWS_OVERHEAD`) (:func:`expected_tiles`), no wider than the rows
+  (one expert) rounded up to 8 unless that is below 128: every tile streams its expert's
+  whole weight slab, so a tile that splits an expert costs about a tile of 128 more rows."""
+  rows = grouped_wna16.rows_per_active_expert(m, num_experts)
+  best = min(choices, key=lambda b: (
+      round(expected_tiles(rows, b) * (b + SINGLE_ACC_TILE_ROWS_OVERHEAD), 6), -b))
+  return min(best, max(MAX_BLOCK_M, -(-m // 8) * 8))
+
+
 def single_acc_tile_rows(m: int, num_experts: int) -> int:
   """Rows per tile for the one-accumulator fp8 tiles: of :data:`SINGLE_ACC_BLOCK_MS`, the
   one of least expected cost, tiles x (rows + :data:`SINGLE_ACC_TILE_ROWS_OVERHEAD`)
@@ -139,10 +150,7 @@ def single_acc_tile_rows(m: int, num_experts: int) -> int:
     -> 74.9; Mixtral down 64 tokens 24 -> 32 rows 162.7 -> 98.0 (the probe's routing took
     one tile per expert either way: why 24-row tiles ran so slowly there is not known);
     DeepSeek-V3 gate_up 1024 tokens: 48 either way (56 / 64: +3 / +4 %)."""
-  rows = grouped_wna16.rows_per_active_expert(m, num_experts)
-  best = min(SINGLE_ACC_BLOCK_MS, key=lambda b: (
-      round(expected_tiles(rows, b) * (b + SINGLE_ACC_TILE_ROWS_OVERHEAD), 6), -b))
-  return min(best, max(MAX_BLOCK_M, -(-m // 8) * 8))  # no wider than the rows (one expert)
+  return cheapest_tile_rows(m, num_experts, SINGLE_ACC_BLOCK_MS)
 
 
 # The fewest rows per tile that run as one-accumulator fp8 tiles (below: 16-row tiles on
@@ -176,6 +184,25 @@ def single_acc_tiles(params: QuantizedWeight | None) -> bool:
           and tuning.env_flag("HUMMING_JAX_FP8_SINGLE_ACC", True))
 
 
+# Rows per tile the 16-bit-MMA tiles of 4-bit weights may take from
+# :data:`SINGLE_ACC_MIN_ROWS` up (:func:`cheapest_tile_rows`; the route's widest, 128).
+BF16_BLOCK_MS = tuple(range(SINGLE_ACC_MIN_ROWS, MAX_BLOCK_M + 1, 8))
+
+
+def cost_sized_tiles(params: QuantizedWeight | None) -> bool:
+  """Whether tiles of :data:`SINGLE_ACC_MIN_ROWS` rows and more of ``params`` take
+  :func:`cheapest_tile_rows`' rows and, where four-warpgroup CTAs make more than two
+  waves, two-warpgroup ones (:func:`heuristic`): 4-bit weights on the 16-bit MMA, the
+  rule session 29 found for the one-accumulator fp8 tiles (:func:`single_acc_tiles`).
+  H200 session 32, bench_moe, Qwen3-30B-A3B gate_up at 1024 tokens (64 rows per expert),
+  us wall (device span), 80-row tiles on four warpgroups (the rule before) -> 88 rows on
+  two warpgroups of two stages: int4 g128 zp 208.5 (197.9) -> 186.7 (173.0), MXFP4 227.2
+  (206.4) -> 197.8 (186.2); also timed (int4): 88 rows on four 200.6, on two of three
+  stages (one CTA per SM) 235.5; 80 / 96 rows on two of two stages 193.7 / 194.5."""
+  return (params is not None and params.spec.weight_bits == 4
+          and not wna16_mgpu.fp8_mma(params.layout))
+
+
 def tile_rows(m: int, num_experts: int, params: QuantizedWeight | None = None) -> int:
   """Rows per tile of :func:`run`: :func:`block_rows`, except that 8-row decode tiles
   become 16-row ones above 8 rows, and that tiles of ``params`` on the one-accumulator fp8
@@ -191,6 +218,8 @@ def tile_rows(m: int, num_experts: int, params: QuantizedWeight | None = None) -
   rows = block_rows(m, num_experts)
   if rows >= SINGLE_ACC_MIN_ROWS and single_acc_tiles(params):
     return single_acc_tile_rows(m, num_experts)
+  if rows >= SINGLE_ACC_MIN_ROWS and cost_sized_tiles(params):
+    return cheapest_tile_rows(m, num_experts, BF16_BLOCK_MS)
   return 16 if rows == 8 and m > 8 else rows
 
 
@@ -223,6 +252,8 @@ def heuristic(tiles: int, n: int, k_tiles: int, block_m: int, *,
   - fp8 one-accumulator tiles (24+ rows of ":cf" weights): four shared-x warpgroups, or
     two where four would make more than two waves (:func:`_single_acc_launch`, session
     29); the other fp8 routes below.
+  - 24+-row tiles of 4-bit weights on the 16-bit MMA: the same choice of two or four
+    shared-x warpgroups (:func:`cost_sized_tiles`, session 32).
   - 16+ rows per tile: warpgroups splitting N over one shared x tile
     (:func:`wna16_mgpu.shared_x_config`): each CTA reads its x rows once instead of once per
     64 columns.  DeepSeek-V3 gate_up / down at 1024 tokens (48-row tiles) 418.0 -> 345.7 /
@@ -285,6 +316,9 @@ def heuristic(tiles: int, n: int, k_tiles: int, block_m: int, *,
     # route's tiles lose with it (990.2 -> 1016.4, 544.4 -> 565.5): not there.
     return dataclasses.replace(wna16_mgpu.shared_x_config(block_m, warpgroups=2),
                                cluster_n=2)
+  if block_m >= SINGLE_ACC_MIN_ROWS and cost_sized_tiles(params):
+    # (cost_sized_tiles: two warpgroups where four would make more than two waves)
+    return _two_per_sm(wna16_mgpu.shared_x_config(block_m), tiles, n, block_m, params)
   if block_m >= 16:
     return wna16_mgpu.shared_x_config(block_m)
   config = wna16_mgpu.heuristic(block_m)
@@ -332,14 +366,22 @@ def _single_acc_launch(tiles: int, n: int, block_m: int, params: QuantizedWeight
   against 168.3 on two, 256 tokens (88 rows) 117.9 against 132.3."""
   four = dataclasses.replace(wna16_mgpu.shared_x_config(block_m, warpgroups=4),
                              fp8_single_acc=True)
+  return _two_per_sm(four, tiles, n, block_m, params, fp8_route=True)
+
+
+def _two_per_sm(four: wna16_mgpu.Config, tiles: int, n: int, block_m: int,
+                params: QuantizedWeight | None, *, fp8_route: bool = False
+                ) -> wna16_mgpu.Config:
+  """``four`` (a four-warpgroup shared-x launch), or the same on two warpgroups with the
+  most stages (up to its own) for which two CTAs fit an SM, where ``four``'s CTAs make
+  more than two waves and the tile has at most :data:`SINGLE_ACC_TWO_WG_MAX_ROWS` rows
+  (:func:`_single_acc_launch`, :func:`cost_sized_tiles`)."""
   ctas = tiles * -(-n // (4 * wna16_mgpu.BLOCK_N))
   if block_m > SINGLE_ACC_TWO_WG_MAX_ROWS or ctas <= 2 * tuning.num_sms():
     return four
-  two = dataclasses.replace(wna16_mgpu.shared_x_config(block_m, warpgroups=2),
-                            fp8_single_acc=True)
-  for stages in range(two.stages, 1, -1):
-    candidate = dataclasses.replace(two, stages=stages)
-    if _fits_per_sm(candidate, params, block_m, 2, fp8_route=True):
+  for stages in range(four.stages, 1, -1):
+    candidate = dataclasses.replace(four, warpgroups=2, stages=stages)
+    if _fits_per_sm(candidate, params, block_m, 2, fp8_route=fp8_route):
       return candidate
   return four
 
@@ -363,9 +405,12 @@ def _fits_per_sm(config: wna16_mgpu.Config, params: QuantizedWeight | None,
     fp8 = dict(share_x=config.split_warpgroups == "n", x_bytes=1, x_scales=True,
                scale_bytes=(params.scales.dtype.itemsize
                             if params.scales.dtype in (jnp.bfloat16, jnp.float16) else 4))
+  # (the 16-bit shared-x launches counted with their one x tile; the decode rules' "k"
+  # launches have none)
+  share = {} if fp8_route else dict(share_x=config.split_warpgroups == "n")
   need = wna16_mgpu.smem_bytes(tile_rows, config.stages, config.substeps, bk, bits, has_zeros,
                                warpgroups=config.warpgroups, scale_rows=gpt,
-                               column_scale=col, **fp8)
+                               column_scale=col, **fp8, **share)
   return ctas * (need + 1024) <= tuning.SM_SMEM_BYTES
 
 
@@ -626,7 +671,10 @@ def run(params: QuantizedWeight, x: jax.Array, group_sizes: jax.Array, *,
   m = x.shape[0]
   if m == 0:
     return jnp.zeros((0, n), wna16_mgpu.output_dtype(x, out_dtype))
-  block_m = block_m or tile_rows(m, e, params if single else None)
+  # (the default rows of params, unless those are the one-accumulator route's and this
+  # launch is not on it)
+  block_m = block_m or tile_rows(m, e, params if single or not single_acc_tiles(params)
+                                 else None)
   num_tiles = max_tiles(m, e, block_m)
   if interpret:
     # The Pallas-Triton and Mosaic GPU interpreters in one CPU program hang (session 12:
