@@ -13,3 +13,17 @@ else
 fi
 T0=$(date +%s)
 step() { echo "== $1 (+$(( $(date +%s) - T0 ))s)"; }
+# Shared by the session scripts from session 32 on:
+#   T SECONDS CMD...        the command under a timeout (SIGINT, then SIGKILL 5 s later)
+#   gpu_tests LIMIT EXPR FILES...   the @pytest.mark.gpu tests of FILES matching -k EXPR,
+#                           log in $OUT/tests.log, the summary printed
+#   MOE                     bench_moe.py's resident-chain flags
+T() { local t=$1; shift; timeout -k 5 -s INT "$t" "$@"; }
+MOE="--chain resident --span --calls 10 --repeats 2"
+gpu_tests() {
+  local limit=$1 expr=$2; shift 2
+  T "$limit" python3 -m pytest -p no:cacheprovider -o addopts= --tb=short -rA \
+    -W ignore::DeprecationWarning -m gpu -s "$@" -k "$expr" > "$OUT/tests.log" 2>&1
+  echo "tests rc=$?"; grep -E "^(PASSED|FAILED|ERROR)|^E |passed|failed" \
+    "$OUT/tests.log" | cut -c1-250 | tail -40
+}

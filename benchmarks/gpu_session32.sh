@@ -8,25 +8,12 @@
 #           "shape:tokens" entries; specs SSPECS, @mgpu:<tokens> = profile_mgpu's config
 #           tokens on the heuristic's launch, rows<R> the tile rows)
 source "$(dirname "$0")/gpu_env.sh"
-T() { local t=$1; shift; timeout -k 5 -s INT "$t" "$@"; }
-PYT="python3 -m pytest -p no:cacheprovider -o addopts= --tb=short -rA -W ignore::DeprecationWarning"
-MOE="--chain resident --span --calls 10 --repeats 2"
 s_tests() {
-  T ${TT:-300} $PYT -m gpu -s tests/test_wna16_mgpu.py tests/test_grouped_wna16_mgpu.py \
-    -k "${TK:-scale_fold or qwen3_decode or deepseek_decode_split or fp4_whole}" \
-    > "$OUT/tests.log" 2>&1
-  echo "tests rc=$?"; grep -E "^(PASSED|FAILED|ERROR)|^E |passed|failed" \
-    "$OUT/tests.log" | cut -c1-250 | tail -40
+  gpu_tests ${TT:-300} "${TK:-scale_fold or qwen3_decode or deepseek_decode_split or fp4_whole}" \
+    tests/test_wna16_mgpu.py tests/test_grouped_wna16_mgpu.py
 }
-s_prof() {
-  for spec in ${PSPECS:-w4a16-nvfp4}; do
-    for fold in 1 0 1 0; do
-      echo "== $spec fold=$fold" >> "$OUT/prof.log"
-      HUMMING_JAX_SCALE_FOLD=$fold T 120 python3 benchmarks/profile_mgpu.py --spec $spec \
-        --ms ${PMS:-1,16,128} --configs default >> "$OUT/prof.log" 2>&1
-      echo "$spec fold=$fold rc=$?"; grep -E "^M=" "$OUT/prof.log" | tail -3 | cut -c1-200
-    done
-  done
+s_prof() {  # session 31's step (fold on / off / on / off per spec), NVFP4 by default
+  PSPECS=${PSPECS:-w4a16-nvfp4} bash "$(dirname "$0")/gpu_session31.sh" prof
 }
 s_moe() {
   for spec in ${W16:-qwen3-30b-a3b-gate_up:64 deepseek-v3-gate_up:64}; do
