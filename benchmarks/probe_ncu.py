@@ -108,14 +108,13 @@ def main() -> None:
     r = moe.sort_tokens(ids, e)
     xt = jnp.asarray(rng.standard_normal((args.m, k), np.float32), jnp.bfloat16)
     x = xt[r.token_of_row]
-    block_m = grouped_wna16_mgpu.tile_rows(x.shape[0], e)
+    block_m = grouped_wna16_mgpu.tile_rows(x.shape[0], e, params)  # run's default rows
     rows = grouped_wna16_mgpu.launch_rows(x.shape[0], e, block_m)
     cfg = None if args.config == "default" else parse_config(
-        args.config, rows, base=grouped_wna16_mgpu.heuristic(
-            min(e, x.shape[0]), n, params.codes.shape[-3], rows, params=params,
-            tile_rows=block_m))
+        args.config, rows, base=grouped_wna16_mgpu.default_launch(x.shape[0], params,
+                                                                  block_m))
     fn = jax.jit(lambda p, x, g: grouped_wna16_mgpu.run(
-        p, x, g, config=cfg, interpret=args.interpret))
+        p, x, g, config=cfg, block_m=block_m, interpret=args.interpret))
     inputs = (params, x, r.group_sizes)
   jax.block_until_ready(inputs)
   if args.hlo:

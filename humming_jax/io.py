@@ -28,9 +28,9 @@ from humming_jax.spec import QuantSpec
 FORMAT = "humming_jax.checkpoint"
 # 2 (session 27): the fp8-MMA layout's (":p8") stored words changed (mgpu_convert.p8_store);
 # version 1 files load, except prepared ":p8" weights, which would decode wrongly.
-# 3 (session 28): QuantizedWeight's ``fold_base`` leaf (prepared ":cf" layouts, and since
-# session 31 prepared MXFP4 ":sf" layouts); files of versions 1-2 have none and load with
-# it None (the kernel then computes it per call).
+# 3 (session 28): QuantizedWeight's ``fold_base`` leaf (prepared ":cf" layouts, and
+# prepared ":sf" layouts: MXFP4 since session 31, NVFP4 since 32); files of versions 1-2
+# have none and load with it None (the kernel then computes it per call).
 # A tree without a fold_base is written as version 2, which older releases read.
 VERSION = 3
 READS = (1, 2, VERSION)

@@ -731,6 +731,9 @@ def test_cost_sized_tiles_launch(monkeypatch):
     assert (cfg.warpgroups, cfg.stages, cfg.split_warpgroups, cfg.scale_after_mma,
             cfg.block_m) == (2, 2, "n", False, 88), name  # (3 stages: one CTA per SM)
     assert gm.default_launch(2048, p, 32).warpgroups == 2
+  # only run()'s default launch: run_aligned's (no cost_sized) and 16-row tiles keep theirs
+  assert gm.heuristic(128, 1536, 16, 80, params=p, tile_rows=80).warpgroups == 4
+  assert gm.default_launch(8192, p, 16).warpgroups == 4
   mixtral_down = shapes("w4a16-g128-zp", 8, 14336, 4096)  # 8 x 16 CTAs: one wave of four
   assert gm.default_launch(512, mixtral_down, 88).warpgroups == 4
   w8 = shapes("w8a16", 128, 2048, 1536)
@@ -746,19 +749,32 @@ def test_cost_sized_tiles_launch(monkeypatch):
 
 
 def test_cost_sized_tiles_interpret(monkeypatch, grouped_launches):
-  """The default path on such tiles (one SM, so the two-warpgroup launch is taken) against
-  the reference: uneven and empty experts, a zero tail."""
+  """The default path on such tiles against the reference (one SM, so the two-warpgroup
+  launch is taken; uneven and empty experts, a zero tail): run() launches the cost
+  model's rows (32 here, where block_rows says 24) with or without an explicit config,
+  block_rows' with HUMMING_JAX_COST_TILES=0."""
   monkeypatch.setattr(gm.tuning, "num_sms", lambda: 1)
-  gs = [30, 0, 25, 20]
-  q, x = make("w4a16-g128-zp", 4, 256, 128, sum(gs) + 5, True, seed=92)
+  gs = [20, 0, 17]
+  q, x = make("w4a16-g128-zp", 3, 256, 128, 44, True, seed=92)
   g = jnp.asarray(gs, jnp.int32)
   p = gm.prepare(q)
-  rows = gm.tile_rows(x.shape[0], 4, p)
-  assert gm.block_rows(x.shape[0], 4) >= gm.SINGLE_ACC_MIN_ROWS and rows % 8 == 0
+  assert (gm.block_rows(44, 3), gm.tile_rows(44, 3, p)) == (24, 32)
+  launched, real_run = [], gm.wna16_mgpu.run
+  monkeypatch.setattr(gm.wna16_mgpu, "run", lambda *a, **kw: launched.append(
+      kw["tiles"].block_m) or real_run(*a, **kw))
+  ref = reference.ragged_dot_reference(q, x, g)
   y = jax.jit(lambda p, x, g: gm.run(p, x, g, interpret=True))(p, x, g)
-  assert [(c.warpgroups, c.split_warpgroups) for c in grouped_launches] == [(2, "n")]
-  assert rel(y, reference.ragged_dot_reference(q, x, g)) <= TOL
-  assert not bool(jnp.any(y[sum(gs):] != 0))
+  assert launched == [32] and [(c.warpgroups, c.split_warpgroups, c.block_m)
+                               for c in grouped_launches] == [(2, "n", 64)]
+  assert rel(y, ref) <= TOL and not bool(jnp.any(y[sum(gs):] != 0))
+  cfg = gm.wna16_mgpu.shared_x_config(32, warpgroups=2)
+  y = jax.jit(lambda p, x, g: gm.run(p, x, g, interpret=True, config=cfg))(p, x, g)
+  assert launched[1:] == [32] and rel(y, ref) <= TOL
+  monkeypatch.setenv("HUMMING_JAX_COST_TILES", "0")
+  grouped_launches.clear()
+  y = jax.jit(lambda p, x, g: gm.run(p, x, g, interpret=True))(p, x, g)
+  assert launched[2:] == [24] and [c.warpgroups for c in grouped_launches] == [4]
+  assert rel(y, ref) <= TOL
 
 
 @pytest.mark.gpu

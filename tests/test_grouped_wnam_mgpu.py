@@ -354,7 +354,7 @@ def test_single_acc_small_expert_launch(monkeypatch):
   assert (two.warpgroups, two.split_warpgroups, two.fp8_single_acc, two.stages) == (
       2, "n", True, 4)
   assert launch(8, 4096, 32).warpgroups == 4  # Mixtral down, 64 tokens: one wave
-  assert launch(128, 1536, 104).warpgroups == 4  # over SINGLE_ACC_TWO_WG_MAX_ROWS
+  assert launch(128, 1536, 104).warpgroups == 4  # over TWO_WG_MAX_ROWS
   # the stages fall to what lets two CTAs share an SM
   monkeypatch.setattr(tuning, "SM_SMEM_BYTES", 2 * (wna16_mgpu.smem_bytes(
       88, 3, 1, 128, 4, False, warpgroups=2, scale_rows=4, share_x=True, x_bytes=1,

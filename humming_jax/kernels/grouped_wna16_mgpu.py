@@ -114,25 +114,26 @@ def expected_tiles(rows: float, block_m: int) -> float:
   return total / weight
 
 
-# A tile's cost beyond its rows, in rows: fitted to the H200 times of session 26 below
-# (the tiles of 128 rows cost ~9 % more per row than those of 152 at equal padded rows).
-SINGLE_ACC_TILE_ROWS_OVERHEAD = 128
+# A tile's cost beyond its rows, in rows (:func:`cheapest_tile_rows`, both routes): fitted
+# to the fp8 tiles' H200 times of session 26 below (the tiles of 128 rows cost ~9 % more
+# per row than those of 152 at equal padded rows).
+TILE_ROWS_OVERHEAD = 128
 
 
 def cheapest_tile_rows(m: int, num_experts: int, choices) -> int:
   """Of ``choices`` (rows per tile), the one of least expected cost, tiles x (rows +
-  :data:`SINGLE_ACC_TILE_ROWS_OVERHEAD`) (:func:`expected_tiles`), no wider than the rows
+  :data:`TILE_ROWS_OVERHEAD`) (:func:`expected_tiles`), no wider than the rows
   (one expert) rounded up to 8 unless that is below 128: every tile streams its expert's
   whole weight slab, so a tile that splits an expert costs about a tile of 128 more rows."""
   rows = grouped_wna16.rows_per_active_expert(m, num_experts)
   best = min(choices, key=lambda b: (
-      round(expected_tiles(rows, b) * (b + SINGLE_ACC_TILE_ROWS_OVERHEAD), 6), -b))
+      round(expected_tiles(rows, b) * (b + TILE_ROWS_OVERHEAD), 6), -b))
   return min(best, max(MAX_BLOCK_M, -(-m // 8) * 8))
 
 
 def single_acc_tile_rows(m: int, num_experts: int) -> int:
   """Rows per tile for the one-accumulator fp8 tiles: of :data:`SINGLE_ACC_BLOCK_MS`, the
-  one of least expected cost, tiles x (rows + :data:`SINGLE_ACC_TILE_ROWS_OVERHEAD`)
+  one of least expected cost, tiles x (rows + :data:`TILE_ROWS_OVERHEAD`)
   (:func:`expected_tiles`).  Every tile streams its expert's whole weight slab, so a tile
   that splits an expert costs about a tile of 128 more rows.
 
@@ -168,10 +169,10 @@ SINGLE_ACC_MIN_ROWS = 24
 # runs three; 136 and 152 rows have an odd count of 8-row groups, so an opt-in
 # cluster_n=2 runs unclustered there.)
 SINGLE_ACC_BLOCK_MS = tuple(range(SINGLE_ACC_MIN_ROWS, 161, 8))
-# The widest one-accumulator tiles that run on two-warpgroup CTAs (:func:`heuristic`):
-# the widest timed that way (H200 session 29; 104 rows with four stages, where two such
-# CTAs do not fit an SM's shared memory, ran 177.7 us against 124.9 at 88 rows).
-SINGLE_ACC_TWO_WG_MAX_ROWS = 96
+# The widest tiles that run on two-warpgroup CTAs (:func:`_two_per_sm`): the widest timed
+# that way on the one-accumulator route (H200 session 29; 104 rows with four stages, where
+# two such CTAs do not fit an SM's shared memory, ran 177.7 us against 124.9 at 88 rows).
+TWO_WG_MAX_ROWS = 96
 
 
 def single_acc_tiles(params: QuantizedWeight | None) -> bool:
@@ -198,16 +199,23 @@ def cost_sized_tiles(params: QuantizedWeight | None) -> bool:
   us wall (device span), 80-row tiles on four warpgroups (the rule before) -> 88 rows on
   two warpgroups of two stages: int4 g128 zp 208.5 (197.9) -> 186.7 (173.0), MXFP4 227.2
   (206.4) -> 197.8 (186.2); also timed (int4): 88 rows on four 200.6, on two of three
-  stages (one CTA per SM) 235.5; 80 / 96 rows on two of two stages 193.7 / 194.5."""
+  stages (one CTA per SM) 235.5; 80 / 96 rows on two of two stages 193.7 / 194.5.
+  W4A8 / W4A4 experts on the 16-bit route (``grouped_wnam_mgpu``: the same kernel on
+  bf16-rounded quantized x) take it too.  Only :func:`run`'s default launch
+  (:func:`default_launch`); ``run_aligned`` (``hj.quant_moe``) keeps its tiles.
+  HUMMING_JAX_COST_TILES=0 turns it off (the A/B switch)."""
   return (params is not None and params.spec.weight_bits == 4
-          and not wna16_mgpu.fp8_mma(params.layout))
+          and not wna16_mgpu.fp8_mma(params.layout)
+          and tuning.env_flag("HUMMING_JAX_COST_TILES", True))
 
 
 def tile_rows(m: int, num_experts: int, params: QuantizedWeight | None = None) -> int:
   """Rows per tile of :func:`run`: :func:`block_rows`, except that 8-row decode tiles
-  become 16-row ones above 8 rows, and that tiles of ``params`` on the one-accumulator fp8
-  route (:data:`SINGLE_ACC_MIN_ROWS` rows and more; capped ones only before session 29)
-  take :func:`single_acc_tile_rows`.  A tile starts at its
+  become 16-row ones above 8 rows, and that tiles of :data:`SINGLE_ACC_MIN_ROWS` rows and
+  more of ``params`` take the rows of least expected cost: on the one-accumulator fp8
+  route :func:`single_acc_tile_rows` (capped ones only before session 29), 4-bit weights
+  on the 16-bit MMA (:func:`cost_sized_tiles`, session 32) the same model up to 128
+  rows.  A tile starts at its
   expert's first row rounded down to 8, so an expert whose rows cross an 8-row boundary
   took two 8-row tiles, each dequantizing its whole weight slab: a random top-8 routing
   of 64 tokens gave 251 tiles for 224 active DeepSeek-V3 experts and 170 for 123
@@ -237,12 +245,12 @@ def default_launch(m: int, params: QuantizedWeight, block_m: int) -> wna16_mgpu.
   the active experts as the tiles."""
   e, _, n = params.shape
   return heuristic(min(e, m), n, params.codes.shape[-3], launch_rows(m, e, block_m),
-                   params=params, tile_rows=block_m)
+                   params=params, tile_rows=block_m, cost_sized=cost_sized_tiles(params))
 
 
 def heuristic(tiles: int, n: int, k_tiles: int, block_m: int, *,
-              params: QuantizedWeight | None = None, tile_rows: int = 8
-              ) -> wna16_mgpu.Config:
+              params: QuantizedWeight | None = None, tile_rows: int = 8,
+              cost_sized: bool = False) -> wna16_mgpu.Config:
   """Launch shape for tiles of one expert each whose experts are expected to hold
   ``block_m`` rows (:func:`launch_rows`: the tile rows, or for 16-row decode tiles the
   8 of :func:`block_rows`), ``tiles`` of them expected to compute (about the active
@@ -252,8 +260,8 @@ def heuristic(tiles: int, n: int, k_tiles: int, block_m: int, *,
   - fp8 one-accumulator tiles (24+ rows of ":cf" weights): four shared-x warpgroups, or
     two where four would make more than two waves (:func:`_single_acc_launch`, session
     29); the other fp8 routes below.
-  - 24+-row tiles of 4-bit weights on the 16-bit MMA: the same choice of two or four
-    shared-x warpgroups (:func:`cost_sized_tiles`, session 32).
+  - ``cost_sized`` (:func:`default_launch` of :func:`cost_sized_tiles` params), tiles of
+    24+ rows: the same choice of two or four shared-x warpgroups (session 32).
   - 16+ rows per tile: warpgroups splitting N over one shared x tile
     (:func:`wna16_mgpu.shared_x_config`): each CTA reads its x rows once instead of once per
     64 columns.  DeepSeek-V3 gate_up / down at 1024 tokens (48-row tiles) 418.0 -> 345.7 /
@@ -316,9 +324,12 @@ def heuristic(tiles: int, n: int, k_tiles: int, block_m: int, *,
     # route's tiles lose with it (990.2 -> 1016.4, 544.4 -> 565.5): not there.
     return dataclasses.replace(wna16_mgpu.shared_x_config(block_m, warpgroups=2),
                                cluster_n=2)
-  if block_m >= SINGLE_ACC_MIN_ROWS and cost_sized_tiles(params):
-    # (cost_sized_tiles: two warpgroups where four would make more than two waves)
-    return _two_per_sm(wna16_mgpu.shared_x_config(block_m), tiles, n, block_m, params)
+  if cost_sized and min(block_m, tile_rows) >= SINGLE_ACC_MIN_ROWS:
+    # (cost_sized_tiles: two warpgroups where four would make more than two waves; the
+    # timed two-warpgroup launch keeps four's scale placement)
+    four = wna16_mgpu.shared_x_config(block_m)
+    return _two_per_sm(four, dataclasses.replace(four, warpgroups=2), tiles, n, block_m,
+                       params)
   if block_m >= 16:
     return wna16_mgpu.shared_x_config(block_m)
   config = wna16_mgpu.heuristic(block_m)
@@ -349,7 +360,7 @@ def _single_acc_launch(tiles: int, n: int, block_m: int, params: QuantizedWeight
                        ) -> wna16_mgpu.Config:
   """The one-accumulator launch (:func:`heuristic`): four shared-x warpgroups (256
   columns per CTA), or two (128 columns) where the four-warpgroup CTAs make more than two
-  waves, the tile has at most :data:`SINGLE_ACC_TWO_WG_MAX_ROWS` rows and two such CTAs
+  waves, the tile has at most :data:`TWO_WG_MAX_ROWS` rows and two such CTAs
   fit an SM's shared memory (the most stages up to the config's for which they do).
 
   Why: with one accumulator the four-warpgroup CTA holds a whole SM (~106 registers per
@@ -364,23 +375,23 @@ def _single_acc_launch(tiles: int, n: int, block_m: int, params: QuantizedWeight
   DeepSeek-V3 gate_up 1024 tokens (48) 212.2 -> 214.0 (three stages: 210.4).  One wave
   of four-warpgroup CTAs stays on four: Mixtral down 64 tokens (32 rows, 128 CTAs) 98.0
   against 168.3 on two, 256 tokens (88 rows) 117.9 against 132.3."""
-  four = dataclasses.replace(wna16_mgpu.shared_x_config(block_m, warpgroups=4),
-                             fp8_single_acc=True)
-  return _two_per_sm(four, tiles, n, block_m, params, fp8_route=True)
+  single = lambda wgs: dataclasses.replace(
+      wna16_mgpu.shared_x_config(block_m, warpgroups=wgs), fp8_single_acc=True)
+  return _two_per_sm(single(4), single(2), tiles, n, block_m, params, fp8_route=True)
 
 
-def _two_per_sm(four: wna16_mgpu.Config, tiles: int, n: int, block_m: int,
-                params: QuantizedWeight | None, *, fp8_route: bool = False
+def _two_per_sm(four: wna16_mgpu.Config, two: wna16_mgpu.Config, tiles: int, n: int,
+                block_m: int, params: QuantizedWeight | None, *, fp8_route: bool = False
                 ) -> wna16_mgpu.Config:
-  """``four`` (a four-warpgroup shared-x launch), or the same on two warpgroups with the
-  most stages (up to its own) for which two CTAs fit an SM, where ``four``'s CTAs make
-  more than two waves and the tile has at most :data:`SINGLE_ACC_TWO_WG_MAX_ROWS` rows
+  """``four`` (a four-warpgroup shared-x launch), or ``two`` (its two-warpgroup form) with
+  the most stages (up to its own) for which two CTAs fit an SM, where ``four``'s CTAs make
+  more than two waves and the tile has at most :data:`TWO_WG_MAX_ROWS` rows
   (:func:`_single_acc_launch`, :func:`cost_sized_tiles`)."""
   ctas = tiles * -(-n // (4 * wna16_mgpu.BLOCK_N))
-  if block_m > SINGLE_ACC_TWO_WG_MAX_ROWS or ctas <= 2 * tuning.num_sms():
+  if block_m > TWO_WG_MAX_ROWS or ctas <= 2 * tuning.num_sms():
     return four
-  for stages in range(four.stages, 1, -1):
-    candidate = dataclasses.replace(four, warpgroups=2, stages=stages)
+  for stages in range(two.stages, 1, -1):
+    candidate = dataclasses.replace(two, stages=stages)
     if _fits_per_sm(candidate, params, block_m, 2, fp8_route=fp8_route):
       return candidate
   return four
@@ -388,11 +399,12 @@ def _two_per_sm(four: wna16_mgpu.Config, tiles: int, n: int, block_m: int,
 
 def _fits_per_sm(config: wna16_mgpu.Config, params: QuantizedWeight | None,
                  tile_rows: int, ctas: int, *, fp8_route: bool = False) -> bool:
-  """Whether ``ctas`` CTAs of ``config`` fit one SM's shared memory.  ``fp8_route``:
-  counted as ``wna16_mgpu.run`` allocates the fp8-MMA route's buffers (1-byte x, the
-  scale rows in their 16-bit dtype or float32, the row scales, a shared x tile for
-  ``split_warpgroups="n"``); without it the decode rules' count, with which their
-  launches were timed (NOTES_moe.md session 20: the fp8 route's x counted as 2 bytes)."""
+  """Whether ``ctas`` CTAs of ``config`` fit one SM's shared memory, counted as
+  ``wna16_mgpu.smem_bytes`` does (one x tile per slot for ``split_warpgroups="n"``, one
+  per warpgroup else).  ``fp8_route``: with the fp8-MMA route's buffers (1-byte x, the
+  scale rows in their 16-bit dtype or float32, the row scales); without it the 16-bit
+  route's, which the decode rules' launches were timed with (NOTES_moe.md session 20: the
+  fp8 route's x counted as 2 bytes then)."""
   if params is None:  # the measured case: int4 g128 with zero points
     bits, has_zeros, bk, gpt, col = 4, True, 128, 1, False
   else:
@@ -402,15 +414,13 @@ def _fits_per_sm(config: wna16_mgpu.Config, params: QuantizedWeight | None,
     gpt, col = bk // wna16_mgpu.scale_k(spec), wna16_mgpu.column_scaled(spec)
   fp8 = {}
   if fp8_route:
-    fp8 = dict(share_x=config.split_warpgroups == "n", x_bytes=1, x_scales=True,
+    fp8 = dict(x_bytes=1, x_scales=True,
                scale_bytes=(params.scales.dtype.itemsize
                             if params.scales.dtype in (jnp.bfloat16, jnp.float16) else 4))
-  # (the 16-bit shared-x launches counted with their one x tile; the decode rules' "k"
-  # launches have none)
-  share = {} if fp8_route else dict(share_x=config.split_warpgroups == "n")
   need = wna16_mgpu.smem_bytes(tile_rows, config.stages, config.substeps, bk, bits, has_zeros,
                                warpgroups=config.warpgroups, scale_rows=gpt,
-                               column_scale=col, **fp8, **share)
+                               column_scale=col, share_x=config.split_warpgroups == "n",
+                               **fp8)
   return ctas * (need + 1024) <= tuning.SM_SMEM_BYTES
 
 

@@ -808,7 +808,7 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
           for g in range(wgs):
             fetch_one(t, slot, g, cols(g), bars.at[slot])
 
-      top_row = None  # fp8_single_acc: this warpgroup's (64,) column maxima (scoped)
+      top_row = None  # this warpgroup's (64,) column maxima (fp8_single_acc) or D (sf)
       fold_row = None  # sf: its (64,) 2**126 / D (the interpreter: 1 / D) (scoped)
 
       def compute(slot, acc_ref, total):
