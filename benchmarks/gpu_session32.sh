@@ -7,6 +7,8 @@
 #   screen: bench_moe launch screen of the W4A16 grouped tiles at 1024 tokens (SCREEN:
 #           "shape:tokens" entries; specs SSPECS, @mgpu:<tokens> = profile_mgpu's config
 #           tokens on the heuristic's launch, rows<R> the tile rows)
+#   cost_ab: (not run in session 32) HUMMING_JAX_COST_TILES on / off at the shapes the
+#           W4A16 tile rule changed but session 32 did not time (AB: "shape:tokens")
 source "$(dirname "$0")/gpu_env.sh"
 s_tests() {
   gpu_tests ${TT:-300} "${TK:-scale_fold or qwen3_decode or deepseek_decode_split or fp4_whole}" \
@@ -36,6 +38,19 @@ s_screen() {
       --json "$OUT/screen_${spec%%:*}_${spec##*:}.json" >> "$OUT/screen.log" 2>&1
     echo "${spec} rc=$?"; grep -E "^\| ${spec%%:*}" "$OUT/screen.log" | tail -1 | cut -c1-900
     grep -E "^\| shape" "$OUT/screen.log" | tail -1 | cut -c1-900
+  done
+}
+s_cost_ab() {  # queued for session 33: the W4A16 rule's untimed shapes, on / off
+  for spec in ${AB:-deepseek-v3-gate_up:1024 qwen3-30b-a3b-down:1024 qwen3-30b-a3b-down:256 \
+                mixtral-gate_up:64 mixtral-gate_up:256}; do
+    for on in 1 0; do
+      echo "== ${spec} cost_tiles=$on" >> "$OUT/cost_ab.log"
+      HUMMING_JAX_COST_TILES=$on T ${ST:-240} python3 benchmarks/bench_moe.py \
+        --shapes ${spec%%:*} --tokens ${spec##*:} --specs w4a16-g128-zp,w4a16-mxfp4 \
+        $MOE $([ $on = 1 ] && echo --humming) --no-baselines \
+        --json "$OUT/cost_ab_${spec%%:*}_${spec##*:}_$on.json" >> "$OUT/cost_ab.log" 2>&1
+      echo "${spec} on=$on rc=$?"; grep -E "T=" "$OUT/cost_ab.log" | tail -1 | cut -c1-500
+    done
   done
 }
 for s in ${@:-tests}; do step "$s"; "s_$s"; done
