@@ -27,3 +27,18 @@ gpu_tests() {
   echo "tests rc=$?"; grep -E "^(PASSED|FAILED|ERROR)|^E |passed|failed" \
     "$OUT/tests.log" | cut -c1-250 | tail -40
 }
+#   bench_ab VAR LOG SPECS "shape:tokens"...   bench_moe at each point with VAR=1 (and
+#                           Humming) then VAR=0, logs in $OUT/LOG.log and LOG_*.json
+bench_ab() {
+  local var=$1 log=$2 specs=$3 spec on; shift 3
+  for spec in "$@"; do
+    for on in 1 0; do
+      echo "== ${spec} $var=$on" >> "$OUT/$log.log"
+      env "$var=$on" timeout -k 5 -s INT ${ST:-240} python3 benchmarks/bench_moe.py \
+        --shapes ${spec%%:*} --tokens ${spec##*:} --specs "$specs" $MOE \
+        $([ $on = 1 ] && echo --humming) --no-baselines \
+        --json "$OUT/${log}_${spec%%:*}_${spec##*:}_$on.json" >> "$OUT/$log.log" 2>&1
+      echo "${spec} $var=$on rc=$?"; grep -E "T=|rror" "$OUT/$log.log" | tail -1 | cut -c1-600
+    done
+  done
+}

@@ -17,18 +17,9 @@ s_tests() {
 s_prof() {  # session 31's step (fold on / off / on / off per spec), NVFP4 by default
   PSPECS=${PSPECS:-w4a16-nvfp4} bash "$(dirname "$0")/gpu_session31.sh" prof
 }
-s_moe() {
-  for spec in ${W16:-qwen3-30b-a3b-gate_up:64 deepseek-v3-gate_up:64}; do
-    for fold in 1 0; do
-      echo "== ${spec} fold=$fold" >> "$OUT/moe.log"
-      HUMMING_JAX_SCALE_FOLD=$fold T 200 python3 benchmarks/bench_moe.py \
-        --shapes ${spec%%:*} --tokens ${spec##*:} \
-        --specs ${MSPECS:-w4a16-mxfp4,w4a16-nvfp4,w4a16-g128-zp} \
-        $MOE $([ $fold = 1 ] && echo --humming) --no-baselines \
-        --json "$OUT/moe_${spec%%:*}_${spec##*:}_f$fold.json" >> "$OUT/moe.log" 2>&1
-      echo "${spec} fold=$fold rc=$?"; grep -E "T=|rror" "$OUT/moe.log" | tail -1 | cut -c1-600
-    done
-  done
+s_moe() {  # (the logs of call 2 name their json moe_<shape>_<tokens>_f<fold>)
+  ST=200 bench_ab HUMMING_JAX_SCALE_FOLD moe ${MSPECS:-w4a16-mxfp4,w4a16-nvfp4,w4a16-g128-zp} \
+    ${W16:-qwen3-30b-a3b-gate_up:64 deepseek-v3-gate_up:64}
 }
 s_screen() {
   for spec in ${SCREEN:-qwen3-30b-a3b-gate_up:1024}; do
@@ -41,17 +32,9 @@ s_screen() {
   done
 }
 s_cost_ab() {  # queued for session 33: the W4A16 rule's untimed shapes, on / off
-  for spec in ${AB:-deepseek-v3-gate_up:1024 qwen3-30b-a3b-down:1024 qwen3-30b-a3b-down:256 \
-                mixtral-gate_up:64 mixtral-gate_up:256}; do
-    for on in 1 0; do
-      echo "== ${spec} cost_tiles=$on" >> "$OUT/cost_ab.log"
-      HUMMING_JAX_COST_TILES=$on T ${ST:-240} python3 benchmarks/bench_moe.py \
-        --shapes ${spec%%:*} --tokens ${spec##*:} --specs w4a16-g128-zp,w4a16-mxfp4 \
-        $MOE $([ $on = 1 ] && echo --humming) --no-baselines \
-        --json "$OUT/cost_ab_${spec%%:*}_${spec##*:}_$on.json" >> "$OUT/cost_ab.log" 2>&1
-      echo "${spec} on=$on rc=$?"; grep -E "T=" "$OUT/cost_ab.log" | tail -1 | cut -c1-500
-    done
-  done
+  bench_ab HUMMING_JAX_COST_TILES cost_ab w4a16-g128-zp,w4a16-mxfp4 \
+    ${AB:-deepseek-v3-gate_up:1024 qwen3-30b-a3b-down:1024 qwen3-30b-a3b-down:256 \
+         mixtral-gate_up:64 mixtral-gate_up:256}
 }
 for s in ${@:-tests}; do step "$s"; "s_$s"; done
 step done

@@ -731,6 +731,7 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
     # ~3e-5 of outputs one bf16 ulp off).
     scale_rows.insert(0, params.fold_base if params.fold_base is not None
                       else scale_fold_base(params.scales, k, spec))
+  base_i = 0 if sf else len(scale_rows) - 1  # the fold's row (single / sf), read early
   n_ep = len(scale_rows) + has_bias  # epilogue vectors, fetched during the K loop
   # fp8 x: 32-byte swizzle, so each 32-deep K step of a tile is a whole swizzle tile (the
   # B operand of one fp8 WGMMA beside its (64, 32) register A operand).
@@ -989,7 +990,6 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
           fetch(st, st)
         if single or sf:  # the columns' largest group scales / fold bases, before the
           plgpu.barrier_wait(own(ep_barrier, e))  # first K tile
-          base_i = 0 if sf else len(scale_rows) - 1  # (single: the last row)
           top_row = plgpu.load(ep_smem.at[e * n_ep + base_i], layout=_ROW)
         if sf:  # D >= 2**-1: 2**126 / D is finite (the padding rows' scale 1.0 too)
           fold_row = ((1.0 / top_row) if interpret else
