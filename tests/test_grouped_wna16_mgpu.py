@@ -715,7 +715,8 @@ def test_cost_sized_tiles_launch(monkeypatch):
   expected cost (Qwen3-30B-A3B gate_up, 1024 tokens: 88 where block_rows says 80; 256
   tokens: 32 for 24; DeepSeek-V3 1024 tokens: 48 either way) and run on two-warpgroup
   shared-x CTAs with the most stages for which two fit an SM, where four-warpgroup CTAs
-  would make more than two waves; W8A16, decode tiles and one-wave launches keep theirs."""
+  would make more than two waves; W8A16, decode tiles and one-wave launches (rows and
+  launch) keep theirs."""
   monkeypatch.setattr(gm.tuning, "num_sms", lambda: 132)
   shapes = lambda name, e, k, n: jax.eval_shape(
       lambda w: gm.prepare(hj.quantize(w, hj.QuantSpec.preset(name))),
@@ -726,7 +727,7 @@ def test_cost_sized_tiles_launch(monkeypatch):
     assert (gm.block_rows(8192, 128), gm.tile_rows(8192, 128, p)) == (80, 88)
     assert (gm.block_rows(2048, 128), gm.tile_rows(2048, 128, p)) == (24, 32)
     assert gm.tile_rows(512, 128, p) == 16  # decode tiles unchanged
-    assert gm.tile_rows(8192, 256, p) == 48
+    assert gm.tile_rows(8192, 256, shapes(name, 256, 7168, 512)) == 48
     cfg = gm.default_launch(8192, p, 88)  # 128 experts x 6 CTAs of four: ~6 waves
     assert (cfg.warpgroups, cfg.stages, cfg.split_warpgroups, cfg.scale_after_mma,
             cfg.block_m) == (2, 2, "n", False, 88), name  # (3 stages: one CTA per SM)
@@ -734,8 +735,18 @@ def test_cost_sized_tiles_launch(monkeypatch):
   # only run()'s default launch: run_aligned's (no cost_sized) and 16-row tiles keep theirs
   assert gm.heuristic(128, 1536, 16, 80, params=p, tile_rows=80).warpgroups == 4
   assert gm.default_launch(8192, p, 16).warpgroups == 4
-  mixtral_down = shapes("w4a16-g128-zp", 8, 14336, 4096)  # 8 x 16 CTAs: one wave of four
+  # Mixtral down: 8 x 16 CTAs, one wave of four warpgroups, so the rows of before too
+  # (32 / 88 rows on four lost, session 33); gate_up (8 x 112 CTAs) takes the rule
+  mixtral_down = shapes("w4a16-g128-zp", 8, 14336, 4096)
   assert gm.default_launch(512, mixtral_down, 88).warpgroups == 4
+  assert gm.cost_sized_rows(512, mixtral_down) is None
+  assert [gm.tile_rows(m, 8, mixtral_down) for m in (128, 512)] == [24, 80]
+  assert gm.default_launch(512, mixtral_down, 80) == gm.heuristic(8, 4096, 112, 80,
+                                                                   params=mixtral_down)
+  mixtral_gate_up = shapes("w4a16-g128-zp", 8, 4096, 28672)
+  assert [gm.tile_rows(m, 8, mixtral_gate_up) for m in (128, 512)] == [32, 88]
+  assert gm.default_launch(512, mixtral_gate_up, 88).warpgroups == 2
+  assert gm.default_launch(512, mixtral_gate_up, 80).warpgroups == 4  # not the rule's rows
   w8 = shapes("w8a16", 128, 2048, 1536)
   assert not gm.cost_sized_tiles(w8) and gm.tile_rows(8192, 128, w8) == 80
   assert gm.default_launch(8192, w8, 80).warpgroups == 4

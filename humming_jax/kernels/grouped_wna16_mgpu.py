@@ -192,14 +192,19 @@ BF16_BLOCK_MS = tuple(range(SINGLE_ACC_MIN_ROWS, MAX_BLOCK_M + 1, 8))
 
 def cost_sized_tiles(params: QuantizedWeight | None) -> bool:
   """Whether tiles of :data:`SINGLE_ACC_MIN_ROWS` rows and more of ``params`` take
-  :func:`cheapest_tile_rows`' rows and, where four-warpgroup CTAs make more than two
-  waves, two-warpgroup ones (:func:`heuristic`): 4-bit weights on the 16-bit MMA, the
+  :func:`cheapest_tile_rows`' rows on two-warpgroup CTAs where four-warpgroup ones would
+  make more than two waves (:func:`cost_sized_rows`; elsewhere the rows and launch of
+  before): 4-bit weights on the 16-bit MMA, the
   rule session 29 found for the one-accumulator fp8 tiles (:func:`single_acc_tiles`).
   H200 session 32, bench_moe, Qwen3-30B-A3B gate_up at 1024 tokens (64 rows per expert),
   us wall (device span), 80-row tiles on four warpgroups (the rule before) -> 88 rows on
   two warpgroups of two stages: int4 g128 zp 208.5 (197.9) -> 186.7 (173.0), MXFP4 227.2
   (206.4) -> 197.8 (186.2); also timed (int4): 88 rows on four 200.6, on two of three
   stages (one CTA per SM) 235.5; 80 / 96 rows on two of two stages 193.7 / 194.5.
+  Session 33, the same method, off -> on, int4 / MXFP4 wall: Qwen3 down 256 tokens
+  96.8 / 103.2 -> 76.0 / 86.6, 1024 tokens 138.7 / 151.4 -> 121.6 / 130.3; Mixtral gate_up
+  64 tokens 266.8 / 280.0 -> 230.6 / 264.0, 256 tokens 338.0 / 355.0 -> 329.6 / 347.2;
+  DeepSeek-V3 gate_up 1024 tokens (48 rows either way) 304.5 / 316.2 -> 302.5 / 313.7.
   W4A8 / W4A4 experts on the 16-bit route (``grouped_wnam_mgpu``: the same kernel on
   bf16-rounded quantized x) take it too.  Only :func:`run`'s default launch
   (:func:`default_launch`); ``run_aligned`` (``hj.quant_moe``) keeps its tiles.
@@ -227,8 +232,21 @@ def tile_rows(m: int, num_experts: int, params: QuantizedWeight | None = None) -
   if rows >= SINGLE_ACC_MIN_ROWS and single_acc_tiles(params):
     return single_acc_tile_rows(m, num_experts)
   if rows >= SINGLE_ACC_MIN_ROWS and cost_sized_tiles(params):
-    return cheapest_tile_rows(m, num_experts, BF16_BLOCK_MS)
+    rows = cost_sized_rows(m, params) or rows
   return 16 if rows == 8 and m > 8 else rows
+
+
+def cost_sized_rows(m: int, params: QuantizedWeight) -> int | None:
+  """:func:`cheapest_tile_rows` for M rows of :func:`cost_sized_tiles` params where
+  their launch takes two warpgroups, else None (the rows and launch of before).  The rows
+  alone on four warpgroups lost: H200 session 33, bench_moe, Mixtral down (one wave of
+  four-warpgroup CTAs), us wall (device span), HUMMING_JAX_COST_TILES off -> on: int4
+  g128 zp 64 tokens (24 -> 32 rows) 132.8 (128.9) -> 138.0 (132.9), 256 tokens (80 -> 88)
+  164.5 (159.3) -> 173.1 (167.5); MXFP4 141.4 (135.2) -> 140.4 (135.4), 168.8 (164.2) ->
+  176.0 (169.6)."""
+  e, _, n = params.shape
+  rows = cheapest_tile_rows(m, e, BF16_BLOCK_MS)
+  return rows if _cost_sized_launch(min(e, m), n, rows, params).warpgroups == 2 else None
 
 
 def launch_rows(m: int, num_experts: int, block_m: int) -> int:
@@ -244,8 +262,9 @@ def default_launch(m: int, params: QuantizedWeight, block_m: int) -> wna16_mgpu.
   without a config or a cache entry: :func:`heuristic` of :func:`launch_rows`, with about
   the active experts as the tiles."""
   e, _, n = params.shape
+  cost_sized = cost_sized_tiles(params) and block_m == cost_sized_rows(m, params)
   return heuristic(min(e, m), n, params.codes.shape[-3], launch_rows(m, e, block_m),
-                   params=params, tile_rows=block_m, cost_sized=cost_sized_tiles(params))
+                   params=params, tile_rows=block_m, cost_sized=cost_sized)
 
 
 def heuristic(tiles: int, n: int, k_tiles: int, block_m: int, *,
@@ -325,11 +344,7 @@ def heuristic(tiles: int, n: int, k_tiles: int, block_m: int, *,
     return dataclasses.replace(wna16_mgpu.shared_x_config(block_m, warpgroups=2),
                                cluster_n=2)
   if cost_sized and min(block_m, tile_rows) >= SINGLE_ACC_MIN_ROWS:
-    # (cost_sized_tiles: two warpgroups where four would make more than two waves; the
-    # timed two-warpgroup launch keeps four's scale placement)
-    four = wna16_mgpu.shared_x_config(block_m)
-    return _two_per_sm(four, dataclasses.replace(four, warpgroups=2), tiles, n, block_m,
-                       params)
+    return _cost_sized_launch(tiles, n, block_m, params)
   if block_m >= 16:
     return wna16_mgpu.shared_x_config(block_m)
   config = wna16_mgpu.heuristic(block_m)
@@ -378,6 +393,16 @@ def _single_acc_launch(tiles: int, n: int, block_m: int, params: QuantizedWeight
   single = lambda wgs: dataclasses.replace(
       wna16_mgpu.shared_x_config(block_m, warpgroups=wgs), fp8_single_acc=True)
   return _two_per_sm(single(4), single(2), tiles, n, block_m, params, fp8_route=True)
+
+
+def _cost_sized_launch(tiles: int, n: int, block_m: int, params: QuantizedWeight | None
+                       ) -> wna16_mgpu.Config:
+  """The launch of :func:`cost_sized_tiles` tiles (:func:`heuristic`): four shared-x
+  warpgroups, or two where four would make more than two waves (:func:`_two_per_sm`; the
+  timed two-warpgroup launch keeps four's scale placement)."""
+  four = wna16_mgpu.shared_x_config(block_m)
+  return _two_per_sm(four, dataclasses.replace(four, warpgroups=2), tiles, n, block_m,
+                     params)
 
 
 def _two_per_sm(four: wna16_mgpu.Config, two: wna16_mgpu.Config, tiles: int, n: int,
