@@ -687,21 +687,26 @@ def test_heuristic_follows_the_session_10_sweep():
     assert cfg.warpgroups == wgs, (name, tile_rows)
   assert gm.heuristic(8, 512, 56, 8).warpgroups == 4  # 64 CTAs (DeepSeek-V3 gate_up)
   # More than two waves (session 15): three or more small CTAs per SM -- two warpgroups of
-  # two stages on an even K-step count, else one of four; a launch where three do not fit
-  # keeps the rules above.
+  # two stages on an even K-step count of 16+ (session 33), else one of four; a launch
+  # where three do not fit keeps the rules above.
   small = lambda c: (c.split_warpgroups, c.split_k, c.warpgroups, c.stages)
   assert small(gm.heuristic(219, 512, 56, 8)) == ("k", 1, 2, 2)  # DeepSeek-V3 gate_up, 64
   assert small(gm.heuristic(101, 512, 56, 8)) == ("k", 1, 2, 2)  # ... 16 tokens
   assert small(gm.heuristic(219, 7168, 2, 8)) == ("k", 1, 1, 4)  # DeepSeek-V3 down: 1 step
-  assert small(gm.heuristic(128, 1536, 16, 8)) == ("k", 1, 2, 2)  # Qwen3 gate_up, 64 tokens
+  assert small(gm.heuristic(128, 1536, 16, 8)) == ("k", 1, 1, 4)  # Qwen3 gate_up: 8 steps
+  assert small(gm.heuristic(128, 1536, 32, 8)) == ("k", 1, 2, 2)  # (K 4096: 16 steps)
   assert small(gm.heuristic(128, 2048, 6, 8)) == ("k", 1, 1, 4)  # Qwen3 down: 3 K steps
-  for name, tile_rows, want in (("w4a16-g128-zp", 16, (2, 2)), ("w4a16-mxfp4", 8, (2, 2)),
-                                ("w4a16-mxfp4", 16, (1, 4)), ("w8a16", 8, (4, 4))):
+  # (K 4096: 16 steps, where two warpgroups may run; w8a16 at Qwen3's K 2048)
+  for name, tile_rows, k, want in (("w4a16-g128-zp", 16, 4096, (2, 2)),
+                                   ("w4a16-mxfp4", 8, 4096, (2, 2)),
+                                   ("w4a16-mxfp4", 16, 4096, (1, 4)),
+                                   ("w4a16-g128-zp", 16, 2048, (1, 4)),
+                                   ("w8a16", 8, 2048, (4, 4))):
     spec = hj.QuantSpec.preset(name)
     q = jax.eval_shape(lambda w: hj.quantize(w, spec),
-                       jax.ShapeDtypeStruct((128, 2048, 1536), jnp.float32))
+                       jax.ShapeDtypeStruct((128, k, 1536), jnp.float32))
     p = jax.eval_shape(lambda q: hj.prepare(q, grouped=True, kernel=gm.FAMILY), q)
-    cfg = gm.heuristic(128, 1536, 16, 8, params=p, tile_rows=tile_rows)
+    cfg = gm.heuristic(128, 1536, k // 128, 8, params=p, tile_rows=tile_rows)
     assert (cfg.warpgroups, cfg.stages) == want, (name, tile_rows)
     if name == "w8a16":  # three do not fit: the shared-x rule
       assert cfg.split_warpgroups == "n"

@@ -173,6 +173,15 @@ SINGLE_ACC_BLOCK_MS = tuple(range(SINGLE_ACC_MIN_ROWS, 161, 8))
 # that way on the one-accumulator route (H200 session 29; 104 rows with four stages, where
 # two such CTAs do not fit an SM's shared memory, ran 177.7 us against 124.9 at 88 rows).
 TWO_WG_MAX_ROWS = 96
+# The fewest K steps (both warpgroups' together) for which the small decode CTAs of
+# :func:`heuristic` (more than two waves) take two warpgroups of two stages rather than
+# one of four: below, each warpgroup's two-stage pipeline fills and drains around a few
+# steps.  H200 session 33, bench_moe, Qwen3-30B-A3B gate_up int4 g128 zp at 64 tokens
+# (16-row tiles, 8 steps), us wall (device span) in two calls, two -> one warpgroup:
+# 101.8 (97.7) -> 96.5 (89.9) and 101.5 (97.7) -> 90.1 (88.2) (session 15: 87.2 / 87.1
+# CUPTI kernel us).  DeepSeek-V3 gate_up (28 steps) keeps two: 164.0 against 167.1
+# (session 15); Mixtral gate_up (16) is untimed either way and keeps two.
+SMALL_TWO_WG_MIN_STEPS = 16
 
 
 def single_acc_tiles(params: QuantizedWeight | None) -> bool:
@@ -304,7 +313,8 @@ def heuristic(tiles: int, n: int, k_tiles: int, block_m: int, *,
     blocks = 64 CTAs) 35.1 -> 29.6; XLA sums the two float32 partials.
   - More than two waves of 64-column CTAs (16-64 tokens): small CTAs, three or more per
     SM, so each SM runs several tiles' pipelines at once -- two warpgroups of two stages
-    when the K steps split evenly between them and three such CTAs fit an SM, else one
+    when the K steps split evenly between them, are at least
+    :data:`SMALL_TWO_WG_MIN_STEPS` (session 33) and three such CTAs fit an SM, else one
     warpgroup of four stages (two warpgroups on an odd step count degenerate to one with
     two stages; MXFP4's 16-row tiles miss the three by 144 bytes).  Humming runs 2-4
     CTAs per SM (NOTES_moe.md session 14).  H200 session 15, CUPTI kernel us, default ->
@@ -352,7 +362,7 @@ def heuristic(tiles: int, n: int, k_tiles: int, block_m: int, *,
   col_blocks = tiles * -(-n // wna16_mgpu.BLOCK_N)
   if col_blocks > 2 * tuning.num_sms():
     small = [dataclasses.replace(config, warpgroups=1, stages=4)]
-    if steps % 2 == 0:
+    if steps % 2 == 0 and steps >= SMALL_TWO_WG_MIN_STEPS:
       small.insert(0, dataclasses.replace(config, warpgroups=2, stages=2))
     for candidate in small:
       if _fits_per_sm(candidate, params, tile_rows, 3):
