@@ -687,18 +687,22 @@ def test_heuristic_follows_the_session_10_sweep():
     assert cfg.warpgroups == wgs, (name, tile_rows)
   assert gm.heuristic(8, 512, 56, 8).warpgroups == 4  # 64 CTAs (DeepSeek-V3 gate_up)
   # More than two waves (session 15): three or more small CTAs per SM -- two warpgroups of
-  # two stages on an even K-step count of 16+ (session 33), else one of four; a launch
-  # where three do not fit keeps the rules above.
+  # two stages on an even K-step count (of 16+ for run()'s 16-row tiles, session 33), else
+  # one of four; a launch where three do not fit keeps the rules above.
   small = lambda c: (c.split_warpgroups, c.split_k, c.warpgroups, c.stages)
   assert small(gm.heuristic(219, 512, 56, 8)) == ("k", 1, 2, 2)  # DeepSeek-V3 gate_up, 64
   assert small(gm.heuristic(101, 512, 56, 8)) == ("k", 1, 2, 2)  # ... 16 tokens
   assert small(gm.heuristic(219, 7168, 2, 8)) == ("k", 1, 1, 4)  # DeepSeek-V3 down: 1 step
-  assert small(gm.heuristic(128, 1536, 16, 8)) == ("k", 1, 1, 4)  # Qwen3 gate_up: 8 steps
-  assert small(gm.heuristic(128, 1536, 32, 8)) == ("k", 1, 2, 2)  # (K 4096: 16 steps)
+  sixteen = lambda k_tiles: small(gm.heuristic(128, 1536, k_tiles, 8, tile_rows=16))
+  assert sixteen(16) == ("k", 1, 1, 4)  # Qwen3 gate_up, 64 tokens: 8 steps
+  assert sixteen(28) == ("k", 1, 1, 4)  # (K 3584: 14 steps)
+  assert sixteen(32) == ("k", 1, 2, 2)  # (K 4096: 16 steps)
+  assert small(gm.heuristic(128, 1536, 16, 8)) == ("k", 1, 2, 2)  # 8-row tiles (aligned)
   assert small(gm.heuristic(128, 2048, 6, 8)) == ("k", 1, 1, 4)  # Qwen3 down: 3 K steps
   # (K 4096: 16 steps, where two warpgroups may run; w8a16 at Qwen3's K 2048)
   for name, tile_rows, k, want in (("w4a16-g128-zp", 16, 4096, (2, 2)),
                                    ("w4a16-mxfp4", 8, 4096, (2, 2)),
+                                   ("w4a16-mxfp4", 8, 2048, (2, 2)),
                                    ("w4a16-mxfp4", 16, 4096, (1, 4)),
                                    ("w4a16-g128-zp", 16, 2048, (1, 4)),
                                    ("w8a16", 8, 2048, (4, 4))):
@@ -737,6 +741,15 @@ def test_cost_sized_tiles_launch(monkeypatch):
     assert (cfg.warpgroups, cfg.stages, cfg.split_warpgroups, cfg.scale_after_mma,
             cfg.block_m) == (2, 2, "n", False, 88), name  # (3 stages: one CTA per SM)
     assert gm.default_launch(2048, p, 32).warpgroups == 2
+  # block_rows' rows where the model's would run on four (its fallback: Qwen3 gate_up at
+  # ~1227 tokens, 96 rows against 104) keep the launch of before; other explicit rows of
+  # 24+ take the two- or four-warpgroup choice
+  assert (gm.block_rows(9816, 128), gm.cheapest_tile_rows(9816, 128, gm.BF16_BLOCK_MS),
+          gm.cost_sized_rows(9816, p), gm.tile_rows(9816, 128, p)) == (96, 104, None, 96)
+  assert gm.default_launch(9816, p, 96) == gm.heuristic(128, 1536, 16, 96, params=p,
+                                                        tile_rows=96)
+  assert gm.default_launch(9816, p, 96).warpgroups == 4
+  assert gm.default_launch(8192, p, 80).warpgroups == 2
   # only run()'s default launch: run_aligned's (no cost_sized) and 16-row tiles keep theirs
   assert gm.heuristic(128, 1536, 16, 80, params=p, tile_rows=80).warpgroups == 4
   assert gm.default_launch(8192, p, 16).warpgroups == 4
@@ -751,7 +764,6 @@ def test_cost_sized_tiles_launch(monkeypatch):
   mixtral_gate_up = shapes("w4a16-g128-zp", 8, 4096, 28672)
   assert [gm.tile_rows(m, 8, mixtral_gate_up) for m in (128, 512)] == [32, 88]
   assert gm.default_launch(512, mixtral_gate_up, 88).warpgroups == 2
-  assert gm.default_launch(512, mixtral_gate_up, 80).warpgroups == 4  # not the rule's rows
   w8 = shapes("w8a16", 128, 2048, 1536)
   assert not gm.cost_sized_tiles(w8) and gm.tile_rows(8192, 128, w8) == 80
   assert gm.default_launch(8192, w8, 80).warpgroups == 4

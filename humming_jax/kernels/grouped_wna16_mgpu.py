@@ -120,7 +120,8 @@ def expected_tiles(rows: float, block_m: int) -> float:
 TILE_ROWS_OVERHEAD = 128
 
 
-def cheapest_tile_rows(m: int, num_experts: int, choices) -> int:
+@functools.lru_cache(maxsize=256)  # (a few ms each; run() traces ask up to three times)
+def cheapest_tile_rows(m: int, num_experts: int, choices: tuple[int, ...]) -> int:
   """Of ``choices`` (rows per tile), the one of least expected cost, tiles x (rows +
   :data:`TILE_ROWS_OVERHEAD`) (:func:`expected_tiles`), no wider than the rows
   (one expert) rounded up to 8 unless that is below 128: every tile streams its expert's
@@ -180,7 +181,8 @@ TWO_WG_MAX_ROWS = 96
 # (16-row tiles, 8 steps), us wall (device span) in two calls, two -> one warpgroup:
 # 101.8 (97.7) -> 96.5 (89.9) and 101.5 (97.7) -> 90.1 (88.2) (session 15: 87.2 / 87.1
 # CUPTI kernel us).  DeepSeek-V3 gate_up (28 steps) keeps two: 164.0 against 167.1
-# (session 15); Mixtral gate_up (16) is untimed either way and keeps two.
+# (session 15); Mixtral gate_up (16) is untimed either way and keeps two.  Timed on
+# run()'s 16-row tiles only: run_aligned's 8-row ones (``hj.quant_moe``) keep two.
 SMALL_TWO_WG_MIN_STEPS = 16
 
 
@@ -228,8 +230,9 @@ def tile_rows(m: int, num_experts: int, params: QuantizedWeight | None = None) -
   become 16-row ones above 8 rows, and that tiles of :data:`SINGLE_ACC_MIN_ROWS` rows and
   more of ``params`` take the rows of least expected cost: on the one-accumulator fp8
   route :func:`single_acc_tile_rows` (capped ones only before session 29), 4-bit weights
-  on the 16-bit MMA (:func:`cost_sized_tiles`, session 32) the same model up to 128
-  rows.  A tile starts at its
+  on the 16-bit MMA (:func:`cost_sized_tiles`, sessions 32-33) the same model's rows
+  where their launch is two warpgroups (:func:`cost_sized_rows`: at most
+  :data:`TWO_WG_MAX_ROWS`).  A tile starts at its
   expert's first row rounded down to 8, so an expert whose rows cross an 8-row boundary
   took two 8-row tiles, each dequantizing its whole weight slab: a random top-8 routing
   of 64 tokens gave 251 tiles for 224 active DeepSeek-V3 experts and 170 for 123
@@ -252,7 +255,7 @@ def cost_sized_rows(m: int, params: QuantizedWeight) -> int | None:
   four-warpgroup CTAs), us wall (device span), HUMMING_JAX_COST_TILES off -> on: int4
   g128 zp 64 tokens (24 -> 32 rows) 132.8 (128.9) -> 138.0 (132.9), 256 tokens (80 -> 88)
   164.5 (159.3) -> 173.1 (167.5); MXFP4 141.4 (135.2) -> 140.4 (135.4), 168.8 (164.2) ->
-  176.0 (169.6)."""
+  176.0 (169.6).  (E is ``params``' experts.)"""
   e, _, n = params.shape
   rows = cheapest_tile_rows(m, e, BF16_BLOCK_MS)
   return rows if _cost_sized_launch(min(e, m), n, rows, params).warpgroups == 2 else None
@@ -269,9 +272,12 @@ def launch_rows(m: int, num_experts: int, block_m: int) -> int:
 def default_launch(m: int, params: QuantizedWeight, block_m: int) -> wna16_mgpu.Config:
   """The launch :func:`run` takes for M rows of ``params`` in ``block_m``-row tiles
   without a config or a cache entry: :func:`heuristic` of :func:`launch_rows`, with about
-  the active experts as the tiles."""
+  the active experts as the tiles.  :func:`cost_sized_tiles` params take the two- or
+  four-warpgroup choice for tiles of 24+ rows, except on :func:`block_rows`' rows where
+  :func:`cost_sized_rows` gives none (its fallback: the launch of before)."""
   e, _, n = params.shape
-  cost_sized = cost_sized_tiles(params) and block_m == cost_sized_rows(m, params)
+  cost_sized = (block_m >= SINGLE_ACC_MIN_ROWS and cost_sized_tiles(params)
+                and not (block_m == block_rows(m, e) and cost_sized_rows(m, params) is None))
   return heuristic(min(e, m), n, params.codes.shape[-3], launch_rows(m, e, block_m),
                    params=params, tile_rows=block_m, cost_sized=cost_sized)
 
@@ -314,7 +320,8 @@ def heuristic(tiles: int, n: int, k_tiles: int, block_m: int, *,
   - More than two waves of 64-column CTAs (16-64 tokens): small CTAs, three or more per
     SM, so each SM runs several tiles' pipelines at once -- two warpgroups of two stages
     when the K steps split evenly between them, are at least
-    :data:`SMALL_TWO_WG_MIN_STEPS` (session 33) and three such CTAs fit an SM, else one
+    :data:`SMALL_TWO_WG_MIN_STEPS` (session 33; any count for 8-row tiles) and three
+    such CTAs fit an SM, else one
     warpgroup of four stages (two warpgroups on an odd step count degenerate to one with
     two stages; MXFP4's 16-row tiles miss the three by 144 bytes).  Humming runs 2-4
     CTAs per SM (NOTES_moe.md session 14).  H200 session 15, CUPTI kernel us, default ->
@@ -362,7 +369,7 @@ def heuristic(tiles: int, n: int, k_tiles: int, block_m: int, *,
   col_blocks = tiles * -(-n // wna16_mgpu.BLOCK_N)
   if col_blocks > 2 * tuning.num_sms():
     small = [dataclasses.replace(config, warpgroups=1, stages=4)]
-    if steps % 2 == 0 and steps >= SMALL_TWO_WG_MIN_STEPS:
+    if steps % 2 == 0 and (steps >= SMALL_TWO_WG_MIN_STEPS or tile_rows <= 8):
       small.insert(0, dataclasses.replace(config, warpgroups=2, stages=2))
     for candidate in small:
       if _fits_per_sm(candidate, params, tile_rows, 3):
