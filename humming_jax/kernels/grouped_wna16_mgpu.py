@@ -294,8 +294,9 @@ def heuristic(tiles: int, n: int, k_tiles: int, block_m: int, *,
   - fp8 one-accumulator tiles (24+ rows of ":cf" weights): four shared-x warpgroups, or
     two where four would make more than two waves (:func:`_single_acc_launch`, session
     29); the other fp8 routes below.
-  - ``cost_sized`` (:func:`default_launch` of :func:`cost_sized_tiles` params), tiles of
-    24+ rows: the same choice of two or four shared-x warpgroups (session 32).
+  - ``cost_sized`` (set by :func:`default_launch` only, for tiles of 24+ rows of
+    :func:`cost_sized_tiles` params): the same choice of two or four shared-x warpgroups
+    (session 32).
   - 16+ rows per tile: warpgroups splitting N over one shared x tile
     (:func:`wna16_mgpu.shared_x_config`): each CTA reads its x rows once instead of once per
     64 columns.  DeepSeek-V3 gate_up / down at 1024 tokens (48-row tiles) 418.0 -> 345.7 /
@@ -360,7 +361,7 @@ def heuristic(tiles: int, n: int, k_tiles: int, block_m: int, *,
     # route's tiles lose with it (990.2 -> 1016.4, 544.4 -> 565.5): not there.
     return dataclasses.replace(wna16_mgpu.shared_x_config(block_m, warpgroups=2),
                                cluster_n=2)
-  if cost_sized and min(block_m, tile_rows) >= SINGLE_ACC_MIN_ROWS:
+  if cost_sized:
     return _cost_sized_launch(tiles, n, block_m, params)
   if block_m >= 16:
     return wna16_mgpu.shared_x_config(block_m)
