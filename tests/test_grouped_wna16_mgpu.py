@@ -100,8 +100,8 @@ def test_prepared_params_run_through_quant_ragged_dot(monkeypatch):
 def test_default_grouped_family_without_a_shape_is_triton():
   spec = hj.QuantSpec.preset("w4a16-g128-zp")
   assert registry.find(spec, grouped=True).name == "grouped_wna16"
-  assert gm.priority_for(spec, (8, 767, 64)) < 0 < gm.priority_for(spec, (8, 768, 64))
-  assert gm.MIN_DEFAULT_K == 768  # Qwen3-30B-A3B gate_up (K 2048) and down (K 768) take it
+  assert gm.priority_for(spec, (8, 255, 64)) < 0 < gm.priority_for(spec, (8, 256, 64))
+  assert gm.MIN_DEFAULT_K == 256  # Qwen3-30B-A3B (K 2048 / 768), DeepSeek-V3 down (K 256)
 
 
 def test_prepare_round_trip_is_exact():
@@ -469,8 +469,8 @@ def abstract_q(name, shape):
     ((8, 14336, 4096), gm.FAMILY),  # Mixtral down
     ((128, 2048, 1536), gm.FAMILY),  # Qwen3 gate_up (session 15)
     ((128, 768, 2048), gm.FAMILY),  # Qwen3 down: K 768 (session 16, side by side)
-    ((128, 512, 2048), "grouped_wna16"),  # shorter K
-    ((256, 256, 7168), "grouped_wna16"),  # DeepSeek-V3 down
+    ((256, 256, 7168), gm.FAMILY),  # DeepSeek-V3 down: K 256 (session 34, side by side)
+    ((128, 128, 2048), "grouped_wna16"),  # shorter K: one 128-deep K tile
 ])
 def test_default_grouped_family_depends_on_k(shape, family):
   q = abstract_q("w4a16-g128-zp", shape)
@@ -531,9 +531,9 @@ def test_float32_tokens_on_k4096_experts_run_the_triton_kernel():
 
 
 @pytest.mark.parametrize("h,inter", [
-    (7168, 256),  # DeepSeek-V3: down (K 256, Triton on its own) joins gate_up on Mosaic
+    (7168, 128),  # a K-128 down stack (Triton on its own) joins gate_up on Mosaic
     (4096, 14336),  # Mixtral: both K >= 4096 anyway
-    (2048, 768),  # Qwen3-30B-A3B: both short K (each on Triton on its own)
+    (2048, 768),  # Qwen3-30B-A3B: each on Mosaic on its own too (K >= 256)
 ])
 def test_layer_kernel_puts_both_stacks_on_mosaic(h, inter):
   """moe.prepare_experts: both stacks on the Mosaic grouped kernel (the session-9 layer

@@ -777,11 +777,21 @@ def run_aligned(params: QuantizedWeight, x: jax.Array, group_sizes: jax.Array, *
                         tiles=wna16_mgpu.Tiles(sched, num_tiles, block_m))
 
 
-MIN_DEFAULT_K = 768
+MIN_DEFAULT_K = 256
 
 
 def priority_for(spec: QuantSpec, shape: tuple[int, ...]) -> int:
-  """Above the Pallas-Triton grouped kernel for experts with K >= 768, below it else.
+  """Above the Pallas-Triton grouped kernel for experts with K >= 256, below it else.
+
+  Session 34, DeepSeek-V3 down (E 256, K 256, N 7168), both kernels and Humming in one
+  process (H200, bench_moe resident chain, us wall per grouped GEMM, Triton / this kernel /
+  Humming): int4 g128 zp 18.8 / 19.1 / 11.1 at 1 token, 202.0 / **154.3** / 84.7 at 64,
+  **252.7** / 292.7 / 104.4 at 256, 513.9 / **327.5** / 203.6 at 1024; MXFP4 19.3 / 20.9 /
+  11.8, 256.9 / **170.9** / 90.6, **313.4** / 338.9 / 112.5, 575.0 / **349.3** / 209.6.
+  This kernel loses at 256 tokens (8 rows per expert in 16-row tiles) and ties at 1; it
+  wins by a third at 64 and 1024, and ``quant_moe`` already ran the DeepSeek-V3 layer's
+  down stack here (``moe.layer_kernel``): K >= 256 moved from Triton to this kernel.
+  Shorter K (a single 128-deep K tile or less; untimed) stays on Triton.
 
   Session 16, the two kernels side by side in one run (H200, resident chain of 8, CUPTI
   kernel us / wall us, benchmarks/NOTES_moe.md): Qwen3-30B-A3B gate_up (K 2048), int4 g128
@@ -789,8 +799,7 @@ def priority_for(spec: QuantSpec, shape: tuple[int, ...]) -> int:
   11.6 / 17.7 vs 25.4 / 33.1 and 106.2 / 115.7 vs 218.7 / 227.8); Qwen3 down (K 768) 1
   token 7.48 / 13.0 vs 11.49 / 16.0, 64 tokens 48.7 / 56.2 vs 87.2 / 94.7 (MXFP4 1 token
   8.57 / 15.0 vs 13.68 / 17.5).  Session 8's short-K ordering below held before the
-  two-warpgroup and small-CTA rules (sessions 14-15).  DeepSeek-V3 down (K 256) keeps
-  Triton: not timed side by side since.
+  two-warpgroup and small-CTA rules (sessions 14-15).
 
   H200, session 8, int4 g128 zp, chain of 8, us per grouped GEMM, this kernel vs Triton
   (benchmarks/NOTES_moe.md): K >= 4096 it wins at every token count measured --
@@ -799,9 +808,8 @@ def priority_for(spec: QuantSpec, shape: tuple[int, ...]) -> int:
   Mixtral down (K 14336) 37.3 / 729.1 vs 61.6 / 2126.1 at 1 / 1024.  With short K (Qwen3
   K 2048 / 768, DeepSeek-V3 down K 256) its K split has little to split and it loses at
   decode (42.1 vs 21.8, 25.3 vs 18.1, 23.5 vs 16.6 at 1 token); at 1024 tokens it wins for
-  Qwen3 (306.4 vs 721.9, 217.0 vs 322.0) and ties for DeepSeek-V3 down (494.1 vs 485.3):
-  decode decides the default there; ``hj.prepare(p, grouped=True, kernel=FAMILY)`` picks
-  this kernel for prefill.  bf16 / fp16 tokens only (``x_dtypes``): float32 tokens run the
+  Qwen3 (306.4 vs 721.9, 217.0 vs 322.0) and ties for DeepSeek-V3 down (494.1 vs 485.3).
+  bf16 / fp16 tokens only (``x_dtypes``): float32 tokens run the
   Pallas-Triton grouped kernel."""
   k = shape[-2] if len(shape) >= 2 else 0
   return 1 if k >= MIN_DEFAULT_K else -1
