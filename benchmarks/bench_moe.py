@@ -7,8 +7,8 @@ same 17.3 us kernel timed 47.7 us per layer in a chain of 2 and 19.2 in a chain 
 microseconds per grouped GEMM.  Methods, in the same run:
   hj:<spec>        hj.quant_ragged_dot, Pallas grouped kernel, params prepared once per
                    shape outside the timed call; TB/s = active experts' bytes / time;
-                   (the default family for the shape: Mosaic for K >= 768
-                   since session 16, 2048 / 4096 before; Pallas-Triton below;
+                   (the default family for the shape: Mosaic for K >= 256
+                   since session 34, 768 / 2048 / 4096 before; Pallas-Triton below;
                    W4A8 / W4A4 specs: grouped_wnam_mgpu);
                    ``<spec>@mgpu`` / ``<spec>@triton``: params prepared for that
                    family (``hj.prepare(..., kernel=)``)

@@ -68,12 +68,13 @@ def test_grouped_kernels_lower_for_h200(name, tokens):
   assert "custom_call" in text
 
 
+@pytest.mark.parametrize("tokens", [1, 256])
 @pytest.mark.parametrize("name", ["w4a16-g128-zp", "w4a16-mxfp4"])
-def test_triton_grouped_kernel_lowers_for_h200(name):
+def test_triton_grouped_kernel_lowers_for_h200(name, tokens):
   """The Pallas-Triton grouped kernel at DeepSeek-V3 down (the K-256 default until
-  session 34; still the family for shorter K and float32 tokens), 256 tokens' rows."""
+  session 34; still the family for shorter K and float32 tokens), top-8 rows."""
   p = abstract_params(name, (256, 256, 7168), grouped=True, kernel="grouped_wna16")
-  x = jax.ShapeDtypeStruct((256 * 8, 256), jnp.bfloat16)
+  x = jax.ShapeDtypeStruct((tokens * 8, 256), jnp.bfloat16)
   gs = jax.ShapeDtypeStruct((256,), jnp.int32)
   kernel = registry.by_name("grouped_wna16", grouped=True)
   text = lower_for_h200(lambda p, x, gs: kernel.run(p, x, gs), p, x, gs)

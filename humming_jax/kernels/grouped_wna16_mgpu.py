@@ -27,10 +27,9 @@ Pallas-Triton kernel) and the output gather;
 the gather: tile-aligned segments, rows read and written in place.  Session 8 timed it on
 every MoE benchmark shape (gate_up at 1 / 64 / 1024 tokens, down at 1 / 1024;
 benchmarks/NOTES_moe.md): ``hj.prepare(..., grouped=True)`` picks it for experts with
-K >= 768 (4096 until session 15, 2048 in session 15), where it beats the Pallas-Triton
-grouped kernel at every token count measured (:func:`priority_for`, session 16 side by
-side); with shorter K the Triton kernel stays the per-stack default (faster for a lone
-grouped GEMM at decode in session 8).  A whole
+K >= 256 (4096 until session 15, 2048 in session 15, 768 until session 34; side by side
+with the Pallas-Triton grouped kernel in sessions 16 and 34, :func:`priority_for`); with
+shorter K the Triton kernel stays the per-stack default.  A whole
 MoE layer (``moe.prepare_experts``) puts both of its stacks here wherever this kernel runs
 them (session 9).  Launch shapes by
 rows per tile, K and active experts (:func:`heuristic`, session 10): shared x tiles for
@@ -788,8 +787,8 @@ def priority_for(spec: QuantSpec, shape: tuple[int, ...]) -> int:
   Humming): int4 g128 zp 18.8 / 19.1 / 11.1 at 1 token, 202.0 / **154.3** / 84.7 at 64,
   **252.7** / 292.7 / 104.4 at 256, 513.9 / **327.5** / 203.6 at 1024; MXFP4 19.3 / 20.9 /
   11.8, 256.9 / **170.9** / 90.6, **313.4** / 338.9 / 112.5, 575.0 / **349.3** / 209.6.
-  This kernel loses at 256 tokens (8 rows per expert in 16-row tiles) and ties at 1; it
-  wins by a third at 64 and 1024, and ``quant_moe`` already ran the DeepSeek-V3 layer's
+  This kernel loses at 256 tokens (8 rows per expert in 16-row tiles; 8-row tiles were
+  slower still, 449.2) and ties at 1; it wins by 24-39 % at 64 and 1024, and ``quant_moe`` already ran the DeepSeek-V3 layer's
   down stack here (``moe.layer_kernel``): K >= 256 moved from Triton to this kernel.
   Shorter K (a single 128-deep K tile or less; untimed) stays on Triton.
 
