@@ -287,8 +287,8 @@ def layer_kernel(gate_up_params: QuantizedWeight, down_params: QuantizedWeight) 
   200.0 at 1 / 16 (CUPTI kernel sums 23.8 / 140.8 vs 33.2 / 190.1), 228.5 vs 243.1 at 64.
   (Session 9's per-stack default put DeepSeek-V3 down on Triton; since session 34 a lone
   K-256 stack takes the Mosaic kernel too.)  A single grouped GEMM (``quant_ragged_dot``)
-  keeps the per-stack default: Triton below K 256.  The Mosaic kernel takes 16-bit tokens: prepare a
-  float32 model's experts with ``kernel="grouped_wna16"``."""
+  keeps the per-stack default: Triton below K 256.  The Mosaic kernel takes 16-bit
+  tokens: prepare a float32 model's experts with ``kernel="grouped_wna16"``."""
   mosaic = registry.by_name(grouped_wna16_mgpu.FAMILY, grouped=True)
   if mosaic.supports(gate_up_params.spec) and mosaic.supports(down_params.spec):
     return mosaic.name

@@ -788,8 +788,9 @@ def priority_for(spec: QuantSpec, shape: tuple[int, ...]) -> int:
   **252.7** / 292.7 / 104.4 at 256, 513.9 / **327.5** / 203.6 at 1024; MXFP4 19.3 / 20.9 /
   11.8, 256.9 / **170.9** / 90.6, **313.4** / 338.9 / 112.5, 575.0 / **349.3** / 209.6.
   This kernel loses at 256 tokens (8 rows per expert in 16-row tiles; 8-row tiles were
-  slower still, 449.2) and ties at 1; it wins by 24-39 % at 64 and 1024, and ``quant_moe`` already ran the DeepSeek-V3 layer's
-  down stack here (``moe.layer_kernel``): K >= 256 moved from Triton to this kernel.
+  slower still, 449.2) and ties at 1; it wins by 24-39 % at 64 and 1024, and
+  ``quant_moe`` already ran the DeepSeek-V3 layer's down stack here
+  (``moe.layer_kernel``): K >= 256 moved from Triton to this kernel.
   Shorter K (a single 128-deep K tile or less; untimed) stays on Triton.
 
   Session 16, the two kernels side by side in one run (H200, resident chain of 8, CUPTI
