@@ -56,27 +56,20 @@ def test_dense_kernels_lower_for_h200(m, name, family):
 
 
 @pytest.mark.parametrize("tokens", [1, 256])
-@pytest.mark.parametrize("name", ["w4a16-g128-zp", "w4a16-mxfp4", "w8a8-fp8", "w8a8-int8",
-                                  "w4a8-fp8", "w4a8-mxfp4"])
-def test_grouped_kernels_lower_for_h200(name, tokens):
-  """DeepSeek-V3 down (E 256, K 256, N 7168), top-8 routing."""
-  p = abstract_params(name, (256, 256, 7168), grouped=True)
+@pytest.mark.parametrize("name,family", [
+    *[(n, None) for n in ("w4a16-g128-zp", "w4a16-mxfp4", "w8a8-fp8", "w8a8-int8",
+                          "w4a8-fp8", "w4a8-mxfp4")],
+    # the Pallas-Triton grouped kernel by name (the K-256 default until session 34; still
+    # the family for shorter K and float32 tokens)
+    ("w4a16-g128-zp", "grouped_wna16"), ("w4a16-mxfp4", "grouped_wna16")])
+def test_grouped_kernels_lower_for_h200(name, family, tokens):
+  """DeepSeek-V3 down (E 256, K 256, N 7168), top-8 routing: the shape's default family,
+  or ``family``."""
+  p = abstract_params(name, (256, 256, 7168), grouped=True, kernel=family)
   x = jax.ShapeDtypeStruct((tokens * 8, 256), jnp.bfloat16)
   gs = jax.ShapeDtypeStruct((256,), jnp.int32)
-  kernel = registry.find(p.spec, grouped=True, shape=p.shape)  # the family p was prepared for
-  text = lower_for_h200(lambda p, x, gs: kernel.run(p, x, gs), p, x, gs)
-  assert "custom_call" in text
-
-
-@pytest.mark.parametrize("tokens", [1, 256])
-@pytest.mark.parametrize("name", ["w4a16-g128-zp", "w4a16-mxfp4"])
-def test_triton_grouped_kernel_lowers_for_h200(name, tokens):
-  """The Pallas-Triton grouped kernel at DeepSeek-V3 down (the K-256 default until
-  session 34; still the family for shorter K and float32 tokens), top-8 rows."""
-  p = abstract_params(name, (256, 256, 7168), grouped=True, kernel="grouped_wna16")
-  x = jax.ShapeDtypeStruct((tokens * 8, 256), jnp.bfloat16)
-  gs = jax.ShapeDtypeStruct((256,), jnp.int32)
-  kernel = registry.by_name("grouped_wna16", grouped=True)
+  kernel = (registry.by_name(family, grouped=True) if family  # the family p was prepared for
+            else registry.find(p.spec, grouped=True, shape=p.shape))
   text = lower_for_h200(lambda p, x, gs: kernel.run(p, x, gs), p, x, gs)
   assert "custom_call" in text
 

@@ -241,20 +241,23 @@ GPU_SHAPES = [  # (E, top-k, N, K): DeepSeek-V3, Qwen3-30B-A3B, Mixtral (gate_up
     (8, 2, 28672, 4096), (8, 2, 4096, 14336)]
 
 
+def _routed_experts(preset, shape, tokens, seed):
+  """(quantized (E, K, N) experts, (tokens * top-k, K) bf16 rows, group sizes of a random
+  top-k routing) for a GPU_SHAPES ``shape``."""
+  e, topk, n, k = shape
+  k1, k2, k3 = jax.random.split(jax.random.PRNGKey(seed), 3)
+  p = hj.quantize(jax.random.normal(k1, (e, k, n), jnp.bfloat16), hj.QuantSpec.preset(preset))
+  x = jax.random.normal(k2, (tokens * topk, k), jnp.bfloat16)
+  ids = jax.random.randint(k3, (tokens, topk), 0, e)
+  return p, x, jnp.bincount(ids.reshape(-1), length=e).astype(jnp.int32)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("preset", ["w4a16-g128-zp", "w4a16-mxfp4"])
 @pytest.mark.parametrize("shape", GPU_SHAPES, ids=lambda s: "x".join(map(str, s)))
 @pytest.mark.parametrize("tokens", [1, 64, 600])
 def test_grouped_kernel_gpu(preset, shape, tokens):
-  e, topk, n, k = shape
-  spec = hj.QuantSpec.preset(preset)
-  key = jax.random.PRNGKey(tokens)
-  k1, k2, k3 = jax.random.split(key, 3)
-  p = hj.quantize(jax.random.normal(k1, (e, k, n), jnp.bfloat16), spec)
-  m = tokens * topk
-  x = jax.random.normal(k2, (m, k), jnp.bfloat16)
-  ids = jax.random.randint(k3, (tokens, topk), 0, e)
-  gs = jnp.bincount(ids.reshape(-1), length=e).astype(jnp.int32)
+  p, x, gs = _routed_experts(preset, shape, tokens, seed=tokens)
   gs = gs.at[0].add(-jnp.minimum(gs[0], 1))  # one row past sum(group_sizes) when possible
   pp = hj.prepare(p, grouped=True)
   y = jax.jit(hj.quant_ragged_dot)(pp, x, gs)
@@ -270,13 +273,7 @@ def test_grouped_kernel_gpu(preset, shape, tokens):
 def test_triton_grouped_kernel_gpu(preset, tokens):
   """This (Pallas-Triton) family asked for by name at DeepSeek-V3 down (E 256, K 256,
   N 7168): since session 34 every GPU_SHAPES default is the Mosaic kernel."""
-  e, topk, n, k = GPU_SHAPES[1]
-  spec = hj.QuantSpec.preset(preset)
-  k1, k2, k3 = jax.random.split(jax.random.PRNGKey(100 + tokens), 3)
-  p = hj.quantize(jax.random.normal(k1, (e, k, n), jnp.bfloat16), spec)
-  x = jax.random.normal(k2, (tokens * topk, k), jnp.bfloat16)
-  ids = jax.random.randint(k3, (tokens, topk), 0, e)
-  gs = jnp.bincount(ids.reshape(-1), length=e).astype(jnp.int32)
+  p, x, gs = _routed_experts(preset, GPU_SHAPES[1], tokens, seed=100 + tokens)
   pp = hj.prepare(p, grouped=True, kernel="grouped_wna16")
   assert registry.layout_family(pp.layout) == "grouped_wna16"
   y = jax.jit(hj.quant_ragged_dot)(pp, x, gs)
