@@ -44,6 +44,8 @@ def parse_config(name: str, m: int, base: tuning.MgpuConfig | None = None
       fields["warpgroups"] = int(tok[2:])
     elif tok.startswith("sub"):
       fields["substeps"] = int(tok[3:])
+    elif tok.startswith("cb"):  # column blocks per CTA, streamed through one pipeline
+      fields["column_blocks"] = int(tok[2:])
     elif tok.startswith("bm"):
       fields["block_m"] = int(tok[2:])
     elif tok == "opt":

@@ -167,8 +167,22 @@ class MgpuConfig:
   # (probe_wgmma_rate.py, 128-row tiles, two warpgroups) in 106 against 255 registers, so
   # 128-row tiles fit four warpgroups (grouped_wna16_mgpu.heuristic takes that).
   fp8_single_acc: bool = False
+  # Session 35: each CTA computes this many adjacent column blocks (of 64 columns per
+  # warpgroup) one after another through one pipeline -- the next block's weights are in
+  # flight during this block's epilogue -- so a CTA's fixed costs (launch, barrier set-up,
+  # the first TMA latency, the store wait) are paid once per `column_blocks` blocks.  For
+  # short K (DeepSeek-V3 down: K 256, one pipeline step per block) where those costs are
+  # most of a CTA's time.  run() lowers it to a divisor of the column blocks; the 16-bit
+  # route only (not the fp8-MMA layout, not with cluster_n).
+  column_blocks: int = 1
 
   def __post_init__(self):
+    if self.column_blocks < 1:
+      raise ValueError(f"column_blocks={self.column_blocks} must be >= 1")
+    if self.column_blocks > 1 and self.cluster_n > 1:
+      raise ValueError(f"column_blocks={self.column_blocks} with cluster_n="
+                       f"{self.cluster_n}: a cluster's CTAs share x tiles block by block; "
+                       f"use one of the two")
     if self.split_warpgroups not in ("k", "n"):
       raise ValueError(f"split_warpgroups={self.split_warpgroups!r}: expected 'k' or 'n'")
     if self.split_k < 1:

@@ -685,16 +685,24 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
     wgs = divisor(min(wgs, 2), splits)  # unscheduled on a 2-core machine (NOTES.md v11)
   fp8_bytes = (dict(x_bytes=1, scale_bytes=jnp.dtype(s_dtype).itemsize, x_scales=True)
                if fp8 else {})
+  if fp8 and config.column_blocks > 1:
+    raise ValueError(f"config.column_blocks={config.column_blocks}: the fp8-MMA layout "
+                     f"runs one column block per CTA (expected 1)")
   while not explicit and wgs > 1 and smem_bytes(
       block_m, min(2, steps if share_x else steps // wgs), sub, bk, bits, has_zeros,
-      out_bytes, wgs, zero_mma, gpt, col, share_x, **fp8_bytes) > SMEM_BYTES:
+      out_bytes, wgs, zero_mma, gpt, col, share_x, column_blocks=config.column_blocks,
+      **fp8_bytes) > SMEM_BYTES:
     wgs = divisor(wgs - 1, splits)  # e.g. group 256 x 64 tokens: 4 warpgroups do not fit
   steps_w = steps if share_x else steps // wgs
-  stages = min(config.stages, steps_w, MAX_BARRIERS // (1 if share_x else wgs))
-  stages = fit_stages(dataclasses.replace(config, stages=stages, substeps=sub, warpgroups=wgs),
+  eg = wgs if share_x else 1  # warpgroups with their own epilogue (output columns)
+  # Config.column_blocks: column blocks per CTA, streamed one after another (a divisor of
+  # the CTA column blocks; one where clusters share x tiles, as Config checks)
+  blocks = divisor(config.column_blocks, np_ // (BLOCK_N * eg))
+  stages = min(config.stages, blocks * steps_w, MAX_BARRIERS // (1 if share_x else wgs))
+  stages = fit_stages(dataclasses.replace(config, stages=stages, substeps=sub, warpgroups=wgs,
+                                          column_blocks=blocks),
                       block_m, bk, bits, has_zeros, out_bytes=out_bytes, scale_rows=gpt,
                       column_scale=col, **fp8_bytes)
-  eg = wgs if share_x else 1  # warpgroups with their own epilogue (output columns)
   # CTAs of adjacent column blocks sharing each x tile by TMA multicast (Config.cluster_n);
   # the interpreter copies x into each CTA whole (same values, no multicast).  As with
   # warpgroups above, the interpreter keeps at most two threads per cluster: its threads
@@ -744,7 +752,7 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
 
   def kernel(*refs, x_buf, w_buf, bars, o_smem, s_buf=None, z_buf=None, red_smem=None,
              red_bar=None, ep_smem=None, ep_barrier=None, a_smem=None, ones_smem=None,
-             free=None, out_bar=None, xs_smem=None, xs_bar=None):
+             free=None, out_bar=None, xs_smem=None, xs_bar=None, o_free=None, red_free=None):
     rest = list(refs)
     sched_gmem = rest.pop(0) if grouped else None
     x_gmem = rest.pop(0)
@@ -759,12 +767,14 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
       ni = ni * cl + lax.axis_index("cn")
     ms = pl.ds(mi * block_m, block_m)  # output rows (and x rows when dense)
     wg = lax.axis_index("wg")
-    cols = lambda g: pl.ds((ni * eg + g) * BLOCK_N, BLOCK_N)  # warpgroup g's columns
-    ns = cols(wg if share_x else 0)
+    # warpgroup g's columns in the CTA's column block r
+    cols = lambda g, r=0: pl.ds(((ni * blocks + r) * eg + g) * BLOCK_N, BLOCK_N)
     first_tile = (ki * steps + (0 if share_x else wg * steps_w)) * sub  # this K range
     e = wg if share_x else 0  # this warpgroup's epilogue slot
     # share_x: one output tile and epilogue barrier per warpgroup (else the single ones)
     own = (lambda ref, i: ref.at[i]) if share_x else (lambda ref, i: ref)
+    # ep_smem row of epilogue vector i for warpgroup g's columns of column block r
+    ep_row = lambda r, g, i: (r * eg + g) * n_ep + i
 
     def tile(xs, pick):  # xs: the x rows; pick: the tile's expert's arrays (dense: same)
       if fp8:  # the tile's row scales, for the epilogue
@@ -772,10 +782,12 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
       if n_ep:  # in flight during the K loop; warpgroup 0 (share_x: each) runs the epilogue
         @pl.when(wg == 0)  # (share_x: for every warpgroup; one issuer of all copies)
         def _():
-          for g in range(eg):
-            for i, v_gmem in enumerate(ep_gmem):
-              plgpu.copy_gmem_to_smem(pick(v_gmem).at[:, cols(g)],
-                                      ep_smem.at[pl.ds(g * n_ep + i, 1)], own(ep_barrier, g))
+          for r in range(blocks):  # (every column block's rows: one barrier phase)
+            for g in range(eg):
+              for i, v_gmem in enumerate(ep_gmem):
+                plgpu.copy_gmem_to_smem(pick(v_gmem).at[:, cols(g, r)],
+                                        ep_smem.at[pl.ds(ep_row(r, g, i), 1)],
+                                        own(ep_barrier, g))
 
       # The TMA pipeline by hand: plgpu.emit_pipeline allocates per-thread scratch, which a
       # kernel of several warpgroups cannot have; each warpgroup owns buffers [wg, slot]
@@ -793,13 +805,14 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
         if has_zeros:
           plgpu.copy_gmem_to_smem(pick(z_gmem).at[rows, ng], z_buf.at[g, slot], bar)
 
-      def fetch(step, slot):
+      def fetch(step, slot):  # step: counted over the CTA's column blocks
+        r, step = divmod(step, steps_w) if blocks > 1 else (0, step)
         t = first_tile + step * sub
         x_src = x_gmem.at[xs, pl.ds(t * bk, sub * bk)]
         if not share_x:
           bar = bars.at[wg * stages + slot]
           plgpu.copy_gmem_to_smem(x_src, x_buf.at[wg, slot], bar)
-          fetch_one(t, slot, wg, ns, bar)
+          fetch_one(t, slot, wg, cols(0, r), bar)
           return
 
         @pl.when(wg == 0)
@@ -807,7 +820,7 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
           plgpu.copy_gmem_to_smem(x_src, x_buf.at[0, slot], bars.at[slot],
                                   collective_axes="cn" if cl > 1 else None)
           for g in range(wgs):
-            fetch_one(t, slot, g, cols(g), bars.at[slot])
+            fetch_one(t, slot, g, cols(g, r), bars.at[slot])
 
       top_row = None  # this warpgroup's (64,) column maxima (fp8_single_acc) or D (sf)
       fold_row = None  # sf: its (64,) 2**126 / D (the interpreter: 1 / D) (scoped)
@@ -981,8 +994,7 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
                                j, group)
         return total
 
-      def scoped(acc_ref):
-        nonlocal top_row, fold_row
+      def start():  # before the first column block
         if zero_mma:  # the constant all-ones WGMMA A operand of the x sums
           ones_smem.at[wg][...] = jnp.ones((BLOCK_N, bk), cdt)
           plgpu.commit_smem()
@@ -990,17 +1002,22 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
           fetch(st, st)
         if single or sf:  # the columns' largest group scales / fold bases, before the
           plgpu.barrier_wait(own(ep_barrier, e))  # first K tile
-          top_row = plgpu.load(ep_smem.at[e * n_ep + base_i], layout=_ROW)
+
+      def scoped(acc_ref, r):  # column block r's K loop
+        nonlocal top_row, fold_row
+        if single or sf:
+          top_row = plgpu.load(ep_smem.at[ep_row(r, e, base_i)], layout=_ROW)
         if sf:  # D >= 2**-1: 2**126 / D is finite (the padding rows' scale 1.0 too)
           fold_row = ((1.0 / top_row) if interpret else
                       (mgpu_convert.bias_factor(cdt) / top_row).astype(cdt))
 
         def body(step, total):
+          step = r * steps_w + step  # the pipeline's step, over the column blocks
           slot = lax.rem(step, stages)
           plgpu.barrier_wait(bars.at[slot if share_x else wg * stages + slot])
           total = compute(slot, acc_ref, total)
 
-          @pl.when(step + stages < steps_w)
+          @pl.when(step + stages < blocks * steps_w)
           def _():
             if share_x:  # this warpgroup is done with the shared slot; warpgroup 0
               plgpu.barrier_arrive(free.at[slot])  # refills it once every one is
@@ -1016,54 +1033,85 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
         total = lax.fori_loop(0, steps_w, body, total)
         return total if in_registers else acc_ref[...]
 
-      acc = pl.run_scoped(scoped, plgpu.ACC((BLOCK_N, block_m), jnp.float32))
-      if wgs > 1 and not share_x:  # partial sums of warpgroups 1.. -> SMEM -> warpgroup 0
-        @pl.when(wg > 0)
-        def _():
-          red_smem.at[wg - 1][...] = acc
-          plgpu.barrier_arrive(red_bar)
+      def column_block(r):  # K loop, warpgroup reduction, epilogue and store of block r
+        acc = pl.run_scoped(lambda acc_ref: scoped(acc_ref, r),
+                            plgpu.ACC((BLOCK_N, block_m), jnp.float32))
+        if wgs > 1 and not share_x:  # partial sums of warpgroups 1.. -> SMEM -> warpgroup 0
+          @pl.when(wg > 0)
+          def _():
+            if blocks > 1:  # warpgroup 0 has read the last block's partials
+              pl.when(r > 0)(lambda: plgpu.barrier_wait(red_free))
+            red_smem.at[wg - 1][...] = acc
+            plgpu.barrier_arrive(red_bar)
 
-      @pl.when((wg == 0) | share_x)
-      def _epilogue():
-        y = acc
-        if wgs > 1 and not share_x:
-          plgpu.barrier_wait(red_bar)
-          for i in range(wgs - 1):
-            y = y + plgpu.load(red_smem.at[i], layout=_WGMMA)
-        if fp8:  # each x row (a column here) times its scale (split-K: on each partial)
-          plgpu.barrier_wait(xs_bar)
-          y = y * lax.broadcast_in_dim(plgpu.load(xs_smem, layout=_COL), y.shape, [1])
-        out_smem = own(o_smem, e)
-        if not fused_epilogue:
-          out_smem[...] = y
-        else:
-          if n_ep:
-            if not (single or sf):  # (single, sf: waited for before the K loop)
-              plgpu.barrier_wait(own(ep_barrier, e))
-            ep = lambda i: lax.broadcast_in_dim(
-                plgpu.load(ep_smem.at[e * n_ep + i], layout=_ROW), y.shape, [0])
-            for i in range(len(scale_rows)):
-              y = y * ep(i)
-            if has_bias:
-              y = y + ep(n_ep - 1)
-          out_smem.T[...] = plgpu.layout_cast(y.astype(cdt), _TRANSPOSED)
-        plgpu.commit_smem()
+        @pl.when((wg == 0) | share_x)
+        def _epilogue():
+          y = acc
+          if wgs > 1 and not share_x:
+            plgpu.barrier_wait(red_bar)
+            for i in range(wgs - 1):
+              y = y + plgpu.load(red_smem.at[i], layout=_WGMMA)
+            if blocks > 1:  # (the next block's warpgroups wait for it)
+              pl.when(r + 1 < blocks)(lambda: plgpu.barrier_arrive(red_free))
+          if fp8:  # each x row (a column here) times its scale (split-K: on each partial)
+            plgpu.barrier_wait(xs_bar)
+            y = y * lax.broadcast_in_dim(plgpu.load(xs_smem, layout=_COL), y.shape, [1])
+          if blocks > 1:  # the last block's store has read the output tile
+            if share_x and wgs > 1:  # (warpgroup 0 issued it)
+              @pl.when(r > 0)
+              def _():
+                @pl.when(wg == 0)
+                def _():
+                  plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+                  plgpu.barrier_arrive(o_free)
+                pl.when(wg > 0)(lambda: plgpu.barrier_wait(o_free))
+            else:
+              plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+          out_smem = own(o_smem, e)
+          if not fused_epilogue:
+            out_smem[...] = y
+          else:
+            if n_ep:
+              if not (single or sf):  # (single, sf: waited for before the K loop; every
+                # block's rows arrive in the first phase)
+                wait = lambda: plgpu.barrier_wait(own(ep_barrier, e))
+                if blocks > 1:
+                  pl.when(r == 0)(wait)
+                else:
+                  wait()
+              ep = lambda i: lax.broadcast_in_dim(
+                  plgpu.load(ep_smem.at[ep_row(r, e, i)], layout=_ROW), y.shape, [0])
+              for i in range(len(scale_rows)):
+                y = y * ep(i)
+              if has_bias:
+                y = y + ep(n_ep - 1)
+            out_smem.T[...] = plgpu.layout_cast(y.astype(cdt), _TRANSPOSED)
+          plgpu.commit_smem()
 
-        def store():
-          for g in range(eg):
-            dst = o_gmem.at[ms, cols(g)] if fused_epilogue else o_gmem.at[ki, cols(g), ms]
-            plgpu.copy_smem_to_gmem(own(o_smem, g), dst)
-          plgpu.wait_smem_to_gmem(0)
-        if not (share_x and wgs > 1):
-          store()  # warpgroup 0 (or the only one)
-          return
-        # share_x: warpgroup 0 stores every warpgroup's tile (one issuer, as for the loads)
-        pl.when(wg > 0)(lambda: plgpu.barrier_arrive(out_bar))
+          def store():
+            for g in range(eg):
+              dst = (o_gmem.at[ms, cols(g, r)] if fused_epilogue
+                     else o_gmem.at[ki, cols(g, r), ms])
+              plgpu.copy_smem_to_gmem(own(o_smem, g), dst)
+            if blocks == 1:  # (else: the next block waits for the reads, the CTA's end
+              plgpu.wait_smem_to_gmem(0)  # for the writes)
+          if not (share_x and wgs > 1):
+            store()  # warpgroup 0 (or the only one)
+            return
+          # share_x: warpgroup 0 stores every warpgroup's tile (one issuer, as for the loads)
+          pl.when(wg > 0)(lambda: plgpu.barrier_arrive(out_bar))
 
-        @pl.when(wg == 0)
-        def _():
-          plgpu.barrier_wait(out_bar)
-          store()
+          @pl.when(wg == 0)
+          def _():
+            plgpu.barrier_wait(out_bar)
+            store()
+
+      start()
+      if blocks == 1:
+        column_block(0)
+      else:
+        lax.fori_loop(0, blocks, lambda r, carry: (column_block(r), carry)[1], None)
+        pl.when(wg == 0)(lambda: plgpu.wait_smem_to_gmem(0))
 
     if not grouped:
       tile(ms, lambda ref: ref)
@@ -1086,6 +1134,8 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
                        else plgpu.Barrier(num_arrivals=wgs, num_barriers=stages))
     if wgs > 1:
       scratch["out_bar"] = plgpu.Barrier(num_arrivals=wgs - 1)
+    if wgs > 1 and blocks > 1:  # the output tiles' last store has read them
+      scratch["o_free"] = plgpu.Barrier(num_arrivals=1)
   if not col:
     scratch["s_buf"] = row_buf(s_dtype)
   if has_zeros:
@@ -1093,6 +1143,8 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
   if wgs > 1 and not share_x:
     scratch["red_smem"] = plgpu.SMEM((wgs - 1, BLOCK_N, block_m), jnp.float32, transforms=r_tf)
     scratch["red_bar"] = plgpu.Barrier(num_arrivals=wgs - 1)  # counted in warpgroups
+    if blocks > 1:  # warpgroup 0 has read the partials
+      scratch["red_free"] = plgpu.Barrier(num_arrivals=1)
   if fused_epilogue:
     scratch["o_smem"] = plgpu.SMEM((eg,) * share_x + (block_m, BLOCK_N), cdt, transforms=o_tf)
     out_type = jax.ShapeDtypeStruct((mp if grouped else rows, np_), cdt)
@@ -1101,9 +1153,9 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
                                    transforms=o_tf)
     out_type = jax.ShapeDtypeStruct((split, np_, mp), jnp.float32)
   if n_ep:
-    scratch.update(ep_smem=plgpu.SMEM((eg * n_ep, BLOCK_N), jnp.float32),
-                   ep_barrier=plgpu.Barrier(num_arrivals=n_ep, num_barriers=eg) if share_x
-                   else plgpu.Barrier(num_arrivals=n_ep))
+    scratch.update(ep_smem=plgpu.SMEM((blocks * eg * n_ep, BLOCK_N), jnp.float32),
+                   ep_barrier=(plgpu.Barrier(num_arrivals=n_ep * blocks, num_barriers=eg)
+                               if share_x else plgpu.Barrier(num_arrivals=n_ep * blocks)))
   operands.extend(scale_rows)  # (1, Np) float32 rows (per expert when grouped)
   if has_bias:  # (1, Np) float32 row (per expert when grouped)
     bias = params.bias.astype(jnp.float32)
@@ -1120,7 +1172,7 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
     scratch["ones_smem"] = plgpu.SMEM((wgs, BLOCK_N, bk), cdt, transforms=a_tf)
   out = plgpu.kernel(
       kernel, out_type=out_type,
-      grid=(np_ // (BLOCK_N * eg * cl), mp // block_m, split), grid_names=("n", "m", "k"),
+      grid=(np_ // (BLOCK_N * eg * cl * blocks), mp // block_m, split), grid_names=("n", "m", "k"),
       # (a 3-D cluster lines up with the grid: (cl, 1, 1) groups column blocks)
       **(dict(cluster=(cl, 1, 1), cluster_names=("cn", "cm", "ck")) if cl > 1 else {}),
       num_threads=wgs, thread_name="wg", scratch_types=scratch,
@@ -1193,14 +1245,15 @@ def smem_bytes(block_m: int, stages: int, substeps: int, block_k: int, bits: int
                has_zeros: bool, out_bytes: int = 2, warpgroups: int = 1,
                ones_tile: bool = False, scale_rows: int = 1,
                column_scale: bool = False, share_x: bool = False, *, x_bytes: int = 2,
-               scale_bytes: int = 2, x_scales: bool = False) -> int:
+               scale_bytes: int = 2, x_scales: bool = False, column_blocks: int = 1) -> int:
   """Shared memory the kernel allocates: each scratch buffer rounded up to Mosaic's 1 KB
   alignment (checked against Mosaic's count in tests/test_wna16_mgpu.py).
   ``scale_rows``: scale (and zero) rows per K tile; ``column_scale``: no scale rows (the
   scale is an epilogue row); ``share_x``: warpgroups split N and share one x tile per
   slot (``MgpuConfig.split_warpgroups="n"``: no reduction buffer, an epilogue each).
   The fp8 route: ``x_bytes`` 1, ``scale_bytes`` of its scale rows, ``x_scales`` (the
-  tile's row scales and their barrier)."""
+  tile's row scales and their barrier).  ``column_blocks``: the epilogue rows of that many
+  column blocks (MgpuConfig.column_blocks) and the two barriers their output tile takes."""
   kb = tuning.smem_round
   slots = warpgroups * stages * substeps
   rows = (kb(slots * scale_rows * BLOCK_N * scale_bytes) * (not column_scale)
@@ -1210,7 +1263,8 @@ def smem_bytes(block_m: int, stages: int, substeps: int, block_k: int, bits: int
   return (kb(x_slots * block_m * block_k * x_bytes) + kb(slots * BLOCK_N * block_k * bits // 8)
           + (kb(block_m * 4) + 8 if x_scales else 0)
           + rows + (0 if share_x else kb((warpgroups - 1) * BLOCK_N * block_m * 4))
-          + kb(eg * block_m * BLOCK_N * out_bytes) + kb(eg * 3 * BLOCK_N * 4)
+          + kb(eg * block_m * BLOCK_N * out_bytes)
+          + kb(column_blocks * eg * 3 * BLOCK_N * 4) + 16 * (column_blocks > 1)
           + (kb(warpgroups * BLOCK_N * block_k * 2) if ones_tile else 0)
           # mbarriers: pipeline (+ slot release), reduction, epilogue
           + 8 * (2 * stages + eg + 1 if share_x else warpgroups * stages + 2))
@@ -1229,7 +1283,8 @@ def fit_stages(config: Config, block_m: int, block_k: int, bits: int, has_zeros:
   size = lambda st: smem_bytes(block_m, st, config.substeps, block_k, bits, has_zeros,
                                out_bytes, config.warpgroups,
                                _ones_tile(config, has_zeros) and scale_rows == 1, scale_rows,
-                               column_scale, config.split_warpgroups == "n", **fp8_bytes)
+                               column_scale, config.split_warpgroups == "n", **fp8_bytes,
+                               column_blocks=config.column_blocks)
   while stages > 2 and size(stages) > SMEM_BYTES:
     stages -= 1
   need = size(stages)
