@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import humming_jax as hj
-from humming_jax.kernels import grouped_wna16_mgpu as gm, reference, registry
+from humming_jax.kernels import grouped_wna16_mgpu as gm, reference, registry, tuning
 
 TOL = 1e-2
 
@@ -837,3 +837,128 @@ def test_deepseek_decode_split_k_gpu(name):
   e_ = rel(y, jax.jit(reference.ragged_dot_reference)(q, x, g))
   print(f"split-K decode {name}: rel err {e_:.2e}")
   assert e_ <= TOL
+
+
+def _launch_grids(monkeypatch):
+  """The grids of the Mosaic kernels launched from here on (a list, appended to)."""
+  from jax.experimental.pallas import mosaic_gpu as plgpu
+  grids, orig = [], plgpu.kernel
+  monkeypatch.setattr(plgpu, "kernel", lambda *a, **kw: grids.append(kw["grid"])
+                      or orig(*a, **kw))
+  return grids
+
+
+COLUMN_BLOCK_CASES = [  # (preset, launch fields, E, K, N, group sizes, bias, column blocks)
+    # the decode launch at DeepSeek-V3 down's K (one pipeline step per column block)
+    ("w4a16-g128-zp", dict(block_m=64, substeps=2, scale_after_mma=True, overlap_mma=True),
+     4, 256, 512, [3, 0, 9, 1], True, 4),
+    # ":sf" MXFP4: each block's fold bases, read before its K loop
+    ("w4a16-mxfp4", dict(block_m=64, substeps=2, scale_after_mma=True), 3, 256, 384,
+     [1, 5, 0], False, 3),
+    # two shared-x warpgroups: global scale and bias rows per block, the output tiles'
+    # release between blocks (o_free)
+    ("w4a16-nvfp4", dict(block_m=64, warpgroups=2, split_warpgroups="n",
+                         scale_after_mma=True), 3, 256, 512, [7, 0, 20], True, 2),
+    # two warpgroups splitting K: the partials' release between blocks (red_free); the
+    # column scale an epilogue row
+    ("w8a16", dict(block_m=64, warpgroups=2, scale_after_mma=True), 2, 512, 256, [5, 4],
+     True, 4),
+]
+
+
+@pytest.mark.parametrize("case", COLUMN_BLOCK_CASES, ids=lambda c: c[0])
+def test_column_blocks_interpret(case, monkeypatch):
+  """MgpuConfig.column_blocks: each CTA streams R column blocks through one pipeline.  The
+  outputs equal the one-block launch's bit for bit (the same products per block) and the
+  grid has R times fewer column CTAs."""
+  import dataclasses
+
+  from humming_jax.kernels import wna16_mgpu
+  name, fields, e, k, n, sizes, bias, blocks = case
+  g = jnp.asarray(sizes, jnp.int32)
+  q, x = make(name, e, k, n, int(g.sum()) + 3, bias, seed=81)  # + 3 rows past the groups
+  p = gm.prepare(q)
+  grids = _launch_grids(monkeypatch)
+  one = wna16_mgpu.Config(**fields)
+  ys = [np.asarray(jax.jit(lambda p, x, g, c=c: gm.run(p, x, g, interpret=True, config=c))(
+      p, x, g), np.float32) for c in (one, dataclasses.replace(one, column_blocks=blocks))]
+  assert grids[-2][0] == blocks * grids[-1][0], grids  # (the last two: one, then R blocks)
+  np.testing.assert_array_equal(ys[1], ys[0])
+  assert rel(ys[1], reference.ragged_dot_reference(q, x, g)) <= TOL
+  assert not ys[1][int(g.sum()):].any()  # rows past sum(group_sizes): zeros
+
+
+def test_column_blocks_errors_name_the_field():
+  from humming_jax.kernels import wna16_mgpu
+  with pytest.raises(ValueError, match="column_blocks=0"):
+    wna16_mgpu.Config(column_blocks=0)
+  with pytest.raises(ValueError, match="column_blocks=2 with cluster_n=2"):
+    wna16_mgpu.Config(column_blocks=2, cluster_n=2, split_warpgroups="n")
+
+
+@pytest.mark.parametrize("tokens", [1, 256])
+def test_column_blocks_lower_for_h200(tokens):
+  """DeepSeek-V3 down (E 256, K 256, N 7168) with four column blocks per CTA on the
+  default launch (decode tiles at 1 token, four shared-x warpgroups at 256)."""
+  import dataclasses
+
+  from test_cuda_lowering import lower_for_h200
+  e, k, n = 256, 256, 7168
+  spec = hj.QuantSpec.preset("w4a16-g128-zp")
+  q = jax.eval_shape(lambda w: hj.quantize(w, spec), jax.ShapeDtypeStruct((e, k, n), jnp.float32))
+  p = jax.eval_shape(gm.prepare, q)
+  m = tokens * 8
+  block_m = gm.tile_rows(m, e, p)
+  cfg = dataclasses.replace(gm.default_launch(m, p, block_m), column_blocks=4)
+  x = jax.ShapeDtypeStruct((m, k), jnp.bfloat16)
+  g = jax.ShapeDtypeStruct((e,), jnp.int32)
+  text = lower_for_h200(lambda p, x, g: gm.run(p, x, g, config=cfg, block_m=block_m), p, x, g)
+  assert "custom_call" in text
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("blocks", [2, 4, 7])
+@pytest.mark.parametrize("tokens", [1, 64, 256, 1024])
+@pytest.mark.parametrize("name", ["w4a16-g128-zp", "w4a16-mxfp4"])
+def test_column_blocks_gpu(name, tokens, blocks):
+  """DeepSeek-V3 down on the H200: the default launch with ``blocks`` column blocks per
+  CTA equals the one-block launch bit for bit, within TOL of the reference."""
+  import dataclasses
+  e, k, n = 256, 256, 7168
+  q, _ = make(name, e, k, n, 1, False, seed=83)
+  g, x = routed_rows(e, k, tokens, seed=84)
+  p = jax.jit(gm.prepare)(q)
+  block_m = gm.tile_rows(x.shape[0], e, p)
+  one = gm.default_launch(x.shape[0], p, block_m)
+  run = jax.jit(lambda p, x, g, c: gm.run(p, x, g, config=c, block_m=block_m),
+                static_argnums=3)
+  y1 = np.asarray(run(p, x, g, one), np.float32)
+  yr = np.asarray(run(p, x, g, dataclasses.replace(one, column_blocks=blocks)), np.float32)
+  np.testing.assert_array_equal(yr, y1)
+  assert rel(yr, jax.jit(reference.ragged_dot_reference)(q, x, g)) <= TOL
+
+
+def test_short_experts_stream_column_blocks():
+  """K <= 256 experts (two K tiles: DeepSeek-V3 down) on the 16-bit route take one
+  warpgroup streaming up to eight column blocks per CTA (H200 session 35), while that
+  leaves eight CTAs per SM; longer K, few tiles and the fp8-MMA layout keep one block."""
+  sms = tuning.num_sms()
+  launch = lambda tiles, k_tiles, rows, **kw: gm.heuristic(tiles, 7168, k_tiles, rows, **kw)
+  for tiles, rows, split in ((219, 8, "k"), (256, 16, "n"), (256, 48, "n")):  # 64/256/1024
+    cfg = launch(tiles, 2, rows)
+    assert (cfg.column_blocks, cfg.warpgroups, cfg.stages, cfg.split_warpgroups) == (
+        8, 1, 4, split), (tiles, rows)
+  assert launch(219, 2, 8).substeps == 2  # the decode launch: both K tiles in one step
+  assert launch(8, 2, 8).column_blocks == 1  # 1 token: 896 column blocks, < 8 per SM
+  assert launch(219, 6, 8).column_blocks == 1  # K 768 (Qwen3-30B-A3B down): not timed
+  assert launch(256, 2, 128).column_blocks == 1  # 4096 tokens, 128-row tiles: lost 3 %
+  assert gm.streamed_blocks(8, 7168) == 1
+  # one tile per SM has 112 column blocks per SM: 8 blocks leave 14 CTAs per SM, 4 at
+  # half the tiles 14, at an eighth of them even 2 blocks leave 3.5: none
+  assert gm.streamed_blocks(sms, 7168) == 8 and gm.streamed_blocks(sms // 2, 7168) == 4
+  assert gm.streamed_blocks(sms // 8, 7168) == 1
+  spec = hj.QuantSpec.preset("w4a16-mxfp4")  # on the fp8-MMA layout: its own launches
+  q = jax.eval_shape(lambda w: hj.quantize(w, spec),
+                     jax.ShapeDtypeStruct((256, 256, 7168), jnp.float32))
+  p = jax.eval_shape(lambda q: gm.prepare(q, mma="fp8"), q)
+  assert launch(219, 2, 8, params=p).column_blocks == 1

@@ -183,6 +183,17 @@ TWO_WG_MAX_ROWS = 96
 # (session 15); Mixtral gate_up (16) is untimed either way and keeps two.  Timed on
 # run()'s 16-row tiles only: run_aligned's 8-row ones (``hj.quant_moe``) keep two.
 SMALL_TWO_WG_MIN_STEPS = 16
+# Short experts (at most this many K tiles: K <= 256 at the 128-deep tile, DeepSeek-V3
+# down) on the 16-bit route stream up to STREAMED_BLOCKS column blocks per CTA
+# (MgpuConfig.column_blocks) on one warpgroup, while that leaves at least
+# STREAMED_MIN_WAVES CTAs per SM (:func:`streamed_blocks`), in tiles of up to
+# STREAMED_MAX_ROWS rows (H200 session 35, DeepSeek-V3 down at 4096 tokens, 128-row
+# tiles: 913.5 us streamed, 887.8 on one warpgroup without, 897.9 on the four-warpgroup
+# default, which stays).
+STREAMED_MAX_K_TILES = 2
+STREAMED_MAX_ROWS = 64
+STREAMED_BLOCKS = 8
+STREAMED_MIN_WAVES = 8
 
 
 def single_acc_tiles(params: QuantizedWeight | None) -> bool:
@@ -290,6 +301,10 @@ def heuristic(tiles: int, n: int, k_tiles: int, block_m: int, *,
   experts), ``k_tiles`` K tiles per expert.  H200 sweeps of
   session 10 (benchmarks/NOTES_moe.md; int4 g128 zp, us per grouped GEMM):
 
+  - Short experts (at most :data:`STREAMED_MAX_K_TILES` K tiles) on the 16-bit route:
+    one warpgroup streaming several column blocks per CTA (:func:`_streamed_launch`,
+    session 35: DeepSeek-V3 down 64 / 256 tokens 155.0 -> 105.8 / 294.4 -> 139.6), where
+    that leaves :data:`STREAMED_MIN_WAVES` CTAs per SM (:func:`streamed_blocks`).
   - fp8 one-accumulator tiles (24+ rows of ":cf" weights): four shared-x warpgroups, or
     two where four would make more than two waves (:func:`_single_acc_launch`, session
     29); the other fp8 routes below.
@@ -329,6 +344,10 @@ def heuristic(tiles: int, n: int, k_tiles: int, block_m: int, *,
     94.0 -> 82.2 / 85.7; Qwen3-30B-A3B gate_up 64 tokens 98.2 -> 87.2 / 87.1 (it was the
     shared-x rule's), down (3 K steps) 67.0 -> 54.9 / 48.6."""
   fp8 = params is not None and wna16_mgpu.fp8_mma(params.layout)
+  blocks = (0 if fp8 or k_tiles > STREAMED_MAX_K_TILES or block_m > STREAMED_MAX_ROWS
+            else streamed_blocks(tiles, n))
+  if blocks > 1:
+    return _streamed_launch(block_m, blocks)
   if block_m >= 16 and tile_rows <= 16 and fp8:
     # fp8-MMA layout, 16-row tiles: one warpgroup per CTA over K, not the shared-x CTAs
     # (H200 session 20, DeepSeek-V3 gate_up at 256 tokens, CUPTI kernel us: 224.7 ->
@@ -386,6 +405,39 @@ def heuristic(tiles: int, n: int, k_tiles: int, block_m: int, *,
   if 2 * col_blocks <= tuning.num_sms():
     config = dataclasses.replace(config, split_k=2)
   return config
+
+
+def streamed_blocks(tiles: int, n: int) -> int:
+  """Column blocks per CTA for short experts (:func:`heuristic`): the most, up to
+  :data:`STREAMED_BLOCKS` and halving, that leave at least :data:`STREAMED_MIN_WAVES` CTAs
+  per SM of the ``tiles`` tiles' 64-column blocks (1: none; run() lowers it further to a
+  divisor of the column blocks)."""
+  col_blocks = tiles * -(-n // wna16_mgpu.BLOCK_N)
+  blocks = STREAMED_BLOCKS
+  while blocks > 1 and col_blocks < blocks * STREAMED_MIN_WAVES * tuning.num_sms():
+    blocks //= 2
+  return blocks
+
+
+def _streamed_launch(block_m: int, blocks: int) -> wna16_mgpu.Config:
+  """The launch of short experts' tiles (:func:`heuristic`): one warpgroup, four stages,
+  ``blocks`` column blocks streamed per CTA -- the decode launch (two K tiles per step)
+  for 8-row launches, the shared-x launch's shape on one warpgroup for wider tiles.
+
+  Why: at K 256 a 64-column block is one or two pipeline steps, so a CTA of one block is
+  mostly fixed cost (launch, barrier set-up, the first TMA latency, the store wait).  H200
+  session 35, DeepSeek-V3 down (E 256, K 256, N 7168), int4 g128 zp, bench_moe resident
+  chain us: 64 tokens (8-row launch) 155.0 -> 121.2 / 112.8 / 105.8 with 2 / 4 / 8
+  blocks; 256 tokens (16-row tiles) four shared-x warpgroups 294.4 -> 214.5 with 8
+  blocks, one warpgroup with 8 blocks 139.6; MXFP4 with 4 blocks 173.2 -> 135.6 /
+  341.7 -> 235.2.  As the default: 16 tokens 75.4 -> 57.5, 1024 tokens (48-row tiles, two
+  shared-x warpgroups before) 329.2 -> 227.4.  1 token (8 tiles, 896 column blocks) loses
+  with any (17.7 -> 19.9-22.2: fewer CTAs than SMs), hence the waves bound."""
+  if block_m <= 8:
+    config = dataclasses.replace(wna16_mgpu.heuristic(block_m), warpgroups=1, stages=4)
+  else:
+    config = wna16_mgpu.shared_x_config(block_m, warpgroups=1)
+  return dataclasses.replace(config, column_blocks=blocks)
 
 
 def _single_acc_launch(tiles: int, n: int, block_m: int, params: QuantizedWeight
@@ -462,7 +514,7 @@ def _fits_per_sm(config: wna16_mgpu.Config, params: QuantizedWeight | None,
   need = wna16_mgpu.smem_bytes(tile_rows, config.stages, config.substeps, bk, bits, has_zeros,
                                warpgroups=config.warpgroups, scale_rows=gpt,
                                column_scale=col, share_x=config.split_warpgroups == "n",
-                               **fp8)
+                               column_blocks=config.column_blocks, **fp8)
   return ctas * (need + 1024) <= tuning.SM_SMEM_BYTES
 
 
