@@ -6,6 +6,9 @@
 #   `tests`: the Mosaic kernels' GPU tests (the K loop and epilogue were restructured):
 #           the rest of the column-block test, the new DeepSeek-V3 down default, session
 #           34's two untimed tests, dense decode of three formats
+#   call 3 (inline): DeepSeek-V3 down 4096 tokens, default (four warpgroups) against
+#           @mgpu:wg1-after; call 4 (inline): Qwen3-30B-A3B down 64 / 256 tokens, default,
+#           @mgpu:cb4, @mgpu:wg1-cb4 (bench_moe $MOE --humming --no-baselines)
 #   `new`:  DeepSeek-V3 down at 16 / 1024 / 4096 tokens on the new default (streamed
 #           column blocks) against the launch before (@mgpu:cb1 at 16, @mgpu:wg2-cb1 at
 #           1024) and Humming
