@@ -896,10 +896,27 @@ def test_column_blocks_errors_name_the_field():
     wna16_mgpu.Config(column_blocks=2, cluster_n=2, split_warpgroups="n")
 
 
-@pytest.mark.parametrize("tokens", [1, 256])
-def test_column_blocks_lower_for_h200(tokens):
-  """DeepSeek-V3 down (E 256, K 256, N 7168) with four column blocks per CTA on the
-  default launch (decode tiles at 1 token, four shared-x warpgroups at 256)."""
+# Launches with several warpgroups and column blocks (by name): four shared-x warpgroups
+# (the output tiles released between blocks through o_free) and two warpgroups splitting
+# K's two steps (their partials released through red_free).
+WARPGROUP_LAUNCHES = {
+    "xn4": lambda: wna16_mgpu_config(warpgroups=4, split_warpgroups="n", substeps=1,
+                                     scale_after_mma=True),
+    "k2": lambda: wna16_mgpu_config(warpgroups=2, substeps=1, scale_after_mma=True),
+}
+
+
+def wna16_mgpu_config(**fields):
+  from humming_jax.kernels import wna16_mgpu
+  return wna16_mgpu.Config(block_m=64, stages=4, **fields)
+
+
+@pytest.mark.parametrize("tokens,launch", [(1, "default"), (256, "default"), (256, "xn4"),
+                                           (64, "k2")])
+def test_column_blocks_lower_for_h200(tokens, launch):
+  """DeepSeek-V3 down (E 256, K 256, N 7168) with four column blocks per CTA: on the
+  default launch's shape (the decode launch at 1 token, one shared-x warpgroup at 256)
+  and on the two multi-warpgroup launches."""
   import dataclasses
 
   from test_cuda_lowering import lower_for_h200
@@ -909,11 +926,32 @@ def test_column_blocks_lower_for_h200(tokens):
   p = jax.eval_shape(gm.prepare, q)
   m = tokens * 8
   block_m = gm.tile_rows(m, e, p)
-  cfg = dataclasses.replace(gm.default_launch(m, p, block_m), column_blocks=4)
+  base = (gm.default_launch(m, p, block_m) if launch == "default"
+          else WARPGROUP_LAUNCHES[launch]())
+  cfg = dataclasses.replace(base, column_blocks=4)
   x = jax.ShapeDtypeStruct((m, k), jnp.bfloat16)
   g = jax.ShapeDtypeStruct((e,), jnp.int32)
   text = lower_for_h200(lambda p, x, g: gm.run(p, x, g, config=cfg, block_m=block_m), p, x, g)
   assert "custom_call" in text
+
+
+def _column_blocks_equal_one_block(name, tokens, base, blocks):
+  """DeepSeek-V3 down on the H200: ``base`` (a launch; ``column_blocks`` replaced) with
+  ``blocks`` column blocks per CTA equals it with one, bit for bit, within TOL of the
+  reference."""
+  import dataclasses
+  e, k, n = 256, 256, 7168
+  q, _ = make(name, e, k, n, 1, False, seed=83)
+  g, x = routed_rows(e, k, tokens, seed=84)
+  p = jax.jit(gm.prepare)(q)
+  block_m = gm.tile_rows(x.shape[0], e, p)
+  base = base(x.shape[0], p, block_m)
+  run = jax.jit(lambda p, x, g, c: gm.run(p, x, g, config=c, block_m=block_m),
+                static_argnums=3)
+  y1 = np.asarray(run(p, x, g, dataclasses.replace(base, column_blocks=1)), np.float32)
+  yr = np.asarray(run(p, x, g, dataclasses.replace(base, column_blocks=blocks)), np.float32)
+  np.testing.assert_array_equal(yr, y1)
+  assert rel(yr, jax.jit(reference.ragged_dot_reference)(q, x, g)) <= TOL
 
 
 @pytest.mark.gpu
@@ -921,22 +959,42 @@ def test_column_blocks_lower_for_h200(tokens):
 @pytest.mark.parametrize("tokens", [1, 64, 256, 1024])
 @pytest.mark.parametrize("name", ["w4a16-g128-zp", "w4a16-mxfp4"])
 def test_column_blocks_gpu(name, tokens, blocks):
-  """DeepSeek-V3 down on the H200: the default launch with ``blocks`` column blocks per
-  CTA equals the one-block launch bit for bit, within TOL of the reference."""
-  import dataclasses
-  e, k, n = 256, 256, 7168
-  q, _ = make(name, e, k, n, 1, False, seed=83)
-  g, x = routed_rows(e, k, tokens, seed=84)
-  p = jax.jit(gm.prepare)(q)
-  block_m = gm.tile_rows(x.shape[0], e, p)
-  one = gm.default_launch(x.shape[0], p, block_m)
-  run = jax.jit(lambda p, x, g, c: gm.run(p, x, g, config=c, block_m=block_m),
-                static_argnums=3)
-  y1 = np.asarray(run(p, x, g, one), np.float32)
-  yr = np.asarray(run(p, x, g, dataclasses.replace(one, column_blocks=blocks)), np.float32)
-  np.testing.assert_array_equal(yr, y1)
-  assert rel(yr, jax.jit(reference.ragged_dot_reference)(q, x, g)) <= TOL
+  """The default launch's shape (now streamed) with 2 / 4 / 7 column blocks against one."""
+  _column_blocks_equal_one_block(name, tokens, gm.default_launch, blocks)
 
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("launch,tokens", [("xn4", 256), ("k2", 64)])
+@pytest.mark.parametrize("name", ["w4a16-g128-zp", "w4a16-mxfp4"])
+def test_column_blocks_warpgroups_gpu(name, launch, tokens):
+  """Four column blocks on four shared-x warpgroups (o_free) and on two warpgroups
+  splitting K (red_free), against one block."""
+  _column_blocks_equal_one_block(name, tokens, lambda *_: WARPGROUP_LAUNCHES[launch](), 4)
+
+
+def test_streamed_launch_is_run_s_not_run_aligned_s(monkeypatch):
+  """The short-expert rule streams column blocks in run()'s tiles; run_aligned
+  (``hj.quant_moe``, untimed with it) keeps one block per CTA.  (With one SM, 4 experts'
+  8 column blocks make the 8 CTAs per SM the rule wants at 4 blocks.)"""
+  from humming_jax import moe
+  monkeypatch.setattr(tuning, "num_sms", lambda: 1)
+  assert gm.streamed_blocks(4, 512) == 4
+  q, x = make("w4a16-g128-zp", 4, 256, 512, 40, False, seed=85)
+  g = jnp.asarray([10, 0, 25, 5], jnp.int32)
+  p = gm.prepare(q)
+  grids = _launch_grids(monkeypatch)
+  y = jax.jit(lambda p, x, g: gm.run(p, x, g, interpret=True))(p, x, g)
+  assert grids[-1][0] == 512 // 64 // 4  # 8 column blocks, 4 per CTA
+  assert rel(y, reference.ragged_dot_reference(q, x, g)) <= TOL
+  ids = jax.random.randint(jax.random.key(86), (20, 2), 0, 4)
+  r = moe.align_tokens(ids, 4, 8)
+  xs = jnp.take(x[:20], r.token_of_row, axis=0)
+  ya = jax.jit(lambda p, a, g: gm.run_aligned(p, a, g, block_m=8, interpret=True))(
+      p, xs, r.group_sizes)
+  assert grids[-1][0] == 512 // 64  # one block per CTA
+  valid = np.asarray(r.valid)
+  want = reference.ragged_dot_reference(q, xs, r.group_sizes)
+  assert rel(np.asarray(ya, np.float32)[valid], np.asarray(want, np.float32)[valid]) <= TOL
 
 def test_short_experts_stream_column_blocks():
   """K <= 256 experts (two K tiles: DeepSeek-V3 down) on the 16-bit route take one
@@ -954,7 +1012,7 @@ def test_short_experts_stream_column_blocks():
   assert launch(256, 2, 128).column_blocks == 1  # 4096 tokens, 128-row tiles: lost 3 %
   assert gm.streamed_blocks(8, 7168) == 1
   # one tile per SM has 112 column blocks per SM: 8 blocks leave 14 CTAs per SM, 4 at
-  # half the tiles 14, at an eighth of them even 2 blocks leave 3.5: none
+  # half the tiles 14, at an eighth of them even 2 blocks leave ~7 (< 8): none
   assert gm.streamed_blocks(sms, 7168) == 8 and gm.streamed_blocks(sms // 2, 7168) == 4
   assert gm.streamed_blocks(sms // 8, 7168) == 1
   spec = hj.QuantSpec.preset("w4a16-mxfp4")  # on the fp8-MMA layout: its own launches

@@ -188,8 +188,10 @@ SMALL_TWO_WG_MIN_STEPS = 16
 # (MgpuConfig.column_blocks) on one warpgroup, while that leaves at least
 # STREAMED_MIN_WAVES CTAs per SM (:func:`streamed_blocks`), in tiles of up to
 # STREAMED_MAX_ROWS rows (H200 session 35, DeepSeek-V3 down at 4096 tokens, 128-row
-# tiles: 913.5 us streamed, 887.8 on one warpgroup without, 897.9 on the four-warpgroup
-# default, which stays).
+# tiles: streamed 913.5 us against 878.9 on one warpgroup without blocks in one call; in
+# the next, the four-warpgroup launch of before 897.9 against 887.8: it stays).  Through
+# run() only: run_aligned's tiles (``hj.quant_moe``) are untimed with it and keep one
+# block per CTA.
 STREAMED_MAX_K_TILES = 2
 STREAMED_MAX_ROWS = 64
 STREAMED_BLOCKS = 8
@@ -284,7 +286,9 @@ def default_launch(m: int, params: QuantizedWeight, block_m: int) -> wna16_mgpu.
   without a config or a cache entry: :func:`heuristic` of :func:`launch_rows`, with about
   the active experts as the tiles.  :func:`cost_sized_tiles` params take the two- or
   four-warpgroup choice for tiles of 24+ rows, except on :func:`block_rows`' rows where
-  :func:`cost_sized_rows` gives none (its fallback: the launch of before)."""
+  :func:`cost_sized_rows` gives none (its fallback: the launch of before).  (Short
+  experts' streamed launch, :func:`heuristic`, comes before that choice: their tile rows
+  are still chosen by the cost model, for a launch they do not run.)"""
   e, _, n = params.shape
   cost_sized = (block_m >= SINGLE_ACC_MIN_ROWS and cost_sized_tiles(params)
                 and not (block_m == block_rows(m, e) and cost_sized_rows(m, params) is None))
@@ -294,14 +298,15 @@ def default_launch(m: int, params: QuantizedWeight, block_m: int) -> wna16_mgpu.
 
 def heuristic(tiles: int, n: int, k_tiles: int, block_m: int, *,
               params: QuantizedWeight | None = None, tile_rows: int = 8,
-              cost_sized: bool = False) -> wna16_mgpu.Config:
+              cost_sized: bool = False, streamed: bool = True) -> wna16_mgpu.Config:
   """Launch shape for tiles of one expert each whose experts are expected to hold
   ``block_m`` rows (:func:`launch_rows`: the tile rows, or for 16-row decode tiles the
   8 of :func:`block_rows`), ``tiles`` of them expected to compute (about the active
   experts), ``k_tiles`` K tiles per expert.  H200 sweeps of
   session 10 (benchmarks/NOTES_moe.md; int4 g128 zp, us per grouped GEMM):
 
-  - Short experts (at most :data:`STREAMED_MAX_K_TILES` K tiles) on the 16-bit route:
+  - Short experts (at most :data:`STREAMED_MAX_K_TILES` K tiles) on the 16-bit route,
+    ``streamed`` (:func:`run`'s tiles; :func:`run_aligned` passes False):
     one warpgroup streaming several column blocks per CTA (:func:`_streamed_launch`,
     session 35: DeepSeek-V3 down 64 / 256 tokens 155.0 -> 105.8 / 294.4 -> 139.6), where
     that leaves :data:`STREAMED_MIN_WAVES` CTAs per SM (:func:`streamed_blocks`).
@@ -344,8 +349,8 @@ def heuristic(tiles: int, n: int, k_tiles: int, block_m: int, *,
     94.0 -> 82.2 / 85.7; Qwen3-30B-A3B gate_up 64 tokens 98.2 -> 87.2 / 87.1 (it was the
     shared-x rule's), down (3 K steps) 67.0 -> 54.9 / 48.6."""
   fp8 = params is not None and wna16_mgpu.fp8_mma(params.layout)
-  blocks = (0 if fp8 or k_tiles > STREAMED_MAX_K_TILES or block_m > STREAMED_MAX_ROWS
-            else streamed_blocks(tiles, n))
+  blocks = (0 if fp8 or not streamed or k_tiles > STREAMED_MAX_K_TILES
+            or block_m > STREAMED_MAX_ROWS else streamed_blocks(tiles, n))
   if blocks > 1:
     return _streamed_launch(block_m, blocks)
   if block_m >= 16 and tile_rows <= 16 and fp8:
@@ -431,8 +436,9 @@ def _streamed_launch(block_m: int, blocks: int) -> wna16_mgpu.Config:
   blocks; 256 tokens (16-row tiles) four shared-x warpgroups 294.4 -> 214.5 with 8
   blocks, one warpgroup with 8 blocks 139.6; MXFP4 with 4 blocks 173.2 -> 135.6 /
   341.7 -> 235.2.  As the default: 16 tokens 75.4 -> 57.5, 1024 tokens (48-row tiles, two
-  shared-x warpgroups before) 329.2 -> 227.4.  1 token (8 tiles, 896 column blocks) loses
-  with any (17.7 -> 19.9-22.2: fewer CTAs than SMs), hence the waves bound."""
+  shared-x warpgroups before) 329.2 -> 227.4.  1 token (8 tiles, 896 column blocks: ~7 CTAs
+  per SM) loses with any (17.7 -> 20.8 / 22.2 / 19.9 with 2 / 4 / 8 blocks, 448 / 224 /
+  112 CTAs on 132 SMs; 27.0 on one warpgroup with 8), hence the waves bound."""
   if block_m <= 8:
     config = dataclasses.replace(wna16_mgpu.heuristic(block_m), warpgroups=1, stages=4)
   else:
@@ -823,7 +829,7 @@ def run_aligned(params: QuantizedWeight, x: jax.Array, group_sizes: jax.Array, *
   expert, start, end, kind = grouped_wna16.tile_schedule(group_sizes, r, block_m, num_tiles)
   sched = jnp.stack([expert, start, end, kind], axis=1).reshape(-1)
   config = config or heuristic(min(e, num_tiles), n, params.codes.shape[-3], block_m,
-                               params=params, tile_rows=block_m)
+                               params=params, tile_rows=block_m, streamed=False)
   return wna16_mgpu.run(params, x, interpret=interpret, config=config,
                         tiles=wna16_mgpu.Tiles(sched, num_tiles, block_m))
 
@@ -839,10 +845,11 @@ def priority_for(spec: QuantSpec, shape: tuple[int, ...]) -> int:
   Humming): int4 g128 zp 18.8 / 19.1 / 11.1 at 1 token, 202.0 / **154.3** / 84.7 at 64,
   **252.7** / 292.7 / 104.4 at 256, 513.9 / **327.5** / 203.6 at 1024; MXFP4 19.3 / 20.9 /
   11.8, 256.9 / **170.9** / 90.6, **313.4** / 338.9 / 112.5, 575.0 / **349.3** / 209.6.
-  This kernel loses at 256 tokens (8 rows per expert in 16-row tiles; 8-row tiles were
-  slower still, 449.2) and ties at 1; it wins by 24-39 % at 64 and 1024, and
+  This kernel lost at 256 tokens then (8 rows per expert in 16-row tiles; 8-row tiles were
+  slower still, 449.2) and tied at 1; it won by 24-39 % at 64 and 1024, and
   ``quant_moe`` already ran the DeepSeek-V3 layer's down stack here
-  (``moe.layer_kernel``): K >= 256 moved from Triton to this kernel.
+  (``moe.layer_kernel``): K >= 256 moved from Triton to this kernel.  Since session 35
+  (column blocks streamed per CTA, :func:`streamed_blocks`) it takes 139.6 at 256 tokens.
   Shorter K (a single 128-deep K tile or less; untimed) stays on Triton.
 
   Session 16, the two kernels side by side in one run (H200, resident chain of 8, CUPTI

@@ -1253,7 +1253,8 @@ def smem_bytes(block_m: int, stages: int, substeps: int, block_k: int, bits: int
   slot (``MgpuConfig.split_warpgroups="n"``: no reduction buffer, an epilogue each).
   The fp8 route: ``x_bytes`` 1, ``scale_bytes`` of its scale rows, ``x_scales`` (the
   tile's row scales and their barrier).  ``column_blocks``: the epilogue rows of that many
-  column blocks (MgpuConfig.column_blocks) and the two barriers their output tile takes."""
+  column blocks (MgpuConfig.column_blocks) and the barrier that releases the output tile or
+  the warpgroups' partials between blocks (counted whether or not warpgroups need it)."""
   kb = tuning.smem_round
   slots = warpgroups * stages * substeps
   rows = (kb(slots * scale_rows * BLOCK_N * scale_bytes) * (not column_scale)
@@ -1264,7 +1265,7 @@ def smem_bytes(block_m: int, stages: int, substeps: int, block_k: int, bits: int
           + (kb(block_m * 4) + 8 if x_scales else 0)
           + rows + (0 if share_x else kb((warpgroups - 1) * BLOCK_N * block_m * 4))
           + kb(eg * block_m * BLOCK_N * out_bytes)
-          + kb(column_blocks * eg * 3 * BLOCK_N * 4) + 16 * (column_blocks > 1)
+          + kb(column_blocks * eg * 3 * BLOCK_N * 4) + 8 * (column_blocks > 1)
           + (kb(warpgroups * BLOCK_N * block_k * 2) if ones_tile else 0)
           # mbarriers: pipeline (+ slot release), reduction, epilogue
           + 8 * (2 * stages + eg + 1 if share_x else warpgroups * stages + 2))
