@@ -72,12 +72,13 @@ def prepare(params: QuantizedWeight, *, grouped: bool = False,
   ``"grouped_wnam_mgpu"`` -- quantized-activation experts on the Mosaic grouped WnA16
   kernel, the default for 4-bit weights) to prepare for instead of the default choice for
   this spec and shape; the params then run on that family.  E.g. the Triton grouped
-  kernel (``"grouped_wna16"``) for DeepSeek-V3-style down stacks run mostly at ~256
-  tokens, where it beat the default Mosaic kernel in session 34 (docs/moe.md).  The
-  default for stacked experts with K >= 256 is that Mosaic kernel, and for W4A8 / W4A4
-  experts ``grouped_wnam_mgpu``; both take bf16 / fp16 tokens: float32 tokens then run a
-  Pallas-Triton grouped kernel after a re-layout inside every call -- prepare with
-  ``kernel="grouped_wna16"`` (or ``"grouped_w8a8"``) for float32 models.
+  kernel (``"grouped_wna16"``) for float32 models (below), or the Mosaic one
+  (``"grouped_wna16_mgpu"``) for stacks of K below 256, which take Triton by default (the
+  two untimed side by side there; docs/moe.md).  The default for stacked experts with
+  K >= 256 is the Mosaic kernel, and for W4A8 / W4A4 experts ``grouped_wnam_mgpu``; both
+  take bf16 / fp16 tokens: float32 tokens then run a Pallas-Triton grouped kernel after a
+  re-layout inside every call -- prepare with ``kernel="grouped_wna16"`` (or
+  ``"grouped_w8a8"``) for float32 models.
 
   Call it eagerly (not under ``jax.jit``) for W4A8 MXFP4 experts: a check of the concrete
   e8m0 scales (every column's within 11 binades) marks the layout ``:cf``, which lets

@@ -59,15 +59,28 @@ def _no_host_tuning_cache(monkeypatch, tmp_path_factory):
                      str(tmp_path_factory.getbasetemp() / "no-tuning-cache.json"))
 
 
+def _record_launches(monkeypatch, pick):
+  """``pick(keyword arguments)`` of every Mosaic GPU kernel launch from here on, in order;
+  traced launches count (lowering included)."""
+  from humming_jax.kernels import wna16_mgpu
+  seen, real = [], wna16_mgpu.plgpu.kernel
+  monkeypatch.setattr(wna16_mgpu.plgpu, "kernel", lambda *a, **kw: seen.append(pick(kw))
+                      or real(*a, **kw))
+  return seen
+
+
 @pytest.fixture
 def launched_clusters(monkeypatch):
   """The ``cluster`` argument of every Mosaic GPU kernel launch that wna16_mgpu.run builds
   from here on (None: no cluster), in order; traced launches count (lowering included)."""
-  from humming_jax.kernels import wna16_mgpu
-  clusters, real = [], wna16_mgpu.plgpu.kernel
-  monkeypatch.setattr(wna16_mgpu.plgpu, "kernel", lambda *a, **kw: clusters.append(
-      kw.get("cluster")) or real(*a, **kw))
-  return clusters
+  return _record_launches(monkeypatch, lambda kw: kw.get("cluster"))
+
+
+@pytest.fixture
+def mosaic_launches(monkeypatch):
+  """The keyword arguments (``grid``, ``out_type``, ...) of every Mosaic GPU kernel
+  launch from here on, in order."""
+  return _record_launches(monkeypatch, dict)
 
 
 @pytest.fixture

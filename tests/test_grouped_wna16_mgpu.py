@@ -6,13 +6,15 @@ CPU lowering test builds the GPU program for an abstract H200 at the MoE benchma
 the @pytest.mark.gpu tests run on the H200 (they pass since session 6).  hj.prepare picks
 this family for experts with K >= 256 and bf16 / fp16 tokens (session 34, NOTES_moe.md).
 """
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 import humming_jax as hj
-from humming_jax.kernels import grouped_wna16_mgpu as gm, reference, registry, tuning
+from humming_jax.kernels import grouped_wna16_mgpu as gm, reference, registry, tuning, wna16_mgpu
 
 TOL = 1e-2
 
@@ -639,7 +641,7 @@ def test_shared_x_tiles_gpu(shape, tokens, topk):
 
 
 @pytest.mark.parametrize("name", ["w4a16-nvfp4", "w8a16", "w4a16-g128-zp"])
-def test_grid_split_k_interpret(name, monkeypatch):
+def test_grid_split_k_interpret(name, mosaic_launches):
   """Narrow experts at decode take grid split-K 2 (grouped_wna16_mgpu.heuristic): float32
   partials per tile, summed by XLA with each row's expert's global scale (NVFP4), column
   scale (per-channel int8) and bias; through run (row gather) and run_aligned."""
@@ -649,12 +651,8 @@ def test_grid_split_k_interpret(name, monkeypatch):
   g = jnp.asarray([2, 0, 4, 3, 0], jnp.int32)
   assert gm.heuristic(min(e, 9), n, k // 128, gm.block_rows(9, e)).split_k == 2  # 5 x 2 CTAs
   p = gm.prepare(q)
-  from jax.experimental.pallas import mosaic_gpu as plgpu
-  launches = []
-  orig = plgpu.kernel
-  monkeypatch.setattr(plgpu, "kernel", lambda *a, **kw: launches.append(kw["out_type"])
-                      or orig(*a, **kw))
   y = jax.jit(lambda p, x, g: gm.run(p, x, g, interpret=True))(p, x, g)
+  launches = [kw["out_type"] for kw in mosaic_launches]
   assert launches and launches[-1].shape[0] == 2 and launches[-1].dtype == jnp.float32
   ref = reference.ragged_dot_reference(q, x, g)
   assert rel(y, ref) <= TOL, rel(y, ref)
@@ -839,15 +837,6 @@ def test_deepseek_decode_split_k_gpu(name):
   assert e_ <= TOL
 
 
-def _launch_grids(monkeypatch):
-  """The grids of the Mosaic kernels launched from here on (a list, appended to)."""
-  from jax.experimental.pallas import mosaic_gpu as plgpu
-  grids, orig = [], plgpu.kernel
-  monkeypatch.setattr(plgpu, "kernel", lambda *a, **kw: grids.append(kw["grid"])
-                      or orig(*a, **kw))
-  return grids
-
-
 COLUMN_BLOCK_CASES = [  # (preset, launch fields, E, K, N, group sizes, bias, column blocks)
     # the decode launch at DeepSeek-V3 down's K (one pipeline step per column block)
     ("w4a16-g128-zp", dict(block_m=64, substeps=2, scale_after_mma=True, overlap_mma=True),
@@ -867,21 +856,18 @@ COLUMN_BLOCK_CASES = [  # (preset, launch fields, E, K, N, group sizes, bias, co
 
 
 @pytest.mark.parametrize("case", COLUMN_BLOCK_CASES, ids=lambda c: c[0])
-def test_column_blocks_interpret(case, monkeypatch):
+def test_column_blocks_interpret(case, mosaic_launches):
   """MgpuConfig.column_blocks: each CTA streams R column blocks through one pipeline.  The
   outputs equal the one-block launch's bit for bit (the same products per block) and the
   grid has R times fewer column CTAs."""
-  import dataclasses
-
-  from humming_jax.kernels import wna16_mgpu
   name, fields, e, k, n, sizes, bias, blocks = case
   g = jnp.asarray(sizes, jnp.int32)
   q, x = make(name, e, k, n, int(g.sum()) + 3, bias, seed=81)  # + 3 rows past the groups
   p = gm.prepare(q)
-  grids = _launch_grids(monkeypatch)
   one = wna16_mgpu.Config(**fields)
   ys = [np.asarray(jax.jit(lambda p, x, g, c=c: gm.run(p, x, g, interpret=True, config=c))(
       p, x, g), np.float32) for c in (one, dataclasses.replace(one, column_blocks=blocks))]
+  grids = [kw["grid"] for kw in mosaic_launches]
   assert grids[-2][0] == blocks * grids[-1][0], grids  # (the last two: one, then R blocks)
   np.testing.assert_array_equal(ys[1], ys[0])
   assert rel(ys[1], reference.ragged_dot_reference(q, x, g)) <= TOL
@@ -889,7 +875,6 @@ def test_column_blocks_interpret(case, monkeypatch):
 
 
 def test_column_blocks_errors_name_the_field():
-  from humming_jax.kernels import wna16_mgpu
   with pytest.raises(ValueError, match="column_blocks=0"):
     wna16_mgpu.Config(column_blocks=0)
   with pytest.raises(ValueError, match="column_blocks=2 with cluster_n=2"):
@@ -900,15 +885,13 @@ def test_column_blocks_errors_name_the_field():
 # (the output tiles released between blocks through o_free) and two warpgroups splitting
 # K's two steps (their partials released through red_free).
 WARPGROUP_LAUNCHES = {
-    "xn4": lambda: wna16_mgpu_config(warpgroups=4, split_warpgroups="n", substeps=1,
-                                     scale_after_mma=True),
-    "k2": lambda: wna16_mgpu_config(warpgroups=2, substeps=1, scale_after_mma=True),
+    "xn4": dict(warpgroups=4, split_warpgroups="n", substeps=1, scale_after_mma=True),
+    "k2": dict(warpgroups=2, substeps=1, scale_after_mma=True),
 }
 
 
-def wna16_mgpu_config(**fields):
-  from humming_jax.kernels import wna16_mgpu
-  return wna16_mgpu.Config(block_m=64, stages=4, **fields)
+def warpgroup_launch(name: str) -> wna16_mgpu.Config:
+  return wna16_mgpu.Config(block_m=64, stages=4, **WARPGROUP_LAUNCHES[name])
 
 
 @pytest.mark.parametrize("tokens,launch", [(1, "default"), (256, "default"), (256, "xn4"),
@@ -917,8 +900,6 @@ def test_column_blocks_lower_for_h200(tokens, launch):
   """DeepSeek-V3 down (E 256, K 256, N 7168) with four column blocks per CTA: on the
   default launch's shape (the decode launch at 1 token, one shared-x warpgroup at 256)
   and on the two multi-warpgroup launches."""
-  import dataclasses
-
   from test_cuda_lowering import lower_for_h200
   e, k, n = 256, 256, 7168
   spec = hj.QuantSpec.preset("w4a16-g128-zp")
@@ -927,7 +908,7 @@ def test_column_blocks_lower_for_h200(tokens, launch):
   m = tokens * 8
   block_m = gm.tile_rows(m, e, p)
   base = (gm.default_launch(m, p, block_m) if launch == "default"
-          else WARPGROUP_LAUNCHES[launch]())
+          else warpgroup_launch(launch))
   cfg = dataclasses.replace(base, column_blocks=4)
   x = jax.ShapeDtypeStruct((m, k), jnp.bfloat16)
   g = jax.ShapeDtypeStruct((e,), jnp.int32)
@@ -939,7 +920,6 @@ def _column_blocks_equal_one_block(name, tokens, base, blocks):
   """DeepSeek-V3 down on the H200: ``base`` (a launch; ``column_blocks`` replaced) with
   ``blocks`` column blocks per CTA equals it with one, bit for bit, within TOL of the
   reference."""
-  import dataclasses
   e, k, n = 256, 256, 7168
   q, _ = make(name, e, k, n, 1, False, seed=83)
   g, x = routed_rows(e, k, tokens, seed=84)
@@ -969,10 +949,10 @@ def test_column_blocks_gpu(name, tokens, blocks):
 def test_column_blocks_warpgroups_gpu(name, launch, tokens):
   """Four column blocks on four shared-x warpgroups (o_free) and on two warpgroups
   splitting K (red_free), against one block."""
-  _column_blocks_equal_one_block(name, tokens, lambda *_: WARPGROUP_LAUNCHES[launch](), 4)
+  _column_blocks_equal_one_block(name, tokens, lambda *_: warpgroup_launch(launch), 4)
 
 
-def test_streamed_launch_is_run_s_not_run_aligned_s(monkeypatch):
+def test_streamed_launch_is_run_s_not_run_aligned_s(monkeypatch, mosaic_launches):
   """The short-expert rule streams column blocks in run()'s tiles; run_aligned
   (``hj.quant_moe``, untimed with it) keeps one block per CTA.  (With one SM, 4 experts'
   8 column blocks make the 8 CTAs per SM the rule wants at 4 blocks.)"""
@@ -982,16 +962,15 @@ def test_streamed_launch_is_run_s_not_run_aligned_s(monkeypatch):
   q, x = make("w4a16-g128-zp", 4, 256, 512, 40, False, seed=85)
   g = jnp.asarray([10, 0, 25, 5], jnp.int32)
   p = gm.prepare(q)
-  grids = _launch_grids(monkeypatch)
   y = jax.jit(lambda p, x, g: gm.run(p, x, g, interpret=True))(p, x, g)
-  assert grids[-1][0] == 512 // 64 // 4  # 8 column blocks, 4 per CTA
+  assert mosaic_launches[-1]["grid"][0] == 512 // 64 // 4  # 8 column blocks, 4 per CTA
   assert rel(y, reference.ragged_dot_reference(q, x, g)) <= TOL
   ids = jax.random.randint(jax.random.key(86), (20, 2), 0, 4)
   r = moe.align_tokens(ids, 4, 8)
   xs = jnp.take(x[:20], r.token_of_row, axis=0)
   ya = jax.jit(lambda p, a, g: gm.run_aligned(p, a, g, block_m=8, interpret=True))(
       p, xs, r.group_sizes)
-  assert grids[-1][0] == 512 // 64  # one block per CTA
+  assert mosaic_launches[-1]["grid"][0] == 512 // 64  # one block per CTA
   valid = np.asarray(r.valid)
   want = reference.ragged_dot_reference(q, xs, r.group_sizes)
   assert rel(np.asarray(ya, np.float32)[valid], np.asarray(want, np.float32)[valid]) <= TOL
