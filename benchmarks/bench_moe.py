@@ -12,7 +12,7 @@ microseconds per grouped GEMM.  Methods, in the same run:
                    W4A8 / W4A4 specs: grouped_wnam_mgpu);
                    ``<spec>@mgpu`` / ``<spec>@triton``: params prepared for that
                    family (``hj.prepare(..., kernel=)``)
-  hj_kernels:<spec>  (--breakdown) device time per kernel name (CUPTI), us per layer
+  hj_kernels:<spec>  (--breakdown) device time per kernel name (a profiler trace), us per layer
   ragged_bf16      lax.ragged_dot on bf16 weights (XLA expands it densely: OOM is caught)
   deq_ragged       XLA dequantize (to bf16) + lax.ragged_dot
   hj_xla:<spec>    hj's XLA fallback (--xla-path; tiled gather + dequant)
@@ -155,6 +155,7 @@ def quantize_sets(spec_name, ws):
 _SETS: dict = {}
 CHAIN = ("outputs",)  # --chain: common.CHAINS keys for our layers (the first is "us")
 SPAN = False  # --span: also the device time per layer of the resident chain
+CONSUME = "sum"  # --consume: what the resident chain reads of each output
 
 
 def active_bytes(pp, group_sizes) -> int:
@@ -180,7 +181,7 @@ def bench_hj(spec_name, sets, xg, *, calls, repeats, check):
     total = int(xg0[1].sum())
     res["tail_zero"] = bool((y[total:] == 0).all())
   res["compile_s"] = common.compile_time(layer, pps[0], xg0)
-  span = {"span": True} if SPAN and CHAIN[0] == "resident" else {}
+  span = ({"span": SPAN, "consume": CONSUME} if CHAIN[0] == "resident" else {})
   res.update(common.CHAINS[CHAIN[0]](layer, pps, xg, calls=calls, repeats=repeats, **span))
   for other in CHAIN[1:]:  # the same layers chained another way, same process
     res[f"{other}_us"] = common.CHAINS[other](layer, pps, xg, calls=calls,
@@ -192,13 +193,19 @@ def bench_hj(spec_name, sets, xg, *, calls, repeats, check):
 
 
 def bench_breakdown(spec_name, pps, xg):
-  """Where one grouped GEMM's time goes: the device time of every kernel of the jitted
-  chain (CUPTI), per layer.  (The previous method timed the schedule in a jit of its own,
-  which measured that call's dispatch, not a component: NOTES_moe.md session 2.)"""
-  layer = ragged_dot_fn(spec_name)
-  fn = jax.jit(lambda ps, xg: common.chain(layer, ps, xg))
-  return {name: round(us, 2) for name, us in
-          common.kernel_times(fn, (pps, xg), per=len(pps)).items()}
+  """Where one grouped GEMM's time goes: the device time of every kernel of the resident
+  chain (a jax.profiler trace, as ``--span``), per layer.  (CUPTI through Mosaic's
+  profiler aborted with "activity records were dropped" on this chain, H200 sessions 34
+  and 36; the previous method before that timed the schedule in a jit of its own, which
+  measured that call's dispatch, not a component: NOTES_moe.md session 2.)"""
+  f = jax.jit(common.resident_program(ragged_dot_fn(spec_name), CONSUME), donate_argnums=2)
+  held = [jax.block_until_ready(f(pps, xg, jnp.zeros((), jnp.float32)))]
+
+  def step():
+    held[0] = f(pps, xg, held[0])
+    return held[0]
+  times = common.per_kernel_us(common.traced_calls(step), len(pps))
+  return {name: round(us, 2) for name, us in times.items()}
 
 
 def bench_hj_xla(qs, xg, *, calls, repeats):
@@ -272,11 +279,16 @@ def main(argv=None):
                        "(benchmarks/common.py; the first gives 'us', the others "
                        "'<chain>_us'); Humming is always its CUDA graph")
   common.add_chain_flags(ap, "(x, group_sizes) pair")
+  ap.add_argument("--consume", default="sum", choices=common.RESIDENT_CONSUMERS,
+                  help="with --chain resident: sum every output (default) or only its "
+                       "first row (the kernel without a full read of its output, as "
+                       "Humming's graph is timed: common.resident_program)")
   ap.add_argument("--json", default=None)
   args = ap.parse_args(argv)
-  global CHAIN, SPAN
+  global CHAIN, SPAN, CONSUME
   CHAIN = tuple(args.chain.split(","))
   SPAN = args.span
+  CONSUME = args.consume
   if not set(CHAIN) <= {"outputs", "resident"}:
     raise SystemExit(f"--chain {args.chain!r}: expected outputs and / or resident")
   info = common.device_info()

@@ -155,15 +155,16 @@ def time_sequential(layer_fn, params_list, x, *, calls: int = 50, repeats: int =
 
 
 def time_resident(layer_fn, params_list, x, *, calls: int = 50, repeats: int = 5,
-                  span: bool = False) -> dict[str, float]:
+                  span: bool = False, consume: str = "sum") -> dict[str, float]:
   """Every layer on the same x (as :func:`time_chain`), their outputs consumed inside the
   program: each output's sum is added to a donated float32 state, so the outputs live in
   XLA's temp buffer at the same addresses every call, as a layer's output does inside a
   model step (XLA re-records a Mosaic launch into its CUDA graph when its buffers move:
   NOTES.md v11).  The sums are small reductions XLA fuses into each layer's last fusion
   (or one small kernel per layer).  Microseconds per layer, as :func:`time_chain`; with
-  ``span`` also ``span_us``, the device time per layer (:func:`device_span_us`)."""
-  f = jax.jit(resident_program(layer_fn), donate_argnums=2)
+  ``span`` also ``span_us``, the device time per layer (:func:`device_span_us`).
+  ``consume``: :func:`resident_program`'s."""
+  f = jax.jit(resident_program(layer_fn, consume), donate_argnums=2)
   state, first = _first_call(f, params_list, x, jnp.zeros((), jnp.float32))
   held = [jax.block_until_ready(f(params_list, x, state))]  # warm
 
@@ -177,11 +178,24 @@ def time_resident(layer_fn, params_list, x, *, calls: int = 50, repeats: int = 5
   return {**res, "first_call_s": first}
 
 
-def resident_program(layer_fn):
-  """(params_list, x, state) -> state + the sum of every layer's output (time_resident)."""
+RESIDENT_CONSUMERS = ("sum", "row")
+
+
+def resident_program(layer_fn, consume: str = "sum"):
+  """(params_list, x, state) -> state + the sum of every layer's output (time_resident).
+
+  ``consume="row"``: of each output's first row only.  The full sum reads the whole
+  output once more (one HBM pass over M x N: ~130 us at DeepSeek-V3 down, 4096 tokens),
+  which a CUDA graph of Humming's kernels does not pay; XLA fuses the grouped kernel's
+  output-row gather into that consumer, so "row" times the kernel and its schedule as
+  Humming's graph is timed (NOTES_moe.md session 36)."""
+  if consume not in RESIDENT_CONSUMERS:
+    raise ValueError(f"consume={consume!r}: expected one of {RESIDENT_CONSUMERS}")
+  used = (lambda y: y) if consume == "sum" else (lambda y: y[:1])
+
   def run(ps, x, state):
     for p in ps:
-      state = state + jnp.sum(apply_layer(layer_fn, p, x).astype(jnp.float32))
+      state = state + jnp.sum(used(apply_layer(layer_fn, p, x)).astype(jnp.float32))
     return state
   return run
 
@@ -200,14 +214,9 @@ def device_events(trace_dir: str) -> list[tuple[float, float, str]]:
   return sorted(out)
 
 
-def device_span_us(step, layers: int, *, calls: int = 5) -> float:
-  """Device time per layer of one call: from its first kernel's start to its last one's
-  end (the kernels and the gaps between them, not the host's dispatch), from a
-  jax.profiler trace of ``calls`` back-to-back ``step()`` calls; the median over calls
-  divided by ``layers``.  At decode the chain's wall is the host's enqueue time when that
-  is longer (JAX's argument parsing and XLA's graph launch: ~100 us per call of 8
-  layers, H200 session 17); Humming's CUDA-graph replay has no such host cost, so this
-  is the number comparable to it."""
+def traced_calls(step, *, calls: int = 5) -> list[list[tuple[float, float, str]]]:
+  """The GPU events of ``calls`` back-to-back ``step()`` calls (a jax.profiler trace), one
+  list per call: the calls must launch the same kernels (:func:`split_calls`)."""
   import tempfile  # noqa: PLC0415
   jax.block_until_ready(step())
   with tempfile.TemporaryDirectory() as d:
@@ -217,16 +226,46 @@ def device_span_us(step, layers: int, *, calls: int = 5) -> float:
         out = step()
       jax.block_until_ready(out)
     events = device_events(d)
+  return split_calls(events, calls)
+
+
+def split_calls(events: list[tuple[float, float, str]], calls: int
+                ) -> list[list[tuple[float, float, str]]]:
+  """``events`` (start order) of ``calls`` calls that each launch the same kernel sequence,
+  cut into one list per call; an error if they cannot be (events of one call would be
+  counted in another)."""
   if not events or len(events) % calls:
-    raise RuntimeError(f"device_span_us: {len(events)} GPU events for {calls} calls (expected "
-                       f"the same kernels every call)")
+    raise RuntimeError(f"{len(events)} GPU events for {calls} calls (expected the same "
+                       f"kernels every call)")
   per = len(events) // calls
   chunks = [events[i:i + per] for i in range(0, len(events), per)]
   if any([n for _, _, n in c] != [n for _, _, n in chunks[0]] for c in chunks):
-    raise RuntimeError("device_span_us: the calls' kernel sequences differ (events of "
-                       "one call would be counted in another)")
+    raise RuntimeError("the calls' kernel sequences differ (events of one call would be "
+                       "counted in another)")
+  return chunks
+
+
+def device_span_us(step, layers: int, *, calls: int = 5) -> float:
+  """Device time per layer of one call: from its first kernel's start to its last one's
+  end (the kernels and the gaps between them, not the host's dispatch), from a
+  jax.profiler trace of ``calls`` back-to-back ``step()`` calls; the median over calls
+  divided by ``layers``.  At decode the chain's wall is the host's enqueue time when that
+  is longer (JAX's argument parsing and XLA's graph launch: ~100 us per call of 8
+  layers, H200 session 17); Humming's CUDA-graph replay has no such host cost, so this
+  is the number comparable to it."""
+  chunks = traced_calls(step, calls=calls)
   spans = [max(s + d for s, d, _ in c) - c[0][0] for c in chunks]
   return statistics.median(spans) / layers
+
+
+def per_kernel_us(chunks: list[list[tuple[float, float, str]]], layers: int
+                  ) -> dict[str, float]:
+  """Device time per layer of each kernel name (its durations summed per call, median over
+  the calls, over ``layers``) of :func:`traced_calls`' events."""
+  names = dict.fromkeys(n[:60] for _, _, n in chunks[0])
+  per_call = [{name: sum(d for _, d, n in c if n[:60] == name) for name in names}
+              for c in chunks]
+  return {name: statistics.median(t[name] for t in per_call) / layers for name in names}
 
 
 CHAINS = {"outputs": time_chain, "sequential": time_sequential, "resident": time_resident}

@@ -49,3 +49,27 @@ def test_unshared_inputs_give_the_same_outputs(chain):
     np.testing.assert_allclose(float(f(ws, xs, jnp.zeros((), jnp.float32))), want, rtol=1e-5)
     res = common.time_resident(layer, ws, xs, calls=2, repeats=1)
     assert res["us"] > 0
+    # consume="row": the first row of each output only (the kernel without a full read)
+    f_row = jax.jit(common.resident_program(layer, "row"))
+    want_row = sum(float(jnp.sum(_layer(w, x)[0])) for w in ws)
+    np.testing.assert_allclose(float(f_row(ws, xs, jnp.zeros((), jnp.float32))), want_row,
+                               rtol=1e-5)
+    with pytest.raises(ValueError, match="consume='col'"):
+      common.resident_program(layer, "col")
+
+
+def test_trace_events_split_per_call_and_sum_per_kernel():
+  """--span / --breakdown's trace arithmetic: events cut into calls, per-kernel time per
+  layer (durations summed per call, median over calls), and a refusal when the calls'
+  kernel sequences differ."""
+  call = lambda t0, d: [(t0, 1.0, "schedule"), (t0 + 1, d, "gemm"), (t0 + 5, d, "gemm"),
+                        (t0 + 9, 0.5, "gather")]
+  events = call(0.0, 3.0) + call(100.0, 4.0) + call(200.0, 10.0)
+  chunks = common.split_calls(events, 3)
+  assert [c[0][0] for c in chunks] == [0.0, 100.0, 200.0]
+  times = common.per_kernel_us(chunks, layers=2)
+  assert times == {"schedule": 0.5, "gemm": 4.0, "gather": 0.25}  # gemm: median 8 over 2
+  with pytest.raises(RuntimeError, match="7 GPU events for 3 calls"):
+    common.split_calls(events[:7], 3)
+  with pytest.raises(RuntimeError, match="sequences differ"):
+    common.split_calls(call(0.0, 3.0) + [(100.0, 1.0, "other")] + call(100.0, 3.0)[1:], 2)
