@@ -1,60 +1,44 @@
 #!/usr/bin/env bash
-# The next device calls, prepared 2026-12-01 at the end of session 22 (its calls:
-# benchmarks/results/2026-12-01-session22, scripts gpu_session22.sh / gpu_session22_fold.sh).
-# Session 22 ran verify, layer (DeepSeek-V3) and dense128 and answered the fp8-tile question
-# (L2-bound, NOTES.md v24).  In order, each step writes its log to $OUT first (a pipe the
-# timeout kills loses the output: session 22 call 1):
-#   layer: the whole W4A8 MoE layer (quantize-first now the default) for Qwen3-30B-A3B at
-#      16 / 64 / 1024 tokens -- the chain of 8 at 1024 stalled in Mosaic layout inference in
-#      session 22 call 1 and not in probe_layout_hang.py (call 2); the probe runs first so
-#      a repeat names the kernel (its .mlir files: copy only the last two back).
-#   m1: the dense ":p8" decode at M = 1 against M = 8 / 16 (M = 1 was 2-3 us slower on
-#      every launch in session 21's sweep; probe_dense_fp8.py).
-#   mixtral16: grouped fp8 decode launches at Mixtral shapes, 16 tokens (gate_up 184.2 us
-#      wall vs Humming 134.2 in session 21; the 16-row fp8 rule was tuned on DeepSeek-V3).
-#   ncu: Nsight Compute on the dense ":p8" decode at M = 1 / 16 (stall reasons, SASS).
-# Usage: gpu_session_next.sh [STEP...]  (default: layer).  Carry: [".whl"].
+# The next device calls, prepared 2026-12-03 at the end of session 36 (its calls:
+# benchmarks/results/2026-12-03-session36, script gpu_session36.sh).  Every bench_moe step
+# times with --consume row (each output's first row read, as Humming's graph is timed:
+# NOTES_moe.md session 36) and Humming in the same process.  Carry: [".whl"].
+#   gu:  DeepSeek-V3 gate_up (E 256, K 7168, N 512) at 128 / 256 / 512 tokens.  Session 36
+#        measured 323.7 us at 256 tokens against 285.7 at 1024 (Humming 179.2 / 239.1): at
+#        256 tokens the tiles are 16 rows and the launch four shared-x warpgroups (xn4,
+#        256 columns per CTA), never timed against the decode launch there.  Candidates
+#        (all lower for the H200, checked on the CPU): the 64-token launch (two
+#        warpgroups splitting K, two stages), one warpgroup over K, two shared-x
+#        warpgroups, 32-row tiles on their default launch.  MXFP4 at 256 tokens too.
+#   q3:  Qwen3-30B-A3B down (K 768) at 256 tokens: one warpgroup streaming 2 / 4 / 8
+#        column blocks (sessions 35-36: wg1-cb4 -9 % twice; the streamed rule stops at
+#        K 256 and its waves bound would give 2 blocks there).
+#   bd:  where a 1-token grouped GEMM's time goes, per kernel (bench_moe --breakdown, now
+#        from a profiler trace: CUPTI aborted in session 36), DeepSeek-V3 / Qwen3 down.
+# Usage: gpu_session_next.sh [STEP...]  (default: gu q3 bd).
 source "$(dirname "$0")/gpu_env.sh"
-T() { local t=$1; shift; timeout -k 5 -s INT "$t" "$@"; }
-PYT="python3 -m pytest -p no:cacheprovider -o addopts= --tb=short -rA -W ignore::DeprecationWarning"
-s_layer() {
-  mkdir -p /tmp/diag
-  T 100 python3 benchmarks/probe_layout_hang.py --model qwen3-30b-a3b --tokens 1024 \
-    --layers 8 --limit 90 --out /tmp/diag > "$OUT/diag.log" 2>&1
-  echo "diag rc=$?"; grep -E "lowered|s$" "$OUT/diag.log" | tail -4
-  cp $(ls /tmp/diag/*.mlir | tail -2) "$OUT/" 2>/dev/null
-  T 240 python3 benchmarks/bench_moe_layer.py --models qwen3-30b-a3b --tokens 16,64,1024 \
-    --spec w4a8-mxfp4 --families default --breakdown --calls 10 --repeats 2 \
-    --json "$OUT/layer_qwen3_w4a8.json" > "$OUT/layer_qwen3_w4a8.log" 2>&1
-  echo "layer rc=$?"; grep -E "^\{" "$OUT/layer_qwen3_w4a8.log" | cut -c1-160
+ROW="$MOE --consume row --humming --no-baselines"
+GU="w4a16-g128-zp@mgpu:wg2-st2-sub2-xk-ovl-unpad,w4a16-g128-zp@mgpu:wg1-st4-sub2-xk-ovl-unpad"
+GU="w4a16-g128-zp,$GU,w4a16-g128-zp@mgpu:wg2-xn,w4a16-g128-zp@mgpu:rows32"
+s_gu() {
+  T ${ST:-330} python3 benchmarks/bench_moe.py --shapes deepseek-v3-gate_up \
+    --tokens ${TOK:-256,128,512} --specs ${SPECS:-$GU} $ROW --json "$OUT/gu.json" \
+    > "$OUT/gu.log" 2>&1
+  echo "rc=$?"; grep -E "T=|rror" "$OUT/gu.log" | cut -c1-2500
+  T ${ST:-150} python3 benchmarks/bench_moe.py --shapes deepseek-v3-gate_up --tokens 256 \
+    --specs "${GU//g128-zp/mxfp4}" $ROW --json "$OUT/gu_mxfp4.json" > "$OUT/gu_mxfp4.log" 2>&1
+  echo "rc=$?"; grep -E "T=|rror" "$OUT/gu_mxfp4.log" | cut -c1-2500
 }
-s_m1() {
-  T 150 python3 benchmarks/probe_dense_fp8.py --shape 8192,8192 --ms 1,8,16 > "$OUT/m1.log" 2>&1
-  echo "rc=$?"; grep -v Warn "$OUT/m1.log" | tail -40
+s_q3() {
+  T ${ST:-200} python3 benchmarks/bench_moe.py --shapes qwen3-30b-a3b-down --tokens 256 \
+    --specs w4a16-g128-zp,w4a16-g128-zp@mgpu:wg1-cb2,w4a16-g128-zp@mgpu:wg1-cb4,w4a16-g128-zp@mgpu:wg1-cb8 \
+    $ROW --json "$OUT/q3.json" > "$OUT/q3.log" 2>&1
+  echo "rc=$?"; grep -E "T=|rror" "$OUT/q3.log" | cut -c1-2500
 }
-s_mixtral16() {
-  for s in 28672,4096 4096,14336; do
-    T 150 python3 benchmarks/probe_fp8_moe.py --shape 8,2,$s --tokens 16 > "$OUT/mixtral16_$s.log" 2>&1
-    echo "rc=$?"; grep -v Warn "$OUT/mixtral16_$s.log" | tail -3
-  done
+s_bd() {
+  T ${ST:-200} python3 benchmarks/bench_moe.py --shapes deepseek-v3-down,qwen3-30b-a3b-down \
+    --tokens 1 --specs w4a16-g128-zp $ROW --breakdown --json "$OUT/bd.json" > "$OUT/bd.log" 2>&1
+  echo "rc=$?"; grep -E "T=|rror|hj_kernels" "$OUT/bd.log" | cut -c1-2500
 }
-s_ncu() {
-  command -v ncu >/dev/null || export PATH="$PATH:$(ls -d /opt/nvidia/nsight-compute/*/ 2>/dev/null | head -1)"
-  export XLA_PYTHON_CLIENT_PREALLOCATE=false
-  local NCU="ncu --clock-control none --kernel-name regex:mosaic_gpu --launch-skip 1
-    --launch-count 1 --section SourceCounters --section WarpStateStats --section SpeedOfLight
-    --section SchedulerStats"
-  for c in "dense8_m1:--case dense8 --m 1" "dense8_m16:--case dense8 --m 16"; do
-    local name=${c%%:*} args=${c#*:}
-    T 120 $NCU -f -o "$OUT/$name" python3 benchmarks/probe_ncu.py --spec w4a8-mxfp4 $args \
-      > "$OUT/ncu_$name.log" 2>&1
-    echo "$name rc=$?"; grep -E "==ERR|rror" "$OUT/ncu_$name.log" | head -3
-    T 40 ncu -i "$OUT/$name.ncu-rep" --page details > "$OUT/details_$name.txt" 2>&1
-    grep -E "Duration|DRAM Throughput|Issue Slots Busy|Executed Ipc A|Registers Per|Stall" \
-      "$OUT/details_$name.txt" | head -12
-    T 40 ncu -i "$OUT/$name.ncu-rep" --page source --print-source sass --csv \
-      > "$OUT/sass_$name.csv" 2> /dev/null; rm -f "$OUT/$name.ncu-rep"
-  done
-}
-for s in ${@:-layer}; do step "$s"; "s_$s"; done
+for s in ${@:-gu q3 bd}; do step "$s"; "s_$s"; done
 step done
