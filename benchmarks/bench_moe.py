@@ -181,11 +181,13 @@ def bench_hj(spec_name, sets, xg, *, calls, repeats, check):
     total = int(xg0[1].sum())
     res["tail_zero"] = bool((y[total:] == 0).all())
   res["compile_s"] = common.compile_time(layer, pps[0], xg0)
-  span = ({"span": SPAN, "consume": CONSUME} if CHAIN[0] == "resident" else {})
-  res.update(common.CHAINS[CHAIN[0]](layer, pps, xg, calls=calls, repeats=repeats, **span))
+  resident_kw = lambda chain, span: ({"span": span, "consume": CONSUME}
+                                     if chain == "resident" else {})
+  res.update(common.CHAINS[CHAIN[0]](layer, pps, xg, calls=calls, repeats=repeats,
+                                     **resident_kw(CHAIN[0], SPAN)))
   for other in CHAIN[1:]:  # the same layers chained another way, same process
-    res[f"{other}_us"] = common.CHAINS[other](layer, pps, xg, calls=calls,
-                                              repeats=repeats)["us"]
+    res[f"{other}_us"] = common.CHAINS[other](layer, pps, xg, calls=calls, repeats=repeats,
+                                              **resident_kw(other, False))["us"]
   res["weight_bytes_all_experts"] = qs[0].nbytes()
   res["weight_bytes"] = active_bytes(pps[0], xg0[1])
   res["tbps"] = res["weight_bytes"] / (res["us"] * 1e-6) / 1e12  # active experts only
@@ -194,7 +196,8 @@ def bench_hj(spec_name, sets, xg, *, calls, repeats, check):
 
 def bench_breakdown(spec_name, pps, xg):
   """Where one grouped GEMM's time goes: the device time of every kernel of the resident
-  chain (a jax.profiler trace, as ``--span``), per layer.  (CUPTI through Mosaic's
+  chain with ``--consume``'s consumer (a jax.profiler trace, as ``--span``), per layer,
+  whatever ``--chain`` times.  (CUPTI through Mosaic's
   profiler aborted with "activity records were dropped" on this chain, H200 sessions 34
   and 36; the previous method before that timed the schedule in a jit of its own, which
   measured that call's dispatch, not a component: NOTES_moe.md session 2.)"""
@@ -273,7 +276,8 @@ def main(argv=None):
   ap.add_argument("--no-baselines", action="store_true")
   ap.add_argument("--xla-path", action="store_true", help="also time hj's XLA fallback")
   ap.add_argument("--breakdown", action="store_true",
-                  help="also print the device time of every kernel of a call (CUPTI)")
+                  help="also print the device time of every kernel of a call (a profiler "
+                       "trace of the resident chain)")
   ap.add_argument("--chain", default="outputs",
                   help="comma list of outputs / resident: how our layers are chained "
                        "(benchmarks/common.py; the first gives 'us', the others "
@@ -281,8 +285,7 @@ def main(argv=None):
   common.add_chain_flags(ap, "(x, group_sizes) pair")
   ap.add_argument("--consume", default="sum", choices=common.RESIDENT_CONSUMERS,
                   help="with --chain resident: sum every output (default) or only its "
-                       "first row (the kernel without a full read of its output, as "
-                       "Humming's graph is timed: common.resident_program)")
+                       "first row (common.resident_program)")
   ap.add_argument("--json", default=None)
   args = ap.parse_args(argv)
   global CHAIN, SPAN, CONSUME
@@ -291,6 +294,9 @@ def main(argv=None):
   CONSUME = args.consume
   if not set(CHAIN) <= {"outputs", "resident"}:
     raise SystemExit(f"--chain {args.chain!r}: expected outputs and / or resident")
+  if CONSUME != "sum" and "resident" not in CHAIN:
+    raise SystemExit(f"--consume {CONSUME}: only the resident chain consumes its outputs "
+                     f"(--chain {args.chain!r})")
   info = common.device_info()
   print(info, flush=True)
   specs = [s for s in args.specs.split(",") if s]

@@ -160,10 +160,10 @@ def time_resident(layer_fn, params_list, x, *, calls: int = 50, repeats: int = 5
   program: each output's sum is added to a donated float32 state, so the outputs live in
   XLA's temp buffer at the same addresses every call, as a layer's output does inside a
   model step (XLA re-records a Mosaic launch into its CUDA graph when its buffers move:
-  NOTES.md v11).  The sums are small reductions XLA fuses into each layer's last fusion
-  (or one small kernel per layer).  Microseconds per layer, as :func:`time_chain`; with
-  ``span`` also ``span_us``, the device time per layer (:func:`device_span_us`).
-  ``consume``: :func:`resident_program`'s."""
+  NOTES.md v11).  A full sum is one more read of every output: small at decode, one HBM
+  pass over M x N at large outputs (``consume="row"``: :func:`resident_program`).
+  Microseconds per layer, as :func:`time_chain`; with ``span`` also ``span_us``, the
+  device time per layer (:func:`device_span_us`)."""
   f = jax.jit(resident_program(layer_fn, consume), donate_argnums=2)
   state, first = _first_call(f, params_list, x, jnp.zeros((), jnp.float32))
   held = [jax.block_until_ready(f(params_list, x, state))]  # warm
@@ -182,20 +182,21 @@ RESIDENT_CONSUMERS = ("sum", "row")
 
 
 def resident_program(layer_fn, consume: str = "sum"):
-  """(params_list, x, state) -> state + the sum of every layer's output (time_resident).
+  """(params_list, x, state) -> state + the sum of every layer's output (time_resident),
+  or with ``consume="row"`` of each output's first row.
 
-  ``consume="row"``: of each output's first row only.  The full sum reads the whole
-  output once more (one HBM pass over M x N: ~130 us at DeepSeek-V3 down, 4096 tokens),
-  which a CUDA graph of Humming's kernels does not pay; XLA fuses the grouped kernel's
-  output-row gather into that consumer, so "row" times the kernel and its schedule as
-  Humming's graph is timed (NOTES_moe.md session 36)."""
+  Why "row": the full sum reads the whole output once more, one HBM pass over M x N
+  (H200 session 36, DeepSeek-V3 down at 4096 tokens, a 470 MB output: 123 us of wall),
+  which a CUDA graph of Humming's kernels alone does not make.  With "row" the timed
+  program is the kernels and the one output row read, the form comparable to Humming's
+  graph (NOTES_moe.md session 36)."""
   if consume not in RESIDENT_CONSUMERS:
     raise ValueError(f"consume={consume!r}: expected one of {RESIDENT_CONSUMERS}")
-  used = (lambda y: y) if consume == "sum" else (lambda y: y[:1])
+  consumed = (lambda y: y) if consume == "sum" else (lambda y: y[:1])
 
   def run(ps, x, state):
     for p in ps:
-      state = state + jnp.sum(used(apply_layer(layer_fn, p, x)).astype(jnp.float32))
+      state = state + jnp.sum(consumed(apply_layer(layer_fn, p, x)).astype(jnp.float32))
     return state
   return run
 
@@ -235,13 +236,13 @@ def split_calls(events: list[tuple[float, float, str]], calls: int
   cut into one list per call; an error if they cannot be (events of one call would be
   counted in another)."""
   if not events or len(events) % calls:
-    raise RuntimeError(f"{len(events)} GPU events for {calls} calls (expected the same "
-                       f"kernels every call)")
+    raise RuntimeError(f"split_calls: {len(events)} GPU events for {calls} calls (expected "
+                       f"the same kernels every call)")
   per = len(events) // calls
   chunks = [events[i:i + per] for i in range(0, len(events), per)]
   if any([n for _, _, n in c] != [n for _, _, n in chunks[0]] for c in chunks):
-    raise RuntimeError("the calls' kernel sequences differ (events of one call would be "
-                       "counted in another)")
+    raise RuntimeError("split_calls: the calls' kernel sequences differ (events of one "
+                       "call would be counted in another)")
   return chunks
 
 

@@ -2,14 +2,17 @@
 # Session 36 device calls (2026-12-03; every log to $OUT; carry [".whl"]):
 #   `tests`: session 35's untimed GPU tests of MgpuConfig.column_blocks (default launch
 #            shape, 2 / 4 / 7 blocks against one; four shared-x and two K-split warpgroups)
-#   `bd`:    where a 1-token grouped GEMM's time goes (CUPTI per kernel, --breakdown) at
+#   `bd`:    where a 1-token grouped GEMM's time goes (CUPTI per kernel, --breakdown, as
+#            bench_moe did then: it aborted, "activity records were dropped") at
 #            DeepSeek-V3 down and Qwen3-30B-A3B down, with the wall / span and Humming
 #   `q3`:    Qwen3-30B-A3B down (K 768) at 16 / 64 / 256 tokens: default against
 #            cb4 / cb8 / wg1-cb4 / wg1-cb8 (the streamed rule stops at K 256)
 #   `mx`:    DeepSeek-V3 down MXFP4 at 64 / 256 tokens: default (8 blocks) against cb4
 #   `consume`: the resident chain reading each output in full (the sum, as before) against
 #            its first row only (--consume row: the kernel without a full read of its
-#            output, as Humming's graph is timed), int4 g128 zp, default launch
+#            output), int4 g128 zp, default launch; Humming in the sum runs only
+#   call 4 (inline): bench_moe --consume row --humming at DeepSeek-V3 / Qwen3-30B-A3B
+#            gate_up, Qwen3-30B-A3B down, Mixtral down / gate_up, 16 / 256 / 1024 tokens
 source "$(dirname "$0")/gpu_env.sh"
 s_tests() {
   gpu_tests ${TT:-300} "${EXPR:-column_blocks_gpu or column_blocks_warpgroups_gpu}" \

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The next device calls, prepared 2026-12-03 at the end of session 36 (its calls:
-# benchmarks/results/2026-12-03-session36, script gpu_session36.sh).  Every bench_moe step
-# times with --consume row (each output's first row read, as Humming's graph is timed:
-# NOTES_moe.md session 36) and Humming in the same process.  Carry: [".whl"].
+# benchmarks/results/2026-12-03-session36, script gpu_session36.sh); it replaces the queue
+# prepared after session 22 (in git history).  Every bench_moe step times with --consume
+# row (NOTES_moe.md session 36) and Humming in the same process.  Carry: [".whl"].
 #   gu:  DeepSeek-V3 gate_up (E 256, K 7168, N 512) at 128 / 256 / 512 tokens.  Session 36
 #        measured 323.7 us at 256 tokens against 285.7 at 1024 (Humming 179.2 / 239.1): at
 #        256 tokens the tiles are 16 rows and the launch four shared-x warpgroups (xn4,
@@ -26,7 +26,7 @@ s_gu() {
     > "$OUT/gu.log" 2>&1
   echo "rc=$?"; grep -E "T=|rror" "$OUT/gu.log" | cut -c1-2500
   T ${ST:-150} python3 benchmarks/bench_moe.py --shapes deepseek-v3-gate_up --tokens 256 \
-    --specs "${GU//g128-zp/mxfp4}" $ROW --json "$OUT/gu_mxfp4.json" > "$OUT/gu_mxfp4.log" 2>&1
+    --specs "${MX_SPECS:-${GU//g128-zp/mxfp4}}" $ROW --json "$OUT/gu_mxfp4.json" > "$OUT/gu_mxfp4.log" 2>&1
   echo "rc=$?"; grep -E "T=|rror" "$OUT/gu_mxfp4.log" | cut -c1-2500
 }
 s_q3() {

@@ -49,13 +49,6 @@ def test_unshared_inputs_give_the_same_outputs(chain):
     np.testing.assert_allclose(float(f(ws, xs, jnp.zeros((), jnp.float32))), want, rtol=1e-5)
     res = common.time_resident(layer, ws, xs, calls=2, repeats=1)
     assert res["us"] > 0
-    # consume="row": the first row of each output only (the kernel without a full read)
-    f_row = jax.jit(common.resident_program(layer, "row"))
-    want_row = sum(float(jnp.sum(_layer(w, x)[0])) for w in ws)
-    np.testing.assert_allclose(float(f_row(ws, xs, jnp.zeros((), jnp.float32))), want_row,
-                               rtol=1e-5)
-    with pytest.raises(ValueError, match="consume='col'"):
-      common.resident_program(layer, "col")
 
 
 def test_trace_events_split_per_call_and_sum_per_kernel():
@@ -69,7 +62,22 @@ def test_trace_events_split_per_call_and_sum_per_kernel():
   assert [c[0][0] for c in chunks] == [0.0, 100.0, 200.0]
   times = common.per_kernel_us(chunks, layers=2)
   assert times == {"schedule": 0.5, "gemm": 4.0, "gather": 0.25}  # gemm: median 8 over 2
-  with pytest.raises(RuntimeError, match="7 GPU events for 3 calls"):
+  with pytest.raises(RuntimeError, match="split_calls: 7 GPU events for 3 calls"):
     common.split_calls(events[:7], 3)
   with pytest.raises(RuntimeError, match="sequences differ"):
     common.split_calls(call(0.0, 3.0) + [(100.0, 1.0, "other")] + call(100.0, 3.0)[1:], 2)
+
+
+def test_resident_row_consumer_reads_first_rows_only():
+  """consume="row": the state gains each output's first row sum (the kernels without a
+  full read of their outputs); an unknown consumer is refused by name."""
+  ws = [jnp.full((16, 8), i + 1.0) for i in range(3)]
+  x = jax.random.normal(jax.random.key(2), (4, 16))
+  f_row = jax.jit(common.resident_program(_layer, "row"))
+  want = sum(float(jnp.sum(_layer(w, x)[0])) for w in ws)
+  assert abs(want - sum(float(jnp.sum(_layer(w, x))) for w in ws)) > 1e-3  # rows differ
+  np.testing.assert_allclose(float(f_row(ws, x, jnp.zeros((), jnp.float32))), want,
+                             rtol=1e-5)
+  assert common.time_resident(_layer, ws, x, calls=2, repeats=1, consume="row")["us"] > 0
+  with pytest.raises(ValueError, match="consume='col'"):
+    common.resident_program(_layer, "col")
