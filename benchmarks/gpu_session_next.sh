@@ -9,7 +9,9 @@
 #        256 columns per CTA), never timed against the decode launch there.  Candidates
 #        (all lower for the H200, checked on the CPU): the 64-token launch (two
 #        warpgroups splitting K, two stages), one warpgroup over K, two shared-x
-#        warpgroups, 32-row tiles on their default launch.  MXFP4 at 256 tokens too.
+#        warpgroups, 32-row tiles on their default launch, 24-row tiles (16-row ones
+#        split 11 % of the experts there: expected_tiles) on the 64-token launch.  MXFP4
+#        at 256 tokens too.
 #   q3:  Qwen3-30B-A3B down (K 768) at 256 tokens: one warpgroup streaming 2 / 4 / 8
 #        column blocks (sessions 35-36: wg1-cb4 -9 % twice; the streamed rule stops at
 #        K 256 and its waves bound would give 2 blocks there).
@@ -20,6 +22,7 @@ source "$(dirname "$0")/gpu_env.sh"
 ROW="$MOE --consume row --humming --no-baselines"
 GU="w4a16-g128-zp@mgpu:wg2-st2-sub2-xk-ovl-unpad,w4a16-g128-zp@mgpu:wg1-st4-sub2-xk-ovl-unpad"
 GU="w4a16-g128-zp,$GU,w4a16-g128-zp@mgpu:wg2-xn,w4a16-g128-zp@mgpu:rows32"
+GU="$GU,w4a16-g128-zp@mgpu:rows24-wg2-st2-sub2-xk-ovl-unpad"
 s_gu() {
   T ${ST:-330} python3 benchmarks/bench_moe.py --shapes deepseek-v3-gate_up \
     --tokens ${TOK:-256,128,512} --specs ${SPECS:-$GU} $ROW --json "$OUT/gu.json" \
