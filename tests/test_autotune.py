@@ -115,6 +115,33 @@ def test_mgpu_launch_candidates(monkeypatch):
   assert g16.launch_cache_key(view, m) == g16.launch_cache_key(view, m - 8)  # one bucket
 
 
+def test_mgpu_launch_candidates_small_ctas(monkeypatch):
+  """On the 16-bit route, tiles of 16-32 rows are also tried on the decode tiles' small
+  CTAs (two K-split warpgroups of two stages, one of four), which lower for the H200 at
+  DeepSeek-V3 gate_up's 256-token tiles (16 rows: the default is four shared-x
+  warpgroups); wider tiles, and the fp8-MMA layout, are not."""
+  from test_cuda_lowering import abstract_params, lower_for_h200
+  from humming_jax.kernels import grouped_wna16_mgpu as g16
+  monkeypatch.setattr(tuning, "num_sms", lambda: 132)
+  e, k, n = 256, 7168, 512
+  p = abstract_params("w4a16-g128-zp", (e, k, n), grouped=True, kernel=g16.FAMILY)
+  small = lambda cands: {(r, c.warpgroups, c.stages) for r, c in cands
+                         if c.split_warpgroups == "k" and r >= 16}
+  m = 256 * 8
+  cands = g16.launch_candidates(m, p)
+  assert cands[0][0] == 16 and cands[0][1].split_warpgroups == "n"  # the default
+  assert small(cands) >= {(16, 2, 2), (16, 1, 4), (24, 2, 2), (24, 1, 4)}
+  assert len(set(cands)) == len(cands)
+  assert not small(g16.launch_candidates(1024 * 8, p))  # 48-row tiles: shared-x only
+  x, g = jax.ShapeDtypeStruct((m, k), jnp.bfloat16), jax.ShapeDtypeStruct((e,), jnp.int32)
+  for rows, cfg in cands:
+    if (rows, cfg.warpgroups, cfg.stages) in {(16, 2, 2), (16, 1, 4)} and \
+        cfg.split_warpgroups == "k":
+      text = lower_for_h200(lambda p, x, g, c=cfg, r=rows: g16.run(p, x, g, config=c,
+                                                                  block_m=r), p, x, g)
+      assert "custom_call" in text
+
+
 def test_autotune_grouped_mgpu_stores_what_run_reads(tmp_path, monkeypatch):
   """What the Mosaic grouped tuning stores (rows per tile in the Config's block_m) is
   what grouped_wna16_mgpu.run then takes by default, through grouped_wnam_mgpu.run: the

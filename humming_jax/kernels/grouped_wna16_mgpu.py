@@ -561,12 +561,19 @@ def cached_launch(params: QuantizedWeight, m: int) -> tuple[int, wna16_mgpu.Conf
   return cfg.block_m, cfg
 
 
+SMALL_CTA_MAX_ROWS = 32  # the widest tiles launch_candidates tries on the decode CTAs
+
+
 def launch_candidates(m: int, params: QuantizedWeight) -> list[tuple[int, wna16_mgpu.Config]]:
   """The autotune search space of :func:`run`'s launch for M rows of ``params``: (rows per
   tile, Config) pairs, the default first.  Rows: the default's, 8 either side and
-  :func:`block_rows`'; launches: :func:`heuristic`'s at those rows, and shared-x CTAs of
+  :func:`block_rows`'; launches: :func:`heuristic`'s at those rows, shared-x CTAs of
   two and four warpgroups (on the one-accumulator route with 2-4 stages: H200 session 29
-  found the best of these to move with the shape, NOTES.md v30)."""
+  found the best of these to move with the shape, NOTES.md v30), and on the 16-bit route
+  for tiles of up to :data:`SMALL_CTA_MAX_ROWS` rows the decode tiles' small CTAs (two
+  warpgroups splitting K over two stages, one over four): H200 session 36 found
+  DeepSeek-V3 gate_up at 256 tokens (16-row tiles on four shared-x warpgroups) at 0.55x
+  Humming with that launch never timed there (NOTES_moe.md)."""
   e = params.shape[0]
   single = single_acc_tiles(params)
   widest = max(SINGLE_ACC_BLOCK_MS) if single else MAX_BLOCK_M
@@ -587,6 +594,10 @@ def launch_candidates(m: int, params: QuantizedWeight) -> list[tuple[int, wna16_
                 for st in (2, 3, 4)]
       elif rows <= MAX_BLOCK_M:
         out.append((rows, base))
+    if rows <= SMALL_CTA_MAX_ROWS and not wna16_mgpu.fp8_mma(params.layout):
+      decode = wna16_mgpu.heuristic(8)  # the 8-row launch's shape (K-split warpgroups)
+      out += [(rows, dataclasses.replace(decode, warpgroups=wgs, stages=st))
+              for wgs, st in ((2, 2), (1, 4))]
   return list(dict.fromkeys(out))  # (in order, once each)
 
 
