@@ -197,10 +197,10 @@ def bench_hj(spec_name, sets, xg, *, calls, repeats, check):
 def bench_breakdown(spec_name, pps, xg):
   """Where one grouped GEMM's time goes: the device time of every kernel of the resident
   chain with ``--consume``'s consumer (a jax.profiler trace, as ``--span``), per layer,
-  whatever ``--chain`` times.  (CUPTI through Mosaic's
-  profiler aborted with "activity records were dropped" on this chain, H200 sessions 34
-  and 36; the previous method before that timed the schedule in a jit of its own, which
-  measured that call's dispatch, not a component: NOTES_moe.md session 2.)"""
+  whatever ``--chain`` times.  (CUPTI through Mosaic's profiler aborted with "activity
+  records were dropped" on this chain, H200 sessions 34 and 36; before CUPTI the schedule
+  was timed in a jit of its own, which measured that call's dispatch, not a component:
+  NOTES_moe.md session 2.)"""
   f = jax.jit(common.resident_program(ragged_dot_fn(spec_name), CONSUME), donate_argnums=2)
   held = [jax.block_until_ready(f(pps, xg, jnp.zeros((), jnp.float32)))]
 
