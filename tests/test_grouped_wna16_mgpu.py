@@ -900,11 +900,9 @@ def test_column_blocks_lower_for_h200(tokens, launch):
   """DeepSeek-V3 down (E 256, K 256, N 7168) with four column blocks per CTA: on the
   default launch's shape (the decode launch at 1 token, one shared-x warpgroup at 256)
   and on the two multi-warpgroup launches."""
-  from test_cuda_lowering import lower_for_h200
+  from test_cuda_lowering import abstract_params, lower_for_h200
   e, k, n = 256, 256, 7168
-  spec = hj.QuantSpec.preset("w4a16-g128-zp")
-  q = jax.eval_shape(lambda w: hj.quantize(w, spec), jax.ShapeDtypeStruct((e, k, n), jnp.float32))
-  p = jax.eval_shape(gm.prepare, q)
+  p = abstract_params("w4a16-g128-zp", (e, k, n), grouped=True, kernel=gm.FAMILY)
   m = tokens * 8
   block_m = gm.tile_rows(m, e, p)
   base = (gm.default_launch(m, p, block_m) if launch == "default"
@@ -974,6 +972,7 @@ def test_streamed_launch_is_run_s_not_run_aligned_s(monkeypatch, mosaic_launches
   valid = np.asarray(r.valid)
   want = reference.ragged_dot_reference(q, xs, r.group_sizes)
   assert rel(np.asarray(ya, np.float32)[valid], np.asarray(want, np.float32)[valid]) <= TOL
+
 
 def test_short_experts_stream_column_blocks():
   """K <= 256 experts (two K tiles: DeepSeek-V3 down) on the 16-bit route take one

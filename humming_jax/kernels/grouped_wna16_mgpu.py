@@ -392,9 +392,9 @@ def heuristic(tiles: int, n: int, k_tiles: int, block_m: int, *,
   steps = k_tiles // wna16_mgpu.divisor(config.substeps, k_tiles)  # as run() does
   col_blocks = tiles * -(-n // wna16_mgpu.BLOCK_N)
   if col_blocks > 2 * tuning.num_sms():
-    small = [dataclasses.replace(config, warpgroups=1, stages=4)]
+    small = [small_cta(block_m, 1, 4)]
     if steps % 2 == 0 and (steps >= SMALL_TWO_WG_MIN_STEPS or tile_rows <= 8):
-      small.insert(0, dataclasses.replace(config, warpgroups=2, stages=2))
+      small.insert(0, small_cta(block_m, 2, 2))
     for candidate in small:
       if _fits_per_sm(candidate, params, tile_rows, 3):
         return candidate
@@ -410,6 +410,15 @@ def heuristic(tiles: int, n: int, k_tiles: int, block_m: int, *,
   if 2 * col_blocks <= tuning.num_sms():
     config = dataclasses.replace(config, split_k=2)
   return config
+
+
+def small_cta(block_m: int, warpgroups: int, stages: int) -> wna16_mgpu.Config:
+  """The decode tiles' small CTA: the dense decode launch for ``block_m`` rows
+  (``wna16_mgpu.heuristic``: warpgroups splitting K, two K tiles per step) with
+  ``warpgroups`` warpgroups and ``stages`` stages (:func:`heuristic`'s 16-64-token
+  launches, :func:`_streamed_launch`'s base, :func:`launch_candidates`)."""
+  return dataclasses.replace(wna16_mgpu.heuristic(block_m), warpgroups=warpgroups,
+                             stages=stages)
 
 
 def streamed_blocks(tiles: int, n: int) -> int:
@@ -440,7 +449,7 @@ def _streamed_launch(block_m: int, blocks: int) -> wna16_mgpu.Config:
   per SM) loses with any (17.7 -> 20.8 / 22.2 / 19.9 with 2 / 4 / 8 blocks, 448 / 224 /
   112 CTAs on 132 SMs; 27.0 on one warpgroup with 8), hence the waves bound."""
   if block_m <= 8:
-    config = dataclasses.replace(wna16_mgpu.heuristic(block_m), warpgroups=1, stages=4)
+    config = small_cta(block_m, 1, 4)
   else:
     config = wna16_mgpu.shared_x_config(block_m, warpgroups=1)
   return dataclasses.replace(config, column_blocks=blocks)
@@ -595,9 +604,7 @@ def launch_candidates(m: int, params: QuantizedWeight) -> list[tuple[int, wna16_
       elif rows <= MAX_BLOCK_M:
         out.append((rows, base))
     if rows <= SMALL_CTA_MAX_ROWS and not wna16_mgpu.fp8_mma(params.layout):
-      decode = wna16_mgpu.heuristic(8)  # the 8-row launch's shape (K-split warpgroups)
-      out += [(rows, dataclasses.replace(decode, warpgroups=wgs, stages=st))
-              for wgs, st in ((2, 2), (1, 4))]
+      out += [(rows, small_cta(8, wgs, st)) for wgs, st in ((2, 2), (1, 4))]
   return list(dict.fromkeys(out))  # (in order, once each)
 
 
