@@ -118,10 +118,11 @@ def test_mgpu_launch_candidates(monkeypatch):
 def test_mgpu_launch_candidates_small_ctas(monkeypatch):
   """On the 16-bit route, tiles of 16-32 rows are also tried on the decode tiles' small
   CTAs (two K-split warpgroups of two stages, one of four), which lower for the H200 at
-  DeepSeek-V3 gate_up's 256-token tiles (16 rows: the default is four shared-x
-  warpgroups); wider tiles, and the fp8-MMA layout, are not."""
+  DeepSeek-V3 gate_up's 256-token tiles (16 rows: since session 37 the default is one
+  of them, four shared-x warpgroups before, still a candidate); wider tiles, and the
+  fp8-MMA layout, are not."""
   from test_cuda_lowering import abstract_params, lower_for_h200
-  from humming_jax.kernels import grouped_wna16_mgpu as g16
+  from humming_jax.kernels import grouped_wna16_mgpu as g16, wna16_mgpu
   monkeypatch.setattr(tuning, "num_sms", lambda: 132)
   e, k, n = 256, 7168, 512
   p = abstract_params("w4a16-g128-zp", (e, k, n), grouped=True, kernel=g16.FAMILY)
@@ -129,7 +130,9 @@ def test_mgpu_launch_candidates_small_ctas(monkeypatch):
                          if c.split_warpgroups == "k" and r >= 16}
   m = 256 * 8
   cands = g16.launch_candidates(m, p)
-  assert cands[0][0] == 16 and cands[0][1].split_warpgroups == "n"  # the default
+  first = cands[0][1]
+  assert cands[0][0] == 16 and (first.split_warpgroups, first.warpgroups) == ("k", 1)
+  assert (16, wna16_mgpu.shared_x_config(16)) in cands  # the default before session 37
   assert small(cands) >= {(16, 2, 2), (16, 1, 4), (24, 2, 2), (24, 1, 4)}
   assert len(set(cands)) == len(cands)
   assert not small(g16.launch_candidates(1024 * 8, p))  # 48-row tiles: shared-x only

@@ -669,9 +669,10 @@ def test_grid_split_k_interpret(name, mosaic_launches):
 def test_heuristic_follows_the_session_10_sweep():
   """The launch shapes the H200 sweep chose (NOTES_moe.md session 10), by (tiles, N, K
   tiles, rows per tile): split-K 2 for DeepSeek-V3 gate_up at 1 token, shared x tiles for
-  16+-row tiles and for Qwen3's short-K experts at 64 tokens, the K split elsewhere; two
+  24+-row tiles and for Qwen3's short-K experts at 64 tokens, the K split elsewhere; two
   warpgroups per CTA where four make one to two waves (session 14), small CTAs beyond
-  two waves (session 15)."""
+  two waves (session 15), and for 16-row launches one warpgroup of four stages (session
+  37)."""
   shape = lambda *a: (gm.heuristic(*a).split_warpgroups, gm.heuristic(*a).split_k)
   assert shape(8, 512, 56, 8) == ("k", 2)  # DeepSeek-V3 gate_up, 1 token
   assert shape(8, 1536, 16, 8) == ("k", 1)  # Qwen3 gate_up, 1 token ...
@@ -713,6 +714,15 @@ def test_heuristic_follows_the_session_10_sweep():
     assert (cfg.warpgroups, cfg.stages) == want, (name, tile_rows)
     if name == "w8a16":  # three do not fit: the shared-x rule
       assert cfg.split_warpgroups == "n"
+  # 16-row launches (~5-8 rows per expert) on the small CTA of one warpgroup, not four
+  # shared-x warpgroups (session 37)
+  sixteen_rows = lambda *a: small(gm.heuristic(*a, 16, tile_rows=16))
+  assert sixteen_rows(256, 512, 56) == ("k", 1, 1, 4)  # DeepSeek-V3 gate_up, 192-256 tokens
+  assert sixteen_rows(128, 1536, 16) == ("k", 1, 1, 4)  # Qwen3 gate_up, 128 tokens
+  assert sixteen_rows(8, 28672, 32) == ("k", 1, 1, 4)  # Mixtral gate_up, 32 tokens
+  assert sixteen_rows(8, 4096, 112) == ("k", 1, 1, 4)  # Mixtral down, 32 tokens
+  assert gm.heuristic(256, 512, 56, 16).column_blocks == 1
+  assert shape(256, 512, 56, 24) == ("n", 1)  # DeepSeek-V3 gate_up, 512 tokens
   assert shape(256, 512, 56, 48) == ("n", 1)  # DeepSeek-V3 gate_up, 1024 tokens
   cfg = gm.heuristic(8, 28672, 32, 128)  # Mixtral gate_up, 1024 tokens
   assert (cfg.split_warpgroups, cfg.warpgroups, cfg.scale_after_mma) == ("n", 4, False)

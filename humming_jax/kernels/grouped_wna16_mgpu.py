@@ -316,7 +316,18 @@ def heuristic(tiles: int, n: int, k_tiles: int, block_m: int, *,
   - ``cost_sized`` (set by :func:`default_launch` only, for tiles of 24+ rows of
     :func:`cost_sized_tiles` params): the same choice of two or four shared-x warpgroups
     (session 32).
-  - 16+ rows per tile: warpgroups splitting N over one shared x tile
+  - 16-row launches (:func:`block_rows` 16: about 5-8 rows per active expert) on the
+    16-bit route: the decode branch's small CTAs below, one warpgroup of four stages
+    (else the shared-x launch of the next rule).  H200 session 37, bench_moe resident
+    chain (row consumer), us wall, the four shared-x warpgroups of before -> one
+    warpgroup of four stages / two of two splitting K: DeepSeek-V3 gate_up 256 tokens
+    318.1 -> 207.9 / 221.8, 192 tokens 257.4 -> 194.7 / 204.2; Qwen3-30B-A3B gate_up 128
+    tokens 147.4 -> 96.2 / 106.3, down 88.9 -> 62.3 / 60.1; Mixtral gate_up 32 tokens
+    293.3 -> 187.8 / 196.3, down 251.6 -> 115.5 / 111.0 (MXFP4 DeepSeek-V3 gate_up 256:
+    336.4 -> 243.5 / 241.1).  Tiles of ~8 rows reuse an x tile little, and the 64-column
+    CTAs make several waves of several CTAs per SM where the 256-column ones made few,
+    long ones.
+  - 24+ rows per tile: warpgroups splitting N over one shared x tile
     (:func:`wna16_mgpu.shared_x_config`): each CTA reads its x rows once instead of once per
     64 columns.  DeepSeek-V3 gate_up / down at 1024 tokens (48-row tiles) 418.0 -> 345.7 /
     494.1 -> 415.9, Mixtral gate_up at 64 / 1024 tokens 336.7 -> 299.9 / 1491.5 -> 1175.9,
@@ -386,18 +397,23 @@ def heuristic(tiles: int, n: int, k_tiles: int, block_m: int, *,
                                cluster_n=2)
   if cost_sized:
     return _cost_sized_launch(tiles, n, block_m, params)
-  if block_m >= 16:
+  if block_m > 16:
     return wna16_mgpu.shared_x_config(block_m)
   config = wna16_mgpu.heuristic(block_m)
   steps = k_tiles // wna16_mgpu.divisor(config.substeps, k_tiles)  # as run() does
   col_blocks = tiles * -(-n // wna16_mgpu.BLOCK_N)
   if col_blocks > 2 * tuning.num_sms():
     small = [small_cta(block_m, 1, 4)]
-    if steps % 2 == 0 and (steps >= SMALL_TWO_WG_MIN_STEPS or tile_rows <= 8):
+    if (block_m <= 8 and steps % 2 == 0
+        and (steps >= SMALL_TWO_WG_MIN_STEPS or tile_rows <= 8)):
       small.insert(0, small_cta(block_m, 2, 2))
     for candidate in small:
       if _fits_per_sm(candidate, params, tile_rows, 3):
         return candidate
+  if block_m > 8:
+    # 16-row launches the small CTAs do not take (two waves or fewer, or three do not fit
+    # an SM: W8A16) keep the shared-x launch of before session 37 (untimed otherwise).
+    return wna16_mgpu.shared_x_config(block_m)
   wgs = config.warpgroups
   per_wg = steps // wna16_mgpu.divisor(wgs, steps)
   if steps >= 3 and per_wg <= 2 and col_blocks >= 2 * wgs * tuning.num_sms():
@@ -582,7 +598,8 @@ def launch_candidates(m: int, params: QuantizedWeight) -> list[tuple[int, wna16_
   for tiles of up to :data:`SMALL_CTA_MAX_ROWS` rows the decode tiles' small CTAs (two
   warpgroups splitting K over two stages, one over four): H200 session 36 found
   DeepSeek-V3 gate_up at 256 tokens (16-row tiles on four shared-x warpgroups) at 0.55x
-  Humming with that launch never timed there (NOTES_moe.md)."""
+  Humming with that launch never timed there; session 37 timed it and made it the
+  16-row launches' default (:func:`heuristic`, NOTES_moe.md)."""
   e = params.shape[0]
   single = single_acc_tiles(params)
   widest = max(SINGLE_ACC_BLOCK_MS) if single else MAX_BLOCK_M
