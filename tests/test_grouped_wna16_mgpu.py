@@ -985,7 +985,7 @@ def test_streamed_launch_is_run_s_not_run_aligned_s(monkeypatch, mosaic_launches
 
 
 def test_short_experts_stream_column_blocks():
-  """K <= 256 experts (two K tiles: DeepSeek-V3 down) on the 16-bit route take one
+  """K <= 768 experts (DeepSeek-V3 down: 2 K tiles, Qwen3 down: 6) on the 16-bit route take one
   warpgroup streaming up to eight column blocks per CTA (H200 session 35), while that
   leaves eight CTAs per SM; longer K, few tiles and the fp8-MMA layout keep one block."""
   sms = tuning.num_sms()
@@ -996,7 +996,9 @@ def test_short_experts_stream_column_blocks():
         8, 1, 4, split), (tiles, rows)
   assert launch(219, 2, 8).substeps == 2  # the decode launch: both K tiles in one step
   assert launch(8, 2, 8).column_blocks == 1  # 1 token: 896 column blocks, < 8 per SM
-  assert launch(219, 6, 8).column_blocks == 1  # K 768 (Qwen3-30B-A3B down): not timed
+  qwen3_down = lambda k_tiles: gm.heuristic(128, 2048, k_tiles, 8).column_blocks
+  assert qwen3_down(6) == 2  # K 768 (Qwen3-30B-A3B down, 16-64 tokens; session 37)
+  assert qwen3_down(8) == 1  # K 1024: untimed
   assert launch(256, 2, 128).column_blocks == 1  # 4096 tokens, 128-row tiles: lost 3 %
   assert gm.streamed_blocks(8, 7168) == 1
   # one tile per SM has 112 column blocks per SM: 8 blocks leave 14 CTAs per SM, 4 at

@@ -183,16 +183,19 @@ TWO_WG_MAX_ROWS = 96
 # (session 15); Mixtral gate_up (16) is untimed either way and keeps two.  Timed on
 # run()'s 16-row tiles only: run_aligned's 8-row ones (``hj.quant_moe``) keep two.
 SMALL_TWO_WG_MIN_STEPS = 16
-# Short experts (at most this many K tiles: K <= 256 at the 128-deep tile, DeepSeek-V3
-# down) on the 16-bit route stream up to STREAMED_BLOCKS column blocks per CTA
-# (MgpuConfig.column_blocks) on one warpgroup, while that leaves at least
-# STREAMED_MIN_WAVES CTAs per SM (:func:`streamed_blocks`), in tiles of up to
-# STREAMED_MAX_ROWS rows (H200 session 35, DeepSeek-V3 down at 4096 tokens, 128-row
-# tiles: streamed 913.5 us against 878.9 on one warpgroup without blocks in one call; in
-# the next, the four-warpgroup launch of before 897.9 against 887.8: it stays).  Through
-# run() only: run_aligned's tiles (``hj.quant_moe``) are untimed with it and keep one
-# block per CTA.
-STREAMED_MAX_K_TILES = 2
+# Short experts (at most this many K tiles: K <= 768 at the 128-deep tile, DeepSeek-V3
+# down's 256 and Qwen3-30B-A3B down's 768) on the 16-bit route stream up to
+# STREAMED_BLOCKS column blocks per CTA (MgpuConfig.column_blocks) on one warpgroup,
+# while that leaves at least STREAMED_MIN_WAVES CTAs per SM (:func:`streamed_blocks`),
+# in tiles of up to STREAMED_MAX_ROWS rows (H200 session 35, DeepSeek-V3 down at 4096
+# tokens, 128-row tiles: streamed 913.5 us against 878.9 on one warpgroup without blocks
+# in one call; in the next, the four-warpgroup launch of before 897.9 against 887.8: it
+# stays).  Through run() only: run_aligned's tiles (``hj.quant_moe``) are untimed with it
+# and keep one block per CTA.  Qwen3-30B-A3B down (6 K tiles), H200 sessions 36-37, us
+# wall, one -> two column blocks (the rule's at 16-256 tokens): 43.2 -> 42.4 at 16
+# tokens, 57.0 -> 55.4 at 64, 72.9 -> 67.0 at 256 (32-row tiles); at 128 (16-row tiles)
+# 63.9 against 62.3 on the 16-row launch of :func:`heuristic` without blocks (noise ~3 %).
+STREAMED_MAX_K_TILES = 6
 STREAMED_MAX_ROWS = 64
 STREAMED_BLOCKS = 8
 STREAMED_MIN_WAVES = 8
