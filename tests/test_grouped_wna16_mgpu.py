@@ -960,6 +960,24 @@ def test_column_blocks_warpgroups_gpu(name, launch, tokens):
   _column_blocks_equal_one_block(name, tokens, lambda *_: warpgroup_launch(launch), 4)
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape,tokens,launch", [
+    ((256, 7168, 512), 256, (1, 4, 1)),  # DeepSeek-V3 gate_up: the 16-row launch
+    ((128, 2048, 1536), 128, (1, 4, 1)),  # Qwen3-30B-A3B gate_up: the 16-row launch
+    ((128, 768, 2048), 128, (1, 4, 2)),  # Qwen3-30B-A3B down: K 768 streamed, 16 rows
+    ((128, 768, 2048), 256, (1, 4, 2))])  # ... 32-row tiles
+@pytest.mark.parametrize("name", ["w4a16-g128-zp", "w4a16-mxfp4"])
+def test_session37_launches_gpu(name, shape, tokens, launch):
+  """The launches session 37 made the defaults (heuristic: 16-row launches on one
+  warpgroup of four stages; K <= 768 streamed), on the H200 against the reference."""
+  e, k, n = shape
+  err, p = routed_error(name, e, k, n, tokens, 87, gm.prepare, gm.run)
+  m = tokens * 8
+  cfg = gm.default_launch(m, p, gm.tile_rows(m, e, p))
+  assert (cfg.warpgroups, cfg.stages, cfg.column_blocks) == launch
+  assert err <= TOL
+
+
 def test_streamed_launch_is_run_s_not_run_aligned_s(monkeypatch, mosaic_launches):
   """The short-expert rule streams column blocks in run()'s tiles; run_aligned
   (``hj.quant_moe``, untimed with it) keeps one block per CTA.  (With one SM, 4 experts'
