@@ -329,7 +329,9 @@ def heuristic(tiles: int, n: int, k_tiles: int, block_m: int, *,
     293.3 -> 187.8 / 196.3, down 251.6 -> 115.5 / 111.0 (MXFP4 DeepSeek-V3 gate_up 256:
     336.4 -> 243.5 / 241.1).  Tiles of ~8 rows reuse an x tile little, and the 64-column
     CTAs make several waves of several CTAs per SM where the 256-column ones made few,
-    long ones.
+    long ones.  Timed through :func:`run`; :func:`run_aligned`'s 16-row tiles
+    (``hj.quant_moe``: one expert per tile, as here) and the W4A8 / W4A4 experts of
+    ``grouped_wnam_mgpu`` on this route take it too, untimed there.
   - 24+ rows per tile: warpgroups splitting N over one shared x tile
     (:func:`wna16_mgpu.shared_x_config`): each CTA reads its x rows once instead of once per
     64 columns.  DeepSeek-V3 gate_up / down at 1024 tokens (48-row tiles) 418.0 -> 345.7 /
