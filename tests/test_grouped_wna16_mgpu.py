@@ -725,9 +725,8 @@ def test_heuristic_follows_the_session_10_sweep():
   # ... else the shared-x launch as before: two waves or fewer (8 experts x 8 column
   # blocks), or three small CTAs not fitting an SM (W8A16's 16-row tiles)
   assert gm.heuristic(8, 512, 56, 16) == wna16_mgpu.shared_x_config(16)
-  w8 = jax.eval_shape(lambda w: hj.quantize(w, hj.QuantSpec.preset("w8a16")),
-                      jax.ShapeDtypeStruct((256, 7168, 512), jnp.float32))
-  w8 = jax.eval_shape(lambda q: hj.prepare(q, grouped=True, kernel=gm.FAMILY), w8)
+  from test_cuda_lowering import abstract_params
+  w8 = abstract_params("w8a16", (256, 7168, 512), grouped=True, kernel=gm.FAMILY)
   assert gm.heuristic(256, 512, 56, 16, params=w8, tile_rows=16) == \
       wna16_mgpu.shared_x_config(16)
   assert shape(256, 512, 56, 24) == ("n", 1)  # DeepSeek-V3 gate_up, 512 tokens
