@@ -14,6 +14,7 @@ result is checked against the same layer on the XLA path.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 
@@ -69,7 +70,17 @@ def main(argv=None):
   ap.add_argument("--repeats", type=int, default=2)
   ap.add_argument("--breakdown", action="store_true")
   ap.add_argument("--json", default=None)
+  ap.add_argument("--env", default=None, metavar="NAME=V1,V2",
+                  help="an A/B of a trace-time switch in one process: every family runs "
+                       "once per value of the environment variable NAME (row key "
+                       "'family:V'), e.g. HUMMING_JAX_MOE_PAIR_TOKENS=1,0")
   args = ap.parse_args(argv)
+  env_name, env_values = None, [None]
+  if args.env:
+    env_name, _, values = args.env.partition("=")
+    if not env_name or not values:
+      raise SystemExit(f"--env {args.env!r}: expected NAME=V1,V2")
+    env_values = values.split(",")
   info = common.device_info()
   print("#", info, flush=True)
   spec = hj.QuantSpec.preset(args.spec)
@@ -86,7 +97,10 @@ def main(argv=None):
       ref = jax.jit(lambda p, x, w, ids: hj.quant_moe(*p, x, w, ids, backend="xla"))(
           canon[0], x, w, ids)
       row = {"model": model, "tokens": tokens, "spec": args.spec}
-      for fam, layers in fams.items():
+      for (fam, layers), value in ((f, v) for f in fams.items() for v in env_values):
+        if env_name:  # read while tracing: each timing below traces anew
+          os.environ[env_name] = value
+          fam = f"{fam}:{value}"
         layer = lambda p, a: hj.quant_moe(*p, a[0], a[1], a[2])
         try:
           y = jax.jit(layer)(layers[0], (x, w, ids))
