@@ -21,6 +21,7 @@ from typing import Literal, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from humming_jax import ops
 from humming_jax.kernels import (grouped_wna16, grouped_wna16_mgpu, grouped_wnam_mgpu, registry,
@@ -332,7 +333,9 @@ def quant_moe(gate_up_params: QuantizedWeight, down_params: QuantizedWeight, x: 
   params with bf16 / fp16 tokens get the same choice, prepared inside the call).  When
   both stacks are on the Mosaic kernel and the tokens are bf16 / fp16, each expert's rows
   are padded to its tile (:func:`align_tokens`) so every tile reads and
-  writes its rows in place (no row gather; benchmarks/NOTES_moe.md).  Otherwise (e.g.
+  writes its rows in place (no row gather; benchmarks/NOTES_moe.md); at decode (one token,
+  or while pairs sharing an expert stay rare: :func:`pair_tiles`) there is no sort at all:
+  a tile per routed (token, slot) pair, straight from ``topk_ids``.  Otherwise (e.g.
   stacks prepared one by one, gate_up on Mosaic and down on Triton) rows are sorted by
   expert (:func:`sort_tokens`) and each GEMM is :func:`quant_ragged_dot` on its own family;
   gate_up experts on the
@@ -367,6 +370,10 @@ def quant_moe(gate_up_params: QuantizedWeight, down_params: QuantizedWeight, x: 
     gate_up_params, down_params = (
         p if p.layout != "canonical" else ops.prepare(p, grouped=True, kernel=fam)
         for p in (gate_up_params, down_params))
+  if (_aligned_mosaic(gate_up_params, down_params, x, b)
+      and pair_tiles(x.shape[0], topk_ids.shape[1], e)):
+    return _quant_moe_pairs(gate_up_params, down_params, x, topk_weights, topk_ids,
+                            activation, interpret=b == "interpret")
   if _aligned_mosaic(gate_up_params, down_params, x, b):
     # Segments padded to the tile (align_tokens): each Mosaic tile reads and writes its own
     # rows in place -- no row gather after either GEMM.
@@ -383,6 +390,56 @@ def quant_moe(gate_up_params: QuantizedWeight, down_params: QuantizedWeight, x: 
     hid = run(gate_up_params, jnp.take(x, r.token_of_row, axis=0))
   ys = run(down_params, glu(hid, activation))
   return combine(ys, topk_weights, r).astype(x.dtype)
+
+
+# quant_moe's Mosaic path runs a tile per routed (token, slot) pair instead of sorting rows
+# by expert while pairs sharing an expert -- whose weights the pair tiles read once per
+# pair -- are expected to be rare: about (P - 1) / (2E) of the P = T * k pairs for a
+# random routing, at most this share.  H200 session 38, whole layer (bench_moe_layer,
+# int4 g128 zp), sorted -> pair tiles in one process, µs:
+#   DeepSeek-V3 (E 256, top-8) 1 / 2 / 4 tokens: 122.9 / 93.3 / 118.3 -> 61.4 / 54.2 / 54.8
+#   Qwen3-30B-A3B (E 128, top-8) 1 / 2 tokens: 107.4 / 107.2 -> 52.3 / 36.9; 3 / 4 tokens
+#     (share 0.09 / 0.12): 60.7 / 58.5 -> 54.1 / 54.6
+#   Mixtral (E 8, top-2) 1 token: 101.9 -> 78.0; 2 tokens (share 0.19): 124.1 -> 130.8
+# One token's top-k experts are distinct: its pair tiles always run.
+PAIR_TILE_MAX_SHARED = 1 / 8
+
+
+def pair_tiles(tokens: int, k: int, num_experts: int) -> bool:
+  """Whether quant_moe's Mosaic path takes a tile per pair for ``tokens`` tokens routed
+  to ``k`` of ``num_experts`` experts (HUMMING_JAX_MOE_PAIR_TOKENS=N: up to N tokens, 0:
+  never -- read while tracing, for device A/Bs)."""
+  forced = tuning.env_int("HUMMING_JAX_MOE_PAIR_TOKENS", -1)
+  if forced >= 0:
+    return tokens <= forced
+  return tokens == 1 or (tokens * k - 1) / (2 * num_experts) <= PAIR_TILE_MAX_SHARED
+
+
+def _quant_moe_pairs(gate_up_params: QuantizedWeight, down_params: QuantizedWeight,
+                     x: jax.Array, topk_weights: jax.Array, topk_ids: jax.Array,
+                     activation: Activation, *, interpret: bool) -> jax.Array:
+  """quant_moe on Mosaic-prepared stacks with a tile per (token, slot) pair p = t * k + j
+  (``grouped_wna16_mgpu.run_pairs``): what the sorted path spends around the two GEMMs at
+  decode -- the sort, the alignment scatters, the schedule scan over E, the row gathers
+  -- is gone; the tiles come straight from the ids.  Pair p's gate_up tile reads x rows
+  from 8 * (t // 8) (token t in slot t % 8) and writes hidden rows [8p, 8p + 8); its down
+  tile reads those rows back, so the pair's output row is 8p + t % 8."""
+  t, k = topk_ids.shape
+  e, h = gate_up_params.shape[:2]
+  pairs = t * k
+  token = np.arange(pairs) // k
+  slot = token % 8
+  ids = topk_ids.reshape(-1)
+  run = lambda p, a, first: grouped_wna16_mgpu.run_pairs(p, a, ids, first,
+                                                          interpret=interpret)
+  hid = run(gate_up_params, x, 8 * (token // 8))
+  ys = run(down_params, glu(hid, activation), 8 * np.arange(pairs))
+  own = np.arange(8)[None, :] == slot[:, None]  # (P, 8): the pair's row in its tile
+  keep = jnp.asarray(own) & ((ids >= 0) & (ids < e))[:, None]  # unwritten tiles: dropped
+  rows = jnp.where(keep[:, :, None], ys.reshape(pairs, 8, h).astype(jnp.float32), 0)
+  out = jnp.einsum("tkn,tk->tn", rows.sum(1).reshape(t, k, h),
+                   topk_weights.astype(jnp.float32))
+  return out.astype(x.dtype)
 
 
 def _gate_up_quantized_first(params: QuantizedWeight, x: jax.Array, r: SortedTokens,

@@ -384,6 +384,101 @@ def test_run_aligned_rows_in_place(name, bm):
   assert rel(np.asarray(y, np.float32)[valid], np.asarray(want, np.float32)[valid]) <= TOL
 
 
+@pytest.mark.parametrize("name", ["w4a16-g128-zp", "w4a16-nvfp4"])
+def test_run_pairs_tiles_interpret(name):
+  """A tile per pair: pair p's rows [8p, 8p + 8) are x rows [first_p, first_p + 8) (rows
+  past x's: zero input) against expert ids[p]; an out-of-range id's tile computes
+  nothing (its rows are not compared)."""
+  e, k, n = 5, 256, 128
+  q, _ = make(name, e, k, n, 1, True, seed=31)
+  x = jax.random.normal(jax.random.key(32), (11, k), jnp.bfloat16)
+  ids = jnp.asarray([4, 0, 7, 4, 2], jnp.int32)  # a repeated expert, an invalid id
+  first = [8, 0, 0, 0, 8]
+  y = jax.jit(lambda p, a, i: gm.run_pairs(p, a, i, first, interpret=True))(
+      gm.prepare(q), x, ids)
+  assert y.shape == (5 * 8, n) and y.dtype == x.dtype
+  xp = jnp.pad(x, ((0, 16 - 11), (0, 0)))
+  for p, (eid, f) in enumerate(zip(ids.tolist(), first)):
+    if not 0 <= eid < e:
+      continue
+    g = jnp.zeros((e,), jnp.int32).at[eid].set(8)
+    want = reference.ragged_dot_reference(q, xp[f:f + 8], g)
+    assert rel(y[8 * p:8 * p + 8], want) <= TOL, (p, rel(y[8 * p:8 * p + 8], want))
+
+
+def test_run_pairs_bad_inputs_are_named():
+  q, _ = make("w4a16-g128-zp", 2, 256, 64, 1, False)
+  p = gm.prepare(q)
+  ids = jnp.asarray([0, 1], jnp.int32)
+  x = jnp.zeros((8, 256), jnp.bfloat16)
+  with pytest.raises(ValueError, match="first_rows"):
+    gm.run_pairs(p, x, ids, [0, 4])
+  with pytest.raises(ValueError, match="first_rows"):
+    gm.run_pairs(p, x, ids, [0])
+  with pytest.raises(ValueError, match="first_rows"):
+    gm.run_pairs(p, x, ids, [0, 8])  # past x's rows
+  with pytest.raises(ValueError, match="expert_ids"):
+    gm.run_pairs(p, x, ids.astype(jnp.float32), [0, 0])
+  with pytest.raises(ValueError, match=r"x must be \(R, K=256\)"):
+    gm.run_pairs(p, x[:, :128], ids, [0, 0])
+  with pytest.raises(ValueError, match="layout"):
+    gm.run_pairs(q, x, ids, [0, 0])
+
+
+def test_pair_tiles_rule(monkeypatch):
+  """Pair tiles while pairs sharing an expert stay rare ((P - 1) / 2E <= 1/8), always at
+  one token; the environment override wins."""
+  from humming_jax import moe
+  monkeypatch.delenv("HUMMING_JAX_MOE_PAIR_TOKENS", raising=False)
+  assert moe.pair_tiles(1, 2, 8) and not moe.pair_tiles(2, 2, 8)  # Mixtral
+  assert moe.pair_tiles(4, 8, 128) and not moe.pair_tiles(5, 8, 128)  # Qwen3-30B-A3B
+  assert moe.pair_tiles(8, 8, 256) and not moe.pair_tiles(9, 8, 256)  # DeepSeek-V3
+  monkeypatch.setenv("HUMMING_JAX_MOE_PAIR_TOKENS", "0")
+  assert not moe.pair_tiles(1, 8, 256)
+  monkeypatch.setenv("HUMMING_JAX_MOE_PAIR_TOKENS", "3")
+  assert moe.pair_tiles(3, 2, 8) and not moe.pair_tiles(4, 8, 256)
+  monkeypatch.setenv("HUMMING_JAX_MOE_PAIR_TOKENS", "one")
+  with pytest.raises(ValueError, match="HUMMING_JAX_MOE_PAIR_TOKENS='one'"):
+    moe.pair_tiles(1, 8, 256)
+
+
+@pytest.mark.parametrize("tokens,pair_tokens", [(1, None), (3, "3"), (10, "16")])
+def test_quant_moe_pair_tiles_interpret(tokens, pair_tokens, monkeypatch):
+  """quant_moe at one token (and, with HUMMING_JAX_MOE_PAIR_TOKENS, at 3 / 10 of 6 experts:
+  tokens in slots t % 8 of two x tiles) runs a tile per pair -- not the aligned path -- and matches
+  the XLA path, an out-of-range id included; with the override at 0 the aligned path
+  runs and gives the same rows."""
+  from humming_jax import moe
+  monkeypatch.delenv("HUMMING_JAX_MOE_PAIR_TOKENS", raising=False)
+  if pair_tokens:
+    monkeypatch.setenv("HUMMING_JAX_MOE_PAIR_TOKENS", pair_tokens)
+  e, h, inter, topk = 6, 256, 128, 2
+  ks = jax.random.split(jax.random.key(33 + tokens), 4)
+  spec = hj.QuantSpec.preset("w4a16-g128-zp")
+  gu = hj.quantize(jax.random.normal(ks[0], (e, h, 2 * inter)) / 16, spec)
+  dn = hj.quantize(jax.random.normal(ks[1], (e, inter, h)) / 11, spec)
+  x = jax.random.normal(ks[2], (tokens, h), jnp.bfloat16)
+  w, ids = moe.topk_routing(jax.random.normal(ks[3], (tokens, e)), topk)
+  ids = ids.at[0, 1].set(e + 3)  # contributes nothing
+  calls = []
+  for fn in ("run_pairs", "run_aligned"):
+    real = getattr(gm, fn)
+    monkeypatch.setattr(gm, fn, lambda *a, real=real, fn=fn, **kw: calls.append(fn)
+                        or real(*a, **kw))
+  layer = lambda *a: hj.quant_moe(*a, backend="interpret")
+  y = jax.jit(layer)(gm.prepare(gu), gm.prepare(dn), x, w, ids)
+  assert calls == ["run_pairs"] * 2
+  want = jax.jit(lambda *a: hj.quant_moe(*a, backend="xla"))(gu, dn, x, w, ids)
+  assert y.shape == (tokens, h) and y.dtype == x.dtype
+  assert float(jnp.abs(y.astype(jnp.float32)).mean()) > 0
+  assert rel(y, want) <= TOL
+  monkeypatch.setenv("HUMMING_JAX_MOE_PAIR_TOKENS", "0")
+  calls.clear()
+  ya = jax.jit(lambda *a: layer(*a))(gm.prepare(gu), gm.prepare(dn), x, w, ids)  # retraced
+  assert calls == ["run_aligned"] * 2
+  assert rel(y, ya) <= TOL
+
+
 def test_run_aligned_bad_inputs_are_named():
   q, _ = make("w4a16-g128-zp", 2, 256, 64, 1, False)
   p = gm.prepare(q)
@@ -437,8 +532,14 @@ def test_quant_moe_aligned_lowers_for_h200(tokens, monkeypatch):
   def boom(*a, **kw):
     raise AssertionError("quant_moe took the gather path (gm.run)")
   monkeypatch.setattr(gm, "run", boom)
+  calls = []
+  for fn in ("run_pairs", "run_aligned"):  # one token: a tile per pair
+    real = getattr(gm, fn)
+    monkeypatch.setattr(gm, fn, lambda *a, real=real, fn=fn, **kw: calls.append(fn)
+                        or real(*a, **kw))
   text = lower_for_h200(f, gu, dn, x, w, ids)
   assert text.count("custom_call") >= 2
+  assert len(calls) >= 2 and set(calls) == {"run_pairs" if tokens == 1 else "run_aligned"}
 
 
 @pytest.mark.gpu
@@ -459,6 +560,34 @@ def test_quant_moe_aligned_gpu(tokens):
   y = f(jax.jit(gm.prepare)(gu), jax.jit(gm.prepare)(dn), x, w, ids)
   prep = jax.jit(lambda p: hj.prepare(p, grouped=True, kernel="grouped_wna16"))
   want = f(prep(gu), prep(dn), x, w, ids)
+  assert rel(y, want) <= TOL
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["w4a16-g128-zp", "w4a16-mxfp4"])
+@pytest.mark.parametrize("model", ["qwen3-30b-a3b", "deepseek-v3"])
+def test_quant_moe_pair_tiles_gpu(model, name, monkeypatch):
+  """One token through quant_moe's pair tiles on the H200 (Qwen3-30B-A3B and DeepSeek-V3
+  shapes, top-8, one id out of range) against the XLA path."""
+  from humming_jax import moe
+  e, h, inter = {"qwen3-30b-a3b": (128, 2048, 768), "deepseek-v3": (256, 7168, 256)}[model]
+  ks = jax.random.split(jax.random.key(e), 4)
+  spec = hj.QuantSpec.preset(name)
+  quant = jax.jit(lambda w: hj.quantize(w, spec))
+  gu = quant(jax.random.normal(ks[0], (e, h, 2 * inter)) / np.sqrt(h))
+  dn = quant(jax.random.normal(ks[1], (e, inter, h)) / np.sqrt(inter))
+  x = jax.random.normal(ks[2], (1, h), jnp.bfloat16)
+  w, ids = moe.topk_routing(jax.random.normal(ks[3], (1, e)), 8)
+  ids = ids.at[0, 3].set(-1)
+  calls = []
+  real = gm.run_pairs
+  monkeypatch.setattr(gm, "run_pairs", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+  # (a fresh function: jax.jit(hj.quant_moe) would reuse an earlier test's trace)
+  y = jax.jit(lambda *a: hj.quant_moe(*a))(jax.jit(gm.prepare)(gu), jax.jit(gm.prepare)(dn),
+                                           x, w, ids)
+  assert calls == [1, 1]
+  want = jax.jit(lambda *a: hj.quant_moe(*a, backend="xla"))(gu, dn, x, w, ids)
+  assert bool(jnp.isfinite(y.astype(jnp.float32)).all())
   assert rel(y, want) <= TOL
 
 

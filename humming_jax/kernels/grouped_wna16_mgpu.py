@@ -24,7 +24,9 @@ Status: interpreter-exact, lowers for the H200, GPU tests pass (sessions 6-12).
 :func:`run` adds two launches beside the kernel: the schedule (:func:`schedule`, one
 Pallas-Triton kernel) and the output gather;
 :func:`run_aligned` (what ``hj.quant_moe`` uses when both stacks are in this layout) drops
-the gather: tile-aligned segments, rows read and written in place.  Session 8 timed it on
+the gather: tile-aligned segments, rows read and written in place; at decode
+:func:`run_pairs` drops the sort and the schedule too: a tile per routed (token, slot) pair
+from the router's ids (session 38: the whole layer at one token 2x faster).  Session 8 timed it on
 every MoE benchmark shape (gate_up at 1 / 64 / 1024 tokens, down at 1 / 1024;
 benchmarks/NOTES_moe.md): ``hj.prepare(..., grouped=True)`` picks it for experts with
 K >= 256 (4096 until session 15, 2048 in session 15, 768 until session 34; side by side
@@ -868,10 +870,64 @@ def run_aligned(params: QuantizedWeight, x: jax.Array, group_sizes: jax.Array, *
   # which is where the kernel writes it.
   expert, start, end, kind = grouped_wna16.tile_schedule(group_sizes, r, block_m, num_tiles)
   sched = jnp.stack([expert, start, end, kind], axis=1).reshape(-1)
+  return _run_tiles(params, x, sched, num_tiles, block_m, interpret=interpret, config=config)
+
+
+def _run_tiles(params: QuantizedWeight, x: jax.Array, sched: jax.Array, num_tiles: int,
+               block_m: int, *, interpret: bool, config: wna16_mgpu.Config | None
+               ) -> jax.Array:
+  """The kernel on a given schedule; the launch of :func:`run_aligned`'s tiles (every tile
+  its own rows, none streamed) unless ``config`` is given."""
+  e, _, n = params.shape
   config = config or heuristic(min(e, num_tiles), n, params.codes.shape[-3], block_m,
                                params=params, tile_rows=block_m, streamed=False)
   return wna16_mgpu.run(params, x, interpret=interpret, config=config,
                         tiles=wna16_mgpu.Tiles(sched, num_tiles, block_m))
+
+
+PAIR_BLOCK_M = 8  # rows per pair tile: the kernel's smallest (x rows from a multiple of 8)
+
+
+def pair_schedule(expert_ids: jax.Array, first_rows, num_experts: int) -> jax.Array:
+  """``Tiles.sched`` of one tile per routed (token, slot) pair: tile p reads x rows
+  [first_rows[p], + 8) against expert ``expert_ids[p]``; kind 0 (nothing computed, output
+  rows unwritten) where the id is outside [0, E)."""
+  ids = expert_ids.astype(jnp.int32)
+  ok = (ids >= 0) & (ids < num_experts)
+  first = jnp.asarray(first_rows, jnp.int32)
+  return jnp.stack([jnp.where(ok, ids, 0), jnp.where(ok, first, 0),
+                    jnp.where(ok, first + PAIR_BLOCK_M, 0), ok.astype(jnp.int32)],
+                   axis=1).reshape(-1)
+
+
+def run_pairs(params: QuantizedWeight, x: jax.Array, expert_ids: jax.Array, first_rows, *,
+              interpret: bool = False, config: wna16_mgpu.Config | None = None
+              ) -> jax.Array:
+  """One 8-row tile per routed pair, straight from the router's ids: no sort, no schedule
+  scan over E, no gather.  ``hj.quant_moe`` at one token (``moe._quant_moe_pairs``).
+
+  Tile p computes x rows [first_rows[p], first_rows[p] + 8) (``first_rows`` static,
+  multiples of 8; rows past x's read as zeros) against expert ``expert_ids[p]`` and writes
+  output rows [8p, 8p + 8): (8P, N).  The caller picks each pair's row from its tile; a
+  tile whose id is outside [0, E) computes nothing and its rows are **unspecified**.  Two
+  pairs of one expert read its weights twice, so this is for rows whose experts are
+  distinct (one token's top-k)."""
+  e, k, n = params.shape
+  if registry.layout_family(params.layout) != FAMILY:
+    raise ValueError(f"params.layout={params.layout!r}: expected {FAMILY}:... params")
+  if x.ndim != 2 or x.shape[1] != k:
+    raise ValueError(f"x must be (R, K={k}); got shape {x.shape}")
+  if expert_ids.ndim != 1 or not jnp.issubdtype(expert_ids.dtype, jnp.integer):
+    raise ValueError(f"expert_ids must be (P,) int; got {expert_ids.dtype}"
+                     f"{list(expert_ids.shape)}")
+  first = [int(f) for f in first_rows]
+  if len(first) != expert_ids.shape[0] or any(f % 8 or not 0 <= f < x.shape[0]
+                                              for f in first):
+    raise ValueError(f"first_rows must be {expert_ids.shape[0]} static multiples of 8 "
+                     f"below x's {x.shape[0]} rows; got {first}")
+  p = expert_ids.shape[0]
+  sched = pair_schedule(expert_ids, first, e)
+  return _run_tiles(params, x, sched, p, PAIR_BLOCK_M, interpret=interpret, config=config)
 
 
 MIN_DEFAULT_K = 256

@@ -39,6 +39,16 @@ def env_flag(name: str, default: bool) -> bool:
   return value == "1"
 
 
+def env_int(name: str, default: int) -> int:
+  """A non-negative int from the environment (unset or empty: ``default``)."""
+  value = os.environ.get(name) or None
+  if value is None:
+    return default
+  if not value.isdigit():
+    raise ValueError(f"{name}={value!r}: expected a non-negative integer")
+  return int(value)
+
+
 def env_choice(name: str, choices: tuple[str, ...]) -> str | None:
   """One of ``choices`` from the environment (unset or empty: None)."""
   value = os.environ.get(name) or None
