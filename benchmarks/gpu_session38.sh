@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# Session 38's device calls (2026-12-04; results in benchmarks/results/2026-12-04-session38).
+# Call 1 ran gpu_session_next.sh s37 mx.  Carry: [".whl"] (qm: [".whl", "old"]).
+#   pt: GPU tests of quant_moe's pair tiles (one token: a tile per routed pair, no sort),
+#       int4 / MXFP4 at Qwen3-30B-A3B and DeepSeek-V3, and the aligned layer test.
+#   pl: the whole layer (bench_moe_layer, default family) with the pair tiles and without
+#       (HUMMING_JAX_MOE_PAIR_TOKENS=1 / 0 in one process) at one token, with the kernel
+#       breakdown; then 2 and 4 tokens with the pair tiles forced (=4) against the sorted
+#       path (=0): does the rule pay past one token?
+#   pr: the pair-tile rule's edges (call 3): Qwen3-30B-A3B at 3 / 4 tokens and Mixtral at
+#       2 with the pair tiles forced (=4) and not.  The rule then (a shared-expert share up
+#       to 1/16) sorted all three; from these rows it is 1/8 (Qwen3 3 / 4 on pair tiles).
+#   q3: quant_moe at Qwen3-30B-A3B 128 tokens, this tree vs 6207b22 (needs old/; call 3
+#       ran an earlier form that timed this tree twice, call 4 this one; it replaces the
+#       tree in the device's copy, so it runs last).
+# Usage: gpu_session38.sh [STEP...]  (default: pt pl).
+source "$(dirname "$0")/gpu_env.sh"
+s_pt() {
+  gpu_tests ${ST:-240} "pair_tiles_gpu or quant_moe_aligned_gpu" tests/test_grouped_wna16_mgpu.py
+}
+s_pl() {
+  local m
+  for m in qwen3-30b-a3b deepseek-v3 mixtral; do
+    T ${ST:-150} python3 benchmarks/bench_moe_layer.py --models $m --tokens 1 \
+      --families default --env HUMMING_JAX_MOE_PAIR_TOKENS=1,0 --breakdown \
+      --json "$OUT/pl_$m.json" >> "$OUT/pl.log" 2>&1
+    echo "$m rc=$?"; grep "'tokens'" "$OUT/pl.log" | tail -1 | cut -c1-900
+  done
+  for m in deepseek-v3 qwen3-30b-a3b; do
+    T ${ST:-150} python3 benchmarks/bench_moe_layer.py --models $m --tokens 2,4 \
+      --families default --env HUMMING_JAX_MOE_PAIR_TOKENS=4,0 \
+      --json "$OUT/pl24_$m.json" >> "$OUT/pl.log" 2>&1
+    echo "$m 2,4 rc=$?"; grep "'tokens'" "$OUT/pl.log" | tail -2 | cut -c1-400
+  done
+}
+s_pr() {
+  local mt
+  for mt in qwen3-30b-a3b:3,4 mixtral:2; do
+    T ${ST:-150} python3 benchmarks/bench_moe_layer.py --models ${mt%%:*} --tokens ${mt##*:} \
+      --families default --env HUMMING_JAX_MOE_PAIR_TOKENS=4,0 \
+      --json "$OUT/pr_${mt%%:*}.json" >> "$OUT/pr.log" 2>&1
+    echo "$mt rc=$?"; grep "'tokens'" "$OUT/pr.log" | tail -2 | cut -c1-400
+  done
+}
+s_q3() {
+  # The trees swapped in place: on the device humming_jax imports from the repo root
+  # whatever PYTHONPATH says (call 3's PYTHONPATH=old run timed this tree twice).
+  local tree
+  for tree in new old; do
+    [ $tree = old ] && rm -rf humming_jax && cp -r old/humming_jax humming_jax
+    python3 -c "from humming_jax.kernels import grouped_wna16_mgpu as g; \
+      print('tree', g.__file__, g.STREAMED_MAX_K_TILES)"  # 6 / 2
+    T ${ST:-90} python3 benchmarks/bench_moe_layer.py --models qwen3-30b-a3b --tokens 128 \
+      --families default --json "$OUT/q3_$tree.json" >> "$OUT/q3.log" 2>&1
+    echo "$tree rc=$?"; grep "'tokens'" "$OUT/q3.log" | tail -1 | cut -c1-300
+  done
+}
+for s in ${@:-pt pl}; do step "$s"; "s_$s"; done
+step done
