@@ -73,7 +73,8 @@ def main(argv=None):
   ap.add_argument("--env", default=None, metavar="NAME=V1,V2",
                   help="an A/B of a trace-time switch in one process: every family runs "
                        "once per value of the environment variable NAME (row key "
-                       "'family:V'), e.g. HUMMING_JAX_MOE_PAIR_TOKENS=1,0")
+                       "'family:V'; an empty value sets NAME empty, which the library "
+                       "reads as unset), e.g. HUMMING_JAX_MOE_PAIR_TOKENS=1,0")
   args = ap.parse_args(argv)
   env_name, env_values = None, [None]
   if args.env:

@@ -11,8 +11,8 @@
 #       2 with the pair tiles forced (=4) and not.  The rule then (a shared-expert share up
 #       to 1/16) sorted all three; from these rows it is 1/8 (Qwen3 3 / 4 on pair tiles).
 #   q3: quant_moe at Qwen3-30B-A3B 128 tokens, this tree vs 6207b22 (needs old/; call 3
-#       ran an earlier form that timed this tree twice, call 4 this one; it replaces the
-#       tree in the device's copy, so it runs last).
+#       ran an earlier form that timed this tree twice, call 4 this one's swap by hand; it
+#       swaps the tree in the device's copy and puts it back).
 # Usage: gpu_session38.sh [STEP...]  (default: pt pl).
 source "$(dirname "$0")/gpu_env.sh"
 s_pt() {
@@ -46,6 +46,7 @@ s_q3() {
   # The trees swapped in place: on the device humming_jax imports from the repo root
   # whatever PYTHONPATH says (call 3's PYTHONPATH=old run timed this tree twice).
   local tree
+  cp -r humming_jax /tmp/hj_new_tree  # put back after the old tree's run
   for tree in new old; do
     [ $tree = old ] && rm -rf humming_jax && cp -r old/humming_jax humming_jax
     python3 -c "from humming_jax.kernels import grouped_wna16_mgpu as g; \
@@ -54,6 +55,7 @@ s_q3() {
       --families default --json "$OUT/q3_$tree.json" >> "$OUT/q3.log" 2>&1
     echo "$tree rc=$?"; grep "'tokens'" "$OUT/q3.log" | tail -1 | cut -c1-300
   done
+  rm -rf humming_jax && cp -r /tmp/hj_new_tree humming_jax && rm -rf /tmp/hj_new_tree  # restored
 }
 for s in ${@:-pt pl}; do step "$s"; "s_$s"; done
 step done

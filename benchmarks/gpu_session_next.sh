@@ -16,7 +16,7 @@
 #        tree against 6207b22 (before session 37's 16-row rule; Qwen3 128: 217.8 -> 163.1
 #        in session 38).  Needs old/ (ignored, carried): git archive 6207b22 humming_jax |
 #        tar -x -C old with old/ in .git/info/exclude.  It swaps the device copy's tree
-#        (humming_jax imports from the repo root whatever PYTHONPATH says): run it last.
+#        (humming_jax imports from the repo root whatever PYTHONPATH says) and puts it back.
 # Usage: gpu_session_next.sh [STEP...]  (default: pe px q16).
 source "$(dirname "$0")/gpu_env.sh"
 ROW="$MOE --consume row --humming --no-baselines"
@@ -40,6 +40,7 @@ s_q16() {
 }
 s_qm() {
   local tree mt
+  cp -r humming_jax /tmp/hj_new_tree  # put back after the old tree's run
   for tree in new old; do
     [ $tree = old ] && rm -rf humming_jax && cp -r old/humming_jax humming_jax
     python3 -c "from humming_jax.kernels import grouped_wna16_mgpu as g; \
@@ -51,6 +52,7 @@ s_qm() {
       echo "$tree $mt rc=$?"; grep "'tokens'" "$OUT/qm.log" | tail -1 | cut -c1-300
     done
   done
+  rm -rf humming_jax && cp -r /tmp/hj_new_tree humming_jax && rm -rf /tmp/hj_new_tree  # restored
 }
 for s in ${@:-pe px q16}; do step "$s"; "s_$s"; done
 step done

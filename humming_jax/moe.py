@@ -111,7 +111,8 @@ def align_tokens(topk_ids: jax.Array, num_experts: int, block_m: int) -> SortedT
   The row count is static: ``T*k + min(E, T*k)*(block_m - 1)`` rounded up to ``block_m``
   (the worst case: at most min(E, T*k) experts are non-empty); unused rows at the end are
   padding (``valid`` False, past sum(group_sizes)).  :func:`quant_moe` uses it for params
-  prepared for the Mosaic grouped kernel (each tile then stores its rows in place); the
+  prepared for the Mosaic grouped kernel past decode (each tile then stores its rows in
+  place; at decode a tile per pair, :func:`pair_tiles`); the
   Triton grouped kernels do not need it (they mask rows per expert)."""
   _check_ids(topk_ids, num_experts)
   if not isinstance(block_m, int) or block_m < 1:
@@ -142,8 +143,15 @@ def combine(rows: jax.Array, topk_weights: jax.Array, sorted_tokens: SortedToken
   """Expert-sorted outputs (R, N) -> (T, N): ``sum_j w[t, j] * rows[row_of_slot(t, j)]``.
 
   A gather plus a k-term sum in float32 (deterministic; no scatter-add)."""
+  return _weighted_rows(rows, topk_weights, sorted_tokens.row_of_slot)
+
+
+def _weighted_rows(rows: jax.Array, topk_weights: jax.Array, row_of_slot: jax.Array
+                   ) -> jax.Array:
+  """``sum_j w[t, j] * rows[row_of_slot[t * k + j]]``; an index past the rows reads zero
+  (a gather fill: rows there may be unwritten memory, never multiplied)."""
   t, k = topk_weights.shape
-  idx = sorted_tokens.row_of_slot.reshape(t, k)
+  idx = row_of_slot.reshape(t, k)
   g = jnp.take(rows, idx, axis=0, mode="fill", fill_value=0).astype(jnp.float32)
   return jnp.einsum("tkn,tk->tn", g, topk_weights.astype(jnp.float32)).astype(rows.dtype)
 
@@ -280,7 +288,8 @@ def layer_kernel(gate_up_params: QuantizedWeight, down_params: QuantizedWeight) 
   stack on its own default, ``hj.prepare(p, grouped=True)``).
 
   Both stacks go to the Mosaic grouped kernel whenever it runs both specs (Hopper, or the
-  interpreter), so :func:`quant_moe` takes its tile-aligned path (no row gather).  Whole
+  interpreter), so :func:`quant_moe` takes its tile-aligned path (no row gather; at decode
+  a tile per routed pair, no sort).  Whole
   layers on the H200 (benchmarks/NOTES_moe.md session 9; int4 g128 zp, chain of 8, us per
   layer, both stacks on Mosaic vs the per-stack default):
   DeepSeek-V3 (H 7168, I 256) 41.4 / 168.7 / 331.3 vs 53.5 / 210.4 / 457.3 at 1 / 16 / 64
@@ -334,8 +343,9 @@ def quant_moe(gate_up_params: QuantizedWeight, down_params: QuantizedWeight, x: 
   both stacks are on the Mosaic kernel and the tokens are bf16 / fp16, each expert's rows
   are padded to its tile (:func:`align_tokens`) so every tile reads and
   writes its rows in place (no row gather; benchmarks/NOTES_moe.md); at decode (one token,
-  or while pairs sharing an expert stay rare: :func:`pair_tiles`) there is no sort at all:
-  a tile per routed (token, slot) pair, straight from ``topk_ids``.  Otherwise (e.g.
+  or while pairs sharing an expert stay rare: :func:`pair_tiles`;
+  HUMMING_JAX_MOE_PAIR_TOKENS=N forces it up to N tokens, 0 never) there is no sort at
+  all: a tile per routed (token, slot) pair, straight from ``topk_ids``.  Otherwise (e.g.
   stacks prepared one by one, gate_up on Mosaic and down on Triton) rows are sorted by
   expert (:func:`sort_tokens`) and each GEMM is :func:`quant_ragged_dot` on its own family;
   gate_up experts on the
@@ -360,8 +370,9 @@ def quant_moe(gate_up_params: QuantizedWeight, down_params: QuantizedWeight, x: 
                      f"must both be (tokens={x.shape[0]}, k)")
   if activation not in ACTIVATIONS:
     raise ValueError(f"activation={activation!r}; expected one of {ACTIVATIONS}")
-  if x.shape[0] == 0:  # no tokens: nothing routed (the row gathers need one)
-    return jnp.zeros((0, h), x.dtype)
+  _check_ids(topk_ids, e)
+  if x.shape[0] == 0 or topk_ids.shape[1] == 0:  # nothing routed (the row gathers need a row)
+    return jnp.zeros((x.shape[0], h), x.dtype)
   b = ops.resolve_backend(backend, gate_up_params.spec, grouped=True, x_dtype=x.dtype)
   if (b != "xla" and x.dtype in (jnp.bfloat16, jnp.float16)
       and "canonical" in (gate_up_params.layout, down_params.layout)
@@ -394,14 +405,16 @@ def quant_moe(gate_up_params: QuantizedWeight, down_params: QuantizedWeight, x: 
 
 # quant_moe's Mosaic path runs a tile per routed (token, slot) pair instead of sorting rows
 # by expert while pairs sharing an expert -- whose weights the pair tiles read once per
-# pair -- are expected to be rare: about (P - 1) / (2E) of the P = T * k pairs for a
-# random routing, at most this share.  H200 session 38, whole layer (bench_moe_layer,
+# pair -- stay rare: an empirical cut on (P - 1) / (2E) for the P = T * k pairs (a bound
+# on the share for a random routing; with each token's k experts distinct it is nearer
+# (T - 1) * k / (2E)).  H200 session 38, whole layer (bench_moe_layer,
 # int4 g128 zp), sorted -> pair tiles in one process, µs:
 #   DeepSeek-V3 (E 256, top-8) 1 / 2 / 4 tokens: 122.9 / 93.3 / 118.3 -> 61.4 / 54.2 / 54.8
 #   Qwen3-30B-A3B (E 128, top-8) 1 / 2 tokens: 107.4 / 107.2 -> 52.3 / 36.9; 3 / 4 tokens
 #     (share 0.09 / 0.12): 60.7 / 58.5 -> 54.1 / 54.6
 #   Mixtral (E 8, top-2) 1 token: 101.9 -> 78.0; 2 tokens (share 0.19): 124.1 -> 130.8
-# One token's top-k experts are distinct: its pair tiles always run.
+# One token's top-k experts are distinct: its pair tiles always run.  Untimed inside the
+# cut: DeepSeek-V3 at 5-8 tokens (0.08-0.12).
 PAIR_TILE_MAX_SHARED = 1 / 8
 
 
@@ -425,7 +438,7 @@ def _quant_moe_pairs(gate_up_params: QuantizedWeight, down_params: QuantizedWeig
   from 8 * (t // 8) (token t in slot t % 8) and writes hidden rows [8p, 8p + 8); its down
   tile reads those rows back, so the pair's output row is 8p + t % 8."""
   t, k = topk_ids.shape
-  e, h = gate_up_params.shape[:2]
+  e = gate_up_params.shape[0]
   pairs = t * k
   token = np.arange(pairs) // k
   slot = token % 8
@@ -434,12 +447,9 @@ def _quant_moe_pairs(gate_up_params: QuantizedWeight, down_params: QuantizedWeig
                                                           interpret=interpret)
   hid = run(gate_up_params, x, 8 * (token // 8))
   ys = run(down_params, glu(hid, activation), 8 * np.arange(pairs))
-  own = np.arange(8)[None, :] == slot[:, None]  # (P, 8): the pair's row in its tile
-  keep = jnp.asarray(own) & ((ids >= 0) & (ids < e))[:, None]  # unwritten tiles: dropped
-  rows = jnp.where(keep[:, :, None], ys.reshape(pairs, 8, h).astype(jnp.float32), 0)
-  out = jnp.einsum("tkn,tk->tn", rows.sum(1).reshape(t, k, h),
-                   topk_weights.astype(jnp.float32))
-  return out.astype(x.dtype)
+  # the pair's row: 8p + t % 8; out-of-range ids (their tiles unwritten) read zero
+  row = jnp.where((ids >= 0) & (ids < e), 8 * np.arange(pairs) + slot, ys.shape[0])
+  return _weighted_rows(ys, topk_weights, row).astype(x.dtype)
 
 
 def _gate_up_quantized_first(params: QuantizedWeight, x: jax.Array, r: SortedTokens,
@@ -473,7 +483,7 @@ def _gate_up_quantized_first(params: QuantizedWeight, x: jax.Array, r: SortedTok
 
 def _aligned_mosaic(gate_up_params, down_params, x, resolved_backend: str) -> bool:
   """Both expert stacks prepared for the Mosaic grouped kernel, 16-bit tokens, a kernel
-  backend: quant_moe runs them on tile-aligned segments."""
+  backend: quant_moe runs them on tile-aligned segments, or at decode a tile per pair."""
   fam = grouped_wna16_mgpu.FAMILY
   return (all(registry.layout_family(p.layout) == fam for p in (gate_up_params, down_params))
           and x.dtype in (jnp.bfloat16, jnp.float16) and resolved_backend != "xla")

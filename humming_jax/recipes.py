@@ -228,7 +228,8 @@ def prepare_params(tree: Any, *, backend: Any = None, x_dtype: Any = None) -> An
 
   Expert stacks named ``gate_up`` and ``down`` under one parent (``QuantMoE``) are
   prepared as a layer (``moe.prepare_experts``: both on the Mosaic grouped kernel where it
-  runs them, so ``quant_moe`` takes its tile-aligned path).  That kernel takes bf16 / fp16
+  runs them, so ``quant_moe`` takes its tile-aligned path, or at decode a tile per routed
+  pair).  That kernel takes bf16 / fp16
   tokens: pass ``x_dtype=jnp.float32`` for a float32 model, and its pairs keep each
   stack's own default instead of a re-layout inside every call.  Flax linen (``{"gate_up":
   q}``) and nnx (``{"gate_up": Param(value=q)}``) trees are paired alike."""

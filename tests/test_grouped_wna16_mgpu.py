@@ -417,6 +417,9 @@ def test_run_pairs_bad_inputs_are_named():
     gm.run_pairs(p, x, ids, [0])
   with pytest.raises(ValueError, match="first_rows"):
     gm.run_pairs(p, x, ids, [0, 8])  # past x's rows
+  with pytest.raises(ValueError, match="first_rows"):
+    gm.run_pairs(p, x, ids, [0, 0.0])  # static ints only
+  assert gm.run_pairs(p, x, ids[:0], []).shape == (0, 64)  # no pairs: no launch
   with pytest.raises(ValueError, match="expert_ids"):
     gm.run_pairs(p, x, ids.astype(jnp.float32), [0, 0])
   with pytest.raises(ValueError, match=r"x must be \(R, K=256\)"):
@@ -431,35 +434,41 @@ def test_pair_tiles_rule(monkeypatch):
   from humming_jax import moe
   monkeypatch.delenv("HUMMING_JAX_MOE_PAIR_TOKENS", raising=False)
   assert moe.pair_tiles(1, 2, 8) and not moe.pair_tiles(2, 2, 8)  # Mixtral
+  assert moe.pair_tiles(1, 8, 8)  # one token: always (the share bound alone says no)
   assert moe.pair_tiles(4, 8, 128) and not moe.pair_tiles(5, 8, 128)  # Qwen3-30B-A3B
   assert moe.pair_tiles(8, 8, 256) and not moe.pair_tiles(9, 8, 256)  # DeepSeek-V3
   monkeypatch.setenv("HUMMING_JAX_MOE_PAIR_TOKENS", "0")
   assert not moe.pair_tiles(1, 8, 256)
   monkeypatch.setenv("HUMMING_JAX_MOE_PAIR_TOKENS", "3")
   assert moe.pair_tiles(3, 2, 8) and not moe.pair_tiles(4, 8, 256)
+  monkeypatch.setenv("HUMMING_JAX_MOE_PAIR_TOKENS", "")  # empty: unset, the rule
+  assert moe.pair_tiles(4, 8, 256) and not moe.pair_tiles(9, 8, 256)
   monkeypatch.setenv("HUMMING_JAX_MOE_PAIR_TOKENS", "one")
   with pytest.raises(ValueError, match="HUMMING_JAX_MOE_PAIR_TOKENS='one'"):
     moe.pair_tiles(1, 8, 256)
 
 
-@pytest.mark.parametrize("tokens,pair_tokens", [(1, None), (3, "3"), (10, "16")])
-def test_quant_moe_pair_tiles_interpret(tokens, pair_tokens, monkeypatch):
-  """quant_moe at one token (and, with HUMMING_JAX_MOE_PAIR_TOKENS, at 3 / 10 of 6 experts:
-  tokens in slots t % 8 of two x tiles) runs a tile per pair -- not the aligned path -- and matches
-  the XLA path, an out-of-range id included; with the override at 0 the aligned path
-  runs and gives the same rows."""
+@pytest.mark.parametrize("tokens,pair_tokens,topk", [(1, None, 2), (3, "3", 2), (9, "9", 1),
+                                                     (10, "16", 2)])
+def test_quant_moe_pair_tiles_interpret(tokens, pair_tokens, topk, monkeypatch):
+  """quant_moe at one token (and, with HUMMING_JAX_MOE_PAIR_TOKENS, at 3 / 9 / 10 tokens of
+  6 experts: tokens in slots t % 8 of one or two x tiles; top-1 at 9) runs a tile per pair
+  -- not the aligned path -- and matches the XLA path, ids past E and negative ones
+  included; with the override at 0 the aligned path runs and gives the same rows."""
   from humming_jax import moe
   monkeypatch.delenv("HUMMING_JAX_MOE_PAIR_TOKENS", raising=False)
   if pair_tokens:
     monkeypatch.setenv("HUMMING_JAX_MOE_PAIR_TOKENS", pair_tokens)
-  e, h, inter, topk = 6, 256, 128, 2
+  e, h, inter = 6, 256, 128
   ks = jax.random.split(jax.random.key(33 + tokens), 4)
   spec = hj.QuantSpec.preset("w4a16-g128-zp")
   gu = hj.quantize(jax.random.normal(ks[0], (e, h, 2 * inter)) / 16, spec)
   dn = hj.quantize(jax.random.normal(ks[1], (e, inter, h)) / 11, spec)
   x = jax.random.normal(ks[2], (tokens, h), jnp.bfloat16)
   w, ids = moe.topk_routing(jax.random.normal(ks[3], (tokens, e)), topk)
-  ids = ids.at[0, 1].set(e + 3)  # contributes nothing
+  ids = ids.at[0, topk - 1].set(e + 3)  # contributes nothing
+  if tokens > 1:
+    ids = ids.at[-1, 0].set(-2)  # nor does a negative id
   calls = []
   for fn in ("run_pairs", "run_aligned"):
     real = getattr(gm, fn)
@@ -544,11 +553,13 @@ def test_quant_moe_aligned_lowers_for_h200(tokens, monkeypatch):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("tokens", [1, 16, 64])
-def test_quant_moe_aligned_gpu(tokens):
+def test_quant_moe_aligned_gpu(tokens, monkeypatch):
   """Qwen3-30B-A3B MoE MLP (E 128, H 2048, I 768, top-8) with Mosaic-prepared experts (the
-  aligned path) against the same layer on the Triton grouped kernel (asked for by name:
-  the default at these K is this family since session 16)."""
+  aligned path, also at one token: pair tiles off) against the same layer on the Triton
+  grouped kernel (asked for by name: the default at these K is this family since session
+  16)."""
   from humming_jax import moe
+  monkeypatch.setenv("HUMMING_JAX_MOE_PAIR_TOKENS", "0")
   e, h, inter = 128, 2048, 768
   ks = jax.random.split(jax.random.key(tokens), 4)
   spec = hj.QuantSpec.preset("w4a16-g128-zp")
@@ -556,7 +567,7 @@ def test_quant_moe_aligned_gpu(tokens):
   dn = jax.jit(lambda w: hj.quantize(w, spec))(jax.random.normal(ks[1], (e, inter, h)) / 28)
   x = jax.random.normal(ks[2], (tokens, h), jnp.bfloat16)
   w, ids = moe.topk_routing(jax.random.normal(ks[3], (tokens, e)), 8)
-  f = jax.jit(hj.quant_moe)
+  f = jax.jit(lambda *a: hj.quant_moe(*a))  # a fresh trace: the override is read there
   y = f(jax.jit(gm.prepare)(gu), jax.jit(gm.prepare)(dn), x, w, ids)
   prep = jax.jit(lambda p: hj.prepare(p, grouped=True, kernel="grouped_wna16"))
   want = f(prep(gu), prep(dn), x, w, ids)

@@ -357,3 +357,9 @@ def test_quant_moe_errors():
     hj.quant_moe(gu, dn, x, w[:2], ids)
   with pytest.raises(TypeError, match="gate_up_params"):
     hj.quant_moe(jnp.ones((2, 128, 128)), dn, x, w, ids)
+  with pytest.raises(ValueError, match=r"topk_ids must be \(tokens, k\)"):
+    hj.quant_moe(gu, dn, x, w[:, 0], ids[:, 0])  # 1-D: named before any path is chosen
+  with pytest.raises(ValueError, match="topk_ids must be integer"):
+    hj.quant_moe(gu, dn, x, w, ids.astype(jnp.float32))
+  y = hj.quant_moe(gu, dn, x, w[:, :0], ids[:, :0])  # k = 0: nothing routed
+  assert y.shape == x.shape and not bool(jnp.any(y != 0))

@@ -46,6 +46,7 @@ import warnings
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plt
 
@@ -183,7 +184,8 @@ TWO_WG_MAX_ROWS = 96
 # 101.8 (97.7) -> 96.5 (89.9) and 101.5 (97.7) -> 90.1 (88.2) (session 15: 87.2 / 87.1
 # CUPTI kernel us).  DeepSeek-V3 gate_up (28 steps) keeps two: 164.0 against 167.1
 # (session 15); Mixtral gate_up (16) is untimed either way and keeps two.  Timed on
-# run()'s 16-row tiles only: run_aligned's 8-row ones (``hj.quant_moe``) keep two.
+# run()'s 16-row tiles only: run_aligned's / run_pairs' 8-row ones (``hj.quant_moe``)
+# keep two.
 SMALL_TWO_WG_MIN_STEPS = 16
 # Short experts (at most this many K tiles: K <= 768 at the 128-deep tile, DeepSeek-V3
 # down's 256 and Qwen3-30B-A3B down's 768) on the 16-bit route stream up to
@@ -192,8 +194,8 @@ SMALL_TWO_WG_MIN_STEPS = 16
 # in tiles of up to STREAMED_MAX_ROWS rows (H200 session 35, DeepSeek-V3 down at 4096
 # tokens, 128-row tiles: streamed 913.5 us against 878.9 on one warpgroup without blocks
 # in one call; in the next, the four-warpgroup launch of before 897.9 against 887.8: it
-# stays).  Through run() only: run_aligned's tiles (``hj.quant_moe``) are untimed with it
-# and keep one block per CTA.  Qwen3-30B-A3B down (6 K tiles), H200 sessions 36-37, us
+# stays).  Through run() only: run_aligned's / run_pairs' tiles (``hj.quant_moe``) are
+# untimed with it and keep one block per CTA.  Qwen3-30B-A3B down (6 K tiles), H200 sessions 36-37, us
 # wall, one -> two column blocks (the rule's at 16-256 tokens): 43.2 -> 42.4 at 16
 # tokens, 57.0 -> 55.4 at 64, 72.9 -> 67.0 at 256 (32-row tiles); at 128 (16-row tiles)
 # 63.9 against 62.3 on the 16-row launch of :func:`heuristic` without blocks (noise ~3 %).
@@ -235,7 +237,8 @@ def cost_sized_tiles(params: QuantizedWeight | None) -> bool:
   DeepSeek-V3 gate_up 1024 tokens (48 rows either way) 304.5 / 316.2 -> 302.5 / 313.7.
   W4A8 / W4A4 experts on the 16-bit route (``grouped_wnam_mgpu``: the same kernel on
   bf16-rounded quantized x) take it too.  Only :func:`run`'s default launch
-  (:func:`default_launch`); ``run_aligned`` (``hj.quant_moe``) keeps its tiles.
+  (:func:`default_launch`); ``run_aligned`` / ``run_pairs`` (``hj.quant_moe``) keep their
+  tiles.
   HUMMING_JAX_COST_TILES=0 turns it off (the A/B switch)."""
   return (params is not None and params.spec.weight_bits == 4
           and not wna16_mgpu.fp8_mma(params.layout)
@@ -311,7 +314,8 @@ def heuristic(tiles: int, n: int, k_tiles: int, block_m: int, *,
   session 10 (benchmarks/NOTES_moe.md; int4 g128 zp, us per grouped GEMM):
 
   - Short experts (at most :data:`STREAMED_MAX_K_TILES` K tiles) on the 16-bit route,
-    ``streamed`` (:func:`run`'s tiles; :func:`run_aligned` passes False):
+    ``streamed`` (:func:`run`'s tiles; :func:`run_aligned` / :func:`run_pairs` pass
+    False):
     one warpgroup streaming several column blocks per CTA (:func:`_streamed_launch`,
     session 35: DeepSeek-V3 down 64 / 256 tokens 155.0 -> 105.8 / 294.4 -> 139.6), where
     that leaves :data:`STREAMED_MIN_WAVES` CTAs per SM (:func:`streamed_blocks`).
@@ -892,8 +896,8 @@ def pair_schedule(expert_ids: jax.Array, first_rows, num_experts: int) -> jax.Ar
   """``Tiles.sched`` of one tile per routed (token, slot) pair: tile p reads x rows
   [first_rows[p], + 8) against expert ``expert_ids[p]``; kind 0 (nothing computed, output
   rows unwritten) where the id is outside [0, E)."""
+  ok = (expert_ids >= 0) & (expert_ids < num_experts)  # before the int32 cast (int64 ids)
   ids = expert_ids.astype(jnp.int32)
-  ok = (ids >= 0) & (ids < num_experts)
   first = jnp.asarray(first_rows, jnp.int32)
   return jnp.stack([jnp.where(ok, ids, 0), jnp.where(ok, first, 0),
                     jnp.where(ok, first + PAIR_BLOCK_M, 0), ok.astype(jnp.int32)],
@@ -904,14 +908,15 @@ def run_pairs(params: QuantizedWeight, x: jax.Array, expert_ids: jax.Array, firs
               interpret: bool = False, config: wna16_mgpu.Config | None = None
               ) -> jax.Array:
   """One 8-row tile per routed pair, straight from the router's ids: no sort, no schedule
-  scan over E, no gather.  ``hj.quant_moe`` at one token (``moe._quant_moe_pairs``).
+  scan over E, no gather.  ``hj.quant_moe`` at decode (``moe.pair_tiles``,
+  ``moe._quant_moe_pairs``).
 
   Tile p computes x rows [first_rows[p], first_rows[p] + 8) (``first_rows`` static,
   multiples of 8; rows past x's read as zeros) against expert ``expert_ids[p]`` and writes
   output rows [8p, 8p + 8): (8P, N).  The caller picks each pair's row from its tile; a
   tile whose id is outside [0, E) computes nothing and its rows are **unspecified**.  Two
-  pairs of one expert read its weights twice, so this is for rows whose experts are
-  distinct (one token's top-k)."""
+  pairs of one expert read its weights twice, so this is for pairs that rarely share an
+  expert (one token's top-k are distinct)."""
   e, k, n = params.shape
   if registry.layout_family(params.layout) != FAMILY:
     raise ValueError(f"params.layout={params.layout!r}: expected {FAMILY}:... params")
@@ -920,12 +925,15 @@ def run_pairs(params: QuantizedWeight, x: jax.Array, expert_ids: jax.Array, firs
   if expert_ids.ndim != 1 or not jnp.issubdtype(expert_ids.dtype, jnp.integer):
     raise ValueError(f"expert_ids must be (P,) int; got {expert_ids.dtype}"
                      f"{list(expert_ids.shape)}")
-  first = [int(f) for f in first_rows]
-  if len(first) != expert_ids.shape[0] or any(f % 8 or not 0 <= f < x.shape[0]
-                                              for f in first):
-    raise ValueError(f"first_rows must be {expert_ids.shape[0]} static multiples of 8 "
+  first = list(first_rows)
+  if (len(first) != expert_ids.shape[0]
+      or not all(isinstance(f, (int, np.integer)) and f % 8 == 0 and 0 <= f < x.shape[0]
+                 for f in first)):
+    raise ValueError(f"first_rows must be {expert_ids.shape[0]} static int multiples of 8 "
                      f"below x's {x.shape[0]} rows; got {first}")
   p = expert_ids.shape[0]
+  if p == 0:
+    return jnp.zeros((0, n), x.dtype)
   sched = pair_schedule(expert_ids, first, e)
   return _run_tiles(params, x, sched, p, PAIR_BLOCK_M, interpret=interpret, config=config)
 

@@ -44,7 +44,7 @@ def env_int(name: str, default: int) -> int:
   value = os.environ.get(name) or None
   if value is None:
     return default
-  if not value.isdigit():
+  if not value.isdecimal() or not value.isascii():
     raise ValueError(f"{name}={value!r}: expected a non-negative integer")
   return int(value)
 

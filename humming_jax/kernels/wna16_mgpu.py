@@ -463,7 +463,8 @@ def _swizzled(cols: int, bits: int, what: str):
 
 
 class Tiles(NamedTuple):
-  """Grouped (MoE) launch: row tiles of one expert each (grouped_wna16_mgpu.tile_schedule).
+  """Grouped (MoE) launch: row tiles of one expert each (grouped_wna16_mgpu.tile_schedule,
+  or one tile per routed pair: grouped_wna16_mgpu.pair_schedule).
 
   ``sched``: (T * 4,) int32, T >= num_tiles (entries past num_tiles are not read):
   (expert, first x row, -, kind) per tile; tile ``i``
