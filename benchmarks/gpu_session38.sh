@@ -18,29 +18,27 @@ source "$(dirname "$0")/gpu_env.sh"
 s_pt() {
   gpu_tests ${ST:-240} "pair_tiles_gpu or quant_moe_aligned_gpu" tests/test_grouped_wna16_mgpu.py
 }
+# layer_ab LOG NAME MODEL TOKENS VALUES [FLAGS...]: bench_moe_layer's default family once
+# per HUMMING_JAX_MOE_PAIR_TOKENS value, in one process; $OUT/NAME.json, log $OUT/LOG.log.
+layer_ab() {
+  local log=$1 name=$2 model=$3 tokens=$4 values=$5; shift 5
+  T ${ST:-150} python3 benchmarks/bench_moe_layer.py --models $model --tokens $tokens \
+    --families default --env HUMMING_JAX_MOE_PAIR_TOKENS=$values "$@" \
+    --json "$OUT/$name.json" >> "$OUT/$log.log" 2>&1
+  echo "$model $tokens rc=$?"; grep "'tokens'" "$OUT/$log.log" | tail -2 | cut -c1-900
+}
 s_pl() {
   local m
   for m in qwen3-30b-a3b deepseek-v3 mixtral; do
-    T ${ST:-150} python3 benchmarks/bench_moe_layer.py --models $m --tokens 1 \
-      --families default --env HUMMING_JAX_MOE_PAIR_TOKENS=1,0 --breakdown \
-      --json "$OUT/pl_$m.json" >> "$OUT/pl.log" 2>&1
-    echo "$m rc=$?"; grep "'tokens'" "$OUT/pl.log" | tail -1 | cut -c1-900
+    layer_ab pl pl_$m $m 1 1,0 --breakdown
   done
   for m in deepseek-v3 qwen3-30b-a3b; do
-    T ${ST:-150} python3 benchmarks/bench_moe_layer.py --models $m --tokens 2,4 \
-      --families default --env HUMMING_JAX_MOE_PAIR_TOKENS=4,0 \
-      --json "$OUT/pl24_$m.json" >> "$OUT/pl.log" 2>&1
-    echo "$m 2,4 rc=$?"; grep "'tokens'" "$OUT/pl.log" | tail -2 | cut -c1-400
+    layer_ab pl pl24_$m $m 2,4 4,0
   done
 }
 s_pr() {
-  local mt
-  for mt in qwen3-30b-a3b:3,4 mixtral:2; do
-    T ${ST:-150} python3 benchmarks/bench_moe_layer.py --models ${mt%%:*} --tokens ${mt##*:} \
-      --families default --env HUMMING_JAX_MOE_PAIR_TOKENS=4,0 \
-      --json "$OUT/pr_${mt%%:*}.json" >> "$OUT/pr.log" 2>&1
-    echo "$mt rc=$?"; grep "'tokens'" "$OUT/pr.log" | tail -2 | cut -c1-400
-  done
+  layer_ab pr pr_qwen3-30b-a3b qwen3-30b-a3b 3,4 4,0
+  layer_ab pr pr_mixtral mixtral 2 4,0
 }
 s_q3() {
   # The trees swapped in place: on the device humming_jax imports from the repo root
