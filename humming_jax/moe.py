@@ -381,11 +381,11 @@ def quant_moe(gate_up_params: QuantizedWeight, down_params: QuantizedWeight, x: 
     gate_up_params, down_params = (
         p if p.layout != "canonical" else ops.prepare(p, grouped=True, kernel=fam)
         for p in (gate_up_params, down_params))
-  if (_aligned_mosaic(gate_up_params, down_params, x, b)
-      and pair_tiles(x.shape[0], topk_ids.shape[1], e)):
+  aligned = _aligned_mosaic(gate_up_params, down_params, x, b)
+  if aligned and pair_tiles(x.shape[0], topk_ids.shape[1], e):
     return _quant_moe_pairs(gate_up_params, down_params, x, topk_weights, topk_ids,
                             activation, interpret=b == "interpret")
-  if _aligned_mosaic(gate_up_params, down_params, x, b):
+  if aligned:
     # Segments padded to the tile (align_tokens): each Mosaic tile reads and writes its own
     # rows in place -- no row gather after either GEMM.
     bm = grouped_wna16_mgpu.block_rows(topk_ids.size, e)

@@ -26,8 +26,8 @@ Pallas-Triton kernel) and the output gather;
 :func:`run_aligned` (what ``hj.quant_moe`` uses when both stacks are in this layout) drops
 the gather: tile-aligned segments, rows read and written in place; at decode
 :func:`run_pairs` drops the sort and the schedule too: a tile per routed (token, slot) pair
-from the router's ids (session 38: the whole layer at one token 2x faster).  Session 8 timed it on
-every MoE benchmark shape (gate_up at 1 / 64 / 1024 tokens, down at 1 / 1024;
+from the router's ids (session 38: the whole layer at one token 2x faster).  Session 8
+timed it on every MoE benchmark shape (gate_up at 1 / 64 / 1024 tokens, down at 1 / 1024;
 benchmarks/NOTES_moe.md): ``hj.prepare(..., grouped=True)`` picks it for experts with
 K >= 256 (4096 until session 15, 2048 in session 15, 768 until session 34; side by side
 with the Pallas-Triton grouped kernel in sessions 16 and 34, :func:`priority_for`); with
@@ -195,10 +195,11 @@ SMALL_TWO_WG_MIN_STEPS = 16
 # tokens, 128-row tiles: streamed 913.5 us against 878.9 on one warpgroup without blocks
 # in one call; in the next, the four-warpgroup launch of before 897.9 against 887.8: it
 # stays).  Through run() only: run_aligned's / run_pairs' tiles (``hj.quant_moe``) are
-# untimed with it and keep one block per CTA.  Qwen3-30B-A3B down (6 K tiles), H200 sessions 36-37, us
-# wall, one -> two column blocks (the rule's at 16-256 tokens): 43.2 -> 42.4 at 16
-# tokens, 57.0 -> 55.4 at 64, 72.9 -> 67.0 at 256 (32-row tiles); at 128 (16-row tiles)
-# 63.9 against 62.3 on the 16-row launch of :func:`heuristic` without blocks (noise ~3 %).
+# untimed with it and keep one block per CTA.  Qwen3-30B-A3B down (6 K tiles), H200
+# sessions 36-37, us wall, one -> two column blocks (the rule's at 16-256 tokens): 43.2
+# -> 42.4 at 16 tokens, 57.0 -> 55.4 at 64, 72.9 -> 67.0 at 256 (32-row tiles); at 128
+# (16-row tiles) 63.9 against 62.3 on the 16-row launch of :func:`heuristic` without
+# blocks (noise ~3 %).
 STREAMED_MAX_K_TILES = 6
 STREAMED_MAX_ROWS = 64
 STREAMED_BLOCKS = 8
