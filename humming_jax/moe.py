@@ -439,16 +439,16 @@ def _quant_moe_pairs(gate_up_params: QuantizedWeight, down_params: QuantizedWeig
   tile reads those rows back, so the pair's output row is 8p + t % 8."""
   t, k = topk_ids.shape
   e = gate_up_params.shape[0]
+  bm = grouped_wna16_mgpu.PAIR_BLOCK_M  # rows per pair tile, x tiles from multiples of it
   pairs = t * k
   token = np.arange(pairs) // k
-  slot = token % 8
   ids = topk_ids.reshape(-1)
   run = lambda p, a, first: grouped_wna16_mgpu.run_pairs(p, a, ids, first,
                                                           interpret=interpret)
-  hid = run(gate_up_params, x, 8 * (token // 8))
-  ys = run(down_params, glu(hid, activation), 8 * np.arange(pairs))
+  hid = run(gate_up_params, x, bm * (token // bm))
+  ys = run(down_params, glu(hid, activation), bm * np.arange(pairs))
   # the pair's row: 8p + t % 8; out-of-range ids (their tiles unwritten) read zero
-  row = jnp.where((ids >= 0) & (ids < e), 8 * np.arange(pairs) + slot, ys.shape[0])
+  row = jnp.where((ids >= 0) & (ids < e), bm * np.arange(pairs) + token % bm, ys.shape[0])
   return _weighted_rows(ys, topk_weights, row).astype(x.dtype)
 
 
