@@ -17,14 +17,32 @@
 #        in session 38).  Needs old/ (ignored, carried): git archive 6207b22 humming_jax |
 #        tar -x -C old with old/ in .git/info/exclude.  It swaps the device copy's tree
 #        (humming_jax imports from the repo root whatever PYTHONPATH says) and puts it back.
-# Usage: gpu_session_next.sh [STEP...]  (default: pe px q16).
+#   pt:  the GPU tests of session 38's last changes (the pair path's k-sum as combine's
+#        gather, the aligned test forcing HUMMING_JAX_MOE_PAIR_TOKENS=0): pair tiles and
+#        aligned tiles of hj.quant_moe against the XLA path.
+#   pr:  where pair tiles stop paying (session 39, after pe had them ahead at DeepSeek-V3
+#        12 tokens, past the 1/8 cut): DeepSeek-V3 16-48 and Qwen3-30B-A3B 6-24 tokens,
+#        forced (=64) vs sorted (=0) in one process per model.
+# Usage: gpu_session_next.sh [STEP...]  (default: pt pe px q16).
 source "$(dirname "$0")/gpu_env.sh"
 ROW="$MOE --consume row --humming --no-baselines"
+s_pt() {
+  gpu_tests ${ST:-240} "pair_tiles_gpu or quant_moe_aligned_gpu" tests/test_grouped_wna16_mgpu.py
+}
 s_pe() {
   T ${ST:-200} python3 benchmarks/bench_moe_layer.py --models deepseek-v3 --tokens 6,8,12 \
     --families default --env HUMMING_JAX_MOE_PAIR_TOKENS=16,0 --json "$OUT/pe.json" \
     > "$OUT/pe.log" 2>&1
   echo "rc=$?"; grep "'tokens'" "$OUT/pe.log" | cut -c1-400
+}
+s_pr() {
+  local mt
+  for mt in deepseek-v3:16,24,32,48 qwen3-30b-a3b:6,8,12,16,24; do
+    T ${ST:-250} python3 benchmarks/bench_moe_layer.py --models ${mt%%:*} --tokens ${mt##*:} \
+      --families default --env HUMMING_JAX_MOE_PAIR_TOKENS=64,0 \
+      --json "$OUT/pr_${mt%%:*}.json" >> "$OUT/pr.log" 2>&1
+    echo "${mt%%:*} rc=$?"; grep "'tokens'" "$OUT/pr.log" | grep "${mt%%:*}" | cut -c1-400
+  done
 }
 s_px() {
   T ${ST:-240} python3 benchmarks/bench_moe_layer.py --models qwen3-30b-a3b,deepseek-v3 \
@@ -54,5 +72,5 @@ s_qm() {
   done
   rm -rf humming_jax && cp -r /tmp/hj_new_tree humming_jax && rm -rf /tmp/hj_new_tree  # restored
 }
-for s in ${@:-pe px q16}; do step "$s"; "s_$s"; done
+for s in ${@:-pt pe px q16}; do step "$s"; "s_$s"; done
 step done

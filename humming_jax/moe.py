@@ -343,7 +343,7 @@ def quant_moe(gate_up_params: QuantizedWeight, down_params: QuantizedWeight, x: 
   both stacks are on the Mosaic kernel and the tokens are bf16 / fp16, each expert's rows
   are padded to its tile (:func:`align_tokens`) so every tile reads and
   writes its rows in place (no row gather; benchmarks/NOTES_moe.md); at decode (one token,
-  or while pairs sharing an expert stay rare: :func:`pair_tiles`;
+  or while the T*k pairs number at most 3/4 of the experts: :func:`pair_tiles`;
   HUMMING_JAX_MOE_PAIR_TOKENS=N forces it up to N tokens, 0 never) there is no sort at
   all: a tile per routed (token, slot) pair, straight from ``topk_ids``.  Otherwise (e.g.
   stacks prepared one by one, gate_up on Mosaic and down on Triton) rows are sorted by
@@ -382,7 +382,8 @@ def quant_moe(gate_up_params: QuantizedWeight, down_params: QuantizedWeight, x: 
         p if p.layout != "canonical" else ops.prepare(p, grouped=True, kernel=fam)
         for p in (gate_up_params, down_params))
   aligned = _aligned_mosaic(gate_up_params, down_params, x, b)
-  if aligned and pair_tiles(x.shape[0], topk_ids.shape[1], e):
+  expert_bytes = (gate_up_params.nbytes() + down_params.nbytes()) // e
+  if aligned and pair_tiles(x.shape[0], topk_ids.shape[1], e, expert_bytes):
     return _quant_moe_pairs(gate_up_params, down_params, x, topk_weights, topk_ids,
                             activation, interpret=b == "interpret")
   if aligned:
@@ -404,28 +405,42 @@ def quant_moe(gate_up_params: QuantizedWeight, down_params: QuantizedWeight, x: 
 
 
 # quant_moe's Mosaic path runs a tile per routed (token, slot) pair instead of sorting rows
-# by expert while pairs sharing an expert -- whose weights the pair tiles read once per
-# pair -- stay rare: an empirical cut on (P - 1) / (2E) for the P = T * k pairs (a bound
-# on the share for a random routing; with each token's k experts distinct it is nearer
-# (T - 1) * k / (2E)).  H200 session 38, whole layer (bench_moe_layer,
-# int4 g128 zp), sorted -> pair tiles in one process, µs:
-#   DeepSeek-V3 (E 256, top-8) 1 / 2 / 4 tokens: 122.9 / 93.3 / 118.3 -> 61.4 / 54.2 / 54.8
-#   Qwen3-30B-A3B (E 128, top-8) 1 / 2 tokens: 107.4 / 107.2 -> 52.3 / 36.9; 3 / 4 tokens
-#     (share 0.09 / 0.12): 60.7 / 58.5 -> 54.1 / 54.6
-#   Mixtral (E 8, top-2) 1 token: 101.9 -> 78.0; 2 tokens (share 0.19): 124.1 -> 130.8
-# One token's top-k experts are distinct: its pair tiles always run.  Untimed inside the
-# cut: DeepSeek-V3 at 5-8 tokens (0.08-0.12).
-PAIR_TILE_MAX_SHARED = 1 / 8
+# by expert while the P = T * k pairs stay few beside the E experts.  Pairs that share an
+# expert read its weights once per pair (a random routing of P pairs to E experts repeats
+# about P - E * (1 - (1 - 1/E)**P) of them); the sorted path pays its routing launches
+# instead (sort, alignment scatters, schedule, row gathers).  H200, whole layer
+# (bench_moe_layer, int4 g128 zp, outputs chain of 8), pair tiles / sorted in one process,
+# µs per layer:
+#   DeepSeek-V3 (E 256, top-8, 2.7 MiB per expert), session 38-39:
+#     tokens  1      2      4      6      8      12     16     24     | 32     48
+#     pairs   61.4   54.2   54.8   72.2   84.2   120.4  150.1  213.9  | 275.9  398.7
+#     sorted  122.9  93.3   118.3  109.6  130.7  154.1  174.7  229.8  | 261.3  305.6
+#   Qwen3-30B-A3B (E 128, top-8, 2.4 MiB per expert), session 38-39:
+#     tokens  1      2      3      4      6      8      12     | 16     24
+#     pairs   52.3   36.9   54.1   54.6   63.3   71.1   99.6   | 123.0  174.5
+#     sorted  107.4  107.2  60.7   58.5   99.9   86.4   98.5   | 118.7  129.8
+#   Mixtral (E 8, top-2, 88 MiB per expert), session 38: 1 token 78.0 / 101.9, 2 tokens
+#     130.8 / 124.1 (pairs lose: one repeated expert is 88 MiB read twice).
+# Both fine-grained models cross where P reaches about 3/4 of E (DeepSeek-V3 between 24
+# and 32 tokens, Qwen3 at 12); Mixtral's 2 tokens (P = E/2) already lose.  So: one token
+# always (its top-k experts are distinct), else P <= 3/4 E for experts up to 16 MiB
+# (untimed between 2.7 and 88 MiB).
+PAIR_TILE_MAX_PAIRS_PER_EXPERT = 3 / 4
+PAIR_TILE_MAX_EXPERT_BYTES = 16 << 20
 
 
-def pair_tiles(tokens: int, k: int, num_experts: int) -> bool:
+def pair_tiles(tokens: int, k: int, num_experts: int, expert_bytes: int) -> bool:
   """Whether quant_moe's Mosaic path takes a tile per pair for ``tokens`` tokens routed
-  to ``k`` of ``num_experts`` experts (HUMMING_JAX_MOE_PAIR_TOKENS=N: up to N tokens, 0:
-  never -- read while tracing, for device A/Bs)."""
+  to ``k`` of ``num_experts`` experts of ``expert_bytes`` each (gate_up + down weights,
+  scales and zero points): one token always; else while T * k <= 3/4 E and an expert is
+  at most 16 MiB (:data:`PAIR_TILE_MAX_PAIRS_PER_EXPERT`, :data:`PAIR_TILE_MAX_EXPERT_BYTES`;
+  the measurements above them).  HUMMING_JAX_MOE_PAIR_TOKENS=N: up to N tokens, 0: never
+  -- read while tracing, for device A/Bs."""
   forced = tuning.env_int("HUMMING_JAX_MOE_PAIR_TOKENS", -1)
   if forced >= 0:
     return tokens <= forced
-  return tokens == 1 or (tokens * k - 1) / (2 * num_experts) <= PAIR_TILE_MAX_SHARED
+  return tokens == 1 or (expert_bytes <= PAIR_TILE_MAX_EXPERT_BYTES
+                         and tokens * k <= PAIR_TILE_MAX_PAIRS_PER_EXPERT * num_experts)
 
 
 def _quant_moe_pairs(gate_up_params: QuantizedWeight, down_params: QuantizedWeight,

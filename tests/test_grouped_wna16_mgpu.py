@@ -429,23 +429,28 @@ def test_run_pairs_bad_inputs_are_named():
 
 
 def test_pair_tiles_rule(monkeypatch):
-  """Pair tiles while pairs sharing an expert stay rare ((P - 1) / 2E <= 1/8), always at
-  one token; the environment override wins."""
+  """Pair tiles while T * k <= 3/4 E for experts up to 16 MiB, always at one token (H200
+  sessions 38-39: where each model's measured crossing lies); the environment override
+  wins."""
   from humming_jax import moe
   monkeypatch.delenv("HUMMING_JAX_MOE_PAIR_TOKENS", raising=False)
-  assert moe.pair_tiles(1, 2, 8) and not moe.pair_tiles(2, 2, 8)  # Mixtral
-  assert moe.pair_tiles(1, 8, 8)  # one token: always (the share bound alone says no)
-  assert moe.pair_tiles(4, 8, 128) and not moe.pair_tiles(5, 8, 128)  # Qwen3-30B-A3B
-  assert moe.pair_tiles(8, 8, 256) and not moe.pair_tiles(9, 8, 256)  # DeepSeek-V3
+  mib = 1 << 20
+  mixtral, qwen3, ds = 88 * mib, int(2.4 * mib), int(2.7 * mib)
+  assert moe.pair_tiles(1, 2, 8, mixtral) and not moe.pair_tiles(2, 2, 8, mixtral)
+  assert moe.pair_tiles(3, 2, 8, mib) and not moe.pair_tiles(4, 2, 8, mib)  # small experts
+  assert moe.pair_tiles(1, 8, 8, 1 << 40)  # one token: always (distinct experts)
+  assert moe.pair_tiles(12, 8, 128, qwen3) and not moe.pair_tiles(13, 8, 128, qwen3)
+  assert moe.pair_tiles(24, 8, 256, ds) and not moe.pair_tiles(25, 8, 256, ds)
+  assert moe.pair_tiles(24, 8, 256, 16 * mib) and not moe.pair_tiles(2, 8, 256, 16 * mib + 1)
   monkeypatch.setenv("HUMMING_JAX_MOE_PAIR_TOKENS", "0")
-  assert not moe.pair_tiles(1, 8, 256)
+  assert not moe.pair_tiles(1, 8, 256, ds)
   monkeypatch.setenv("HUMMING_JAX_MOE_PAIR_TOKENS", "3")
-  assert moe.pair_tiles(3, 2, 8) and not moe.pair_tiles(4, 8, 256)
+  assert moe.pair_tiles(3, 2, 8, mixtral) and not moe.pair_tiles(4, 8, 256, ds)
   monkeypatch.setenv("HUMMING_JAX_MOE_PAIR_TOKENS", "")  # empty: unset, the rule
-  assert moe.pair_tiles(4, 8, 256) and not moe.pair_tiles(9, 8, 256)
+  assert moe.pair_tiles(24, 8, 256, ds) and not moe.pair_tiles(25, 8, 256, ds)
   monkeypatch.setenv("HUMMING_JAX_MOE_PAIR_TOKENS", "one")
   with pytest.raises(ValueError, match="HUMMING_JAX_MOE_PAIR_TOKENS='one'"):
-    moe.pair_tiles(1, 8, 256)
+    moe.pair_tiles(1, 8, 256, ds)
 
 
 @pytest.mark.parametrize("tokens,pair_tokens,topk", [(1, None, 2), (3, "3", 2), (9, "9", 1),
