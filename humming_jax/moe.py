@@ -122,8 +122,11 @@ def align_tokens(topk_ids: jax.Array, num_experts: int, block_m: int) -> SortedT
   n = t * k
   rows = -(-(n + min(num_experts, n) * (block_m - 1)) // block_m) * block_m
   padded = (base.group_sizes + block_m - 1) // block_m * block_m
-  seg_start = jnp.cumsum(padded) - padded
-  raw_start = jnp.cumsum(base.group_sizes) - base.group_sizes
+  # the cumsums over E computed once, not fused into the (T*k,) gathers that read them
+  keep = grouped_wna16_mgpu.schedule_barrier() or (lambda v: v)
+  seg_end, raw_end = keep((jnp.cumsum(padded), jnp.cumsum(base.group_sizes)))
+  seg_start = seg_end - padded
+  raw_start = raw_end - base.group_sizes
   flat = topk_ids.reshape(-1).astype(jnp.int32)
   in_range = (flat >= 0) & (flat < num_experts)
   e_of_sorted = jnp.where(in_range, flat, 0)[base.slot_of_row]

@@ -47,6 +47,7 @@ import warnings
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plt
 
@@ -873,9 +874,45 @@ def run_aligned(params: QuantizedWeight, x: jax.Array, group_sizes: jax.Array, *
   num_tiles = r // block_m
   # The plain expert-pure tiling: with aligned segments tile i starts at row i * block_m,
   # which is where the kernel writes it.
-  expert, start, end, kind = grouped_wna16.tile_schedule(group_sizes, r, block_m, num_tiles)
-  sched = jnp.stack([expert, start, end, kind], axis=1).reshape(-1)
-  return _run_tiles(params, x, sched, num_tiles, block_m, interpret=interpret, config=config)
+  return _run_tiles(params, x, aligned_schedule(group_sizes, r, block_m, num_tiles,
+                                                interpret=interpret),
+                    num_tiles, block_m, interpret=interpret, config=config)
+
+
+# How run_aligned builds its schedule (HUMMING_JAX_ALIGNED_SCHEDULE, read while tracing):
+#   "xla":     grouped_wna16.tile_schedule as XLA ops, fused as XLA likes (to session 38);
+#   "barrier": the same ops, its cumsums and per-tile reductions computed once
+#              (lax.optimization_barrier between them and their consumers);
+#   "kernel":  :func:`schedule`'s Pallas-Triton launch (quant_ragged_dot's), whose tiles are
+#              the same on aligned segments (every segment starts at a multiple of the tile).
+ALIGNED_SCHEDULES = ("xla", "barrier", "kernel")
+ALIGNED_SCHEDULE = "xla"
+
+
+def aligned_schedule(group_sizes: jax.Array, r: int, block_m: int, num_tiles: int, *,
+                     interpret: bool = False) -> jax.Array:
+  """``Tiles.sched`` of :func:`run_aligned`: (expert, first row, end, kind) per tile of
+  ``block_m`` rows over R tile-aligned rows, flattened (entries past ``num_tiles`` unread).
+  The interpreter always takes the XLA ops (the Triton and Mosaic interpreters in one
+  program hang: :func:`run`)."""
+  if aligned_schedule_mode() == "kernel" and not interpret:
+    return schedule(group_sizes, r, block_m, num_tiles)[0]
+  expert, start, end, kind = grouped_wna16.tile_schedule(
+      group_sizes, r, block_m, num_tiles, materialize=schedule_barrier())
+  return jnp.stack([expert, start, end, kind], axis=1).reshape(-1)
+
+
+def aligned_schedule_mode() -> str:
+  """:data:`ALIGNED_SCHEDULE`, or HUMMING_JAX_ALIGNED_SCHEDULE where set."""
+  return (tuning.env_choice("HUMMING_JAX_ALIGNED_SCHEDULE", ALIGNED_SCHEDULES)
+          or ALIGNED_SCHEDULE)
+
+
+def schedule_barrier():
+  """What the aligned path's XLA routing ops put between a cumsum over E and its consumers
+  (``moe.align_tokens``, :func:`aligned_schedule`): ``lax.optimization_barrier`` unless
+  the mode is "xla" (then None: XLA fuses as it likes)."""
+  return None if aligned_schedule_mode() == "xla" else lax.optimization_barrier
 
 
 def _run_tiles(params: QuantizedWeight, x: jax.Array, sched: jax.Array, num_tiles: int,
