@@ -23,10 +23,11 @@
 #   pr:  where pair tiles stop paying (session 39, after pe had them ahead at DeepSeek-V3
 #        12 tokens, past the 1/8 cut): DeepSeek-V3 16-48 and Qwen3-30B-A3B 6-24 tokens,
 #        forced (=64) vs sorted (=0) in one process per model.
-#   as:  run_aligned's schedule (HUMMING_JAX_ALIGNED_SCHEDULE=xla,barrier,kernel: XLA ops
-#        as fused before, the same with optimization barriers after the cumsums, the
-#        Pallas-Triton schedule kernel) on the sorted path past the pair cut, whole layer
-#        in one process per model; and its GPU tests (each schedule against Triton tiles).
+#   as:  run_aligned's schedule (HUMMING_JAX_ALIGNED_SCHEDULE=xla,kernel: XLA ops as fused
+#        to session 38, the Pallas-Triton schedule kernel, the default since session 39)
+#        on the sorted path past the pair cut, whole layer in one process per model; and
+#        its GPU tests (each schedule against Triton tiles).  Session 39 ran it (call 3)
+#        with a third value, "barrier", since removed.
 # Usage: gpu_session_next.sh [STEP...]  (default: pt pe px q16).
 source "$(dirname "$0")/gpu_env.sh"
 ROW="$MOE --consume row --humming --no-baselines"
@@ -53,7 +54,7 @@ s_as() {
   local mt
   for mt in deepseek-v3:32,128 qwen3-30b-a3b:16,64; do
     T ${ST:-250} python3 benchmarks/bench_moe_layer.py --models ${mt%%:*} --tokens ${mt##*:} \
-      --families default --env HUMMING_JAX_ALIGNED_SCHEDULE=xla,barrier,kernel \
+      --families default --env HUMMING_JAX_ALIGNED_SCHEDULE=xla,kernel \
       --json "$OUT/as_${mt%%:*}.json" >> "$OUT/as.log" 2>&1
     echo "${mt%%:*} rc=$?"; grep "'tokens'" "$OUT/as.log" | grep "${mt%%:*}" | cut -c1-500
   done

@@ -123,8 +123,11 @@ def align_tokens(topk_ids: jax.Array, num_experts: int, block_m: int) -> SortedT
   rows = -(-(n + min(num_experts, n) * (block_m - 1)) // block_m) * block_m
   padded = (base.group_sizes + block_m - 1) // block_m * block_m
   # the cumsums over E computed once, not fused into the (T*k,) gathers that read them
-  keep = grouped_wna16_mgpu.schedule_barrier() or (lambda v: v)
-  seg_end, raw_end = keep((jnp.cumsum(padded), jnp.cumsum(base.group_sizes)))
+  # (HUMMING_JAX_ALIGNED_SCHEDULE=xla: as XLA fuses them; grouped_wna16_mgpu.ALIGNED_SCHEDULE)
+  ends = (jnp.cumsum(padded), jnp.cumsum(base.group_sizes))
+  if grouped_wna16_mgpu.aligned_schedule_mode() != "xla":
+    ends = jax.lax.optimization_barrier(ends)
+  seg_end, raw_end = ends
   seg_start = seg_end - padded
   raw_start = raw_end - base.group_sizes
   flat = topk_ids.reshape(-1).astype(jnp.int32)

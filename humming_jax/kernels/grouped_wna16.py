@@ -119,8 +119,8 @@ def tiles_of_pieces(piece_tiles: jax.Array, num_tiles: int
   return piece, i - (tile_end[piece] - piece_tiles[piece]), used
 
 
-def tile_at(group_sizes: jax.Array, m: int, block_m: int, i: jax.Array, *,
-            materialize=None) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
+def tile_at(group_sizes: jax.Array, m: int, block_m: int, i: jax.Array
+            ) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
   """(expert, row start, row end, kind) int32 of tile ``i`` (a scalar, or an array of tile
   indices: fields of the same shape).
 
@@ -131,26 +131,20 @@ def tile_at(group_sizes: jax.Array, m: int, block_m: int, i: jax.Array, *,
   Written with cumsums and compare-and-count reductions over the E experts only, so the
   same code runs inside a Triton kernel (each program computes its own tile from the (E,)
   group sizes: no schedule ops or launches beside the kernel) and in XLA
-  (:func:`tile_schedule`).  E must be a power of two inside a kernel (pad with empty experts).
-
-  ``materialize`` (XLA only, e.g. ``lax.optimization_barrier``): applied to the cumsums
-  and to each tile's (expert, local tile) so XLA computes them once instead of fusing
-  them into every consumer (:func:`tile_schedule`'s ``materialize``)."""
-  keep = materialize or (lambda v: v)
+  (:func:`tile_schedule`).  E must be a power of two inside a kernel (pad with empty experts)."""
   gs = jnp.maximum(group_sizes.astype(jnp.int32), 0)
   e = gs.shape[0]
-  c = keep(jnp.cumsum(gs))
+  c = jnp.cumsum(gs)
   ends = jnp.minimum(c, m)
   starts = jnp.minimum(c - gs, m)
   seg_tiles = (ends - starts + block_m - 1) // block_m
-  tile_end = keep(jnp.cumsum(seg_tiles))
+  tile_end = jnp.cumsum(seg_tiles)
   i = jnp.asarray(i, jnp.int32)
   before = tile_end <= i[..., None]  # experts whose tiles all come before tile i
   piece = jnp.sum(before.astype(jnp.int32), axis=-1)  # tile i's expert; e: the zero tail
-  local = i - jnp.sum(jnp.where(before, seg_tiles, 0), axis=-1)  # tile within its piece
-  piece, local = keep((piece, local))
   pick = lambda v: jnp.sum(
       jnp.where(jnp.arange(e, dtype=jnp.int32) == piece[..., None], v, 0), axis=-1)
+  local = i - jnp.sum(jnp.where(before, seg_tiles, 0), axis=-1)  # tile within its piece
   is_expert = piece < e
   seg_start = jnp.where(is_expert, pick(starts), jnp.max(ends))
   seg_end = jnp.where(is_expert, pick(ends), m)
@@ -162,15 +156,10 @@ def tile_at(group_sizes: jax.Array, m: int, block_m: int, i: jax.Array, *,
   return jnp.minimum(piece, e - 1), start, end, kind
 
 
-def tile_schedule(group_sizes: jax.Array, m: int, block_m: int, num_tiles: int, *,
-                  materialize=None) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
-  """:func:`tile_at` for tiles 0 .. num_tiles - 1: (num_tiles,) int32 arrays.
-
-  ``materialize``: as :func:`tile_at`'s.  H200 session 38 (DeepSeek-V3 layer, 1 token,
-  sorted path): without it XLA fused the cumsums (reduce-windows over E) into the
-  (tiles, E) compare-and-count, one 13.2 µs fusion at E = 256 (2.4 at E = 128)."""
-  return tile_at(group_sizes, m, block_m, jnp.arange(num_tiles, dtype=jnp.int32),
-                 materialize=materialize)
+def tile_schedule(group_sizes: jax.Array, m: int, block_m: int, num_tiles: int
+                  ) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
+  """:func:`tile_at` for tiles 0 .. num_tiles - 1: (num_tiles,) int32 arrays."""
+  return tile_at(group_sizes, m, block_m, jnp.arange(num_tiles, dtype=jnp.int32))
 
 
 def pow2_experts(group_sizes: jax.Array) -> jax.Array:

@@ -47,7 +47,6 @@ import warnings
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plt
 
@@ -880,13 +879,19 @@ def run_aligned(params: QuantizedWeight, x: jax.Array, group_sizes: jax.Array, *
 
 
 # How run_aligned builds its schedule (HUMMING_JAX_ALIGNED_SCHEDULE, read while tracing):
-#   "xla":     grouped_wna16.tile_schedule as XLA ops, fused as XLA likes (to session 38);
-#   "barrier": the same ops, its cumsums and per-tile reductions computed once
-#              (lax.optimization_barrier between them and their consumers);
-#   "kernel":  :func:`schedule`'s Pallas-Triton launch (quant_ragged_dot's), whose tiles are
-#              the same on aligned segments (every segment starts at a multiple of the tile).
-ALIGNED_SCHEDULES = ("xla", "barrier", "kernel")
-ALIGNED_SCHEDULE = "xla"
+#   "kernel": :func:`schedule`'s Pallas-Triton launch (quant_ragged_dot's), whose tiles are
+#             the same on aligned segments (every segment starts at a multiple of the tile);
+#             ``moe.align_tokens`` then computes its cumsums over E once (an optimization
+#             barrier before the gathers that read them);
+#   "xla":    grouped_wna16.tile_schedule as XLA ops, and align_tokens, fused as XLA likes
+#             (to session 38: at DeepSeek-V3, 1 token, the cumsums fused into the (tiles, E)
+#             compare-and-count took one 13.2 µs fusion).
+# H200 session 39, whole layer past the pair cut (bench_moe_layer, int4 g128 zp, one
+# process; a third variant, XLA ops with barriers after each cumsum, in the logs), xla ->
+# kernel, µs per layer: DeepSeek-V3 32 / 128 tokens 263.1 / 385.6 -> 248.2 / 369.4,
+# Qwen3-30B-A3B 16 / 64 tokens 118.4 / 154.3 -> 112.7 / 152.6.
+ALIGNED_SCHEDULES = ("kernel", "xla")
+ALIGNED_SCHEDULE = "kernel"
 
 
 def aligned_schedule(group_sizes: jax.Array, r: int, block_m: int, num_tiles: int, *,
@@ -897,8 +902,7 @@ def aligned_schedule(group_sizes: jax.Array, r: int, block_m: int, num_tiles: in
   program hang: :func:`run`)."""
   if aligned_schedule_mode() == "kernel" and not interpret:
     return schedule(group_sizes, r, block_m, num_tiles)[0]
-  expert, start, end, kind = grouped_wna16.tile_schedule(
-      group_sizes, r, block_m, num_tiles, materialize=schedule_barrier())
+  expert, start, end, kind = grouped_wna16.tile_schedule(group_sizes, r, block_m, num_tiles)
   return jnp.stack([expert, start, end, kind], axis=1).reshape(-1)
 
 
@@ -906,13 +910,6 @@ def aligned_schedule_mode() -> str:
   """:data:`ALIGNED_SCHEDULE`, or HUMMING_JAX_ALIGNED_SCHEDULE where set."""
   return (tuning.env_choice("HUMMING_JAX_ALIGNED_SCHEDULE", ALIGNED_SCHEDULES)
           or ALIGNED_SCHEDULE)
-
-
-def schedule_barrier():
-  """What the aligned path's XLA routing ops put between a cumsum over E and its consumers
-  (``moe.align_tokens``, :func:`aligned_schedule`): ``lax.optimization_barrier`` unless
-  the mode is "xla" (then None: XLA fuses as it likes)."""
-  return None if aligned_schedule_mode() == "xla" else lax.optimization_barrier
 
 
 def _run_tiles(params: QuantizedWeight, x: jax.Array, sched: jax.Array, num_tiles: int,
