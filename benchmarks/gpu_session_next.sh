@@ -1,4 +1,6 @@
 #!/usr/bin/env bash
+# Session 39 ran pt, pe, px (call 1), pr (call 2) and as (call 3): results in
+# benchmarks/results/2026-12-04-session39; q16, qm and bd are still to run.
 # The next device calls, prepared 2026-12-04 at the end of session 38 (its calls:
 # benchmarks/results/2026-12-04-session38, script gpu_session38.sh); it replaces session
 # 37's queue (s37 and mx ran in session 38 call 1; qm's Qwen3 point in call 4).  Every
@@ -28,7 +30,9 @@
 #        on the sorted path past the pair cut, whole layer in one process per model; and
 #        its GPU tests (each schedule against Triton tiles).  Session 39 ran it (call 3)
 #        with a third value, "barrier", since removed.
-# Usage: gpu_session_next.sh [STEP...]  (default: pt pe px q16).
+#   bd:  where the sorted path's wall goes past the pair cut now (schedule kernel default):
+#        --breakdown at DeepSeek-V3 32 and Qwen3-30B-A3B 16 tokens, the default rule.
+# Usage: gpu_session_next.sh [STEP...]  (default: q16 qm bd; qm needs old/ carried).
 source "$(dirname "$0")/gpu_env.sh"
 ROW="$MOE --consume row --humming --no-baselines"
 s_pt() {
@@ -59,6 +63,14 @@ s_as() {
     echo "${mt%%:*} rc=$?"; grep "'tokens'" "$OUT/as.log" | grep "${mt%%:*}" | cut -c1-500
   done
 }
+s_bd() {
+  local mt
+  for mt in deepseek-v3:32 qwen3-30b-a3b:16; do
+    T ${ST:-200} python3 benchmarks/bench_moe_layer.py --models ${mt%%:*} --tokens ${mt##*:} \
+      --families default --breakdown --json "$OUT/bd_${mt%%:*}.json" >> "$OUT/bd.log" 2>&1
+    echo "${mt%%:*} rc=$?"; grep "'tokens'" "$OUT/bd.log" | tail -1 | cut -c1-1500
+  done
+}
 s_px() {
   T ${ST:-240} python3 benchmarks/bench_moe_layer.py --models qwen3-30b-a3b,deepseek-v3 \
     --tokens 1 --spec w4a16-mxfp4 --families default --env HUMMING_JAX_MOE_PAIR_TOKENS=1,0 \
@@ -87,5 +99,5 @@ s_qm() {
   done
   rm -rf humming_jax && cp -r /tmp/hj_new_tree humming_jax && rm -rf /tmp/hj_new_tree  # restored
 }
-for s in ${@:-pt pe px q16}; do step "$s"; "s_$s"; done
+for s in ${@:-q16 qm bd}; do step "$s"; "s_$s"; done
 step done
