@@ -349,7 +349,7 @@ def quant_moe(gate_up_params: QuantizedWeight, down_params: QuantizedWeight, x: 
   both stacks are on the Mosaic kernel and the tokens are bf16 / fp16, each expert's rows
   are padded to its tile (:func:`align_tokens`) so every tile reads and
   writes its rows in place (no row gather; benchmarks/NOTES_moe.md); at decode (one token,
-  or while the T*k pairs number at most 3/4 of the experts: :func:`pair_tiles`;
+  or while the pairs' weight reads stay small beside E: :func:`pair_tiles`;
   HUMMING_JAX_MOE_PAIR_TOKENS=N forces it up to N tokens, 0 never) there is no sort at
   all: a tile per routed (token, slot) pair, straight from ``topk_ids``.  Otherwise (e.g.
   stacks prepared one by one, gate_up on Mosaic and down on Triton) rows are sorted by
@@ -427,26 +427,30 @@ def quant_moe(gate_up_params: QuantizedWeight, down_params: QuantizedWeight, x: 
 #     sorted  107.4  107.2  60.7   58.5   99.9   86.4   98.5   | 118.7  129.8
 #   Mixtral (E 8, top-2, 88 MiB per expert), session 38: 1 token 78.0 / 101.9, 2 tokens
 #     130.8 / 124.1 (pairs lose: one repeated expert is 88 MiB read twice).
-# Both fine-grained models cross where P reaches about 3/4 of E (DeepSeek-V3 between 24
-# and 32 tokens, Qwen3 at 12); Mixtral's 2 tokens (P = E/2) already lose.  So: one token
-# always (its top-k experts are distinct), else P <= 3/4 E for experts up to 16 MiB
-# (untimed between 2.7 and 88 MiB).
-PAIR_TILE_MAX_PAIRS_PER_EXPERT = 3 / 4
-PAIR_TILE_MAX_EXPERT_BYTES = 16 << 20
+# Pair tiles cost about one expert's read per pair (~1 µs at DeepSeek-V3, 0.8 at Qwen3:
+# ≈ 3 TB/s); the sorted path's overhead grows with E (at one token: ≈ 61 µs at E 256, 55
+# at 128, 24 at 8).  So the cut is on the pair tiles' weight bytes against E:
+# P * expert_bytes <= 1.75 MiB * E, one token always (its top-k experts are distinct).
+# It gives DeepSeek-V3 up to 20 tokens (P * bytes / E at 24 tokens: 2.06 MiB, a 7 % win
+# for the pairs before session 39's schedule kernel made the sorted path ~5 % faster;
+# at 32 tokens 2.75: a loss), Qwen3 up to 11 (at 12 tokens 1.77, the tie; at 16 2.36, a
+# loss), Mixtral one token (2 tokens: 44 MiB, a loss).  Untimed: experts of other sizes
+# (8-bit experts: twice the bytes, half the tokens), E other than 8 / 128 / 256.
+PAIR_TILE_BYTES_PER_EXPERT = 1.75 * (1 << 20)
 
 
 def pair_tiles(tokens: int, k: int, num_experts: int, expert_bytes: int) -> bool:
   """Whether quant_moe's Mosaic path takes a tile per pair for ``tokens`` tokens routed
   to ``k`` of ``num_experts`` experts of ``expert_bytes`` each (gate_up + down weights,
-  scales and zero points): one token always; else while T * k <= 3/4 E and an expert is
-  at most 16 MiB (:data:`PAIR_TILE_MAX_PAIRS_PER_EXPERT`, :data:`PAIR_TILE_MAX_EXPERT_BYTES`;
-  the measurements above them).  HUMMING_JAX_MOE_PAIR_TOKENS=N: up to N tokens, 0: never
-  -- read while tracing, for device A/Bs."""
+  scales and zero points): one token always; else while the pair tiles' weight reads,
+  T * k * expert_bytes, are at most 1.75 MiB per expert of the layer
+  (:data:`PAIR_TILE_BYTES_PER_EXPERT`, fitted to the measurements above it).
+  HUMMING_JAX_MOE_PAIR_TOKENS=N: up to N tokens, 0: never -- read while tracing, for
+  device A/Bs."""
   forced = tuning.env_int("HUMMING_JAX_MOE_PAIR_TOKENS", -1)
   if forced >= 0:
     return tokens <= forced
-  return tokens == 1 or (expert_bytes <= PAIR_TILE_MAX_EXPERT_BYTES
-                         and tokens * k <= PAIR_TILE_MAX_PAIRS_PER_EXPERT * num_experts)
+  return tokens == 1 or tokens * k * expert_bytes <= PAIR_TILE_BYTES_PER_EXPERT * num_experts
 
 
 def _quant_moe_pairs(gate_up_params: QuantizedWeight, down_params: QuantizedWeight,

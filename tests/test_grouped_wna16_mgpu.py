@@ -394,8 +394,10 @@ def test_aligned_schedules_agree(bm, monkeypatch):
   from humming_jax import moe
   e = 6
   ids = jax.random.randint(jax.random.key(bm), (29, 3), 0, e + 1)  # e: out of range
+  ids = jnp.where((ids == 0) | (ids == 2), 4, ids)  # experts 0 and 2 empty
   monkeypatch.setenv("HUMMING_JAX_ALIGNED_SCHEDULE", "xla")
   r = moe.align_tokens(ids, e, bm)
+  assert int(r.group_sizes[0]) == int(r.group_sizes[2]) == 0
   rows, tiles = r.token_of_row.shape[0], r.token_of_row.shape[0] // bm
   xla = gm.aligned_schedule(r.group_sizes, rows, bm, tiles)
   monkeypatch.setenv("HUMMING_JAX_ALIGNED_SCHEDULE", "kernel")
@@ -405,7 +407,10 @@ def test_aligned_schedules_agree(bm, monkeypatch):
   got = jax.jit(lambda g: gm.aligned_schedule(g, rows, bm, tiles, interpret=True))(
       r.group_sizes)
   np.testing.assert_array_equal(got, xla)  # the interpreter: the XLA ops
-  sched, _ = gm.schedule(r.group_sizes, rows, bm, tiles, interpret=True)
+  sched, none = gm.schedule(r.group_sizes, rows, bm, tiles, interpret=True, rows=False)
+  with_rows, _ = gm.schedule(r.group_sizes, rows, bm, tiles, interpret=True)
+  assert none is None
+  np.testing.assert_array_equal(sched[:4 * tiles], with_rows[:4 * tiles])
   sched, xla = np.asarray(sched)[:4 * tiles].reshape(tiles, 4), np.asarray(xla).reshape(tiles, 4)
   used = xla[:, 3] == 1
   assert used.sum() == int(r.group_sizes.sum()) // bm > 1 and not used.all()
@@ -461,25 +466,25 @@ def test_run_pairs_bad_inputs_are_named():
 
 
 def test_pair_tiles_rule(monkeypatch):
-  """Pair tiles while T * k <= 3/4 E for experts up to 16 MiB, always at one token (H200
+  """Pair tiles while T * k * expert bytes <= 1.75 MiB * E, always at one token (H200
   sessions 38-39: where each model's measured crossing lies); the environment override
   wins."""
   from humming_jax import moe
   monkeypatch.delenv("HUMMING_JAX_MOE_PAIR_TOKENS", raising=False)
   mib = 1 << 20
-  mixtral, qwen3, ds = 88 * mib, int(2.4 * mib), int(2.7 * mib)
+  mixtral, qwen3, ds = 88 * mib, int(2.36 * mib), int(2.75 * mib)  # int4 g128 zp experts
   assert moe.pair_tiles(1, 2, 8, mixtral) and not moe.pair_tiles(2, 2, 8, mixtral)
-  assert moe.pair_tiles(3, 2, 8, mib) and not moe.pair_tiles(4, 2, 8, mib)  # small experts
   assert moe.pair_tiles(1, 8, 8, 1 << 40)  # one token: always (distinct experts)
-  assert moe.pair_tiles(12, 8, 128, qwen3) and not moe.pair_tiles(13, 8, 128, qwen3)
-  assert moe.pair_tiles(24, 8, 256, ds) and not moe.pair_tiles(25, 8, 256, ds)
-  assert moe.pair_tiles(24, 8, 256, 16 * mib) and not moe.pair_tiles(2, 8, 256, 16 * mib + 1)
+  assert moe.pair_tiles(11, 8, 128, qwen3) and not moe.pair_tiles(12, 8, 128, qwen3)
+  assert moe.pair_tiles(20, 8, 256, ds) and not moe.pair_tiles(21, 8, 256, ds)
+  assert moe.pair_tiles(10, 8, 256, 2 * ds) and not moe.pair_tiles(11, 8, 256, 2 * ds)
+  assert moe.pair_tiles(7, 2, 8, mib) and not moe.pair_tiles(8, 2, 8, mib)  # 7 * 2 <= 14
   monkeypatch.setenv("HUMMING_JAX_MOE_PAIR_TOKENS", "0")
   assert not moe.pair_tiles(1, 8, 256, ds)
   monkeypatch.setenv("HUMMING_JAX_MOE_PAIR_TOKENS", "3")
   assert moe.pair_tiles(3, 2, 8, mixtral) and not moe.pair_tiles(4, 8, 256, ds)
   monkeypatch.setenv("HUMMING_JAX_MOE_PAIR_TOKENS", "")  # empty: unset, the rule
-  assert moe.pair_tiles(24, 8, 256, ds) and not moe.pair_tiles(25, 8, 256, ds)
+  assert moe.pair_tiles(20, 8, 256, ds) and not moe.pair_tiles(21, 8, 256, ds)
   monkeypatch.setenv("HUMMING_JAX_MOE_PAIR_TOKENS", "one")
   with pytest.raises(ValueError, match="HUMMING_JAX_MOE_PAIR_TOKENS='one'"):
     moe.pair_tiles(1, 8, 256, ds)
@@ -537,10 +542,15 @@ def test_run_aligned_bad_inputs_are_named():
     gm.run_aligned(q, jnp.zeros((16, 256), jnp.bfloat16), g, block_m=8)
 
 
-def test_quant_moe_on_mosaic_params_interpret():
+def test_quant_moe_on_mosaic_params_interpret(monkeypatch):
   """hj.quant_moe with both stacks prepared for this family runs the aligned path (no row
-  gather) and matches the same layer on the Triton grouped kernel."""
+  gather; pair tiles off: these small experts would take them) and matches the same
+  layer on the Triton grouped kernel."""
   from humming_jax import moe
+  monkeypatch.setenv("HUMMING_JAX_MOE_PAIR_TOKENS", "0")
+  calls = []
+  real = gm.run_aligned
+  monkeypatch.setattr(gm, "run_aligned", lambda *a, **kw: calls.append(1) or real(*a, **kw))
   e, h, inter, t, topk = 4, 256, 128, 5, 2
   ks = jax.random.split(jax.random.key(23), 4)
   spec = hj.QuantSpec.preset("w4a16-mxfp4")
@@ -549,9 +559,11 @@ def test_quant_moe_on_mosaic_params_interpret():
   x = jax.random.normal(ks[2], (t, h), jnp.bfloat16)
   w, ids = moe.topk_routing(jax.random.normal(ks[3], (t, e)), topk)
   ids = ids.at[0, 1].set(e + 3)  # an out-of-range id contributes nothing
-  f = jax.jit(hj.quant_moe, static_argnames=("activation", "backend"))
+  # (a fresh function: jax.jit(hj.quant_moe) would reuse another test's trace)
+  f = jax.jit(lambda *a, **kw: hj.quant_moe(*a, **kw), static_argnames=("activation", "backend"))
   assert moe._aligned_mosaic(gm.prepare(gu), gm.prepare(dn), x, "interpret")
   y = f(gm.prepare(gu), gm.prepare(dn), x, w, ids, backend="interpret")
+  assert calls == [1, 1]
   triton = moe.prepare_experts(gu, dn, kernel="grouped_wna16")
   assert not moe._aligned_mosaic(*triton, x, "interpret")
   want = f(*triton, x, w, ids, backend="interpret")  # the Triton grouped kernel path
@@ -586,6 +598,8 @@ def test_quant_moe_aligned_lowers_for_h200(tokens, monkeypatch):
   text = lower_for_h200(f, gu, dn, x, w, ids)
   assert text.count("custom_call") >= 2
   assert len(calls) >= 2 and set(calls) == {"run_pairs" if tokens == 1 else "run_aligned"}
+  # the aligned tiles' schedule: the Pallas-Triton kernel (pair tiles need none)
+  assert ("grouped_tile_schedule" in text) == (tokens > 1)
 
 
 @pytest.mark.gpu
@@ -599,6 +613,9 @@ def test_quant_moe_aligned_gpu(tokens, schedule, monkeypatch):
   from humming_jax import moe
   monkeypatch.setenv("HUMMING_JAX_MOE_PAIR_TOKENS", "0")
   monkeypatch.setenv("HUMMING_JAX_ALIGNED_SCHEDULE", schedule)
+  calls = []
+  real = gm.schedule
+  monkeypatch.setattr(gm, "schedule", lambda *a, **kw: calls.append(kw) or real(*a, **kw))
   e, h, inter = 128, 2048, 768
   ks = jax.random.split(jax.random.key(tokens), 4)
   spec = hj.QuantSpec.preset("w4a16-g128-zp")
@@ -608,6 +625,8 @@ def test_quant_moe_aligned_gpu(tokens, schedule, monkeypatch):
   w, ids = moe.topk_routing(jax.random.normal(ks[3], (tokens, e)), 8)
   f = jax.jit(lambda *a: hj.quant_moe(*a))  # a fresh trace: the override is read there
   y = f(jax.jit(gm.prepare)(gu), jax.jit(gm.prepare)(dn), x, w, ids)
+  # the schedule kernel (tiles only) for each stack, or none at all with "xla"
+  assert calls == ([{"rows": False}] * 2 if schedule == "kernel" else [])
   prep = jax.jit(lambda p: hj.prepare(p, grouped=True, kernel="grouped_wna16"))
   want = f(prep(gu), prep(dn), x, w, ids)
   assert rel(y, want) <= TOL
@@ -615,19 +634,22 @@ def test_quant_moe_aligned_gpu(tokens, schedule, monkeypatch):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", ["w4a16-g128-zp", "w4a16-mxfp4"])
-@pytest.mark.parametrize("model", ["qwen3-30b-a3b", "deepseek-v3"])
-def test_quant_moe_pair_tiles_gpu(model, name, monkeypatch):
-  """One token through quant_moe's pair tiles on the H200 (Qwen3-30B-A3B and DeepSeek-V3
-  shapes, top-8, one id out of range) against the XLA path."""
+@pytest.mark.parametrize("model,tokens", [("qwen3-30b-a3b", 1), ("deepseek-v3", 1),
+                                          ("qwen3-30b-a3b", 8), ("deepseek-v3", 16)])
+def test_quant_moe_pair_tiles_gpu(model, tokens, name, monkeypatch):
+  """quant_moe's pair tiles on the H200 (Qwen3-30B-A3B and DeepSeek-V3 shapes, top-8, one
+  id out of range) against the XLA path: one token, and 8 / 16 tokens (one or two x tiles
+  of 8 tokens, experts shared between pairs) where the default rule takes them."""
   from humming_jax import moe
+  monkeypatch.delenv("HUMMING_JAX_MOE_PAIR_TOKENS", raising=False)
   e, h, inter = {"qwen3-30b-a3b": (128, 2048, 768), "deepseek-v3": (256, 7168, 256)}[model]
-  ks = jax.random.split(jax.random.key(e), 4)
+  ks = jax.random.split(jax.random.key(e + tokens), 4)
   spec = hj.QuantSpec.preset(name)
   quant = jax.jit(lambda w: hj.quantize(w, spec))
   gu = quant(jax.random.normal(ks[0], (e, h, 2 * inter)) / np.sqrt(h))
   dn = quant(jax.random.normal(ks[1], (e, inter, h)) / np.sqrt(inter))
-  x = jax.random.normal(ks[2], (1, h), jnp.bfloat16)
-  w, ids = moe.topk_routing(jax.random.normal(ks[3], (1, e)), 8)
+  x = jax.random.normal(ks[2], (tokens, h), jnp.bfloat16)
+  w, ids = moe.topk_routing(jax.random.normal(ks[3], (tokens, e)), 8)
   ids = ids.at[0, 3].set(-1)
   calls = []
   real = gm.run_pairs
@@ -751,8 +773,10 @@ def test_layer_kernel_puts_both_stacks_on_mosaic(h, inter):
 
 def test_quant_moe_canonical_stacks_take_the_aligned_path(monkeypatch):
   """Canonical stacks: quant_moe prepares both for the Mosaic kernel inside the call and
-  runs the aligned path (traced only, not run)."""
+  runs the aligned path (traced only, not run; pair tiles off: 3 tokens of these small
+  experts would take them)."""
   from humming_jax import moe
+  monkeypatch.setenv("HUMMING_JAX_MOE_PAIR_TOKENS", "0")
   e, h, inter, t = 4, 4096, 128, 3
   gu, dn = abstract_q("w4a16-g128-zp", (e, h, 2 * inter)), abstract_q("w4a16-g128-zp",
                                                                       (e, inter, h))
