@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Session 39 ran pt, pe, px (call 1), pr (call 2) and as (call 3): results in
-# benchmarks/results/2026-12-04-session39; q16, qm and bd are still to run.
+# benchmarks/results/2026-12-04-session39; q16, qm and bd are still to run, and t39 (the
+# GPU tests written after the device was gone: run it first).
 # The next device calls, prepared 2026-12-04 at the end of session 38 (its calls:
 # benchmarks/results/2026-12-04-session38, script gpu_session38.sh); it replaces session
 # 37's queue (s37 and mx ran in session 38 call 1; qm's Qwen3 point in call 4).  Every
@@ -32,7 +33,11 @@
 #        with a third value, "barrier", since removed.
 #   bd:  where the sorted path's wall goes past the pair cut now (schedule kernel default):
 #        --breakdown at DeepSeek-V3 32 and Qwen3-30B-A3B 16 tokens, the default rule.
-# Usage: gpu_session_next.sh [STEP...]  (default: q16 qm bd; qm needs old/ carried).
+#   t39: session 39's GPU tests that never ran on the H200: test_quant_moe_aligned_gpu
+#        (asserts now that the schedule kernel ran) and test_quant_moe_pair_tiles_gpu at 8 /
+#        16 tokens (pair tiles past one token on the default rule, experts shared), with
+#        the 1-token cases again.
+# Usage: gpu_session_next.sh [STEP...]  (default: t39 q16 bd; qm needs old/ carried).
 source "$(dirname "$0")/gpu_env.sh"
 ROW="$MOE --consume row --humming --no-baselines"
 s_pt() {
@@ -62,6 +67,10 @@ s_as() {
       --json "$OUT/as_${mt%%:*}.json" >> "$OUT/as.log" 2>&1
     echo "${mt%%:*} rc=$?"; grep "'tokens'" "$OUT/as.log" | grep "${mt%%:*}" | cut -c1-500
   done
+}
+s_t39() {
+  gpu_tests ${ST:-240} "quant_moe_aligned_gpu or pair_tiles_gpu" \
+    tests/test_grouped_wna16_mgpu.py
 }
 s_bd() {
   local mt
@@ -99,5 +108,5 @@ s_qm() {
   done
   rm -rf humming_jax && cp -r /tmp/hj_new_tree humming_jax && rm -rf /tmp/hj_new_tree  # restored
 }
-for s in ${@:-q16 qm bd}; do step "$s"; "s_$s"; done
+for s in ${@:-t39 q16 bd}; do step "$s"; "s_$s"; done
 step done

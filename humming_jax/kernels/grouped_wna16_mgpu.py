@@ -715,7 +715,7 @@ SCHEDULE_BLOCK = 32  # tiles and output rows per program of the schedule kernel
 SCHEDULE_WARPS = 4
 
 
-def _schedule_kernel(gs_ref, sched_ref, *src_ref, m: int, block_m: int, num_tiles: int,
+def _schedule_kernel(gs_ref, sched_ref, src_ref, *, m: int, block_m: int, num_tiles: int,
                      experts: int):
   """One program: tiles and output rows [i * B, (i + 1) * B) of :func:`tile_schedule` and
   :func:`output_rows`, from the E group sizes (every program redoes the two cumsums over E:
@@ -743,20 +743,17 @@ def _schedule_kernel(gs_ref, sched_ref, *src_ref, m: int, block_m: int, num_tile
   field = jnp.arange(4, dtype=jnp.int32)[None, :]
   sched_ref[...] = jnp.where(field == 0, piece, jnp.where(
       used, jnp.where(field == 1, row0, jnp.where(field == 2, end, 1)), 0))
-  if not src_ref:  # tiles only (run_aligned: its rows are in place)
-    return
   # Output rows: the stacked tile row each takes (output_rows).
   e = jnp.minimum(count_le(ends, i), experts - 1)
   local = i - at(first, e)
   tile = at(tile_end, e) - at(seg_tiles, e) + local // block_m
   total = jnp.max(jnp.where(real, ends, 0), axis=1, keepdims=True)
   ok = (i < total) & (tile < num_tiles)
-  src_ref[0][...] = jnp.where(ok, tile * block_m + local % block_m, num_tiles * block_m)[:, 0]
+  src_ref[...] = jnp.where(ok, tile * block_m + local % block_m, num_tiles * block_m)[:, 0]
 
 
 def schedule(group_sizes: jax.Array, m: int, block_m: int, num_tiles: int, *,
-             interpret: bool = False, rows: bool = True
-             ) -> tuple[jax.Array, jax.Array | None]:
+             interpret: bool = False) -> tuple[jax.Array, jax.Array]:
   """:func:`tile_schedule`'s (expert, first row, end, kind) per tile, flattened -- the
   kernel's ``Tiles.sched`` -- and :func:`output_rows`, in one Pallas-Triton launch.
 
@@ -768,38 +765,30 @@ def schedule(group_sizes: jax.Array, m: int, block_m: int, num_tiles: int, *,
   (benchmarks/NOTES_moe.md, session 12).  Returns ((T * 4,) sched, (R,) src) with
   T, R >= num_tiles, m padded to the program block: entries past num_tiles / m are
   computed for indices that do not exist and are never read (the Mosaic kernel reads
-  tiles < num_tiles; callers take ``src[:m]``).  ``rows=False``: the tiles only (src
-  None), a program per :data:`SCHEDULE_BLOCK` tiles instead of per as many of the M rows
-  (``run_aligned``, whose tiles store their rows in place)."""
+  tiles < num_tiles; callers take ``src[:m]``)."""
   e = group_sizes.shape[0]
   if m == 0 or num_tiles == 0:
-    return (jnp.zeros((4 * num_tiles,), jnp.int32),
-            jnp.zeros((m,), jnp.int32) if rows else None)
+    return jnp.zeros((4 * num_tiles,), jnp.int32), jnp.zeros((m,), jnp.int32)
   e_pad = max(8, pl.next_power_of_2(e))
   gs = group_sizes.astype(jnp.int32)
   if e_pad != e:  # Triton blocks are powers of two; zero-sized experts change nothing
     gs = jnp.pad(gs, (0, e_pad - e))
-  covered = max(m, num_tiles) if rows else num_tiles
-  b = min(SCHEDULE_BLOCK, max(8, pl.next_power_of_2(covered)))
-  grid = -(-covered // b)
+  b = min(SCHEDULE_BLOCK, max(8, pl.next_power_of_2(m)))
+  grid = -(-max(m, num_tiles) // b)
   kernel = functools.partial(_schedule_kernel, m=m, block_m=block_m, num_tiles=num_tiles,
                              experts=e)
-  out_shape = [jax.ShapeDtypeStruct((grid * b, 4), jnp.int32)]
-  out_specs = [pl.BlockSpec((b, 4), lambda i: (i, 0))]
-  if rows:
-    out_shape.append(jax.ShapeDtypeStruct((grid * b,), jnp.int32))
-    out_specs.append(pl.BlockSpec((b,), lambda i: (i,)))
-  sched, *src = pl.pallas_call(
+  sched, src = pl.pallas_call(
       kernel,
-      out_shape=tuple(out_shape),
+      out_shape=(jax.ShapeDtypeStruct((grid * b, 4), jnp.int32),
+                 jax.ShapeDtypeStruct((grid * b,), jnp.int32)),
       grid=(grid,),
       in_specs=[pl.BlockSpec((e_pad,), lambda i: (0,))],
-      out_specs=tuple(out_specs),
+      out_specs=(pl.BlockSpec((b, 4), lambda i: (i, 0)), pl.BlockSpec((b,), lambda i: (i,))),
       compiler_params=plt.CompilerParams(num_warps=SCHEDULE_WARPS, num_stages=1),
       interpret=interpret,
       name="grouped_tile_schedule",
   )(gs)
-  return sched.reshape(-1), (src[0] if rows else None)
+  return sched.reshape(-1), src
 
 
 def run(params: QuantizedWeight, x: jax.Array, group_sizes: jax.Array, *,
@@ -867,7 +856,7 @@ def run_aligned(params: QuantizedWeight, x: jax.Array, group_sizes: jax.Array, *
   ``block_m`` and x's R rows are a multiple of ``block_m`` covering them.  Tile ``i`` is
   rows [i * block_m, (i + 1) * block_m) of its expert, so it reads x and writes the output
   in place: no gather; the schedule is :func:`aligned_schedule`'s (by default the
-  Pallas-Triton schedule kernel, tiles only).  Output rows
+  Pallas-Triton schedule kernel).  Output rows
   past ``sum(group_sizes)`` are **unspecified** (no tile writes them): callers read only
   the rows they routed (``moe.combine`` does)."""
   e, k, n = params.shape
@@ -912,7 +901,7 @@ def aligned_schedule(group_sizes: jax.Array, r: int, block_m: int, num_tiles: in
   The interpreter always takes the XLA ops (the Triton and Mosaic interpreters in one
   program hang: :func:`run`)."""
   if aligned_schedule_mode() == "kernel" and not interpret:
-    return schedule(group_sizes, r, block_m, num_tiles, rows=False)[0]
+    return schedule(group_sizes, r, block_m, num_tiles)[0]
   expert, start, end, kind = grouped_wna16.tile_schedule(group_sizes, r, block_m, num_tiles)
   return jnp.stack([expert, start, end, kind], axis=1).reshape(-1)
 
