@@ -14,6 +14,7 @@ from humming_jax.kernels import grouped_wnam_mgpu as gw, reference, registry
 
 from conftest import interpret_clusters
 from test_grouped_wna16_mgpu import TOL, make, rel, routed_error, routed_rows
+from test_wna16_mgpu import normal  # jax.random.normal, bit for bit, one compile per size class
 
 CASES = [  # (preset, E, K, N, group_sizes, M): uneven, empty experts, a zero tail
     ("w4a8-int8", 4, 256, 128, [3, 0, 5, 2], 12),
@@ -64,9 +65,9 @@ def test_fp8_mma_layout_interpret(key, monkeypatch):
   spec = FP8_SPECS[key]
   e, k, n, gs = 3, 256, 64, [4, 0, 5]
   kw, kx = jax.random.split(jax.random.key(31))
-  w = jax.random.normal(kw, (e, k, n)) / np.sqrt(k)
+  w = normal(kw, (e, k, n)) / np.sqrt(k)
   q = hj.quantize(w, spec, act_scale=jnp.float32(0.02) if spec.act_static else None)
-  x = jax.random.normal(kx, (9, k), jnp.float32).astype(jnp.bfloat16)
+  x = normal(kx, (9, k), jnp.float32).astype(jnp.bfloat16)
   x = x.at[3, 5].set(jnp.nan) if not spec.act_static else x
   g = jnp.asarray(gs, jnp.int32)
   assert gw.fp8_mma(spec)
@@ -134,9 +135,9 @@ def test_fp8_single_acc_interpret(wgs, split, sub, k, tiny, monkeypatch):
   from humming_jax.kernels import wna16_mgpu
   monkeypatch.delenv("HUMMING_JAX_FP8_MMA", raising=False)
   kw, kx = jax.random.split(jax.random.key(37))
-  w = jax.random.normal(kw, (2, k, 128)) / np.sqrt(k) * (1e-4 if tiny else 1.0)
+  w = normal(kw, (2, k, 128)) / np.sqrt(k) * (1e-4 if tiny else 1.0)
   q = hj.quantize(w, hj.QuantSpec.preset("w4a8-mxfp4"))
-  x = jax.random.normal(kx, (6, k), jnp.float32).astype(jnp.bfloat16)
+  x = normal(kx, (6, k), jnp.float32).astype(jnp.bfloat16)
   g = jnp.asarray([2, 4], jnp.int32)
   p = gw.prepare(q)
   assert wna16_mgpu.column_folds(p.layout), p.layout
@@ -462,13 +463,13 @@ def test_fp8_fold_interpret(group, monkeypatch):
   bk = wna16_mgpu.block_k_for(spec)
   e, k, n, gs = 2, 256, 64, [5, 70]
   kw, kx = jax.random.split(jax.random.key(41))
-  w = np.array(jax.random.normal(kw, (e, k, n)) / np.sqrt(k))
+  w = np.array(normal(kw, (e, k, n)) / np.sqrt(k))
   spread = (np.arange(k // group) % 4) * 3  # 0, 3, 6, 9 binades down
   w *= np.repeat(2.0 ** -spread, group)[None, :, None]
   w[0, :group, 7] *= 2.0 ** 14  # column 7 of expert 0: its first group 14 binades up
   q = hj.quantize(jnp.asarray(w), spec)
   q = q.replace(scales=q.scales.at[1, 1, 9].set(255))  # e8m0 NaN: expert 1, column 9
-  x = jax.random.normal(kx, (sum(gs), k), jnp.float32).astype(jnp.bfloat16)
+  x = normal(kx, (sum(gs), k), jnp.float32).astype(jnp.bfloat16)
   x = x.at[:gs[0], :group].set(0)  # expert 0's rows: nothing from column 7's top group
   g = jnp.asarray(gs, jnp.int32)
   p = gw.prepare(q)
@@ -610,8 +611,8 @@ def test_fp8_fold_refuses_a_padded_k(monkeypatch):
   spec = hj.QuantSpec("fp4_e2m1", "group", 32, scale_dtype="e8m0", act="fp8_e4m3")
   e, k, n, gs = 2, 320, 64, [6, 10]  # K 320: the last 128-deep K tile half padding
   kw, kx = jax.random.split(jax.random.key(43))
-  q = hj.quantize(jax.random.normal(kw, (e, k, n)) * 2.0 ** -16, spec)
-  x = jax.random.normal(kx, (sum(gs), k), jnp.float32).astype(jnp.bfloat16)
+  q = hj.quantize(normal(kw, (e, k, n)) * 2.0 ** -16, spec)
+  x = normal(kx, (sum(gs), k), jnp.float32).astype(jnp.bfloat16)
   g = jnp.asarray(gs, jnp.int32)
   p = gw.prepare(q)
   assert "p8" in p.layout.split(":") and p.codes.shape[-3] * p.codes.shape[-1] > k
@@ -832,7 +833,7 @@ def test_fp8_mma_groups_gpu(key, monkeypatch):
   monkeypatch.delenv("HUMMING_JAX_FP8_MMA", raising=False)
   spec = FP8_SPECS[key]
   kw, kx = jax.random.split(jax.random.key(35))
-  w = jax.random.normal(kw, (128, 2048, 1536)) / np.sqrt(2048)
+  w = normal(kw, (128, 2048, 1536)) / np.sqrt(2048)
   q = jax.jit(lambda w: hj.quantize(w, spec, act_scale=jnp.float32(0.02)
                                     if spec.act_static else None))(w)
   g, x = routed_rows(128, 2048, 16, seed=36)

@@ -7,6 +7,7 @@ import pytest
 import humming_jax as hj
 from humming_jax import moe
 from humming_jax.kernels import reference
+from test_wna16_mgpu import normal  # jax.random.normal, bit for bit, one compile per size class
 
 
 def _rel(y, r):
@@ -19,7 +20,7 @@ def _rel(y, r):
 @pytest.mark.parametrize("order", ["softmax_topk", "topk_softmax"])
 @pytest.mark.parametrize("renorm", [True, False])
 def test_topk_routing_matches_numpy(order, renorm):
-  logits = np.asarray(jax.random.normal(jax.random.PRNGKey(3), (11, 9)))
+  logits = np.asarray(normal(jax.random.PRNGKey(3), (11, 9)))
   w, ids = moe.topk_routing(jnp.asarray(logits), 3, renormalize=renorm, order=order)
   assert ids.dtype == jnp.int32 and w.dtype == jnp.float32
   ref_ids = np.argsort(-logits, axis=1, kind="stable")[:, :3]
@@ -87,7 +88,7 @@ def test_combine_weighted_sum():
   ids = _ids(2, t, k, e)
   w = np.asarray(jax.random.uniform(jax.random.PRNGKey(5), (t, k)), np.float32)
   r = moe.sort_tokens(jnp.asarray(ids), e)
-  rows = np.asarray(jax.random.normal(jax.random.PRNGKey(6), (t * k, n)), np.float32)
+  rows = np.asarray(normal(jax.random.PRNGKey(6), (t * k, n)), np.float32)
   out = np.asarray(moe.combine(jnp.asarray(rows), jnp.asarray(w), r))
   ref = np.zeros((t, n))
   slot = np.asarray(r.slot_of_row)
@@ -102,9 +103,9 @@ def test_ragged_dot_xla_vs_reference(preset):
   spec = hj.QuantSpec.preset(preset)
   e, k, n, m = 6, 256, 64, 45
   k1, k2, k3 = jax.random.split(jax.random.PRNGKey(len(preset)), 3)
-  p = hj.quantize(jax.random.normal(k1, (e, k, n)), spec,
-                  bias=jax.random.normal(k3, (e, n)))
-  x = jax.random.normal(k2, (m, k)).astype(jnp.bfloat16)
+  p = hj.quantize(normal(k1, (e, k, n)), spec,
+                  bias=normal(k3, (e, n)))
+  x = normal(k2, (m, k)).astype(jnp.bfloat16)
   f = jax.jit(hj.quant_ragged_dot, static_argnames="backend")
   for sizes in ((7, 0, 19, 2, 0, 11), (0,) * 6, (45, 0, 0, 0, 0, 0), (0, 0, 0, 0, 0, 60)):
     gs = jnp.array(sizes, jnp.int32)
@@ -133,8 +134,8 @@ def test_quant_ragged_dot_jit_does_not_retrace():
 
   for seed in range(3):
     k1, k2, k3 = jax.random.split(jax.random.PRNGKey(seed), 3)
-    p = hj.quantize(jax.random.normal(k1, (4, 128, 64)), spec)
-    x = jax.random.normal(k2, (10, 128), jnp.bfloat16)
+    p = hj.quantize(normal(k1, (4, 128, 64)), spec)
+    x = normal(k2, (10, 128), jnp.bfloat16)
     gs = jax.random.randint(k3, (4,), 0, 4).astype(jnp.int32)
     y = f(p, x, gs)
     assert _rel(y, reference.ragged_dot_reference(p, x, gs)) < 1e-2
@@ -143,7 +144,7 @@ def test_quant_ragged_dot_jit_does_not_retrace():
 
 def test_quant_ragged_dot_errors():
   spec = hj.QuantSpec.preset("w4a16-g128")
-  p = hj.quantize(jax.random.normal(jax.random.PRNGKey(0), (3, 128, 64)), spec)
+  p = hj.quantize(normal(jax.random.PRNGKey(0), (3, 128, 64)), spec)
   x = jnp.ones((4, 128), jnp.bfloat16)
   with pytest.raises(ValueError, match="group_sizes must have shape"):
     hj.quant_ragged_dot(p, x, jnp.ones((4,), jnp.int32))
@@ -186,11 +187,11 @@ def test_quant_moe_xla_vs_oracle(topk, activation):
   e, h, inter, t = 8, 128, 64, 9
   ks = jax.random.split(jax.random.PRNGKey(topk), 5)
   spec = hj.QuantSpec.preset("w4a16-g128")
-  gu = hj.quantize(jax.random.normal(ks[0], (e, h, 2 * inter)), spec)
-  dn = hj.quantize(jax.random.normal(ks[1], (e, inter, h)) * 0.1, hj.QuantSpec(
+  gu = hj.quantize(normal(ks[0], (e, h, 2 * inter)), spec)
+  dn = hj.quantize(normal(ks[1], (e, inter, h)) * 0.1, hj.QuantSpec(
       weight="int4", group_size=64))
-  x = jax.random.normal(ks[2], (t, h), jnp.bfloat16)
-  w, ids = moe.topk_routing(jax.random.normal(ks[3], (t, e)), topk)
+  x = normal(ks[2], (t, h), jnp.bfloat16)
+  w, ids = moe.topk_routing(normal(ks[3], (t, e)), topk)
   y = jax.jit(hj.quant_moe, static_argnames=("activation", "backend"))(
       gu, dn, x, w, ids, activation=activation, backend="xla")
   assert y.shape == (t, h) and y.dtype == x.dtype
@@ -204,10 +205,10 @@ def test_quant_moe_interpret_vs_oracle(kernel):
   e, h, inter, t, topk = 4, 128, 64, 6, 2
   ks = jax.random.split(jax.random.PRNGKey(11), 5)
   spec = hj.QuantSpec.preset("w4a16-mxfp4")
-  gu = hj.quantize(jax.random.normal(ks[0], (e, h, 2 * inter)), spec)
-  dn = hj.quantize(jax.random.normal(ks[1], (e, inter, h)) * 0.1, spec)
-  x = jax.random.normal(ks[2], (t, h), jnp.bfloat16)
-  w, ids = moe.topk_routing(jax.random.normal(ks[3], (t, e)), topk)
+  gu = hj.quantize(normal(ks[0], (e, h, 2 * inter)), spec)
+  dn = hj.quantize(normal(ks[1], (e, inter, h)) * 0.1, spec)
+  x = normal(ks[2], (t, h), jnp.bfloat16)
+  w, ids = moe.topk_routing(normal(ks[3], (t, e)), topk)
   ids = ids.at[0, 0].set(3).at[0, 1].set(0)  # fixed: expert 1 or 2 may also stay empty
   f = jax.jit(hj.quant_moe, static_argnames=("activation", "backend"))
   pgu, pdn = (gu, dn) if kernel is None else moe.prepare_experts(gu, dn, kernel=kernel)
@@ -226,12 +227,12 @@ def test_quant_moe_w4a8_quantizes_tokens_before_the_gather(monkeypatch):
   e, h, inter, t, topk = 4, 256, 128, 5, 2
   ks = jax.random.split(jax.random.PRNGKey(12), 5)
   spec = hj.QuantSpec.preset("w4a8-mxfp4")
-  gu = hj.quantize(jax.random.normal(ks[0], (e, h, 2 * inter)) / 16, spec)
-  dn = hj.quantize(jax.random.normal(ks[1], (e, inter, h)) / 11, spec)
+  gu = hj.quantize(normal(ks[0], (e, h, 2 * inter)) / 16, spec)
+  dn = hj.quantize(normal(ks[1], (e, inter, h)) / 11, spec)
   pgu, pdn = moe.prepare_experts(gu, dn)
   assert gw.quantizes_rows_alone(pgu) and gw.quantizes_rows_alone(pdn)
-  x = jax.random.normal(ks[2], (t, h), jnp.bfloat16)
-  w, ids = moe.topk_routing(jax.random.normal(ks[3], (t, e)), topk)
+  x = normal(ks[2], (t, h), jnp.bfloat16)
+  w, ids = moe.topk_routing(normal(ks[3], (t, e)), topk)
   ids = ids.at[1, 0].set(e + 2)  # out of range
   rows_quantized = []
   real = gw.fp8_operands
@@ -264,14 +265,14 @@ def test_quant_moe_w4a8_static_scale_and_no_tokens(monkeypatch):
   ks = jax.random.split(jax.random.PRNGKey(14), 5)
   spec = hj.QuantSpec("fp4_e2m1", "group", 32, scale_dtype="e8m0", act="fp8_e4m3",
                       act_granularity="tensor", act_static=True)
-  gu = hj.quantize(jax.random.normal(ks[0], (e, h, 2 * inter)) / 16, spec,
+  gu = hj.quantize(normal(ks[0], (e, h, 2 * inter)) / 16, spec,
                    act_scale=jnp.float32(0.02))
-  dn = hj.quantize(jax.random.normal(ks[1], (e, inter, h)) / 11, spec,
+  dn = hj.quantize(normal(ks[1], (e, inter, h)) / 11, spec,
                    act_scale=jnp.float32(0.01))
   pgu, pdn = moe.prepare_experts(gu, dn)
   assert gw.quantizes_rows_alone(pgu)
-  x = jax.random.normal(ks[2], (t, h), jnp.bfloat16)
-  w, ids = moe.topk_routing(jax.random.normal(ks[3], (t, e)), topk)
+  x = normal(ks[2], (t, h), jnp.bfloat16)
+  w, ids = moe.topk_routing(normal(ks[3], (t, e)), topk)
   layer = lambda x, w, ids: jax.jit(lambda *a: hj.quant_moe(*a, backend="interpret"))(
       pgu, pdn, x, w, ids)
   monkeypatch.setenv("HUMMING_JAX_MOE_QUANTIZE_FIRST", "1")
@@ -297,12 +298,12 @@ def test_quant_moe_w4a8_quantizes_tokens_first_gpu(monkeypatch):
   e, h, inter, t, topk = 256, 7168, 256, 64, 8
   ks = jax.random.split(jax.random.PRNGKey(13), 5)
   spec = hj.QuantSpec.preset("w4a8-mxfp4")
-  gu = hj.quantize(jax.random.normal(ks[0], (e, h, 2 * inter)) / np.sqrt(h), spec)
-  dn = hj.quantize(jax.random.normal(ks[1], (e, inter, h)) / np.sqrt(inter), spec)
+  gu = hj.quantize(normal(ks[0], (e, h, 2 * inter)) / np.sqrt(h), spec)
+  dn = hj.quantize(normal(ks[1], (e, inter, h)) / np.sqrt(inter), spec)
   pgu, pdn = moe.prepare_experts(gu, dn)
   assert gw.quantizes_rows_alone(pgu)
-  x = jax.random.normal(ks[2], (t, h), jnp.bfloat16)
-  w, ids = moe.topk_routing(jax.random.normal(ks[3], (t, e)), topk)
+  x = normal(ks[2], (t, h), jnp.bfloat16)
+  w, ids = moe.topk_routing(normal(ks[3], (t, e)), topk)
   rows_quantized = []
   real = gw.fp8_operands
   monkeypatch.setattr(gw, "fp8_operands",

@@ -10,6 +10,7 @@ import os
 import pathlib
 import subprocess
 import sys
+import time
 
 import jax
 import jax.numpy as jnp
@@ -133,24 +134,70 @@ def test_slice_weight_odd_bits_and_experts():
 # ----------------------------------------------------------------------------------------
 # Multi-device checks (subprocess with 8 host devices)
 # ----------------------------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def device_checks():
+# The checks run in two subprocesses of about equal cost (the TP checks, the EP checks).
+# Under pytest-xdist every worker that reaches these tests would otherwise start its own
+# subprocess (the fixture is per worker): each worker claims the groups no one has claimed
+# yet (an exclusive file create in the run's shared temp dir), runs them, writes their
+# results there, then reads every group's results, so each check runs once per pytest run.
+CHECK_GROUPS = (tuple(n for n in sharding_checks.CHECKS if not n.startswith("ep_")),
+                tuple(n for n in sharding_checks.CHECKS if n.startswith("ep_")))
+assert sorted(sum(CHECK_GROUPS, ())) == sorted(sharding_checks.CHECKS)
+
+
+def _run_checks(names) -> dict:
   env = dict(os.environ)
-  env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") +
-                      " --xla_force_host_platform_device_count=8").strip()
+  # --xla_backend_optimization_level=0: LLVM's codegen optimizations off (about 25% of
+  # this subprocess is XLA compiling ~100 small programs); the programs and their float
+  # semantics are the same, and every check compares against an unsharded run compiled
+  # the same way.
+  env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
+                      " --xla_backend_optimization_level=0").strip()
   env["JAX_PLATFORMS"] = "cpu"
   root = HERE.parent
   env["PYTHONPATH"] = os.pathsep.join([str(root), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
-  proc = subprocess.run([sys.executable, str(HERE / "sharding_checks.py")], env=env,
-                        capture_output=True, text=True, timeout=600, cwd=root)
+  try:
+    proc = subprocess.run([sys.executable, str(HERE / "sharding_checks.py"), *names], env=env,
+                          capture_output=True, text=True, timeout=600, cwd=root)
+  except Exception as e:  # a timeout: the waiting workers must still get an answer
+    return {"__failure__": f"sharding_checks.py {' '.join(names)} failed: {e!r}"}
   results = {}
   for line in proc.stdout.splitlines():
     if line.startswith("CHECK "):
       rec = json.loads(line[6:])
       results[rec["name"]] = rec
   if not results:
-    pytest.fail(f"sharding_checks.py produced no results (rc={proc.returncode}):\n"
-                f"{proc.stderr[-4000:]}")
+    results["__failure__"] = (f"sharding_checks.py {' '.join(names)} produced no results "
+                              f"(rc={proc.returncode}):\n{proc.stderr[-4000:]}")
+  return results
+
+
+@pytest.fixture(scope="module")
+def device_checks(tmp_path_factory):
+  shared = tmp_path_factory.getbasetemp()
+  if os.environ.get("PYTEST_XDIST_WORKER"):
+    shared = shared.parent  # the run's temp dir, common to all workers
+  shared = shared / "sharding_checks"
+  shared.mkdir(exist_ok=True)
+  for i, names in enumerate(CHECK_GROUPS):
+    try:
+      os.close(os.open(shared / f"group{i}.claim", os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+    except FileExistsError:
+      continue  # another worker runs (or ran) this group
+    tmp = shared / f"group{i}.json.tmp"
+    tmp.write_text(json.dumps(_run_checks(names)))
+    os.replace(tmp, shared / f"group{i}.json")
+  results = {}
+  deadline = time.monotonic() + 900
+  for i in range(len(CHECK_GROUPS)):
+    path = shared / f"group{i}.json"
+    while not path.exists():
+      if time.monotonic() > deadline:
+        pytest.fail(f"no results for the checks {CHECK_GROUPS[i]} (its worker died?)")
+      time.sleep(0.2)
+    group = json.loads(path.read_text())
+    if "__failure__" in group:
+      pytest.fail(group["__failure__"])
+    results.update(group)
   return results
 
 

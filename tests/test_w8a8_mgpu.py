@@ -18,6 +18,7 @@ import humming_jax as hj
 from humming_jax.kernels import reference, w8a8, w8a8_mgpu as wm
 
 from test_w8a8 import STATIC, check, check_run_gpu, make, rel
+from test_wna16_mgpu import normal  # jax.random.normal, bit for bit, one compile per size class
 
 
 def operands(dtype, m, n, k, seed=0):
@@ -26,11 +27,11 @@ def operands(dtype, m, n, k, seed=0):
     a = jax.random.randint(k1, (m, k), -127, 128, jnp.int32).astype(jnp.int8)
     w = jax.random.randint(k2, (n, k), -127, 128, jnp.int32).astype(jnp.int8)
   else:
-    a = (jax.random.normal(k1, (m, k)) * 8).astype(dtype)
-    w = (jax.random.normal(k2, (n, k)) * 8).astype(dtype)
+    a = (normal(k1, (m, k)) * 8).astype(dtype)
+    w = (normal(k2, (n, k)) * 8).astype(dtype)
   rows = jax.random.uniform(k3, (m,), minval=0.5, maxval=2.0)
   cols = jax.random.uniform(k4, (n,), minval=0.5, maxval=2.0) * 1e-3
-  bias = jax.random.normal(k5, (n,))
+  bias = normal(k5, (n,))
   return a, w, rows, cols, bias
 
 
@@ -387,7 +388,7 @@ def test_unpack_words_first_is_bit_identical(name, shape):
   """Config.unpack_words_first: the (N, K) 8-bit operand built from transposed words is
   the operand built from unpacked codes, bit for bit (int8, e4m3 carriers)."""
   spec = hj.QuantSpec.preset(name)
-  q = hj.quantize(jax.random.normal(jax.random.key(3), shape), spec)
+  q = hj.quantize(normal(jax.random.key(3), shape), spec)
   p = hj.prepare(q, kernel="w8a8")
   plan = w8a8.plan_for(spec)
   assert not plan.direct

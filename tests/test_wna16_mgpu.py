@@ -11,6 +11,8 @@ once to bf16, like a dequantize-to-bf16 GEMM), so it differs from the float32 re
 measured value is ~2e-3.
 """
 import dataclasses
+import functools
+import math
 import re
 
 import jax
@@ -128,12 +130,34 @@ def rel(y, ref):
   return float(jnp.linalg.norm(y - ref) / jnp.linalg.norm(ref))
 
 
+_flat_normal = jax.jit(jax.random.normal, static_argnums=(1, 2))
+
+
+def normal(key, shape, dtype=jnp.float32):
+  """``jax.random.normal(key, shape, dtype)``, bit for bit, without a compile per shape
+  (~0.2 s each on CI's CPU, three per :func:`make`): with threefry's partitionable bits
+  (jax's default) element i of a draw depends on the key and i only, so the first
+  prod(shape) values of a draw of a power-of-two size are this draw."""
+  n = math.prod(shape)
+  if not jax.config.jax_threefry_partitionable or n > 1 << 22:
+    return jax.random.normal(key, shape, dtype)
+  flat = np.asarray(_flat_normal(key, (max(1024, 1 << (n - 1).bit_length()),),
+                                 jnp.dtype(dtype)))
+  return jnp.asarray(flat[:n].reshape(shape))
+
+
+@functools.lru_cache(maxsize=None)
+def _quantizer(spec):
+  """One jitted quantize per spec (jit's cache then serves every same-shape call)."""
+  return jax.jit(lambda w, b: hj.quantize(w, spec, bias=b))
+
+
 def make(spec, m, k, n, bias, seed=0, dtype=jnp.bfloat16):
   kw, kb, kx = jax.random.split(jax.random.key(seed), 3)
-  w = jax.random.normal(kw, (k, n)) / np.sqrt(k)
-  b = jax.random.normal(kb, (n,)) if bias else None
-  q = jax.jit(lambda w, b: hj.quantize(w, spec, bias=b))(w, b)
-  x = jax.random.normal(kx, (m, k), jnp.float32).astype(dtype)
+  w = normal(kw, (k, n)) / np.sqrt(k)
+  b = normal(kb, (n,)) if bias else None
+  q = _quantizer(spec)(w, b)
+  x = normal(kx, (m, k), jnp.float32).astype(dtype)
   return q, x
 
 
@@ -167,22 +191,26 @@ def test_fp16_and_fp32_activations():
 
 
 def test_prepare_round_trip_is_exact():
-  seen = set()
-  for spec, m, k, n, bias, _ in CASES:
-    if (spec, k, n, bias) in seen:  # the layout does not depend on M or the launch
-      continue
-    seen.add((spec, k, n, bias))
-    q, _ = make(spec, m, k, n, bias)
-    c = jax.jit(lambda q: mg.to_canonical(mg.prepare(q)))(q)  # one compile, not op by op
-    np.testing.assert_array_equal(np.asarray(c.codes), np.asarray(q.codes))
-    assert c.scales.dtype == q.scales.dtype and c.scales.shape == q.scales.shape
+  # The layout does not depend on M or the launch: one round trip per (spec, K, N, bias)
+  # of CASES, on make()'s weights; every case quantized in one compile and round-tripped
+  # in another (a compile per case took most of this test).
+  cases = list(dict.fromkeys((spec, k, n, bias) for spec, _, k, n, bias, _ in CASES))
+  kw, kb, _ = jax.random.split(jax.random.key(0), 3)
+  data = [(normal(kw, (k, n)), normal(kb, (n,)) if bias else None) for _, k, n, bias in cases]
+  qs = jax.jit(lambda data: [hj.quantize(w / np.sqrt(k), spec, bias=b) for (spec, k, _, _),
+                             (w, b) in zip(cases, data)])(data)
+  cs = jax.jit(lambda qs: [mg.to_canonical(mg.prepare(q)) for q in qs])(qs)
+  for (spec, k, n, bias), q, c in zip(cases, qs, cs):
+    what = f"{spec.name} K={k} N={n} bias={bias}"
+    np.testing.assert_array_equal(np.asarray(c.codes), np.asarray(q.codes), err_msg=what)
+    assert c.scales.dtype == q.scales.dtype and c.scales.shape == q.scales.shape, what
     np.testing.assert_array_equal(np.asarray(c.scales, np.float32),
-                                  np.asarray(q.scales, np.float32))
+                                  np.asarray(q.scales, np.float32), err_msg=what)
     if q.zeros is not None:
-      np.testing.assert_array_equal(np.asarray(c.zeros), np.asarray(q.zeros))
+      np.testing.assert_array_equal(np.asarray(c.zeros), np.asarray(q.zeros), err_msg=what)
     if q.global_scale is not None:
-      assert c.global_scale.shape == q.global_scale.shape
-      assert float(c.global_scale) == float(q.global_scale)
+      assert c.global_scale.shape == q.global_scale.shape, what
+      assert float(c.global_scale) == float(q.global_scale), what
 
 
 @pytest.mark.parametrize("name", ["w4a16-g128-zp", "w4a16-g128", "w4a16-ch", "w4a16-mxfp4",
@@ -206,8 +234,8 @@ def _gemm_output_vs_cast(m, k, n, dtype):
   and the float32 product cast afterwards: (relative difference, whether bit-equal)."""
   from humming_jax.kernels import launch
   kx, kw = jax.random.split(jax.random.key(11))
-  x = jax.random.normal(kx, (m, k), dtype)
-  w = (jax.random.normal(kw, (k, n)) / np.sqrt(k)).astype(dtype)
+  x = normal(kx, (m, k), dtype)
+  w = (normal(kw, (k, n)) / np.sqrt(k)).astype(dtype)
   y = jax.jit(lambda x, w: launch.gemm_dequantized(x, lambda dt: w.astype(dt), None))(x, w)
   want = jax.jit(lambda x, w: jnp.dot(x, w, preferred_element_type=jnp.float32
                                       ).astype(dtype))(x, w)
@@ -368,7 +396,7 @@ def test_group256_decode_heuristic_adapts_warpgroups(m):
 ])
 def test_unsupported_specs_refused(spec, field):
   assert not mg.runs(spec)
-  q = hj.quantize(jax.random.normal(jax.random.key(0), (384, 64)), spec)
+  q = hj.quantize(normal(jax.random.key(0), (384, 64)), spec)
   with pytest.raises(ValueError, match=f"not supported.*{re.escape(field)}"):
     mg.prepare(q)
 
@@ -653,9 +681,9 @@ def test_dequant_gemm_global_scale_stays_float32(dtype):
   the scale (amax / 2688) would be an fp16 subnormal."""
   spec = hj.QuantSpec.preset("w4a16-nvfp4")
   kw, kx = jax.random.split(jax.random.key(11))
-  w = jax.random.normal(kw, (512, 128)) * 1e-3 / np.sqrt(512)
+  w = normal(kw, (512, 128)) * 1e-3 / np.sqrt(512)
   q = hj.quantize(w, spec)
-  x = jax.random.normal(kx, (40, 512)).astype(dtype)
+  x = normal(kx, (40, 512)).astype(dtype)
   p = mg.prepare(q)
   ref = reference.dense_reference(q, x)
   y = mg.run(p, x, config=mg.Config(dequant_gemm_min_m=32))  # the dequantize + GEMM path

@@ -17,6 +17,7 @@ import pytest
 import humming_jax as hj
 from humming_jax import formats
 from humming_jax.kernels import reference, registry, w8a8, wna16_mgpu, wnam_mgpu as wm
+from test_wna16_mgpu import normal  # jax.random.normal, bit for bit, one compile per size class
 
 TOL = 1e-2  # relative, vs the reference: one bf16 rounding of each activation (<= 2**-8)
 STATIC = hj.QuantSpec("int8", "channel", 0, scale_dtype="float32", act="int8",
@@ -34,9 +35,9 @@ def rel(y, ref):
 
 def make(spec, m, k, n, seed=0, dtype=jnp.bfloat16):
   kw, kb, kx = jax.random.split(jax.random.key(seed), 3)
-  w = jax.random.normal(kw, (k, n)) / np.sqrt(k)
-  b = jax.random.normal(kb, (n,))
-  x = jax.random.normal(kx, (m, k), jnp.float32).astype(dtype)
+  w = normal(kw, (k, n)) / np.sqrt(k)
+  b = normal(kb, (n,))
+  x = normal(kx, (m, k), jnp.float32).astype(dtype)
   # A calibrated scale that clips the largest activations: the static path differs from
   # the dynamic one on this x.
   s = (0.5 * float(jnp.max(jnp.abs(x.astype(jnp.float32)))) / spec.act_format.max_value
@@ -96,7 +97,7 @@ def test_bad_inputs_are_named():
   with pytest.raises(ValueError, match="act=None"):
     wm.prepare(hj.quantize(jnp.ones((256, 64)), "w4a16-g128"))
   with pytest.raises(ValueError, match="granularity='block'"):
-    wm.prepare(hj.quantize(jax.random.normal(jax.random.key(0), (256, 128)),
+    wm.prepare(hj.quantize(normal(jax.random.key(0), (256, 128)),
                            "w8a8-fp8-block"))
   q, x = make(SPECS["w4a8-int8"], 2, 256, 64)
   with pytest.raises(ValueError, match="expected wnam_mgpu"):
