@@ -388,8 +388,8 @@ def quant_moe(gate_up_params: QuantizedWeight, down_params: QuantizedWeight, x: 
         p if p.layout != "canonical" else ops.prepare(p, grouped=True, kernel=fam)
         for p in (gate_up_params, down_params))
   aligned = _aligned_mosaic(gate_up_params, down_params, x, b)
-  expert_bytes = (gate_up_params.nbytes() + down_params.nbytes()) // e
-  if aligned and pair_tiles(x.shape[0], topk_ids.shape[1], e, expert_bytes):
+  if aligned and pair_tiles(x.shape[0], topk_ids.shape[1], e,
+                            (gate_up_params.nbytes() + down_params.nbytes()) // e):
     return _quant_moe_pairs(gate_up_params, down_params, x, topk_weights, topk_ids,
                             activation, interpret=b == "interpret")
   if aligned:
