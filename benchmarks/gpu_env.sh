@@ -1,4 +1,4 @@
-# Sourced by the benchmarks/gpu_session*.sh device calls: the shared set-up.
+# Sourced by the device-call scripts (benchmarks/gpu_session*.sh, benchmarks/sessions/*.sh): the shared set-up.
 #   $OUT        where logs land (the device tool's output folder; benchmarks/results here)
 #   PYTHONPATH  the repo, and humming-kernels from the carried .whl/ (shared/GPU.md) if any
 #   step NAME   prints "== NAME (+seconds since the start)"

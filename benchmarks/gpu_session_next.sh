@@ -3,7 +3,7 @@
 # benchmarks/results/2026-12-04-session39; q16, qm and bd are still to run, and t39 (the
 # GPU tests written after the device was gone: run it first).
 # The next device calls, prepared 2026-12-04 at the end of session 38 (its calls:
-# benchmarks/results/2026-12-04-session38, script gpu_session38.sh); it replaces session
+# benchmarks/results/2026-12-04-session38, script sessions/gpu_session38.sh); it replaces session
 # 37's queue (s37 and mx ran in session 38 call 1; qm's Qwen3 point in call 4).  Every
 # bench_moe step times with --consume row and Humming in the same process.
 # Carry: [".whl"] (qm: [".whl", "old"]).
