@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from humming_jax import ops
+from humming_jax import autodiff, ops
 from humming_jax.kernels import (grouped_wna16, grouped_wna16_mgpu, grouped_wnam_mgpu, registry,
                                  tuning, wna16)
 from humming_jax.quantize import (QuantizedWeight, dequantize, fake_quantize_activations)
@@ -237,7 +237,9 @@ def ragged_dot_xla(params: QuantizedWeight, x: jax.Array, group_sizes: jax.Array
     return jnp.where(ok[..., None], y, 0.0), jnp.where(rows < en[:, None], rows, m)
 
   nchunks = (num_tiles + pad) // chunk
-  ys, rows = jax.lax.map(step, tuple(v.reshape(nchunks, chunk)
+  # Checkpointed: differentiated (quant_ragged_dot's backward), each chunk decodes its
+  # experts again instead of keeping every chunk's float32 weights for the backward.
+  ys, rows = jax.lax.map(jax.checkpoint(step), tuple(v.reshape(nchunks, chunk)
                                      for v in (expert, start, end, kind)))
   out = jnp.zeros((m, n), jnp.float32).at[rows.reshape(-1)].set(
       ys.reshape(-1, n), mode="drop")
@@ -266,14 +268,16 @@ def quant_ragged_dot(params: QuantizedWeight, x: jax.Array, group_sizes: jax.Arr
     x: (M, K) float activations, rows sorted by expert.
     group_sizes: (E,) int rows per expert; rows past ``sum(group_sizes)`` come out zero.
     backend: "pallas" | "interpret" | "xla" | None (see ops.py).
-  Returns (M, N) in x's dtype.  jit-safe with static M; no host sync.
+  Returns (M, N) in x's dtype.  jit-safe with static M; no host sync.  Differentiable in
+  reverse mode: the backward is :func:`ragged_dot_xla`'s VJP (humming_jax/autodiff.py).
   """
   _check_grouped(params, x, group_sizes)
   b, kernel = ops.backend_and_kernel(params, x.dtype, backend, grouped=True)
-  if b == "xla":
-    return ragged_dot_xla(params, x, group_sizes)
-  return kernel.run(ops.in_layout_of(kernel, params), x, group_sizes,
-                    interpret=(b == "interpret"))
+  forward = (ragged_dot_xla if b == "xla" else
+             lambda p, a, gs: kernel.run(ops.in_layout_of(kernel, p), a, gs,
+                                         interpret=(b == "interpret")))
+  return autodiff.with_reference_vjp(forward, ragged_dot_xla,
+                                     ("params", "x", "group_sizes"))(params, x, group_sizes)
 
 
 # ----------------------------------------------------------------------------------------
@@ -379,6 +383,29 @@ def quant_moe(gate_up_params: QuantizedWeight, down_params: QuantizedWeight, x: 
   _check_ids(topk_ids, e)
   if x.shape[0] == 0 or topk_ids.shape[1] == 0:  # nothing routed (the row gathers need a row)
     return jnp.zeros((x.shape[0], h), x.dtype)
+  forward = lambda gu, dn, a, w, ids: _quant_moe_forward(gu, dn, a, w, ids, activation,
+                                                          backend)
+  reference = lambda gu, dn, a, w, ids: _quant_moe_reference(gu, dn, a, w, ids, activation)
+  return autodiff.with_reference_vjp(
+      forward, reference, ("gate_up_params", "down_params", "x", "topk_weights", "topk_ids")
+  )(gate_up_params, down_params, x, topk_weights, topk_ids)
+
+
+def _quant_moe_reference(gate_up_params: QuantizedWeight, down_params: QuantizedWeight,
+                         x: jax.Array, topk_weights: jax.Array, topk_ids: jax.Array,
+                         activation: Activation) -> jax.Array:
+  """quant_moe on XLA (rows sorted by expert, :func:`ragged_dot_xla`): its backward."""
+  r = sort_tokens(topk_ids, gate_up_params.shape[0])
+  hid = ragged_dot_xla(gate_up_params, jnp.take(x, r.token_of_row, axis=0), r.group_sizes)
+  ys = ragged_dot_xla(down_params, glu(hid, activation), r.group_sizes)
+  return combine(ys, topk_weights, r).astype(x.dtype)
+
+
+def _quant_moe_forward(gate_up_params: QuantizedWeight, down_params: QuantizedWeight,
+                       x: jax.Array, topk_weights: jax.Array, topk_ids: jax.Array,
+                       activation: Activation, backend: ops.Backend) -> jax.Array:
+  """quant_moe's forward on the chosen kernels (validated arguments, tokens routed)."""
+  e = gate_up_params.shape[0]
   b = ops.resolve_backend(backend, gate_up_params.spec, grouped=True, x_dtype=x.dtype)
   if (b != "xla" and x.dtype in (jnp.bfloat16, jnp.float16)
       and "canonical" in (gate_up_params.layout, down_params.layout)

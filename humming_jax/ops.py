@@ -14,7 +14,8 @@ from typing import Literal
 import jax
 import jax.numpy as jnp
 
-from humming_jax.quantize import (QuantizedWeight)
+from humming_jax import autodiff
+from humming_jax.quantize import QuantizedWeight
 from humming_jax.kernels import reference, registry
 
 Backend = Literal["pallas", "interpret", "xla"] | None
@@ -157,7 +158,9 @@ def quant_dense(params: QuantizedWeight, x: jax.Array, *,
   """``x @ W + bias`` with quantized ``W``: x (..., K) -> (..., N) in x's dtype.
 
   Works under ``jax.jit``: the spec is static aux data of ``params``, so a new params value
-  of the same spec and shape does not retrace.
+  of the same spec and shape does not retrace.  Differentiable in reverse mode
+  (``jax.grad``): the kernel runs forward, the backward is the XLA reference's VJP -- for
+  x, one dequantization of W and one GEMM (humming_jax/autodiff.py).
   """
   _check_x(params, x, "quant_dense")
   if params.num_experts is not None:
@@ -167,8 +170,9 @@ def quant_dense(params: QuantizedWeight, x: jax.Array, *,
   b, kernel = backend_and_kernel(params, x.dtype, backend)
   if x2.shape[0] == 0:  # no tokens: no kernel launch (a zero-size grid)
     y = jnp.zeros((0, params.out_features), x.dtype)
-  elif b == "xla":
-    y = reference.dense_reference(params, x2)
   else:
-    y = kernel.run(in_layout_of(kernel, params), x2, interpret=(b == "interpret"))
+    forward = (reference.dense_reference if b == "xla" else
+               lambda p, a: kernel.run(in_layout_of(kernel, p), a, interpret=(b == "interpret")))
+    y = autodiff.with_reference_vjp(forward, reference.dense_reference,
+                                    ("params", "x"))(params, x2)
   return y.reshape(*lead, params.out_features)

@@ -516,5 +516,22 @@ _FAST_ROUND = {
 
 def fake_quantize_activations(x: jax.Array, spec: QuantSpec,
                               act_scale: jax.Array | None = None) -> jax.Array:
-  """quantize-dequantize (M, K) activations: what the kernels effectively multiply."""
+  """quantize-dequantize (M, K) activations: what the kernels effectively multiply.
+
+  Differentiable with the straight-through estimator: the derivative with respect to x
+  is the identity (the rounding's own derivative is zero almost everywhere and would stop
+  every gradient, e.g. through a W8A8 layer); ``act_scale`` gets none."""
+  return _fake_quantize_straight_through(x, spec, act_scale)
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(1,))
+def _fake_quantize_straight_through(x: jax.Array, spec: QuantSpec,
+                                    act_scale: jax.Array | None) -> jax.Array:
   return quantize_activations(x, spec, act_scale).dequantize()
+
+
+@_fake_quantize_straight_through.defjvp
+def _fake_quantize_jvp(spec, primals, tangents):
+  x, act_scale = primals
+  y = _fake_quantize_straight_through(x, spec, act_scale)
+  return y, tangents[0].astype(y.dtype)
