@@ -37,7 +37,11 @@
 #        (asserts now that the schedule kernel ran) and test_quant_moe_pair_tiles_gpu at 8 /
 #        16 tokens (pair tiles past one token on the default rule, experts shared), with
 #        the 1-token cases again.
-# Usage: gpu_session_next.sh [STEP...]  (default: t39 q16 bd; qm needs old/ carried).
+#   g40: session 40 (no device lent) made quant_dense / quant_ragged_dot / quant_moe
+#        differentiable (custom_vjp: kernel forward, XLA reference backward): their GPU
+#        test, and the dense decode row (8192^2, int4 g128 zp / MXFP4, M = 1 / 16, kernel
+#        times with Humming) to check that the forward kept session 39's 14.1 / 17.35 us.
+# Usage: gpu_session_next.sh [STEP...]  (default: t39 g40 q16 bd; qm needs old/ carried).
 source "$(dirname "$0")/gpu_env.sh"
 ROW="$MOE --consume row --humming --no-baselines"
 s_pt() {
@@ -71,6 +75,12 @@ s_as() {
 s_t39() {
   gpu_tests ${ST:-240} "quant_moe_aligned_gpu or pair_tiles_gpu" \
     tests/test_grouped_wna16_mgpu.py
+}
+s_g40() {
+  gpu_tests ${ST:-200} "grad_gpu" tests/test_autodiff.py
+  T ${ST:-200} python3 benchmarks/bench_dense.py --specs w4a16-g128-zp,w4a16-mxfp4 --ms 1,16 \
+    --humming --kernel-times --json "$OUT/g40_dense.json" > "$OUT/g40_dense.log" 2>&1
+  echo "dense rc=$?"; grep -vE "^#|^$" "$OUT/g40_dense.log" | tail -12 | cut -c1-250
 }
 s_bd() {
   local mt
@@ -108,5 +118,5 @@ s_qm() {
   done
   rm -rf humming_jax && cp -r /tmp/hj_new_tree humming_jax && rm -rf /tmp/hj_new_tree  # restored
 }
-for s in ${@:-t39 q16 bd}; do step "$s"; "s_$s"; done
+for s in ${@:-t39 g40 q16 bd}; do step "$s"; "s_$s"; done
 step done
