@@ -244,3 +244,24 @@ def test_grad_through_scan_and_checkpoint():
     return x.sum()
 
   assert rel(jax.jit(jax.grad(net))(x), jax.grad(explicit)(x)) <= 1e-5
+
+
+def test_nnx_lora_over_quant_dense():
+  """nnx.LoRA with an nnx QuantDense as its base module (QLoRA in nnx): nnx.grad reaches
+  the LoRA params through the quantized base; the quantized weight (a QuantizedParam, not
+  an nnx.Param) is not differentiated.  d/dB = (x A)^T dy, d/dA = x^T (dy B^T)."""
+  from flax import nnx
+  import humming_jax.nnx as hnnx
+  d, r = 256, 8
+  rngs = nnx.Rngs(0)
+  base = hnnx.QuantDense(d, d, spec="w4a16-g128", use_bias=False, rngs=rngs)
+  model = nnx.LoRA(d, r, d, base_module=base, rngs=rngs)
+  model.lora_b[...] = jax.random.normal(jax.random.key(60), (r, d)) * 0.1  # A and B non-zero
+  x = jax.random.normal(jax.random.key(61), (4, d), jnp.float32)
+  dy = jax.random.normal(jax.random.key(62), (4, d))
+  loss = lambda m: jnp.sum(m(x) * dy)
+  grads = nnx.grad(loss)(model)  # nnx.Param leaves: lora_a, lora_b
+  a, b = model.lora_a[...], model.lora_b[...]
+  assert rel(grads.lora_b[...], (x @ a).T @ dy) <= 1e-5
+  assert rel(grads.lora_a[...], x.T @ (dy @ b.T)) <= 1e-5
+  assert "kernel" not in nnx.to_pure_dict(grads).get("base_module", {})
