@@ -15,11 +15,16 @@ earlier layers) needs: the cotangent of x.
   the cotangent of x costs a dequantization of the weight and one GEMM; the float leaves
   of canonical params (scales, bias, global scale) get theirs only when asked for.
   Integer leaves (codes, e8m0 scales, integer zero points) are never differentiable.
+  Scales stored in 8-bit floats (NVFP4's e4m3) are refused too: a cotangent takes its
+  primal's dtype, and e4m3 would round it to 3 mantissa bits and turn anything past 448
+  into NaN.
 - Params prepared for a kernel (``hj.prepare``) are constants here: differentiating their
   leaves raises (their layouts hold transformed scales); differentiate the canonical
   params and prepare after the update.
-- Forward mode (``jax.jvp``, ``jax.jacfwd``, ``jax.hessian``) is not defined: JAX refuses
-  it on these functions.
+- Forward mode straight through these functions (``jax.jvp``, ``jax.jacfwd``) is not
+  defined, on every backend (the same program must differentiate the same way on the CPU
+  and the GPU); JAX raises a TypeError.  Forward over reverse (``jax.hessian``) works: the
+  backward is plain XLA.
 """
 from __future__ import annotations
 
@@ -27,6 +32,7 @@ import dataclasses
 from typing import Any, Callable, Sequence
 
 import jax
+import jax.numpy as jnp
 from jax.custom_derivatives import CustomVJPPrimal, SymbolicZero
 
 from humming_jax.quantize import QuantizedWeight
@@ -80,16 +86,35 @@ def with_reference_vjp(forward: Callable[..., jax.Array], reference: Callable[..
   return f
 
 
+def kernel_or_reference(backend: str, kernel: Callable[..., jax.Array],
+                        reference: Callable[..., jax.Array],
+                        names: Sequence[str]) -> Callable[..., jax.Array]:
+  """The op on ``backend`` ("xla": the reference itself, else the kernel) with the
+  reference's VJP on every backend."""
+  return with_reference_vjp(reference if backend == "xla" else kernel, reference, names)
+
+
 def _check_differentiable(values: tuple[Any, ...], flags: tuple[bool, ...],
                           names: Sequence[str]) -> None:
-  """Prepared params' leaves are kernel layouts of the scales: not differentiated."""
+  """Prepared params' leaves are kernel layouts of the scales, and 8-bit float leaves
+  cannot hold a cotangent: neither is differentiated."""
   start = 0
   for name, value in zip(names, values):
-    n = len(jax.tree.leaves(value))
-    if (isinstance(value, QuantizedWeight) and value.layout != "canonical"
-        and any(flags[start:start + n])):
+    leaves = jax.tree_util.tree_leaves_with_path(value)
+    perturbed = flags[start:start + len(leaves)]
+    start += len(leaves)
+    if not any(perturbed):
+      continue
+    if isinstance(value, QuantizedWeight) and value.layout != "canonical":
       raise ValueError(
           f"{name}: gradients with respect to params prepared for a kernel (layout "
           f"{value.layout!r}) are not supported; differentiate the canonical params "
           "(hj.quantize's output) and prepare them after the update")
-    start += n
+    for (path, leaf), p in zip(leaves, perturbed):
+      if p and jnp.issubdtype(leaf.dtype, jnp.floating) and jnp.finfo(leaf.dtype).bits <= 8:
+        raise ValueError(
+            f"{name}{jax.tree_util.keystr(path)}: gradients with respect to a "
+            f"{jnp.dtype(leaf.dtype).name} leaf are not supported (a cotangent takes the "
+            "leaf's dtype: 8-bit floats would round it to a few bits and overflow to NaN); "
+            "differentiate a float32 copy, e.g. params.replace(scales="
+            "params.scales.astype(jnp.float32))")

@@ -229,11 +229,13 @@ def ragged_dot_xla(params: QuantizedWeight, x: jax.Array, group_sizes: jax.Array
         bias=None, shape=(ex.shape[0], k, n))
     w = decode(sub)  # (chunk, K, N) float32
     rows = st[:, None] + jnp.arange(bm, dtype=jnp.int32)[None, :]
-    xs = a[rows]  # (chunk, bm, K)
+    ok = (rows < en[:, None]) & (kd[:, None] == 1)
+    # rows outside the tile's expert read as zero, as in the kernels: their values (NaN,
+    # inf past sum(group_sizes)) must not reach the weights' cotangent either
+    xs = jnp.where(ok[..., None], a[rows], 0.0)  # (chunk, bm, K)
     y = jnp.einsum("cmk,ckn->cmn", xs, w, preferred_element_type=jnp.float32)
     if params.bias is not None:
       y = y + params.bias[ex][:, None, :]
-    ok = (rows < en[:, None]) & (kd[:, None] == 1)
     return jnp.where(ok[..., None], y, 0.0), jnp.where(rows < en[:, None], rows, m)
 
   nchunks = (num_tiles + pad) // chunk
@@ -273,11 +275,10 @@ def quant_ragged_dot(params: QuantizedWeight, x: jax.Array, group_sizes: jax.Arr
   """
   _check_grouped(params, x, group_sizes)
   b, kernel = ops.backend_and_kernel(params, x.dtype, backend, grouped=True)
-  forward = (ragged_dot_xla if b == "xla" else
-             lambda p, a, gs: kernel.run(ops.in_layout_of(kernel, p), a, gs,
-                                         interpret=(b == "interpret")))
-  return autodiff.with_reference_vjp(forward, ragged_dot_xla,
-                                     ("params", "x", "group_sizes"))(params, x, group_sizes)
+  run = lambda p, a, gs: kernel.run(ops.in_layout_of(kernel, p), a, gs,
+                                    interpret=(b == "interpret"))
+  return autodiff.kernel_or_reference(b, run, ragged_dot_xla,
+                                      ("params", "x", "group_sizes"))(params, x, group_sizes)
 
 
 # ----------------------------------------------------------------------------------------

@@ -171,8 +171,7 @@ def quant_dense(params: QuantizedWeight, x: jax.Array, *,
   if x2.shape[0] == 0:  # no tokens: no kernel launch (a zero-size grid)
     y = jnp.zeros((0, params.out_features), x.dtype)
   else:
-    forward = (reference.dense_reference if b == "xla" else
-               lambda p, a: kernel.run(in_layout_of(kernel, p), a, interpret=(b == "interpret")))
-    y = autodiff.with_reference_vjp(forward, reference.dense_reference,
-                                    ("params", "x"))(params, x2)
+    run = lambda p, a: kernel.run(in_layout_of(kernel, p), a, interpret=(b == "interpret"))
+    y = autodiff.kernel_or_reference(b, run, reference.dense_reference,
+                                     ("params", "x"))(params, x2)
   return y.reshape(*lead, params.out_features)
