@@ -31,9 +31,12 @@ FORMAT = "humming_jax.checkpoint"
 # 3 (session 28): QuantizedWeight's ``fold_base`` leaf (prepared ":cf" layouts, and
 # prepared ":sf" layouts: MXFP4 since session 31, NVFP4 since 32); files of versions 1-2
 # have none and load with it None (the kernel then computes it per call).
-# A tree without a fold_base is written as version 2, which older releases read.
-VERSION = 3
-READS = (1, 2, VERSION)
+# 4 (session 40): QuantizedWeight's ``input_perm`` leaf (act-order GPTQ layers); older
+# files have none and load with it None.
+# A tree is written with the lowest version that holds it (no input_perm: 3; no fold_base
+# either: 2), which older releases read.
+VERSION = 4
+READS = (1, 2, 3, VERSION)
 _META_KEY = "humming_jax"
 # dtypes the safetensors numpy API stores natively; everything else goes as raw bytes.
 _NATIVE = {"float16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8",
@@ -51,6 +54,7 @@ class _Writer:
   def __init__(self):
     self.tensors: dict[str, np.ndarray] = {}
     self.fold_base = False  # whether a QuantizedWeight carries one (version 3)
+    self.input_perm = False  # (version 4)
 
   def add(self, a: Any) -> dict:
     a = np.asarray(jax.device_get(a))
@@ -65,6 +69,7 @@ class _Writer:
   def encode(self, node: Any, path: str) -> Any:
     if isinstance(node, QuantizedWeight):
       self.fold_base |= node.fold_base is not None
+      self.input_perm |= node.input_perm is not None
       return {"quantized": {
           "spec": dataclasses.asdict(node.spec), "shape": list(node.shape),
           "layout": node.layout,
@@ -98,8 +103,8 @@ def save(path: str | os.PathLike, tree: Any) -> None:
   from safetensors.numpy import save_file
   w = _Writer()
   encoded = w.encode(tree, "")
-  doc = {"format": FORMAT, "version": VERSION if w.fold_base else min(VERSION, 2),
-         "tree": encoded}
+  version = min(VERSION, 4 if w.input_perm else 3 if w.fold_base else 2)
+  doc = {"format": FORMAT, "version": version, "tree": encoded}
   path = os.fspath(path)
   tmp = path + ".tmp"
   save_file(w.tensors, tmp, metadata={_META_KEY: json.dumps(doc)})

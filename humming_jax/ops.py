@@ -100,10 +100,12 @@ def prepare(params: QuantizedWeight, *, grouped: bool = False,
 def in_layout_of(kernel: registry.DenseKernel, params: QuantizedWeight) -> QuantizedWeight:
   """``params`` in ``kernel``'s layout: as they are when already there, else re-laid out
   from the canonical layout (a full pass over the codes: prepare time, or per call for
-  params that were not prepared for this kernel)."""
+  params that were not prepared for this kernel).  An ``input_perm`` rides along: the
+  kernels never see it (``quant_dense`` gathers x instead)."""
   if registry.layout_family(params.layout) == kernel.layout:
     return params
-  return kernel.prepare(registry.to_canonical(params))
+  prepared = kernel.prepare(registry.to_canonical(params).replace(input_perm=None))
+  return prepared.replace(input_perm=params.input_perm)
 
 
 def kernel_for(params: QuantizedWeight, *, grouped: bool = False,
@@ -151,6 +153,10 @@ def _check_x(params: QuantizedWeight, x: jax.Array, what: str) -> None:
   if x.ndim < 1 or x.shape[-1] != params.in_features:
     raise ValueError(f"x.shape[-1] must equal the weight's in_features K="
                      f"{params.in_features} for {what}; got x.shape={x.shape}")
+  if params.input_perm is not None and params.spec.act is not None:
+    raise ValueError(f"params.input_perm (act-order rows) with activation quantization "
+                     f"({params.spec.name}) is not supported: activation groups along K "
+                     "would see the permuted order")
 
 
 def quant_dense(params: QuantizedWeight, x: jax.Array, *,
@@ -171,7 +177,11 @@ def quant_dense(params: QuantizedWeight, x: jax.Array, *,
   if x2.shape[0] == 0:  # no tokens: no kernel launch (a zero-size grid)
     y = jnp.zeros((0, params.out_features), x.dtype)
   else:
-    run = lambda p, a: kernel.run(in_layout_of(kernel, p), a, interpret=(b == "interpret"))
+    def run(p, a):
+      if p.input_perm is not None:  # act-order: x's columns in the stored rows' order
+        a = jnp.take(a, p.input_perm, axis=1)
+      return kernel.run(in_layout_of(kernel, p).replace(input_perm=None), a,
+                        interpret=(b == "interpret"))
     y = autodiff.kernel_or_reference(b, run, reference.dense_reference,
                                      ("params", "x"))(params, x2)
   return y.reshape(*lead, params.out_features)

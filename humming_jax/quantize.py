@@ -58,7 +58,10 @@ class QuantizedWeight:
   None), ``act_scale`` (static activation scale, or None), ``fold_base`` (kernel layouts
   only: per-column metadata a kernel's ``prepare`` derives from ``scales`` so that calls
   need not recompute it -- the fp8-MMA layout's column-fold base,
-  ``wna16_mgpu.mark_column_fold`` -- or None).
+  ``wna16_mgpu.mark_column_fold`` -- or None), ``input_perm`` (int32 (K,), or None: the
+  stored rows are W's rows ``input_perm[0], input_perm[1], ...`` -- GPTQ act-order
+  checkpoints, whose K groups are contiguous only in that order; ``quant_dense`` gathers
+  x's columns the same way, ``dequantize`` returns W in its own order).
   Static aux data: ``spec``, ``shape`` (the logical float shape) and ``layout``
   (``"canonical"`` or the name of a kernel layout made by a kernel's ``prepare``).
   """
@@ -73,11 +76,13 @@ class QuantizedWeight:
   shape: tuple[int, ...]
   layout: str = "canonical"
   fold_base: jax.Array | None = None
+  input_perm: jax.Array | None = None
 
-  _LEAVES = ("codes", "scales", "zeros", "global_scale", "bias", "act_scale", "fold_base")
+  _LEAVES = ("codes", "scales", "zeros", "global_scale", "bias", "act_scale", "fold_base",
+             "input_perm")
   # The leaves that store the weight (what nbytes and hj.report count; not the bias or the
   # activation scale, which a float layer has as well).
-  STORED = ("codes", "scales", "zeros", "global_scale", "fold_base")
+  STORED = ("codes", "scales", "zeros", "global_scale", "fold_base", "input_perm")
 
   def tree_flatten(self):
     return tuple(getattr(self, f) for f in self._LEAVES), (self.spec, self.shape, self.layout)
@@ -326,6 +331,29 @@ def _quantize_arrays(w: jax.Array, spec: QuantSpec):
           global_scale)
 
 
+def with_input_permutation(q: QuantizedWeight, perm: Any) -> QuantizedWeight:
+  """``q`` whose stored rows are the rows ``perm`` of the weight it stands for: an
+  act-order (GPTQ ``desc_act``) layer, its rows sorted by group so that groups are
+  contiguous.  ``quant_dense`` gathers x's columns by ``perm`` before the kernel
+  (``x[:, perm] @ W[perm] = x @ W``); ``dequantize`` returns W in its own row order.
+
+  Dense weight-only canonical params only: experts would need a permutation per expert,
+  and activation scales over K groups would see the permuted order."""
+  if q.layout != "canonical" or q.num_experts is not None or q.spec.act is not None:
+    raise ValueError(f"with_input_permutation: expected canonical dense weight-only params; "
+                     f"got {q!r} (act={q.spec.act})")
+  if q.input_perm is not None:
+    raise ValueError("with_input_permutation: params already carry an input_perm")
+  perm = np.asarray(perm)
+  k = q.in_features
+  if perm.shape != (k,) or not np.issubdtype(perm.dtype, np.integer):
+    raise ValueError(f"perm must be an integer array of shape (K,)=({k},); got "
+                     f"{perm.dtype}{list(perm.shape)}")
+  if not np.array_equal(np.sort(perm), np.arange(k)):
+    raise ValueError(f"perm must be a permutation of range(K={k})")
+  return q.replace(input_perm=jnp.asarray(perm, jnp.int32))
+
+
 def unpacked_codes(q: QuantizedWeight) -> jax.Array:
   """The (..., K, N) uint8 codes of canonical params."""
   if q.layout != "canonical":
@@ -352,7 +380,10 @@ def _dequantize_jit(q: QuantizedWeight) -> jax.Array:
   vals = q.spec.weight_format.decode(unpacked_codes(q))
   if q.zeros is not None:
     vals = vals - expand_scales(q.zeros.astype(jnp.float32), k, n)
-  return vals * expand_scales(decode_scales(q), k, n)
+  w = vals * expand_scales(decode_scales(q), k, n)
+  if q.input_perm is not None:  # stored row i is W's row input_perm[i]
+    w = jnp.take(w, jnp.argsort(q.input_perm), axis=-2)
+  return w
 
 
 # ----------------------------------------------------------------------------------------

@@ -107,6 +107,10 @@ def _check_k_split(q: QuantizedWeight, shards: int, what: str) -> None:
   k = q.shape[-2]
   if shards <= 1:
     return
+  if q.input_perm is not None:
+    raise ValueError(f"{what}: act-order weights (input_perm set) cannot be split along K: "
+                     "a shard's stored rows are not one block of x's columns; shard them "
+                     "along N (column-parallel) or keep K whole")
   quantum = _k_quantum(q)
   if k % shards or (k // shards) % quantum:
     extra = (f"group_size={q.spec.group_size} and " if q.spec.granularity in
@@ -182,7 +186,8 @@ def weight_partition_spec(q: QuantizedWeight, float_spec: P | None, *, mesh=None
       zeros=None if q.zeros is None else scale_spec,
       global_scale=None if q.global_scale is None else P(*lead),
       bias=None if q.bias is None else P(*lead, a_n),
-      act_scale=None if q.act_scale is None else P())
+      act_scale=None if q.act_scale is None else P(),
+      input_perm=None if q.input_perm is None else P())
 
 
 def _is_qw(x) -> bool:

@@ -74,11 +74,15 @@ def test_mixed_formats_in_one_layer(tmp_path):
     _load(_make(tmp_path, t))
 
 
-def test_act_order_g_idx_is_refused(tmp_path):
+def test_act_order_groups_of_unequal_size_are_refused(tmp_path):
+  """Act-order g_idx loads (tests/test_checkpoints.py); one whose groups do not each hold
+  group_size rows has no contiguous layout and is refused by name."""
   t = _tensors("gptq-w3-g32-asym")
   g = t[f"{MOD}.g_idx"].copy()
+  g[0] = g[-1]  # group 0 one row short, the last group one row over
   t[f"{MOD}.g_idx"] = np.random.default_rng(1).permutation(g).astype(np.int32)
-  with pytest.raises(ValueError, match=rf"{MOD}\.g_idx .*act-order"):
+  with pytest.raises(ValueError, match=rf"tensor '{MOD}\.g_idx': act-order groups must each "
+                                       "hold group_size=32 rows"):
     _load(_make(tmp_path, t, name="gptq-w3-g32-asym"))
 
 

@@ -10,7 +10,7 @@ import ml_dtypes
 import numpy as np
 
 from humming_jax import packing
-from humming_jax.quantize import QuantizedWeight
+from humming_jax.quantize import QuantizedWeight, with_input_permutation
 from humming_jax.spec import QuantSpec
 
 FLOAT_SCALE = {np.dtype(np.float32): "float32", np.dtype(np.float16): "float16",
@@ -118,6 +118,33 @@ def make_weight(spec: QuantSpec, codes_kn: np.ndarray | None, scales, zeros=None
       bias=None if bias is None else jnp.asarray(bias.astype(np.float32)),
       act_scale=None if act_scale is None else jnp.asarray(act_scale, jnp.float32).reshape(()),
       spec=spec, shape=tuple(shape))
+
+
+def act_order(module: str, gname: str, g_idx: np.ndarray, w: QuantizedWeight
+              ) -> QuantizedWeight:
+  """An act-order layer (GPTQ ``desc_act``, compressed-tensors ``actorder: group``):
+  ``g_idx`` (K,) gives each input row's group, and ``w`` was built with the checkpoint's
+  rows and scales as they are.  Its rows are sorted by group (stably), so that group g is
+  rows [g * gs, (g + 1) * gs) as the canonical layout wants, and the order is kept as
+  ``input_perm`` (``quantize.with_input_permutation``: quant_dense gathers x's columns the
+  same way).  ``w`` unchanged when ``g_idx`` is already ``k // group_size``."""
+  k = w.in_features
+  gs = w.spec.group_size if w.spec.granularity == "group" else k
+  g_idx = expect(gname, g_idx, (np.int32, np.int64, np.uint32), (k,)).astype(np.int64)
+  contiguous = np.arange(k) // gs
+  if np.array_equal(g_idx, contiguous):
+    return w
+  perm = np.argsort(g_idx, kind="stable")
+  if not np.array_equal(g_idx[perm], contiguous):
+    raise ValueError(f"tensor {gname!r}: act-order groups must each hold group_size={gs} "
+                     f"rows (group sizes {np.bincount(g_idx).tolist()[:8]}...)")
+  if w.spec.act is not None:
+    raise ValueError(f"module {module!r}: act-order rows ({gname}) with activation "
+                     f"quantization ({w.spec.name}) are not supported")
+  bits = w.spec.weight_bits
+  codes = np.asarray(packing.unpack_codes(w.codes, bits, k))[perm]
+  return with_input_permutation(w.replace(codes=packing.pack_codes(jnp.asarray(codes), bits)),
+                                perm.astype(np.int32))
 
 
 def spec_or_error(module: str, **fields) -> QuantSpec:

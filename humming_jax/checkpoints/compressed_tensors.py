@@ -29,10 +29,10 @@ import re
 
 import numpy as np
 
-from humming_jax.checkpoints._common import (Unit, bias_of, expect, float_scale_dtype,
-                                             bytes_as_canonical, make_weight, spec_or_error,
-                                             stream_as_canonical, unpack_nibbles,
-                                             unpack_stream)
+from humming_jax.checkpoints._common import (Unit, act_order, bias_of, bytes_as_canonical,
+                                             expect, float_scale_dtype, make_weight,
+                                             spec_or_error, stream_as_canonical,
+                                             unpack_nibbles, unpack_stream)
 
 import ml_dtypes
 
@@ -130,9 +130,11 @@ def plan_compressed_tensors(module: str, suffixes: set[str], qcfg: dict,
     raise ValueError(f"module {module!r}: compressed-tensors format {fmt!r} is not supported "
                      f"(supported: {_FORMATS})")
   wa = scheme.get("weights") or {}
-  if wa.get("actorder") not in (None, False) or "weight_g_idx" in suffixes:
-    raise ValueError(f"module {module!r}: activation-ordered groups (actorder / "
-                     f"{module}.weight_g_idx) are not supported")
+  # actorder "group": groups follow weight_g_idx (rows sorted by group on load,
+  # _common.act_order); "weight": groups stay contiguous, nothing to undo.
+  if wa.get("actorder") == "group" and "weight_g_idx" not in suffixes:
+    raise ValueError(f"module {module!r}: actorder 'group' but no tensor "
+                     f"{module}.weight_g_idx (the group of each input row)")
   keys = tuple(f"{module}.{s}" for s in sorted(suffixes & _KNOWN))
 
   def build(a):
@@ -230,9 +232,11 @@ def plan_compressed_tensors(module: str, suffixes: set[str], qcfg: dict,
     spec = spec_or_error(module, weight=weight, scale_dtype=scale_dtype,
                          zero_point=not sym, global_scale=global_scale is not None,
                          **gran, **act)
-    return {"weight": make_weight(spec, None if packed is not None else codes.T,
-                                  np.ascontiguousarray(sc), zeros, global_scale,
-                                  bias_of(module, a, n), act_scale, packed=packed,
-                                  shape=(k, n))}
+    w = make_weight(spec, None if packed is not None else codes.T, np.ascontiguousarray(sc),
+                    zeros, global_scale, bias_of(module, a, n), act_scale, packed=packed,
+                    shape=(k, n))
+    if t("weight_g_idx") is not None:
+      w = act_order(module, f"{module}.weight_g_idx", t("weight_g_idx"), w)
+    return {"weight": w}
 
   return [Unit(module, keys, build)]

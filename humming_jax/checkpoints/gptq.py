@@ -10,9 +10,9 @@ GPTQ stores, per linear (torch (out, in) = (N, K) module):
   Dequantization: ``(code - zero) * scale``.  When every zero point is 2**(bits-1) (symmetric)
   the layer is mapped to signed ``intN`` codes (``code - 2**(bits-1)``, no zero points), else
   to ``uintN`` + uint8 zero points.
-  Act-order (``desc_act`` with a ``g_idx`` that is not ``k // group_size``) is refused: the
-  canonical layout has contiguous K groups, and a K permutation would have to be applied to
-  the activations by every caller.
+  Act-order (``desc_act``: a ``g_idx`` that is not ``k // group_size``): the rows are sorted
+  by group and the order kept as the weight's ``input_perm`` (``_common.act_order``):
+  ``quant_dense`` gathers x's columns by it before the kernel.
 
 AWQ (GEMM version) stores ``qweight`` int32 (K, N/8) packed along N in the order
 [0, 2, 4, 6, 1, 3, 5, 7] (nibble j of word c holds column 8c + order[j]), ``qzeros`` int32
@@ -22,8 +22,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from humming_jax.checkpoints._common import (Unit, bias_of, expect, float_scale_dtype,
-                                             make_weight, spec_or_error,
+from humming_jax.checkpoints._common import (Unit, act_order, bias_of, expect,
+                                             float_scale_dtype, make_weight, spec_or_error,
                                              stream_as_canonical, unpack_stream)
 
 _INT = (np.int32, np.uint32)
@@ -96,12 +96,6 @@ def plan_gptq(module: str, suffixes: set[str], qcfg: dict) -> list[Unit] | None:
     scale_dtype = float_scale_dtype(f"{module}.scales", sc)
     expect(f"{module}.scales", sc, sc.dtype, (ng, n))
     qz = expect(f"{module}.qzeros", a[f"{module}.qzeros"], _INT, (ng, -(-n * bits // 32)))
-    if f"{module}.g_idx" in a:
-      gi = expect(f"{module}.g_idx", a[f"{module}.g_idx"], _INT, (k,))
-      if not np.array_equal(gi.astype(np.int64), np.arange(k) // g):
-        raise ValueError(f"tensor {module}.g_idx is not k // group_size: the checkpoint uses "
-                         "act-order (desc_act=True), which is not supported (re-export it "
-                         "with desc_act=False or static_groups=True)")
     zeros = unpack_stream(qz, bits, n, axis=1)  # (G, N)
     if v1:  # AutoGPTQ stores zero - 1 and adds it back modulo 2**bits
       zeros = ((zeros.astype(np.int32) + 1) & ((1 << bits) - 1)).astype(np.uint8)
@@ -109,11 +103,14 @@ def plan_gptq(module: str, suffixes: set[str], qcfg: dict) -> list[Unit] | None:
     bias = bias_of(module, a, n)
     packed = stream_as_canonical(qw, bits, k, flip)  # K % 32 == 0: words taken over as is
     if packed is not None:
-      return {"weight": make_weight(spec, None, sc, zeros, bias=bias, packed=packed,
-                                    shape=(k, n))}
-    codes = unpack_stream(qw, bits, k, axis=0)  # (K, N)
-    codes = codes ^ np.uint8(1 << (bits - 1)) if flip else codes
-    return {"weight": make_weight(spec, codes, sc, zeros, bias=bias)}
+      w = make_weight(spec, None, sc, zeros, bias=bias, packed=packed, shape=(k, n))
+    else:
+      codes = unpack_stream(qw, bits, k, axis=0)  # (K, N)
+      codes = codes ^ np.uint8(1 << (bits - 1)) if flip else codes
+      w = make_weight(spec, codes, sc, zeros, bias=bias)
+    if f"{module}.g_idx" in a:
+      w = act_order(module, f"{module}.g_idx", a[f"{module}.g_idx"], w)
+    return {"weight": w}
 
   return [Unit(module, tuple(keys), build)]
 

@@ -108,7 +108,8 @@ def to_canonical(params):
   """Canonical-layout params from params in any layout."""
   if params.layout == "canonical":
     return params
-  return by_layout(params.layout).to_canonical(params)
+  canonical = by_layout(params.layout).to_canonical(params.replace(input_perm=None))
+  return canonical.replace(input_perm=params.input_perm)  # (kernels never see it)
 
 
 def _load_kernels() -> None:
