@@ -39,7 +39,7 @@
 #        the 1-token cases again.
 #   g40: session 40 (no device lent) made quant_dense / quant_ragged_dot / quant_moe
 #        differentiable (custom_vjp: kernel forward, XLA reference backward): their GPU
-#        test, and the dense decode row (8192^2, int4 g128 zp / MXFP4, M = 1 / 16, kernel
+#        test and the act-order (input_perm) GPU test, and the dense decode row (8192^2, int4 g128 zp / MXFP4, M = 1 / 16, kernel
 #        times with Humming) to check that the forward kept session 39's 14.1 / 17.35 us.
 # Usage: gpu_session_next.sh [STEP...]  (default: t39 g40 q16 bd; qm needs old/ carried).
 source "$(dirname "$0")/gpu_env.sh"
@@ -77,7 +77,7 @@ s_t39() {
     tests/test_grouped_wna16_mgpu.py
 }
 s_g40() {
-  gpu_tests ${ST:-200} "grad_gpu" tests/test_autodiff.py
+  gpu_tests ${ST:-200} "grad_gpu or act_order_gpu" tests/test_autodiff.py tests/test_act_order.py
   T ${ST:-200} python3 benchmarks/bench_dense.py --specs w4a16-g128-zp,w4a16-mxfp4 --ms 1,16 \
     --humming --kernel-times --json "$OUT/g40_dense.json" > "$OUT/g40_dense.log" 2>&1
   echo "dense rc=$?"; grep -vE "^#|^$" "$OUT/g40_dense.log" | tail -12 | cut -c1-250

@@ -127,3 +127,18 @@ def test_act_order_save_load_shard_and_refusals(tmp_path):
                                     np.zeros(128, np.int32))
   with pytest.raises(ValueError, match="input_perm .*activation quantization"):
     hj.quant_dense(w8.replace(input_perm=q.input_perm), jnp.ones((1, 128)), backend="xla")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", [1, 16, 1024])
+def test_act_order_gpu(m):
+  """On the H200: a permuted-row int4 g128 zp layer (8192 x 4096) through the Pallas path,
+  prepared once, against x @ W in the weight's own row order."""
+  k, n = 8192, 4096
+  q = hj.quantize(jax.random.normal(jax.random.key(5), (k, n)), "w4a16-g128-zp")
+  q = with_input_permutation(q, np.random.default_rng(6).permutation(k))
+  p = hj.prepare(q)
+  x = jax.random.normal(jax.random.key(7), (m, k), jnp.bfloat16)
+  y = jax.jit(hj.quant_dense)(p, x).astype(jnp.float32)
+  want = jnp.dot(x.astype(jnp.float32), hj.dequantize(q), precision="highest")
+  assert float(jnp.max(jnp.abs(y - want)) / jnp.max(jnp.abs(want))) <= 1e-2
