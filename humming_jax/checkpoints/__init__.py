@@ -10,6 +10,8 @@ canonical :class:`~humming_jax.QuantizedWeight` in our (K, N) = (in, out) layout
 bias inside (float32), its codes/scales/zero points taken over bit for bit from the producer
 (never re-quantized).  Every other tensor (embeddings, norms, ignored / excluded modules)
 comes back as a float array *exactly as stored*, torch layout and dtype included.
+Per-expert MoE layers (``...experts.{i}.gate_proj`` ...) become the stacked weights of
+``hj.quant_moe`` with :func:`stack_experts`.
 
 Supported ``format=`` values (detected from ``config.json``'s ``quantization_config``, or
 ModelOpt's ``hf_quant_config.json``): ``"gptq"``, ``"awq"``, ``"compressed-tensors"``,
@@ -27,13 +29,15 @@ from humming_jax.checkpoints import gptq as _gptq
 from humming_jax.checkpoints import nvidia as _nv
 from humming_jax.checkpoints._common import Unit
 from humming_jax.checkpoints._io import CheckpointDir, SafetensorsFile
+from humming_jax.checkpoints.experts import stack_experts
 
 FORMATS = ("gptq", "awq", "compressed-tensors", "modelopt", "mxfp4", "float")
 _ALIASES = {"gptq": "gptq", "awq": "awq", "compressed-tensors": "compressed-tensors",
             "compressed_tensors": "compressed-tensors", "modelopt": "modelopt",
             "mxfp4": "mxfp4", "float": "float", "none": "float"}
 
-__all__ = ["load_checkpoint", "detect_format", "FORMATS", "SafetensorsFile"]
+__all__ = ["load_checkpoint", "detect_format", "stack_experts", "FORMATS",
+           "SafetensorsFile"]
 
 
 def _quant_config(ckpt: CheckpointDir) -> dict | None:
