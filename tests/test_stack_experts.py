@@ -40,11 +40,12 @@ def _loop(experts, names, x, weights, ids):
 ])
 def test_stacked_experts_run_quant_moe(spec, names, bias):
   experts = _experts(spec, names=names, bias=bias)
-  tree = {"model": {"layers": {"0": {"mlp": {"experts": experts, "gate": {"kernel": jnp.ones(3)}}}}}}
+  mlp_in = {"experts": experts, "gate": {"kernel": jnp.ones(3)}}
+  tree = {"model": {"layers": {"0": {"mlp": mlp_in}}}}
   out = hj.stack_experts(tree)
   stacked = out["model"]["layers"]["0"]["mlp"]["experts"]
   assert set(stacked) == {"gate_up", "down"}
-  mlp, mlp_in = out["model"]["layers"]["0"]["mlp"], tree["model"]["layers"]["0"]["mlp"]
+  mlp = out["model"]["layers"]["0"]["mlp"]
   assert mlp["gate"]["kernel"] is mlp_in["gate"]["kernel"]  # other leaves kept, not copied
   assert isinstance(tree["model"]["layers"]["0"]["mlp"]["experts"]["0"], dict)  # unmodified
   gu, dn = stacked["gate_up"], stacked["down"]

@@ -15,7 +15,8 @@ Per-expert MoE layers (``...experts.{i}.gate_proj`` ...) become the stacked weig
 
 Supported ``format=`` values (detected from ``config.json``'s ``quantization_config``, or
 ModelOpt's ``hf_quant_config.json``): ``"gptq"``, ``"awq"``, ``"compressed-tensors"``,
-``"modelopt"``, ``"mxfp4"``, and ``"float"`` (no quantization).  See docs/checkpoints.md.
+``"modelopt"``, ``"mxfp4"``, ``"fp8"`` (block-scaled FP8: DeepSeek-V3, Qwen3-FP8), and
+``"float"`` (no quantization).  See docs/checkpoints.md.
 """
 from __future__ import annotations
 
@@ -26,15 +27,16 @@ import jax.numpy as jnp
 
 from humming_jax.checkpoints import compressed_tensors as _ct
 from humming_jax.checkpoints import gptq as _gptq
+from humming_jax.checkpoints import hf_fp8 as _hf_fp8
 from humming_jax.checkpoints import nvidia as _nv
 from humming_jax.checkpoints._common import Unit
 from humming_jax.checkpoints._io import CheckpointDir, SafetensorsFile
 from humming_jax.checkpoints.experts import stack_experts
 
-FORMATS = ("gptq", "awq", "compressed-tensors", "modelopt", "mxfp4", "float")
+FORMATS = ("gptq", "awq", "compressed-tensors", "modelopt", "mxfp4", "fp8", "float")
 _ALIASES = {"gptq": "gptq", "awq": "awq", "compressed-tensors": "compressed-tensors",
             "compressed_tensors": "compressed-tensors", "modelopt": "modelopt",
-            "mxfp4": "mxfp4", "float": "float", "none": "float"}
+            "mxfp4": "mxfp4", "fp8": "fp8", "float": "float", "none": "float"}
 
 __all__ = ["load_checkpoint", "detect_format", "stack_experts", "FORMATS",
            "SafetensorsFile"]
@@ -68,7 +70,7 @@ def _detect(ckpt: CheckpointDir, fmt: str | None = None) -> tuple[str, dict]:
   method = str(qc.get("quant_method", "")).lower()
   if method not in _ALIASES or method in ("float", "none"):
     raise ValueError(f"{ckpt.path}: unknown quantization_config.quant_method {method!r}; "
-                     f"supported: gptq, awq, compressed-tensors, modelopt, mxfp4 (or pass "
+                     f"supported: gptq, awq, compressed-tensors, modelopt, mxfp4, fp8 (or pass "
                      "format=...)")
   return _ALIASES[method], qc
 
@@ -84,6 +86,8 @@ def _planner(fmt: str, qc: dict, notes: list):
     return lambda m, s: _nv.plan_modelopt(m, s, qc, notes)
   if fmt == "mxfp4":
     return lambda m, s: _nv.plan_mxfp4(m, s, qc)
+  if fmt == "fp8":
+    return lambda m, s: _hf_fp8.plan_hf_fp8(m, s, qc)
   return lambda m, s: None
 
 

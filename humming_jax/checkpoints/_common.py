@@ -120,6 +120,18 @@ def make_weight(spec: QuantSpec, codes_kn: np.ndarray | None, scales, zeros=None
       spec=spec, shape=tuple(shape))
 
 
+def weight_from_nk_bytes(spec: QuantSpec, b_nk: np.ndarray, bits: int, k: int, scales,
+                         **kw) -> QuantizedWeight:
+  """Params from torch-layout (..., N, K*bits/8) code bytes (fp8 bytes or e2m1 nibble
+  pairs, low nibble first) and (..., Gk, Gn) stored scales."""
+  *lead, n, _ = b_nk.shape
+  packed = bytes_as_canonical(b_nk, bits, k)
+  if packed is not None:  # K % 32 == 0: a transpose of the bytes
+    return make_weight(spec, None, scales, packed=packed, shape=(*lead, k, n), **kw)
+  codes = unpack_nibbles(b_nk) if bits == 4 else b_nk
+  return make_weight(spec, np.swapaxes(codes, -1, -2), scales, **kw)
+
+
 def act_order(module: str, gname: str, g_idx: np.ndarray, w: QuantizedWeight
               ) -> QuantizedWeight:
   """An act-order layer (GPTQ ``desc_act``, compressed-tensors ``actorder: group``):

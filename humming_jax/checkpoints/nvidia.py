@@ -20,8 +20,8 @@ from __future__ import annotations
 import ml_dtypes
 import numpy as np
 
-from humming_jax.checkpoints._common import (Unit, bias_of, bytes_as_canonical, expect,
-                                             make_weight, spec_or_error, unpack_nibbles)
+from humming_jax.checkpoints._common import (Unit, bias_of, expect, spec_or_error,
+                                             weight_from_nk_bytes)
 
 _SCALAR = ((), (1,))
 
@@ -31,16 +31,6 @@ def _scalar(name: str, a: np.ndarray) -> np.float32:
   if a.shape not in _SCALAR:
     raise ValueError(f"tensor {name!r}: shape {a.shape}, expected a scalar")
   return np.float32(a.reshape(()))
-
-
-def _weight(spec, b_nk: np.ndarray, bits: int, k: int, scales, **kw):
-  """Params from (..., N, K*bits/8) code bytes (fp8 bytes or e2m1 nibble pairs)."""
-  *lead, n, _ = b_nk.shape
-  packed = bytes_as_canonical(b_nk, bits, k)
-  if packed is not None:  # K % 32 == 0: a transpose of the bytes
-    return make_weight(spec, None, scales, packed=packed, shape=(*lead, k, n), **kw)
-  codes = unpack_nibbles(b_nk) if bits == 4 else b_nk
-  return make_weight(spec, np.swapaxes(codes, -1, -2), scales, **kw)
 
 
 def plan_modelopt(module: str, suffixes: set[str], qcfg: dict,
@@ -79,7 +69,7 @@ def plan_modelopt(module: str, suffixes: set[str], qcfg: dict,
                      "scale is computed per call)")
       spec = spec_or_error(module, weight="fp4_e2m1", granularity="group", group_size=g,
                            scale_dtype="fp8_e4m3", global_scale=True, **act)
-      return {"weight": _weight(spec, w, 4, k, np.ascontiguousarray(sc.T),
+      return {"weight": weight_from_nk_bytes(spec, w, 4, k, np.ascontiguousarray(sc.T),
                                 global_scale=s2, bias=bias_of(module, a, n))}
     if algo == "FP8":
       expect(f"{module}.weight", w, ml_dtypes.float8_e4m3fn)
@@ -91,8 +81,9 @@ def plan_modelopt(module: str, suffixes: set[str], qcfg: dict,
         act = dict(act="fp8_e4m3", act_granularity="tensor", act_static=True)
       spec = spec_or_error(module, weight="fp8_e4m3", granularity="tensor", group_size=0,
                            scale_dtype="float32", **act)
-      return {"weight": _weight(spec, w.view(np.uint8), 8, k, np.full((1, 1), s, np.float32),
-                                bias=bias_of(module, a, n), act_scale=act_scale)}
+      return {"weight": weight_from_nk_bytes(spec, w.view(np.uint8), 8, k,
+                                             np.full((1, 1), s, np.float32),
+                                             bias=bias_of(module, a, n), act_scale=act_scale)}
     raise ValueError(f"quantization_config.quant_algo={algo!r}: supported ModelOpt "
                      "algorithms are 'NVFP4' and 'FP8'")
 
@@ -132,7 +123,8 @@ def plan_mxfp4(module: str, suffixes: set[str], qcfg: dict) -> list[Unit] | None
       if f"{module}.{p}_bias" in a:
         bias = bias_of(f"{module}.{p}", {f"{module}.{p}.bias": a[f"{module}.{p}_bias"]}, n,
                        tuple(lead))
-      return {p: _weight(spec, packed_nk, 4, g * 32, np.swapaxes(sc, -1, -2), bias=bias)}
+      return {p: weight_from_nk_bytes(spec, packed_nk, 4, g * 32, np.swapaxes(sc, -1, -2),
+                                      bias=bias)}
 
     units.append(Unit(module, keys, build))
   return units or None

@@ -1,0 +1,66 @@
+"""Block-scaled FP8 checkpoints (``quant_method: "fp8"``): DeepSeek-V3 / R1, Qwen3-*-FP8 and
+every export of transformers' fine-grained FP8.
+
+``quantization_config``: ``{"quant_method": "fp8", "fmt": "e4m3", "activation_scheme":
+"dynamic", "weight_block_size": [128, 128]}`` (block over (out, in)).  Per linear (torch
+(N, K)): ``weight`` float8_e4m3fn (N, K), ``weight_scale_inv`` float32 (ceil(N / bn),
+ceil(K / bk)); the weight is ``weight * weight_scale_inv`` per block (the name is the
+producer's: it multiplies).  Activations are quantized per token and per group of bk
+columns to e4m3 at run time ("dynamic"): the ``w8a8-fp8-block`` preset's semantics.
+Layers outside ``modules_to_not_convert`` that have no ``weight_scale_inv`` stay float.
+
+An N that is not a multiple of bn (DeepSeek-V3's ``kv_a_proj_with_mqa``, N = 576) takes
+column blocks of gcd(bn, N) with each block scale repeated: the same weight, exactly.
+"""
+from __future__ import annotations
+
+import math
+
+import ml_dtypes
+import numpy as np
+
+from humming_jax.checkpoints._common import (Unit, bias_of, expect, spec_or_error,
+                                             weight_from_nk_bytes)
+
+_FP8 = {np.dtype(ml_dtypes.float8_e4m3fn): "fp8_e4m3", np.dtype(ml_dtypes.float8_e5m2): "fp8_e5m2"}
+
+
+def plan_hf_fp8(module: str, suffixes: set[str], qcfg: dict) -> list[Unit] | None:
+  if "weight_scale_inv" not in suffixes:
+    return None
+  if suffixes & {"qweight", "weight_packed", "weight_scale", "qzeros"}:
+    raise ValueError(f"module {module!r}: mixed formats in one layer: "
+                     f"{sorted(f'{module}.{s}' for s in suffixes)}")
+  if "weight" not in suffixes:
+    raise ValueError(f"module {module!r}: missing tensor {module}.weight")
+  block = qcfg.get("weight_block_size")
+  if not (isinstance(block, (list, tuple)) and len(block) == 2
+          and all(isinstance(b, int) and b > 0 for b in block)):
+    raise ValueError(f"quantization_config.weight_block_size={block!r}: expected [bn, bk] "
+                     "(per-tensor fp8 exports are not this format)")
+  scheme = str(qcfg.get("activation_scheme", "dynamic")).lower()
+  if scheme != "dynamic":
+    raise ValueError(f"quantization_config.activation_scheme={scheme!r}: only 'dynamic' "
+                     "(per-token groups quantized at run time) is supported")
+  bn, bk = block
+  keys = tuple(f"{module}.{s}" for s in sorted(suffixes & {"weight", "weight_scale_inv",
+                                                          "bias"}))
+
+  def build(a):
+    wname, sname = f"{module}.weight", f"{module}.weight_scale_inv"
+    w = expect(wname, a[wname], list(_FP8))
+    n, k = w.shape
+    if k % bk:
+      raise ValueError(f"tensor {wname!r}: K={k} is not a multiple of the block's "
+                       f"{bk} input columns (the activation groups)")
+    s = expect(sname, a[sname], np.float32, (-(-n // bn), k // bk))
+    bn_ = math.gcd(bn, n)  # N % bn != 0: smaller column blocks, each scale repeated
+    s = s[np.arange(n // bn_) * bn_ // bn]
+    spec = spec_or_error(module, weight=_FP8[w.dtype], granularity="block", group_size=bk,
+                         block_n=bn_, scale_dtype="float32", act="fp8_e4m3",
+                         act_granularity="group", act_group_size=bk)
+    return {"weight": weight_from_nk_bytes(spec, w.view(np.uint8), 8, k,
+                                           np.ascontiguousarray(s.T),
+                                           bias=bias_of(module, a, n))}
+
+  return [Unit(module, keys, build)]

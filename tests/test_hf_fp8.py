@@ -1,0 +1,92 @@
+"""Block-scaled FP8 checkpoints (quant_method "fp8": DeepSeek-V3, Qwen3-FP8): a checkpoint
+written here the way the producers quantize (per 128 x 128 block, amax / 448, e4m3) loads
+as exactly weight * weight_scale_inv, with the w8a8-fp8-block semantics."""
+import json
+
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+import pytest
+from safetensors.numpy import save_file
+
+import humming_jax as hj
+from humming_jax.checkpoints import detect_format, load_checkpoint
+
+CONFIG = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
+          "weight_block_size": [128, 128]}
+# (N, K): a multiple of the block, and DeepSeek-V3's kv_a_proj_with_mqa-like N = 576
+SHAPES = {"model.layers.0.self_attn.o_proj": (256, 384),
+          "model.layers.0.self_attn.kv_a_proj_with_mqa": (576, 256)}
+
+
+def _quantize_blocks(w: np.ndarray, b: int = 128):
+  """The producers' weight quantization: per (b, b) block s = amax / 448, e4m3(w / s)."""
+  n, k = w.shape
+  gn, gk = -(-n // b), k // b
+  s = np.zeros((gn, gk), np.float32)
+  q = np.zeros_like(w)
+  for i in range(gn):
+    for j in range(gk):
+      blk = w[i * b:(i + 1) * b, j * b:(j + 1) * b]
+      s[i, j] = np.abs(blk).max() / 448.0
+      q[i * b:(i + 1) * b, j * b:(j + 1) * b] = blk / s[i, j]
+  return q.astype(ml_dtypes.float8_e4m3fn), s
+
+
+def _checkpoint(tmp_path, config=CONFIG):
+  rng = np.random.default_rng(0)
+  tensors, want = {}, {}
+  for mod, (n, k) in SHAPES.items():
+    q, s = _quantize_blocks(rng.standard_normal((n, k)).astype(np.float32))
+    tensors[f"{mod}.weight"], tensors[f"{mod}.weight_scale_inv"] = q, s
+    want[mod] = q.astype(np.float32) * np.repeat(np.repeat(s, 128, 0)[:n], 128, 1)
+  tensors["lm_head.weight"] = rng.standard_normal((64, 256)).astype(ml_dtypes.bfloat16)
+  (tmp_path / "config.json").write_text(json.dumps({"quantization_config": config}))
+  save_file(tensors, str(tmp_path / "model.safetensors"))
+  return str(tmp_path), tensors, want
+
+
+def _get(tree, dotted):
+  for p in dotted.split("."):
+    tree = tree[p]
+  return tree
+
+
+def test_block_fp8_loads_exactly(tmp_path):
+  path, tensors, want = _checkpoint(tmp_path)
+  assert detect_format(path) == "fp8"
+  tree = load_checkpoint(path, progress=False)
+  for mod, (n, k) in SHAPES.items():
+    q = _get(tree, mod)["weight"]
+    assert (q.spec.weight, q.spec.granularity, q.spec.group_size, q.spec.act,
+            q.spec.act_granularity, q.spec.act_group_size) == (
+                "fp8_e4m3", "block", 128, "fp8_e4m3", "group", 128)
+    assert q.spec.block_n == (128 if n % 128 == 0 else 64)  # 576 = 9 blocks of 64
+    np.testing.assert_array_equal(np.asarray(hj.dequantize(q)).T, want[mod])
+    x = jax.random.normal(jax.random.key(1), (4, k), jnp.float32)
+    y = hj.quant_dense(q, x, backend="xla")
+    ref = x @ want[mod].T
+    assert float(jnp.max(jnp.abs(y - ref)) / jnp.max(jnp.abs(ref))) < 0.1  # fp8 activations
+  lm = tree["lm_head"]["weight"]  # not quantized: as stored
+  assert lm.dtype == jnp.bfloat16 and lm.shape == (64, 256)
+
+
+def test_block_fp8_interpret_matches_reference(tmp_path):
+  """The loaded o_proj through the Pallas kernels (interpreter) equals the XLA reference."""
+  path, _, _ = _checkpoint(tmp_path)
+  q = _get(load_checkpoint(path, progress=False), "model.layers.0.self_attn.o_proj")["weight"]
+  x = jax.random.normal(jax.random.key(2), (8, 384), jnp.bfloat16)
+  y = hj.quant_dense(q, x, backend="interpret").astype(jnp.float32)
+  ref = hj.quant_dense(q, x, backend="xla").astype(jnp.float32)
+  assert float(jnp.max(jnp.abs(y - ref)) / jnp.max(jnp.abs(ref))) <= 1e-2
+
+
+@pytest.mark.parametrize("change,match", [
+    ({"weight_block_size": None}, r"weight_block_size=None: expected \[bn, bk\]"),
+    ({"activation_scheme": "static"}, "activation_scheme='static'"),
+])
+def test_block_fp8_refusals(tmp_path, change, match):
+  path, _, _ = _checkpoint(tmp_path, {**CONFIG, **change})
+  with pytest.raises(ValueError, match=match):
+    load_checkpoint(path, progress=False)
