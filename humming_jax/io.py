@@ -37,6 +37,7 @@ FORMAT = "humming_jax.checkpoint"
 # either: 2), which older releases read.
 VERSION = 4
 READS = (1, 2, 3, VERSION)
+_ADDED_LEAVES = ("fold_base", "input_perm")  # QuantizedWeight leaves of versions 3 and 4
 _META_KEY = "humming_jax"
 # dtypes the safetensors numpy API stores natively; everything else goes as raw bytes.
 _NATIVE = {"float16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8",
@@ -73,8 +74,11 @@ class _Writer:
       return {"quantized": {
           "spec": dataclasses.asdict(node.spec), "shape": list(node.shape),
           "layout": node.layout,
+          # the leaves later versions added are left out when None, so that releases
+          # that predate them read the file
           "leaves": {f: (None if getattr(node, f) is None else self.add(getattr(node, f)))
-                     for f in QuantizedWeight._LEAVES}}}
+                     for f in QuantizedWeight._LEAVES
+                     if f not in _ADDED_LEAVES or getattr(node, f) is not None}}}
     if isinstance(node, Mapping):
       keys = list(node.keys())
       if not all(isinstance(k, str) for k in keys):

@@ -26,7 +26,8 @@ import numpy as np
 from humming_jax import autodiff, ops
 from humming_jax.kernels import (grouped_wna16, grouped_wna16_mgpu, grouped_wnam_mgpu, registry,
                                  tuning, wna16)
-from humming_jax.quantize import (QuantizedWeight, dequantize, fake_quantize_activations)
+from humming_jax.quantize import (QuantizedWeight, check_no_input_perm, dequantize,
+                                  fake_quantize_activations)
 
 Activation = Literal["silu", "gelu"]
 ACTIVATIONS = ("silu", "gelu")
@@ -172,7 +173,7 @@ def _check_grouped(params: QuantizedWeight, x: jax.Array, group_sizes: jax.Array
   if params.num_experts is None:
     raise ValueError(f"params must hold stacked experts (E, K, N); got shape "
                      f"{params.shape} (use quant_dense)")
-  _check_no_input_perm(params, "params")
+  check_no_input_perm(params, "params")
   if x.ndim != 2 or x.shape[1] != params.in_features:
     raise ValueError(f"x must be (M, K={params.in_features}); got shape {x.shape}")
   if not jnp.issubdtype(x.dtype, jnp.floating):
@@ -182,12 +183,6 @@ def _check_grouped(params: QuantizedWeight, x: jax.Array, group_sizes: jax.Array
                      f"{group_sizes.shape}")
   if not jnp.issubdtype(group_sizes.dtype, jnp.integer):
     raise ValueError(f"group_sizes must be integer; got dtype {group_sizes.dtype}")
-
-
-def _check_no_input_perm(params: QuantizedWeight, name: str) -> None:
-  if params.input_perm is not None:
-    raise ValueError(f"{name}.input_perm is set (act-order rows): stacked experts take no "
-                     "input permutation (each expert would need its own)")
 
 
 def _xla_block_m(m: int, e: int) -> int:
@@ -375,7 +370,7 @@ def quant_moe(gate_up_params: QuantizedWeight, down_params: QuantizedWeight, x: 
     if not isinstance(p, QuantizedWeight) or p.num_experts is None:
       raise TypeError(f"{name} must be a stacked-expert QuantizedWeight (E, K, N); got "
                       f"{getattr(p, 'shape', type(p).__name__)}")
-    _check_no_input_perm(p, name)
+    check_no_input_perm(p, name)
   e, h, n2 = gate_up_params.shape
   if n2 % 2:
     raise ValueError(f"gate_up_params N={n2} must be even (gate and up stacked along N)")

@@ -118,8 +118,8 @@ class QuantizedWeight:
 
   def nbytes(self) -> int:
     """Bytes of codes + scales + zero points + global scale (+ a kernel layout's
-    ``fold_base``) as stored (a kernel layout's ``jnp.int4`` codes count half a byte
-    each)."""
+    ``fold_base``, an act-order ``input_perm``) as stored (a kernel layout's ``jnp.int4``
+    codes count half a byte each)."""
     return sum(array_bytes(a) for f in self.STORED if (a := getattr(self, f)) is not None)
 
   def __repr__(self) -> str:
@@ -354,8 +354,16 @@ def with_input_permutation(q: QuantizedWeight, perm: Any) -> QuantizedWeight:
   return q.replace(input_perm=jnp.asarray(perm, jnp.int32))
 
 
+def check_no_input_perm(q: QuantizedWeight, name: str) -> None:
+  """Stacked experts take no ``input_perm`` (each expert would need its own)."""
+  if q.input_perm is not None:
+    raise ValueError(f"{name}.input_perm is set (act-order rows): stacked experts take no "
+                     "input permutation (each expert would need its own)")
+
+
 def unpacked_codes(q: QuantizedWeight) -> jax.Array:
-  """The (..., K, N) uint8 codes of canonical params."""
+  """The (..., K, N) uint8 codes of canonical params, rows as stored (with an
+  ``input_perm``: row i is the weight's row ``input_perm[i]``)."""
   if q.layout != "canonical":
     raise ValueError(f"params are in kernel layout {q.layout!r}; dequantize needs the "
                      "canonical layout (keep the canonical params beside prepared ones)")

@@ -55,8 +55,8 @@ def report(tree) -> Report:
   """Per tensor of ``tree`` (quantized or float): stored dtypes, shapes, bytes, bits/weight.
 
   Bits per weight count codes + scales + zero points + global scale (+ a prepared layout's
-  ``fold_base``; not the bias, which a float layer has too); float tensors count their own
-  dtype."""
+  ``fold_base``, an act-order layer's ``input_perm``; not the bias, which a float layer has
+  too); float tensors count their own dtype."""
   out = []
   leaves = jax.tree_util.tree_flatten_with_path(
       tree, is_leaf=lambda x: isinstance(x, QuantizedWeight))[0]

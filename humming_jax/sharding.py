@@ -168,6 +168,9 @@ def weight_partition_spec(q: QuantizedWeight, float_spec: P | None, *, mesh=None
   fs = fs + (None,) * (nd - len(fs))
   *lead, a_k, a_n = fs
   sizes = _mesh_sizes(mesh)
+  if a_k is not None and q.input_perm is not None:
+    raise ValueError(f"{what}: act-order weights (input_perm set) cannot be split along K "
+                     f"(float spec {float_spec}); shard them along N or keep K whole")
   s_k = _shards(a_k, sizes, what)
   s_n = _shards(a_n, sizes, what)
   if s_k is not None:
@@ -321,6 +324,9 @@ def local_weight(q: QuantizedWeight) -> QuantizedWeight:
     k = rows // bits * CODES_PER_CHUNK
   else:
     raise ValueError(f"local codes have {rows} rows: not whole {bits}-row packing chunks")
+  if q.input_perm is not None and q.input_perm.shape != (k,):
+    raise ValueError(f"local_weight: act-order weights (input_perm of {q.input_perm.shape[0]}"
+                     f" rows) split along K to {k} rows; shard them along N")
   out = q.replace(shape=(*lead, k, n))
   gk, gn = out.scales.shape[-2:]
   bk, bn = scale_block(q.spec, k, n)

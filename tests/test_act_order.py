@@ -99,6 +99,24 @@ def test_act_order_loads_and_computes_the_checkpoint_weight(tmp_path, name, g_ke
   np.testing.assert_allclose(dx, dy @ want.T, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("actorder", ["group", "dynamic", True])
+def test_ct_actorder_without_g_idx_is_refused(tmp_path, actorder):
+  """compressed-tensors actorder 'group' (and its aliases) without weight_g_idx: the rows'
+  groups are unknown, refused by name."""
+  def config(q):
+    q["config_groups"]["group_0"]["weights"]["actorder"] = actorder
+  src = os.path.join(FIX, "ct-w4a16-g32-asym")
+  d = tmp_path / "ct"
+  d.mkdir()
+  cfg = json.load(open(os.path.join(src, "config.json")))
+  config(cfg["quantization_config"])
+  (d / "config.json").write_text(json.dumps(cfg))
+  f = SafetensorsFile(os.path.join(src, "model.safetensors"))
+  save_file({k: f.get(k) for k in f.keys()}, str(d / "model.safetensors"))
+  with pytest.raises(ValueError, match=r"actorder .* but no tensor .*\.weight_g_idx"):
+    load_checkpoint(str(d), progress=False)
+
+
 def test_act_order_save_load_shard_and_refusals(tmp_path):
   """hj.save / hj.load keep input_perm (checkpoint version 4); a column (N) shard keeps
   it, a K split, experts and activation-quantized specs refuse it by name."""
@@ -119,6 +137,19 @@ def test_act_order_save_load_shard_and_refusals(tmp_path):
   experts = experts.replace(input_perm=q.input_perm)
   with pytest.raises(ValueError, match=r"params\.input_perm is set .*stacked experts"):
     hj.quant_ragged_dot(experts, jnp.ones((4, 128)), jnp.array([2, 2]), backend="xla")
+  down = hj.quantize(jax.random.normal(jax.random.key(8), (2, 32, 128)), "w8a16")
+  with pytest.raises(ValueError, match=r"gate_up_params\.input_perm is set"):
+    hj.quant_moe(experts, down, jnp.ones((3, 128)), jnp.ones((3, 1)),
+                 jnp.zeros((3, 1), jnp.int32), backend="xla")
+  with pytest.raises(ValueError, match="cannot be split along K"):
+    sharding.weight_partition_spec(q, jax.sharding.PartitionSpec("tp", None))
+  # a tree without input_perm / fold_base leaves them out: releases before them read it
+  hj.save(str(tmp_path / "plain.safetensors"), {"q": _layer(os.path.join(FIX,
+                                                                         "gptq-w4-g32-sym"))})
+  meta = json.loads(SafetensorsFile(str(tmp_path / "plain.safetensors")).metadata[
+      "humming_jax"])
+  leaves = meta["tree"]["dict"]["q"]["quantized"]["leaves"]
+  assert meta["version"] == 2 and "input_perm" not in leaves and "fold_base" not in leaves
   w8 = hj.quantize(jax.random.normal(jax.random.key(4), (128, 64)), "w8a8-int8")
   with pytest.raises(ValueError, match="expected canonical dense weight-only params"):
     with_input_permutation(w8, np.arange(128))

@@ -34,12 +34,13 @@ def _quantize_blocks(w: np.ndarray, b: int = 128):
   return q.astype(ml_dtypes.float8_e4m3fn), s
 
 
-def _checkpoint(tmp_path, config=CONFIG):
+def _checkpoint(tmp_path, config=CONFIG, scale_dtype=np.float32):
   rng = np.random.default_rng(0)
   tensors, want = {}, {}
   for mod, (n, k) in SHAPES.items():
     q, s = _quantize_blocks(rng.standard_normal((n, k)).astype(np.float32))
-    tensors[f"{mod}.weight"], tensors[f"{mod}.weight_scale_inv"] = q, s
+    s = s.astype(scale_dtype).astype(np.float32)  # the scale the file holds
+    tensors[f"{mod}.weight"], tensors[f"{mod}.weight_scale_inv"] = q, s.astype(scale_dtype)
     want[mod] = q.astype(np.float32) * np.repeat(np.repeat(s, 128, 0)[:n], 128, 1)
   tensors["lm_head.weight"] = rng.standard_normal((64, 256)).astype(ml_dtypes.bfloat16)
   (tmp_path / "config.json").write_text(json.dumps({"quantization_config": config}))
@@ -53,8 +54,10 @@ def _get(tree, dotted):
   return tree
 
 
-def test_block_fp8_loads_exactly(tmp_path):
-  path, tensors, want = _checkpoint(tmp_path)
+@pytest.mark.parametrize("scale_dtype", [np.float32, ml_dtypes.bfloat16])
+def test_block_fp8_loads_exactly(tmp_path, scale_dtype):
+  """fp32 scales (DeepSeek-V3) and bf16 ones (some Qwen3-FP8 exports, widened exactly)."""
+  path, tensors, want = _checkpoint(tmp_path, scale_dtype=scale_dtype)
   assert detect_format(path) == "fp8"
   tree = load_checkpoint(path, progress=False)
   for mod, (n, k) in SHAPES.items():
@@ -72,14 +75,29 @@ def test_block_fp8_loads_exactly(tmp_path):
   assert lm.dtype == jnp.bfloat16 and lm.shape == (64, 256)
 
 
-def test_block_fp8_interpret_matches_reference(tmp_path):
-  """The loaded o_proj through the Pallas kernels (interpreter) equals the XLA reference."""
+@pytest.mark.parametrize("mod", list(SHAPES))
+def test_block_fp8_interpret_matches_reference(tmp_path, mod):
+  """The loaded layers (128- and 64-column blocks) through the Pallas kernels
+  (interpreter) equal the XLA reference."""
   path, _, _ = _checkpoint(tmp_path)
-  q = _get(load_checkpoint(path, progress=False), "model.layers.0.self_attn.o_proj")["weight"]
-  x = jax.random.normal(jax.random.key(2), (8, 384), jnp.bfloat16)
+  q = _get(load_checkpoint(path, progress=False), mod)["weight"]
+  x = jax.random.normal(jax.random.key(2), (8, q.in_features), jnp.bfloat16)
   y = hj.quant_dense(q, x, backend="interpret").astype(jnp.float32)
   ref = hj.quant_dense(q, x, backend="xla").astype(jnp.float32)
   assert float(jnp.max(jnp.abs(y - ref)) / jnp.max(jnp.abs(ref))) <= 1e-2
+
+
+def test_per_tensor_fp8_under_the_same_method_is_refused(tmp_path):
+  """An AutoFP8-style export (quant_method fp8, weight_scale / input_scale per layer) is
+  refused by name, not loaded as raw fp8 arrays."""
+  mod = "model.layers.0.mlp.down_proj"
+  save_file({f"{mod}.weight": np.ones((128, 128), ml_dtypes.float8_e4m3fn),
+             f"{mod}.weight_scale": np.ones((1,), np.float32),
+             f"{mod}.input_scale": np.ones((1,), np.float32)}, str(tmp_path / "model.safetensors"))
+  (tmp_path / "config.json").write_text(json.dumps({"quantization_config": {
+      "quant_method": "fp8", "activation_scheme": "dynamic", "weight_block_size": [128, 128]}}))
+  with pytest.raises(ValueError, match=rf"module '{mod}': per-tensor fp8 tensors"):
+    load_checkpoint(str(tmp_path), progress=False)
 
 
 @pytest.mark.parametrize("change,match", [

@@ -148,8 +148,9 @@ def act_order(module: str, gname: str, g_idx: np.ndarray, w: QuantizedWeight
     return w
   perm = np.argsort(g_idx, kind="stable")
   if not np.array_equal(g_idx[perm], contiguous):
+    sizes = np.bincount(g_idx).tolist()
     raise ValueError(f"tensor {gname!r}: act-order groups must each hold group_size={gs} "
-                     f"rows (group sizes {np.bincount(g_idx).tolist()[:8]}...)")
+                     f"rows (group sizes {sizes[:8]}{'...' if len(sizes) > 8 else ''})")
   if w.spec.act is not None:
     raise ValueError(f"module {module!r}: act-order rows ({gname}) with activation "
                      f"quantization ({w.spec.name}) are not supported")

@@ -130,10 +130,10 @@ def plan_compressed_tensors(module: str, suffixes: set[str], qcfg: dict,
     raise ValueError(f"module {module!r}: compressed-tensors format {fmt!r} is not supported "
                      f"(supported: {_FORMATS})")
   wa = scheme.get("weights") or {}
-  # actorder "group": groups follow weight_g_idx (rows sorted by group on load,
-  # _common.act_order); "weight": groups stay contiguous, nothing to undo.
-  if wa.get("actorder") == "group" and "weight_g_idx" not in suffixes:
-    raise ValueError(f"module {module!r}: actorder 'group' but no tensor "
+  # actorder "group" (or its aliases "dynamic", true): groups follow weight_g_idx (rows
+  # sorted by group on load, _common.act_order); "weight": groups stay contiguous.
+  if wa.get("actorder") in ("group", "dynamic", True) and "weight_g_idx" not in suffixes:
+    raise ValueError(f"module {module!r}: actorder {wa['actorder']!r} but no tensor "
                      f"{module}.weight_g_idx (the group of each input row)")
   keys = tuple(f"{module}.{s}" for s in sorted(suffixes & _KNOWN))
 

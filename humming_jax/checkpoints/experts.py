@@ -15,7 +15,7 @@ from typing import Any, Sequence
 
 import jax.numpy as jnp
 
-from humming_jax.quantize import QuantizedWeight
+from humming_jax.quantize import QuantizedWeight, check_no_input_perm
 
 # (gate, up, down) module names per naming convention
 EXPERT_NAMES = (("gate_proj", "up_proj", "down_proj"), ("w1", "w3", "w2"))
@@ -26,9 +26,7 @@ def _check(q: Any, name: str) -> QuantizedWeight:
     raise TypeError(f"{name} must be a QuantizedWeight; got {type(q).__name__}")
   if q.layout != "canonical" or q.num_experts is not None:
     raise ValueError(f"{name}: expected canonical (K, N) params; got {q!r}")
-  if q.input_perm is not None:
-    raise ValueError(f"{name}: act-order rows (input_perm): stacked experts take no input "
-                     "permutation (each expert would need its own)")
+  check_no_input_perm(q, name)
   return q
 
 
@@ -111,7 +109,7 @@ def _expert_layers(node: Any) -> tuple[list[dict], tuple[str, str, str]] | None:
   return None
 
 
-def stack_experts(tree: Any, *, key: str = "experts") -> Any:
+def stack_experts(tree: Any, *, key: str = "experts", _path: str = "") -> Any:
   """``tree`` with every per-expert group under a ``key`` node replaced by stacked weights.
 
   A node ``tree[...]["experts"] = {"0": {"gate_proj": {"weight": q}, "up_proj": ...,
@@ -125,19 +123,20 @@ def stack_experts(tree: Any, *, key: str = "experts") -> Any:
   out = {}
   for name, node in tree.items():
     found = _expert_layers(node) if name == key else None
+    where = f"{_path}.{name}" if _path else str(name)  # the module path, for errors
     if found is None:
-      out[name] = stack_experts(node, key=key)
+      out[name] = stack_experts(node, key=key, _path=where)
       continue
     experts, (gate, up, down) = found
     for i, e in enumerate(experts):
       extra = sorted(set(e) - {gate, up, down}) + sorted(
           f"{m}.{leaf}" for m in (gate, up, down) for leaf in e[m] if leaf != "weight")
       if extra:
-        raise ValueError(f"{name}.{i}: holds {extra} besides the {gate} / {up} / {down} "
+        raise ValueError(f"{where}.{i}: holds {extra} besides the {gate} / {up} / {down} "
                          "weights; stacking would drop them")
     out[name] = {
         "gate_up": stack([concat_columns([e[gate]["weight"], e[up]["weight"]],
-                                         f"{name}.{i}.{gate}+{up}")
-                          for i, e in enumerate(experts)], f"{name} gate_up"),
-        "down": stack([e[down]["weight"] for e in experts], f"{name} {down}")}
+                                         f"{where}.{i}.{gate}+{up}")
+                          for i, e in enumerate(experts)], f"{where} gate_up"),
+        "down": stack([e[down]["weight"] for e in experts], f"{where} {down}")}
   return out
