@@ -3,8 +3,10 @@ producers' storage layouts, and building canonical :class:`QuantizedWeight` para
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Callable
 
+import jax
 import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
@@ -154,10 +156,17 @@ def act_order(module: str, gname: str, g_idx: np.ndarray, w: QuantizedWeight
   if w.spec.act is not None:
     raise ValueError(f"module {module!r}: act-order rows ({gname}) with activation "
                      f"quantization ({w.spec.name}) are not supported")
-  bits = w.spec.weight_bits
-  codes = np.asarray(packing.unpack_codes(w.codes, bits, k))[perm]
-  return with_input_permutation(w.replace(codes=packing.pack_codes(jnp.asarray(codes), bits)),
-                                perm.astype(np.int32))
+  return with_input_permutation(
+      w.replace(codes=_permute_packed_rows(w.codes, jnp.asarray(perm, jnp.int32),
+                                           w.spec.weight_bits, k)), perm.astype(np.int32))
+
+
+@functools.partial(jax.jit, static_argnums=(2, 3))
+def _permute_packed_rows(codes: jax.Array, perm: jax.Array, bits: int, k: int) -> jax.Array:
+  """Packed canonical codes with their K rows taken in ``perm``'s order, as one compiled
+  program (8192 x 8192 int4 on a 2-core host: 0.035 s after its compile, against 2.2 s
+  for the unpack, gather and pack op by op)."""
+  return packing.pack_codes(jnp.take(packing.unpack_codes(codes, bits, k), perm, axis=0), bits)
 
 
 def spec_or_error(module: str, **fields) -> QuantSpec:
