@@ -50,9 +50,10 @@ def with_reference_vjp(forward: Callable[..., jax.Array], reference: Callable[..
   """``forward(*args)`` with the VJP of ``reference(*args)``.
 
   ``forward`` and ``reference`` take the same positional pytree arguments (``names``,
-  for errors) and compute the same function -- the kernel and its XLA reference.  The
-  backward differentiates ``reference`` with respect to the differentiated leaves only;
-  the others get no cotangent."""
+  for errors) and compute the same function -- the kernel and its XLA reference (or a
+  form of it made to be differentiated, e.g. at a training precision).  The backward
+  differentiates ``reference`` with respect to the differentiated leaves only; the others
+  get no cotangent."""
 
   @jax.custom_vjp
   def f(*args):
@@ -87,11 +88,13 @@ def with_reference_vjp(forward: Callable[..., jax.Array], reference: Callable[..
 
 
 def kernel_or_reference(backend: str, kernel: Callable[..., jax.Array],
-                        reference: Callable[..., jax.Array],
-                        names: Sequence[str]) -> Callable[..., jax.Array]:
-  """The op on ``backend`` ("xla": the reference itself, else the kernel) with the
-  reference's VJP on every backend."""
-  return with_reference_vjp(reference if backend == "xla" else kernel, reference, names)
+                        reference: Callable[..., jax.Array], names: Sequence[str], *,
+                        gradient: Callable[..., jax.Array] | None = None
+                        ) -> Callable[..., jax.Array]:
+  """The op on ``backend`` ("xla": the reference itself, else the kernel) with the VJP of
+  ``gradient`` (default: the reference) on every backend."""
+  return with_reference_vjp(reference if backend == "xla" else kernel,
+                            gradient or reference, names)
 
 
 def _check_differentiable(values: tuple[Any, ...], flags: tuple[bool, ...],

@@ -182,6 +182,6 @@ def quant_dense(params: QuantizedWeight, x: jax.Array, *,
         a = jnp.take(a, p.input_perm, axis=1)
       return kernel.run(in_layout_of(kernel, p).replace(input_perm=None), a,
                         interpret=(b == "interpret"))
-    y = autodiff.kernel_or_reference(b, run, reference.dense_reference,
-                                     ("params", "x"))(params, x2)
+    y = autodiff.kernel_or_reference(b, run, reference.dense_reference, ("params", "x"),
+                                     gradient=reference.dense_gradient_reference)(params, x2)
   return y.reshape(*lead, params.out_features)

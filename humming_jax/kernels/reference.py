@@ -24,6 +24,25 @@ def dense_reference(params: QuantizedWeight, x: jax.Array) -> jax.Array:
   return y.astype(x.dtype)
 
 
+def dense_gradient_reference(params: QuantizedWeight, x: jax.Array) -> jax.Array:
+  """:func:`dense_reference` as quant_dense's backward differentiates it: for 16-bit x the
+  operands in x's dtype at the default precision (float32 accumulation), as a bf16 layer's
+  own backward would run, instead of float32 at HIGHEST (several tensor-core passes per
+  product on a GPU: a training step's dx at M = 4096 would cost several forward GEMMs).
+  The dequantized weight rounds to x's dtype (relative 2**-9 in bf16), as gradients
+  tolerate; float32 x keeps the exact reference."""
+  if x.dtype not in (jnp.bfloat16, jnp.float16):
+    return dense_reference(params, x)
+  params = registry.to_canonical(params)
+  w = dequantize(params).astype(x.dtype)
+  a = (fake_quantize_activations(x, params.spec, params.act_scale)
+       if params.spec.act else x).astype(x.dtype)
+  y = jnp.dot(a, w, preferred_element_type=jnp.float32)
+  if params.bias is not None:
+    y = y + params.bias
+  return y.astype(x.dtype)
+
+
 def ragged_dot_reference(params: QuantizedWeight, x: jax.Array,
                          group_sizes: jax.Array) -> jax.Array:
   """(M, K) rows sorted by expert x quantized (E, K, N) experts -> (M, N) in x.dtype.
