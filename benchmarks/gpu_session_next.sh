@@ -40,7 +40,9 @@
 #   g40: session 40 (no device lent) made quant_dense / quant_ragged_dot / quant_moe
 #        differentiable (custom_vjp: kernel forward, XLA reference backward): their GPU
 #        test and the act-order (input_perm) GPU test, and the dense decode row (8192^2, int4 g128 zp / MXFP4, M = 1 / 16, kernel
-#        times with Humming) to check that the forward kept session 39's 14.1 / 17.35 us.
+#        times with Humming) to check that the forward kept session 39's 14.1 / 17.35 us;
+#        probe_grad.py: a training step's forward + dx against a bf16 layer, and the
+#        backward at bf16 default precision against the float32 HIGHEST first form.
 # Usage: gpu_session_next.sh [STEP...]  (default: t39 g40 q16 bd; qm needs old/ carried).
 source "$(dirname "$0")/gpu_env.sh"
 ROW="$MOE --consume row --humming --no-baselines"
@@ -81,6 +83,8 @@ s_g40() {
   T ${ST:-200} python3 benchmarks/bench_dense.py --specs w4a16-g128-zp,w4a16-mxfp4 --ms 1,16 \
     --humming --kernel-times --json "$OUT/g40_dense.json" > "$OUT/g40_dense.log" 2>&1
   echo "dense rc=$?"; grep -vE "^#|^$" "$OUT/g40_dense.log" | tail -12 | cut -c1-250
+  T ${ST:-150} python3 benchmarks/probe_grad.py --ms 16,1024,4096 > "$OUT/g40_grad.log" 2>&1
+  echo "grad rc=$?"; grep "^M=" "$OUT/g40_grad.log"
 }
 s_bd() {
   local mt
