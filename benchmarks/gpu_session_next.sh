@@ -79,7 +79,8 @@ s_t39() {
     tests/test_grouped_wna16_mgpu.py
 }
 s_g40() {
-  gpu_tests ${ST:-200} "grad_gpu or act_order_gpu" tests/test_autodiff.py tests/test_act_order.py
+  gpu_tests ${ST:-200} "grad_gpu or act_order_gpu or stacked_experts_gpu" \
+    tests/test_autodiff.py tests/test_act_order.py tests/test_stack_experts.py
   T ${ST:-200} python3 benchmarks/bench_dense.py --specs w4a16-g128-zp,w4a16-mxfp4 --ms 1,16 \
     --humming --kernel-times --json "$OUT/g40_dense.json" > "$OUT/g40_dense.log" 2>&1
   echo "dense rc=$?"; grep -vE "^#|^$" "$OUT/g40_dense.log" | tail -12 | cut -c1-250

@@ -93,3 +93,19 @@ def test_stack_experts_refusals():
   kept = hj.stack_experts(other)
   assert kept["experts"]["0"]["gate_proj"]["weight"] is other["experts"]["0"]["gate_proj"][
       "weight"] and kept["x"] is other["x"]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("spec", ["w4a16-g128-zp", "w8a8-fp8-block"])
+def test_stacked_experts_gpu(spec):
+  """On the H200: experts stacked from per-expert layers (Qwen3-30B-A3B-like widths, 16
+  experts) through quant_moe's Pallas path against the XLA path."""
+  experts = _experts(spec, e=16, h=2048, inter=768, seed=3)
+  stacked = hj.stack_experts({"experts": experts})["experts"]
+  gu, dn = moe.prepare_experts(stacked["gate_up"], stacked["down"])
+  x = jax.random.normal(jax.random.key(4), (24, 2048), jnp.bfloat16)
+  weights, ids = moe.topk_routing(jax.random.normal(jax.random.key(5), (24, 16)), 4)
+  y = jax.jit(hj.quant_moe)(gu, dn, x, weights, ids).astype(jnp.float32)
+  want = jax.jit(lambda *a: hj.quant_moe(*a, backend="xla"))(
+      stacked["gate_up"], stacked["down"], x, weights, ids).astype(jnp.float32)
+  assert float(jnp.max(jnp.abs(y - want)) / jnp.max(jnp.abs(want))) <= 2e-2
