@@ -325,3 +325,26 @@ def test_nnx_lora_over_quant_dense():
   assert rel(grads.lora_b[...], (x @ a).T @ dy) <= 1e-5
   assert rel(grads.lora_a[...], x.T @ (dy @ b.T)) <= 1e-5
   assert "kernel" not in nnx.to_pure_dict(grads).get("base_module", {})
+
+
+def test_quant_moe_module_router_trains():
+  """hj.nn.QuantMoE: the router's kernel gets the gradient of the explicit layer (softmax
+  top-k routing over the dequantized experts), through quant_moe's backward."""
+  from humming_jax import nn as hnn
+  e, h, inter, t = 4, 256, 128, 6
+  layer = hnn.QuantMoE(num_experts=e, topk=2, intermediate=inter, spec="w4a16-g128",
+                       backend="xla")
+  x = jax.random.normal(jax.random.key(70), (t, h), jnp.float32)
+  params = layer.init(jax.random.key(71), x)["params"]
+  dy = jax.random.normal(jax.random.key(72), (t, h))
+  router = params["router"]["kernel"]
+  loss = lambda r: jnp.sum(layer.apply({"params": {**params, "router": {"kernel": r}}}, x) * dy)
+  gu_w, dn_w = hj.dequantize(params["gate_up"]), hj.dequantize(params["down"])
+
+  def explicit(r):
+    weights, ids = moe.topk_routing(x @ r, 2)
+    return jnp.sum(moe_explicit(gu_w, dn_w, x, weights, ids) * dy)
+
+  g = jax.grad(loss)(router)
+  assert float(jnp.abs(g).max()) > 0
+  assert rel(g, jax.grad(explicit)(router)) <= 1e-4
