@@ -2,8 +2,10 @@
 
     PYTHONPATH=. python examples/load_checkpoint.py [CHECKPOINT_DIR]
 
-Without an argument it loads the tiny GPTQ fixture of the tests (two shards); any GPTQ,
-AWQ, compressed-tensors, ModelOpt NVFP4/FP8 or gpt-oss MXFP4 directory works the same way.
+Without an argument it loads the tiny GPTQ fixture of the tests (two shards); any GPTQ
+(act-order too), AWQ, compressed-tensors, ModelOpt NVFP4/FP8, gpt-oss MXFP4 or block-FP8
+(DeepSeek-V3, Qwen3-FP8) directory works the same way.  Per-expert MoE layers
+(``experts.{i}.gate_proj`` ...) are stacked into ``hj.quant_moe``'s weights first.
 """
 import os
 import sys
@@ -20,6 +22,7 @@ DEFAULT = os.path.join(HERE, "..", "tests", "fixtures", "checkpoints", "gptq-w4-
 def main(path: str) -> None:
   print(f"format: {hj.checkpoints.detect_format(path)}")
   tree = hj.load_checkpoint(path)  # nested dict keyed by the checkpoint's module paths
+  tree = hj.stack_experts(tree)    # experts.{i}.* -> experts.gate_up / experts.down (MoE)
   print(hj.report(tree))           # quantized layers and float tensors (ignored modules too)
 
   # The first quantized layer in the tree, whatever the model calls it.
