@@ -11,6 +11,16 @@ import os
 # for them; it changes no result.  Set before any backend starts.
 os.environ.setdefault("PJRT_NPROC", "8")
 
+# Without a GPU: LLVM's codegen optimizations off for the CPU programs (as in
+# tests/sharding_checks.py).  Most of a CPU run is XLA compiling thousands of small
+# programs (the interpreter's included); at -O0 the suite takes ~20% less CPU time on CI's
+# 2 cores, with the same HLO and float semantics.  Left alone on a GPU host (its kernels'
+# own codegen) and where XLA_FLAGS already sets the level.
+if (not any(os.path.exists(f"/dev/nvidia{i}") for i in range(16))
+    and "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", "")):
+  os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
+                             + " --xla_backend_optimization_level=0").strip()
+
 import jax  # noqa: E402
 import pytest
 
@@ -40,7 +50,40 @@ def _has_gpu() -> bool:
 HAS_GPU = _has_gpu()
 
 
+# The slowest CPU tests (~7-30 s each on CI's 2 cores), run first.  pytest-xdist's default
+# (load) scheduling hands tests out in collection order, so a slow test collected late can
+# end the run on one worker while the other idles; begun first, the short tests after them
+# even out the two workers' ends.  Node id prefixes, slowest first.
+SLOW_FIRST = (
+    "tests/test_sharding.py::test_on_8_devices",  # the 8-device subprocesses (~30 s)
+    "tests/test_moe.py::test_quant_moe_w4a8_",
+    "tests/test_wnam_mgpu.py::test_mx_fold_scale_span_bound",
+    "tests/test_wnam_mgpu.py::test_dense_fp8_mma_layout_interpret",
+    "tests/test_grouped_wna16_mgpu.py::test_quant_moe_pair_tiles_interpret",
+    "tests/test_grouped_wna16_mgpu.py::test_tile_schedule_covers_every_row_once",
+    "tests/test_autotune.py::test_autotune_grouped_mgpu_stores_what_run_reads",
+    "tests/test_autodiff.py::test_quant_moe_grad",
+    "tests/test_grouped_wna16_mgpu.py::test_scale_fold_interpret",
+    "tests/test_grouped_wna16_mgpu.py::test_quant_moe_on_mosaic_params_interpret",
+    "tests/test_grouped_wnam_mgpu.py::test_fp8_single_acc_route",
+    "tests/test_grouped_wnam_mgpu.py::test_fp8_mma_split_k_and_dense_interpret",
+    "tests/test_wna16_mgpu.py::test_scale_fold_matches_unfolded_interpret",
+    "tests/test_grouped_wna16_mgpu.py::test_column_blocks_interpret",
+    "tests/test_wnam_mgpu.py::test_prefill_runs_the_8bit_gemm_from_this_layout",
+    "tests/test_wna16_mgpu.py::test_prepare_round_trip_is_exact",
+    "tests/test_grouped_wna16_mgpu.py::test_streamed_launch_is_run_s_not_run_aligned_s",
+    "tests/test_wnam_mgpu.py::test_mx_fold_prefill_interpret",
+    "tests/test_wna16.py::test_shapes_sweep_interpret",
+)
+
+
+def _slow_rank(item) -> int:
+  return next((i for i, p in enumerate(SLOW_FIRST) if item.nodeid.startswith(p)),
+              len(SLOW_FIRST))
+
+
 def pytest_collection_modifyitems(config, items):
+  items.sort(key=_slow_rank)  # stable: the rest keep their collection order
   if HAS_GPU:
     return
   skip = pytest.mark.skip(reason="needs an NVIDIA GPU (run on the lent H200)")

@@ -15,6 +15,8 @@ import pytest
 
 import humming_jax as hj
 from humming_jax.kernels import grouped_wna16_mgpu as gm, reference, registry, tuning, wna16_mgpu
+# jax.random.normal bit for bit (one compile per size class); one jitted quantize per spec
+from test_wna16_mgpu import _quantizer, normal
 
 TOL = 1e-2
 
@@ -43,10 +45,10 @@ def routed_error(name, e, k, n, tokens, seed, prepare, run):
 
 def make(name, e, k, n, m, bias, seed=0, dtype=jnp.bfloat16):
   kw, kb, kx = jax.random.split(jax.random.key(seed), 3)
-  w = jax.random.normal(kw, (e, k, n)) / np.sqrt(k)
-  b = jax.random.normal(kb, (e, n)) if bias else None
-  q = jax.jit(lambda w, b: hj.quantize(w, hj.QuantSpec.preset(name), bias=b))(w, b)
-  x = jax.random.normal(kx, (m, k), jnp.float32).astype(dtype)
+  w = normal(kw, (e, k, n)) / np.sqrt(k)
+  b = normal(kb, (e, n)) if bias else None
+  q = _quantizer(hj.QuantSpec.preset(name))(w, b)
+  x = normal(kx, (m, k), jnp.float32).astype(dtype)
   return q, x
 
 
@@ -207,6 +209,7 @@ def test_tile_schedule_covers_every_row_once():
   exactly once and fit the static bound; output_rows maps each row to its tile's slot."""
   rng = np.random.default_rng(0)
   decode = [np.asarray([1] * 8 + [0] * 8), np.asarray([0, 1, 1, 0, 1, 1, 1, 0, 1, 1, 1])]
+  cases = []
   for i in range(62):
     if i < 60:
       e = int(rng.integers(1, 12))
@@ -222,9 +225,13 @@ def test_tile_schedule_covers_every_row_once():
     bm = gm.block_rows(m, e)
     nt = gm.max_tiles(m, e, bm)
     assert i < 60 or nt == m
-    # One compiled call per split (op-by-op dispatch compiles every small op per shape).
-    sched, got = jax.jit(lambda g: (gm.tile_schedule(g, m, bm, nt),
-                                    gm.output_rows(g, m, bm, nt)))(jnp.asarray(gs))
+    cases.append((gs, m, bm, nt))
+  # Every split in one compiled call (op-by-op dispatch compiles every small op per shape;
+  # one program per split compiled ~60 times).
+  outs = jax.jit(lambda gss: [(gm.tile_schedule(g, m, bm, nt), gm.output_rows(g, m, bm, nt))
+                              for g, (_, m, bm, nt) in zip(gss, cases)])(
+                                  [jnp.asarray(c[0]) for c in cases])
+  for (gs, m, bm, nt), (sched, got) in zip(cases, outs):
     expert, row0, own, end, kind = map(np.asarray, sched)
     seg_end = np.cumsum(gs)
     seg_start = seg_end - gs

@@ -243,8 +243,10 @@ def test_quant_moe_w4a8_quantizes_tokens_before_the_gather(monkeypatch):
   assert rows_quantized == [t, t * topk]  # gate_up: the tokens; down: its rows
   r = moe.sort_tokens(ids, e)
   run = lambda p, a: hj.quant_ragged_dot(p, a, r.group_sizes, backend="interpret")
-  want = moe.combine(run(pdn, moe.glu(run(pgu, jnp.take(x, r.token_of_row, axis=0)))), w,
-                     r).astype(x.dtype)
+  # (one compiled call: op by op, its small ops compile one by one)
+  want = jax.jit(lambda x, w: moe.combine(
+      run(pdn, moe.glu(run(pgu, jnp.take(x, r.token_of_row, axis=0)))), w, r).astype(x.dtype))(
+          x, w)
   np.testing.assert_array_equal(np.asarray(y, np.float32), np.asarray(want, np.float32))
   monkeypatch.setenv("HUMMING_JAX_MOE_QUANTIZE_FIRST", "0")  # the switch: the rows' gather
   rows_quantized.clear()
