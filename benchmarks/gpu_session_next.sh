@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# Session 40 ran t39 and g40 (call 1: benchmarks/results/2026-12-05-session40); q16, qm, bd are still to run.
 # Session 39 ran pt, pe, px (call 1), pr (call 2) and as (call 3): results in
 # benchmarks/results/2026-12-04-session39; q16, qm and bd are still to run, and t39 (the
 # GPU tests written after the device was gone: run it first).
@@ -43,7 +44,7 @@
 #        times with Humming) to check that the forward kept session 39's 14.1 / 17.35 us;
 #        probe_grad.py: a training step's forward + dx against a bf16 layer, and the
 #        backward at bf16 default precision against the float32 HIGHEST first form.
-# Usage: gpu_session_next.sh [STEP...]  (default: t39 g40 q16 bd; qm needs old/ carried).
+# Usage: gpu_session_next.sh [STEP...]  (default: q16 bd; qm needs old/ carried).
 source "$(dirname "$0")/gpu_env.sh"
 ROW="$MOE --consume row --humming --no-baselines"
 s_pt() {
@@ -123,5 +124,5 @@ s_qm() {
   done
   rm -rf humming_jax && cp -r /tmp/hj_new_tree humming_jax && rm -rf /tmp/hj_new_tree  # restored
 }
-for s in ${@:-t39 g40 q16 bd}; do step "$s"; "s_$s"; done
+for s in ${@:-q16 bd}; do step "$s"; "s_$s"; done
 step done
