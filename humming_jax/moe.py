@@ -389,20 +389,12 @@ def quant_moe(gate_up_params: QuantizedWeight, down_params: QuantizedWeight, x: 
     return jnp.zeros((x.shape[0], h), x.dtype)
   forward = lambda gu, dn, a, w, ids: _quant_moe_forward(gu, dn, a, w, ids, activation,
                                                           backend)
-  reference = lambda gu, dn, a, w, ids: _quant_moe_reference(gu, dn, a, w, ids, activation)
+  # the backward differentiates the same layer on XLA (rows sorted by expert, ragged_dot_xla)
+  reference = lambda gu, dn, a, w, ids: _quant_moe_forward(gu, dn, a, w, ids, activation,
+                                                            "xla")
   return autodiff.with_reference_vjp(
       forward, reference, ("gate_up_params", "down_params", "x", "topk_weights", "topk_ids")
   )(gate_up_params, down_params, x, topk_weights, topk_ids)
-
-
-def _quant_moe_reference(gate_up_params: QuantizedWeight, down_params: QuantizedWeight,
-                         x: jax.Array, topk_weights: jax.Array, topk_ids: jax.Array,
-                         activation: Activation) -> jax.Array:
-  """quant_moe on XLA (rows sorted by expert, :func:`ragged_dot_xla`): its backward."""
-  r = sort_tokens(topk_ids, gate_up_params.shape[0])
-  hid = ragged_dot_xla(gate_up_params, jnp.take(x, r.token_of_row, axis=0), r.group_sizes)
-  ys = ragged_dot_xla(down_params, glu(hid, activation), r.group_sizes)
-  return combine(ys, topk_weights, r).astype(x.dtype)
 
 
 def _quant_moe_forward(gate_up_params: QuantizedWeight, down_params: QuantizedWeight,

@@ -104,8 +104,8 @@ def in_layout_of(kernel: registry.DenseKernel, params: QuantizedWeight) -> Quant
   kernels never see it (``quant_dense`` gathers x instead)."""
   if registry.layout_family(params.layout) == kernel.layout:
     return params
-  prepared = kernel.prepare(registry.to_canonical(params).replace(input_perm=None))
-  return prepared.replace(input_perm=params.input_perm)
+  return registry.carrying_input_perm(
+      lambda p: kernel.prepare(registry.to_canonical(p)), params)
 
 
 def kernel_for(params: QuantizedWeight, *, grouped: bool = False,
@@ -180,8 +180,8 @@ def quant_dense(params: QuantizedWeight, x: jax.Array, *,
     def run(p, a):
       if p.input_perm is not None:  # act-order: x's columns in the stored rows' order
         a = jnp.take(a, p.input_perm, axis=1)
-      return kernel.run(in_layout_of(kernel, p).replace(input_perm=None), a,
-                        interpret=(b == "interpret"))
+        p = p.replace(input_perm=None)
+      return kernel.run(in_layout_of(kernel, p), a, interpret=(b == "interpret"))
     y = autodiff.kernel_or_reference(b, run, reference.dense_reference, ("params", "x"),
                                      gradient=reference.dense_gradient_reference)(params, x2)
   return y.reshape(*lead, params.out_features)

@@ -108,8 +108,14 @@ def to_canonical(params):
   """Canonical-layout params from params in any layout."""
   if params.layout == "canonical":
     return params
-  canonical = by_layout(params.layout).to_canonical(params.replace(input_perm=None))
-  return canonical.replace(input_perm=params.input_perm)  # (kernels never see it)
+  return carrying_input_perm(by_layout(params.layout).to_canonical, params)
+
+
+def carrying_input_perm(relayout: Callable, params):
+  """``relayout(params)`` on params without their ``input_perm`` (act-order rows: the
+  kernels and their layouts never see it; quant_dense gathers x instead), which the result
+  then carries."""
+  return relayout(params.replace(input_perm=None)).replace(input_perm=params.input_perm)
 
 
 def _load_kernels() -> None:
