@@ -1,4 +1,6 @@
 #!/usr/bin/env bash
+# Session 41 added g41 (quant_dense's / the XLA grouped GEMM's backward read prepared params
+# in their own layout: registry.dequantize).
 # Session 40 ran t39 and g40 (call 1: benchmarks/results/2026-12-05-session40); q16, qm, bd are still to run.
 # Session 39 ran pt, pe, px (call 1), pr (call 2) and as (call 3): results in
 # benchmarks/results/2026-12-04-session39; q16, qm and bd are still to run, and t39 (the
@@ -44,6 +46,12 @@
 #        times with Humming) to check that the forward kept session 39's 14.1 / 17.35 us;
 #        probe_grad.py: a training step's forward + dx against a bf16 layer, and the
 #        backward at bf16 default precision against the float32 HIGHEST first form.
+#   g41: session 41's GPU checks of the backward on prepared params (test_grad_gpu, the
+#        act-order and stacked-expert tests, tests/test_prepared_dequantize.py on the GPU's
+#        XLA: bit-equal readers), then probe_grad.py: dense 8192^2 forward + dx, the
+#        backward against session 40's re-layout form, and a Qwen3-30B-A3B quant_moe layer.
+#   g41b: the same after the backward's products moved to x's 16-bit dtype (dense and
+#        grouped), with the dense backward's kernels and its GEMM alone in both W orientations.
 # Usage: gpu_session_next.sh [STEP...]  (default: q16 bd; qm needs old/ carried).
 source "$(dirname "$0")/gpu_env.sh"
 ROW="$MOE --consume row --humming --no-baselines"
@@ -87,6 +95,25 @@ s_g40() {
   echo "dense rc=$?"; grep -vE "^#|^$" "$OUT/g40_dense.log" | tail -12 | cut -c1-250
   T ${ST:-150} python3 benchmarks/probe_grad.py --ms 16,1024,4096 > "$OUT/g40_grad.log" 2>&1
   echo "grad rc=$?"; grep "^M=" "$OUT/g40_grad.log"
+}
+s_g41() {
+  gpu_tests ${ST:-200} "grad_gpu or act_order_gpu or stacked_experts_gpu" \
+    tests/test_autodiff.py tests/test_act_order.py tests/test_stack_experts.py
+  T ${ST:-150} python3 -m pytest -p no:cacheprovider -o addopts= -q --tb=short \
+    tests/test_prepared_dequantize.py > "$OUT/g41_readers.log" 2>&1
+  echo "readers rc=$?"; grep -E "passed|failed|^E " "$OUT/g41_readers.log" | head -12
+  T ${ST:-220} python3 benchmarks/probe_grad.py --ms 16,1024,4096 --moe-tokens 16,256 \
+    > "$OUT/g41_grad.log" 2>&1
+  echo "grad rc=$?"; grep -E "^M=|^MoE|rror" "$OUT/g41_grad.log" | cut -c1-300
+}
+s_g41b() {  # after the 16-bit cotangents (dense and grouped backward), call 3
+  gpu_tests ${ST:-150} "grad_gpu" tests/test_autodiff.py
+  T ${ST:-200} python3 benchmarks/probe_grad.py --ms 16,1024,4096 --breakdown \
+    > "$OUT/g41b_grad.log" 2>&1
+  echo "grad rc=$?"; grep -E "^M=|^  M=|rror" "$OUT/g41b_grad.log" | cut -c1-300
+  T ${ST:-200} python3 benchmarks/probe_grad.py --ms "" --moe-tokens 16,256 \
+    > "$OUT/g41b_moe.log" 2>&1
+  echo "moe rc=$?"; grep -E "^MoE|tokens=|rror" "$OUT/g41b_moe.log" | cut -c1-300
 }
 s_bd() {
   local mt

@@ -8,9 +8,13 @@ Rows per M (µs, the sum of the kernels one call launches, median of 5):
   grad       jax.value_and_grad of sum(quant_dense(p, x) * dy) w.r.t. x: the kernel forward
              and quant_dense's backward (reference.dense_gradient_reference: W in bf16,
              default precision)
-  grad_f32   the same with the backward on the exact float32 reference at HIGHEST (the
-             session 40 first form)
+  grad_relayout  the same with the backward's W read through to_canonical (session 40's
+             form: the prepared layout converted back to canonical codes on every call)
   bf16_fwd / bf16_grad   x @ W with a bf16 W (XLA): what a float layer pays
+With --moe-tokens, a Qwen3-30B-A3B-shaped hj.quant_moe layer (E 128, top-8, H 2048, I 768,
+experts prepared for the grouped kernel): moe_fwd and moe_grad (value_and_grad w.r.t. x;
+the backward is ragged_dot_xla's VJP, which decodes only the routed experts, from their
+prepared layout).
 """
 from __future__ import annotations
 
@@ -24,7 +28,7 @@ import jax.numpy as jnp
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 import humming_jax as hj  # noqa: E402
 from benchmarks import common  # noqa: E402
-from humming_jax.kernels import reference  # noqa: E402
+from humming_jax.kernels import registry  # noqa: E402
 
 
 def main() -> None:
@@ -32,13 +36,15 @@ def main() -> None:
   ap.add_argument("--ms", default="16,1024,4096")
   ap.add_argument("--size", type=int, default=8192)
   ap.add_argument("--spec", default="w4a16-g128-zp")
+  ap.add_argument("--moe-tokens", default="", help="e.g. 16,256 (empty: no MoE rows)")
+  ap.add_argument("--breakdown", action="store_true",
+                  help="also print the grad row's kernels (largest first)")
   args = ap.parse_args()
   k = n = args.size
   w = jax.random.normal(jax.random.key(0), (k, n)) / k ** 0.5
   p = hj.prepare(hj.quantize(w, args.spec))
   wb = w.astype(jnp.bfloat16)
-  exact = reference.dense_gradient_reference
-  for m in (int(v) for v in args.ms.split(",")):
+  for m in (int(v) for v in args.ms.split(",") if v):
     x = jax.random.normal(jax.random.key(1), (m, k), jnp.bfloat16)
     dy = jax.random.normal(jax.random.key(2), (m, n), jnp.bfloat16)
     loss = lambda x: jnp.sum((hj.quant_dense(p, x) * dy).astype(jnp.float32))
@@ -47,16 +53,71 @@ def main() -> None:
             "grad": jax.value_and_grad(loss),
             "bf16_fwd": (lambda x: x @ wb),
             "bf16_grad": jax.value_and_grad(bf16_loss)}
-    out = {name: sum(common.kernel_times(jax.jit(f), (x,)).values())
-           for name, f in rows.items()}
-    reference.dense_gradient_reference = reference.dense_reference  # the first form
+    times = {name: common.kernel_times(jax.jit(f), (x,)) for name, f in rows.items()}
+    out = {name: sum(t.values()) for name, t in times.items()}
+    if args.breakdown:
+      for name, us in sorted(times["grad"].items(), key=lambda kv: -kv[1])[:8]:
+        print(f"  M={m} grad kernel {us:8.1f} us  {name}")
+      # the backward's GEMM alone, W in either orientation
+      alone = {"bwd_kn": lambda dy: jnp.dot(dy, registry.dequantize(p, jnp.bfloat16).T),
+               "bwd_nk": lambda dy: jnp.dot(dy, transposed_weights(p))}
+      ref = jnp.dot(dy, registry.dequantize(p, jnp.bfloat16).T)
+      assert float(jnp.max(jnp.abs(alone["bwd_nk"](dy) - ref))) <= 1e-2 * float(
+          jnp.max(jnp.abs(ref))), "transposed_weights disagrees"
+      for name, f in alone.items():
+        t = common.kernel_times(jax.jit(f), (dy,))
+        print(f"  M={m} {name} {sum(t.values()):.1f} us: " + ", ".join(
+            f"{k_} {v:.1f}" for k_, v in sorted(t.items(), key=lambda kv: -kv[1])[:4]))
+    read = registry.dequantize  # session 40's form: every call re-lays out W to canonical
+    registry.dequantize = lambda q, dtype: read(registry.to_canonical(q), dtype)
     try:
-      out["grad_f32"] = sum(common.kernel_times(jax.jit(jax.value_and_grad(
+      out["grad_relayout"] = sum(common.kernel_times(jax.jit(jax.value_and_grad(
           lambda x: jnp.sum((hj.quant_dense(p, x) * dy).astype(jnp.float32)))), (x,)).values())
     finally:
-      reference.dense_gradient_reference = exact
+      registry.dequantize = read
     print(f"M={m} {args.spec} {k}x{n} us: " + "  ".join(f"{name} {us:.1f}"
                                                           for name, us in out.items()))
+  if args.moe_tokens:
+    moe_rows(args.spec, [int(v) for v in args.moe_tokens.split(",")])
+
+
+def transposed_weights(p, dtype=jnp.bfloat16):
+  """(N, K) W^T from a wna16_mgpu layout of groups that are whole K tiles (int4 g128 zp):
+  the (t, Np, bk) codes keep bk contiguous, so only the tile axis moves."""
+  from humming_jax.kernels import wna16_mgpu  # noqa: PLC0415
+  k, n = p.shape
+  t, np_, bk = p.codes.shape
+  gk = t * bk // p.scales.shape[0]
+  assert gk % bk == 0, "probe: groups of whole K tiles only"
+  rows = (jnp.arange(t) * bk) // gk
+  c = wna16_mgpu.code_values(p, dtype)  # (t, Np, bk)
+  if p.zeros is not None:
+    c = c - p.zeros[rows].astype(dtype)[:, :, None]
+  w = c * p.scales[rows].astype(dtype)[:, :, None]
+  return w.transpose(1, 0, 2).reshape(np_, t * bk)[:n, :k]
+
+
+def moe_rows(spec: str, token_counts: list[int], e: int = 128, topk: int = 8,
+             h: int = 2048, i: int = 768) -> None:
+  keys = jax.random.split(jax.random.key(3), 6)
+  gate_up = hj.prepare(hj.quantize(jax.random.normal(keys[0], (e, h, 2 * i)) / h ** 0.5,
+                                   spec), grouped=True)
+  down = hj.prepare(hj.quantize(jax.random.normal(keys[1], (e, i, h)) / i ** 0.5, spec),
+                    grouped=True)
+  for t in token_counts:
+    x = jax.random.normal(keys[2], (t, h), jnp.bfloat16)
+    dy = jax.random.normal(keys[3], (t, h), jnp.bfloat16)
+    logits = jax.random.normal(keys[4], (t, e))
+    topk_weights, topk_ids = jax.lax.top_k(jax.nn.softmax(logits), topk)
+    layer = lambda x: hj.quant_moe(gate_up, down, x, topk_weights, topk_ids)
+    loss = lambda x: jnp.sum((layer(x) * dy).astype(jnp.float32))
+    times = {name: common.kernel_times(jax.jit(f), (x,))
+             for name, f in {"moe_fwd": layer, "moe_grad": jax.value_and_grad(loss)}.items()}
+    out = {name: sum(t.values()) for name, t in times.items()}
+    for name, us in sorted(times["moe_grad"].items(), key=lambda kv: -kv[1])[:6]:
+      print(f"  tokens={t} moe_grad kernel {us:8.1f} us  {name}")
+    print(f"MoE tokens={t} {spec} E={e} top-{topk} H={h} I={i} us: "
+          + "  ".join(f"{name} {us:.1f}" for name, us in out.items()))
 
 
 if __name__ == "__main__":

@@ -25,9 +25,8 @@ import numpy as np
 
 from humming_jax import autodiff, ops
 from humming_jax.kernels import (grouped_wna16, grouped_wna16_mgpu, grouped_wnam_mgpu, registry,
-                                 tuning, wna16)
-from humming_jax.quantize import (QuantizedWeight, check_no_input_perm, dequantize,
-                                  fake_quantize_activations)
+                                 tuning)
+from humming_jax.quantize import QuantizedWeight, check_no_input_perm, fake_quantize_activations
 
 Activation = Literal["silu", "gelu"]
 ACTIVATIONS = ("silu", "gelu")
@@ -191,7 +190,8 @@ def _xla_block_m(m: int, e: int) -> int:
 
 
 def ragged_dot_xla(params: QuantizedWeight, x: jax.Array, group_sizes: jax.Array, *,
-                   block_m: int | None = None, chunk_bytes: int = 1 << 28) -> jax.Array:
+                   block_m: int | None = None, chunk_bytes: int = 1 << 28,
+                   exact: bool = True) -> jax.Array:
   """The XLA grouped GEMM (CPU fallback, and any spec without a grouped kernel).
 
   Not ``lax.ragged_dot`` (which XLA expands to a dense masked E-fold product on the GPU):
@@ -201,62 +201,57 @@ def ragged_dot_xla(params: QuantizedWeight, x: jax.Array, group_sizes: jax.Array
   Cost: ``tiles * (K*N)`` weight elements decoded (tiles <= cdiv(M, block_m) + min(E, M),
   so at decode only the active experts) and ``tiles * block_m * K * N`` MACs; memory
   ``chunk * K * N`` floats per step (``chunk_bytes`` bounds it), never E*M*N.
-  Params prepared for the grouped kernel are decoded straight from that layout (only the
-  gathered experts); other prepared layouts are converted to canonical first, which
-  re-lays out *every* expert on every call."""
-  if registry.layout_family(params.layout) == grouped_wna16.FAMILY:
-    decode = _dequantize_grouped_prepared
-  else:
-    params = registry.to_canonical(params)
-    decode = dequantize
+  Only the gathered experts are decoded, prepared ones in their own layout where their
+  family can (``registry.dequantize``).  ``exact=False`` with 16-bit x computes in x's
+  dtype (weights rounded to it, products accumulated in float32 inside the GEMM), as
+  :func:`ragged_dot_gradient_reference` differentiates it."""
   spec = params.spec
   e, k, n = params.shape
   m = x.shape[0]
-  a = (fake_quantize_activations(x, spec, params.act_scale) if spec.act
-       else x.astype(jnp.float32))
+  dt = (x.dtype if not exact and x.dtype in (jnp.bfloat16, jnp.float16) else jnp.float32)
+  a = (fake_quantize_activations(x, spec, params.act_scale) if spec.act else x).astype(dt)
   bm = block_m or _xla_block_m(m, e)
   num_tiles = grouped_wna16.max_tiles(m, e, bm)
   expert, start, end, kind = grouped_wna16.tile_schedule(group_sizes, m, bm, num_tiles)
-  chunk = max(1, min(num_tiles, chunk_bytes // (8 * k * n)))  # f32 weights + temps
+  chunk = max(1, min(num_tiles, chunk_bytes // (2 * jnp.dtype(dt).itemsize * k * n)))
+  # (the weights and temporaries of a chunk)
   pad = -num_tiles % chunk
   expert, start, end, kind = (jnp.pad(v, (0, pad)) for v in (expert, start, end, kind))
   a = jnp.pad(a, ((0, bm), (0, 0)))
 
   def step(args):
     ex, st, en, kd = args
-    sub = params.replace(
-        codes=params.codes[ex], scales=params.scales[ex],
-        zeros=None if params.zeros is None else params.zeros[ex],
-        global_scale=None if params.global_scale is None else params.global_scale[ex],
-        bias=None, shape=(ex.shape[0], k, n))
-    w = decode(sub)  # (chunk, K, N) float32
+    # every stored leaf of a stack (any layout) has the experts on its first axis
+    sub = jax.tree.map(lambda leaf: leaf[ex], params.replace(bias=None, act_scale=None))
+    w = registry.dequantize(sub.replace(shape=(ex.shape[0], k, n)), dt)  # (chunk, K, N)
     rows = st[:, None] + jnp.arange(bm, dtype=jnp.int32)[None, :]
     ok = (rows < en[:, None]) & (kd[:, None] == 1)
     # rows outside the tile's expert read as zero, as in the kernels: their values (NaN,
     # inf past sum(group_sizes)) must not reach the weights' cotangent either
-    xs = jnp.where(ok[..., None], a[rows], 0.0)  # (chunk, bm, K)
-    y = jnp.einsum("cmk,ckn->cmn", xs, w, preferred_element_type=jnp.float32)
+    xs = jnp.where(ok[..., None], a[rows], jnp.zeros((), dt))  # (chunk, bm, K)
+    # float32 x: a float32 product; 16-bit (exact=False): in x's dtype, so that the
+    # product's cotangent, and the backward's GEMMs, stay 16-bit
+    y = jnp.einsum("cmk,ckn->cmn", xs, w)
     if params.bias is not None:
       y = y + params.bias[ex][:, None, :]
-    return jnp.where(ok[..., None], y, 0.0), jnp.where(rows < en[:, None], rows, m)
+    return jnp.where(ok[..., None], y, jnp.zeros((), y.dtype)), jnp.where(rows < en[:, None],
+                                                                        rows, m)
 
   nchunks = (num_tiles + pad) // chunk
   # Checkpointed: differentiated (quant_ragged_dot's backward), each chunk decodes its
   # experts again instead of keeping every chunk's float32 weights for the backward.
   ys, rows = jax.lax.map(jax.checkpoint(step), tuple(v.reshape(nchunks, chunk)
                                      for v in (expert, start, end, kind)))
-  out = jnp.zeros((m, n), jnp.float32).at[rows.reshape(-1)].set(
-      ys.reshape(-1, n), mode="drop")
+  out = jnp.zeros((m, n), ys.dtype).at[rows.reshape(-1)].set(ys.reshape(-1, n), mode="drop")
   return out.astype(x.dtype)
 
 
-def _dequantize_grouped_prepared(sub: QuantizedWeight) -> jax.Array:
-  """(C, K, N) float32 from a gathered stack of grouped-kernel-layout experts."""
-  c, k, n = sub.shape
-  dense = sub.replace(shape=(k, n),
-                      layout=sub.layout.replace(grouped_wna16.FAMILY + ":",
-                                                wna16.FAMILY + ":", 1))
-  return jax.vmap(wna16.dequantize_prepared)(dense)
+def ragged_dot_gradient_reference(params: QuantizedWeight, x: jax.Array,
+                                  group_sizes: jax.Array) -> jax.Array:
+  """:func:`ragged_dot_xla` as quant_ragged_dot's and quant_moe's backward differentiates
+  it: 16-bit x in x's dtype (as ``reference.dense_gradient_reference``: the backward's
+  GEMMs 16-bit, weights rounded to x's dtype), float32 x exact."""
+  return ragged_dot_xla(params, x, group_sizes, exact=False)
 
 
 def quant_ragged_dot(params: QuantizedWeight, x: jax.Array, group_sizes: jax.Array, *,
@@ -279,8 +274,9 @@ def quant_ragged_dot(params: QuantizedWeight, x: jax.Array, group_sizes: jax.Arr
   b, kernel = ops.backend_and_kernel(params, x.dtype, backend, grouped=True)
   run = lambda p, a, gs: kernel.run(ops.in_layout_of(kernel, p), a, gs,
                                     interpret=(b == "interpret"))
-  return autodiff.kernel_or_reference(b, run, ragged_dot_xla,
-                                      ("params", "x", "group_sizes"))(params, x, group_sizes)
+  return autodiff.kernel_or_reference(b, run, ragged_dot_xla, ("params", "x", "group_sizes"),
+                                      gradient=ragged_dot_gradient_reference
+                                      )(params, x, group_sizes)
 
 
 # ----------------------------------------------------------------------------------------
@@ -389,9 +385,8 @@ def quant_moe(gate_up_params: QuantizedWeight, down_params: QuantizedWeight, x: 
     return jnp.zeros((x.shape[0], h), x.dtype)
   forward = lambda gu, dn, a, w, ids: _quant_moe_forward(gu, dn, a, w, ids, activation,
                                                           backend)
-  # the backward differentiates the same layer on XLA (rows sorted by expert, ragged_dot_xla)
-  reference = lambda gu, dn, a, w, ids: _quant_moe_forward(gu, dn, a, w, ids, activation,
-                                                            "xla")
+  reference = lambda gu, dn, a, w, ids: _quant_moe_gradient_reference(gu, dn, a, w, ids,
+                                                                      activation)
   return autodiff.with_reference_vjp(
       forward, reference, ("gate_up_params", "down_params", "x", "topk_weights", "topk_ids")
   )(gate_up_params, down_params, x, topk_weights, topk_ids)
@@ -427,6 +422,27 @@ def _quant_moe_forward(gate_up_params: QuantizedWeight, down_params: QuantizedWe
     r = sort_tokens(topk_ids, e)
     run = lambda p, a: quant_ragged_dot(p, a, r.group_sizes, backend=backend)
     hid = _gate_up_quantized_first(gate_up_params, x, r, backend)
+  return _moe_rows(gate_up_params, down_params, x, topk_weights, r, activation, run, hid)
+
+
+def _quant_moe_gradient_reference(gate_up_params: QuantizedWeight,
+                                  down_params: QuantizedWeight, x: jax.Array,
+                                  topk_weights: jax.Array, topk_ids: jax.Array,
+                                  activation: Activation) -> jax.Array:
+  """quant_moe as its backward differentiates it: rows sorted by expert, both GEMMs on
+  :func:`ragged_dot_gradient_reference` (called directly: a nested custom_vjp would run
+  each GEMM's forward once more inside the backward)."""
+  r = sort_tokens(topk_ids, gate_up_params.shape[0])
+  run = lambda p, a: ragged_dot_gradient_reference(p, a, r.group_sizes)
+  return _moe_rows(gate_up_params, down_params, x, topk_weights, r, activation, run)
+
+
+def _moe_rows(gate_up_params: QuantizedWeight, down_params: QuantizedWeight, x: jax.Array,
+              topk_weights: jax.Array, r, activation: Activation, run,
+              hid: jax.Array | None = None) -> jax.Array:
+  """The layer on routed rows ``r`` (sorted or aligned): ``run(params, rows)`` for each
+  grouped GEMM (gate_up unless its output ``hid`` is given), the GLU between, the top-k
+  combine after."""
   if hid is None:
     hid = run(gate_up_params, jnp.take(x, r.token_of_row, axis=0))
   ys = run(down_params, glu(hid, activation))

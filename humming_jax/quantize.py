@@ -388,10 +388,15 @@ def _dequantize_jit(q: QuantizedWeight) -> jax.Array:
   vals = q.spec.weight_format.decode(unpacked_codes(q))
   if q.zeros is not None:
     vals = vals - expand_scales(q.zeros.astype(jnp.float32), k, n)
-  w = vals * expand_scales(decode_scales(q), k, n)
-  if q.input_perm is not None:  # stored row i is W's row input_perm[i]
-    w = jnp.take(w, jnp.argsort(q.input_perm), axis=-2)
-  return w
+  return unpermute_rows(vals * expand_scales(decode_scales(q), k, n), q.input_perm)
+
+
+def unpermute_rows(w: jax.Array, input_perm: jax.Array | None) -> jax.Array:
+  """(..., K, N) weights with rows as stored -> rows in W's order (stored row i is W's row
+  ``input_perm[i]``: act-order checkpoints); as they are without a permutation."""
+  if input_perm is None:
+    return w
+  return jnp.take(w, jnp.argsort(input_perm), axis=-2)
 
 
 # ----------------------------------------------------------------------------------------

@@ -77,6 +77,14 @@ def stack_to_canonical(dense_to_canonical, prepared: QuantizedWeight, family: st
   return out.replace(shape=prepared.shape, layout="canonical")
 
 
+def stack_dequantize(dense_dequantize, prepared: QuantizedWeight, family: str,
+                     dense_family: str, dtype) -> jax.Array:
+  """(E, K, N) weights in ``dtype`` from a :func:`stack_prepare` layout, read per expert in
+  the dense family's layout (``DenseKernel.dequantize``)."""
+  dense_name = prepared.layout.replace(family + ":", dense_family + ":", 1)
+  return jax.vmap(lambda p: dense_dequantize(p, dtype))(per_expert(prepared, dense_name))
+
+
 def prepare(params: QuantizedWeight) -> QuantizedWeight:
   """Canonical stacked (E, K, N) params -> per-expert slab layout, stacked on axis 0."""
   if params.num_experts is None:
@@ -412,4 +420,6 @@ def run(params: QuantizedWeight, x: jax.Array, group_sizes: jax.Array, *,
 
 KERNEL = registry.register(registry.DenseKernel(
     name=FAMILY, layout=FAMILY, supports=supports, prepare=prepare,
-    to_canonical=to_canonical, run=run, grouped=True))
+    to_canonical=to_canonical, run=run, grouped=True,
+    dequantize=lambda params, dtype: stack_dequantize(
+        wna16.KERNEL.dequantize, params, FAMILY, wna16.FAMILY, dtype)))

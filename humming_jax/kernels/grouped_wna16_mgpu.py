@@ -1016,4 +1016,6 @@ def priority_for(spec: QuantSpec, shape: tuple[int, ...]) -> int:
 KERNEL = registry.register(registry.DenseKernel(
     name=FAMILY, layout=FAMILY, supports=supports, prepare=prepare,
     to_canonical=to_canonical, run=run, grouped=True, priority=-1,
-    priority_for=priority_for, x_dtypes=("bfloat16", "float16")))
+    priority_for=priority_for, x_dtypes=("bfloat16", "float16"),
+    dequantize=lambda params, dtype: grouped_wna16.stack_dequantize(
+        wna16_mgpu.KERNEL.dequantize, params, FAMILY, wna16_mgpu.FAMILY, dtype)))

@@ -13,6 +13,8 @@ from typing import Callable
 
 import jax.numpy as jnp
 
+from humming_jax.quantize import dequantize as dequantize_canonical
+from humming_jax.quantize import unpermute_rows
 from humming_jax.spec import QuantSpec
 
 
@@ -40,6 +42,11 @@ class DenseKernel:
   # kernel=)``) and by the layout of params prepared that way.  For families not yet timed
   # on the GPU, which must not become the default of a spec no other family takes.
   opt_in: bool = False
+  # (prepared params, dtype) -> their weights (params.shape) in dtype, read straight from
+  # this layout: the canonical dequantization, rounded to dtype once.  The XLA paths on
+  # prepared params (quant_dense's backward, the XLA grouped GEMM) use it; None: through
+  # to_canonical, a re-layout of every code on every call.
+  dequantize: Callable | None = None
 
   def accepts(self, x_dtype) -> bool:
     return (x_dtype is None or self.x_dtypes is None
@@ -109,6 +116,20 @@ def to_canonical(params):
   if params.layout == "canonical":
     return params
   return carrying_input_perm(by_layout(params.layout).to_canonical, params)
+
+
+def dequantize(params, dtype=jnp.float32) -> jnp.ndarray:
+  """The weights of params in any layout as ``dtype``: :func:`dequantize_canonical`'s float32
+  values, rounded to ``dtype`` once.  Prepared params are read in their own layout where
+  their family can (``DenseKernel.dequantize``), else converted to canonical first."""
+  if params.layout != "canonical":
+    family = by_layout(params.layout)
+    if family.dequantize is None:
+      params = to_canonical(params)
+    else:
+      w = family.dequantize(params.replace(input_perm=None), dtype)
+      return unpermute_rows(w, params.input_perm)
+  return dequantize_canonical(params).astype(dtype)
 
 
 def carrying_input_perm(relayout: Callable, params):

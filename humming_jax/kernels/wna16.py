@@ -334,4 +334,5 @@ def _dequant_gemm(params: QuantizedWeight, x: jax.Array) -> jax.Array:
 
 KERNEL = registry.register(registry.DenseKernel(
     name=FAMILY, layout=FAMILY, supports=supports, prepare=prepare,
-    to_canonical=to_canonical, run=run))
+    to_canonical=to_canonical, run=run,
+    dequantize=lambda params, dtype: dequantize_prepared(params).astype(dtype)))

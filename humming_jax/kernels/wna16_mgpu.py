@@ -1396,10 +1396,11 @@ def dequantize_prepared(params: QuantizedWeight, dtype=jnp.float32, *,
     if params.global_scale is not None:
       w = w * params.global_scale
     return w.astype(dtype)[:k, :n]
-  w = c * rep_k(params.scales)
   if params.global_scale is not None and with_global_scale:
-    w = (w.astype(jnp.float32) * params.global_scale).astype(dtype)
-  return w[:k, :n]
+    # code * (s * g) in float32, rounded once: quantize.dequantize's order (NVFP4)
+    s = expand_scales(params.scales.astype(jnp.float32) * params.global_scale, t * bk, np_)
+    return (c.astype(jnp.float32) * s).astype(dtype)[:k, :n]
+  return (c * rep_k(params.scales))[:k, :n]
 
 
 def dequant_gemm(params: QuantizedWeight, x: jax.Array) -> jax.Array:
@@ -1417,4 +1418,4 @@ def dequant_gemm(params: QuantizedWeight, x: jax.Array) -> jax.Array:
 
 KERNEL = registry.register(registry.DenseKernel(
     name=FAMILY, layout=FAMILY, supports=supports, prepare=prepare,
-    to_canonical=to_canonical, run=run, priority=1))
+    to_canonical=to_canonical, run=run, priority=1, dequantize=dequantize_prepared))

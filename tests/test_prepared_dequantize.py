@@ -1,0 +1,109 @@
+"""registry.dequantize: prepared params read in their own layout give the canonical weights.
+
+The XLA paths on prepared params (quant_dense's backward, the XLA grouped GEMM) decode
+the kernel layout directly instead of converting every code back to canonical per call;
+these tests hold each family's reader to quantize.dequantize of the canonical params:
+bit-equal in float32, and the canonical values rounded once in bf16.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import humming_jax as hj
+from humming_jax.kernels import registry
+from humming_jax.quantize import dequantize, with_input_permutation
+
+# (kernel family, preset): every family with a layout reader, and one without (w8a8: the
+# canonical fallback)
+DENSE = [("wna16", "w4a16-g128-zp"), ("wna16", "w4a16-nvfp4"),
+         ("wna16_mgpu", "w4a16-g128-zp"), ("wna16_mgpu", "w4a16-mxfp4"),
+         ("wna16_mgpu", "w4a16-nvfp4"), ("wna16_mgpu", "w8a16"), ("wna16_mgpu", "w8a16-fp8"),
+         ("wna16_mgpu", "w4a16-ch"), ("wnam_mgpu", "w4a8-mxfp4"), ("wnam_mgpu", "w4a8-int8"),
+         ("w8a8", "w8a8-int8")]
+GROUPED = [("grouped_wna16", "w4a16-g128-zp"), ("grouped_wna16_mgpu", "w4a16-g128-zp"),
+           ("grouped_wna16_mgpu", "w4a16-nvfp4"), ("grouped_wnam_mgpu", "w4a8-mxfp4"),
+           ("grouped_w8a8", "w8a8-fp8")]
+
+
+def _weights(shape, seed):
+  return jax.random.normal(jax.random.key(seed), shape) / shape[-2] ** 0.5
+
+
+def _check(prepared, canonical):
+  want = np.asarray(dequantize(canonical))
+  np.testing.assert_array_equal(np.asarray(registry.dequantize(prepared)), want)
+  got16 = registry.dequantize(prepared, jnp.bfloat16)
+  assert got16.dtype == jnp.bfloat16
+  np.testing.assert_array_equal(np.asarray(got16.astype(jnp.float32)),
+                                np.asarray(jnp.asarray(want).astype(jnp.bfloat16)
+                                           .astype(jnp.float32)))
+
+
+@pytest.mark.parametrize("family,preset", DENSE)
+def test_dense_layouts_read_as_canonical(family, preset):
+  q = hj.quantize(_weights((256, 192), 0), preset)
+  prepared = hj.prepare(q, kernel=family)
+  assert registry.layout_family(prepared.layout) == family
+  assert (registry.by_layout(prepared.layout).dequantize is None) == (family == "w8a8")
+  _check(prepared, q)
+
+
+@pytest.mark.parametrize("family,preset", GROUPED)
+def test_grouped_layouts_read_as_canonical(family, preset):
+  q = hj.quantize(_weights((3, 256, 128), 1), preset)
+  prepared = hj.prepare(q, grouped=True, kernel=family)
+  assert registry.layout_family(prepared.layout) == family
+  _check(prepared, q)
+
+
+def test_act_order_rows_come_back_in_weight_order():
+  q = hj.quantize(_weights((256, 128), 2), "w4a16-g128-zp")
+  perm = jax.random.permutation(jax.random.key(3), 256)
+  qp = with_input_permutation(q, perm)
+  prepared = hj.prepare(qp, kernel="wna16_mgpu")
+  assert prepared.input_perm is not None
+  _check(prepared, qp)
+  # the permutation is applied: rows differ from the stored order
+  assert not np.array_equal(np.asarray(registry.dequantize(prepared)),
+                            np.asarray(dequantize(q)))
+
+
+def _no_relayout(monkeypatch):
+  def refuse(params):
+    raise AssertionError(f"to_canonical called on {params.layout!r}")
+  monkeypatch.setattr(registry, "to_canonical", refuse)
+
+
+def test_dense_backward_reads_the_prepared_layout(monkeypatch):
+  """quant_dense's backward on prepared params: no re-layout to canonical, and dx equals
+  the formula dy . W^T with W dequantized from the canonical params (rounded to bf16)."""
+  q = hj.quantize(_weights((256, 128), 4), "w4a16-g128-zp")
+  prepared = hj.prepare(q, kernel="wna16_mgpu")
+  x = jax.random.normal(jax.random.key(5), (4, 256), jnp.bfloat16)
+  dy = jax.random.normal(jax.random.key(6), (4, 128), jnp.bfloat16)
+  _no_relayout(monkeypatch)
+  _, vjp = jax.vjp(lambda a: hj.quant_dense(prepared, a, backend="interpret"), x)
+  (dx,) = vjp(dy)
+  w = dequantize(q).astype(jnp.bfloat16).astype(jnp.float32)
+  want = np.asarray(dy.astype(jnp.float32)) @ np.asarray(w).T
+  np.testing.assert_allclose(np.asarray(dx.astype(jnp.float32)), want, rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.parametrize("family,preset", [("grouped_wna16_mgpu", "w4a16-mxfp4"),
+                                           ("grouped_wnam_mgpu", "w4a8-mxfp4")])
+def test_xla_grouped_gemm_reads_the_prepared_layout(monkeypatch, family, preset):
+  """ragged_dot_xla (quant_ragged_dot's backward and XLA path) on prepared experts decodes
+  only the routed ones in their own layout: equal to the canonical params' result."""
+  from humming_jax.moe import ragged_dot_xla
+  q = hj.quantize(_weights((4, 256, 128), 7), preset)
+  prepared = hj.prepare(q, grouped=True, kernel=family)
+  x = jax.random.normal(jax.random.key(8), (24, 256), jnp.bfloat16)
+  group_sizes = jnp.array([5, 0, 11, 6])  # an empty expert; 2 rows past the sum
+  want = np.asarray(ragged_dot_xla(q, x, group_sizes).astype(jnp.float32))
+  _no_relayout(monkeypatch)
+  got = np.asarray(ragged_dot_xla(prepared, x, group_sizes).astype(jnp.float32))
+  np.testing.assert_array_equal(got, want)
+  assert np.all(got[22:] == 0) and np.any(got[:22] != 0)
