@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Session 41 added g41 (quant_dense's / the XLA grouped GEMM's backward read prepared params
-# in their own layout: registry.dequantize).
+# Session 41 ran g41 (call 1), q16 (call 2) and g41b (call 3): benchmarks/results/
+# 2026-12-05-session41.  Still to run: g42 first, then bd.
 # Session 40 ran t39 and g40 (call 1: benchmarks/results/2026-12-05-session40); q16, qm, bd are still to run.
 # Session 39 ran pt, pe, px (call 1), pr (call 2) and as (call 3): results in
 # benchmarks/results/2026-12-04-session39; q16, qm and bd are still to run, and t39 (the
@@ -52,7 +52,12 @@
 #        backward against session 40's re-layout form, and a Qwen3-30B-A3B quant_moe layer.
 #   g41b: the same after the backward's products moved to x's 16-bit dtype (dense and
 #        grouped), with the dense backward's kernels and its GEMM alone in both W orientations.
-# Usage: gpu_session_next.sh [STEP...]  (default: q16 bd; qm needs old/ carried).
+#   g42: the A/B that session 41 had no device time for: quant_moe's backward (Qwen3-30B-A3B,
+#        int4 g128 zp, 16 tokens: 13.7 ms, 12.7 of it XLA transposes) with the experts'
+#        codes materialized in K order before the XLA decode
+#        (HUMMING_JAX_XLA_GROUPED_K_ORDER=1) against without (=0), same tokens, then 256
+#        tokens with whichever is on; the readers and grad tests under =1.
+# Usage: gpu_session_next.sh [STEP...]  (default: g42 bd; qm needs old/ carried).
 source "$(dirname "$0")/gpu_env.sh"
 ROW="$MOE --consume row --humming --no-baselines"
 s_pt() {
@@ -115,6 +120,18 @@ s_g41b() {  # after the 16-bit cotangents (dense and grouped backward), call 3
     > "$OUT/g41b_moe.log" 2>&1
   echo "moe rc=$?"; grep -E "^MoE|tokens=|rror" "$OUT/g41b_moe.log" | cut -c1-300
 }
+s_g42() {
+  local on
+  for on in 0 1; do
+    HUMMING_JAX_XLA_GROUPED_K_ORDER=$on T ${ST:-150} python3 benchmarks/probe_grad.py --ms "" \
+      --moe-tokens 16 > "$OUT/g42_moe_$on.log" 2>&1
+    echo "K_ORDER=$on rc=$?"; grep -E "^MoE|tokens=|rror" "$OUT/g42_moe_$on.log" | cut -c1-300
+  done
+  HUMMING_JAX_XLA_GROUPED_K_ORDER=1 T ${ST:-200} python3 benchmarks/probe_grad.py --ms "" \
+    --moe-tokens 256 > "$OUT/g42_moe256.log" 2>&1
+  echo "256 rc=$?"; grep -E "^MoE|tokens=|rror" "$OUT/g42_moe256.log" | cut -c1-300
+  HUMMING_JAX_XLA_GROUPED_K_ORDER=1 gpu_tests ${ST:-150} "grad_gpu" tests/test_autodiff.py
+}
 s_bd() {
   local mt
   for mt in deepseek-v3:32 qwen3-30b-a3b:16; do
@@ -151,5 +168,5 @@ s_qm() {
   done
   rm -rf humming_jax && cp -r /tmp/hj_new_tree humming_jax && rm -rf /tmp/hj_new_tree  # restored
 }
-for s in ${@:-q16 bd}; do step "$s"; "s_$s"; done
+for s in ${@:-g42 bd}; do step "$s"; "s_$s"; done
 step done

@@ -107,3 +107,19 @@ def test_xla_grouped_gemm_reads_the_prepared_layout(monkeypatch, family, preset)
   got = np.asarray(ragged_dot_xla(prepared, x, group_sizes).astype(jnp.float32))
   np.testing.assert_array_equal(got, want)
   assert np.all(got[22:] == 0) and np.any(got[:22] != 0)
+
+
+@pytest.mark.parametrize("preset", ["w4a16-g128-zp", "w4a16-mxfp4"])
+def test_k_order_read_of_permuted_experts(monkeypatch, preset):
+  """HUMMING_JAX_XLA_GROUPED_K_ORDER=1 (the A/B candidate for the XLA grouped GEMM):
+  ":pk" experts decoded from codes materialized in K order give the same weights."""
+  from humming_jax.kernels import grouped_wna16_mgpu, wna16_mgpu
+  q = hj.quantize(_weights((3, 256, 128), 9), preset)
+  prepared = hj.prepare(q, grouped=True, kernel="grouped_wna16_mgpu")
+  assert wna16_mgpu.k_permuted(prepared.layout)
+  view = wna16_mgpu.materialized_k_order(prepared)
+  assert not wna16_mgpu.k_permuted(view.layout)
+  assert not np.array_equal(np.asarray(view.codes), np.asarray(prepared.codes))
+  monkeypatch.setenv("HUMMING_JAX_XLA_GROUPED_K_ORDER", "1")
+  assert grouped_wna16_mgpu.xla_read_order(prepared).layout == view.layout
+  _check(prepared, q)

@@ -1013,9 +1013,23 @@ def priority_for(spec: QuantSpec, shape: tuple[int, ...]) -> int:
   return 1 if k >= MIN_DEFAULT_K else -1
 
 
+def xla_read_order(params: QuantizedWeight) -> QuantizedWeight:
+  """The experts as the XLA grouped GEMM (``moe.ragged_dot_xla``: quant_ragged_dot's and
+  quant_moe's backward) decodes them.  H200 session 41: quant_moe's backward at
+  Qwen3-30B-A3B, 16 tokens, int4 g128 zp (":pk") took 13.7 ms, 12.7 of it in three XLA
+  transpose fusions (8.7 ms in one), against 108 us forward; the candidate,
+  HUMMING_JAX_XLA_GROUPED_K_ORDER=1, materializes the codes in K order first
+  (``wna16_mgpu.materialized_k_order``).  Off until an H200 A/B
+  (``benchmarks/gpu_session_next.sh g42``) shows it is faster."""
+  if tuning.env_flag("HUMMING_JAX_XLA_GROUPED_K_ORDER", False):
+    return wna16_mgpu.materialized_k_order(params)
+  return params
+
+
 KERNEL = registry.register(registry.DenseKernel(
     name=FAMILY, layout=FAMILY, supports=supports, prepare=prepare,
     to_canonical=to_canonical, run=run, grouped=True, priority=-1,
     priority_for=priority_for, x_dtypes=("bfloat16", "float16"),
     dequantize=lambda params, dtype: grouped_wna16.stack_dequantize(
-        wna16_mgpu.KERNEL.dequantize, params, FAMILY, wna16_mgpu.FAMILY, dtype)))
+        wna16_mgpu.KERNEL.dequantize, xla_read_order(params), FAMILY, wna16_mgpu.FAMILY,
+        dtype)))
