@@ -374,12 +374,20 @@ def dequantize(q: QuantizedWeight) -> jax.Array:
   """Exactly the float32 weights the kernels compute with: (code - zp) * s * s2.
 
   (K, N) -> (K, N), stacked (E, K, N) -> (E, K, N).  Jitted per (spec, shape) like
-  :func:`quantize`; inside an outer ``jit`` it inlines."""
+  :func:`quantize`; inside an outer ``jit`` it inlines.  Params prepared for a kernel
+  (``hj.prepare``) are read in their own layout where their family can, else converted
+  to canonical first: the same values, bit for bit."""
   if not isinstance(q, QuantizedWeight):
     raise TypeError(f"q must be a QuantizedWeight (from quantize); got {type(q).__name__}")
   if q.layout != "canonical":
-    unpacked_codes(q)  # raises the layout error outside of any trace
+    return _dequantize_prepared_jit(q)  # (an unknown layout raises, naming it)
   return _dequantize_jit(q)
+
+
+@jax.jit
+def _dequantize_prepared_jit(q: QuantizedWeight) -> jax.Array:
+  from humming_jax.kernels import registry  # noqa: PLC0415 - the kernels import this module
+  return registry.dequantize(q)
 
 
 @jax.jit

@@ -123,3 +123,12 @@ def test_k_order_read_of_permuted_experts(monkeypatch, preset):
   monkeypatch.setenv("HUMMING_JAX_XLA_GROUPED_K_ORDER", "1")
   assert grouped_wna16_mgpu.xla_read_order(prepared).layout == view.layout
   _check(prepared, q)
+
+
+def test_hj_dequantize_takes_prepared_params():
+  q = hj.quantize(_weights((256, 128), 10), "w4a16-nvfp4")
+  for kernel in ("wna16_mgpu", "wna16"):
+    np.testing.assert_array_equal(np.asarray(hj.dequantize(hj.prepare(q, kernel=kernel))),
+                                  np.asarray(hj.dequantize(q)))
+  with pytest.raises(ValueError, match="unknown params layout 'no_such_family:x'"):
+    hj.dequantize(q.replace(layout="no_such_family:x"))
