@@ -124,6 +124,22 @@ def _carrier(spec: QuantSpec):
   return jnp.int8 if spec.act_format.is_integer else jnp.float8_e4m3fn
 
 
+def dequantize_prepared(params: QuantizedWeight, dtype=jnp.float32) -> jax.Array:
+  """(K, N) weights in ``dtype`` straight from either layout of this family: the slab
+  layout through ``wna16``'s reader, the direct (N, K) carrier codes as their values times
+  the decoded scale rows (``quantize.decode_scales``' order: s * global, one rounding)."""
+  if params.layout.split(":")[1] != "direct":
+    return wna16.dequantize_prepared(params).astype(dtype)
+  spec = params.spec
+  k, n = params.shape
+  s = wna16._decode_scale_row(params.scales, spec)  # (rows, Np): 1 or Kp / group
+  if params.global_scale is not None:
+    s = s * params.global_scale.astype(jnp.float32)
+  vals = params.codes[:n, :k].T.astype(jnp.float32)  # int8 / fp8 carriers hold the values
+  return (vals * jnp.repeat(s, params.codes.shape[1] // s.shape[0], axis=0)[:k, :n]
+          ).astype(dtype)
+
+
 # ----------------------------------------------------------------------------------------
 # Transform: canonical -> kernel layout (once)
 # ----------------------------------------------------------------------------------------
@@ -725,4 +741,4 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
 
 KERNEL = registry.register(registry.DenseKernel(
     name=FAMILY, layout=FAMILY, supports=supports, prepare=prepare,
-    to_canonical=to_canonical, run=run))
+    to_canonical=to_canonical, run=run, dequantize=dequantize_prepared))
