@@ -69,7 +69,7 @@ def main() -> None:
         print(f"  M={m} {name} {sum(t.values()):.1f} us: " + ", ".join(
             f"{k_} {v:.1f}" for k_, v in sorted(t.items(), key=lambda kv: -kv[1])[:4]))
     read = registry.dequantize  # session 40's form: every call re-lays out W to canonical
-    registry.dequantize = lambda q, dtype: read(registry.to_canonical(q), dtype)
+    registry.dequantize = lambda q, dtype=jnp.float32: read(registry.to_canonical(q), dtype)
     try:
       out["grad_relayout"] = sum(common.kernel_times(jax.jit(jax.value_and_grad(
           lambda x: jnp.sum((hj.quant_dense(p, x) * dy).astype(jnp.float32)))), (x,)).values())

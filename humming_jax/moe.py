@@ -221,7 +221,8 @@ def ragged_dot_xla(params: QuantizedWeight, x: jax.Array, group_sizes: jax.Array
 
   def step(args):
     ex, st, en, kd = args
-    # every stored leaf of a stack (any layout) has the experts on its first axis
+    # every leaf of a stack (any layout) has the experts on its first axis, but act_scale
+    # (shared, unused by the decode) and input_perm (refused for experts)
     sub = jax.tree.map(lambda leaf: leaf[ex], params.replace(bias=None, act_scale=None))
     w = registry.dequantize(sub.replace(shape=(ex.shape[0], k, n)), dt)  # (chunk, K, N)
     rows = st[:, None] + jnp.arange(bm, dtype=jnp.int32)[None, :]
@@ -239,7 +240,7 @@ def ragged_dot_xla(params: QuantizedWeight, x: jax.Array, group_sizes: jax.Array
 
   nchunks = (num_tiles + pad) // chunk
   # Checkpointed: differentiated (quant_ragged_dot's backward), each chunk decodes its
-  # experts again instead of keeping every chunk's float32 weights for the backward.
+  # experts again instead of keeping every chunk's weights for the backward.
   ys, rows = jax.lax.map(jax.checkpoint(step), tuple(v.reshape(nchunks, chunk)
                                      for v in (expert, start, end, kind)))
   out = jnp.zeros((m, n), ys.dtype).at[rows.reshape(-1)].set(ys.reshape(-1, n), mode="drop")

@@ -69,11 +69,17 @@ def stack_prepare(dense_prepare, params: QuantizedWeight, family: str,
   return out.replace(shape=params.shape, layout=name)
 
 
+def per_expert_dense(prepared: QuantizedWeight, family: str,
+                     dense_family: str) -> QuantizedWeight:
+  """A :func:`stack_prepare` layout seen as one expert in the dense family's layout (for
+  ``jax.vmap`` over E)."""
+  return per_expert(prepared, prepared.layout.replace(family + ":", dense_family + ":", 1))
+
+
 def stack_to_canonical(dense_to_canonical, prepared: QuantizedWeight, family: str,
                        dense_family: str) -> QuantizedWeight:
   """Inverse of :func:`stack_prepare`."""
-  dense_name = prepared.layout.replace(family + ":", dense_family + ":", 1)
-  out = jax.vmap(dense_to_canonical)(per_expert(prepared, dense_name))
+  out = jax.vmap(dense_to_canonical)(per_expert_dense(prepared, family, dense_family))
   return out.replace(shape=prepared.shape, layout="canonical")
 
 
@@ -81,8 +87,8 @@ def stack_dequantize(dense_dequantize, prepared: QuantizedWeight, family: str,
                      dense_family: str, dtype) -> jax.Array:
   """(E, K, N) weights in ``dtype`` from a :func:`stack_prepare` layout, read per expert in
   the dense family's layout (``DenseKernel.dequantize``)."""
-  dense_name = prepared.layout.replace(family + ":", dense_family + ":", 1)
-  return jax.vmap(lambda p: dense_dequantize(p, dtype))(per_expert(prepared, dense_name))
+  return jax.vmap(lambda p: dense_dequantize(p, dtype))(
+      per_expert_dense(prepared, family, dense_family))
 
 
 def prepare(params: QuantizedWeight) -> QuantizedWeight:

@@ -30,8 +30,8 @@ def dense_gradient_reference(params: QuantizedWeight, x: jax.Array) -> jax.Array
   own backward would run, instead of float32 at HIGHEST (several tensor-core passes per
   product on a GPU: a training step's dx at M = 4096 would cost several forward GEMMs).
   The dequantized weight rounds to x's dtype (relative 2**-9 in bf16), as gradients
-  tolerate; float32 x keeps the exact reference.  Prepared params are dequantized from
-  their own layout (no re-layout to canonical per call)."""
+  tolerate; float32 x keeps the exact reference.  For 16-bit x, prepared params are
+  dequantized from their own layout (no re-layout to canonical per call)."""
   if x.dtype not in (jnp.bfloat16, jnp.float16):
     return dense_reference(params, x)
   w = registry.dequantize(params, x.dtype)  # prepared params read in their own layout

@@ -1430,4 +1430,7 @@ def dequant_gemm(params: QuantizedWeight, x: jax.Array) -> jax.Array:
 
 KERNEL = registry.register(registry.DenseKernel(
     name=FAMILY, layout=FAMILY, supports=supports, prepare=prepare,
-    to_canonical=to_canonical, run=run, priority=1, dequantize=dequantize_prepared))
+    to_canonical=to_canonical, run=run, priority=1,
+    # float32, then one rounding (registry.dequantize's contract): the 16-bit form above
+    # rounds the scales to dtype first, as the kernel does, not as the canonical values
+    dequantize=lambda params, dtype: dequantize_prepared(params, jnp.float32).astype(dtype)))
