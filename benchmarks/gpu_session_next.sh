@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Session 41 ran g41 (call 1), q16 (call 2) and g41b (call 3): benchmarks/results/
-# 2026-12-05-session41.  Still to run: g42 first, then bd.
+# 2026-12-05-session41.  Still to run: g42 and g42d first (one call each), then bd.
 # Session 40 ran t39 and g40 (call 1: benchmarks/results/2026-12-05-session40); q16, qm, bd are still to run.
 # Session 39 ran pt, pe, px (call 1), pr (call 2) and as (call 3): results in
 # benchmarks/results/2026-12-04-session39; q16, qm and bd are still to run, and t39 (the
@@ -57,7 +57,10 @@
 #        codes materialized in K order before the XLA decode
 #        (HUMMING_JAX_XLA_GROUPED_K_ORDER=1) against without (=0), same tokens, then 256
 #        tokens with whichever is on; the readers and grad tests under =1.
-# Usage: gpu_session_next.sh [STEP...]  (default: g42 bd; qm needs old/ carried).
+#   g42d: the readers after session 41's post-device mend (float32 then one cast; W8A8
+#        readers) on the GPU's XLA, and the dense forward + dx re-timed with them
+#        (M = 16 / 4096, kernel breakdown).
+# Usage: gpu_session_next.sh [STEP...]  (default: g42 g42d bd; about one call each; qm needs old/ carried).
 source "$(dirname "$0")/gpu_env.sh"
 ROW="$MOE --consume row --humming --no-baselines"
 s_pt() {
@@ -132,6 +135,14 @@ s_g42() {
   echo "256 rc=$?"; grep -E "^MoE|tokens=|rror" "$OUT/g42_moe256.log" | cut -c1-300
   HUMMING_JAX_XLA_GROUPED_K_ORDER=1 gpu_tests ${ST:-150} "grad_gpu" tests/test_autodiff.py
 }
+s_g42d() {
+  T ${ST:-150} python3 -m pytest -p no:cacheprovider -o addopts= -q --tb=short \
+    tests/test_prepared_dequantize.py > "$OUT/g42d_readers.log" 2>&1
+  echo "readers rc=$?"; grep -E "passed|failed|^E " "$OUT/g42d_readers.log" | head -12
+  T ${ST:-200} python3 benchmarks/probe_grad.py --ms 16,4096 --breakdown \
+    > "$OUT/g42d_grad.log" 2>&1
+  echo "grad rc=$?"; grep -E "^M=|^  M=|rror" "$OUT/g42d_grad.log" | cut -c1-300
+}
 s_bd() {
   local mt
   for mt in deepseek-v3:32 qwen3-30b-a3b:16; do
@@ -168,5 +179,5 @@ s_qm() {
   done
   rm -rf humming_jax && cp -r /tmp/hj_new_tree humming_jax && rm -rf /tmp/hj_new_tree  # restored
 }
-for s in ${@:-g42 bd}; do step "$s"; "s_$s"; done
+for s in ${@:-g42 g42d bd}; do step "$s"; "s_$s"; done
 step done
