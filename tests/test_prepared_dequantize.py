@@ -34,8 +34,18 @@ GROUPED = [("grouped_wna16_mgpu", FP16_SCALES), ("grouped_wna16", "w4a16-g128-zp
            ("grouped_w8a8", "w8a8-fp8"), ("grouped_w8a8", "w8a8-int8")]
 
 
-def _weights(shape, seed):
-  return jax.random.normal(jax.random.key(seed), shape) / shape[-2] ** 0.5
+def _weights(shape, seed, scale=None):
+  scale = shape[-2] ** -0.5 if scale is None else scale
+  return jax.random.normal(jax.random.key(seed), shape) * scale
+
+
+def test_small_weights_read_in_float16_round_once():
+  """bf16 scales of small weights (3e-6: scales among float16 subnormals) read as float16: the product
+  of the float32 values rounds once (a float16 multiply of scales already cast to float16
+  would round twice)."""
+  for family, preset in (("wna16_mgpu", "w4a16-g128-zp"), ("wnam_mgpu", "w4a8-int8")):
+    q = hj.quantize(_weights((256, 128), 14, scale=3e-6), preset)
+    _check(hj.prepare(q, kernel=family), q)
 
 
 def _check(prepared, canonical):

@@ -421,5 +421,5 @@ KERNEL = registry.register(registry.DenseKernel(
     name=FAMILY, layout=FAMILY, supports=supports, prepare=prepare,
     to_canonical=to_canonical, run=run, priority=-1, priority_for=priority_for,
     gpu_known_bad=gpu_known_bad, x_dtypes=("bfloat16", "float16"),
-    dequantize=lambda params, dtype: wna16_mgpu.dequantize_prepared(
+    dequantize=lambda params, dtype: wna16_mgpu.KERNEL.dequantize(
         weight_view(params, renamed(params.layout, wna16_mgpu.FAMILY)), dtype)))
