@@ -202,8 +202,8 @@ def autotune_grouped_mgpu(spec_name: "str | hj.QuantSpec", num_experts: int, top
   wnam = family.name == grouped_wnam_mgpu.FAMILY
   run_family = grouped_wnam_mgpu.run if wnam else grouped_wna16_mgpu.run
   # the params grouped_wna16_mgpu.run sees (and keys its cache lookup on)
-  view = (wnam_mgpu.weight_view(params[0], wnam_mgpu.renamed(
-      params[0].layout, grouped_wna16_mgpu.FAMILY)) if wnam else params[0])
+  view = (wnam_mgpu.family_view(params[0], grouped_wna16_mgpu.FAMILY) if wnam
+          else params[0])
   cands = candidates or grouped_wna16_mgpu.launch_candidates
   owners = {}
   for t in tokens:

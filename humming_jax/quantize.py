@@ -365,8 +365,9 @@ def unpacked_codes(q: QuantizedWeight) -> jax.Array:
   """The (..., K, N) uint8 codes of canonical params, rows as stored (with an
   ``input_perm``: row i is the weight's row ``input_perm[i]``)."""
   if q.layout != "canonical":
-    raise ValueError(f"params are in kernel layout {q.layout!r}; dequantize needs the "
-                     "canonical layout (keep the canonical params beside prepared ones)")
+    raise ValueError(f"params are in kernel layout {q.layout!r}; their codes as stored "
+                     "need the canonical layout (humming_jax.kernels.registry.to_canonical "
+                     "converts them; hj.dequantize reads either)")
   return packing.unpack_codes(q.codes, q.spec.weight_bits, q.in_features)
 
 

@@ -34,7 +34,7 @@ import jax
 import jax.numpy as jnp
 
 from humming_jax.kernels import grouped_wna16_mgpu, registry, tuning, wna16_mgpu
-from humming_jax.kernels.wnam_mgpu import (fp8_mma_applies, fp8_operands, renamed,
+from humming_jax.kernels.wnam_mgpu import (family_view, fp8_mma_applies, fp8_operands, renamed,
                                            weight_spec, weight_view)
 from humming_jax.quantize import QuantizedWeight, fake_quantize_activations
 from humming_jax.spec import QuantSpec
@@ -78,7 +78,7 @@ def prepare(params: QuantizedWeight) -> QuantizedWeight:
 
 def to_canonical(prepared: QuantizedWeight) -> QuantizedWeight:
   """Inverse of :func:`prepare` (bit-exact)."""
-  view = weight_view(prepared, renamed(prepared.layout, grouped_wna16_mgpu.FAMILY))
+  view = family_view(prepared, grouped_wna16_mgpu.FAMILY)
   out = grouped_wna16_mgpu.to_canonical(view)
   return out.replace(spec=prepared.spec, act_scale=prepared.act_scale)
 
@@ -104,7 +104,7 @@ def run(params: QuantizedWeight, x: jax.Array, group_sizes: jax.Array, *,
     codes, x_scale = fp8_operands(x, params, interpret=interpret)
     return run_quantized(params, codes, x_scale, group_sizes, out_dtype=x.dtype,
                          interpret=interpret, config=config, block_m=block_m)
-  view = weight_view(params, renamed(params.layout, grouped_wna16_mgpu.FAMILY))
+  view = family_view(params, grouped_wna16_mgpu.FAMILY)
   xq = fake_quantize_activations(x, params.spec, params.act_scale).astype(x.dtype)
   return grouped_wna16_mgpu.run(view, xq, group_sizes, interpret=interpret, config=config,
                                 block_m=block_m)
@@ -140,7 +140,7 @@ def run_quantized(params: QuantizedWeight, codes: jax.Array, x_scale: jax.Array,
   if x_scale.shape != codes.shape[:1] or x_scale.dtype != jnp.float32:
     raise ValueError(f"x_scale must be (M={codes.shape[0]},) float32; got {x_scale.shape} "
                      f"{x_scale.dtype}")
-  view = weight_view(params, renamed(params.layout, grouped_wna16_mgpu.FAMILY))
+  view = family_view(params, grouped_wna16_mgpu.FAMILY)
   return grouped_wna16_mgpu.run(view, codes, group_sizes, interpret=interpret,
                                 config=config, block_m=block_m, x_scale=x_scale,
                                 out_dtype=out_dtype)
@@ -160,4 +160,4 @@ KERNEL = registry.register(registry.DenseKernel(
     to_canonical=to_canonical, run=run, grouped=True, priority=-2, priority_for=priority_for,
     x_dtypes=("bfloat16", "float16"),
     dequantize=lambda params, dtype: grouped_wna16_mgpu.KERNEL.dequantize(
-        weight_view(params, renamed(params.layout, grouped_wna16_mgpu.FAMILY)), dtype)))
+        family_view(params, grouped_wna16_mgpu.FAMILY), dtype)))

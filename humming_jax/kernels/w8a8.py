@@ -124,11 +124,17 @@ def _carrier(spec: QuantSpec):
   return jnp.int8 if spec.act_format.is_integer else jnp.float8_e4m3fn
 
 
+def _direct(layout: str) -> bool:
+  """Whether a layout of this family is the direct (N, K) carrier layout of 8-bit codes
+  (else the slab layout)."""
+  return layout.split(":")[1] == "direct"
+
+
 def dequantize_prepared(params: QuantizedWeight, dtype=jnp.float32) -> jax.Array:
   """(K, N) weights in ``dtype`` straight from either layout of this family: the slab
   layout through ``wna16``'s reader, the direct (N, K) carrier codes as their values times
   the decoded scale rows (``quantize.decode_scales``' order: s * global, one rounding)."""
-  if params.layout.split(":")[1] != "direct":
+  if not _direct(params.layout):
     return wna16.dequantize_prepared(params).astype(dtype)
   spec = params.spec
   k, n = params.shape
@@ -172,7 +178,7 @@ def prepare(params: QuantizedWeight) -> QuantizedWeight:
 
 def to_canonical(prepared: QuantizedWeight) -> QuantizedWeight:
   """Inverse of :func:`prepare`."""
-  if prepared.layout.split(":")[1] != "direct":
+  if not _direct(prepared.layout):
     return wna16.to_canonical(prepared)
   spec = prepared.spec
   k, n = prepared.shape

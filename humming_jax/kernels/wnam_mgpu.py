@@ -87,6 +87,12 @@ def renamed(layout: str, family: str) -> str:
   return family + layout[layout.index(":"):]
 
 
+def family_view(params: QuantizedWeight, family: str) -> QuantizedWeight:
+  """Prepared params of this family (or the grouped one) as the WnA16 ``family``'s params
+  of the same layout: :func:`weight_view` under the :func:`renamed` layout."""
+  return weight_view(params, renamed(params.layout, family))
+
+
 def fp8_mma_applies(spec: QuantSpec) -> bool:
   """fp4 weights in scale groups of 32 or more with e4m3 activations scaled per token or
   per tensor (W4A8 MXFP4): the specs ``wna16_mgpu``'s fp8-MMA layout (":p8") computes on
@@ -137,7 +143,7 @@ def prepare(params: QuantizedWeight) -> QuantizedWeight:
 
 def to_canonical(prepared: QuantizedWeight) -> QuantizedWeight:
   """Inverse of :func:`prepare` (bit-exact)."""
-  out = wna16_mgpu.to_canonical(weight_view(prepared, renamed(prepared.layout, wna16_mgpu.FAMILY)))
+  out = wna16_mgpu.to_canonical(family_view(prepared, wna16_mgpu.FAMILY))
   return out.replace(spec=prepared.spec, act_scale=prepared.act_scale)
 
 
@@ -163,7 +169,7 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
   if (config is None and MX_FOLD_PREFILL and x.shape[0] >= w8a8_mgpu.MIN_M
       and mx_fold_runs(params) and x.dtype in map(jnp.dtype, w8a8_mgpu.OUT_DTYPES)):
     return run_prefill_mx_fold(params, x, interpret=interpret)
-  view = weight_view(params, renamed(params.layout, wna16_mgpu.FAMILY))
+  view = family_view(params, wna16_mgpu.FAMILY)
   if config is None and x.shape[0] >= w8a8.DEQUANT_GEMM_MIN_M and _exact_dequant(params.spec):
     # The W8A8 family's large-M route on weights from this layout: bf16 operands that are
     # exact (MXFP4 / NVFP4), the activation scales in the float32 epilogue -- not the
@@ -422,4 +428,4 @@ KERNEL = registry.register(registry.DenseKernel(
     to_canonical=to_canonical, run=run, priority=-1, priority_for=priority_for,
     gpu_known_bad=gpu_known_bad, x_dtypes=("bfloat16", "float16"),
     dequantize=lambda params, dtype: wna16_mgpu.KERNEL.dequantize(
-        weight_view(params, renamed(params.layout, wna16_mgpu.FAMILY)), dtype)))
+        family_view(params, wna16_mgpu.FAMILY), dtype)))
