@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from humming_jax.kernels import act_prepass, w8a8
+from humming_jax.quantize import fake_quantize_activations
 from humming_jax.spec import QuantSpec
 
 SPECS = ["w8a8-fp8", "w8a8-int8", "w4a8-mxfp4"]
@@ -131,3 +132,94 @@ def test_one_pass_gpu(name, k):
     step = np.abs(signed(w) - signed(g))
   assert (step != 0).mean() <= 1e-4, (step != 0).mean()
   assert step.max() <= 1, step.max()
+
+
+FAKE_SPECS = ["w8a8-fp8", "w8a8-int8", "w4a8-mxfp4", "w4a8-e5m2act"]
+
+
+def _spec(name):
+  if name == "w4a8-e5m2act":
+    return QuantSpec("int4", "group", 128, act="fp8_e5m2")
+  return QuantSpec.preset(name)
+
+
+def _fake_xla(x, spec):
+  return fake_quantize_activations(x, spec).astype(x.dtype)
+
+
+@pytest.mark.parametrize("name", FAKE_SPECS)
+@pytest.mark.parametrize("m,k,dtype", [(1, 8192, jnp.bfloat16), (4, 384, jnp.float16),
+                                       (12, 7168, jnp.bfloat16)])
+def test_fake_quant_is_xla_fake_quant(name, m, k, dtype):
+  """``fake_quantize_rows`` (the W4A8 decode's one-launch pre-pass) gives XLA's
+  ``fake_quantize_activations`` rounded to x's dtype bit for bit: one and several rows,
+  chunks of 128 / 1024 / 2048 columns, zero / NaN / inf rows, float16 x."""
+  spec = _spec(name)
+  x = _x(max(m, 4), k, seed=m + k).astype(dtype)[:m]  # m = 1: a row of the usual kinds
+  want = _fake_xla(x, spec)
+  got = act_prepass.fake_quantize_rows(x, spec, interpret=True)
+  assert got.shape == x.shape and got.dtype == x.dtype
+  np.testing.assert_array_equal(np.asarray(got, np.float32), np.asarray(want, np.float32))
+  finite = np.isfinite(np.asarray(x, np.float32)).all(1)
+  assert not np.array_equal(np.asarray(got)[finite], np.asarray(x)[finite])  # it rounded
+
+
+def test_fake_quant_refusals():
+  x = _x(4, 256, 0)
+  static = QuantSpec("int8", "channel", act="int8", act_granularity="tensor",
+                     act_static=True)
+  for spec, arr in ((static, x), (QuantSpec.preset("w8a8-fp8-block"), x),
+                    (QuantSpec.preset("w8a8-fp8"), x.astype(jnp.float32)),
+                    (QuantSpec.preset("w8a8-fp8"), x[:, :200])):
+    assert not act_prepass.fake_quantize_applies(arr, spec)
+    with pytest.raises(ValueError, match="one-pass fake quantization takes dynamic"):
+      act_prepass.fake_quantize_rows(arr, spec, interpret=True)
+
+
+def test_wnam_decode_takes_it_on_the_gpu_route(monkeypatch):
+  """``wnam_mgpu.decode_activations``: the kernel (its name in the jaxpr) on the GPU route
+  of a per-token spec; XLA's fake quantization in the interpreter, with
+  HUMMING_JAX_DECODE_PREPASS=0, and for a static per-tensor spec."""
+  import humming_jax as hj
+  from humming_jax.kernels import wnam_mgpu
+  w = jax.random.normal(jax.random.key(0), (256, 128), jnp.float32) / 16
+  x = _x(4, 256, 2)
+  p = wnam_mgpu.prepare(hj.quantize(w, "w4a8-int8"))
+  route = lambda **kw: str(jax.make_jaxpr(
+      lambda x: wnam_mgpu.decode_activations(x, p, **kw))(x))
+  assert "act_fake_quant_int8" in route()
+  assert "act_fake_quant" not in route(interpret=True)
+  monkeypatch.setenv("HUMMING_JAX_DECODE_PREPASS", "0")
+  assert "act_fake_quant" not in route()
+  monkeypatch.delenv("HUMMING_JAX_DECODE_PREPASS")
+  static = QuantSpec("int4", "group", 128, act="int8", act_granularity="tensor",
+                     act_static=True)
+  ps = wnam_mgpu.prepare(hj.quantize(w, static, act_scale=jnp.float32(0.05)))
+  assert "act_fake_quant" not in str(jax.make_jaxpr(
+      lambda x: wnam_mgpu.decode_activations(x, ps))(x))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", FAKE_SPECS)
+@pytest.mark.parametrize("m,k", [(1, 8192), (16, 8192), (16, 14336)])
+def test_fake_quant_gpu(name, m, k):
+  """On the H200 at decode shapes against XLA's fake quantization: Triton's float32
+  division may move a value on a rounding boundary to the neighbouring code (as in
+  ``test_one_pass_gpu``), so at most 1e-3 of the values may differ, each by at most one
+  code step (int8: the scale; fp8: a quarter of the value, or the subnormal step)."""
+  spec = _spec(name)
+  x = _x(max(m, 4), k, seed=7)[:m]
+  want, got = jax.jit(lambda x: (_fake_xla(x, spec),
+                                 act_prepass.fake_quantize_rows(x, spec)))(x)
+  w, g = (np.asarray(a, np.float32) for a in (want, got))
+  ok = np.isfinite(w).all(1)
+  w, g = w[ok], g[ok]
+  assert np.isnan(np.asarray(got, np.float32)[~ok]).all()
+  diff = np.abs(g - w)
+  assert (diff != 0).mean() <= 1e-3, (diff != 0).mean()
+  amax = np.abs(np.asarray(x, np.float32)[ok]).max(1, keepdims=True)
+  if spec.act == "int8":
+    bound = amax / 127 * 1.02
+  else:
+    bound = np.abs(w) * 0.26 + amax / spec.act_format.max_value * 2.0 ** -6
+  assert (diff <= bound).all()

@@ -206,6 +206,41 @@ def test_unpack_gpu(wide):
 
 
 @pytest.mark.parametrize("wide", [False, True])
+def test_pk_order_is_the_k_order(wide):
+  """The unpack of codes in the permuted K order of ":pk" layouts (``order="pk"``, what
+  wnam_mgpu.prepare stores for 4-bit codes) is bit-equal to the unpack of the same codes
+  in K order: int codes, e2m1 with and without the fold, groups of 32 / 64 / 128 (one
+  or several runs of 32 per scale group); groups under 32 are refused."""
+  p = params("w4a8-mxfp4", 384, 256, seed=1, wide=wide)
+  assert wm._unpack_order(p) == "pk"
+  k_order = mc.permute_k(p.codes.astype(jnp.int8)).astype(jnp.int4)  # an involution
+  meta = wm.mx_fold_metadata(p)
+  for sc, mt in ((p.scales, meta), (None, None)):
+    want = bits(cu.unpack(k_order, sc, mt, kind="e2m1", interpret=True))
+    got = bits(cu.unpack(p.codes, sc, mt, kind="e2m1", interpret=True, order="pk"))
+    np.testing.assert_array_equal(got, want)
+  for group in (64, 128):
+    spec = hj.QuantSpec("fp4_e2m1", "group", group, scale_dtype="e8m0", act="fp8_e4m3")
+    w = jax.random.normal(jax.random.key(group), (384, 256), jnp.float32) / 40
+    pg = wm.prepare(hj.quantize(w, spec))
+    kg = mc.permute_k(pg.codes.astype(jnp.int8)).astype(jnp.int4)
+    mg = wm.mx_fold_metadata(pg)
+    np.testing.assert_array_equal(
+        bits(cu.unpack(pg.codes, pg.scales, mg, kind="e2m1", interpret=True, order="pk")),
+        bits(cu.unpack(kg, pg.scales, mg, kind="e2m1", interpret=True)))
+  pi = params("w4a8-fp8", 384, 256, seed=6)
+  assert wm._unpack_order(pi) == "pk"
+  ki = mc.permute_k(pi.codes.astype(jnp.int8)).astype(jnp.int4)
+  want = bits(cu.unpack(ki, kind="int", interpret=True))
+  assert len(np.unique(want)) >= 15
+  np.testing.assert_array_equal(bits(cu.unpack(pi.codes, kind="int", interpret=True,
+                                               order="pk")), want)
+  with pytest.raises(ValueError, match="order='pk': groups of 16"):
+    cu.unpack(p.codes, jnp.ones((3 * 8, 256), jnp.bfloat16), meta._replace(
+        normal=jnp.ones((4, 3), jnp.int32)), kind="e2m1", order="pk")
+
+
+@pytest.mark.parametrize("wide", [False, True])
 def test_p8_order_is_the_k_order(wide):
   """The unpack of codes stored in the fp8-MMA order (``order="p8"``) is bit-equal to the
   unpack of the same codes in K order: the fold (normal and far-group blocks) and the

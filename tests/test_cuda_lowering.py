@@ -247,7 +247,7 @@ def test_mx_fold_prefill_lowers_for_h200():
   assert "custom_call" in lower_for_h200(wnam_mgpu.run_prefill_mx_fold, p, x)
   text = lower_for_h200(wnam_mgpu.run, p, x)  # run()'s default route: the fold, no branch
   assert "custom_call" in text and "stablehlo.case" not in text
-  assert "carrier_unpack_e2m1" in text  # the fold on the Pallas-Triton unpack
+  assert "carrier_unpack_e2m1_pk" in text  # the fold on the Pallas-Triton unpack (":pk")
   assert "carrier_unpack_fold_metadata" in text  # its metadata kernel
   from humming_jax.kernels import carrier_unpack
   scales = jax.ShapeDtypeStruct((112 * 4, 4096), jnp.bfloat16)  # K = 14336: 7 chunks
@@ -257,12 +257,19 @@ def test_mx_fold_prefill_lowers_for_h200():
 
 
 def test_carrier_unpack_lowers_for_h200():
-  """W4A8 fp8 prefill: the int4 -> e4m3 Pallas-Triton unpack and the Mosaic GEMM lower."""
-  from humming_jax.kernels import wnam_mgpu
+  """W4A8 fp8 prefill: the int4 -> e4m3 Pallas-Triton unpack of the permuted layout and the
+  Mosaic GEMM lower; the unpack's three orders lower alone (e2m1 without the fold's shift
+  too: it once negated a literal, which Triton's lowering refuses)."""
+  from humming_jax.kernels import carrier_unpack, wnam_mgpu
   p = abstract_params("w4a8-fp8", (8192, 8192))
+  assert ":pk" in p.layout
   x = jax.ShapeDtypeStruct((4096, 8192), jnp.bfloat16)
   text = lower_for_h200(wnam_mgpu.run, p, x)
-  assert "carrier_unpack_int" in text and "mosaic_gpu" in text
+  assert "carrier_unpack_int_pk" in text and "mosaic_gpu" in text
+  codes = jax.ShapeDtypeStruct((64, 8192, 128), jnp.int4)
+  for kind, order in (("int", "k"), ("int", "pk"), ("e2m1", "pk"), ("e2m1", "p8"), ("e2m1", "k")):
+    text = lower_for_h200(lambda c: carrier_unpack.unpack(c, kind=kind, order=order), codes)
+    assert f"carrier_unpack_{kind}" in text, (kind, order)
 
 
 @pytest.mark.parametrize("name", ["w8a8-fp8", "w8a8-int8", "w4a8-mxfp4"])
@@ -276,6 +283,21 @@ def test_act_prepass_lowers_for_h200(name, k):
   x = jax.ShapeDtypeStruct((4096, k), jnp.bfloat16)
   text = lower_for_h200(lambda x: act_prepass.quantize_rows(x, spec, rows=4096, kp=k), x)
   assert f"act_prepass_{spec.act_format.name}" in text
+
+
+@pytest.mark.parametrize("name", ["w8a8-int8", "w4a8-mxfp4"])
+@pytest.mark.parametrize("m,k", [(1, 8192), (16, 14336)])
+def test_decode_fake_quant_lowers_for_h200(name, m, k):
+  """The W4A8 decode's one-launch fake quantization (act_prepass.fake_quantize_rows), alone
+  and in front of the WnA16 kernel on wnam_mgpu's decode route."""
+  from humming_jax.kernels import act_prepass, wnam_mgpu
+  spec = hj.QuantSpec.preset(name)
+  x = jax.ShapeDtypeStruct((m, k), jnp.bfloat16)
+  text = lower_for_h200(lambda x: act_prepass.fake_quantize_rows(x, spec), x)
+  assert f"act_fake_quant_{spec.act_format.name}" in text
+  p = abstract_params("w4a8-int8", (k, 4096), kernel=wnam_mgpu.FAMILY)
+  text = lower_for_h200(wnam_mgpu.run, p, x)
+  assert "act_fake_quant_int8" in text and "mosaic_gpu" in text
 
 
 def test_prefill_with_the_one_pass_prepass_lowers_for_h200(monkeypatch):

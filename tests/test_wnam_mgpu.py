@@ -512,7 +512,8 @@ def test_dense_fp8_mma_layout_interpret(monkeypatch):
   q, x = make(spec, w8a8_mgpu.MIN_M + 8, 224, 200, seed=11)
   p = wm.prepare(q)
   monkeypatch.setenv("HUMMING_JAX_DENSE_FP8_MMA", "0")
-  k_order = wm.prepare(q)
+  k_order = wm.prepare(q)  # the default layout: the permuted K order
+  assert "pk" in k_order.layout.split(":"), k_order.layout
   bits = lambda a: np.asarray(a).view(np.uint8)
   np.testing.assert_array_equal(bits(wm.mx_fold_codes(p, pallas=True, interpret=True)),
                                 bits(wm.mx_fold_codes(k_order, pallas=True, interpret=True)))
@@ -524,7 +525,7 @@ def test_dense_fp8_mma_layout_interpret(monkeypatch):
   assert wm.mx_fold_runs(p)
   np.testing.assert_array_equal(np.asarray(wm.run(p, x, interpret=True)),
                                 np.asarray(wm.run(k_order, x, interpret=True)))
-  assert orders == ["p8", "k"], orders  # the fold's route, each reading its own layout
+  assert orders == ["p8", "pk"], orders  # the fold's route, each reading its own layout
   # No 8-bit route (fp4 with bf16 scales in groups of 128) at M >= 512 and float32 x: the
   # layout's XLA dequantize + GEMM, as from the K order.
   spec = hj.QuantSpec("fp4_e2m1", "group", 128, act="fp8_e4m3")

@@ -63,7 +63,7 @@ def _chunk(kp: int) -> int:
 
 
 def _kernel(x_ref, a_ref, s_ref, *, kp: int, chunk: int, fmt: str, qmax: float,
-            held: bool):
+            held: bool, dequantize: bool = False):
   cols = [pl.ds(j * chunk, chunk) for j in range(kp // chunk)]
   chunks = [x_ref[:, c] for c in cols] if held else None  # one HBM read, kept
   load = (lambda j: chunks[j]) if held else (lambda j: x_ref[:, cols[j]])
@@ -82,10 +82,13 @@ def _kernel(x_ref, a_ref, s_ref, *, kp: int, chunk: int, fmt: str, qmax: float,
     if fmt == "int8":
       t = jnp.clip(xs, -128.0, 127.0) + _RNE_MAGIC
       r = jax.lax.bitcast_convert_type(t, jnp.int32) - _MAGIC_BITS
-      a_ref[:, c] = r.astype(jnp.int8)
+      q, value = r.astype(jnp.int8), r.astype(jnp.float32)
     else:
       dtype, maxv = FP8_CARRIERS[fmt]
-      a_ref[:, c] = jnp.clip(xs, -maxv, maxv).astype(dtype)
+      q = jnp.clip(xs, -maxv, maxv).astype(dtype)
+      value = q.astype(jnp.float32)
+    # dequantize: the code times its scale (float32), rounded once to x's dtype
+    a_ref[:, c] = (value * s).astype(a_ref.dtype) if dequantize else q
 
 
 @functools.partial(jax.jit, static_argnames=("spec", "rows", "kp", "interpret"))
@@ -121,3 +124,45 @@ def quantize_rows(x: jax.Array, spec: QuantSpec, *, rows: int, kp: int,
       name=f"act_prepass_{fmt}",
   )(x)
   return a[:rows], s[:rows]
+
+
+# Rows per program of fake_quantize_rows (decode: a program per token row, no padding).
+FAKE_BLOCK_ROWS = 1
+
+
+def fake_quantize_applies(x: jax.Array, spec: QuantSpec) -> bool:
+  """Whether :func:`fake_quantize_rows` takes ``x``: a spec :func:`supports`, 16-bit x,
+  K a multiple of 128."""
+  return (supports(spec) and x.ndim == 2 and x.shape[1] % 128 == 0
+          and x.dtype in (jnp.bfloat16, jnp.float16))
+
+
+@functools.partial(jax.jit, static_argnames=("spec", "interpret"))
+def fake_quantize_rows(x: jax.Array, spec: QuantSpec, *, interpret: bool = False
+                       ) -> jax.Array:
+  """(M, K) 16-bit activations -> what the W4A8 decode multiplies: each row quantized as
+  a per-token ``spec`` says (the same scale and codes as :func:`quantize_rows`) and
+  dequantized, code x scale in float32 rounded once to x.dtype -- the values of
+  ``quantize.fake_quantize_activations(x, spec).astype(x.dtype)`` in one launch, where
+  XLA runs a row reduction and then the quantize-dequantize (two launches per layer at
+  decode).  One program per row, no padding."""
+  if not fake_quantize_applies(x, spec):
+    raise ValueError(f"spec {spec.name}, x {x.shape} {x.dtype}: the one-pass fake "
+                     f"quantization takes dynamic per-token fp8 / int8 specs with float32 "
+                     f"scales and bfloat16 / float16 (M, K) x with K a multiple of 128")
+  m, k = x.shape
+  held = k <= MAX_HELD_K
+  a, _ = pl.pallas_call(
+      functools.partial(_kernel, kp=k, chunk=_chunk(k), fmt=spec.act_format.name,
+                        qmax=float(spec.act_format.max_value), held=held, dequantize=True),
+      out_shape=(jax.ShapeDtypeStruct((m, k), x.dtype),
+                 jax.ShapeDtypeStruct((m, 1), jnp.float32)),
+      grid=(pl.cdiv(m, FAKE_BLOCK_ROWS),),
+      in_specs=[pl.BlockSpec((FAKE_BLOCK_ROWS, k), lambda i: (i, 0))],
+      out_specs=(pl.BlockSpec((FAKE_BLOCK_ROWS, k), lambda i: (i, 0)),
+                 pl.BlockSpec((FAKE_BLOCK_ROWS, 1), lambda i: (i, 0))),
+      compiler_params=plt.CompilerParams(num_warps=NUM_WARPS[held], num_stages=1),
+      interpret=interpret,
+      name=f"act_fake_quant_{spec.act_format.name}",
+  )(x)
+  return a

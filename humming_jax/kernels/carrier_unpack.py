@@ -99,9 +99,12 @@ def e2m1_e4m3_lanes(x: jax.Array, shift: jax.Array | int = 0, *,
   sg = (x >> 3) & _u32(_LANES)
   nz = _ge(mag, 1)
   t2 = _u32(0x2C * _LANES) + (mag << 2) + (_ge(mag, 2) << 2)
-  shift = jnp.asarray(shift, jnp.int32)
-  pos = (jnp.maximum(shift, 0) * 8).astype(jnp.uint32) * _u32(_LANES)
-  neg = (jnp.maximum(-shift, 0) * 8).astype(jnp.uint32) * _u32(_LANES)
+  if isinstance(shift, int):  # constants (Triton cannot lower the negation of a literal)
+    pos, neg = (_u32(max(v, 0) * 8 * _LANES) for v in (shift, -shift))
+  else:
+    shift = jnp.asarray(shift, jnp.int32)
+    pos = (jnp.maximum(shift, 0) * 8).astype(jnp.uint32) * _u32(_LANES)
+    neg = (jnp.maximum(-shift, 0) * 8).astype(jnp.uint32) * _u32(_LANES)
   if not subnormals:  # lanes 4 .. 124: no borrow, no carry
     return ((t2 + pos - neg) & _mask(nz)) | ((sg & nz) << 7)  # -0 is code 0
   w = t2 + _u32(0x80 * _LANES) + pos - neg  # lanes 12 .. 252
@@ -247,6 +250,21 @@ def _fold_metadata_pallas(scales, *, tiles, real_groups, block_n, interpret):
   return FoldMetadata(base, col_scale, normal)
 
 
+def _pk_runs(codes_ref) -> tuple[jax.Array, ...]:
+  """The ":pk" words (``mgpu_convert.permute_k``) -> the eight K-order words of four codes
+  (byte lanes) of each stored run of 32.  Stored word q of a run holds in byte c the
+  K-order codes 8c + 2q and 8c + 2q + 1, so the K-order codes 4r .. 4r + 3 are byte
+  r >> 1 of words 2 (r & 1) and 2 (r & 1) + 1: a 4 x 4 byte transpose, done here on the
+  loaded words (~12 integer ops per word, beside the lane maps' ~6 per code)."""
+  w = [codes_ref[:, :, :, q] for q in range(4)]  # (bn, G, runs per group) uint32 each
+
+  def run(r):
+    a, b = (x >> _u32(8 * (r >> 1)) for x in (w[2 * (r & 1)], w[2 * (r & 1) + 1]))
+    return ((a & _u32(0xF)) | ((a & _u32(0xF0)) << 4) | ((b & _u32(0xF)) << 16)
+            | ((b & _u32(0xF0)) << 20))
+  return tuple(run(r) for r in range(8))
+
+
 def _kernel(*refs, kind: str, order: str):
   codes_ref, *fold_refs, out_ref = refs
   if order == "p8":
@@ -258,24 +276,34 @@ def _kernel(*refs, kind: str, order: str):
     mags = lambda n: spread_nibbles(n) & _u32(0x07070707)
     words = (((w >> _u32(4)) & _u32(0x08080808)) | mags(w),
              (w & _u32(0x08080808)) | mags(w >> _u32(16)))
-    join = lambda hi, lo: jnp.swapaxes(jnp.stack([hi, lo], axis=-1), -1, -2)
+
+    def store(hi, lo):
+      out_ref[...] = jnp.swapaxes(jnp.stack([hi, lo], axis=-1), -1, -2)
+  elif order == "pk":  # output (..., 8): each run's K-order words 0..7
+    words = _pk_runs(codes_ref)
+
+    def store(*outs):  # one strided store per word: Triton stacks two arrays at a time
+      for r, v in enumerate(outs):
+        out_ref[:, :, :, r] = v
   else:
     words = (spread_nibbles(codes_ref[...].astype(jnp.uint32)),)  # (bn, G, h) of 4 codes
-    join = lambda x: x
-  e2m1 = lambda ws, s, subnormals: join(*(e2m1_e4m3_lanes(x, s, subnormals=subnormals)
-                                          for x in ws))
+
+    def store(x):
+      out_ref[...] = x
+  e2m1 = lambda ws, s, subnormals: tuple(e2m1_e4m3_lanes(x, s, subnormals=subnormals)
+                                         for x in ws)
   if kind == "int":
-    out_ref[...] = join(*(int_e4m3_lanes(x) for x in words))
+    store(*(int_e4m3_lanes(x) for x in words))
   elif not fold_refs:
-    out_ref[...] = e2m1(words, 0, False)
+    store(*e2m1(words, 0, False))
   else:
     scales_ref, base_ref, normal_ref = fold_refs
     # (G, bn) group scales of this K tile -> (bn, G, 1[, 1]) shifts: one per group of codes
     s = fold_shifts(scale_exponents(scales_ref[...]), base_ref[...][None, :]).T[:, :, None]
     s = s.reshape(s.shape + (1,) * (words[0].ndim - s.ndim))
-    out_ref[...] = jax.lax.cond(
+    store(*jax.lax.cond(
         normal_ref[0] != 0,  # every shift of the block >= _NORMAL_SHIFT (fold_metadata)
-        lambda ws, s: e2m1(ws, s, False), lambda ws, s: e2m1(ws, s, True), words, s)
+        lambda ws, s: e2m1(ws, s, False), lambda ws, s: e2m1(ws, s, True), words, s))
 
 
 @functools.partial(jax.jit, static_argnames=("kind", "block_n", "interpret", "order"))
@@ -290,7 +318,9 @@ def unpack(codes: jax.Array, scales: jax.Array | None = None,
   (:func:`fold_metadata` at this ``block_n``), each value times 2**(E - B)
   (``fold_shifts``: the MXFP4 fold; None: no shift).  The kernel reads the shifts off the
   scale rows itself.  ``order="p8"``: e2m1 codes as ``mgpu_convert.p8_store`` stores
-  them (the fp8-MMA layout; groups of 32 codes or more); the output is in K order."""
+  them (the fp8-MMA layout); ``order="pk"``: codes of either kind in the permuted K order
+  of ":pk" layouts (``mgpu_convert.permute_k``).  Both need groups of 32 codes or more;
+  the output is in K order."""
   if codes.ndim != 3 or codes.dtype != jnp.int4:
     raise ValueError(f"codes: expected (Kp / bk, Np, bk) int4; got {codes.shape} "
                      f"{codes.dtype}")
@@ -300,9 +330,9 @@ def unpack(codes: jax.Array, scales: jax.Array | None = None,
     raise ValueError("scales and meta: pass both (the fold) or neither")
   if scales is not None and kind != "e2m1":
     raise ValueError("scales: only for kind='e2m1'")
-  if order not in ("k", "p8") or (order == "p8" and kind != "e2m1"):
-    raise ValueError(f"order={order!r}, kind={kind!r}: expected order 'k', or 'p8' with "
-                     f"kind 'e2m1'")
+  if order not in ("k", "p8", "pk") or (order == "p8" and kind != "e2m1"):
+    raise ValueError(f"order={order!r}, kind={kind!r}: expected order 'k' or 'pk', or 'p8' "
+                     f"with kind 'e2m1'")
   t, np_, bk = codes.shape
   if np_ % block_n:
     raise ValueError(f"codes: Np={np_} must be a multiple of block_n={block_n}")
@@ -314,10 +344,10 @@ def unpack(codes: jax.Array, scales: jax.Array | None = None,
                      f"{bk // 4}, and fold_metadata at block_n={block_n} (base ({np_},), "
                      f"normal ({np_ // block_n}, {t})); got {scales.shape}, "
                      f"{meta.base.shape}, {meta.normal.shape}")
-  if order == "p8" and bk % (32 * g):
-    raise ValueError(f"order='p8': groups of {bk // g} codes; expected multiples of 32")
+  if order != "k" and bk % (32 * g):
+    raise ValueError(f"order={order!r}: groups of {bk // g} codes; expected multiples of 32")
   h = bk // 4 // g  # 16-bit runs of four codes per group
-  if order == "p8":  # 32-bit words of 8 codes, 4 per stored run of 32
+  if order != "k":  # 32-bit words of 8 codes, 4 per stored run of 32
     rg = bk // 32 // g  # runs per group
     words = jax.lax.bitcast_convert_type(codes.reshape(t, np_, bk // 8, 8), jnp.uint32)
     operands = [words.reshape(t, np_, g, rg, 4)]
@@ -331,7 +361,7 @@ def unpack(codes: jax.Array, scales: jax.Array | None = None,
     in_specs += [pl.BlockSpec((None, g, block_n), lambda kb, i: (kb, 0, i)),
                  pl.BlockSpec((block_n,), lambda kb, i: (i,)),
                  pl.BlockSpec((None, 1), lambda kb, i: (i, kb))]
-  out_block = (g, rg, 2, 4) if order == "p8" else (g, h)
+  out_block = ((g, h) if order == "k" else (g, rg, 2, 4) if order == "p8" else (g, rg, 8))
   zeros = (0,) * len(out_block)
   out = pl.pallas_call(
       functools.partial(_kernel, kind=kind, order=order),
@@ -341,7 +371,7 @@ def unpack(codes: jax.Array, scales: jax.Array | None = None,
       out_specs=pl.BlockSpec((block_n, None, *out_block), lambda kb, i: (i, kb, *zeros)),
       compiler_params=plt.CompilerParams(num_warps=4, num_stages=2),
       interpret=interpret,
-      name=f"carrier_unpack_{kind}" + ("_p8" if order == "p8" else ""),
+      name=f"carrier_unpack_{kind}" + ("" if order == "k" else f"_{order}"),
   )(*operands)
   out = jax.lax.bitcast_convert_type(out.reshape(np_, t * bk // 4), jnp.uint8)
   return jax.lax.bitcast_convert_type(out.reshape(np_, t * bk), jnp.float8_e4m3fn)

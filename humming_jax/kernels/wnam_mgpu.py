@@ -129,13 +129,13 @@ def dense_fp8_mma(spec: QuantSpec) -> bool:
 
 def prepare(params: QuantizedWeight) -> QuantizedWeight:
   """Canonical params -> the WnA16 Mosaic layout of their weights (the activation scale of
-  a static spec kept as it is), in K order: the prefill's Pallas unpack
-  (``carrier_unpack``) reads the codes as stored, so no permuted layout
-  (``wna16_mgpu.permutes``) here; or, where :func:`dense_fp8_mma` says so, the fp8-MMA
-  layout, which the unpack reads too (``order="p8"``)."""
+  a static spec kept as it is): the decode kernel's own layout (4-bit codes in the
+  permuted K order where ``wna16_mgpu.permutes`` says so, which the prefill's Pallas
+  unpack reads with ``order="pk"``), or, where :func:`dense_fp8_mma` says so, the fp8-MMA
+  layout (``order="p8"``)."""
   if (why := unsupported_reason(params.spec)) is not None:
     raise ValueError(f"spec {params.spec.name}: not supported by the {FAMILY} kernel ({why})")
-  out = wna16_mgpu.prepare(weight_view(params, "canonical"), permute=False,
+  out = wna16_mgpu.prepare(weight_view(params, "canonical"),
                            mma="fp8" if dense_fp8_mma(params.spec) else "bf16")
   return out.replace(spec=params.spec, act_scale=params.act_scale,
                      layout=renamed(out.layout, FAMILY))
@@ -188,8 +188,22 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
     codes, x_scale = fp8_operands(x, params, interpret=interpret)
     return wna16_mgpu.run(view, codes, interpret=interpret, config=config,
                           x_scale=x_scale, out_dtype=x.dtype)
-  xq = fake_quantize_activations(x, params.spec, params.act_scale).astype(x.dtype)
-  return wna16_mgpu.run(view, xq, interpret=interpret, config=config)
+  return wna16_mgpu.run(view, decode_activations(x, params, interpret=interpret),
+                        interpret=interpret, config=config)
+
+
+def decode_activations(x: jax.Array, params: QuantizedWeight, *,
+                       interpret: bool = False) -> jax.Array:
+  """The decode route's activations: quantized as the spec says and rounded to x.dtype
+  (``fake_quantize_activations``).  On the GPU, per-token specs with 16-bit x take the
+  one-launch Pallas pre-pass (``act_prepass.fake_quantize_rows``, bit-equal in the
+  interpreter) unless HUMMING_JAX_DECODE_PREPASS=0: XLA runs a row reduction and then
+  the quantize-dequantize, two launches in front of every decode GEMM.  The CPU
+  interpreter keeps XLA's (as ``w8a8.act_operands`` does)."""
+  if (not interpret and tuning.env_flag("HUMMING_JAX_DECODE_PREPASS", True)
+      and act_prepass.fake_quantize_applies(x, params.spec)):
+    return act_prepass.fake_quantize_rows(x, params.spec)
+  return fake_quantize_activations(x, params.spec, params.act_scale).astype(x.dtype)
 
 
 # ----------------------------------------------------------------------------------------
@@ -358,12 +372,10 @@ def k_major(codes: jax.Array) -> jax.Array:
 
 
 def _unpack_order(params: QuantizedWeight) -> str:
-  """The Pallas unpack's ``order`` for this layout's codes: "k", or "p8" (the fp8-MMA
-  layout); a permuted (":pk") layout is refused by name."""
+  """The Pallas unpack's ``order`` for this layout's codes: "pk" (the permuted K order),
+  "p8" (the fp8-MMA layout) or "k"."""
   if wna16_mgpu.k_permuted(params.layout):
-    raise ValueError(f"params.layout={params.layout!r}: the Pallas unpack reads codes in K "
-                     f"order or the fp8-MMA order; prepare with {FAMILY}.prepare (no "
-                     f"permuted K order)")
+    return "pk"
   return "p8" if wna16_mgpu.fp8_mma(params.layout) else "k"
 
 
