@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Session 42 (2026-12-05): W4A8 dense on the permuted (":pk") layout and the one-launch
+# decode pre-pass (act_prepass.fake_quantize_rows).  Carry [".whl"].
+#   t42:  GPU tests of the change: the ":pk" unpack (test_unpack_gpu), the fake
+#         quantization against XLA's, the wnam decode / prefill tests on the new layout.
+#   w42:  bench_dense, 8192^2, W4A8 (int4 g128 x fp8, MXFP4 x fp8) and the W4A16 of the
+#         same weights, M = 1, 16, 1024, 4096, CUPTI kernel times, Humming W4A8 MXFP4.
+#   w42o: the same W4A8 rows on the old form (HUMMING_JAX_PERMUTE_K=0: K order, XLA's
+#         two-fusion pre-pass with HUMMING_JAX_DECODE_PREPASS=0), then the new layout
+#         with the XLA pre-pass at M = 1 / 16 (the pre-pass A/B alone).
+source "$(dirname "$0")/../gpu_env.sh"
+DENSE="python3 benchmarks/bench_dense.py --shapes 8192x8192 --kernel-times --calls 20 --repeats 2 --no-baselines"
+s_t42() {
+  gpu_tests ${ST:-240} "unpack_gpu or fake_quant_gpu or decode_gpu or prefill_gpu or prefill_exact_route_gpu or mx_fold" \
+    tests/test_carrier_unpack.py tests/test_act_prepass.py tests/test_wnam_mgpu.py
+}
+s_w42() {
+  T ${ST:-300} $DENSE --specs w4a8-fp8,w4a16-g128,w4a8-mxfp4,w4a16-mxfp4 --ms 1,16,1024,4096 \
+    --humming --json "$OUT/w42.json" > "$OUT/w42.log" 2>&1
+  echo "rc=$?"; grep -vE "Warning|warn" "$OUT/w42.log" | tail -30
+}
+s_w42o() {
+  HUMMING_JAX_PERMUTE_K=0 HUMMING_JAX_DECODE_PREPASS=0 T ${ST:-240} $DENSE \
+    --specs w4a8-fp8,w4a8-mxfp4 --ms 1,16,1024,4096 --json "$OUT/w42o.json" \
+    > "$OUT/w42o.log" 2>&1
+  echo "old rc=$?"; grep -vE "Warning|warn" "$OUT/w42o.log" | tail -14
+  HUMMING_JAX_DECODE_PREPASS=0 T ${ST:-150} $DENSE --specs w4a8-fp8,w4a8-mxfp4 --ms 1,16 \
+    --json "$OUT/w42x.json" > "$OUT/w42x.log" 2>&1
+  echo "xla-prepass rc=$?"; grep -vE "Warning|warn" "$OUT/w42x.log" | tail -8
+}
+for s in ${@:-t42 w42}; do step "$s"; "s_$s"; done
