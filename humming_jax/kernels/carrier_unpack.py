@@ -255,14 +255,26 @@ def _pk_runs(codes_ref) -> tuple[jax.Array, ...]:
   (byte lanes) of each stored run of 32.  Stored word q of a run holds in byte c the
   K-order codes 8c + 2q and 8c + 2q + 1, so the K-order codes 4r .. 4r + 3 are byte
   r >> 1 of words 2 (r & 1) and 2 (r & 1) + 1: a 4 x 4 byte transpose, done here on the
-  loaded words (~12 integer ops per word, beside the lane maps' ~6 per code)."""
-  w = [codes_ref[:, :, :, q] for q in range(4)]  # (bn, G, runs per group) uint32 each
+  loaded words (~12 integer ops per word, beside the lane maps' ~6 per code).  The run's
+  four words are one vector load, split in registers."""
+  w = [q.reshape(q.shape[:-1]) for q in jnp.split(codes_ref[...], 4, axis=-1)]
 
   def run(r):
     a, b = (x >> _u32(8 * (r >> 1)) for x in (w[2 * (r & 1)], w[2 * (r & 1) + 1]))
     return ((a & _u32(0xF)) | ((a & _u32(0xF0)) << 4) | ((b & _u32(0xF)) << 16)
             | ((b & _u32(0xF0)) << 20))
   return tuple(run(r) for r in range(8))
+
+
+def _pk_store(out_ref, outs) -> None:
+  """Eight K-order words of each run -> out_ref's (..., 2, 2, 2) block in K order (word
+  r = 4a + 2b + h at [a, b, h]): Triton stacks two arrays at a time along a new last axis,
+  so the tree stacks the highest index bit first and the run's words land contiguous in
+  one thread's registers (one vector store, no transpose)."""
+  pair = lambda x, y: jnp.stack([x, y], axis=-1)
+  by_a = [pair(outs[2 * b + h], outs[4 + 2 * b + h]) for b in (0, 1) for h in (0, 1)]
+  by_b = [pair(by_a[h], by_a[2 + h]) for h in (0, 1)]  # by_a[2 b + h]
+  out_ref[...] = pair(*by_b)
 
 
 def _kernel(*refs, kind: str, order: str):
@@ -279,12 +291,9 @@ def _kernel(*refs, kind: str, order: str):
 
     def store(hi, lo):
       out_ref[...] = jnp.swapaxes(jnp.stack([hi, lo], axis=-1), -1, -2)
-  elif order == "pk":  # output (..., 8): each run's K-order words 0..7
+  elif order == "pk":  # output (..., 2, 2, 2): each run's K-order words 0..7
     words = _pk_runs(codes_ref)
-
-    def store(*outs):  # one strided store per word: Triton stacks two arrays at a time
-      for r, v in enumerate(outs):
-        out_ref[:, :, :, r] = v
+    store = lambda *outs: _pk_store(out_ref, outs)
   else:
     words = (spread_nibbles(codes_ref[...].astype(jnp.uint32)),)  # (bn, G, h) of 4 codes
 
@@ -361,7 +370,7 @@ def unpack(codes: jax.Array, scales: jax.Array | None = None,
     in_specs += [pl.BlockSpec((None, g, block_n), lambda kb, i: (kb, 0, i)),
                  pl.BlockSpec((block_n,), lambda kb, i: (i,)),
                  pl.BlockSpec((None, 1), lambda kb, i: (i, kb))]
-  out_block = ((g, h) if order == "k" else (g, rg, 2, 4) if order == "p8" else (g, rg, 8))
+  out_block = ((g, h) if order == "k" else (g, rg, 2, 4) if order == "p8" else (g, rg, 2, 2, 2))
   zeros = (0,) * len(out_block)
   out = pl.pallas_call(
       functools.partial(_kernel, kind=kind, order=order),
