@@ -29,3 +29,24 @@ s_w42o() {
   echo "xla-prepass rc=$?"; grep -vE "Warning|warn" "$OUT/w42x.log" | tail -8
 }
 for s in ${@:-t42 w42}; do step "$s"; "s_$s"; done
+# Call 2 (after call 1's w42 was cut at M = 4096 MXFP4):
+#   p42:  probe_w4a8_decode.py, kernel time by name, M = 1 / 16: this tree, the XLA
+#         pre-pass (HUMMING_JAX_DECODE_PREPASS=0), the old form (PERMUTE_K=0 too).
+#   w42p: bench_dense W4A8 at M = 4096 on this tree and on the old form (the ":pk" unpack).
+s_p42() {
+  local env
+  for env in "" "HUMMING_JAX_DECODE_PREPASS=0" "HUMMING_JAX_DECODE_PREPASS=0 HUMMING_JAX_PERMUTE_K=0"; do
+    env $env timeout -k 5 -s INT ${ST:-100} python3 benchmarks/probe_w4a8_decode.py \
+      --specs w4a8-fp8,w4a8-mxfp4,w4a16-g128,w4a16-mxfp4 --ms 1,16 >> "$OUT/p42.log" 2>&1
+    echo "[$env] rc=$?"
+  done
+  grep -E "^#|M=" "$OUT/p42.log" | cut -c1-400
+}
+s_w42p() {
+  T ${ST:-130} $DENSE --specs w4a8-fp8,w4a8-mxfp4 --ms 4096 --json "$OUT/w42p.json" \
+    > "$OUT/w42p.log" 2>&1
+  echo "new rc=$?"; grep -E "M=" "$OUT/w42p.log"
+  HUMMING_JAX_PERMUTE_K=0 T ${ST:-130} $DENSE --specs w4a8-fp8,w4a8-mxfp4 --ms 4096 \
+    --json "$OUT/w42po.json" > "$OUT/w42po.log" 2>&1
+  echo "K order rc=$?"; grep -E "M=" "$OUT/w42po.log"
+}

@@ -1,0 +1,52 @@
+"""Where a dense W4A8 decode layer's kernel time goes (session 42): CUPTI time per kernel
+name of ``hj.quant_dense`` on prepared params, 8192^2, 8 distinct layers per call (their
+sum / 8), for each spec and M, beside the same weights as W4A16.  Environment variables
+(HUMMING_JAX_DECODE_PREPASS, HUMMING_JAX_PERMUTE_K) pick the form; run it once per form.
+
+  PYTHONPATH=. python3 benchmarks/probe_w4a8_decode.py --specs w4a8-fp8,w4a8-mxfp4 --ms 1,16
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import jax
+import jax.numpy as jnp
+
+sys.path.insert(0, os.path.dirname(__file__))
+import common  # noqa: E402
+
+import humming_jax as hj  # noqa: E402
+
+LAYERS = 8
+
+
+def main():
+  ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  ap.add_argument("--specs", default="w4a8-fp8,w4a8-mxfp4")
+  ap.add_argument("--ms", default="1,16")
+  ap.add_argument("--n", type=int, default=8192)
+  ap.add_argument("--k", type=int, default=8192)
+  args = ap.parse_args()
+  env = {v: os.environ.get(v, "") for v in ("HUMMING_JAX_DECODE_PREPASS", "HUMMING_JAX_PERMUTE_K")}
+  print("#", common.device_info(), env, flush=True)
+  for name in args.specs.split(","):
+    spec = hj.QuantSpec.preset(name)
+    keys = jax.random.split(jax.random.key(0), LAYERS)
+    ps = [hj.prepare(jax.jit(hj.quantize, static_argnums=1)(
+        jax.random.normal(kk, (args.k, args.n), jnp.float32) / 90, spec)) for kk in keys]
+    print(f"{name}: layout {ps[0].layout}", flush=True)
+    for m in map(int, args.ms.split(",")):
+      xs = [jax.random.normal(jax.random.key(m + i), (m, args.k), jnp.bfloat16)
+            for i in range(LAYERS)]
+      fn = jax.jit(lambda ps, xs: [hj.quant_dense(p, x) for p, x in zip(ps, xs)])
+      jax.block_until_ready(fn(ps, xs))
+      times = common.kernel_times(fn, (ps, xs), per=LAYERS)
+      total = sum(times.values())
+      parts = ", ".join(f"{k} {v:.2f}" for k, v in sorted(times.items(), key=lambda t: -t[1]))
+      print(f"{name} M={m}: kernels {total:.2f} us per layer: {parts}", flush=True)
+
+
+if __name__ == "__main__":
+  main()
