@@ -28,7 +28,6 @@ s_w42o() {
     --json "$OUT/w42x.json" > "$OUT/w42x.log" 2>&1
   echo "xla-prepass rc=$?"; grep -vE "Warning|warn" "$OUT/w42x.log" | tail -8
 }
-for s in ${@:-t42 w42}; do step "$s"; "s_$s"; done
 # Call 2 (after call 1's w42 was cut at M = 4096 MXFP4):
 #   p42:  probe_w4a8_decode.py, kernel time by name, M = 1 / 16: this tree, the XLA
 #         pre-pass (HUMMING_JAX_DECODE_PREPASS=0), the old form (PERMUTE_K=0 too).
@@ -50,3 +49,4 @@ s_w42p() {
     --json "$OUT/w42po.json" > "$OUT/w42po.log" 2>&1
   echo "K order rc=$?"; grep -E "M=" "$OUT/w42po.log"
 }
+for s in ${@:-t42 w42}; do step "$s"; "s_$s"; done
