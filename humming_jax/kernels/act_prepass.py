@@ -67,19 +67,15 @@ def _kernel(x_ref, a_ref, s_ref, *, kp: int, chunk: int, fmt: str, qmax: float,
   cols = [pl.ds(j * chunk, chunk) for j in range(kp // chunk)]
   chunks = [x_ref[:, c] for c in cols] if held else None  # one HBM read, kept
   load = (lambda j: chunks[j]) if held else (lambda j: x_ref[:, cols[j]])
-  amax = None
-  for j in range(len(cols)):  # the row's amax, NaN counted as inf (either: a NaN scale)
+  amax = bad = None
+  for j in range(len(cols)):  # the row's amax and whether it holds NaN / inf
     x = load(j).astype(jnp.float32)
-    ax = jnp.where(x != x, jnp.inf, jnp.abs(x))
-    if dequantize:  # decode: elementwise over the chunks, one reduction across threads
-      amax = ax if amax is None else jnp.maximum(amax, ax)
-    else:  # prefill (2 held rows): a reduction per chunk, no accumulator registers
-      m = jnp.max(ax, axis=1, keepdims=True)
-      amax = m if amax is None else jnp.maximum(amax, m)
-  amax = jnp.max(amax, axis=1, keepdims=True)
-  bad = amax == jnp.inf
+    ax = jnp.abs(x)
+    m = jnp.max(ax, axis=1, keepdims=True)
+    b = jnp.max(jnp.where((x != x) | (ax == jnp.inf), 1.0, 0.0), axis=1, keepdims=True)
+    amax, bad = (m, b) if amax is None else (jnp.maximum(amax, m), jnp.maximum(bad, b))
   s = jnp.where(amax > 0, amax / qmax, 1.0)
-  s = jnp.where(bad, jnp.nan, s)
+  s = jnp.where(bad > 0, jnp.nan, s)
   s_ref[...] = s
   for j, c in enumerate(cols):  # scale, saturate, round, store
     xs = load(j).astype(jnp.float32) / s
