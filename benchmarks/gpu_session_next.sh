@@ -1,4 +1,11 @@
 #!/usr/bin/env bash
+# Session 42 (2026-12-05) got one call (benchmarks/results/2026-12-05-session42/call1:
+# sessions/gpu_session42.sh t42 w42), then no machine.  Next, before this script's queue:
+#   sessions/gpu_session42.sh p42 w42p (one call, ~450 s): the W4A8 decode's kernels by
+#   name on the new form / the XLA pre-pass / the old K order, and the M = 4096 prefill on
+#   ":pk" against the K order in one run.  Then branch queued/session42-prepass (the
+#   pre-pass kernel's single reduction, the grouped 16-bit route on it; also as
+#   benchmarks/sessions/session42_queued.patch, git apply): gpu_session42.sh t42b.
 # Session 41 ran g41 (call 1), q16 (call 2) and g41b (call 3): benchmarks/results/
 # 2026-12-05-session41.  Still to run: g42 and g42d first (one call each), then bd.
 # Session 40 ran t39 and g40 (call 1: benchmarks/results/2026-12-05-session40); q16, qm, bd are still to run.

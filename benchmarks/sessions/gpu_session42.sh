@@ -50,4 +50,11 @@ s_w42p() {
     --json "$OUT/w42po.json" > "$OUT/w42po.log" 2>&1
   echo "K order rc=$?"; grep -E "M=" "$OUT/w42po.log"
 }
+#   t42b: after `git apply benchmarks/sessions/session42_queued.patch` (the pre-pass
+#         kernel's single reduction, both forms; the grouped 16-bit route's pre-pass,
+#         w4a8-int8 experts): their GPU tests.
+s_t42b() {
+  gpu_tests ${ST:-150} "one_pass_gpu or fake_quant_gpu or (deepseek_gate_up_gpu and int8) or (decode_gpu and w4a8-int8)" \
+    tests/test_act_prepass.py tests/test_grouped_wnam_mgpu.py tests/test_wnam_mgpu.py
+}
 for s in ${@:-t42 w42}; do step "$s"; "s_$s"; done
