@@ -205,6 +205,22 @@ def test_unpack_gpu(wide):
                                 bits(jax.jit(wm._carrier_codes)(p)))
 
 
+def k_order_codes(p):
+  """The K-order codes of prepared params (``wm.prepare`` stores 4-bit codes in the
+  permuted order of ":pk" layouts; ``permute_k`` is an involution)."""
+  assert wm._unpack_order(p) == "pk"
+  return mc.permute_k(p.codes.astype(jnp.int8)).astype(jnp.int4)
+
+
+def group_params(group):
+  """MXFP4-like params (e8m0 scales) in groups of ``group``: (params, K-order codes,
+  fold metadata) -- several stored runs of 32 per scale group (the shift broadcast)."""
+  spec = hj.QuantSpec("fp4_e2m1", "group", group, scale_dtype="e8m0", act="fp8_e4m3")
+  w = jax.random.normal(jax.random.key(group), (384, 256), jnp.float32) / 40
+  pg = wm.prepare(hj.quantize(w, spec))
+  return pg, k_order_codes(pg), wm.mx_fold_metadata(pg)
+
+
 @pytest.mark.parametrize("wide", [False, True])
 def test_pk_order_is_the_k_order(wide):
   """The unpack of codes in the permuted K order of ":pk" layouts (``order="pk"``, what
@@ -212,25 +228,19 @@ def test_pk_order_is_the_k_order(wide):
   in K order: int codes, e2m1 with and without the fold, groups of 32 / 64 / 128 (one
   or several runs of 32 per scale group); groups under 32 are refused."""
   p = params("w4a8-mxfp4", 384, 256, seed=1, wide=wide)
-  assert wm._unpack_order(p) == "pk"
-  k_order = mc.permute_k(p.codes.astype(jnp.int8)).astype(jnp.int4)  # an involution
+  k_order = k_order_codes(p)
   meta = wm.mx_fold_metadata(p)
   for sc, mt in ((p.scales, meta), (None, None)):
     want = bits(cu.unpack(k_order, sc, mt, kind="e2m1", interpret=True))
     got = bits(cu.unpack(p.codes, sc, mt, kind="e2m1", interpret=True, order="pk"))
     np.testing.assert_array_equal(got, want)
   for group in (64, 128):
-    spec = hj.QuantSpec("fp4_e2m1", "group", group, scale_dtype="e8m0", act="fp8_e4m3")
-    w = jax.random.normal(jax.random.key(group), (384, 256), jnp.float32) / 40
-    pg = wm.prepare(hj.quantize(w, spec))
-    kg = mc.permute_k(pg.codes.astype(jnp.int8)).astype(jnp.int4)
-    mg = wm.mx_fold_metadata(pg)
+    pg, kg, mg = group_params(group)
     np.testing.assert_array_equal(
         bits(cu.unpack(pg.codes, pg.scales, mg, kind="e2m1", interpret=True, order="pk")),
         bits(cu.unpack(kg, pg.scales, mg, kind="e2m1", interpret=True)))
   pi = params("w4a8-fp8", 384, 256, seed=6)
-  assert wm._unpack_order(pi) == "pk"
-  ki = mc.permute_k(pi.codes.astype(jnp.int8)).astype(jnp.int4)
+  ki = k_order_codes(pi)
   want = bits(cu.unpack(ki, kind="int", interpret=True))
   assert len(np.unique(want)) >= 15
   np.testing.assert_array_equal(bits(cu.unpack(pi.codes, kind="int", interpret=True,
@@ -246,21 +256,19 @@ def test_p8_order_is_the_k_order(wide):
   unpack of the same codes in K order: the fold (normal and far-group blocks) and the
   plain e2m1 carrier; int codes and groups under 32 are refused."""
   p = params("w4a8-mxfp4", 384, 256, seed=1, wide=wide)
-  stored = mc.p8_store(p.codes.astype(jnp.int8)).astype(jnp.int4)
+  k_order = k_order_codes(p)
+  stored = mc.p8_store(k_order.astype(jnp.int8)).astype(jnp.int4)
   meta = wm.mx_fold_metadata(p)
   for sc, mt in ((p.scales, meta), (None, None)):
-    want = bits(cu.unpack(p.codes, sc, mt, kind="e2m1", interpret=True))
+    want = bits(cu.unpack(k_order, sc, mt, kind="e2m1", interpret=True))
     got = bits(cu.unpack(stored, sc, mt, kind="e2m1", interpret=True, order="p8"))
     np.testing.assert_array_equal(got, want)
-  for group in (64, 128):  # several stored runs per scale group (shift broadcast)
-    spec = hj.QuantSpec("fp4_e2m1", "group", group, scale_dtype="e8m0", act="fp8_e4m3")
-    w = jax.random.normal(jax.random.key(group), (384, 256), jnp.float32) / 40
-    pg = wm.prepare(hj.quantize(w, spec))
-    sg = mc.p8_store(pg.codes.astype(jnp.int8)).astype(jnp.int4)
-    mg = wm.mx_fold_metadata(pg)
+  for group in (64, 128):
+    pg, kg, mg = group_params(group)
+    sg = mc.p8_store(kg.astype(jnp.int8)).astype(jnp.int4)
     np.testing.assert_array_equal(
         bits(cu.unpack(sg, pg.scales, mg, kind="e2m1", interpret=True, order="p8")),
-        bits(cu.unpack(pg.codes, pg.scales, mg, kind="e2m1", interpret=True)))
+        bits(cu.unpack(kg, pg.scales, mg, kind="e2m1", interpret=True)))
   with pytest.raises(ValueError, match="order='p8', kind='int'"):
     cu.unpack(stored, kind="int", order="p8")
   with pytest.raises(ValueError, match="order='p8': groups of 16"):

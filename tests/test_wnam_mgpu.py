@@ -494,14 +494,14 @@ def test_dense_fp8_mma_layout_interpret(monkeypatch):
   """HUMMING_JAX_DENSE_FP8_MMA=1 (off by default; not yet GPU-run): W4A8 MXFP4 prepared in
   the fp8-MMA layout (":p8"); decode on fp8 WGMMA (e4m3 codes and row scales) within 1e-4
   of the reference, the MXFP4 fold's prefill through the ":p8"-reading Pallas unpack equal
-  to the same prefill from the K-order layout, the layout round trip exact."""
+  to the same prefill from the default (":pk") layout, the layout round trip exact."""
   from humming_jax.kernels import w8a8_mgpu
   monkeypatch.delenv("HUMMING_JAX_DENSE_FP8_MMA", raising=False)
   spec = SPECS["w4a8-mxfp4"]
   q, x = make(spec, 5, 256, 192, seed=13)
   assert wm.fp8_mma_applies(spec) and not wm.dense_fp8_mma(spec)
-  k_order = wm.prepare(q)
-  assert not wna16_mgpu.fp8_mma(k_order.layout)
+  default = wm.prepare(q)
+  assert not wna16_mgpu.fp8_mma(default.layout)
   monkeypatch.setenv("HUMMING_JAX_DENSE_FP8_MMA", "1")
   assert not wm.dense_fp8_mma(SPECS["w4a8-int8"])
   p = wm.prepare(q)
@@ -512,19 +512,19 @@ def test_dense_fp8_mma_layout_interpret(monkeypatch):
   q, x = make(spec, w8a8_mgpu.MIN_M + 8, 224, 200, seed=11)
   p = wm.prepare(q)
   monkeypatch.setenv("HUMMING_JAX_DENSE_FP8_MMA", "0")
-  k_order = wm.prepare(q)  # the default layout: the permuted K order
-  assert "pk" in k_order.layout.split(":"), k_order.layout
+  default = wm.prepare(q)  # the default layout: the permuted K order
+  assert "pk" in default.layout.split(":"), default.layout
   bits = lambda a: np.asarray(a).view(np.uint8)
   np.testing.assert_array_equal(bits(wm.mx_fold_codes(p, pallas=True, interpret=True)),
-                                bits(wm.mx_fold_codes(k_order, pallas=True, interpret=True)))
-  np.testing.assert_array_equal(bits(wm.mx_fold_codes(p)), bits(wm.mx_fold_codes(k_order)))
+                                bits(wm.mx_fold_codes(default, pallas=True, interpret=True)))
+  np.testing.assert_array_equal(bits(wm.mx_fold_codes(p)), bits(wm.mx_fold_codes(default)))
   orders = []
   orig = wm.carrier_unpack.unpack
   monkeypatch.setattr(wm.carrier_unpack, "unpack",
                       lambda *a, **kw: orders.append(kw.get("order")) or orig(*a, **kw))
   assert wm.mx_fold_runs(p)
   np.testing.assert_array_equal(np.asarray(wm.run(p, x, interpret=True)),
-                                np.asarray(wm.run(k_order, x, interpret=True)))
+                                np.asarray(wm.run(default, x, interpret=True)))
   assert orders == ["p8", "pk"], orders  # the fold's route, each reading its own layout
   # No 8-bit route (fp4 with bf16 scales in groups of 128) at M >= 512 and float32 x: the
   # layout's XLA dequantize + GEMM, as from the K order.
@@ -564,11 +564,11 @@ def test_dense_fp8_fold_gpu(monkeypatch):
 def test_dense_fp8_mma_gpu(monkeypatch):
   """HUMMING_JAX_DENSE_FP8_MMA=1 on the H200 (built after session 20's device time): W4A8
   MXFP4 8192^2 in the fp8-MMA layout -- decode at M = 1 / 16 within 1e-3 of the reference,
-  the fold's prefill at M = 1024 (":p8"-reading unpack) equal to the K-order layout's."""
+  the fold's prefill at M = 1024 (":p8"-reading unpack) equal to the default (":pk") layout's."""
   spec = SPECS["w4a8-mxfp4"]
   q, x = make(spec, 1024, 8192, 8192, seed=8)
   monkeypatch.setenv("HUMMING_JAX_DENSE_FP8_MMA", "0")
-  k_order = jax.jit(wm.prepare)(q)
+  default = jax.jit(wm.prepare)(q)
   monkeypatch.setenv("HUMMING_JAX_DENSE_FP8_MMA", "1")
   p = jax.jit(lambda q: wm.prepare(q))(q)
   assert "p8" in p.layout.split(":"), p.layout
@@ -579,7 +579,7 @@ def test_dense_fp8_mma_gpu(monkeypatch):
     assert e <= 1e-3
   fold = lambda p: wm.mx_fold_codes(p, pallas=True)
   np.testing.assert_array_equal(np.asarray(jax.jit(fold)(p)).view(np.uint8),
-                                np.asarray(jax.jit(fold)(k_order)).view(np.uint8))
+                                np.asarray(jax.jit(fold)(default)).view(np.uint8))
   y = jax.jit(lambda p, x: wm.run(p, x))(p, x)
   np.testing.assert_array_equal(np.asarray(y), np.asarray(
-      jax.jit(lambda p, x: wm.run(p, x))(k_order, x)))
+      jax.jit(lambda p, x: wm.run(p, x))(default, x)))

@@ -91,6 +91,29 @@ def _kernel(x_ref, a_ref, s_ref, *, kp: int, chunk: int, fmt: str, qmax: float,
     a_ref[:, c] = (value * s).astype(a_ref.dtype) if dequantize else q
 
 
+def _launch(x: jax.Array, spec: QuantSpec, block_rows: int, out_dtype, *,
+            dequantize: bool, interpret: bool) -> tuple[jax.Array, jax.Array]:
+  """The kernel over (M, K) x, ``block_rows`` rows per program: ((M, K) codes, or with
+  ``dequantize`` values in ``out_dtype``; (M, 1) float32 scales)."""
+  m, k = x.shape
+  fmt = spec.act_format.name
+  held = k <= MAX_HELD_K
+  return pl.pallas_call(
+      functools.partial(_kernel, kp=k, chunk=_chunk(k), fmt=fmt,
+                        qmax=float(spec.act_format.max_value), held=held,
+                        dequantize=dequantize),
+      out_shape=(jax.ShapeDtypeStruct((m, k), out_dtype),
+                 jax.ShapeDtypeStruct((m, 1), jnp.float32)),
+      grid=(pl.cdiv(m, block_rows),),
+      in_specs=[pl.BlockSpec((block_rows, k), lambda i: (i, 0))],
+      out_specs=(pl.BlockSpec((block_rows, k), lambda i: (i, 0)),
+                 pl.BlockSpec((block_rows, 1), lambda i: (i, 0))),
+      compiler_params=plt.CompilerParams(num_warps=NUM_WARPS[held], num_stages=1),
+      interpret=interpret,
+      name=f"act_fake_quant_{fmt}" if dequantize else f"act_prepass_{fmt}",
+  )(x)
+
+
 @functools.partial(jax.jit, static_argnames=("spec", "rows", "kp", "interpret"))
 def quantize_rows(x: jax.Array, spec: QuantSpec, *, rows: int, kp: int,
                   interpret: bool = False) -> tuple[jax.Array, jax.Array]:
@@ -107,22 +130,8 @@ def quantize_rows(x: jax.Array, spec: QuantSpec, *, rows: int, kp: int,
   rp = -(-rows // BLOCK_ROWS) * BLOCK_ROWS
   if (rp, kp) != (m, k):  # zero rows quantize to zero codes with scale 1
     x = jnp.pad(x, ((0, rp - m), (0, kp - k)))
-  fmt = spec.act_format.name
-  carrier = carrier_dtype(spec.act_format)
-  held = kp <= MAX_HELD_K
-  a, s = pl.pallas_call(
-      functools.partial(_kernel, kp=kp, chunk=_chunk(kp), fmt=fmt,
-                        qmax=float(spec.act_format.max_value), held=held),
-      out_shape=(jax.ShapeDtypeStruct((rp, kp), carrier),
-                 jax.ShapeDtypeStruct((rp, 1), jnp.float32)),
-      grid=(rp // BLOCK_ROWS,),
-      in_specs=[pl.BlockSpec((BLOCK_ROWS, kp), lambda i: (i, 0))],
-      out_specs=(pl.BlockSpec((BLOCK_ROWS, kp), lambda i: (i, 0)),
-                 pl.BlockSpec((BLOCK_ROWS, 1), lambda i: (i, 0))),
-      compiler_params=plt.CompilerParams(num_warps=NUM_WARPS[held], num_stages=1),
-      interpret=interpret,
-      name=f"act_prepass_{fmt}",
-  )(x)
+  a, s = _launch(x, spec, BLOCK_ROWS, carrier_dtype(spec.act_format), dequantize=False,
+                 interpret=interpret)
   return a[:rows], s[:rows]
 
 
@@ -150,19 +159,5 @@ def fake_quantize_rows(x: jax.Array, spec: QuantSpec, *, interpret: bool = False
     raise ValueError(f"spec {spec.name}, x {x.shape} {x.dtype}: the one-pass fake "
                      f"quantization takes dynamic per-token fp8 / int8 specs with float32 "
                      f"scales and bfloat16 / float16 (M, K) x with K a multiple of 128")
-  m, k = x.shape
-  held = k <= MAX_HELD_K
-  a, _ = pl.pallas_call(
-      functools.partial(_kernel, kp=k, chunk=_chunk(k), fmt=spec.act_format.name,
-                        qmax=float(spec.act_format.max_value), held=held, dequantize=True),
-      out_shape=(jax.ShapeDtypeStruct((m, k), x.dtype),
-                 jax.ShapeDtypeStruct((m, 1), jnp.float32)),
-      grid=(pl.cdiv(m, FAKE_BLOCK_ROWS),),
-      in_specs=[pl.BlockSpec((FAKE_BLOCK_ROWS, k), lambda i: (i, 0))],
-      out_specs=(pl.BlockSpec((FAKE_BLOCK_ROWS, k), lambda i: (i, 0)),
-                 pl.BlockSpec((FAKE_BLOCK_ROWS, 1), lambda i: (i, 0))),
-      compiler_params=plt.CompilerParams(num_warps=NUM_WARPS[held], num_stages=1),
-      interpret=interpret,
-      name=f"act_fake_quant_{spec.act_format.name}",
-  )(x)
+  a, _ = _launch(x, spec, FAKE_BLOCK_ROWS, x.dtype, dequantize=True, interpret=interpret)
   return a
