@@ -178,8 +178,9 @@ def test_fake_quant_refusals():
 
 def test_wnam_decode_takes_it_on_the_gpu_route(monkeypatch):
   """``wnam_mgpu.decode_activations``: the kernel (its name in the jaxpr) on the GPU route
-  of a per-token spec; XLA's fake quantization in the interpreter, with
-  HUMMING_JAX_DECODE_PREPASS=0, and for a static per-tensor spec."""
+  of a per-token spec at decode rows; XLA's fake quantization in the interpreter, from
+  FUSED_PREPASS_MIN_M rows, with HUMMING_JAX_DECODE_PREPASS=0, and for a static
+  per-tensor spec."""
   import humming_jax as hj
   from humming_jax.kernels import wnam_mgpu
   w = jax.random.normal(jax.random.key(0), (256, 128), jnp.float32) / 16
@@ -189,6 +190,9 @@ def test_wnam_decode_takes_it_on_the_gpu_route(monkeypatch):
       lambda x: wnam_mgpu.decode_activations(x, p, **kw))(x))
   assert "act_fake_quant_int8" in route()
   assert "act_fake_quant" not in route(interpret=True)
+  big = _x(w8a8.FUSED_PREPASS_MIN_M, 256, 3)  # prefill rows: the decode kernel is not for them
+  assert "act_fake_quant" not in str(jax.make_jaxpr(
+      lambda x: wnam_mgpu.decode_activations(x, p))(big))
   monkeypatch.setenv("HUMMING_JAX_DECODE_PREPASS", "0")
   assert "act_fake_quant" not in route()
   monkeypatch.delenv("HUMMING_JAX_DECODE_PREPASS")

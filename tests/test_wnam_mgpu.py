@@ -583,3 +583,24 @@ def test_dense_fp8_mma_gpu(monkeypatch):
   y = jax.jit(lambda p, x: wm.run(p, x))(p, x)
   np.testing.assert_array_equal(np.asarray(y), np.asarray(
       jax.jit(lambda p, x: wm.run(p, x))(default, x)))
+
+
+@pytest.mark.parametrize("name", ["w4a8-mxfp4", "w4a8-fp8"])
+def test_k_order_layouts_still_run(name, monkeypatch):
+  """Params prepared before session 42 (K order: no ":pk" in the layout) still run on
+  every route, bit-equal to the default permuted layout: the decode (XLA pre-pass in the
+  interpreter) and the prefill's Pallas unpack, which reads the order off the layout."""
+  from humming_jax.kernels import w8a8_mgpu
+  spec = SPECS[name]
+  q, x = make(spec, w8a8_mgpu.MIN_M + 8, 256, 128, seed=21)
+  default = wm.prepare(q)
+  monkeypatch.setenv("HUMMING_JAX_PERMUTE_K", "0")
+  old = wm.prepare(q)
+  assert "pk" in default.layout.split(":") and "pk" not in old.layout.split(":"), (
+      default.layout, old.layout)
+  assert (wm._unpack_order(default), wm._unpack_order(old)) == ("pk", "k")
+  np.testing.assert_array_equal(np.asarray(wm.to_canonical(old).codes),
+                                np.asarray(wm.to_canonical(default).codes))
+  for m in (3, x.shape[0]):  # decode, prefill
+    np.testing.assert_array_equal(np.asarray(wm.run(old, x[:m], interpret=True)),
+                                  np.asarray(wm.run(default, x[:m], interpret=True)))

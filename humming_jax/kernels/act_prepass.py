@@ -1,6 +1,8 @@
 """Per-token dynamic activation quantization in one pass over x (Pallas-Triton), for the
-W8A8 family's 8-bit GEMMs at prefill on the GPU (``w8a8.act_operands`` when
-``FUSED_PREPASS``; the CPU interpreter keeps XLA's pre-pass there).
+W8A8 family's 8-bit GEMMs at prefill on the GPU (:func:`quantize_rows`: codes and scales;
+``w8a8.act_operands`` when ``FUSED_PREPASS``; the CPU interpreter keeps XLA's pre-pass
+there), and for the W4A8 decode on the WnA16 kernel (:func:`fake_quantize_rows`: the
+quantize-dequantize in x's dtype, ``wnam_mgpu.decode_activations``).
 
 XLA makes the pre-pass a row reduction (amax) that reads x, a small select, then the
 scale-divide-convert that reads x again and writes the carrier codes.  H200 session 18,

@@ -354,7 +354,8 @@ def unpack(codes: jax.Array, scales: jax.Array | None = None,
                      f"normal ({np_ // block_n}, {t})); got {scales.shape}, "
                      f"{meta.base.shape}, {meta.normal.shape}")
   if order != "k" and bk % (32 * g):
-    raise ValueError(f"order={order!r}: groups of {bk // g} codes; expected multiples of 32")
+    raise ValueError(f"scales: groups of {bk // g} codes (G={g} rows per K tile of {bk}); "
+                     f"order={order!r} needs groups of a multiple of 32 codes")
   h = bk // 4 // g  # 16-bit runs of four codes per group
   if order != "k":  # 32-bit words of 8 codes, 4 per stored run of 32
     rg = bk // 32 // g  # runs per group

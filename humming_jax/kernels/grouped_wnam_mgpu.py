@@ -59,8 +59,9 @@ def prepare(params: QuantizedWeight) -> QuantizedWeight:
   """Canonical stacked (E, K, N) params -> the Mosaic grouped layout of their weights (the
   spec and a static spec's activation scale kept): the fp8-MMA layout where
   :func:`fp8_mma` says so, else 4-bit codes in the permuted K order
-  (``wna16_mgpu.permutes``), as dense ``wnam_mgpu``'s.  Eagerly (concrete weights), e8m0 scales that span at most 11 binades
-  per column also mark the layout ":cf" (``wna16_mgpu.mark_column_fold``): tiles of 24
+  (``wna16_mgpu.permutes``), as dense ``wnam_mgpu``'s.  Eagerly (concrete weights), e8m0
+  scales that span at most 11 binades per column also mark the layout ":cf"
+  (``wna16_mgpu.mark_column_fold``): tiles of 24
   rows and more then run with one accumulator (``Config.fp8_single_acc``; 15-28 % faster
   at the benchmark shapes, ``grouped_wna16_mgpu.SINGLE_ACC_MIN_ROWS``); under ``jax.jit``
   the check cannot run and the per-group route is taken."""

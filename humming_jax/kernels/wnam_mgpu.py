@@ -9,8 +9,10 @@ kernel time for W4A8 int4 g128 at 8192^2, M = 1, where this family takes 15.7 (W
 same weights: 15.4; H200 session 11, benchmarks/NOTES_w8a8.md).
 
 Decode: the spec's own activation quantization (``quantize.fake_quantize_activations``,
-what the reference runs), rounded once to x's 16-bit dtype, then ``wna16_mgpu.run`` on the
-weight half of the spec in that kernel's layout.  The error against the reference (exact
+what the reference runs; on the GPU per-token specs below 512 rows take its one-launch
+Pallas form, :func:`decode_activations`), rounded once to x's 16-bit dtype, then
+``wna16_mgpu.run`` on the weight half of the spec in that kernel's layout (4-bit codes in
+its permuted K order, which the prefill's Pallas unpack reads too).  The error against the reference (exact
 integer / fp8 products) is that one rounding of ``code * scale``: ~2**-9 relative per
 activation for bf16 (at most 2**-8), the error class of WnA16 itself (H200: 2.0e-3-2.7e-3).
 
@@ -195,12 +197,16 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
 def decode_activations(x: jax.Array, params: QuantizedWeight, *,
                        interpret: bool = False) -> jax.Array:
   """The decode route's activations: quantized as the spec says and rounded to x.dtype
-  (``fake_quantize_activations``).  On the GPU, per-token specs with 16-bit x take the
-  one-launch Pallas pre-pass (``act_prepass.fake_quantize_rows``, bit-equal in the
-  interpreter) unless HUMMING_JAX_DECODE_PREPASS=0: XLA runs a row reduction and then
-  the quantize-dequantize, two launches in front of every decode GEMM.  The CPU
-  interpreter keeps XLA's (as ``w8a8.act_operands`` does)."""
+  (``fake_quantize_activations``).  On the GPU, per-token specs with 16-bit x, K a
+  multiple of 128 and fewer than ``w8a8.FUSED_PREPASS_MIN_M`` rows (decode: GPU-tested at
+  M = 1 / 16) take the one-launch Pallas pre-pass (``act_prepass.fake_quantize_rows``,
+  bit-equal in the interpreter; on the H200 <= 1e-3 of values a code step apart) unless
+  HUMMING_JAX_DECODE_PREPASS=0: XLA runs a row reduction and then the
+  quantize-dequantize, two launches.  H200 session 42: the one launch costs about what
+  the two did (2.6-2.9 us at 8192, against session 21's ~2.9; no same-run A/B yet).  The
+  CPU interpreter keeps XLA's (as ``w8a8.act_operands`` does)."""
   if (not interpret and tuning.env_flag("HUMMING_JAX_DECODE_PREPASS", True)
+      and x.shape[0] < w8a8.FUSED_PREPASS_MIN_M
       and act_prepass.fake_quantize_applies(x, params.spec)):
     return act_prepass.fake_quantize_rows(x, params.spec)
   return fake_quantize_activations(x, params.spec, params.act_scale).astype(x.dtype)
