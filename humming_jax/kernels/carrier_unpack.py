@@ -254,15 +254,14 @@ def _pk_runs(codes_ref) -> tuple[jax.Array, ...]:
   """The ":pk" words (``mgpu_convert.permute_k``) -> the eight K-order words of four codes
   (byte lanes) of each stored run of 32.  Stored word q of a run holds in byte c the
   K-order codes 8c + 2q and 8c + 2q + 1, so the K-order codes 4r .. 4r + 3 are byte
-  r >> 1 of words 2 (r & 1) and 2 (r & 1) + 1: a 4 x 4 byte transpose, done here on the
-  loaded words (~12 integer ops per word, beside the lane maps' ~6 per code).  The run's
-  four words are one vector load, split in registers."""
+  r >> 1 of words 2 (r & 1) and 2 (r & 1) + 1: a 4 x 4 byte transpose on the loaded
+  words (a few integer ops per word, then :func:`spread_nibbles` as in K order).  The
+  run's four words are one vector load, split in registers."""
   w = [q.reshape(q.shape[:-1]) for q in jnp.split(codes_ref[...], 4, axis=-1)]
 
-  def run(r):
+  def run(r):  # the two bytes as one 16-bit run of four codes, spread to byte lanes
     a, b = (x >> _u32(8 * (r >> 1)) for x in (w[2 * (r & 1)], w[2 * (r & 1) + 1]))
-    return ((a & _u32(0xF)) | ((a & _u32(0xF0)) << 4) | ((b & _u32(0xF)) << 16)
-            | ((b & _u32(0xF0)) << 20))
+    return spread_nibbles((a & _u32(0xFF)) | ((b & _u32(0xFF)) << 8))
   return tuple(run(r) for r in range(8))
 
 

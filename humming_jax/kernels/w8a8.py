@@ -50,7 +50,7 @@ from humming_jax.kernels import act_prepass, act_quant, launch, registry, tuning
 from humming_jax.kernels import wna16_mgpu
 from humming_jax.kernels import layout as lay
 from humming_jax.formats import get_format
-from humming_jax.quantize import QuantizedWeight, scale_block, unpacked_codes
+from humming_jax.quantize import QuantizedWeight, expand_scales, scale_block, unpacked_codes
 from humming_jax.spec import QuantSpec
 
 FAMILY = "w8a8"
@@ -142,8 +142,8 @@ def dequantize_prepared(params: QuantizedWeight, dtype=jnp.float32) -> jax.Array
   if params.global_scale is not None:
     s = s * params.global_scale.astype(jnp.float32)
   vals = params.codes[:n, :k].T.astype(jnp.float32)  # int8 / fp8 carriers hold the values
-  return (vals * jnp.repeat(s, params.codes.shape[1] // s.shape[0], axis=0)[:k, :n]
-          ).astype(dtype)
+  np_, kp = params.codes.shape
+  return (vals * expand_scales(s, kp, np_)[:k, :n]).astype(dtype)
 
 
 # ----------------------------------------------------------------------------------------
