@@ -10,6 +10,11 @@ Rows per M (µs, the sum of the kernels one call launches, median of 5):
              default precision)
   grad_relayout  the same with the backward's W read through to_canonical (session 40's
              form: the prepared layout converted back to canonical codes on every call)
+  grad_dxk   grad with HUMMING_JAX_DX_KERNEL=1: the cotangent of x from the Pallas-Triton
+             dy . W^T kernel on the prepared layout (kernels/wna16_mgpu_dx.py), where M
+             <= wna16_mgpu_dx.MAX_M
+  dx_xla / dx_kernel   the cotangent alone: XLA's dequantization + GEMM, and the kernel
+             (checked against it first)
   bf16_fwd / bf16_grad   x @ W with a bf16 W (XLA): what a float layer pays
 With --moe-tokens, a Qwen3-30B-A3B-shaped hj.quant_moe layer (E 128, top-8, H 2048, I 768,
 experts prepared for the grouped kernel): moe_fwd and moe_grad (value_and_grad w.r.t. x;
@@ -19,6 +24,8 @@ prepared layout).
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
 import pathlib
 import sys
 
@@ -28,7 +35,7 @@ import jax.numpy as jnp
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 import humming_jax as hj  # noqa: E402
 from benchmarks import common  # noqa: E402
-from humming_jax.kernels import registry  # noqa: E402
+from humming_jax.kernels import registry, wna16_mgpu_dx  # noqa: E402
 
 
 def main() -> None:
@@ -68,6 +75,17 @@ def main() -> None:
         t = common.kernel_times(jax.jit(f), (dy,))
         print(f"  M={m} {name} {sum(t.values()):.1f} us: " + ", ".join(
             f"{k_} {v:.1f}" for k_, v in sorted(t.items(), key=lambda kv: -kv[1])[:4]))
+    if m <= wna16_mgpu_dx.MAX_M and wna16_mgpu_dx.unsupported_reason(p, dy) is None:
+      dx_rows = {"dx_xla": lambda dy: wna16_mgpu_dx.reference(p, dy),
+                 "dx_kernel": lambda dy: wna16_mgpu_dx.run(p, dy)}
+      ref, got = (jax.jit(f)(dy).astype(jnp.float32) for f in dx_rows.values())
+      err = float(jnp.max(jnp.abs(got - ref)) / jnp.max(jnp.abs(ref)))
+      assert err <= 1e-2, f"dx kernel disagrees with its reference: {err:.2e}"
+      for name, f in dx_rows.items():
+        out[name] = sum(common.kernel_times(jax.jit(f), (dy,)).values())
+      with env("HUMMING_JAX_DX_KERNEL", "1"):
+        out["grad_dxk"] = sum(common.kernel_times(jax.jit(jax.value_and_grad(loss)),
+                                                  (x,)).values())
     read = registry.dequantize  # session 40's form: every call re-lays out W to canonical
     registry.dequantize = lambda q, dtype=jnp.float32: read(registry.to_canonical(q), dtype)
     try:
@@ -79,6 +97,20 @@ def main() -> None:
                                                           for name, us in out.items()))
   if args.moe_tokens:
     moe_rows(args.spec, [int(v) for v in args.moe_tokens.split(",")])
+
+
+@contextlib.contextmanager
+def env(name: str, value: str):
+  """An environment switch for what is traced inside (the kernels read it at trace time)."""
+  old = os.environ.get(name)
+  os.environ[name] = value
+  try:
+    yield
+  finally:
+    if old is None:
+      del os.environ[name]
+    else:
+      os.environ[name] = old
 
 
 def transposed_weights(p, dtype=jnp.bfloat16):

@@ -46,14 +46,21 @@ class _Perturbed:
 
 
 def with_reference_vjp(forward: Callable[..., jax.Array], reference: Callable[..., jax.Array],
-                       names: Sequence[str]) -> Callable[..., jax.Array]:
+                       names: Sequence[str], *,
+                       x_cotangent: Callable[..., jax.Array | None] | None = None
+                       ) -> Callable[..., jax.Array]:
   """``forward(*args)`` with the VJP of ``reference(*args)``.
 
   ``forward`` and ``reference`` take the same positional pytree arguments (``names``,
   for errors) and compute the same function -- the kernel and its XLA reference (or a
   form of it made to be differentiated, e.g. at a training precision).  The backward
   differentiates ``reference`` with respect to the differentiated leaves only; the others
-  get no cotangent."""
+  get no cotangent.
+
+  ``x_cotangent(*args, dy)``: where the argument named "x" (one array) is the only one
+  differentiated, its cotangent from a kernel (dy . W^T on the quantized layout), or None
+  where the kernel does not take these arguments (the reference's VJP then).  It must
+  compute what the reference's VJP computes."""
 
   @jax.custom_vjp
   def f(*args):
@@ -72,6 +79,11 @@ def with_reference_vjp(forward: Callable[..., jax.Array], reference: Callable[..
     if isinstance(dy, SymbolicZero):  # the output's cotangent is zero: so are the inputs'
       return tuple(jax.tree.unflatten(treedef, [None] * len(leaves)))
     which = [i for i, p in enumerate(perturbed.flags) if p]
+    if x_cotangent is not None and which == [_leaf_index(values, names, "x")]:
+      dx = x_cotangent(*values, dy)
+      if dx is not None:
+        return tuple(jax.tree.unflatten(treedef, [dx if i == which[0] else None
+                                                  for i in range(len(leaves))]))
 
     def reference_of(*differentiated):
       args = list(leaves)
@@ -87,14 +99,28 @@ def with_reference_vjp(forward: Callable[..., jax.Array], reference: Callable[..
   return f
 
 
+def _leaf_index(values: tuple[Any, ...], names: Sequence[str], name: str) -> int | None:
+  """The flat leaf index of argument ``name`` when it is one array leaf (else None)."""
+  start = 0
+  for n, v in zip(names, values):
+    count = len(jax.tree.leaves(v))
+    if n == name:
+      return start if count == 1 else None
+    start += count
+  return None
+
+
 def kernel_or_reference(backend: str, kernel: Callable[..., jax.Array],
                         reference: Callable[..., jax.Array], names: Sequence[str], *,
-                        gradient: Callable[..., jax.Array] | None = None
+                        gradient: Callable[..., jax.Array] | None = None,
+                        x_cotangent: Callable[..., jax.Array | None] | None = None
                         ) -> Callable[..., jax.Array]:
   """The op on ``backend`` ("xla": the reference itself, else the kernel) with the VJP of
-  ``gradient`` (default: the reference) on every backend."""
+  ``gradient`` (default: the reference) on every backend; ``x_cotangent`` as in
+  :func:`with_reference_vjp` (kernel backends only)."""
   return with_reference_vjp(reference if backend == "xla" else kernel,
-                            gradient or reference, names)
+                            gradient or reference, names,
+                            x_cotangent=None if backend == "xla" else x_cotangent)
 
 
 def _check_differentiable(values: tuple[Any, ...], flags: tuple[bool, ...],

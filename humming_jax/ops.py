@@ -159,6 +159,19 @@ def _check_x(params: QuantizedWeight, x: jax.Array, what: str) -> None:
                      "would see the permuted order")
 
 
+def _dx_kernel(params: QuantizedWeight, x: jax.Array, dy: jax.Array, *,
+               interpret: bool) -> jax.Array | None:
+  """The cotangent of x from ``kernels.wna16_mgpu_dx`` (dy . W^T on the prepared layout)
+  where it applies (``wna16_mgpu_dx.applies``: opt-in, HUMMING_JAX_DX_KERNEL=1, until
+  timed on the H200); None: the reference's VJP.  For 16-bit x: the reference's dx is
+  then dy . W^T with W rounded to x's dtype, as the kernel computes it (float32 x
+  differentiates the exact reference)."""
+  from humming_jax.kernels import wna16_mgpu_dx
+  if x.dtype != dy.dtype or not wna16_mgpu_dx.applies(params, dy):
+    return None
+  return wna16_mgpu_dx.run(params, dy, interpret=interpret)
+
+
 def quant_dense(params: QuantizedWeight, x: jax.Array, *,
                 backend: Backend = None) -> jax.Array:
   """``x @ W + bias`` with quantized ``W``: x (..., K) -> (..., N) in x's dtype.
@@ -166,7 +179,8 @@ def quant_dense(params: QuantizedWeight, x: jax.Array, *,
   Works under ``jax.jit``: the spec is static aux data of ``params``, so a new params value
   of the same spec and shape does not retrace.  Differentiable in reverse mode
   (``jax.grad``): the kernel runs forward, the backward is the XLA reference's VJP -- for
-  x, one dequantization of W and one GEMM (humming_jax/autodiff.py).
+  x, one dequantization of W and one GEMM (humming_jax/autodiff.py; opt-in for prepared
+  params at M <= 128: HUMMING_JAX_DX_KERNEL=1, kernels/wna16_mgpu_dx.py).
   """
   _check_x(params, x, "quant_dense")
   if params.num_experts is not None:
@@ -182,6 +196,9 @@ def quant_dense(params: QuantizedWeight, x: jax.Array, *,
         a = jnp.take(a, p.input_perm, axis=1)
         p = p.replace(input_perm=None)
       return kernel.run(in_layout_of(kernel, p), a, interpret=(b == "interpret"))
-    y = autodiff.kernel_or_reference(b, run, reference.dense_reference, ("params", "x"),
-                                     gradient=reference.dense_gradient_reference)(params, x2)
+    y = autodiff.kernel_or_reference(
+        b, run, reference.dense_reference, ("params", "x"),
+        gradient=reference.dense_gradient_reference,
+        x_cotangent=lambda p, a, dy: _dx_kernel(p, a, dy, interpret=(b == "interpret")),
+    )(params, x2)
   return y.reshape(*lead, params.out_features)

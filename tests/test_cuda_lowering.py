@@ -437,3 +437,16 @@ def test_single_acc_tiles_lower_for_h200(shape, rows, tile, wgs, monkeypatch):
   assert "custom_call" in lower_for_h200(lambda p, x, g: gw.run(p, x, g), p, x, g)
   assert seen and all(c.fp8_single_acc and c.warpgroups == wgs
                       and c.block_m == max(64, tile) for c in seen), seen
+
+
+@pytest.mark.parametrize("name,m", [("w4a16-g128-zp", 16), ("w4a16-nvfp4", 1),
+                                    ("w8a16-fp8", 128), ("w4a8-mxfp4", 16)])
+def test_dx_kernel_lowers_for_h200(name, m):
+  """The backward's dy . W^T kernel (kernels/wna16_mgpu_dx.py, opt-in) at 8192^2 on each
+  code kind: int4 with zero points, fp4 with groups of 16 in the permuted order, fp8
+  codes (two row blocks), and the W4A8 view of the layout."""
+  from humming_jax.kernels import wna16_mgpu_dx
+  p = abstract_params(name, (8192, 8192))
+  dy = jax.ShapeDtypeStruct((m, 8192), jnp.bfloat16)
+  text = lower_for_h200(lambda p, dy: wna16_mgpu_dx.run(p, dy), p, dy)
+  assert f"wna16_mgpu_dx_b{p.spec.weight_bits}" in text

@@ -1,0 +1,274 @@
+"""dx = dy . W^T on the WnA16 Mosaic layout, in one Pallas-Triton pass: training's backward
+at small M (a LoRA step over a frozen quantized base, decode-sized batches).
+
+Why a kernel: the backward differentiates ``reference.dense_gradient_reference``, whose
+cotangent of x is XLA's dequantization of W to x's dtype and then a GEMM.  H200 session
+41, int4 g128 zp 8192^2, M = 16: the dequantization fusion 80.4 us (it writes 134 MB of
+bf16 W and reads 33 MB of codes) and the GEMM 39.2, against the forward kernel's 14.4.
+Here the codes are read once, in their own orientation, and never written back.
+
+How: the layout's (Kp / bk, Np, bk) codes are W^T blocked by K tiles -- tile t is the
+(Np, bk) slab W[t bk : (t + 1) bk, :]^T, contiguous -- so
+``dx[:, tile t] = dy (M, Np) @ W^T-slab (Np, bk)`` reads each slab along N, the
+reduction axis, in the order it is stored.  A program owns one K tile (or a row block of
+it) and a contiguous share of N (``splits`` shares: float32 partials summed by XLA);
+per chunk of ``block_n`` columns of N it loads the chunk's 32-bit words, takes plane j of
+each word (the codes at bit offset bits * j: 8 / bits planes) with one shift and mask,
+decodes it with the format's own decode, applies the zero point and the scale in float32
+and rounds to dy's dtype -- the same value, bit for bit, as ``registry.dequantize(params,
+dy.dtype)`` -- and multiplies it into that plane's (block_m, bk * bits / 32)
+accumulator on the tensor cores.  Plane j of word w holds one K position of the tile per
+word (:func:`plane_positions`): XLA puts the columns back in K order with the split sum.
+
+The XLA reference beside it is :func:`reference` (the backward it replaces); tests compare
+the two on fresh random inputs in the interpreter and on the H200.
+"""
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as plt
+
+from humming_jax import formats
+from humming_jax.quantize import QuantizedWeight
+from humming_jax.kernels import registry, tuning, wna16_mgpu
+
+# The families whose prepared codes this kernel reads: the WnA16 Mosaic layout, and the
+# W4A8 / W4A4 view of the same layout (``wnam_mgpu``: its activation quantization passes
+# the gradient straight through, so its dx is dy . W^T too).
+FAMILIES = ("wna16_mgpu", "wnam_mgpu")
+# Largest M taken by default routing (:func:`applies`): above it each extra row block
+# decodes the codes again.  A prediction, not yet measured (the XLA route at M = 1024
+# costs the one dequantization and a GEMM at the tensor cores' rate).
+MAX_M = 128
+BLOCK_N = 128  # N (the reduction) per chunk: the dot's K dimension
+MAX_BLOCK_M = 64
+MIN_PROGRAMS = 264  # two per SM of an H200 (132): splits of N are added up to this
+
+
+def unsupported_reason(params: QuantizedWeight, dy: jax.Array) -> str | None:
+  """Why this kernel does not compute ``dy . W^T`` for ``params`` (None: it does)."""
+  layout = params.layout
+  family = registry.layout_family(layout)
+  if family not in FAMILIES:
+    return f"params.layout={layout!r}: expected one of the {FAMILIES} layouts"
+  if params.num_experts is not None or params.codes.ndim != 3:
+    return (f"params.codes.shape={params.codes.shape}: expected the dense (Kp / bk, Np, bk) "
+            f"tiles")
+  if wna16_mgpu.fp8_mma(layout):
+    return f"params.layout={layout!r}: the fp8-MMA code order (':p8') is not read here"
+  if params.input_perm is not None:
+    return "params.input_perm (act-order rows): dx would need the inverse gather"
+  fmt = params.spec.weight_format
+  if fmt.kind not in ("int", "uint") and fmt.name not in (wna16_mgpu.FP4, wna16_mgpu.FP8):
+    return f"weight={params.spec.weight!r}: integer, fp4 e2m1 or fp8 e4m3 codes only"
+  if params.codes.dtype not in (jnp.int4, jnp.int8, jnp.float8_e4m3fn):
+    return (f"params.codes.dtype={params.codes.dtype}: expected int4 / int8 / "
+            f"float8_e4m3fn codes")
+  if dy.dtype not in (jnp.bfloat16, jnp.float16):
+    return f"dy.dtype={dy.dtype}: expected bfloat16 / float16"
+  if dy.ndim != 2 or dy.shape[1] != params.shape[1]:
+    return f"dy.shape={dy.shape}: expected (M, N={params.shape[1]})"
+  t, np_, bk = params.codes.shape
+  bits = params.spec.weight_bits
+  if bk * bits // 32 < 16:
+    return (f"K tile bk={bk} of {bits}-bit codes: {bk * bits // 32} words per tile row, "
+            f"the dot needs 16 output columns per plane")
+  if np_ % 64:
+    return f"Np={np_}: expected a multiple of 64 (the layout's column block)"
+  try:
+    _row_views(bk, bits, wna16_mgpu.k_permuted(layout), groups_per_tile(params))
+  except ValueError as e:
+    return str(e)
+  return None
+
+
+def applies(params: QuantizedWeight, dy: jax.Array) -> bool:
+  """Whether quant_dense's backward takes this kernel for ``dy`` (M <= :data:`MAX_M`) --
+  only when HUMMING_JAX_DX_KERNEL=1 until it is timed on the H200 (queued)."""
+  return (tuning.env_flag("HUMMING_JAX_DX_KERNEL", False) and dy.ndim == 2
+          and 0 < dy.shape[0] <= MAX_M and unsupported_reason(params, dy) is None)
+
+
+def groups_per_tile(params: QuantizedWeight) -> int:
+  """Scale rows per K tile (per channel: the one column-scale row, 1)."""
+  if wna16_mgpu.column_scaled(params.spec):
+    return 1
+  return params.codes.shape[-1] // wna16_mgpu.scale_k(params.spec)
+
+
+def plane_positions(bk: int, bits: int, permuted: bool) -> np.ndarray:
+  """(planes, words) K positions within a tile: plane j of word w holds code
+  ``bits * j .. bits * j + bits - 1`` of the word, i.e. stored position w * per + j
+  (per = 32 / bits codes per word).  The ":pk" order (``mgpu_convert.permute_k``)
+  stores K position 8 a + 2 b + h of each run of 32 at 8 b + 2 a + h."""
+  per = 32 // bits
+  stored = np.arange(bk // per)[None, :] * per + np.arange(per)[:, None]
+  if not permuted:
+    return stored
+  run, p = stored // 32, stored % 32
+  b, a, h = p // 8, (p % 8) // 2, p % 2
+  return run * 32 + 8 * a + 2 * b + h
+
+
+def _row_views(bk: int, bits: int, permuted: bool, groups: int) -> tuple[int, tuple]:
+  """How each plane meets the tile's scale rows: ``(h_count, plane_h)``.  The rows are
+  read as (groups / h_count, h_count) and plane j reads column ``plane_h[j]`` of it, one
+  row per words * h_count / groups consecutive words: K order and groups of 32 or more
+  in the permuted order (h_count 1); groups of 16 in the permuted order alternate rows
+  within each run of 32 codes (4 words): h_count 2, plane j reads row 2 r + j // 4."""
+  rows = plane_positions(bk, bits, permuted) // (bk // groups)  # (planes, words)
+  words = rows.shape[1]
+  for hc in (1, 2):
+    if groups % hc:
+      continue
+    span = words * hc // groups  # consecutive words per row the plane reads
+    plane_h = tuple(int(r[0]) % hc for r in rows)
+    if all(np.array_equal(r, hc * (np.arange(words) // span) + h)
+           for r, h in zip(rows, plane_h)):
+      return hc, plane_h
+  raise ValueError(f"groups={groups} of a {bk}-code tile ({bits}-bit, permuted="
+                   f"{permuted}): no supported row pattern")
+
+
+def _kernel(*refs, fmt, bits: int, hc: int, plane_h: tuple, has_zeros: bool,
+            has_global: bool, column: bool, chunks: int, block_n: int, dtype):
+  dy_ref, w_ref, s_ref, *rest = refs
+  z_ref = rest.pop(0) if has_zeros else None
+  g_ref = rest.pop(0) if has_global else None
+  (o_ref,) = rest
+  planes = 32 // bits
+  words = w_ref.shape[-1]
+  block_m = dy_ref.shape[0]
+  mask = (1 << bits) - 1
+
+  def per_word(rows):  # (rows, bn) -> (bn, words): each row over its consecutive words
+    r, bn = rows.shape
+    if r == 1:
+      return jnp.broadcast_to(rows.T, (bn, words))
+    return jnp.broadcast_to(rows.T[:, :, None], (bn, r, words // r)).reshape(bn, words)
+
+  def chunk(c, accs):
+    n0 = pl.multiple_of(c * block_n, block_n)
+    cols = pl.ds(n0, block_n)
+    dy = dy_ref[:, cols]
+    w = w_ref[cols, :]  # (bn, words) int32
+    g = g_ref[:, cols] if has_global else None  # (1, bn) float32
+    scale, zero = {}, {}  # per row view h: (bn, words) float32
+    for h in sorted(set(plane_h)):
+      s = s_ref[:, h, cols].astype(jnp.float32)  # (groups / hc, bn)
+      if has_global and not column:  # code * (s * g): quantize.decode_scales' order
+        s = s * g
+      scale[h] = per_word(s)
+      if has_zeros:
+        zero[h] = per_word(z_ref[:, h, cols].astype(jnp.float32))
+    out = []
+    for j in range(planes):
+      code = (w >> (bits * j)) & mask if j else w & mask
+      v = fmt.decode(code, check_nan=fmt.has_nan)  # float32, exact; e4m3's NaN kept
+      if has_zeros:
+        v = v - zero[plane_h[j]]
+      v = v * scale[plane_h[j]]
+      if has_global and column:  # (code * s) * g: the column-scale reader's order
+        v = v * jnp.broadcast_to(g.T, v.shape)
+      out.append(accs[j] + jnp.dot(dy, v.astype(dtype), preferred_element_type=jnp.float32))
+    return tuple(out)
+
+  accs = tuple(jnp.zeros((block_m, words), jnp.float32) for _ in range(planes))
+  accs = jax.lax.fori_loop(0, chunks, chunk, accs)
+  for j in range(planes):
+    o_ref[:, j, :] = accs[j]
+
+
+def _splits(programs: int, chunks: int) -> int:
+  """Shares of N per (row block, K tile): a divisor of the chunk count, the least one
+  that makes MIN_PROGRAMS programs (or every chunk its own share)."""
+  for s in range(1, chunks + 1):
+    if chunks % s == 0 and programs * s >= MIN_PROGRAMS:
+      return s
+  return chunks
+
+
+def block_n_for(np_: int) -> int:
+  """N per chunk: :data:`BLOCK_N`, or 64 where Np (a multiple of 64) is not a multiple."""
+  return BLOCK_N if np_ % BLOCK_N == 0 else 64
+
+
+@functools.partial(jax.jit, static_argnames=("interpret", "splits"))
+def run(params: QuantizedWeight, dy: jax.Array, *, interpret: bool = False,
+        splits: int | None = None) -> jax.Array:
+  """(M, N) 16-bit ``dy`` x prepared params (``wna16_mgpu`` / ``wnam_mgpu`` layouts) ->
+  dx = dy . W^T, (M, K) in dy's dtype, W rounded to dy's dtype as
+  ``registry.dequantize(params, dy.dtype)`` rounds it (float32 accumulation).
+  ``splits``: shares of N per K tile (default: enough programs for the GPU)."""
+  if (why := unsupported_reason(params, dy)) is not None:
+    raise ValueError(f"wna16_mgpu_dx.run: {why}")
+  spec = params.spec
+  k, n = params.shape
+  t, np_, bk = params.codes.shape
+  bits = spec.weight_bits
+  per = 32 // bits
+  words = bk // per
+  m = dy.shape[0]
+  block_m = min(MAX_BLOCK_M, -(-m // 16) * 16)
+  mp = -(-m // block_m) * block_m
+  block_n = block_n_for(np_)
+  chunks = np_ // block_n
+  splits = splits or _splits((mp // block_m) * t, chunks)
+  if chunks % splits:
+    raise ValueError(f"splits={splits}: must divide the {chunks} chunks of N")
+  per_split = chunks // splits
+  dyp = jnp.pad(dy, ((0, mp - m), (0, np_ - n)))
+  w = jax.lax.bitcast_convert_type(params.codes.reshape(t, np_, words, per), jnp.int32)
+  groups = groups_per_tile(params)
+  column = wna16_mgpu.column_scaled(spec)
+  permuted = wna16_mgpu.k_permuted(params.layout)
+  hc, plane_h = _row_views(bk, bits, permuted, groups)
+  ns = per_split * block_n
+  rows_spec = lambda first: pl.BlockSpec((None, groups // hc, hc, ns), first)
+  s = params.scales.reshape(1 if column else t, groups // hc, hc, np_)
+  operands = [dyp, w, s]
+  in_specs = [pl.BlockSpec((block_m, ns), lambda mi, kt, sp: (mi, sp)),
+              pl.BlockSpec((None, ns, words), lambda mi, kt, sp: (kt, sp, 0)),
+              rows_spec((lambda mi, kt, sp: (0, 0, 0, sp)) if column
+                        else (lambda mi, kt, sp: (kt, 0, 0, sp)))]
+  has_zeros = params.zeros is not None
+  if has_zeros:
+    operands.append(params.zeros.reshape(t, groups // hc, hc, np_))
+    in_specs.append(rows_spec(lambda mi, kt, sp: (kt, 0, 0, sp)))
+  has_global = params.global_scale is not None
+  if has_global:
+    operands.append(params.global_scale.reshape(1, np_).astype(jnp.float32))
+    in_specs.append(pl.BlockSpec((1, ns), lambda mi, kt, sp: (0, sp)))
+  fmt = (spec.weight_format if spec.weight_format.kind != "uint"
+         else formats.get_format(f"int{bits}"))  # stored as signed codes (prepare)
+  kernel = functools.partial(
+      _kernel, fmt=fmt, bits=bits, hc=hc, plane_h=plane_h, has_zeros=has_zeros,
+      has_global=has_global, column=column, chunks=per_split, block_n=block_n,
+      dtype=dy.dtype)
+  out = pl.pallas_call(
+      kernel,
+      out_shape=jax.ShapeDtypeStruct((splits, mp, t, per, words), jnp.float32),
+      grid=(mp // block_m, t, splits),
+      in_specs=in_specs,
+      out_specs=pl.BlockSpec((None, block_m, None, per, words),
+                             lambda mi, kt, sp: (sp, mi, kt, 0, 0)),
+      compiler_params=plt.CompilerParams(num_warps=4, num_stages=3),
+      interpret=interpret,
+      name=f"wna16_mgpu_dx_b{bits}" + ("_pk" if permuted else ""),
+  )(*operands)
+  # (splits, Mp, t, planes, words) -> (M, K) in K order: one XLA fusion with the sum
+  order = np.argsort(plane_positions(bk, bits, permuted).reshape(-1))
+  dx = out.sum(axis=0).reshape(mp, t, per * words)[:, :, order]
+  return dx.reshape(mp, t * bk)[:m, :k].astype(dy.dtype)
+
+
+def reference(params: QuantizedWeight, dy: jax.Array) -> jax.Array:
+  """What :func:`run` computes, as the backward computed it before: W dequantized from
+  its layout to dy's dtype, then one GEMM (float32 accumulation)."""
+  w = registry.dequantize(params, dy.dtype)
+  return jnp.dot(dy, w.T, preferred_element_type=jnp.float32).astype(dy.dtype)
