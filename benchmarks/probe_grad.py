@@ -19,7 +19,8 @@ Rows per M (µs, the sum of the kernels one call launches, median of 5):
 With --moe-tokens, a Qwen3-30B-A3B-shaped hj.quant_moe layer (E 128, top-8, H 2048, I 768,
 experts prepared for the grouped kernel): moe_fwd and moe_grad (value_and_grad w.r.t. x;
 the backward is ragged_dot_xla's VJP, which decodes only the routed experts, from their
-prepared layout).
+prepared layout), and moe_grad_dxk (HUMMING_JAX_DX_KERNEL=1: both GEMMs' cotangents of x
+from the grouped dy . W_e^T kernel; its dx checked against moe_grad's first).
 """
 from __future__ import annotations
 
@@ -101,9 +102,11 @@ def main() -> None:
 
 @contextlib.contextmanager
 def env(name: str, value: str):
-  """An environment switch for what is traced inside (the kernels read it at trace time)."""
+  """An environment switch for what is traced inside (the kernels read it at trace time:
+  JAX's trace caches are cleared on the way in and out)."""
   old = os.environ.get(name)
   os.environ[name] = value
+  jax.clear_caches()
   try:
     yield
   finally:
@@ -111,6 +114,7 @@ def env(name: str, value: str):
       del os.environ[name]
     else:
       os.environ[name] = old
+    jax.clear_caches()
 
 
 def transposed_weights(p, dtype=jnp.bfloat16):
@@ -145,6 +149,13 @@ def moe_rows(spec: str, token_counts: list[int], e: int = 128, topk: int = 8,
     loss = lambda x: jnp.sum((layer(x) * dy).astype(jnp.float32))
     times = {name: common.kernel_times(jax.jit(f), (x,))
              for name, f in {"moe_fwd": layer, "moe_grad": jax.value_and_grad(loss)}.items()}
+    want = jax.jit(jax.value_and_grad(loss))(x)[1].astype(jnp.float32)
+    with env("HUMMING_JAX_DX_KERNEL", "1"):  # the grouped dx kernel (opt-in), checked first
+      grad_k = jax.jit(jax.value_and_grad(loss))
+      got = grad_k(x)[1].astype(jnp.float32)
+      err = float(jnp.max(jnp.abs(got - want)) / jnp.max(jnp.abs(want)))
+      assert err <= 1e-2, f"MoE dx with the kernel disagrees: {err:.2e}"
+      times["moe_grad_dxk"] = common.kernel_times(grad_k, (x,))
     out = {name: sum(t.values()) for name, t in times.items()}
     for name, us in sorted(times["moe_grad"].items(), key=lambda kv: -kv[1])[:6]:
       print(f"  tokens={t} moe_grad kernel {us:8.1f} us  {name}")

@@ -25,7 +25,7 @@ import numpy as np
 
 from humming_jax import autodiff, ops
 from humming_jax.kernels import (grouped_wna16, grouped_wna16_mgpu, grouped_wnam_mgpu, registry,
-                                 tuning)
+                                 tuning, wna16_mgpu_dx)
 from humming_jax.quantize import QuantizedWeight, check_no_input_perm, fake_quantize_activations
 
 Activation = Literal["silu", "gelu"]
@@ -275,9 +275,39 @@ def quant_ragged_dot(params: QuantizedWeight, x: jax.Array, group_sizes: jax.Arr
   b, kernel = ops.backend_and_kernel(params, x.dtype, backend, grouped=True)
   run = lambda p, a, gs: kernel.run(ops.in_layout_of(kernel, p), a, gs,
                                     interpret=(b == "interpret"))
-  return autodiff.kernel_or_reference(b, run, ragged_dot_xla, ("params", "x", "group_sizes"),
-                                      gradient=ragged_dot_gradient_reference
-                                      )(params, x, group_sizes)
+  return autodiff.kernel_or_reference(
+      b, run, ragged_dot_xla, ("params", "x", "group_sizes"),
+      gradient=ragged_dot_gradient_reference,
+      x_cotangent=lambda p, a, gs, dy: _dx_kernel(p, a, gs, dy, interpret=b == "interpret"),
+  )(params, x, group_sizes)
+
+
+def _dx_kernel(params: QuantizedWeight, x: jax.Array, group_sizes: jax.Array, dy: jax.Array,
+               *, interpret: bool) -> jax.Array | None:
+  """The cotangent of x from ``kernels.wna16_mgpu_dx`` (each row's dy . W_e^T on the
+  prepared stack) where it applies (``wna16_mgpu_dx.applies``: opt-in,
+  HUMMING_JAX_DX_KERNEL=1, until timed on the H200); None: the reference's VJP (for
+  16-bit x it computes the same: weights rounded to x's dtype, float32 accumulation)."""
+  if x.dtype != dy.dtype or not wna16_mgpu_dx.applies(params, dy, group_sizes):
+    return None
+  return wna16_mgpu_dx.run(params, dy, group_sizes, interpret=interpret)
+
+
+def _ragged_dot_gradient_with_dx_kernel(params: QuantizedWeight, x: jax.Array,
+                                        group_sizes: jax.Array, *,
+                                        backend: str) -> jax.Array:
+  """:func:`ragged_dot_gradient_reference`, whose cotangent of x comes from the dx kernel
+  where it applies (quant_moe's backward differentiates its layer through this); else the
+  reference itself (no custom_vjp around it: its VJP would run the forward once more)."""
+  dy_like = jax.ShapeDtypeStruct((x.shape[0], params.shape[-1]), x.dtype)
+  if backend == "xla" or not wna16_mgpu_dx.applies(params, dy_like, group_sizes):
+    return ragged_dot_gradient_reference(params, x, group_sizes)
+  return autodiff.with_reference_vjp(
+      ragged_dot_gradient_reference, ragged_dot_gradient_reference,
+      ("params", "x", "group_sizes"),
+      x_cotangent=lambda p, a, gs, dy: _dx_kernel(p, a, gs, dy,
+                                                  interpret=backend == "interpret"),
+  )(params, x, group_sizes)
 
 
 # ----------------------------------------------------------------------------------------
@@ -386,8 +416,9 @@ def quant_moe(gate_up_params: QuantizedWeight, down_params: QuantizedWeight, x: 
     return jnp.zeros((x.shape[0], h), x.dtype)
   forward = lambda gu, dn, a, w, ids: _quant_moe_forward(gu, dn, a, w, ids, activation,
                                                           backend)
+  b = ops.resolve_backend(backend, gate_up_params.spec, grouped=True, x_dtype=x.dtype)
   reference = lambda gu, dn, a, w, ids: _quant_moe_gradient_reference(gu, dn, a, w, ids,
-                                                                      activation)
+                                                                      activation, b)
   return autodiff.with_reference_vjp(
       forward, reference, ("gate_up_params", "down_params", "x", "topk_weights", "topk_ids")
   )(gate_up_params, down_params, x, topk_weights, topk_ids)
@@ -429,12 +460,15 @@ def _quant_moe_forward(gate_up_params: QuantizedWeight, down_params: QuantizedWe
 def _quant_moe_gradient_reference(gate_up_params: QuantizedWeight,
                                   down_params: QuantizedWeight, x: jax.Array,
                                   topk_weights: jax.Array, topk_ids: jax.Array,
-                                  activation: Activation) -> jax.Array:
+                                  activation: Activation, backend: str = "xla") -> jax.Array:
   """quant_moe as its backward differentiates it: rows sorted by expert, both GEMMs on
   :func:`ragged_dot_gradient_reference` (called directly: a nested custom_vjp would run
-  each GEMM's forward once more inside the backward)."""
+  each GEMM's forward once more inside the backward), their cotangents of x from the dx
+  kernel where it applies on a kernel ``backend`` (opt-in:
+  :func:`_ragged_dot_gradient_with_dx_kernel`)."""
   r = sort_tokens(topk_ids, gate_up_params.shape[0])
-  run = lambda p, a: ragged_dot_gradient_reference(p, a, r.group_sizes)
+  run = lambda p, a: _ragged_dot_gradient_with_dx_kernel(p, a, r.group_sizes,
+                                                         backend=backend)
   return _moe_rows(gate_up_params, down_params, x, topk_weights, r, activation, run)
 
 

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 import humming_jax as hj
+from humming_jax import moe
 from humming_jax.kernels import mgpu_convert, wna16_mgpu, wna16_mgpu_dx as dxk, wnam_mgpu
 
 
@@ -116,6 +117,82 @@ def test_backward_routes_to_the_kernel_when_asked(monkeypatch):
                                        .astype(jnp.float32)), argnums=(0, 1),
                   allow_int=True)
   assert launches(both, canonical, x) == 0
+
+
+def stacked(spec, e, k, n, seed=0):
+  p = hj.quantize(jax.random.normal(jax.random.key(seed), (e, k, n)), spec)
+  return hj.prepare(p, grouped=True, kernel=("grouped_wnam_mgpu" if p.spec.act
+                                             else "grouped_wna16_mgpu"))
+
+
+@pytest.mark.parametrize("spec,group_sizes,m", [
+    ("w4a16-g128-zp", (5, 0, 17, 3), 30),  # an empty expert; rows past the sum are zero
+    ("w4a16-nvfp4", (1, 1, 0, 2), 4),       # decode: a row or two per expert
+    ("w8a16", (40, 0, 0, 30), 70),          # 32-row tiles, several per expert
+    ("w4a8-fp8", (3, 6, 2, 9), 20),         # the W4A8 stack (its gradient passes through)
+])
+def test_grouped_dx_matches_reference_interpret(spec, group_sizes, m):
+  p = stacked(spec, 4, 256, 192)
+  gs = jnp.array(group_sizes, jnp.int32)
+  dy = jax.random.normal(jax.random.key(1), (m, 192), jnp.bfloat16)
+  assert dxk.unsupported_reason(p, dy, gs) is None
+  got = dxk.run(p, dy, gs, interpret=True)
+  assert got.shape == (m, 256)
+  close_to_reference(got, dxk.reference(p, dy, gs))
+  assert not np.any(np.asarray(got[sum(group_sizes):], np.float32))
+
+
+def test_grouped_refusals():
+  p = stacked("w4a16-g128", 4, 256, 128)
+  dy = jnp.ones((6, 128), jnp.bfloat16)
+  assert "group_sizes" in dxk.unsupported_reason(p, dy)
+  with pytest.raises(ValueError, match=r"group_sizes.shape=\(3,\)"):
+    dxk.run(p, dy, jnp.ones((3,), jnp.int32))
+  dense = prepared("w4a16-g128", 256, 128)
+  assert "group_sizes" in dxk.unsupported_reason(dense, dy, jnp.ones((4,), jnp.int32))
+  p8 = stacked("w4a8-mxfp4", 4, 256, 128)  # the fp8-MMA layout: not read here
+  assert "':p8'" in dxk.unsupported_reason(p8, dy, jnp.ones((4,), jnp.int32))
+
+
+def test_moe_backwards_route_to_the_kernel_when_asked(monkeypatch):
+  """quant_ragged_dot's and quant_moe's cotangents of x come from the grouped kernel with
+  HUMMING_JAX_DX_KERNEL=1 on a kernel backend (launches in the backward's jaxpr: one per
+  GEMM), and equal the reference's (the XLA backend's backward: the same VJP)."""
+  e, h, inter = 4, 256, 128
+  gu, dn = stacked("w4a16-g128-zp", e, h, 2 * inter, 1), stacked("w4a16-g128-zp", e, inter, h, 2)
+  x = jax.random.normal(jax.random.key(3), (5, h), jnp.bfloat16)
+  weights, ids = moe.topk_routing(jax.random.normal(jax.random.key(4), (5, e)), 2)
+  gs = jnp.array([2, 0, 2, 1], jnp.int32)
+  dy_rd = jax.random.normal(jax.random.key(5), (5, 2 * inter), jnp.bfloat16)
+  dy_moe = jax.random.normal(jax.random.key(6), (5, h), jnp.bfloat16)
+  ragged = lambda b: jax.grad(lambda x: jnp.sum(
+      (hj.quant_ragged_dot(gu, x, gs, backend=b) * dy_rd).astype(jnp.float32)))
+  layer = lambda b: jax.grad(lambda x: jnp.sum(
+      (hj.quant_moe(gu, dn, x, weights, ids, backend=b) * dy_moe).astype(jnp.float32)))
+  launches = lambda f: str(jax.make_jaxpr(f)(x)).count("name=grouped_wna16_mgpu_dx")
+  monkeypatch.delenv("HUMMING_JAX_DX_KERNEL", raising=False)
+  jax.clear_caches()
+  assert launches(ragged("interpret")) == 0 and launches(layer("interpret")) == 0
+  monkeypatch.setenv("HUMMING_JAX_DX_KERNEL", "1")
+  jax.clear_caches()  # the switch is read when the backward is traced
+  assert launches(ragged("interpret")) == 1 and launches(layer("interpret")) == 2
+  assert launches(layer("xla")) == 0  # the XLA backend keeps XLA's backward
+  for grad in (ragged, layer):
+    close_to_reference(jax.jit(grad("interpret"))(x), jax.jit(grad("xla"))(x))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("spec", ["w4a16-g128-zp", "w4a16-mxfp4"])
+@pytest.mark.parametrize("tokens", [1, 16, 256])
+def test_grouped_dx_gpu(spec, tokens):
+  """On the H200 at Qwen3-30B-A3B's gate_up (E 128, top-8, K 2048, N 1536)."""
+  e, k, n = 128, 2048, 1536
+  p = hj.prepare(hj.quantize(jax.random.normal(jax.random.key(9), (e, k, n)) / 45, spec),
+                 grouped=True, kernel="grouped_wna16_mgpu")
+  _, ids = moe.topk_routing(jax.random.normal(jax.random.key(10), (tokens, e)), 8)
+  gs = jnp.bincount(ids.reshape(-1), length=e).astype(jnp.int32)
+  dy = jax.random.normal(jax.random.key(11), (tokens * 8, n), jnp.bfloat16)
+  close_to_reference(jax.jit(dxk.run)(p, dy, gs), jax.jit(dxk.reference)(p, dy, gs))
 
 
 @pytest.mark.gpu

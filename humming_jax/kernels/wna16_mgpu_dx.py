@@ -35,30 +35,42 @@ from jax.experimental.pallas import triton as plt
 
 from humming_jax import formats
 from humming_jax.quantize import QuantizedWeight
-from humming_jax.kernels import registry, tuning, wna16_mgpu
+from humming_jax.kernels import grouped_wna16, registry, tuning, wna16_mgpu
 
-# The families whose prepared codes this kernel reads: the WnA16 Mosaic layout, and the
-# W4A8 / W4A4 view of the same layout (``wnam_mgpu``: its activation quantization passes
-# the gradient straight through, so its dx is dy . W^T too).
+# The families whose prepared codes this kernel reads: the WnA16 Mosaic layout, the W4A8 /
+# W4A4 view of the same layout (``wnam_mgpu``: its activation quantization passes the
+# gradient straight through, so its dx is dy . W^T too), and their stacks of experts.
 FAMILIES = ("wna16_mgpu", "wnam_mgpu")
-# Largest M taken by default routing (:func:`applies`): above it each extra row block
-# decodes the codes again.  A prediction, not yet measured (the XLA route at M = 1024
-# costs the one dequantization and a GEMM at the tensor cores' rate).
+GROUPED_FAMILIES = ("grouped_wna16_mgpu", "grouped_wnam_mgpu")
+# Largest M (dense), or expected rows per active expert (stacked), the backward routes
+# here (:func:`applies`): past it each extra row tile decodes the codes again.  A
+# prediction, not yet measured (the XLA route at M = 1024 costs the one dequantization and
+# a GEMM at the tensor cores' rate).
 MAX_M = 128
 BLOCK_N = 128  # N (the reduction) per chunk: the dot's K dimension
 MAX_BLOCK_M = 64
 MIN_PROGRAMS = 264  # two per SM of an H200 (132): splits of N are added up to this
 
 
-def unsupported_reason(params: QuantizedWeight, dy: jax.Array) -> str | None:
-  """Why this kernel does not compute ``dy . W^T`` for ``params`` (None: it does)."""
+def unsupported_reason(params: QuantizedWeight, dy: jax.Array,
+                       group_sizes: jax.Array | None = None) -> str | None:
+  """Why this kernel does not compute ``dy . W^T`` for ``params`` (and, for stacked
+  experts, ``group_sizes``) (None: it does)."""
   layout = params.layout
   family = registry.layout_family(layout)
-  if family not in FAMILIES:
-    return f"params.layout={layout!r}: expected one of the {FAMILIES} layouts"
-  if params.num_experts is not None or params.codes.ndim != 3:
-    return (f"params.codes.shape={params.codes.shape}: expected the dense (Kp / bk, Np, bk) "
-            f"tiles")
+  stacked = params.num_experts is not None
+  if family not in (GROUPED_FAMILIES if stacked else FAMILIES):
+    return (f"params.layout={layout!r}: expected one of the "
+            f"{GROUPED_FAMILIES if stacked else FAMILIES} layouts")
+  if stacked != (group_sizes is not None):
+    return (f"group_sizes: expected (E,) group sizes with stacked experts and none with "
+            f"dense params; got {None if group_sizes is None else group_sizes.shape} for "
+            f"params of shape {params.shape}")
+  if stacked and group_sizes.shape != (params.num_experts,):
+    return f"group_sizes.shape={group_sizes.shape}: expected ({params.num_experts},)"
+  if params.codes.ndim != 3 + stacked:
+    return (f"params.codes.shape={params.codes.shape}: expected the "
+            f"{'(E, ' if stacked else '('}Kp / bk, Np, bk) tiles")
   if wna16_mgpu.fp8_mma(layout):
     return f"params.layout={layout!r}: the fp8-MMA code order (':p8') is not read here"
   if params.input_perm is not None:
@@ -71,9 +83,10 @@ def unsupported_reason(params: QuantizedWeight, dy: jax.Array) -> str | None:
             f"float8_e4m3fn codes")
   if dy.dtype not in (jnp.bfloat16, jnp.float16):
     return f"dy.dtype={dy.dtype}: expected bfloat16 / float16"
-  if dy.ndim != 2 or dy.shape[1] != params.shape[1]:
-    return f"dy.shape={dy.shape}: expected (M, N={params.shape[1]})"
-  t, np_, bk = params.codes.shape
+  n = params.shape[-1]
+  if dy.ndim != 2 or dy.shape[1] != n:
+    return f"dy.shape={dy.shape}: expected (M, N={n})"
+  t, np_, bk = params.codes.shape[-3:]
   bits = params.spec.weight_bits
   if bk * bits // 32 < 16:
     return (f"K tile bk={bk} of {bits}-bit codes: {bk * bits // 32} words per tile row, "
@@ -87,11 +100,16 @@ def unsupported_reason(params: QuantizedWeight, dy: jax.Array) -> str | None:
   return None
 
 
-def applies(params: QuantizedWeight, dy: jax.Array) -> bool:
-  """Whether quant_dense's backward takes this kernel for ``dy`` (M <= :data:`MAX_M`) --
-  only when HUMMING_JAX_DX_KERNEL=1 until it is timed on the H200 (queued)."""
-  return (tuning.env_flag("HUMMING_JAX_DX_KERNEL", False) and dy.ndim == 2
-          and 0 < dy.shape[0] <= MAX_M and unsupported_reason(params, dy) is None)
+def applies(params: QuantizedWeight, dy: jax.Array,
+            group_sizes: jax.Array | None = None) -> bool:
+  """Whether a backward takes this kernel for ``dy``: M <= :data:`MAX_M` (dense), or at
+  most that many expected rows per active expert (stacked) -- only with
+  HUMMING_JAX_DX_KERNEL=1 until it is timed on the H200 (queued)."""
+  if not tuning.env_flag("HUMMING_JAX_DX_KERNEL", False) or dy.ndim != 2 or not dy.shape[0]:
+    return False
+  rows = (dy.shape[0] if params.num_experts is None
+          else grouped_wna16.rows_per_active_expert(dy.shape[0], params.num_experts))
+  return rows <= MAX_M and unsupported_reason(params, dy, group_sizes) is None
 
 
 def groups_per_tile(params: QuantizedWeight) -> int:
@@ -136,15 +154,25 @@ def _row_views(bk: int, bits: int, permuted: bool, groups: int) -> tuple[int, tu
 
 
 def _kernel(*refs, fmt, bits: int, hc: int, plane_h: tuple, has_zeros: bool,
-            has_global: bool, column: bool, chunks: int, block_n: int, dtype):
-  dy_ref, w_ref, s_ref, *rest = refs
+            has_global: bool, column: bool, chunks: int, block_n: int, block_m: int,
+            dtype, grouped: dict | None):
+  gs_ref = refs[0] if grouped else None
+  dy_ref, w_ref, s_ref, *rest = refs[1:] if grouped else refs
   z_ref = rest.pop(0) if has_zeros else None
   g_ref = rest.pop(0) if has_global else None
   (o_ref,) = rest
   planes = 32 // bits
   words = w_ref.shape[-1]
-  block_m = dy_ref.shape[0]
   mask = (1 << bits) - 1
+  if grouped:  # this program's row tile: one expert's rows [start, end) (grouped_wna16)
+    e, start, end, kind = grouped_wna16.tile_at(gs_ref[...], grouped["m"], block_m,
+                                                pl.program_id(0))
+    e = jnp.minimum(e, grouped["experts"] - 1)  # padded (empty) experts own no tile
+    rows = pl.ds(start, block_m)
+    ld = lambda ref, *idx: ref[(e, *idx)]  # from the expert's slice of a stacked operand
+  else:
+    rows = slice(None)
+    ld = lambda ref, *idx: ref[idx]
 
   def per_word(rows):  # (rows, bn) -> (bn, words): each row over its consecutive words
     r, bn = rows.shape
@@ -155,17 +183,17 @@ def _kernel(*refs, fmt, bits: int, hc: int, plane_h: tuple, has_zeros: bool,
   def chunk(c, accs):
     n0 = pl.multiple_of(c * block_n, block_n)
     cols = pl.ds(n0, block_n)
-    dy = dy_ref[:, cols]
-    w = w_ref[cols, :]  # (bn, words) int32
-    g = g_ref[:, cols] if has_global else None  # (1, bn) float32
+    dy = dy_ref[rows, cols]
+    w = ld(w_ref, cols, slice(None))  # (bn, words) int32
+    g = ld(g_ref, slice(None), cols) if has_global else None  # (1, bn) float32
     scale, zero = {}, {}  # per row view h: (bn, words) float32
     for h in sorted(set(plane_h)):
-      s = s_ref[:, h, cols].astype(jnp.float32)  # (groups / hc, bn)
+      s = ld(s_ref, slice(None), h, cols).astype(jnp.float32)  # (groups / hc, bn)
       if has_global and not column:  # code * (s * g): quantize.decode_scales' order
         s = s * g
       scale[h] = per_word(s)
       if has_zeros:
-        zero[h] = per_word(z_ref[:, h, cols].astype(jnp.float32))
+        zero[h] = per_word(ld(z_ref, slice(None), h, cols).astype(jnp.float32))
     out = []
     for j in range(planes):
       code = (w >> (bits * j)) & mask if j else w & mask
@@ -178,10 +206,27 @@ def _kernel(*refs, fmt, bits: int, hc: int, plane_h: tuple, has_zeros: bool,
       out.append(accs[j] + jnp.dot(dy, v.astype(dtype), preferred_element_type=jnp.float32))
     return tuple(out)
 
-  accs = tuple(jnp.zeros((block_m, words), jnp.float32) for _ in range(planes))
-  accs = jax.lax.fori_loop(0, chunks, chunk, accs)
-  for j in range(planes):
-    o_ref[:, j, :] = accs[j]
+  def compute():
+    accs = tuple(jnp.zeros((block_m, words), jnp.float32) for _ in range(planes))
+    return jax.lax.fori_loop(0, chunks, chunk, accs)
+
+  if not grouped:
+    for j, acc in enumerate(compute()):
+      o_ref[:, pl.ds(j * words, words)] = acc
+    return
+  row_ok = jnp.broadcast_to((start + jnp.arange(block_m, dtype=jnp.int32) < end)[:, None],
+                            (block_m, words))
+
+  @pl.when(kind == 1)
+  def _compute():
+    for j, acc in enumerate(compute()):
+      plt.store(o_ref.at[rows, pl.ds(j * words, words)], acc, mask=row_ok)
+
+  @pl.when(kind == 0)  # rows past sum(group_sizes): zeros, as ragged_dot's
+  def _zero_fill():
+    for j in range(planes):
+      plt.store(o_ref.at[rows, pl.ds(j * words, words)], jnp.zeros((block_m, words),
+                                                                   jnp.float32), mask=row_ok)
 
 
 def _splits(programs: int, chunks: int) -> int:
@@ -198,77 +243,128 @@ def block_n_for(np_: int) -> int:
   return BLOCK_N if np_ % BLOCK_N == 0 else 64
 
 
+def grouped_block_m(m: int, num_experts: int) -> int:
+  """Rows per tile of the grouped launch: the expected rows per active expert, rounded up
+  to 16 / 32 / 64 (each tile decodes its expert's codes once)."""
+  rows = grouped_wna16.rows_per_active_expert(m, num_experts)
+  return 16 if rows <= 16 else 32 if rows <= 32 else MAX_BLOCK_M
+
+
 @functools.partial(jax.jit, static_argnames=("interpret", "splits"))
-def run(params: QuantizedWeight, dy: jax.Array, *, interpret: bool = False,
-        splits: int | None = None) -> jax.Array:
-  """(M, N) 16-bit ``dy`` x prepared params (``wna16_mgpu`` / ``wnam_mgpu`` layouts) ->
-  dx = dy . W^T, (M, K) in dy's dtype, W rounded to dy's dtype as
-  ``registry.dequantize(params, dy.dtype)`` rounds it (float32 accumulation).
-  ``splits``: shares of N per K tile (default: enough programs for the GPU)."""
-  if (why := unsupported_reason(params, dy)) is not None:
+def run(params: QuantizedWeight, dy: jax.Array, group_sizes: jax.Array | None = None, *,
+        interpret: bool = False, splits: int | None = None) -> jax.Array:
+  """(M, N) 16-bit ``dy`` x prepared params -> dx = dy . W^T, (M, K) in dy's dtype, W
+  rounded to dy's dtype as ``registry.dequantize(params, dy.dtype)`` rounds it (float32
+  accumulation).
+
+  Dense params (``wna16_mgpu`` / ``wnam_mgpu`` layouts) or, with ``group_sizes`` (E,),
+  stacked experts (their grouped layouts) and dy's rows sorted by expert, as
+  ``lax.ragged_dot``'s: each row against its expert's W^T, rows past sum(group_sizes)
+  zero.  ``splits``: shares of N per K tile (default: enough programs for the GPU)."""
+  if (why := unsupported_reason(params, dy, group_sizes)) is not None:
     raise ValueError(f"wna16_mgpu_dx.run: {why}")
   spec = params.spec
-  k, n = params.shape
-  t, np_, bk = params.codes.shape
+  experts = params.num_experts
+  k, n = params.shape[-2:]
+  t, np_, bk = params.codes.shape[-3:]
   bits = spec.weight_bits
   per = 32 // bits
   words = bk // per
   m = dy.shape[0]
-  block_m = min(MAX_BLOCK_M, -(-m // 16) * 16)
-  mp = -(-m // block_m) * block_m
+  if m == 0:
+    return jnp.zeros((0, k), dy.dtype)
+  stack = () if experts is None else (experts,)
+  block_m = (grouped_block_m(m, experts) if experts
+             else min(MAX_BLOCK_M, -(-m // 16) * 16))
+  if experts:  # one program per row tile; rows from each tile's own start (masked stores)
+    row_tiles = grouped_wna16.max_tiles(m, experts, block_m)
+    mo = m + block_m  # tile rows past M stay inside the (unmasked) dy loads
+  else:
+    mo = -(-m // block_m) * block_m
+    row_tiles = mo // block_m
   block_n = block_n_for(np_)
   chunks = np_ // block_n
-  splits = splits or _splits((mp // block_m) * t, chunks)
+  splits = splits or _splits(row_tiles * t, chunks)
   if chunks % splits:
     raise ValueError(f"splits={splits}: must divide the {chunks} chunks of N")
   per_split = chunks // splits
-  dyp = jnp.pad(dy, ((0, mp - m), (0, np_ - n)))
-  w = jax.lax.bitcast_convert_type(params.codes.reshape(t, np_, words, per), jnp.int32)
+  ns = per_split * block_n
+  dyp = jnp.pad(dy, ((0, mo - m), (0, np_ - n)))
+  w = jax.lax.bitcast_convert_type(params.codes.reshape(*stack, t, np_, words, per),
+                                   jnp.int32)
   groups = groups_per_tile(params)
   column = wna16_mgpu.column_scaled(spec)
   permuted = wna16_mgpu.k_permuted(params.layout)
   hc, plane_h = _row_views(bk, bits, permuted, groups)
-  ns = per_split * block_n
-  rows_spec = lambda first: pl.BlockSpec((None, groups // hc, hc, ns), first)
-  s = params.scales.reshape(1 if column else t, groups // hc, hc, np_)
+  lead = (experts,) if experts else ()  # a stack's operands: every expert in the block
+  zero_lead = (0,) if experts else ()
+
+  def tiled(a, tile_axis: bool):  # (*stack, rows, Np) scale-like rows -> per-tile views
+    a = a.reshape(*stack, t if tile_axis else 1, groups // hc, hc, np_)
+    return a, pl.BlockSpec((*lead, None, groups // hc, hc, ns),
+                           lambda i, kt, sp: (*zero_lead, kt if tile_axis else 0, 0, 0, sp))
+
+  s, s_spec = tiled(params.scales, not column)
   operands = [dyp, w, s]
-  in_specs = [pl.BlockSpec((block_m, ns), lambda mi, kt, sp: (mi, sp)),
-              pl.BlockSpec((None, ns, words), lambda mi, kt, sp: (kt, sp, 0)),
-              rows_spec((lambda mi, kt, sp: (0, 0, 0, sp)) if column
-                        else (lambda mi, kt, sp: (kt, 0, 0, sp)))]
+  in_specs = [pl.BlockSpec((mo, ns), lambda i, kt, sp: (0, sp)) if experts
+              else pl.BlockSpec((block_m, ns), lambda i, kt, sp: (i, sp)),
+              pl.BlockSpec((*lead, None, ns, words), lambda i, kt, sp: (*zero_lead, kt, sp, 0)),
+              s_spec]
   has_zeros = params.zeros is not None
   if has_zeros:
-    operands.append(params.zeros.reshape(t, groups // hc, hc, np_))
-    in_specs.append(rows_spec(lambda mi, kt, sp: (kt, 0, 0, sp)))
+    z, z_spec = tiled(params.zeros, True)
+    operands.append(z)
+    in_specs.append(z_spec)
   has_global = params.global_scale is not None
   if has_global:
-    operands.append(params.global_scale.reshape(1, np_).astype(jnp.float32))
-    in_specs.append(pl.BlockSpec((1, ns), lambda mi, kt, sp: (0, sp)))
+    operands.append(params.global_scale.reshape(*stack, 1, np_).astype(jnp.float32))
+    in_specs.append(pl.BlockSpec((*lead, 1, ns),
+                                 lambda i, kt, sp: (*zero_lead, 0, sp)))
+  grouped = None
+  if experts:
+    gs = grouped_wna16.pow2_experts(group_sizes)  # each program finds its own tile
+    operands.insert(0, gs)
+    in_specs.insert(0, pl.BlockSpec(gs.shape, lambda i, kt, sp: (0,)))
+    grouped = dict(m=m, experts=experts)
   fmt = (spec.weight_format if spec.weight_format.kind != "uint"
          else formats.get_format(f"int{bits}"))  # stored as signed codes (prepare)
   kernel = functools.partial(
       _kernel, fmt=fmt, bits=bits, hc=hc, plane_h=plane_h, has_zeros=has_zeros,
       has_global=has_global, column=column, chunks=per_split, block_n=block_n,
-      dtype=dy.dtype)
+      block_m=block_m, dtype=dy.dtype, grouped=grouped)
+  if experts:  # every row tile writes its own rows of the whole block
+    out_spec = pl.BlockSpec((None, mo, None, bk), lambda i, kt, sp: (sp, 0, kt, 0))
+  else:
+    out_spec = pl.BlockSpec((None, block_m, None, bk), lambda i, kt, sp: (sp, i, kt, 0))
   out = pl.pallas_call(
       kernel,
-      out_shape=jax.ShapeDtypeStruct((splits, mp, t, per, words), jnp.float32),
-      grid=(mp // block_m, t, splits),
+      out_shape=jax.ShapeDtypeStruct((splits, mo, t, bk), jnp.float32),
+      grid=(row_tiles, t, splits),
       in_specs=in_specs,
-      out_specs=pl.BlockSpec((None, block_m, None, per, words),
-                             lambda mi, kt, sp: (sp, mi, kt, 0, 0)),
+      out_specs=out_spec,
       compiler_params=plt.CompilerParams(num_warps=4, num_stages=3),
       interpret=interpret,
-      name=f"wna16_mgpu_dx_b{bits}" + ("_pk" if permuted else ""),
+      name=(f"{'grouped_' if experts else ''}wna16_mgpu_dx_b{bits}"
+            + ("_pk" if permuted else "")),
   )(*operands)
-  # (splits, Mp, t, planes, words) -> (M, K) in K order: one XLA fusion with the sum
+  # (splits, Mo, t, planes * words) -> (M, K) in K order: one XLA fusion with the sum
   order = np.argsort(plane_positions(bk, bits, permuted).reshape(-1))
-  dx = out.sum(axis=0).reshape(mp, t, per * words)[:, :, order]
-  return dx.reshape(mp, t * bk)[:m, :k].astype(dy.dtype)
+  dx = out.sum(axis=0)[:, :, order]
+  return dx.reshape(mo, t * bk)[:m, :k].astype(dy.dtype)
 
 
-def reference(params: QuantizedWeight, dy: jax.Array) -> jax.Array:
+def reference(params: QuantizedWeight, dy: jax.Array,
+              group_sizes: jax.Array | None = None) -> jax.Array:
   """What :func:`run` computes, as the backward computed it before: W dequantized from
-  its layout to dy's dtype, then one GEMM (float32 accumulation)."""
+  its layout to dy's dtype, then one GEMM (float32 accumulation); stacked experts: each
+  row against its expert's (a per-expert loop: slow, obviously right)."""
   w = registry.dequantize(params, dy.dtype)
-  return jnp.dot(dy, w.T, preferred_element_type=jnp.float32).astype(dy.dtype)
+  if group_sizes is None:
+    return jnp.dot(dy, w.T, preferred_element_type=jnp.float32).astype(dy.dtype)
+  ends = jnp.cumsum(group_sizes)
+  expert = jnp.searchsorted(ends, jnp.arange(dy.shape[0]), side="right")
+  dx = jnp.zeros((dy.shape[0], w.shape[1]), jnp.float32)
+  for i in range(w.shape[0]):
+    dx = jnp.where((expert == i)[:, None],
+                   jnp.dot(dy, w[i].T, preferred_element_type=jnp.float32), dx)
+  return dx.astype(dy.dtype)
