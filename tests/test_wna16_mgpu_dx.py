@@ -204,3 +204,32 @@ def test_dx_gpu(spec, m):
   p = hj.prepare(hj.quantize(jax.random.normal(jax.random.key(7), (8192, 8192)) / 90, spec))
   dy = jax.random.normal(jax.random.key(8), (m, 8192), jnp.bfloat16)
   close_to_reference(jax.jit(dxk.run)(p, dy), jax.jit(dxk.reference)(p, dy))
+
+
+@pytest.mark.gpu
+def test_backward_with_dx_kernel_gpu(monkeypatch):
+  """On the H200, end to end: jax.grad of quant_dense (M = 16, 4096 x 2048) and of
+  quant_moe (24 tokens, 16 experts, top-4) with HUMMING_JAX_DX_KERNEL=1 against the same
+  without it, and the kernel launched in each backward."""
+  ks = jax.random.split(jax.random.key(12), 6)
+  p = hj.prepare(hj.quantize(jax.random.normal(ks[0], (4096, 2048)) / 64, "w4a16-g128-zp"))
+  x = jax.random.normal(ks[1], (16, 4096), jnp.bfloat16)
+  dy = jax.random.normal(ks[2], (16, 2048), jnp.bfloat16)
+  dense = jax.grad(lambda x: jnp.sum((hj.quant_dense(p, x) * dy).astype(jnp.float32)))
+  e, h, inter, tokens = 16, 2048, 256, 24
+  gu, dn = moe.prepare_experts(
+      hj.quantize(jax.random.normal(ks[3], (e, h, 2 * inter)) / 40, "w4a16-g128-zp"),
+      hj.quantize(jax.random.normal(ks[4], (e, inter, h)) / 16, "w4a16-g128-zp"))
+  xm = jax.random.normal(ks[5], (tokens, h), jnp.bfloat16)
+  weights, ids = moe.topk_routing(jax.random.normal(ks[0], (tokens, e)), 4)
+  layer = jax.grad(lambda x: jnp.sum((hj.quant_moe(gu, dn, x, weights, ids) * xm)
+                                     .astype(jnp.float32)))
+  monkeypatch.delenv("HUMMING_JAX_DX_KERNEL", raising=False)
+  jax.clear_caches()
+  want = [jax.jit(dense)(x), jax.jit(layer)(xm)]
+  monkeypatch.setenv("HUMMING_JAX_DX_KERNEL", "1")
+  jax.clear_caches()
+  assert "name=wna16_mgpu_dx" in str(jax.make_jaxpr(dense)(x))
+  assert "name=grouped_wna16_mgpu_dx" in str(jax.make_jaxpr(layer)(xm))
+  close_to_reference(jax.jit(dense)(x), want[0])
+  close_to_reference(jax.jit(layer)(xm), want[1])

@@ -13,7 +13,8 @@
 # and record the numbers in benchmarks/NOTES.md.
 source "$(dirname "$0")/../gpu_env.sh"
 s_t43() {
-  gpu_tests ${ST:-300} "dx_gpu or grad_gpu" tests/test_wna16_mgpu_dx.py tests/test_autodiff.py
+  gpu_tests ${ST:-300} "dx_gpu or grad_gpu or dx_kernel_gpu" tests/test_wna16_mgpu_dx.py \
+    tests/test_autodiff.py
 }
 s_d43() {
   local spec
