@@ -24,7 +24,9 @@ earlier layers) needs: the cotangent of x.
 - Forward mode straight through these functions (``jax.jvp``, ``jax.jacfwd``) is not
   defined, on every backend (the same program must differentiate the same way on the CPU
   and the GPU); JAX raises a TypeError.  Forward over reverse (``jax.hessian``) works: the
-  backward is plain XLA.
+  backward is plain XLA -- unless the opt-in dy . W^T kernel computes the cotangent of x
+  (HUMMING_JAX_DX_KERNEL=1, kernels/wna16_mgpu_dx.py): leave it off for second
+  derivatives.
 """
 from __future__ import annotations
 

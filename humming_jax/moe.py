@@ -278,19 +278,9 @@ def quant_ragged_dot(params: QuantizedWeight, x: jax.Array, group_sizes: jax.Arr
   return autodiff.kernel_or_reference(
       b, run, ragged_dot_xla, ("params", "x", "group_sizes"),
       gradient=ragged_dot_gradient_reference,
-      x_cotangent=lambda p, a, gs, dy: _dx_kernel(p, a, gs, dy, interpret=b == "interpret"),
+      x_cotangent=lambda p, a, gs, dy: wna16_mgpu_dx.cotangent(p, a, dy, gs,
+                                                               interpret=b == "interpret"),
   )(params, x, group_sizes)
-
-
-def _dx_kernel(params: QuantizedWeight, x: jax.Array, group_sizes: jax.Array, dy: jax.Array,
-               *, interpret: bool) -> jax.Array | None:
-  """The cotangent of x from ``kernels.wna16_mgpu_dx`` (each row's dy . W_e^T on the
-  prepared stack) where it applies (``wna16_mgpu_dx.applies``: opt-in,
-  HUMMING_JAX_DX_KERNEL=1, until timed on the H200); None: the reference's VJP (for
-  16-bit x it computes the same: weights rounded to x's dtype, float32 accumulation)."""
-  if x.dtype != dy.dtype or not wna16_mgpu_dx.applies(params, dy, group_sizes):
-    return None
-  return wna16_mgpu_dx.run(params, dy, group_sizes, interpret=interpret)
 
 
 def _ragged_dot_gradient_with_dx_kernel(params: QuantizedWeight, x: jax.Array,
@@ -305,8 +295,8 @@ def _ragged_dot_gradient_with_dx_kernel(params: QuantizedWeight, x: jax.Array,
   return autodiff.with_reference_vjp(
       ragged_dot_gradient_reference, ragged_dot_gradient_reference,
       ("params", "x", "group_sizes"),
-      x_cotangent=lambda p, a, gs, dy: _dx_kernel(p, a, gs, dy,
-                                                  interpret=backend == "interpret"),
+      x_cotangent=lambda p, a, gs, dy: wna16_mgpu_dx.cotangent(
+          p, a, dy, gs, interpret=backend == "interpret"),
   )(params, x, group_sizes)
 
 
@@ -462,10 +452,11 @@ def _quant_moe_gradient_reference(gate_up_params: QuantizedWeight,
                                   topk_weights: jax.Array, topk_ids: jax.Array,
                                   activation: Activation, backend: str = "xla") -> jax.Array:
   """quant_moe as its backward differentiates it: rows sorted by expert, both GEMMs on
-  :func:`ragged_dot_gradient_reference` (called directly: a nested custom_vjp would run
-  each GEMM's forward once more inside the backward), their cotangents of x from the dx
-  kernel where it applies on a kernel ``backend`` (opt-in:
-  :func:`_ragged_dot_gradient_with_dx_kernel`)."""
+  :func:`ragged_dot_gradient_reference` -- not quant_ragged_dot, whose custom_vjp would run
+  each GEMM's kernel forward once more inside the backward.  On a kernel ``backend`` with
+  the dx kernel on (opt-in), each GEMM is wrapped so that its cotangent of x comes from
+  the kernel (:func:`_ragged_dot_gradient_with_dx_kernel`: the wrapper's forward is the
+  same reference, so nothing runs twice)."""
   r = sort_tokens(topk_ids, gate_up_params.shape[0])
   run = lambda p, a: _ragged_dot_gradient_with_dx_kernel(p, a, r.group_sizes,
                                                          backend=backend)

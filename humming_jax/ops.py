@@ -159,17 +159,11 @@ def _check_x(params: QuantizedWeight, x: jax.Array, what: str) -> None:
                      "would see the permuted order")
 
 
-def _dx_kernel(params: QuantizedWeight, x: jax.Array, dy: jax.Array, *,
-               interpret: bool) -> jax.Array | None:
-  """The cotangent of x from ``kernels.wna16_mgpu_dx`` (dy . W^T on the prepared layout)
-  where it applies (``wna16_mgpu_dx.applies``: opt-in, HUMMING_JAX_DX_KERNEL=1, until
-  timed on the H200); None: the reference's VJP.  For 16-bit x: the reference's dx is
-  then dy . W^T with W rounded to x's dtype, as the kernel computes it (float32 x
-  differentiates the exact reference)."""
-  from humming_jax.kernels import wna16_mgpu_dx
-  if x.dtype != dy.dtype or not wna16_mgpu_dx.applies(params, dy):
-    return None
-  return wna16_mgpu_dx.run(params, dy, interpret=interpret)
+def _dx_kernel():
+  """kernels.wna16_mgpu_dx (imported when a backward is traced: importing the library
+  stays cheap)."""
+  from humming_jax.kernels import wna16_mgpu_dx  # noqa: PLC0415
+  return wna16_mgpu_dx
 
 
 def quant_dense(params: QuantizedWeight, x: jax.Array, *,
@@ -199,6 +193,7 @@ def quant_dense(params: QuantizedWeight, x: jax.Array, *,
     y = autodiff.kernel_or_reference(
         b, run, reference.dense_reference, ("params", "x"),
         gradient=reference.dense_gradient_reference,
-        x_cotangent=lambda p, a, dy: _dx_kernel(p, a, dy, interpret=(b == "interpret")),
+        x_cotangent=lambda p, a, dy: _dx_kernel().cotangent(p, a, dy,
+                                                            interpret=b == "interpret"),
     )(params, x2)
   return y.reshape(*lead, params.out_features)

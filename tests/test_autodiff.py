@@ -119,6 +119,32 @@ def test_forward_mode_is_refused_but_hessian_works():
   assert rel(hess, jax.hessian(lambda x: jnp.sum(jnp.tanh(x @ w)))(x)) <= 1e-5
 
 
+def test_x_cotangent_hook_only_when_x_alone_is_differentiated():
+  """autodiff.with_reference_vjp's ``x_cotangent`` (the dx kernels' entry) gives the
+  cotangent of x only where x is the one differentiated argument; elsewhere, and where it
+  returns None, the reference's VJP runs."""
+  from humming_jax import autodiff
+  ref = lambda w, x: x @ w
+  seen = []
+
+  def hook(w, x, dy):
+    seen.append(1)
+    return None if float(jnp.sum(dy)) < 0 else jnp.full(x.shape, 7.0, x.dtype)
+
+  f = autodiff.with_reference_vjp(ref, ref, ("w", "x"), x_cotangent=hook)
+  w, x = jnp.ones((3, 2)), jnp.ones((4, 3))
+  dy = jnp.ones((4, 2))
+  assert float(jax.vjp(lambda x: f(w, x), x)[1](dy)[0][0, 0]) == 7.0 and seen == [1]
+  np.testing.assert_array_equal(jax.vjp(lambda x: f(w, x), x)[1](-dy)[0], -dy @ w.T)
+  assert len(seen) == 2  # asked, declined: the reference's VJP
+  dw, dx = jax.vjp(f, w, x)[1](dy)  # both differentiated: never asked
+  np.testing.assert_array_equal(dx, dy @ w.T)
+  np.testing.assert_array_equal(dw, x.T @ dy)
+  assert len(seen) == 2
+  np.testing.assert_array_equal(jax.vjp(lambda w: f(w, x), w)[1](dy)[0], x.T @ dy)
+  assert len(seen) == 2
+
+
 def test_nvfp4_scale_leaves():
   """NVFP4: the fp32 global scale's gradient by exact doubling; the e4m3 block scales
   refuse a gradient (e4m3 cannot hold one) and a float32 copy of them takes it."""

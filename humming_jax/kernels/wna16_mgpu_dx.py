@@ -1,5 +1,6 @@
 """dx = dy . W^T on the WnA16 Mosaic layout, in one Pallas-Triton pass: training's backward
-at small M (a LoRA step over a frozen quantized base, decode-sized batches).
+at small M (a LoRA step over a frozen quantized base, decode-sized batches), dense or over
+stacked experts.  Opt-in (HUMMING_JAX_DX_KERNEL=1, :func:`applies`) until timed on a GPU.
 
 Why a kernel: the backward differentiates ``reference.dense_gradient_reference``, whose
 cotangent of x is XLA's dequantization of W to x's dtype and then a GEMM.  H200 session
@@ -20,8 +21,17 @@ dy.dtype)`` -- and multiplies it into that plane's (block_m, bk * bits / 32)
 accumulator on the tensor cores.  Plane j of word w holds one K position of the tile per
 word (:func:`plane_positions`): XLA puts the columns back in K order with the split sum.
 
-The XLA reference beside it is :func:`reference` (the backward it replaces); tests compare
-the two on fresh random inputs in the interpreter and on the H200.
+Stacked experts (the grouped layouts; ``quant_ragged_dot`` and ``quant_moe``'s backwards):
+rows sorted by expert, one program per row tile of one expert (``grouped_wna16.tile_at``,
+as the forward's Triton grouped kernel: each program finds its tile from the group sizes),
+reading that expert's slab; stores masked to the tile's own rows, the rows past
+sum(group_sizes) written as zeros.
+
+The XLA reference beside it is :func:`reference` (the backward's own VJP, which it
+replaces); tests compare the two on fresh random inputs in the interpreter (and the
+weights bit for bit, through one-hot rows of dy), and on the H200 (queued: not yet run).
+Forward-over-reverse (``jax.hessian``) through a backward that holds this kernel is not
+supported: leave the switch off for it.
 """
 from __future__ import annotations
 
@@ -89,8 +99,8 @@ def unsupported_reason(params: QuantizedWeight, dy: jax.Array,
   t, np_, bk = params.codes.shape[-3:]
   bits = params.spec.weight_bits
   if bk * bits // 32 < 16:
-    return (f"K tile bk={bk} of {bits}-bit codes: {bk * bits // 32} words per tile row, "
-            f"the dot needs 16 output columns per plane")
+    return (f"K tile bk={bk} of {bits}-bit codes (groups of {bk}): {bk * bits // 32} words "
+            f"per tile row, the dot needs 16 output columns per plane")
   if np_ % 64:
     return f"Np={np_}: expected a multiple of 64 (the layout's column block)"
   try:
@@ -353,18 +363,30 @@ def run(params: QuantizedWeight, dy: jax.Array, group_sizes: jax.Array | None = 
   return dx.reshape(mo, t * bk)[:m, :k].astype(dy.dtype)
 
 
+def cotangent(params: QuantizedWeight, x: jax.Array, dy: jax.Array,
+              group_sizes: jax.Array | None = None, *, interpret: bool) -> jax.Array | None:
+  """The cotangent of x for quant_dense's / quant_ragged_dot's backward (``x_cotangent``
+  of ``autodiff.with_reference_vjp``) from :func:`run` where :func:`applies` and x is
+  dy's 16-bit dtype -- then the reference's VJP computes the same, dy . W^T with W
+  rounded to x's dtype -- else None (the reference's VJP runs)."""
+  if x.dtype != dy.dtype or not applies(params, dy, group_sizes):
+    return None
+  return run(params, dy, group_sizes, interpret=interpret)
+
+
 def reference(params: QuantizedWeight, dy: jax.Array,
               group_sizes: jax.Array | None = None) -> jax.Array:
-  """What :func:`run` computes, as the backward computed it before: W dequantized from
-  its layout to dy's dtype, then one GEMM (float32 accumulation); stacked experts: each
-  row against its expert's (a per-expert loop: slow, obviously right)."""
-  w = registry.dequantize(params, dy.dtype)
+  """What :func:`run` computes, as the backward computes it without this kernel: the
+  cotangent of x of ``reference.dense_gradient_reference`` (dense) or
+  ``moe.ragged_dot_gradient_reference`` (stacked) -- W decoded from its layout to dy's
+  dtype, a 16-bit GEMM with float32 accumulation (the VJP of a linear map: the same at
+  any x)."""
+  from humming_jax import moe  # noqa: PLC0415 (moe imports this module)
+  from humming_jax.kernels import reference as xla  # noqa: PLC0415
+  x = jnp.zeros((dy.shape[0], params.shape[-2]), dy.dtype)
   if group_sizes is None:
-    return jnp.dot(dy, w.T, preferred_element_type=jnp.float32).astype(dy.dtype)
-  ends = jnp.cumsum(group_sizes)
-  expert = jnp.searchsorted(ends, jnp.arange(dy.shape[0]), side="right")
-  dx = jnp.zeros((dy.shape[0], w.shape[1]), jnp.float32)
-  for i in range(w.shape[0]):
-    dx = jnp.where((expert == i)[:, None],
-                   jnp.dot(dy, w[i].T, preferred_element_type=jnp.float32), dx)
-  return dx.astype(dy.dtype)
+    f = lambda x: xla.dense_gradient_reference(params.replace(bias=None), x)
+  else:
+    f = lambda x: moe.ragged_dot_gradient_reference(params.replace(bias=None), x,
+                                                     group_sizes)
+  return jax.vjp(f, x)[1](dy)[0]
