@@ -454,13 +454,16 @@ def test_dx_kernel_lowers_for_h200(name, m):
 
 @pytest.mark.parametrize("name,shape,rows", [("w4a16-g128-zp", (128, 2048, 1536), 128),
                                              ("w4a16-mxfp4", (60, 2048, 1408), 2048),
-                                             ("w4a16-nvfp4", (256, 7168, 512), 8)])
+                                             ("w4a16-nvfp4", (256, 7168, 512), 8),
+                                             ("w4a8-mxfp4", (128, 768, 2048), 128)])
 def test_grouped_dx_kernel_lowers_for_h200(name, shape, rows):
   """The MoE backward's dy . W_e^T kernel at Qwen3-30B-A3B gate_up (16 tokens, top-8), 60
-  experts (not a power of two) at 2048 rows, and DeepSeek-V3 gate_up at one token."""
+  experts (not a power of two) at 2048 rows, DeepSeek-V3 gate_up at one token, and W4A8
+  MXFP4 experts on their fp8-MMA layout (":p8") at Qwen3-30B-A3B down."""
   from humming_jax.kernels import wna16_mgpu_dx
-  p = abstract_params(name, shape, grouped=True, kernel="grouped_wna16_mgpu")
+  p = abstract_params(name, shape, grouped=True)
   dy = jax.ShapeDtypeStruct((rows, shape[2]), jnp.bfloat16)
   gs = jax.ShapeDtypeStruct((shape[0],), jnp.int32)
   text = lower_for_h200(lambda p, dy, gs: wna16_mgpu_dx.run(p, dy, gs), p, dy, gs)
-  assert "grouped_wna16_mgpu_dx_b4" in text
+  assert "grouped_wna16_mgpu_dx_b4" + ("_p8" if "mxfp4" in name and "a8" in name
+                                       else "_pk") in text

@@ -56,6 +56,7 @@ def test_dx_matches_reference_interpret(spec, m, k, n):
     ("w4a16-ch", 200, ":cs"),         # the column-scale row; K padded
     (hj.QuantSpec(weight="uint4", group_size=32, zero_point=True), 256, ""),  # K order,
     ("w8a16-fp8", 256, ":cs"),        # fp8 codes                    4 zero rows per tile
+    ("w4a16-mxfp4", 256, ":p8"),      # the fp8-MMA layout's regrouped signs
 ])
 def test_weights_are_bit_equal_interpret(spec, k, layout):
   """One-hot rows of dy: each output is one product, exact in float32, so dx is W^T as
@@ -64,6 +65,8 @@ def test_weights_are_bit_equal_interpret(spec, k, layout):
   planted in W turns its K column of dx into NaN, as the reference's product does."""
   n = 128
   p = prepared(spec, k, n, seed=3)
+  if layout == ":p8":
+    p = wna16_mgpu.prepare(wna16_mgpu.to_canonical(p), mma="fp8")
   assert layout in p.layout
   nan_at = None
   if p.spec.weight == "fp8_e4m3":  # code 0x7F (e4m3fn NaN) at K row 5, column 9
@@ -91,18 +94,25 @@ def test_k_order_and_fp16_and_one_split_interpret():
   close_to_reference(dxk.run(p, dy, interpret=True, splits=2), want)
 
 
-def test_plane_positions_invert_the_stored_order():
-  """Plane j of word w is stored code w * per + j; for ":pk" the stored code's K position
-  is what mgpu_convert.permute_k moved there."""
-  for bits, permuted in ((4, True), (4, False), (8, False)):
-    pos = dxk.plane_positions(128, bits, permuted)
-    per = 32 // bits
-    stored = (np.arange(128 // per)[None, :] * per + np.arange(per)[:, None])
-    k_order = np.arange(128)
-    if permuted:
-      k_order = np.asarray(mgpu_convert.permute_k(jnp.arange(128)))
-    np.testing.assert_array_equal(pos, k_order[stored])
-    assert sorted(pos.reshape(-1)) == list(range(128))
+@pytest.mark.parametrize("bits,order", [(4, "k"), (4, "pk"), (4, "p8"), (8, "k")])
+def test_planes_read_each_stored_order(bits, order):
+  """Plane j of each stored 32-bit word (dxk._plane_code) is the code at K position
+  plane_positions[j, w], for codes stored as prepare stores them: K order, permute_k's
+  ":pk" and p8_store's ":p8" (signs and magnitudes regrouped)."""
+  bk = 128
+  rng = np.random.default_rng(0)
+  codes = jnp.asarray(rng.integers(-(1 << (bits - 1)), 1 << (bits - 1), (3, bk)), jnp.int32)
+  stored = {"k": codes, "pk": mgpu_convert.permute_k(codes) if bits == 4 else None,
+            "p8": mgpu_convert.p8_store(codes) if bits == 4 else None}[order]
+  per = 32 // bits
+  words = jax.lax.bitcast_convert_type(
+      stored.astype(jnp.int4 if bits == 4 else jnp.int8).reshape(3, bk // per, per), jnp.int32)
+  pos = dxk.plane_positions(bk, bits, order)
+  assert sorted(pos.reshape(-1)) == list(range(bk))
+  unsigned = np.asarray(codes) & ((1 << bits) - 1)
+  for j in range(per):
+    got = np.asarray(dxk._plane_code(words, j, bits, order))
+    np.testing.assert_array_equal(got, unsigned[:, pos[j]])
 
 
 def test_refusals_name_the_argument():
@@ -156,9 +166,11 @@ def stacked(spec, e, k, n, seed=0):
     ("w4a16-nvfp4", (1, 1, 0, 2), 4),       # decode: a row or two per expert
     ("w8a16", (40, 0, 0, 30), 70),          # 32-row tiles, several per expert
     ("w4a8-fp8", (3, 6, 2, 9), 20),         # the W4A8 stack (its gradient passes through)
+    ("w4a8-mxfp4", (0, 8, 8, 0), 16),       # its fp8-MMA layout (":p8", ":cf")
 ])
 def test_grouped_dx_matches_reference_interpret(spec, group_sizes, m):
   p = stacked(spec, 4, 256, 192)
+  assert (":p8" in p.layout) == (spec == "w4a8-mxfp4")
   gs = jnp.array(group_sizes, jnp.int32)
   dy = jax.random.normal(jax.random.key(1), (m, 192), jnp.bfloat16)
   assert dxk.unsupported_reason(p, dy, gs) is None
@@ -180,8 +192,6 @@ def test_grouped_refusals():
     dxk.run(p, dy, jnp.ones((3,), jnp.int32))
   dense = prepared("w4a16-g128", 256, 128)
   assert "group_sizes" in dxk.unsupported_reason(dense, dy, jnp.ones((4,), jnp.int32))
-  p8 = stacked("w4a8-mxfp4", 4, 256, 128)  # the fp8-MMA layout: not read here
-  assert "':p8'" in dxk.unsupported_reason(p8, dy, jnp.ones((4,), jnp.int32))
 
 
 def test_moe_backwards_route_to_the_kernel_when_asked(monkeypatch):
@@ -212,13 +222,14 @@ def test_moe_backwards_route_to_the_kernel_when_asked(monkeypatch):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("spec", ["w4a16-g128-zp", "w4a16-mxfp4"])
+@pytest.mark.parametrize("spec", ["w4a16-g128-zp", "w4a16-mxfp4", "w4a8-mxfp4"])
 @pytest.mark.parametrize("tokens", [1, 16, 256])
 def test_grouped_dx_gpu(spec, tokens):
-  """On the H200 at Qwen3-30B-A3B's gate_up (E 128, top-8, K 2048, N 1536)."""
+  """On the H200 at Qwen3-30B-A3B's gate_up (E 128, top-8, K 2048, N 1536), each stack
+  on its default grouped layout (W4A8 MXFP4: the fp8-MMA layout, ":p8")."""
   e, k, n = 128, 2048, 1536
   p = hj.prepare(hj.quantize(jax.random.normal(jax.random.key(9), (e, k, n)) / 45, spec),
-                 grouped=True, kernel="grouped_wna16_mgpu")
+                 grouped=True)
   _, ids = moe.topk_routing(jax.random.normal(jax.random.key(10), (tokens, e)), 8)
   gs = jnp.bincount(ids.reshape(-1), length=e).astype(jnp.int32)
   dy = jax.random.normal(jax.random.key(11), (tokens * 8, n), jnp.bfloat16)

@@ -14,7 +14,8 @@ How: the layout's (Kp / bk, Np, bk) codes are W^T blocked by K tiles -- tile t i
 reduction axis, in the order it is stored.  A program owns one K tile (or a row block of
 it) and a contiguous share of N (``splits`` shares: float32 partials summed by XLA);
 per chunk of ``block_n`` columns of N it loads the chunk's 32-bit words, takes plane j of
-each word (the codes at bit offset bits * j: 8 / bits planes) with one shift and mask,
+each word (the codes at bit offset bits * j: 32 / bits planes; the fp8-MMA layout ":p8"
+keeps each sign apart, one more shift) with a shift and a mask,
 decodes it with the format's own decode, applies the zero point and the scale in float32
 and rounds to dy's dtype -- the same value, bit for bit, as ``registry.dequantize(params,
 dy.dtype)`` -- and multiplies it into that plane's (block_m, bk * bits / 32)
@@ -81,8 +82,6 @@ def unsupported_reason(params: QuantizedWeight, dy: jax.Array,
   if params.codes.ndim != 3 + stacked:
     return (f"params.codes.shape={params.codes.shape}: expected the "
             f"{'(E, ' if stacked else '('}Kp / bk, Np, bk) tiles")
-  if wna16_mgpu.fp8_mma(layout):
-    return f"params.layout={layout!r}: the fp8-MMA code order (':p8') is not read here"
   if params.input_perm is not None:
     return "params.input_perm (act-order rows): dx would need the inverse gather"
   fmt = params.spec.weight_format
@@ -104,7 +103,7 @@ def unsupported_reason(params: QuantizedWeight, dy: jax.Array,
   if np_ % 64:
     return f"Np={np_}: expected a multiple of 64 (the layout's column block)"
   try:
-    _row_views(bk, bits, wna16_mgpu.k_permuted(layout), groups_per_tile(params))
+    _row_views(bk, bits, code_order(layout), groups_per_tile(params))
   except ValueError as e:
     return str(e)
   return None
@@ -129,27 +128,49 @@ def groups_per_tile(params: QuantizedWeight) -> int:
   return params.codes.shape[-1] // wna16_mgpu.scale_k(params.spec)
 
 
-def plane_positions(bk: int, bits: int, permuted: bool) -> np.ndarray:
-  """(planes, words) K positions within a tile: plane j of word w holds code
-  ``bits * j .. bits * j + bits - 1`` of the word, i.e. stored position w * per + j
-  (per = 32 / bits codes per word).  The ":pk" order (``mgpu_convert.permute_k``)
-  stores K position 8 a + 2 b + h of each run of 32 at 8 b + 2 a + h."""
+def code_order(layout: str) -> str:
+  """How a layout stores each tile row's codes: "k" (K order), "pk" (":pk",
+  ``mgpu_convert.permute_k``) or "p8" (":p8", ``mgpu_convert.p8_store``)."""
+  return ("p8" if wna16_mgpu.fp8_mma(layout) else "pk" if wna16_mgpu.k_permuted(layout)
+          else "k")
+
+
+def plane_positions(bk: int, bits: int, order: str) -> np.ndarray:
+  """(planes, words) K positions within a tile of the code that plane j of 32-bit word w
+  holds (:func:`_plane_code`).  K order: code j of the word, stored position w * per + j
+  (per = 32 / bits codes per word).  ":pk" stores K position 8 a + 2 b + h of each run
+  of 32 at 8 b + 2 a + h.  ":p8": word q of each run of 32 (4 words) holds the run's K
+  positions 4 q + j (planes 0..3) and 16 + 4 q + j - 4 (planes 4..7)."""
   per = 32 // bits
   stored = np.arange(bk // per)[None, :] * per + np.arange(per)[:, None]
-  if not permuted:
-    return stored
   run, p = stored // 32, stored % 32
-  b, a, h = p // 8, (p % 8) // 2, p % 2
-  return run * 32 + 8 * a + 2 * b + h
+  if order == "pk":
+    b, a, h = p // 8, (p % 8) // 2, p % 2
+    return run * 32 + 8 * a + 2 * b + h
+  if order == "p8":
+    q, j = p // 8, p % 8
+    return run * 32 + 16 * (j // 4) + 4 * q + j % 4
+  return stored
 
 
-def _row_views(bk: int, bits: int, permuted: bool, groups: int) -> tuple[int, tuple]:
+def _plane_code(w: jax.Array, j: int, bits: int, order: str) -> jax.Array:
+  """The ``bits``-bit codes of plane j of int32 words (:func:`plane_positions`): bits
+  bits * j .. bits * j + bits - 1, but for ":p8", whose e2m1 magnitudes sit there (bits
+  4 j .. 4 j + 2) and whose signs sit in bit 8 j + 7 (planes 0..3) or 8 (j - 4) + 3
+  (planes 4..7): ``mgpu_convert.p8_store``'s regrouping, one bit per code moved back."""
+  if order != "p8":
+    return (w >> (bits * j)) & ((1 << bits) - 1) if j else w & ((1 << bits) - 1)
+  sign = 8 * j + 7 if j < 4 else 8 * (j - 4) + 3
+  return (((w >> sign) & 1) << 3) | ((w >> (4 * j)) & 7)
+
+
+def _row_views(bk: int, bits: int, order: str, groups: int) -> tuple[int, tuple]:
   """How each plane meets the tile's scale rows: ``(h_count, plane_h)``.  The rows are
   read as (groups / h_count, h_count) and plane j reads column ``plane_h[j]`` of it, one
   row per words * h_count / groups consecutive words: K order and groups of 32 or more
   in the permuted order (h_count 1); groups of 16 in the permuted order alternate rows
   within each run of 32 codes (4 words): h_count 2, plane j reads row 2 r + j // 4."""
-  rows = plane_positions(bk, bits, permuted) // (bk // groups)  # (planes, words)
+  rows = plane_positions(bk, bits, order) // (bk // groups)  # (planes, words)
   words = rows.shape[1]
   for hc in (1, 2):
     if groups % hc:
@@ -159,11 +180,11 @@ def _row_views(bk: int, bits: int, permuted: bool, groups: int) -> tuple[int, tu
     if all(np.array_equal(r, hc * (np.arange(words) // span) + h)
            for r, h in zip(rows, plane_h)):
       return hc, plane_h
-  raise ValueError(f"groups={groups} of a {bk}-code tile ({bits}-bit, permuted="
-                   f"{permuted}): no supported row pattern")
+  raise ValueError(f"groups={groups} of a {bk}-code tile ({bits}-bit, {order!r} order): "
+                   f"no supported row pattern")
 
 
-def _kernel(*refs, fmt, bits: int, hc: int, plane_h: tuple, has_zeros: bool,
+def _kernel(*refs, fmt, bits: int, order: str, hc: int, plane_h: tuple, has_zeros: bool,
             has_global: bool, column: bool, chunks: int, block_n: int, block_m: int,
             dtype, grouped: dict | None):
   gs_ref = refs[0] if grouped else None
@@ -173,7 +194,6 @@ def _kernel(*refs, fmt, bits: int, hc: int, plane_h: tuple, has_zeros: bool,
   (o_ref,) = rest
   planes = 32 // bits
   words = w_ref.shape[-1]
-  mask = (1 << bits) - 1
   if grouped:  # this program's row tile: one expert's rows [start, end) (grouped_wna16)
     e, start, end, kind = grouped_wna16.tile_at(gs_ref[...], grouped["m"], block_m,
                                                 pl.program_id(0))
@@ -206,7 +226,7 @@ def _kernel(*refs, fmt, bits: int, hc: int, plane_h: tuple, has_zeros: bool,
         zero[h] = per_word(ld(z_ref, slice(None), h, cols).astype(jnp.float32))
     out = []
     for j in range(planes):
-      code = (w >> (bits * j)) & mask if j else w & mask
+      code = _plane_code(w, j, bits, order)
       v = fmt.decode(code, check_nan=fmt.has_nan)  # float32, exact; e4m3's NaN kept
       if has_zeros:
         v = v - zero[plane_h[j]]
@@ -304,8 +324,8 @@ def run(params: QuantizedWeight, dy: jax.Array, group_sizes: jax.Array | None = 
                                    jnp.int32)
   groups = groups_per_tile(params)
   column = wna16_mgpu.column_scaled(spec)
-  permuted = wna16_mgpu.k_permuted(params.layout)
-  hc, plane_h = _row_views(bk, bits, permuted, groups)
+  order = code_order(params.layout)
+  hc, plane_h = _row_views(bk, bits, order, groups)
   lead = (experts,) if experts else ()  # a stack's operands: every expert in the block
   zero_lead = (0,) if experts else ()
 
@@ -339,7 +359,7 @@ def run(params: QuantizedWeight, dy: jax.Array, group_sizes: jax.Array | None = 
   fmt = (spec.weight_format if spec.weight_format.kind != "uint"
          else formats.get_format(f"int{bits}"))  # stored as signed codes (prepare)
   kernel = functools.partial(
-      _kernel, fmt=fmt, bits=bits, hc=hc, plane_h=plane_h, has_zeros=has_zeros,
+      _kernel, fmt=fmt, bits=bits, order=order, hc=hc, plane_h=plane_h, has_zeros=has_zeros,
       has_global=has_global, column=column, chunks=per_split, block_n=block_n,
       block_m=block_m, dtype=dy.dtype, grouped=grouped)
   if experts:  # every row tile writes its own rows of the whole block
@@ -355,11 +375,11 @@ def run(params: QuantizedWeight, dy: jax.Array, group_sizes: jax.Array | None = 
       compiler_params=plt.CompilerParams(num_warps=4, num_stages=3),
       interpret=interpret,
       name=(f"{'grouped_' if experts else ''}wna16_mgpu_dx_b{bits}"
-            + ("_pk" if permuted else "")),
+            + ("" if order == "k" else f"_{order}")),
   )(*operands)
   # (splits, Mo, t, planes * words) -> (M, K) in K order: one XLA fusion with the sum
-  order = np.argsort(plane_positions(bk, bits, permuted).reshape(-1))
-  dx = out.sum(axis=0)[:, :, order]
+  k_order = np.argsort(plane_positions(bk, bits, order).reshape(-1))
+  dx = out.sum(axis=0)[:, :, k_order]
   return dx.reshape(mo, t * bk)[:m, :k].astype(dy.dtype)
 
 
