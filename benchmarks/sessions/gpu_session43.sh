@@ -8,7 +8,7 @@
 #         41: ~120 us at M = 16) against dx_kernel (predicted 15-25 us: 33 MB of codes at
 #         ~3 TB/s, ~8 integer / float ops per code), and a training step's grad against
 #         grad_dxk; then the Qwen3-30B-A3B quant_moe layer at 16 / 256 tokens: moe_grad
-#         (13.7 ms at 16 tokens) against moe_grad_dxk.
+#         (13.7 ms at 16 tokens) against moe_grad_dxk; W4A8 MXFP4 experts (":p8") at 16.
 # If the kernel wins at every M it was timed at: flip the default (applies()) for those M,
 # and record the numbers in benchmarks/NOTES.md.
 source "$(dirname "$0")/../gpu_env.sh"
@@ -25,6 +25,10 @@ s_d43() {
   done
   T ${ST:-200} python3 benchmarks/probe_grad.py --ms "" --moe-tokens 16,256 \
     >> "$OUT/d43.log" 2>&1
-  echo "moe rc=$?"; grep -vE "Warning|warn" "$OUT/d43.log" | grep -E "M=|MoE|moe_grad" | tail -30
+  echo "moe rc=$?"
+  T ${ST:-120} python3 benchmarks/probe_grad.py --ms "" --moe-tokens 16 --spec w4a8-mxfp4 \
+    >> "$OUT/d43.log" 2>&1
+  echo "moe w4a8-mxfp4 (':p8') rc=$?"
+  grep -vE "Warning|warn" "$OUT/d43.log" | grep -E "M=|MoE|moe_grad" | tail -30
 }
 for s in ${@:-t43 d43}; do step "$s"; "s_$s"; done
