@@ -283,23 +283,6 @@ def quant_ragged_dot(params: QuantizedWeight, x: jax.Array, group_sizes: jax.Arr
   )(params, x, group_sizes)
 
 
-def _ragged_dot_gradient_with_dx_kernel(params: QuantizedWeight, x: jax.Array,
-                                        group_sizes: jax.Array, *,
-                                        backend: str) -> jax.Array:
-  """:func:`ragged_dot_gradient_reference`, whose cotangent of x comes from the dx kernel
-  where it applies (quant_moe's backward differentiates its layer through this); else the
-  reference itself (no custom_vjp around it: its VJP would run the forward once more)."""
-  dy_like = jax.ShapeDtypeStruct((x.shape[0], params.shape[-1]), x.dtype)
-  if backend == "xla" or not wna16_mgpu_dx.applies(params, dy_like, group_sizes):
-    return ragged_dot_gradient_reference(params, x, group_sizes)
-  return autodiff.with_reference_vjp(
-      ragged_dot_gradient_reference, ragged_dot_gradient_reference,
-      ("params", "x", "group_sizes"),
-      x_cotangent=lambda p, a, gs, dy: wna16_mgpu_dx.cotangent(
-          p, a, dy, gs, interpret=backend == "interpret"),
-  )(params, x, group_sizes)
-
-
 # ----------------------------------------------------------------------------------------
 # The MoE layer
 # ----------------------------------------------------------------------------------------
@@ -451,15 +434,20 @@ def _quant_moe_gradient_reference(gate_up_params: QuantizedWeight,
                                   down_params: QuantizedWeight, x: jax.Array,
                                   topk_weights: jax.Array, topk_ids: jax.Array,
                                   activation: Activation, backend: str = "xla") -> jax.Array:
-  """quant_moe as its backward differentiates it: rows sorted by expert, both GEMMs on
-  :func:`ragged_dot_gradient_reference` -- not quant_ragged_dot, whose custom_vjp would run
-  each GEMM's kernel forward once more inside the backward.  On a kernel ``backend`` with
-  the dx kernel on (opt-in), each GEMM is wrapped so that its cotangent of x comes from
-  the kernel (:func:`_ragged_dot_gradient_with_dx_kernel`: the wrapper's forward is the
-  same reference, so nothing runs twice)."""
+  """quant_moe as its backward differentiates it: rows sorted by expert, each GEMM on
+  :func:`ragged_dot_gradient_reference` (XLA: it decodes the routed experts), or, on a
+  kernel ``backend`` where the dx kernel takes the GEMM (opt-in,
+  ``wna16_mgpu_dx.applies``), on :func:`quant_ragged_dot`: its kernel forward recomputes
+  the GLU's input and the dx kernel gives its cotangent of x, so no expert is decoded by
+  XLA in the backward (the gradient is then taken at the kernel's gate_up output, not
+  XLA's: the same up to rounding)."""
   r = sort_tokens(topk_ids, gate_up_params.shape[0])
-  run = lambda p, a: _ragged_dot_gradient_with_dx_kernel(p, a, r.group_sizes,
-                                                         backend=backend)
+
+  def run(p, a):
+    dy_like = jax.ShapeDtypeStruct((a.shape[0], p.shape[-1]), a.dtype)
+    if backend != "xla" and wna16_mgpu_dx.applies(p, dy_like, r.group_sizes):
+      return quant_ragged_dot(p, a, r.group_sizes, backend=backend)
+    return ragged_dot_gradient_reference(p, a, r.group_sizes)
   return _moe_rows(gate_up_params, down_params, x, topk_weights, r, activation, run)
 
 
