@@ -280,4 +280,5 @@ def test_backward_with_dx_kernel_gpu(monkeypatch):
   assert "name=wna16_mgpu_dx" in str(jax.make_jaxpr(dense)(x))
   assert "name=grouped_wna16_mgpu_dx" in str(jax.make_jaxpr(layer)(xm))
   close_to_reference(jax.jit(dense)(x), want[0])
-  close_to_reference(jax.jit(layer)(xm), want[1])
+  # (the layer's backward recomputes the GLU's input with the kernel: a rounding apart)
+  assert rel(jax.jit(layer)(xm), want[1]) <= 1e-2
