@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Session 43 (2026-12-05) was lent no machine.  First in the next device session:
-#   sessions/gpu_session43.sh t43 d43 (one call, ~450 s): the backward's dy . W^T kernel
+#   sessions/gpu_session43.sh t43, then d43 (two calls): the backward's dy . W^T kernel
 #   (dense and grouped, opt-in HUMMING_JAX_DX_KERNEL=1) on the H200 for the first time --
 #   its GPU tests, then probe_grad's A/B against the XLA route (dense M = 1 / 16 / 128,
 #   the Qwen3-30B-A3B MoE layer at 16 / 256 tokens).  Then session 42's queue below.

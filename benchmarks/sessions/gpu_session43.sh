@@ -9,6 +9,7 @@
 #         ~3 TB/s, ~8 integer / float ops per code), and a training step's grad against
 #         grad_dxk; then the Qwen3-30B-A3B quant_moe layer at 16 / 256 tokens: moe_grad
 #         (13.7 ms at 16 tokens) against moe_grad_dxk; W4A8 MXFP4 experts (":p8") at 16.
+# Two calls: t43 (~250 s), then d43 (up to ~560 s: each step under its own timeout).
 # If the kernel wins at every M it was timed at: flip the default (applies()) for those M,
 # and record the numbers in benchmarks/NOTES.md.
 source "$(dirname "$0")/../gpu_env.sh"
