@@ -4,7 +4,9 @@ Pallas GPU kernels carry no differentiation rules: ``jax.grad`` through one fail
 "Differentiation rule for 'mpmd_map' not implemented".  So :func:`humming_jax.quant_dense`,
 :func:`humming_jax.quant_ragged_dot` and :func:`humming_jax.quant_moe` run their kernels
 forward and take the VJP of their XLA reference (:func:`with_reference_vjp`): the
-gradient of the function the kernel computes, at XLA's speed, not the kernel's.  That is
+gradient of the function the kernel computes, at XLA's speed, not the kernel's (opt-in,
+HUMMING_JAX_DX_KERNEL=1: the cotangent of x from a kernel, kernels/wna16_mgpu_dx.py, and
+quant_moe's backward on kernels throughout).  That is
 what fine-tuning around frozen quantized weights (LoRA adapters, a trained router,
 earlier layers) needs: the cotangent of x.
 

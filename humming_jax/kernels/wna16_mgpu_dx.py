@@ -167,9 +167,10 @@ def _plane_code(w: jax.Array, j: int, bits: int, order: str) -> jax.Array:
 def _row_views(bk: int, bits: int, order: str, groups: int) -> tuple[int, tuple]:
   """How each plane meets the tile's scale rows: ``(h_count, plane_h)``.  The rows are
   read as (groups / h_count, h_count) and plane j reads column ``plane_h[j]`` of it, one
-  row per words * h_count / groups consecutive words: K order and groups of 32 or more
-  in the permuted order (h_count 1); groups of 16 in the permuted order alternate rows
-  within each run of 32 codes (4 words): h_count 2, plane j reads row 2 r + j // 4."""
+  row per words * h_count / groups consecutive words: K order, and groups of 32 or more
+  in the ":pk" and ":p8" orders (every run of 32 codes, 4 words, within one group):
+  h_count 1; groups of 16 in the ":pk" order alternate rows within each run: h_count 2,
+  plane j reads row 2 r + j // 4."""
   rows = plane_positions(bk, bits, order) // (bk // groups)  # (planes, words)
   words = rows.shape[1]
   for hc in (1, 2):
