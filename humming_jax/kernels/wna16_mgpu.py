@@ -181,6 +181,14 @@ def fp8_mma(layout: str) -> bool:
   return "p8" in layout.split(":")[1:]
 
 
+def code_order(layout: str) -> str:
+  """How a layout string of this family (or its grouped / W4A8 views) stores each tile
+  row's codes: "pk" (:func:`k_permuted`: ``mgpu_convert.permute_k``), "p8"
+  (:func:`fp8_mma`: ``mgpu_convert.p8_store``) or "k" (K order).  The Pallas readers of
+  the layout (carrier_unpack's ``order``, wna16_mgpu_dx) take it from here."""
+  return "pk" if k_permuted(layout) else "p8" if fp8_mma(layout) else "k"
+
+
 def column_folds(layout: str) -> bool:
   """Whether a layout string of this family (or its grouped / W4A8 views) carries the
   ":cf" check of :func:`mark_column_fold`: every column's e8m0 group scales lie within

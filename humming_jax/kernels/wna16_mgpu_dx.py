@@ -46,7 +46,7 @@ from jax.experimental.pallas import triton as plt
 
 from humming_jax import formats
 from humming_jax.quantize import QuantizedWeight
-from humming_jax.kernels import grouped_wna16, registry, tuning, wna16_mgpu
+from humming_jax.kernels import grouped_wna16, mgpu_convert, registry, tuning, wna16_mgpu
 
 # The families whose prepared codes this kernel reads: the WnA16 Mosaic layout, the W4A8 /
 # W4A4 view of the same layout (``wnam_mgpu``: its activation quantization passes the
@@ -103,7 +103,7 @@ def unsupported_reason(params: QuantizedWeight, dy: jax.Array,
   if np_ % 64:
     return f"Np={np_}: expected a multiple of 64 (the layout's column block)"
   try:
-    _row_views(bk, bits, code_order(layout), groups_per_tile(params))
+    _row_views(bk, bits, wna16_mgpu.code_order(layout), groups_per_tile(params))
   except ValueError as e:
     return str(e)
   return None
@@ -128,26 +128,18 @@ def groups_per_tile(params: QuantizedWeight) -> int:
   return params.codes.shape[-1] // wna16_mgpu.scale_k(params.spec)
 
 
-def code_order(layout: str) -> str:
-  """How a layout stores each tile row's codes: "k" (K order), "pk" (":pk",
-  ``mgpu_convert.permute_k``) or "p8" (":p8", ``mgpu_convert.p8_store``)."""
-  return ("p8" if wna16_mgpu.fp8_mma(layout) else "pk" if wna16_mgpu.k_permuted(layout)
-          else "k")
-
-
 def plane_positions(bk: int, bits: int, order: str) -> np.ndarray:
   """(planes, words) K positions within a tile of the code that plane j of 32-bit word w
   holds (:func:`_plane_code`).  K order: code j of the word, stored position w * per + j
-  (per = 32 / bits codes per word).  ":pk" stores K position 8 a + 2 b + h of each run
-  of 32 at 8 b + 2 a + h.  ":p8": word q of each run of 32 (4 words) holds the run's K
-  positions 4 q + j (planes 0..3) and 16 + 4 q + j - 4 (planes 4..7)."""
+  (per = 32 / bits codes per word).  ":pk": the K position ``mgpu_convert.permute_k``
+  (an involution) stored there.  ":p8": word q of each run of 32 (4 words) holds the run's
+  K positions 4 q + j (planes 0..3) and 16 + 4 q + j - 4 (planes 4..7)."""
   per = 32 // bits
   stored = np.arange(bk // per)[None, :] * per + np.arange(per)[:, None]
-  run, p = stored // 32, stored % 32
   if order == "pk":
-    b, a, h = p // 8, (p % 8) // 2, p % 2
-    return run * 32 + 8 * a + 2 * b + h
+    return np.asarray(mgpu_convert.permute_k(np.arange(bk)))[stored]
   if order == "p8":
+    run, p = stored // 32, stored % 32
     q, j = p // 8, p % 8
     return run * 32 + 16 * (j // 4) + 4 * q + j % 4
   return stored
@@ -325,7 +317,7 @@ def run(params: QuantizedWeight, dy: jax.Array, group_sizes: jax.Array | None = 
                                    jnp.int32)
   groups = groups_per_tile(params)
   column = wna16_mgpu.column_scaled(spec)
-  order = code_order(params.layout)
+  order = wna16_mgpu.code_order(params.layout)
   hc, plane_h = _row_views(bk, bits, order, groups)
   lead = (experts,) if experts else ()  # a stack's operands: every expert in the block
   zero_lead = (0,) if experts else ()

@@ -378,11 +378,8 @@ def k_major(codes: jax.Array) -> jax.Array:
 
 
 def _unpack_order(params: QuantizedWeight) -> str:
-  """The Pallas unpack's ``order`` for this layout's codes: "pk" (the permuted K order),
-  "p8" (the fp8-MMA layout) or "k"."""
-  if wna16_mgpu.k_permuted(params.layout):
-    return "pk"
-  return "p8" if wna16_mgpu.fp8_mma(params.layout) else "k"
+  """The Pallas unpack's ``order`` for this layout's codes (``wna16_mgpu.code_order``)."""
+  return wna16_mgpu.code_order(params.layout)
 
 
 def _carrier_codes(params: QuantizedWeight, *, pallas: bool = False,
