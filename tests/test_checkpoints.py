@@ -211,8 +211,9 @@ def test_loaded_layer_runs_under_jit(loaded):
 
 @pytest.mark.parametrize("bits", range(1, 9))
 def test_dense_bitstream_unpack_inverts_canonical_packing(bits):
-  """GPTQ / compressed-tensors pack K as the same little-endian bitstream as our canonical
-  layout: unpack_stream(pack_codes(c)) == c, for every width (3/5/6/7 straddle words)."""
+  """GPTQ packs K as the same little-endian bitstream as our canonical layout (and so does
+  compressed-tensors at 1 / 2 / 4 / 8 bits): unpack_stream(pack_codes(c)) == c, for every
+  width (3/5/6/7 straddle words)."""
   from humming_jax import packing
   from humming_jax.checkpoints._common import unpack_stream
   rng = np.random.default_rng(bits)

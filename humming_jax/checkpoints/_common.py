@@ -65,6 +65,22 @@ def unpack_stream(words: np.ndarray, bits: int, count: int, axis: int) -> np.nda
   return np.moveaxis(codes, -1, axis)
 
 
+def unpack_words(words: np.ndarray, bits: int, count: int, axis: int) -> np.ndarray:
+  """``32 // bits`` codes per 32-bit word along ``axis``, low bits first, the word's top
+  ``32 % bits`` bits unused (compressed-tensors' ``pack_to_int32``: a 3-bit code never
+  straddles two words, 10 per word) -> uint8 codes, ``count`` of them along ``axis``.  For
+  1 / 2 / 4 / 8 bits this is the dense bitstream of :func:`unpack_stream`."""
+  per_word = 32 // bits
+  w = np.moveaxis(words.view(np.uint32), axis, -1)
+  if count > w.shape[-1] * per_word:
+    raise ValueError(f"{count} codes of {bits} bits need {-(-count // per_word)} words of "
+                     f"{per_word} codes; the packed tensor has {w.shape[-1]}")
+  shifts = np.arange(per_word, dtype=np.uint32) * np.uint32(bits)
+  codes = (w[..., None] >> shifts) & np.uint32((1 << bits) - 1)
+  codes = codes.reshape(*w.shape[:-1], -1)[..., :count].astype(np.uint8)
+  return np.moveaxis(codes, -1, axis)
+
+
 def stream_as_canonical(words_kn: np.ndarray, bits: int, k: int, flip_sign: bool = False):
   """(K*bits/32, N) words of a dense K bitstream, as canonical packed codes, or None.
 

@@ -1,10 +1,12 @@
 """compressed-tensors (llm-compressor) checkpoints.
 
 Per quantized module (torch (N, K) = (out, in)):
-  pack-quantized   ``weight_packed`` int32 (N, ceil(K*bits/32)): codes ``q + 2**(bits-1)``
-                   packed along K as a dense little-endian bitstream; ``weight_shape`` [N, K];
-                   ``weight_scale`` (N, G) / (N, 1); asymmetric: ``weight_zero_point`` packed
-                   the same way along N, (ceil(N*bits/32), G), holding ``zp + 2**(bits-1)``.
+  pack-quantized   ``weight_packed`` int32 (N, ceil(K / (32 // bits))): codes
+                   ``q + 2**(bits-1)`` packed along K, ``32 // bits`` per word, low bits
+                   first (``pack_to_int32``: at 3 / 5 / 6 / 7 bits a word's top bits are
+                   unused); ``weight_shape`` [N, K]; ``weight_scale`` (N, G) / (N, 1);
+                   asymmetric: ``weight_zero_point`` packed the same way along N,
+                   (ceil(N / (32 // bits)), G), holding ``zp + 2**(bits-1)``.
   int-quantized    ``weight`` int8 (N, K) codes ``q`` as they are (+ ``weight_zero_point`` int8).
   float-quantized  ``weight`` float8_e4m3fn (N, K); ``weight_scale`` per channel (N, 1),
                    per tensor (1,) or per block (N/bn, K/bk) for ``block_structure=[bn, bk]``.
@@ -32,7 +34,7 @@ import numpy as np
 from humming_jax.checkpoints._common import (Unit, act_order, bias_of, bytes_as_canonical,
                                              expect, float_scale_dtype, make_weight,
                                              spec_or_error, stream_as_canonical,
-                                             unpack_nibbles, unpack_stream)
+                                             unpack_nibbles, unpack_words)
 
 import ml_dtypes
 
@@ -178,11 +180,14 @@ def plan_compressed_tensors(module: str, suffixes: set[str], qcfg: dict,
         shp = expect(f"{module}.weight_shape", t("weight_shape"), [np.int64, np.int32], (2,))
         n, k = (int(v) for v in shp)
         wp = expect(f"{module}.weight_packed", t("weight_packed"), np.int32,
-                    (n, -(-k * bits // 32)))
-        # K % 32 == 0: the (transposed) words are our canonical layout, codes q + half.
-        packed = stream_as_canonical(wp.T, bits, k, flip_sign=sym)
+                    (n, -(-k // (32 // bits))))
+        # 1 / 2 / 4 / 8 bits with K % 32 == 0: the (transposed) words are our canonical
+        # layout (a dense bitstream), codes q + half; 3 / 5 / 6 / 7 bits leave each word's
+        # top bits unused, so the codes are unpacked and packed again.
+        packed = (stream_as_canonical(wp.T, bits, k, flip_sign=sym) if 32 % bits == 0
+                  else None)
         if packed is None:
-          q = unpack_stream(wp, bits, k, axis=1).astype(np.int16) - half
+          q = unpack_words(wp, bits, k, axis=1).astype(np.int16) - half
       else:
         w = expect(f"{module}.weight", t("weight"), np.int8)
         n, k = w.shape
@@ -224,8 +229,8 @@ def plan_compressed_tensors(module: str, suffixes: set[str], qcfg: dict,
         raise ValueError(f"module {module!r}: asymmetric weights but no tensor {zname}")
       ng = sc.shape[0]
       if zp.dtype == np.int32 and fmt == "pack-quantized" and strategy in ("group", "channel"):
-        zp = expect(zname, zp, np.int32, (-(-n * bits // 32), ng))
-        zeros = unpack_stream(zp, bits, n, axis=0).T  # stored zp + half: our uint8 zeros
+        zp = expect(zname, zp, np.int32, (-(-n // (32 // bits)), ng))
+        zeros = unpack_words(zp, bits, n, axis=0).T  # stored zp + half: our uint8 zeros
       else:
         zp = expect(zname, zp, np.int8, (n, ng))
         zeros = (zp.astype(np.int16) + half).astype(np.uint8).T

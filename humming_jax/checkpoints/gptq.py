@@ -5,8 +5,10 @@ GPTQ stores, per linear (torch (out, in) = (N, K) module):
   (3-bit codes straddle words) -- the same bitstream as our canonical layout;
   ``qzeros``  int32 (G, N*bits/32): zero points packed along N likewise;
   ``scales``  fp16 (G, N); ``g_idx`` int32 (K,) group of each input row; ``bias``.
-  Checkpoint format "gptq" (v1, AutoGPTQ) stores zero points *minus one* (and the reader adds
-  one back modulo 2**bits); "gptq_v2" (GPTQModel) stores them as they are.
+  Checkpoint format "gptq" (v1, AutoGPTQ) stores zero points *minus one*; AutoGPTQ's reader
+  and vLLM's kernels add one back with no modulo, so a stored 2**bits - 1 (AutoGPTQ's packing
+  of a true zero 0: -1) reads as 2**bits, and so it does here (8 bits: refused, uint8 zeros);
+  "gptq_v2" (GPTQModel) stores them as they are.
   Dequantization: ``(code - zero) * scale``.  When every zero point is 2**(bits-1) (symmetric)
   the layer is mapped to signed ``intN`` codes (``code - 2**(bits-1)``, no zero points), else
   to ``uintN`` + uint8 zero points.
@@ -97,8 +99,15 @@ def plan_gptq(module: str, suffixes: set[str], qcfg: dict) -> list[Unit] | None:
     expect(f"{module}.scales", sc, sc.dtype, (ng, n))
     qz = expect(f"{module}.qzeros", a[f"{module}.qzeros"], _INT, (ng, -(-n * bits // 32)))
     zeros = unpack_stream(qz, bits, n, axis=1)  # (G, N)
-    if v1:  # AutoGPTQ stores zero - 1 and adds it back modulo 2**bits
-      zeros = ((zeros.astype(np.int32) + 1) & ((1 << bits) - 1)).astype(np.uint8)
+    if v1:  # AutoGPTQ stores zero - 1; its reader and vLLM's add 1 back, no modulo
+      zeros = zeros.astype(np.int32) + 1
+      if zeros.max() > 255:  # a stored 255 at 8 bits: zero 256, past our uint8 zeros
+        g_at, n_at = np.argwhere(zeros > 255)[0]
+        raise ValueError(
+            f"tensor {module}.qzeros: group {g_at}, column {n_at} stores 255, a zero point "
+            f"of 256 for 8-bit GPTQ v1 (AutoGPTQ wrote zero - 1 = -1 there); zero points "
+            f"are held as uint8 (0..255): re-export the layer as gptq_v2")
+      zeros = zeros.astype(np.uint8)
     spec, flip, zeros = _zero_point_spec(module, bits, zeros, g, k, scale_dtype)
     bias = bias_of(module, a, n)
     packed = stream_as_canonical(qw, bits, k, flip)  # K % 32 == 0: words taken over as is
