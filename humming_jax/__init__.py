@@ -19,7 +19,7 @@ from humming_jax.report import report
 from humming_jax.analysis import error_report
 from humming_jax.recipes import RECIPES, quantize_params
 from humming_jax.io import load, save
-from humming_jax.checkpoints import load_checkpoint, stack_experts
+from humming_jax.checkpoints import deinterleave_gate_up, load_checkpoint, stack_experts
 from humming_jax.sharding import partition_specs, shard_params
 
 __version__ = "0.1.0"
@@ -34,7 +34,7 @@ __all__ = [
     "quant_dense", "prepare", "quant_ragged_dot", "quant_moe", "moe",
     # models, reports, storage
     "report", "error_report", "quantize_params", "RECIPES", "save", "load",
-    "load_checkpoint", "stack_experts",
+    "load_checkpoint", "stack_experts", "deinterleave_gate_up",
     # multi-device
     "partition_specs", "shard_params", "sharding",
 ]

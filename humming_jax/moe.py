@@ -28,8 +28,11 @@ from humming_jax.kernels import (grouped_wna16, grouped_wna16_mgpu, grouped_wnam
                                  tuning, wna16_mgpu_dx)
 from humming_jax.quantize import QuantizedWeight, check_no_input_perm, fake_quantize_activations
 
-Activation = Literal["silu", "gelu"]
-ACTIVATIONS = ("silu", "gelu")
+Activation = Literal["silu", "gelu", "swigluoai"]
+ACTIVATIONS = ("silu", "gelu", "swigluoai")
+# gpt-oss's clamped SwiGLU ("swigluoai", vLLM's name): gate clipped above, up to +-limit,
+# gate * sigmoid(alpha * gate) * (up + 1)
+SWIGLUOAI_ALPHA, SWIGLUOAI_LIMIT = 1.702, 7.0
 
 
 # ----------------------------------------------------------------------------------------
@@ -287,11 +290,17 @@ def quant_ragged_dot(params: QuantizedWeight, x: jax.Array, group_sizes: jax.Arr
 # The MoE layer
 # ----------------------------------------------------------------------------------------
 def glu(h: jax.Array, activation: Activation = "silu") -> jax.Array:
-  """``act(gate) * up`` of (R, 2I) gate/up rows (gate first), in float32 -> h.dtype."""
+  """``act(gate) * up`` of (R, 2I) gate/up rows (gate first), in float32 -> h.dtype.
+  "swigluoai" (gpt-oss): ``g * sigmoid(1.702 g) * (u + 1)`` with g clipped to <= 7 and u
+  to [-7, 7] (its interleaved gate/up columns: ``hj.deinterleave_gate_up`` first)."""
   if activation not in ACTIVATIONS:
     raise ValueError(f"activation={activation!r}; expected one of {ACTIVATIONS}")
   i = h.shape[-1] // 2
   g, u = h[..., :i].astype(jnp.float32), h[..., i:].astype(jnp.float32)
+  if activation == "swigluoai":
+    g = jnp.minimum(g, SWIGLUOAI_LIMIT)
+    u = jnp.clip(u, -SWIGLUOAI_LIMIT, SWIGLUOAI_LIMIT)
+    return (g * jax.nn.sigmoid(SWIGLUOAI_ALPHA * g) * (u + 1)).astype(h.dtype)
   act = jax.nn.silu(g) if activation == "silu" else jax.nn.gelu(g, approximate=False)
   return (act * u).astype(h.dtype)
 
@@ -346,7 +355,8 @@ def quant_moe(gate_up_params: QuantizedWeight, down_params: QuantizedWeight, x: 
     x: (T, H) float tokens.
     topk_weights: (T, k) combine weights (e.g. from :func:`topk_routing`).
     topk_ids: (T, k) int expert ids; ids outside [0, E) contribute nothing.
-    activation: "silu" (SwiGLU) or "gelu" (exact-erf GeGLU).
+    activation: "silu" (SwiGLU), "gelu" (exact-erf GeGLU) or "swigluoai" (gpt-oss's clamped
+      SwiGLU, on gate-first columns: ``hj.deinterleave_gate_up``).
     backend: as :func:`quant_ragged_dot`.
 
   Kernels: each stack runs on the grouped family it was prepared for

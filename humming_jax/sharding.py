@@ -634,7 +634,7 @@ def expert_parallel_moe(gate_up: QuantizedWeight, down: QuantizedWeight, x: jax.
     dispatch: "all_gather" or "all_to_all" (see above).
     tokens_sharded: whether x is sharded along T; default False for all_gather and True
       for all_to_all (which requires it).
-    activation: "silu" or "gelu", as ``hj.quant_moe``.
+    activation: "silu", "gelu" or "swigluoai", as ``hj.quant_moe``.
     backend: as ``hj.quant_ragged_dot``.
 
   Returns:

@@ -31,15 +31,15 @@ from humming_jax.checkpoints import hf_fp8 as _hf_fp8
 from humming_jax.checkpoints import nvidia as _nv
 from humming_jax.checkpoints._common import Unit
 from humming_jax.checkpoints._io import CheckpointDir, SafetensorsFile
-from humming_jax.checkpoints.experts import stack_experts
+from humming_jax.checkpoints.experts import deinterleave_gate_up, stack_experts
 
 FORMATS = ("gptq", "awq", "compressed-tensors", "modelopt", "mxfp4", "fp8", "float")
 _ALIASES = {"gptq": "gptq", "awq": "awq", "compressed-tensors": "compressed-tensors",
             "compressed_tensors": "compressed-tensors", "modelopt": "modelopt",
             "mxfp4": "mxfp4", "fp8": "fp8", "float": "float", "none": "float"}
 
-__all__ = ["load_checkpoint", "detect_format", "stack_experts", "FORMATS",
-           "SafetensorsFile"]
+__all__ = ["load_checkpoint", "detect_format", "stack_experts", "deinterleave_gate_up",
+           "FORMATS", "SafetensorsFile"]
 
 
 def _quant_config(ckpt: CheckpointDir) -> dict | None:

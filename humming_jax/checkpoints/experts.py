@@ -71,6 +71,32 @@ def concat_columns(parts: Sequence[QuantizedWeight], name: str = "parts") -> Qua
                                  "scales"), spec=spec, shape=(k, n))
 
 
+def deinterleave_gate_up(w: QuantizedWeight, name: str = "gate_up") -> QuantizedWeight:
+  """gpt-oss's fused gate/up weight, (K, 2I) or stacked (E, K, 2I) with the gate in the even
+  columns and the up projection in the odd ones (its ``gate_up[..., ::2]`` /
+  ``gate_up[..., 1::2]``), as ``hj.quant_moe`` reads it: gate columns first, then up.
+  Columns are moved as stored (codes, per-column scales and zero points, bias), nothing is
+  re-quantized.  Run the layer with ``activation="swigluoai"`` (gpt-oss's clamped SwiGLU)."""
+  if not isinstance(w, QuantizedWeight):
+    raise TypeError(f"{name} must be a QuantizedWeight; got {type(w).__name__}")
+  if w.layout != "canonical":
+    raise ValueError(f"{name}: expected canonical params (before hj.prepare); got layout "
+                     f"{w.layout!r}")
+  n = w.out_features
+  if n % 2:
+    raise ValueError(f"{name}: {n} columns; an interleaved gate/up weight has an even count")
+  if w.spec.granularity == "block" and w.spec.block_n > 1:
+    raise ValueError(f"{name}: 2-D block scales ({w.spec.block_n} columns per scale) cannot "
+                     f"be split between the even and the odd columns")
+  order = jnp.concatenate([jnp.arange(0, n, 2), jnp.arange(1, n, 2)])
+  columns = lambda a: None if a is None else jnp.take(a, order, axis=-1)
+  per_column = w.spec.granularity != "tensor"
+  return w.replace(codes=columns(w.codes),
+                   scales=columns(w.scales) if per_column else w.scales,
+                   zeros=columns(w.zeros) if per_column else w.zeros,
+                   bias=columns(w.bias))
+
+
 def stack(experts: Sequence[QuantizedWeight], name: str = "experts") -> QuantizedWeight:
   """(E, K, N) from E (K, N) weights of one spec and shape: every leaf stacked (a global
   scale becomes one per expert); a static activation scale must be the same for all."""
