@@ -176,15 +176,23 @@ def _check_grouped(params: QuantizedWeight, x: jax.Array, group_sizes: jax.Array
     raise ValueError(f"params must hold stacked experts (E, K, N); got shape "
                      f"{params.shape} (use quant_dense)")
   check_no_input_perm(params, "params")
+  ops.check_activations(x, "quant_ragged_dot")
   if x.ndim != 2 or x.shape[1] != params.in_features:
     raise ValueError(f"x must be (M, K={params.in_features}); got shape {x.shape}")
-  if not jnp.issubdtype(x.dtype, jnp.floating):
-    raise ValueError(f"x must be a float array (bf16/fp16/fp32); got dtype {x.dtype}")
+  if not hasattr(group_sizes, "shape"):
+    raise TypeError(f"group_sizes must be an (E,) integer array; got "
+                    f"{type(group_sizes).__name__}")
   if group_sizes.shape != (params.num_experts,):
     raise ValueError(f"group_sizes must have shape (E,)=({params.num_experts},); got "
                      f"{group_sizes.shape}")
   if not jnp.issubdtype(group_sizes.dtype, jnp.integer):
     raise ValueError(f"group_sizes must be integer; got dtype {group_sizes.dtype}")
+  if isinstance(group_sizes, np.ndarray):  # host values: checked for free (device ones
+    if (group_sizes < 0).any():            # would cost a sync; traced ones cannot be)
+      raise ValueError(f"group_sizes must be >= 0; got {group_sizes.tolist()}")
+    if group_sizes.sum() > x.shape[0]:
+      raise ValueError(f"group_sizes sum to {int(group_sizes.sum())}, more than x's "
+                       f"{x.shape[0]} rows")
 
 
 def _xla_block_m(m: int, e: int) -> int:

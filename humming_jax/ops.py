@@ -9,7 +9,7 @@ Backends
 """
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 import jax
 import jax.numpy as jnp
@@ -85,6 +85,9 @@ def prepare(params: QuantizedWeight, *, grouped: bool = False,
   e8m0 scales (every column's within 11 binades) marks the layout ``:cf``, which lets
   prefill-sized expert tiles run with one accumulator (~20 % faster at Mixtral sizes,
   docs/moe.md); traced scales cannot be checked and keep the per-group route."""
+  if not isinstance(params, QuantizedWeight):
+    raise TypeError(f"prepare: params must be a QuantizedWeight (from hj.quantize); got "
+                    f"{type(params).__name__}")
   if kernel is not None:
     chosen = registry.by_name(kernel, grouped=grouped)
     if not chosen.supports(params.spec):
@@ -144,12 +147,20 @@ def backend_and_kernel(params: QuantizedWeight, x_dtype, backend: Backend, *,
   return b, kernel
 
 
+def check_activations(x: Any, what: str) -> None:
+  """x is an array of 16- or 32-bit floats (what the kernels and the reference take; the
+  spec, not the caller, quantizes activations)."""
+  if not (hasattr(x, "shape") and hasattr(x, "dtype")):
+    raise TypeError(f"{what}: x must be a jax or numpy array; got {type(x).__name__}")
+  if not jnp.issubdtype(x.dtype, jnp.floating) or jnp.dtype(x.dtype).itemsize < 2:
+    raise ValueError(f"{what}: x must be a float array (bf16/fp16/fp32); got dtype {x.dtype}")
+
+
 def _check_x(params: QuantizedWeight, x: jax.Array, what: str) -> None:
   if not isinstance(params, QuantizedWeight):
     raise TypeError(f"params must be a QuantizedWeight (from hj.quantize); got "
                     f"{type(params).__name__}")
-  if not jnp.issubdtype(x.dtype, jnp.floating):
-    raise ValueError(f"x must be a float array (bf16/fp16/fp32); got dtype {x.dtype}")
+  check_activations(x, what)
   if x.ndim < 1 or x.shape[-1] != params.in_features:
     raise ValueError(f"x.shape[-1] must equal the weight's in_features K="
                      f"{params.in_features} for {what}; got x.shape={x.shape}")

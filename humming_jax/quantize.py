@@ -19,7 +19,8 @@ Scale rules
   e8m0 scale already includes the 2**-2 of the spec's 1.2 fixed-point element, so
   ``value = code * s`` like every other format.
 * NVFP4: ``s2 = amax_tensor / (6 * 448)`` (fp32), block scale ``amax_block / 6 / s2``
-  rounded to e4m3.
+  rounded to e4m3.  (Activations: amax over the finite blocks; a block holding NaN / inf
+  gets a NaN scale.)
 * An all-zero group gets scale 1 (MX: ``2**-emax_elem``); its codes are 0.
 * Non-finite weights are refused with a ValueError when the weights are concrete; under
   ``jit`` (no error can be raised) every scale block holding a NaN/inf gets a NaN scale
@@ -498,11 +499,15 @@ def _quantize_activations_jit(x: jax.Array, spec: QuantSpec, act_scale: jax.Arra
     s = jnp.broadcast_to(act_scale, (1, 1))
   else:
     amax = jnp.max(jnp.abs(x32).reshape(gm, m // gm, gk, k // gk), axis=(1, 3))
+    # groups holding NaN / inf (their scale is NaN below)
+    bad = jnp.any(~jnp.isfinite(x32).reshape(gm, m // gm, gk, k // gk), axis=(1, 3))
     sd = spec.act_scale_dtype
     if sd == "e8m0":
       s = _round_scale(amax, "e8m0", fmt.emax)
     elif sd == "fp8_e4m3":  # NVFP4 activations: dynamic fp32 tensor scale x e4m3 blocks
-      s2 = jnp.max(amax) / (qmax * E4M3.max_value)
+      # over the finite groups: one token holding inf / NaN must not move (or, on a GPU
+      # whose max propagates NaN, poison) the scale of every other token in the batch
+      s2 = jnp.max(jnp.where(bad, 0.0, amax)) / (qmax * E4M3.max_value)
       s2 = jnp.where(s2 > 0, s2, 1.0)
       s_rel = E4M3.quantize_dequantize(amax / qmax / s2)
       s = jnp.where(s_rel > 0, s_rel, 1.0) * s2
@@ -511,7 +516,6 @@ def _quantize_activations_jit(x: jax.Array, spec: QuantSpec, act_scale: jax.Arra
   if not spec.act_static:
     # A row/group holding NaN/inf gets a NaN scale (XLA's CPU max drops NaN, and an int8
     # cast of NaN is an arbitrary integer): NaN in, NaN out, never a silent finite value.
-    bad = jnp.any(~jnp.isfinite(x32).reshape(gm, m // gm, gk, k // gk), axis=(1, 3))
     s = jnp.where(bad, jnp.nan, s)
   xs = x32 / jnp.repeat(jnp.repeat(s, m // s.shape[0], 0), k // s.shape[1], 1)
   if pad_to is not None and fmt.name in FP8_CARRIERS:  # RNE convert, saturated first

@@ -118,6 +118,13 @@ def test_errors():
   stacked = hj.quantize(rand((2, 128, 64), 0), "w4a16-g128")
   with pytest.raises(ValueError, match="params hold stacked experts"):
     hj.quant_dense(stacked, rand((4, 128), 1))
+  with pytest.raises(TypeError, match="quant_dense: x must be a jax or numpy array; got list"):
+    hj.quant_dense(p, [[1.0] * 128])
+  # 8-bit floats are the spec's business (it quantizes activations), not the caller's
+  with pytest.raises(ValueError, match="x must be a float array .* got dtype float8_e4m3fn"):
+    hj.quant_dense(p, rand((4, 128), 1).astype(jnp.float8_e4m3fn), backend="xla")
+  with pytest.raises(TypeError, match="prepare: params must be a QuantizedWeight"):
+    hj.prepare(rand((128, 64), 0))
 
 
 def test_pallas_backend_is_never_a_silent_fallback():

@@ -155,6 +155,13 @@ def test_quant_ragged_dot_errors():
                         jnp.ones((3,), jnp.int32))
   with pytest.raises(ValueError, match="backend="):
     hj.quant_ragged_dot(p, x, jnp.ones((3,), jnp.int32), backend="cuda")
+  with pytest.raises(TypeError, match="group_sizes must be an \\(E,\\) integer array; got list"):
+    hj.quant_ragged_dot(p, x, [1, 2, 1])
+  # host group sizes are checked (device ones would cost a sync)
+  with pytest.raises(ValueError, match=r"group_sizes must be >= 0; got \[3, -1, 2\]"):
+    hj.quant_ragged_dot(p, x, np.array([3, -1, 2], np.int32))
+  with pytest.raises(ValueError, match="group_sizes sum to 5, more than x's 4 rows"):
+    hj.quant_ragged_dot(p, x, np.array([3, 0, 2], np.int32))
 
 
 # ---- the MoE layer --------------------------------------------------------------------------

@@ -112,6 +112,13 @@ def test_linen_quantdense_inside_a_model_and_errors():
     m.apply(bad, x)
   with pytest.raises(TypeError, match="QuantSpec or a preset"):
     hnn.QuantDense(N, spec=3).init(jax.random.key(0), x)
+  # the expert stack and the setting behind its K are named
+  with pytest.raises(ValueError, match=r"QuantMoE's down experts \(4, 64, 128\) \(K is "
+                                       r"intermediate=64\): group_size=128 does not divide"):
+    hnn.QuantMoE(num_experts=4, topk=2, intermediate=64).init(
+        jax.random.key(0), jnp.ones((3, 128)))
+  with pytest.raises(ValueError, match=r"QuantMoE's down experts"):
+    hnnx.QuantMoE(128, 4, 2, 64, rngs=nnx.Rngs(0))
 
 
 # ---------------------------------------------------------------------------- nnx

@@ -7,7 +7,7 @@ import jax
 import jax.numpy as jnp
 
 from humming_jax.ops import quant_dense
-from humming_jax.quantize import QuantizedWeight, quantize
+from humming_jax.quantize import QuantizedWeight, check_weight_shape, quantize
 from humming_jax.spec import QuantSpec
 
 
@@ -46,6 +46,20 @@ def quantize_dense(kernel: Any, bias: Any, spec: QuantSpec | str) -> QuantizedWe
     raise ValueError(f"kernel must be 2-D (in_features, out_features); got shape "
                      f"{kernel.shape}")
   return quantize(kernel, as_spec(spec), bias=bias)
+
+
+def check_expert_shapes(spec: QuantSpec, hidden: int, intermediate: int,
+                        num_experts: int) -> None:
+  """The expert stacks QuantMoE would quantize, (E, K, 2I) and (E, I, K), fit ``spec``; else
+  the error names the stack and the module setting behind its K."""
+  for name, shape, setting in (("gate_up", (num_experts, hidden, 2 * intermediate),
+                                f"the input features {hidden}"),
+                               ("down", (num_experts, intermediate, hidden),
+                                f"intermediate={intermediate}")):
+    try:
+      check_weight_shape(spec, shape, name)
+    except ValueError as err:
+      raise ValueError(f"QuantMoE's {name} experts {shape} (K is {setting}): {err}") from None
 
 
 def topk_routing(logits: jax.Array, k: int, *, renormalize: bool = True
