@@ -278,8 +278,18 @@ def quantize(w: Any, spec: QuantSpec | str, *, bias: Any = None,
   elif act_scale is not None:
     raise ValueError("act_scale is only for specs with act_static=True")
   codes, scales, zeros, global_scale = _quantize_arrays(w, spec)
-  return QuantizedWeight(codes=codes, scales=scales, zeros=zeros, global_scale=global_scale,
-                         bias=bias, act_scale=act_scale, spec=spec, shape=tuple(w.shape))
+  q = QuantizedWeight(codes=codes, scales=scales, zeros=zeros, global_scale=global_scale,
+                      bias=bias, act_scale=act_scale, spec=spec, shape=tuple(w.shape))
+  if _is_concrete(w):
+    # finite weights whose scale the spec cannot store (a float16 scale past 65504, a
+    # float32 scale flushed to 0 below ~1e-38) would dequantize to inf / NaN
+    s = decode_scales(q)
+    if not bool(jnp.all(jnp.isfinite(s) & (s > 0))):
+      amax = float(jnp.max(jnp.abs(w.astype(jnp.float32))))
+      raise ValueError(f"spec {spec.name}: the weights' scales (|w| up to {amax:.3g}) do not "
+                       f"fit scale_dtype={spec.scale_dtype!r}: some are inf or 0; rescale "
+                       f"the weights or pick a wider scale dtype")
+  return q
 
 
 @functools.partial(jax.jit, static_argnums=1)

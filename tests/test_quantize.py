@@ -349,6 +349,13 @@ def test_bad_weights():
   bad[0, 0] = np.inf
   with pytest.raises(ValueError, match="w contains NaN or inf"):
     hj.quantize(bad, "w8a16")
+  # finite weights whose scales the spec cannot store (they would dequantize to inf / NaN)
+  fp16_scales = QuantSpec("int4", "group", 128, scale_dtype="float16")
+  with pytest.raises(ValueError, match="do not fit scale_dtype='float16': some are inf or 0"):
+    hj.quantize(w * 1e6, fp16_scales)
+  with pytest.raises(ValueError, match="do not fit scale_dtype='float32'"):
+    hj.quantize(w * 1e-37, "w8a16-fp8")  # amax / 448 is below float32's normal range
+  hj.quantize(w * 1e3, fp16_scales)  # what fits still quantizes
   with pytest.raises(ValueError, match="unknown preset 'w4a16-g64'"):
     hj.quantize(w, "w4a16-g64")
   with pytest.raises(TypeError, match="spec must be a QuantSpec or preset name; got dict"):
