@@ -281,10 +281,14 @@ def quantize(w: Any, spec: QuantSpec | str, *, bias: Any = None,
   q = QuantizedWeight(codes=codes, scales=scales, zeros=zeros, global_scale=global_scale,
                       bias=bias, act_scale=act_scale, spec=spec, shape=tuple(w.shape))
   if _is_concrete(w):
-    # finite weights whose scale the spec cannot store (a float16 scale past 65504, a
-    # float32 scale flushed to 0 below ~1e-38) would dequantize to inf / NaN
+    # finite weights whose scale the spec cannot store would dequantize to inf / NaN: a
+    # float16 scale past 65504, or a scale flushed to 0 under codes with a NaN (fp8: 0 / 0
+    # is its NaN code; integer codes times a 0 scale are a harmless 0)
     s = decode_scales(q)
-    if not bool(jnp.all(jnp.isfinite(s) & (s > 0))):
+    unusable = ~jnp.isfinite(s)
+    if spec.weight_format.has_nan:
+      unusable = unusable | (s == 0)
+    if bool(jnp.any(unusable)):
       amax = float(jnp.max(jnp.abs(w.astype(jnp.float32))))
       raise ValueError(f"spec {spec.name}: the weights' scales (|w| up to {amax:.3g}) do not "
                        f"fit scale_dtype={spec.scale_dtype!r}: some are inf or 0; rescale "

@@ -356,6 +356,9 @@ def test_bad_weights():
   with pytest.raises(ValueError, match="do not fit scale_dtype='float32'"):
     hj.quantize(w * 1e-37, "w8a16-fp8")  # amax / 448 is below float32's normal range
   hj.quantize(w * 1e3, fp16_scales)  # what fits still quantizes
+  # a float16 scale flushed to 0 under integer codes dequantizes to 0, not NaN: allowed
+  tiny = np.asarray(hj.dequantize(hj.quantize(w * 1e-9, fp16_scales)))
+  assert np.all(tiny == 0)
   with pytest.raises(ValueError, match="unknown preset 'w4a16-g64'"):
     hj.quantize(w, "w4a16-g64")
   with pytest.raises(TypeError, match="spec must be a QuantSpec or preset name; got dict"):
