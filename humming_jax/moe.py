@@ -13,7 +13,8 @@ jit-safe with static shapes: no host sync, nothing depends on the routing's valu
 
 Conventions: ``gate_up`` holds the gate projection in its first N/2 columns and the up
 projection in its last N/2 (as Mixtral / Qwen / DeepSeek checkpoints concatenate
-``w1``/``gate_proj`` then ``w3``/``up_proj``); ``glu(h) = act(h[:, :I]) * h[:, I:]``.
+``w1``/``gate_proj`` then ``w3``/``up_proj``); ``glu(h) = act(h[:, :I]) * h[:, I:]``
+(gpt-oss: ``hj.deinterleave_gate_up`` and its clamped "swigluoai", see :func:`glu`).
 """
 from __future__ import annotations
 
@@ -400,6 +401,7 @@ def quant_moe(gate_up_params: QuantizedWeight, down_params: QuantizedWeight, x: 
   if topk_weights.shape != topk_ids.shape or topk_ids.shape[:1] != x.shape[:1]:
     raise ValueError(f"topk_weights {topk_weights.shape} and topk_ids {topk_ids.shape} "
                      f"must both be (tokens={x.shape[0]}, k)")
+  ops.check_activations(x, "quant_moe")
   if activation not in ACTIVATIONS:
     raise ValueError(f"activation={activation!r}; expected one of {ACTIVATIONS}")
   _check_ids(topk_ids, e)

@@ -168,8 +168,8 @@ class QuantMoE(nnx.Module):
     if router is None:
       router = nnx.Linear(k, e, use_bias=False, param_dtype=param_dtype,
                           kernel_init=kernel_init, rngs=rngs)
-    if gate_up is None or down is None:
-      _common.check_expert_shapes(spec, k, i, e)
+    _common.check_expert_shapes(spec, k, i, e, tuple(
+        n for n, w in (("gate_up", gate_up), ("down", down)) if w is None))
     if gate_up is None:
       gate_up = quantize(jnp.stack([kernel_init(rngs.params(), (k, 2 * i), param_dtype)
                                     for _ in range(e)]), spec)

@@ -148,8 +148,8 @@ def backend_and_kernel(params: QuantizedWeight, x_dtype, backend: Backend, *,
 
 
 def check_activations(x: Any, what: str) -> None:
-  """x is an array of 16- or 32-bit floats (what the kernels and the reference take; the
-  spec, not the caller, quantizes activations)."""
+  """x is an array of floats of 16 bits or more (bf16 / fp16 / fp32: what the kernels
+  take); 8-bit floats are refused: the spec, not the caller, quantizes activations."""
   if not (hasattr(x, "shape") and hasattr(x, "dtype")):
     raise TypeError(f"{what}: x must be a jax or numpy array; got {type(x).__name__}")
   if not jnp.issubdtype(x.dtype, jnp.floating) or jnp.dtype(x.dtype).itemsize < 2:

@@ -21,7 +21,9 @@ Scale rules
 * NVFP4: ``s2 = amax_tensor / (6 * 448)`` (fp32), block scale ``amax_block / 6 / s2``
   rounded to e4m3.  (Activations: amax over the finite blocks; a block holding NaN / inf
   gets a NaN scale.)
-* An all-zero group gets scale 1 (MX: ``2**-emax_elem``); its codes are 0.
+* An all-zero group gets scale 1 (MX: ``2**-emax_elem``); its codes are 0.  So does a group
+  whose scale rounds to 0 in the scale dtype (float16 below ~6e-8): its values are below
+  the smallest step.  A scale past the dtype's range (float16 over 65504) is refused.
 * Non-finite weights are refused with a ValueError when the weights are concrete; under
   ``jit`` (no error can be raised) every scale block holding a NaN/inf gets a NaN scale
   (e8m0: the NaN code 0xFF; NVFP4: the global scale of the tensor is NaN too), so those
@@ -280,20 +282,21 @@ def quantize(w: Any, spec: QuantSpec | str, *, bias: Any = None,
   codes, scales, zeros, global_scale = _quantize_arrays(w, spec)
   q = QuantizedWeight(codes=codes, scales=scales, zeros=zeros, global_scale=global_scale,
                       bias=bias, act_scale=act_scale, spec=spec, shape=tuple(w.shape))
-  if _is_concrete(w):
-    # finite weights whose scale the spec cannot store would dequantize to inf / NaN: a
-    # float16 scale past 65504, or a scale flushed to 0 under codes with a NaN (fp8: 0 / 0
-    # is its NaN code; integer codes times a 0 scale are a harmless 0)
-    s = decode_scales(q)
-    unusable = ~jnp.isfinite(s)
-    if spec.weight_format.has_nan:
-      unusable = unusable | (s == 0)
-    if bool(jnp.any(unusable)):
-      amax = float(jnp.max(jnp.abs(w.astype(jnp.float32))))
-      raise ValueError(f"spec {spec.name}: the weights' scales (|w| up to {amax:.3g}) do not "
-                       f"fit scale_dtype={spec.scale_dtype!r}: some are inf or 0; rescale "
-                       f"the weights or pick a wider scale dtype")
+  if _is_concrete(w) and not bool(jnp.all(jnp.isfinite(decode_scales(q)))):
+    # finite weights whose scale overflows the scale dtype (float16 past 65504) would
+    # dequantize to inf / NaN
+    amax = float(jnp.max(jnp.abs(w.astype(jnp.float32))))
+    raise ValueError(f"spec {spec.name}: the weights' scales (|w| up to {amax:.3g}) do not "
+                     f"fit scale_dtype={spec.scale_dtype!r}: some overflow to inf; rescale "
+                     f"the weights or pick a wider scale dtype")
   return q
+
+
+def _nonzero(s: jax.Array) -> jax.Array:
+  """A scale that rounded to 0 in its dtype (a group far below the dtype's smallest value:
+  float16 under ~6e-8) becomes 1, like an all-zero group's: its values code to 0 (they are
+  below the format's smallest step) instead of 0 / 0 (fp8's NaN code)."""
+  return jnp.where(s == 0, jnp.ones_like(s), s)
 
 
 @functools.partial(jax.jit, static_argnums=1)
@@ -312,7 +315,7 @@ def _quantize_arrays(w: jax.Array, spec: QuantSpec):
     wmax = jnp.maximum(_block_reduce(w32, bk, bn, jnp.max), 0.0)
     wmin = jnp.minimum(_block_reduce(w32, bk, bn, jnp.min), 0.0)
     s = (wmax - wmin) / fmt.max_value
-    s = _round_scale(jnp.where(s > 0, s, 1.0), spec.scale_dtype, 0)
+    s = _nonzero(_round_scale(jnp.where(s > 0, s, 1.0), spec.scale_dtype, 0))
     zp = jnp.clip(jnp.round(-wmin / s), 0, fmt.max_value)
     zeros = zp.astype(jnp.uint8)
     scaled = w32 / expand_scales(s, k, n) + expand_scales(zp, k, n)
@@ -329,7 +332,7 @@ def _quantize_arrays(w: jax.Array, spec: QuantSpec):
     elif spec.scale_dtype == "e8m0":
       s = _round_scale(amax, "e8m0", fmt.emax)
     else:
-      s = _round_scale(jnp.where(amax > 0, amax / qmax, 1.0), spec.scale_dtype, 0)
+      s = _nonzero(_round_scale(jnp.where(amax > 0, amax / qmax, 1.0), spec.scale_dtype, 0))
     scaled = w32 / expand_scales(s, k, n)
     if spec.global_scale:
       s = s_rel

@@ -390,7 +390,12 @@ def _row_partial(q: QuantizedWeight, x2: jax.Array, axis: AxisName, backend,
     if spec.act_granularity == "group" and kl % width:
       raise ValueError(f"row-parallel: local K={kl} is not a multiple of "
                        f"act_group_size={width}")
-    sentinel = jnp.broadcast_to(lax.pmax(jnp.max(amax), axis), (m, 1))
+    local = jnp.max(amax)
+    if spec.act_scale_dtype == "fp8_e4m3":  # NVFP4: s2 over the finite blocks, as unsharded
+      blocks = amax.reshape(m, kl // width, width)
+      local = jnp.max(jnp.where(jnp.all(jnp.isfinite(blocks), axis=-1),
+                                jnp.max(blocks, axis=-1), 0.0))
+    sentinel = jnp.broadcast_to(lax.pmax(local, axis), (m, 1))
   xe = jnp.concatenate([x32, jnp.broadcast_to(sentinel, (m, width))], axis=1)
   qa = quantize_activations(xe, spec)
   gcols = qa.scales.shape[1]

@@ -98,6 +98,15 @@ def tp_row_activation_quant():
     name = spec if isinstance(spec, str) else "int8-per-tensor"
     errs[name] = close(hs.row_parallel_dense(q, x, axis="x", mesh=mesh_of(4)), REF(q, x),
                        what=f"row {name}")
+  # NVFP4 with an inf in one token: that row is NaN, the others equal unsharded (the global
+  # scale is taken over the finite blocks on every shard)
+  q = hj.quantize(rand(11, (512, 256)), "w4a4-nvfp4", bias=rand(21, (256,)))
+  x = (rand(31, (33, 512)) * jnp.linspace(0.1, 3.0, 512)).at[5, 300].set(jnp.inf)
+  got = np.asarray(hs.row_parallel_dense(q, x, axis="x", mesh=mesh_of(4)), np.float32)
+  want = np.asarray(REF(q, x), np.float32)
+  assert np.isnan(got[5]).all() and np.isnan(want[5]).all(), "the inf row is not NaN"
+  rows = np.r_[0:5, 6:33]
+  errs["w4a4-nvfp4 inf token"] = close(got[rows], want[rows], what="row nvfp4 inf token")
   # The test can fail: per-shard (local) token scales give a visibly different result.
   q = hj.quantize(rand(10, (512, 256)), "w8a8-int8", bias=rand(20, (256,)))
   x = rand(30, (33, 512)) * jnp.linspace(0.1, 3.0, 512)

@@ -40,45 +40,82 @@ def _weight(path):
   return node["weight"]
 
 
-def ct_pack_to_int32(values: np.ndarray, bits: int, packed_dim: int) -> np.ndarray:
-  """compressed-tensors' ``pack_to_int32``: unsigned codes, ``32 // bits`` per word along
-  ``packed_dim``, code i of a word at bits [i * bits, (i + 1) * bits), padded with zeros."""
-  per_word = 32 // bits
-  v = np.moveaxis(values.astype(np.uint32), packed_dim, -1)
-  pad = -v.shape[-1] % per_word
-  v = np.pad(v, [(0, 0)] * (v.ndim - 1) + [(0, pad)])
-  words = np.zeros((*v.shape[:-1], v.shape[-1] // per_word), np.uint32)
-  for i in range(per_word):
-    words |= v[..., i::per_word] << np.uint32(bits * i)
+def ct_pack_to_int32(values: np.ndarray, bits: int, packed_dim: int, dense: bool
+                     ) -> np.ndarray:
+  """compressed-tensors' ``pack_to_int32`` on unsigned codes along ``packed_dim``: since
+  0.18 a dense bitstream (code i at stream bits [i * bits, (i + 1) * bits), ceil(count *
+  bits / 32) words); before, ``32 // bits`` codes per word (code i of a word at bits
+  [i * bits, ...), the word's top bits zero)."""
+  v = np.moveaxis(values.astype(np.uint64), packed_dim, -1)
+  count = v.shape[-1]
+  per_word = 32 if dense else 32 // bits  # codes per 32 bits of the stream
+  words = np.zeros((*v.shape[:-1], -(-count * bits // 32) if dense else -(-count // per_word)),
+                   np.uint64)
+  for i in range(count):
+    bit = i * bits if dense else (i // per_word) * 32 + (i % per_word) * bits
+    words[..., bit // 32] |= (v[..., i] << np.uint64(bit % 32)) & np.uint64(0xFFFFFFFF)
+    if bit % 32 + bits > 32:  # the code's high bits continue in the next word
+      words[..., bit // 32 + 1] |= v[..., i] >> np.uint64(32 - bit % 32)
+  words = words.astype(np.uint32)
   return np.ascontiguousarray(np.moveaxis(words, -1, packed_dim)).view(np.int32)
 
 
+def _ct_config(bits, symmetric, g, version=None):
+  cfg = {"quant_method": "compressed-tensors", "format": "pack-quantized", "config_groups": {
+      "group_0": {"targets": ["Linear"], "format": "pack-quantized", "weights": {
+          "num_bits": bits, "type": "int", "symmetric": symmetric, "strategy": "group",
+          "group_size": g}}}}
+  if version is not None:
+    cfg["version"] = version
+  return cfg
+
+
+@pytest.mark.parametrize("dense", [True, False], ids=["ct>=0.18", "ct<0.18"])
 @pytest.mark.parametrize("bits", [3, 5, 6, 7])
 @pytest.mark.parametrize("symmetric", [True, False])
-def test_ct_pack_quantized_at_widths_that_do_not_divide_32(tmp_path, bits, symmetric):
-  """(N, K) = (40, 96), groups of 32: the loaded weight dequantizes to (q - zp) * scale
-  exactly, q and zp the signed values the producer packed (+ 2**(bits-1))."""
+def test_ct_pack_quantized_at_widths_that_do_not_divide_32(tmp_path, bits, symmetric, dense):
+  """(N, K) = (40, 96), groups of 32, both producers' packings: the loaded weight
+  dequantizes to (q - zp) * scale exactly, q and zp the signed values packed
+  (+ 2**(bits-1))."""
   rng = np.random.default_rng(bits)
   n, k, g = 40, 96, 32
   half = 1 << (bits - 1)
   q = rng.integers(-half, half, (n, k))
   scale = rng.uniform(0.01, 0.1, (n, k // g)).astype(np.float16)
-  tensors = {f"{MOD}.weight_packed": ct_pack_to_int32(q + half, bits, 1),
+  tensors = {f"{MOD}.weight_packed": ct_pack_to_int32(q + half, bits, 1, dense),
              f"{MOD}.weight_shape": np.array([n, k], np.int64),
              f"{MOD}.weight_scale": scale}
   zp = np.zeros((n, k // g), np.int64)
   if not symmetric:
     zp = rng.integers(-half, half, (n, k // g))
-    tensors[f"{MOD}.weight_zero_point"] = ct_pack_to_int32(zp + half, bits, 0)
-  assert tensors[f"{MOD}.weight_packed"].shape == (n, -(-k // (32 // bits)))
-  cfg = {"quant_method": "compressed-tensors", "format": "pack-quantized", "config_groups": {
-      "group_0": {"targets": ["Linear"], "format": "pack-quantized", "weights": {
-          "num_bits": bits, "type": "int", "symmetric": symmetric, "strategy": "group",
-          "group_size": g}}}}
-  w = _weight(_write(tmp_path, cfg, tensors))
+    tensors[f"{MOD}.weight_zero_point"] = ct_pack_to_int32(zp + half, bits, 0, dense)
+  words = -(-k * bits // 32) if dense else -(-k // (32 // bits))
+  assert tensors[f"{MOD}.weight_packed"].shape == (n, words)
+  w = _weight(_write(tmp_path, _ct_config(bits, symmetric, g), tensors))
   assert w.spec.weight == (f"int{bits}" if symmetric else f"uint{bits}")
   want = (q - np.repeat(zp, g, axis=1)) * np.repeat(scale.astype(np.float32), g, axis=1)
   np.testing.assert_array_equal(np.asarray(hj.dequantize(w)), want.T.astype(np.float32))
+
+
+@pytest.mark.parametrize("version,dense", [("0.20.1", True), ("0.17.1", False), (None, None)])
+def test_ct_packing_that_fits_both_layouts_goes_by_the_version(tmp_path, version, dense):
+  """K = 20 at 3 bits is 2 words either way: the config's compressed-tensors version
+  decides (>= 0.18: dense); without one the layer is refused by name."""
+  rng = np.random.default_rng(0)
+  n, k = 8, 20
+  q = rng.integers(-4, 4, (n, k))
+  tensors = {f"{MOD}.weight_packed": ct_pack_to_int32(q + 4, 3, 1, bool(dense)),
+             f"{MOD}.weight_shape": np.array([n, k], np.int64),
+             f"{MOD}.weight_scale": np.ones((n, 1), np.float16)}
+  cfg = _ct_config(3, True, k, version)
+  cfg["config_groups"]["group_0"]["weights"].update(strategy="channel", group_size=None)
+  d = _write(tmp_path, cfg, tensors)
+  if dense is None:
+    with pytest.raises(ValueError, match=rf"{MOD}\.weight_packed'?: its 3-bit codes fit both "
+                                         r"compressed-tensors packings.*names no version"):
+      _weight(d)
+    return
+  np.testing.assert_array_equal(np.asarray(hj.dequantize(_weight(d))), q.T.astype(np.float32))
 
 
 def autogptq_pack_qzeros(zeros: np.ndarray, bits: int) -> np.ndarray:
@@ -93,8 +130,8 @@ def autogptq_pack_qzeros(zeros: np.ndarray, bits: int) -> np.ndarray:
 
 
 def autogptq_dequantize(qweight, qzeros, scales, bits, g):
-  """AutoGPTQ's reader (qlinear_cuda_old's torch path): codes and zeros unpacked with a
-  shift and mask, then ``zeros + 1`` (no modulo), ``scales * (codes - zeros)``."""
+  """vLLM's / exllama's reading of a v1 file: codes and zeros unpacked with a shift and
+  mask, then ``zeros + 1`` (no modulo), ``scales * (codes - zeros)``."""
   shifts = np.arange(0, 32, bits, dtype=np.uint32)
   zeros = ((qzeros.view(np.uint32)[:, :, None] >> shifts) & (2**bits - 1)).reshape(
       qzeros.shape[0], -1).astype(np.int64) + 1
@@ -106,8 +143,8 @@ def autogptq_dequantize(qweight, qzeros, scales, bits, g):
 
 def test_gptq_v1_stored_all_ones_zero_reads_as_two_to_the_bits(tmp_path):
   """A 4-bit asymmetric group whose true zero is 0 (all its weights >= 0): AutoGPTQ stores -1
-  (15, and 15 in the word's higher nibbles too); its reader dequantizes with zero 16, and so
-  does the loaded weight -- the other zero points as stored + 1."""
+  (15, and 15 in the word's higher nibbles too); vLLM dequantizes with zero 16, and so does
+  the loaded weight, with a warning -- the other zero points as stored + 1."""
   rng = np.random.default_rng(0)
   k, n, g, bits = 64, 16, 32, 4
   codes = rng.integers(0, 16, (k, n)).astype(np.uint32)
@@ -122,7 +159,9 @@ def test_gptq_v1_stored_all_ones_zero_reads_as_two_to_the_bits(tmp_path):
                         "desc_act": False, "checkpoint_format": "gptq"},
              {f"{MOD}.qweight": qweight.view(np.int32), f"{MOD}.qzeros": qzeros,
               f"{MOD}.scales": scales})
-  w = _weight(d)
+  with pytest.warns(UserWarning, match=rf"{MOD}\.qzeros: group 1, column 3 \(and 4 more\) "
+                                       r"stores 15.*read as vLLM does: a zero point of 16"):
+    w = _weight(d)
   want = autogptq_dequantize(qweight.view(np.int32), qzeros, scales, bits, g)
   assert int(np.asarray(w.zeros)[1, 3]) == 16 and np.asarray(w.zeros)[1, 3:8].tolist() == [16] * 5
   np.testing.assert_array_equal(np.asarray(hj.dequantize(w)), want.astype(np.float32))
@@ -142,7 +181,8 @@ def test_gptq_v1_zero_of_256_is_refused_by_name(tmp_path):
                         "desc_act": False, "checkpoint_format": "gptq"},
              {f"{MOD}.qweight": qweight, f"{MOD}.qzeros": qzeros.view(np.int32),
               f"{MOD}.scales": np.ones((1, n), np.float16)})
-  with pytest.raises(ValueError, match=rf"{MOD}\.qzeros: group 0, column 2 stores 255.*256"):
+  with pytest.raises(ValueError, match=rf"{MOD}\.qzeros: group 0, column 2 \(and 0 more\) "
+                                       r"stores 255.*zero point of 256"):
     _weight(d)
 
 
@@ -185,18 +225,15 @@ def test_gpt_oss_layer_runs_as_its_model_does(backend):
 
 
 def test_deinterleave_gate_up_moves_columns_as_stored():
-  """Even columns then odd ones, on codes, scales, zero points and bias alike; the inputs
-  are left as they were; odd column counts and prepared params are refused."""
+  """Even columns then odd ones, on codes, scales, zero points and bias alike; odd column
+  counts and prepared params are refused."""
   w = hj.quantize(jax.random.normal(jax.random.key(2), (3, 128, 48)), "w4a16-g128-zp")
   w = w.replace(bias=jax.random.normal(jax.random.key(3), (3, 48)))
-  before = [np.asarray(a) for a in (w.codes, w.scales, w.zeros, w.bias)]
   d = hj.deinterleave_gate_up(w)
   order = np.r_[0:48:2, 1:48:2]
   np.testing.assert_array_equal(np.asarray(hj.dequantize(d)),
                                 np.asarray(hj.dequantize(w))[..., order])
   np.testing.assert_array_equal(np.asarray(d.bias), np.asarray(w.bias)[..., order])
-  for a, b in zip(before, (w.codes, w.scales, w.zeros, w.bias)):
-    np.testing.assert_array_equal(a, np.asarray(b))
   odd = hj.quantize(jax.random.normal(jax.random.key(4), (128, 39)), "w8a16")
   with pytest.raises(ValueError, match="gate_up: 39 columns"):
     hj.deinterleave_gate_up(odd)

@@ -69,7 +69,9 @@ def unpack_words(words: np.ndarray, bits: int, count: int, axis: int) -> np.ndar
   """``32 // bits`` codes per 32-bit word along ``axis``, low bits first, the word's top
   ``32 % bits`` bits unused (compressed-tensors' ``pack_to_int32``: a 3-bit code never
   straddles two words, 10 per word) -> uint8 codes, ``count`` of them along ``axis``.  For
-  1 / 2 / 4 / 8 bits this is the dense bitstream of :func:`unpack_stream`."""
+  1 / 2 / 4 / 8 bits this is the dense bitstream of :func:`unpack_stream` (which reads it)."""
+  if 32 % bits == 0:
+    return unpack_stream(words, bits, count, axis)
   per_word = 32 // bits
   w = np.moveaxis(words.view(np.uint32), axis, -1)
   if count > w.shape[-1] * per_word:

@@ -1,12 +1,14 @@
 """compressed-tensors (llm-compressor) checkpoints.
 
 Per quantized module (torch (N, K) = (out, in)):
-  pack-quantized   ``weight_packed`` int32 (N, ceil(K / (32 // bits))): codes
-                   ``q + 2**(bits-1)`` packed along K, ``32 // bits`` per word, low bits
-                   first (``pack_to_int32``: at 3 / 5 / 6 / 7 bits a word's top bits are
-                   unused); ``weight_shape`` [N, K]; ``weight_scale`` (N, G) / (N, 1);
-                   asymmetric: ``weight_zero_point`` packed the same way along N,
-                   (ceil(N / (32 // bits)), G), holding ``zp + 2**(bits-1)``.
+  pack-quantized   ``weight_packed`` int32: codes ``q + 2**(bits-1)`` packed along K, low
+                   bits first (``pack_to_int32``); compressed-tensors >= 0.18 packs a dense
+                   bitstream, (N, ceil(K*bits/32)); earlier versions ``32 // bits`` codes
+                   per word, (N, ceil(K / (32 // bits))) -- the same at 1 / 2 / 4 / 8 bits;
+                   at 3 / 5 / 6 / 7 the shape tells them apart (``_dense_packing``);
+                   ``weight_shape`` [N, K]; ``weight_scale`` (N, G) / (N, 1); asymmetric:
+                   ``weight_zero_point`` packed the same way along N, holding
+                   ``zp + 2**(bits-1)``.
   int-quantized    ``weight`` int8 (N, K) codes ``q`` as they are (+ ``weight_zero_point`` int8).
   float-quantized  ``weight`` float8_e4m3fn (N, K); ``weight_scale`` per channel (N, 1),
                    per tensor (1,) or per block (N/bn, K/bk) for ``block_structure=[bn, bk]``.
@@ -34,7 +36,7 @@ import numpy as np
 from humming_jax.checkpoints._common import (Unit, act_order, bias_of, bytes_as_canonical,
                                              expect, float_scale_dtype, make_weight,
                                              spec_or_error, stream_as_canonical,
-                                             unpack_nibbles, unpack_words)
+                                             unpack_nibbles, unpack_stream, unpack_words)
 
 import ml_dtypes
 
@@ -109,6 +111,46 @@ def _act_fields(module: str, ia: dict | None, a: dict, notes: list) -> dict:
   return f
 
 
+def _dense_packing(name: str, shape: tuple, axis: int, unpacked: tuple, bits: int
+                   ) -> bool | None:
+  """How ``pack_to_int32`` packed this tensor, read from its shape: True for a dense
+  bitstream (compressed-tensors >= 0.18: ceil(count * bits / 32) words, a code may straddle
+  two), False for ``32 // bits`` codes per word with the top bits unused (earlier versions),
+  None where the shape fits both (1 / 2 / 4 / 8 bits: one layout; short rows at 3 / 5 /
+  6 / 7 bits)."""
+  count = unpacked[axis]
+  dense, per_word = -(-count * bits // 32), -(-count // (32 // bits))
+  want = lambda words: tuple(words if i == axis else d for i, d in enumerate(unpacked))
+  if tuple(shape) not in (want(dense), want(per_word)):
+    forms = " or ".join(sorted({str(want(dense)), str(want(per_word))}))
+    raise ValueError(f"tensor {name!r}: shape {tuple(shape)}, expected {forms} ({count} "
+                     f"{bits}-bit codes packed along axis {axis})")
+  return None if dense == per_word else shape[axis] == dense
+
+
+def _settle_packing(verdicts: list, name: str, bits: int, qcfg: dict) -> bool:
+  """One layout for a layer's packed tensors (:func:`_dense_packing` of each): what their
+  shapes say, else the config's compressed-tensors ``version`` (>= 0.18: dense)."""
+  said = {v for v in verdicts if v is not None}
+  if len(said) > 1:
+    raise ValueError(f"tensor {name!r} and its zero points are packed in different layouts")
+  if said:
+    return said.pop()
+  if 32 % bits == 0:
+    return True  # one layout
+  version = _version(qcfg.get("version"))
+  if version is None:
+    raise ValueError(f"tensor {name!r}: its {bits}-bit codes fit both compressed-tensors "
+                     f"packings (dense, >= 0.18; {32 // bits} per word, earlier) and "
+                     f"quantization_config names no version")
+  return version >= (0, 18)
+
+
+def _version(text) -> tuple[int, int] | None:
+  match = re.match(r"(\d+)\.(\d+)", str(text or ""))
+  return (int(match.group(1)), int(match.group(2))) if match else None
+
+
 def plan_compressed_tensors(module: str, suffixes: set[str], qcfg: dict,
                             notes: list) -> list[Unit] | None:
   quantized = "weight_packed" in suffixes or ("weight" in suffixes and "weight_scale" in
@@ -179,15 +221,22 @@ def plan_compressed_tensors(module: str, suffixes: set[str], qcfg: dict,
       if fmt == "pack-quantized":
         shp = expect(f"{module}.weight_shape", t("weight_shape"), [np.int64, np.int32], (2,))
         n, k = (int(v) for v in shp)
-        wp = expect(f"{module}.weight_packed", t("weight_packed"), np.int32,
-                    (n, -(-k // (32 // bits))))
-        # 1 / 2 / 4 / 8 bits with K % 32 == 0: the (transposed) words are our canonical
-        # layout (a dense bitstream), codes q + half; 3 / 5 / 6 / 7 bits leave each word's
-        # top bits unused, so the codes are unpacked and packed again.
-        packed = (stream_as_canonical(wp.T, bits, k, flip_sign=sym) if 32 % bits == 0
-                  else None)
+        wname = f"{module}.weight_packed"
+        wp = expect(wname, t("weight_packed"), np.int32)
+        verdicts = [_dense_packing(wname, wp.shape, 1, (n, k), bits)]
+        zp = t("weight_zero_point")
+        if not sym and zp is not None and zp.dtype == np.int32 and strategy in ("group",
+                                                                                "channel"):
+          ng = 1 if strategy == "channel" else -(-k // int(wa["group_size"]))
+          verdicts.append(_dense_packing(f"{module}.weight_zero_point", zp.shape, 0,
+                                         (n, ng), bits))
+        dense = _settle_packing(verdicts, wname, bits, qcfg)
+        # a dense bitstream with K % 32 == 0: the (transposed) words are our canonical
+        # layout, codes q + half; else the codes are unpacked and packed again
+        packed = stream_as_canonical(wp.T, bits, k, flip_sign=sym) if dense else None
         if packed is None:
-          q = unpack_words(wp, bits, k, axis=1).astype(np.int16) - half
+          unpack = unpack_stream if dense else unpack_words
+          q = unpack(wp, bits, k, axis=1).astype(np.int16) - half
       else:
         w = expect(f"{module}.weight", t("weight"), np.int8)
         n, k = w.shape
@@ -229,8 +278,9 @@ def plan_compressed_tensors(module: str, suffixes: set[str], qcfg: dict,
         raise ValueError(f"module {module!r}: asymmetric weights but no tensor {zname}")
       ng = sc.shape[0]
       if zp.dtype == np.int32 and fmt == "pack-quantized" and strategy in ("group", "channel"):
-        zp = expect(zname, zp, np.int32, (-(-n // (32 // bits)), ng))
-        zeros = unpack_words(zp, bits, n, axis=0).T  # stored zp + half: our uint8 zeros
+        zp = expect(zname, zp, np.int32)  # its shape was checked with weight_packed's
+        unpack = unpack_stream if dense else unpack_words
+        zeros = unpack(zp, bits, n, axis=0).T  # stored zp + half: our uint8 zeros
       else:
         zp = expect(zname, zp, np.int8, (n, ng))
         zeros = (zp.astype(np.int16) + half).astype(np.uint8).T

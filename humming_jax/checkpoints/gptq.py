@@ -5,10 +5,13 @@ GPTQ stores, per linear (torch (out, in) = (N, K) module):
   (3-bit codes straddle words) -- the same bitstream as our canonical layout;
   ``qzeros``  int32 (G, N*bits/32): zero points packed along N likewise;
   ``scales``  fp16 (G, N); ``g_idx`` int32 (K,) group of each input row; ``bias``.
-  Checkpoint format "gptq" (v1, AutoGPTQ) stores zero points *minus one*; AutoGPTQ's reader
-  and vLLM's kernels add one back with no modulo, so a stored 2**bits - 1 (AutoGPTQ's packing
-  of a true zero 0: -1) reads as 2**bits, and so it does here (8 bits: refused, uint8 zeros);
-  "gptq_v2" (GPTQModel) stores them as they are.
+  Checkpoint format "gptq" (v1, AutoGPTQ) stores zero points *minus one*; "gptq_v2"
+  (GPTQModel) stores them as they are.  A stored 2**bits - 1 in a v1 file is AutoGPTQ's
+  packing of a true zero 0 (-1 OR-ed in as 0xFFFFFFFF, which also sets every higher field
+  of that word): readers disagree on it -- vLLM's and exllama's kernels add 1 with no
+  modulo (zero 2**bits), some AutoGPTQ torch paths mask after adding (zero 0), and no reader
+  recovers the word's higher fields.  We read it as vLLM serves it (2**bits; 8 bits: refused,
+  zero points are uint8) and warn, naming the tensor.
   Dequantization: ``(code - zero) * scale``.  When every zero point is 2**(bits-1) (symmetric)
   the layer is mapped to signed ``intN`` codes (``code - 2**(bits-1)``, no zero points), else
   to ``uintN`` + uint8 zero points.
@@ -21,6 +24,8 @@ AWQ (GEMM version) stores ``qweight`` int32 (K, N/8) packed along N in the order
 (G, N/8) likewise, ``scales`` fp16 (G, N); zero points as they are: ``(code - zero) * scale``.
 """
 from __future__ import annotations
+
+import warnings
 
 import numpy as np
 
@@ -99,14 +104,19 @@ def plan_gptq(module: str, suffixes: set[str], qcfg: dict) -> list[Unit] | None:
     expect(f"{module}.scales", sc, sc.dtype, (ng, n))
     qz = expect(f"{module}.qzeros", a[f"{module}.qzeros"], _INT, (ng, -(-n * bits // 32)))
     zeros = unpack_stream(qz, bits, n, axis=1)  # (G, N)
-    if v1:  # AutoGPTQ stores zero - 1; its reader and vLLM's add 1 back, no modulo
+    if v1:  # AutoGPTQ stores zero - 1; vLLM's kernels add 1 back, no modulo
       zeros = zeros.astype(np.int32) + 1
-      if zeros.max() > 255:  # a stored 255 at 8 bits: zero 256, past our uint8 zeros
-        g_at, n_at = np.argwhere(zeros > 255)[0]
-        raise ValueError(
-            f"tensor {module}.qzeros: group {g_at}, column {n_at} stores 255, a zero point "
-            f"of 256 for 8-bit GPTQ v1 (AutoGPTQ wrote zero - 1 = -1 there); zero points "
-            f"are held as uint8 (0..255): re-export the layer as gptq_v2")
+      if zeros.max() == 1 << bits:  # a stored -1 (see the module docstring)
+        g_at, n_at = np.argwhere(zeros == 1 << bits)[0]
+        where = (f"tensor {module}.qzeros: group {g_at}, column {n_at} (and "
+                 f"{int((zeros == 1 << bits).sum()) - 1} more) stores {(1 << bits) - 1}, "
+                 f"AutoGPTQ's -1 for a zero point of 0, which also overwrote the higher "
+                 f"fields of its word")
+        if bits == 8:
+          raise ValueError(f"{where}; read as vLLM does it is a zero point of 256, past our "
+                           f"uint8 zero points: re-export the layer as gptq_v2")
+        warnings.warn(f"{where}; read as vLLM does: a zero point of {1 << bits}",
+                      stacklevel=2)
       zeros = zeros.astype(np.uint8)
     spec, flip, zeros = _zero_point_spec(module, bits, zeros, g, k, scale_dtype)
     bias = bias_of(module, a, n)

@@ -124,8 +124,8 @@ class QuantMoE(nn.Module):
       raise ValueError(f"topk={self.topk} must be in [1, num_experts={self.num_experts}]")
     k = inputs.shape[-1]
     e, i = self.num_experts, self.intermediate
-    if not (self.has_variable("params", "gate_up") and self.has_variable("params", "down")):
-      _common.check_expert_shapes(spec, k, i, e)
+    _common.check_expert_shapes(spec, k, i, e, tuple(
+        n for n in ("gate_up", "down") if not self.has_variable("params", n)))
     x = jnp.asarray(inputs)
     x = x.astype(_common.compute_dtype(x, self.dtype, self.param_dtype))
     x2 = x.reshape(-1, k)

@@ -48,14 +48,16 @@ def quantize_dense(kernel: Any, bias: Any, spec: QuantSpec | str) -> QuantizedWe
   return quantize(kernel, as_spec(spec), bias=bias)
 
 
-def check_expert_shapes(spec: QuantSpec, hidden: int, intermediate: int,
-                        num_experts: int) -> None:
-  """The expert stacks QuantMoE would quantize, (E, K, 2I) and (E, I, K), fit ``spec``; else
-  the error names the stack and the module setting behind its K."""
+def check_expert_shapes(spec: QuantSpec, hidden: int, intermediate: int, num_experts: int,
+                        stacks: tuple[str, ...] = ("gate_up", "down")) -> None:
+  """The expert stacks QuantMoE is about to quantize (of gate_up (E, K, 2I), down (E, I, K))
+  fit ``spec``; else the error names the stack and the module setting behind its K."""
   for name, shape, setting in (("gate_up", (num_experts, hidden, 2 * intermediate),
                                 f"the input features {hidden}"),
                                ("down", (num_experts, intermediate, hidden),
                                 f"intermediate={intermediate}")):
+    if name not in stacks:
+      continue
     try:
       check_weight_shape(spec, shape, name)
     except ValueError as err:
