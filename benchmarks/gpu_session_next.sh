@@ -1,4 +1,7 @@
 #!/usr/bin/env bash
+# Session 44 (2026-12-05): a machine was listed but none could be started.  First in the
+# next device session: sessions/gpu_session44.sh one (one call, <= ~560 s: session 43's t43
+# and the int4 dense + Qwen3 MoE part of d43), then gpu_session43.sh d43 for the rest.
 # Session 43 (2026-12-05) was lent no machine.  First in the next device session:
 #   sessions/gpu_session43.sh t43, then d43 (two calls): the backward's dy . W^T kernel
 #   (dense and grouped, opt-in HUMMING_JAX_DX_KERNEL=1) on the H200 for the first time --
