@@ -396,12 +396,12 @@ def quant_moe(gate_up_params: QuantizedWeight, down_params: QuantizedWeight, x: 
   if down_params.shape != (e, n2 // 2, h):
     raise ValueError(f"down_params.shape must be (E, I, H)={(e, n2 // 2, h)} for gate_up "
                      f"{gate_up_params.shape}; got {down_params.shape}")
+  ops.check_activations(x, "quant_moe")
   if x.ndim != 2 or x.shape[1] != h:
     raise ValueError(f"x must be (tokens, H={h}); got shape {x.shape}")
   if topk_weights.shape != topk_ids.shape or topk_ids.shape[:1] != x.shape[:1]:
     raise ValueError(f"topk_weights {topk_weights.shape} and topk_ids {topk_ids.shape} "
                      f"must both be (tokens={x.shape[0]}, k)")
-  ops.check_activations(x, "quant_moe")
   if activation not in ACTIVATIONS:
     raise ValueError(f"activation={activation!r}; expected one of {ACTIVATIONS}")
   _check_ids(topk_ids, e)

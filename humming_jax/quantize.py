@@ -22,7 +22,7 @@ Scale rules
   rounded to e4m3.  (Activations: amax over the finite blocks; a block holding NaN / inf
   gets a NaN scale.)
 * An all-zero group gets scale 1 (MX: ``2**-emax_elem``); its codes are 0.  So does a group
-  whose scale rounds to 0 in the scale dtype (float16 below ~6e-8): its values are below
+  whose scale rounds to 0 in the scale dtype (float16 below ~3e-8): its values are below
   the smallest step.  A scale past the dtype's range (float16 over 65504) is refused.
 * Non-finite weights are refused with a ValueError when the weights are concrete; under
   ``jit`` (no error can be raised) every scale block holding a NaN/inf gets a NaN scale
@@ -294,7 +294,7 @@ def quantize(w: Any, spec: QuantSpec | str, *, bias: Any = None,
 
 def _nonzero(s: jax.Array) -> jax.Array:
   """A scale that rounded to 0 in its dtype (a group far below the dtype's smallest value:
-  float16 under ~6e-8) becomes 1, like an all-zero group's: its values code to 0 (they are
+  float16 under ~3e-8) becomes 1, like an all-zero group's: its values code to 0 (they are
   below the format's smallest step) instead of 0 / 0 (fp8's NaN code)."""
   return jnp.where(s == 0, jnp.ones_like(s), s)
 
@@ -529,7 +529,7 @@ def _quantize_activations_jit(x: jax.Array, spec: QuantSpec, act_scale: jax.Arra
       s_rel = E4M3.quantize_dequantize(amax / qmax / s2)
       s = jnp.where(s_rel > 0, s_rel, 1.0) * s2
     else:
-      s = _round_scale(jnp.where(amax > 0, amax / qmax, 1.0), sd, 0)
+      s = _nonzero(_round_scale(jnp.where(amax > 0, amax / qmax, 1.0), sd, 0))
   if not spec.act_static:
     # A row/group holding NaN/inf gets a NaN scale (XLA's CPU max drops NaN, and an int8
     # cast of NaN is an arbitrary integer): NaN in, NaN out, never a silent finite value.

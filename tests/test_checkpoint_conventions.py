@@ -97,10 +97,12 @@ def test_ct_pack_quantized_at_widths_that_do_not_divide_32(tmp_path, bits, symme
   np.testing.assert_array_equal(np.asarray(hj.dequantize(w)), want.T.astype(np.float32))
 
 
-@pytest.mark.parametrize("version,dense", [("0.20.1", True), ("0.17.1", False), (None, None)])
+@pytest.mark.parametrize("version,dense", [("0.20.1", True), ("0.17.1", False), (None, None),
+                                           ("0.17.2.dev3", None)])
 def test_ct_packing_that_fits_both_layouts_goes_by_the_version(tmp_path, version, dense):
   """K = 20 at 3 bits is 2 words either way: the config's compressed-tensors version
-  decides (>= 0.18: dense); without one the layer is refused by name."""
+  decides (>= 0.18: dense); without one, or with a 0.17.2 dev build (either packing), the
+  layer is refused by name."""
   rng = np.random.default_rng(0)
   n, k = 8, 20
   q = rng.integers(-4, 4, (n, k))

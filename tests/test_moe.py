@@ -371,5 +371,9 @@ def test_quant_moe_errors():
     hj.quant_moe(gu, dn, x, w[:, 0], ids[:, 0])  # 1-D: named before any path is chosen
   with pytest.raises(ValueError, match="topk_ids must be integer"):
     hj.quant_moe(gu, dn, x, w, ids.astype(jnp.float32))
+  with pytest.raises(TypeError, match="quant_moe: x must be a jax or numpy array; got list"):
+    hj.quant_moe(gu, dn, x.tolist(), w, ids)
+  with pytest.raises(ValueError, match="quant_moe: x must be a float array .* float8_e4m3fn"):
+    hj.quant_moe(gu, dn, x.astype(jnp.float8_e4m3fn), w[:, :0], ids[:, :0])
   y = hj.quant_moe(gu, dn, x, w[:, :0], ids[:, :0])  # k = 0: nothing routed
   assert y.shape == x.shape and not bool(jnp.any(y != 0))

@@ -77,7 +77,7 @@ def _detect(ckpt: CheckpointDir, fmt: str | None = None) -> tuple[str, dict]:
 
 def _planner(fmt: str, qc: dict, notes: list):
   if fmt == "gptq":
-    return lambda m, s: _gptq.plan_gptq(m, s, qc)
+    return lambda m, s: _gptq.plan_gptq(m, s, qc, notes)
   if fmt == "awq":
     return lambda m, s: _gptq.plan_awq(m, s, qc)
   if fmt == "compressed-tensors":

@@ -147,8 +147,16 @@ def _settle_packing(verdicts: list, name: str, bits: int, qcfg: dict) -> bool:
 
 
 def _version(text) -> tuple[int, int] | None:
-  match = re.match(r"(\d+)\.(\d+)", str(text or ""))
-  return (int(match.group(1)), int(match.group(2))) if match else None
+  """(major, minor) of a compressed-tensors version, or None when unknown -- also for the
+  0.17.2 dev / pre-release builds, which may pack either way (the dense packing landed
+  after 0.17.1 and setuptools_scm names those builds after the next patch)."""
+  match = re.match(r"(\d+)\.(\d+)(?:\.(\d+))?(.*)", str(text or ""))
+  if not match:
+    return None
+  major, minor = int(match.group(1)), int(match.group(2))
+  if (major, minor) == (0, 17) and match.group(3) == "2" and match.group(4):
+    return None
+  return major, minor
 
 
 def plan_compressed_tensors(module: str, suffixes: set[str], qcfg: dict,

@@ -73,7 +73,8 @@ def _zero_point_spec(module, bits, zeros, group_size, k, scale_dtype):
   return spec, False, zeros
 
 
-def plan_gptq(module: str, suffixes: set[str], qcfg: dict) -> list[Unit] | None:
+def plan_gptq(module: str, suffixes: set[str], qcfg: dict,
+              notes: list | None = None) -> list[Unit] | None:
   needed = ("qweight", "qzeros", "scales")
   if not _check_parts("gptq", module, suffixes, needed):
     return None
@@ -115,8 +116,11 @@ def plan_gptq(module: str, suffixes: set[str], qcfg: dict) -> list[Unit] | None:
         if bits == 8:
           raise ValueError(f"{where}; read as vLLM does it is a zero point of 256, past our "
                            f"uint8 zero points: re-export the layer as gptq_v2")
-        warnings.warn(f"{where}; read as vLLM does: a zero point of {1 << bits}",
-                      stacklevel=2)
+        note = f"{where}; read as vLLM does: a zero point of {1 << bits}"
+        if notes is None:
+          warnings.warn(note, stacklevel=2)
+        else:
+          notes.append(note)  # load_checkpoint warns once, with every note
       zeros = zeros.astype(np.uint8)
     spec, flip, zeros = _zero_point_spec(module, bits, zeros, g, k, scale_dtype)
     bias = bias_of(module, a, n)
