@@ -463,6 +463,23 @@ def act_scale_shape(spec: QuantSpec, m: int, k: int) -> tuple[int, int]:
   return (m, k // spec.act_group_size)
 
 
+def activation_group_amax(x32: jax.Array, spec: QuantSpec) -> tuple[jax.Array, jax.Array]:
+  """Per activation-scale group of (M, K) ``x32`` (:func:`act_scale_shape`): the amax of
+  |x|, and whether the group holds NaN / inf (XLA's CPU max drops NaN: counted apart)."""
+  m, k = x32.shape
+  gm, gk = act_scale_shape(spec, m, k)
+  grouped = lambda a: a.reshape(gm, m // gm, gk, k // gk)
+  return (jnp.max(grouped(jnp.abs(x32)), axis=(1, 3)),
+          jnp.any(grouped(~jnp.isfinite(x32)), axis=(1, 3)))
+
+
+def finite_amax(amax: jax.Array, bad: jax.Array) -> jax.Array:
+  """The tensor amax over the finite groups (:func:`activation_group_amax`): what NVFP4
+  activations' global scale is taken from, so one token holding inf / NaN neither moves
+  nor (on a GPU, whose max propagates NaN) poisons every other token's scale."""
+  return jnp.max(jnp.where(bad, 0.0, amax))
+
+
 def quantize_activations(x: jax.Array, spec: QuantSpec,
                          act_scale: jax.Array | None = None) -> QuantizedActivations:
   """Quantize (M, K) activations as ``spec`` says (dynamic scales unless act_static)."""
@@ -511,20 +528,15 @@ def _quantize_activations_jit(x: jax.Array, spec: QuantSpec, act_scale: jax.Arra
   m, k = x.shape
   x32 = x.astype(jnp.float32)
   qmax = fmt.max_value
-  gm, gk = act_scale_shape(spec, m, k)
   if spec.act_static:
     s = jnp.broadcast_to(act_scale, (1, 1))
   else:
-    amax = jnp.max(jnp.abs(x32).reshape(gm, m // gm, gk, k // gk), axis=(1, 3))
-    # groups holding NaN / inf (their scale is NaN below)
-    bad = jnp.any(~jnp.isfinite(x32).reshape(gm, m // gm, gk, k // gk), axis=(1, 3))
+    amax, bad = activation_group_amax(x32, spec)  # bad groups: a NaN scale below
     sd = spec.act_scale_dtype
     if sd == "e8m0":
       s = _round_scale(amax, "e8m0", fmt.emax)
     elif sd == "fp8_e4m3":  # NVFP4 activations: dynamic fp32 tensor scale x e4m3 blocks
-      # over the finite groups: one token holding inf / NaN must not move (or, on a GPU
-      # whose max propagates NaN, poison) the scale of every other token in the batch
-      s2 = jnp.max(jnp.where(bad, 0.0, amax)) / (qmax * E4M3.max_value)
+      s2 = finite_amax(amax, bad) / (qmax * E4M3.max_value)
       s2 = jnp.where(s2 > 0, s2, 1.0)
       s_rel = E4M3.quantize_dequantize(amax / qmax / s2)
       s = jnp.where(s_rel > 0, s_rel, 1.0) * s2

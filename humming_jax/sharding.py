@@ -44,8 +44,8 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from humming_jax import ops
 from humming_jax.packing import CODES_PER_CHUNK, packed_rows
 # Names, not the module: the package re-exports a function called ``quantize``.
-from humming_jax.quantize import (QuantizedActivations, QuantizedWeight, quantize_activations,
-                                  scale_block)
+from humming_jax.quantize import (QuantizedActivations, QuantizedWeight, activation_group_amax,
+                                  finite_amax, quantize_activations, scale_block)
 
 AxisName = str | tuple[str, ...]
 
@@ -390,11 +390,8 @@ def _row_partial(q: QuantizedWeight, x2: jax.Array, axis: AxisName, backend,
     if spec.act_granularity == "group" and kl % width:
       raise ValueError(f"row-parallel: local K={kl} is not a multiple of "
                        f"act_group_size={width}")
-    local = jnp.max(amax)
-    if spec.act_scale_dtype == "fp8_e4m3":  # NVFP4: s2 over the finite blocks, as unsharded
-      blocks = amax.reshape(m, kl // width, width)
-      local = jnp.max(jnp.where(jnp.all(jnp.isfinite(blocks), axis=-1),
-                                jnp.max(blocks, axis=-1), 0.0))
+    local = (finite_amax(*activation_group_amax(x32, spec))  # NVFP4's s2, as unsharded
+             if spec.act_scale_dtype == "fp8_e4m3" else jnp.max(amax))
     sentinel = jnp.broadcast_to(lax.pmax(local, axis), (m, 1))
   xe = jnp.concatenate([x32, jnp.broadcast_to(sentinel, (m, width))], axis=1)
   qa = quantize_activations(xe, spec)

@@ -208,7 +208,7 @@ def test_unpack_gpu(wide):
 def k_order_codes(p):
   """The K-order codes of prepared params (``wm.prepare`` stores 4-bit codes in the
   permuted order of ":pk" layouts; ``permute_k`` is an involution)."""
-  assert wm._unpack_order(p) == "pk"
+  assert wm.wna16_mgpu.code_order(p.layout) == "pk"
   return mc.permute_k(p.codes.astype(jnp.int8)).astype(jnp.int4)
 
 

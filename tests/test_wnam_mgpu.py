@@ -598,7 +598,8 @@ def test_k_order_layouts_still_run(name, monkeypatch):
   old = wm.prepare(q)
   assert "pk" in default.layout.split(":") and "pk" not in old.layout.split(":"), (
       default.layout, old.layout)
-  assert (wm._unpack_order(default), wm._unpack_order(old)) == ("pk", "k")
+  assert (wm.wna16_mgpu.code_order(default.layout),
+          wm.wna16_mgpu.code_order(old.layout)) == ("pk", "k")
   np.testing.assert_array_equal(np.asarray(wm.to_canonical(old).codes),
                                 np.asarray(wm.to_canonical(default).codes))
   for m in (3, x.shape[0]):  # decode, prefill

@@ -336,7 +336,7 @@ def mx_fold_codes(params: QuantizedWeight, *, pallas: bool = False,
   reference through the formats' decode / encode.  ``meta``: the Pallas unpack's
   :func:`mx_fold_metadata`, when the caller has it (default: from its kernel)."""
   if pallas:
-    order = _unpack_order(params)
+    order = wna16_mgpu.code_order(params.layout)
     if meta is None:
       meta = mx_fold_metadata(params, pallas=True, interpret=interpret)
     return carrier_unpack.unpack(params.codes, params.scales, meta, kind="e2m1",
@@ -377,11 +377,6 @@ def k_major(codes: jax.Array) -> jax.Array:
   return codes.transpose(1, 0, 2).reshape(np_, t * bk)
 
 
-def _unpack_order(params: QuantizedWeight) -> str:
-  """The Pallas unpack's ``order`` for this layout's codes (``wna16_mgpu.code_order``)."""
-  return wna16_mgpu.code_order(params.layout)
-
-
 def _carrier_codes(params: QuantizedWeight, *, pallas: bool = False,
                    interpret: bool = False) -> jax.Array:
   """(Kp / bk, Np, bk) WnA16-layout codes -> (Np, Kp) values in the 8-bit carrier of the
@@ -394,7 +389,7 @@ def _carrier_codes(params: QuantizedWeight, *, pallas: bool = False,
   elif carrier == jax.numpy.int8:  # integer codes (prefill_8bit_runs: exact carriers only)
     vals = wna16_mgpu.code_values(params, carrier)
   elif pallas and params.codes.dtype == jnp.int4:
-    order = _unpack_order(params)
+    order = wna16_mgpu.code_order(params.layout)
     kind = "e2m1" if params.spec.weight_format.name == wna16_mgpu.FP4 else "int"
     return carrier_unpack.unpack(params.codes, kind=kind, interpret=interpret, order=order)
   else:  # int4 / fp4 values (all zero or normal in e4m3) -> e4m3 codes off their float32
