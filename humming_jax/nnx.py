@@ -64,12 +64,8 @@ class QuantDense(nnx.Module):
       if weight.shape != (in_features, out_features):
         raise ValueError(f"weight has shape {weight.shape}; expected "
                          f"({in_features}, {out_features})")
-      if weight.spec != spec:
-        raise ValueError(f"weight was quantized with {weight.spec.name}, not spec="
-                         f"{spec.name}")
-      if use_bias != (weight.bias is not None):
-        raise ValueError(f"use_bias={use_bias} but weight.bias is "
-                         f"{'set' if weight.bias is not None else 'None'}")
+      _common.check_held_weight(weight, spec=spec, use_bias=use_bias,
+                                where="nnx QuantDense(weight=...)")
     self.kernel = QuantizedParam(weight)
     self.in_features = in_features
     self.out_features = out_features
@@ -83,7 +79,8 @@ class QuantDense(nnx.Module):
   def __call__(self, inputs: jax.Array) -> jax.Array:
     return _common.dense_call(self.kernel.get_value(), inputs, dtype=self.dtype,
                               param_dtype=self.param_dtype, features=self.out_features,
-                              backend=self.backend, where="nnx QuantDense")
+                              backend=self.backend, where="nnx QuantDense",
+                              use_bias=self.use_bias, spec=self.spec)
 
   @classmethod
   def from_linear(cls, linear: nnx.Linear, spec: QuantSpec | str, *,
@@ -106,25 +103,34 @@ def _child(node: Any, key: Any) -> Any:
 
 
 def quantize_nnx_model(model: nnx.Module, recipe: Any, *, backend: Backend = None,
-                       progress: bool = True) -> nnx.Module:
+                       progress: bool = True, strict: bool = False) -> nnx.Module:
   """Replace, in place, every ``nnx.Linear`` the recipe quantizes by a :class:`QuantDense`.
 
   Paths are the nnx graph paths '/'-joined plus ``/kernel`` (e.g.
   ``layers/0/attn/q_proj/kernel``), matched like :func:`humming_jax.quantize_params`
-  (exact > ``re:`` > ``*``; ``None`` or no match keeps the Linear).  Returns ``model``.
-  A Linear shared by several parents is replaced where the graph first reaches it.
+  (exact > ``re:`` > ``*``; ``None`` or no match keeps the Linear; a recipe key that
+  decides no Linear is a warning, with ``strict=True`` an error).  A :class:`QuantMoE`'s
+  router stays float.  Returns ``model``.  A Linear shared by several parents is replaced
+  where the graph first reaches it.
   """
-  from humming_jax.recipes import get_recipe, resolve
+  from humming_jax.recipes import check_unused, deciding_key, get_recipe
   if not isinstance(model, nnx.Module):
     raise TypeError(f"model must be an nnx.Module; got {type(model).__name__}")
   recipe = get_recipe(recipe)
-  todo = []
+  routers = {id(node.router) for _, node in nnx.iter_graph(model)
+             if isinstance(node, QuantMoE)}
+  todo, used = [], set()
   for path, node in nnx.iter_graph(model):
-    if isinstance(node, nnx.Linear) and path:
+    if isinstance(node, nnx.Linear) and path and id(node) not in routers:
       p = "/".join(str(k) for k in path) + "/kernel"
-      spec = resolve(recipe, p)[1]
+      key = deciding_key(recipe, p)
+      if key is None:
+        continue
+      used.add(key)
+      spec = _common.as_spec(recipe[key]) if recipe[key] is not None else None
       if spec is not None:
         todo.append((path, p, node, spec))
+  check_unused(recipe, used, strict=strict, where="quantize_nnx_model")
   it = todo
   if progress and len(todo) >= 8:
     from tqdm.auto import tqdm

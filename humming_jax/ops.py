@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 
 from humming_jax import autodiff
-from humming_jax.quantize import QuantizedWeight
+from humming_jax.quantize import QuantizedWeight, stacked_layers
 from humming_jax.kernels import reference, registry
 
 Backend = Literal["pallas", "interpret", "xla"] | None
@@ -190,6 +190,10 @@ def quant_dense(params: QuantizedWeight, x: jax.Array, *,
   _check_x(params, x, "quant_dense")
   if params.num_experts is not None:
     raise ValueError(f"params hold stacked experts {params.shape}; use quant_ragged_dot")
+  if layers := stacked_layers(params):
+    raise ValueError(f"params hold a stack of {layers} layers of shape {params.shape} "
+                     "(quantize_params(..., scanned=...)): a scanned module runs one layer "
+                     "at a time; outside it, take one: jax.tree.map(lambda a: a[i], params)")
   lead = x.shape[:-1]
   x2 = x.reshape(-1, x.shape[-1])
   b, kernel = backend_and_kernel(params, x.dtype, backend)

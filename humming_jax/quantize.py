@@ -126,13 +126,25 @@ class QuantizedWeight:
     return sum(array_bytes(a) for f in self.STORED if (a := getattr(self, f)) is not None)
 
   def __repr__(self) -> str:
+    layers = stacked_layers(self)
     return (f"QuantizedWeight(spec={self.spec.name}, shape={self.shape}, "
-            f"layout={self.layout!r}, bytes={self.nbytes()})")
+            + (f"layers={layers}, " if layers else "")
+            + f"layout={self.layout!r}, bytes={self.nbytes()})")
 
 
 jax.tree_util.register_pytree_with_keys(
     QuantizedWeight, QuantizedWeight.tree_flatten_with_keys,
     QuantizedWeight.tree_unflatten, QuantizedWeight.tree_flatten)
+
+
+def stacked_layers(q: QuantizedWeight) -> tuple[int, ...]:
+  """The leading layer axes of a canonical weight quantized layer by layer
+  (``quantize_params(..., scanned=...)``, or ``nn.scan`` over a QuantDense): its codes'
+  leading dims beyond its metadata's ``shape``, which is one layer's.  () for one layer.
+  Read on canonical params only (kernel layouts shape their codes their own way)."""
+  if q.layout != "canonical":
+    return ()
+  return tuple(q.codes.shape[:q.codes.ndim - len(q.shape)])
 
 
 # ----------------------------------------------------------------------------------------

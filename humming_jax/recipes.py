@@ -27,13 +27,16 @@ and Llama-like (``self_attn/q_proj``, ``mlp/gate_proj``) trees.
 """
 from __future__ import annotations
 
+import functools
 import re
+import warnings
 from typing import Any, Mapping, Union
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
-from humming_jax.quantize import QuantizedWeight, quantize
+from humming_jax.quantize import QuantizedWeight, quantize, stacked_layers
 from humming_jax.spec import QuantSpec
 
 RecipeValue = Union[str, QuantSpec, None]
@@ -112,39 +115,124 @@ def _as_spec(val: RecipeValue) -> QuantSpec | None:
   return QuantSpec.preset(val) if isinstance(val, str) else val
 
 
-def is_kernel(path: str, leaf: Any) -> bool:
-  """Whether ``leaf`` at ``path`` is a candidate: a 2-D float array named ``kernel``."""
-  return (path.rsplit("/", 1)[-1] == "kernel" and getattr(leaf, "ndim", None) == 2
-          and jnp.issubdtype(leaf.dtype, jnp.floating))
-
-def resolve(recipe: Mapping[str, RecipeValue], path: str) -> tuple[bool, QuantSpec | None]:
-  """(matched, spec) for a kernel at ``path``: exact > ``re:`` > ``*``; no match -> float.
-
-  ``path`` is the kernel leaf's path (``.../kernel``); exact keys may also name the layer.
-  """
+def deciding_key(recipe: Mapping[str, RecipeValue], path: str) -> str | None:
+  """The recipe key that decides the kernel at ``path``: exact > ``re:`` > ``*``; None if
+  no key matches.  ``path`` is the kernel leaf's path (``.../kernel``); exact keys may also
+  name the layer."""
   layer = path[:-len("/kernel")] if path.endswith("/kernel") else path
   for key in (path, layer):
     if key in recipe:
-      return True, _as_spec(recipe[key])
-  for pat, val in recipe.items():
+      return key
+  for pat in recipe:
     if pat.startswith("re:") and re.search(pat[3:], path):
-      return True, _as_spec(val)
-  if "*" in recipe:
-    return True, _as_spec(recipe["*"])
-  return False, None
+      return pat
+  return "*" if "*" in recipe else None
 
 
-def plan(params: Any, recipe: Recipe | str) -> dict[str, QuantSpec | None]:
-  """The spec (or None = float) each 2-D kernel of ``params`` gets, by path. No work done."""
-  recipe = get_recipe(recipe)
-  out = {}
-  for path, leaf in jax.tree_util.tree_flatten_with_path(
-      params, is_leaf=lambda x: isinstance(x, QuantizedWeight))[0]:
-    p = path_str(path)
-    if isinstance(leaf, QuantizedWeight) or not is_kernel(p, leaf):
+def resolve(recipe: Mapping[str, RecipeValue], path: str) -> tuple[bool, QuantSpec | None]:
+  """(matched, spec) for a kernel at ``path`` (:func:`deciding_key`); no match -> float."""
+  key = deciding_key(recipe, path)
+  return (False, None) if key is None else (True, _as_spec(recipe[key]))
+
+
+def check_unused(recipe: Mapping[str, RecipeValue], used: set[str], *, strict: bool,
+                 where: str) -> None:
+  """Warn (``strict``: raise) about recipe keys that decided no kernel: a misspelt path or
+  a pattern that matches nothing would otherwise leave layers float without a word."""
+  unused = [k for k in recipe if k != "*" and k not in used]
+  if not unused:
+    return
+  msg = (f"{where}: recipe keys decided no kernel: {unused}. Exact keys name a kernel "
+         "leaf or its layer ('.../q_proj/kernel' or '.../q_proj'), 're:' patterns are "
+         "searched in those paths, and only float 'kernel' leaves of Dense / Linear layers "
+         "are candidates (list them with hj.recipes.plan(params, {'*': None}))")
+  if strict:
+    raise ValueError(msg)
+  warnings.warn(msg, stacklevel=3)
+
+
+def _under(path: str, prefixes: tuple[str, ...]) -> str | None:
+  """The prefix of ``prefixes`` that ``path`` lies under, if any."""
+  return next((pre for pre in prefixes if path == pre or path.startswith(pre + "/")), None)
+
+
+def _check_plain_tree(params: Any) -> None:
+  """nnx variables flatten to ``.../kernel/value`` paths: quantize_params would find no
+  kernel and return the model float; say where nnx models go instead."""
+  from flax import nnx
+  leaves = jax.tree_util.tree_leaves(
+      params, is_leaf=lambda x: isinstance(x, (nnx.Variable, QuantizedWeight)))
+  if isinstance(params, nnx.State) or any(isinstance(x, nnx.Variable) for x in leaves):
+    raise TypeError("quantize_params takes a linen-style params tree (nested dicts of "
+                    "arrays); params holds nnx variables (an nnx.State): quantize the model "
+                    "with hj.nnx.quantize_nnx_model(model, recipe), or pass "
+                    "nnx.to_pure_dict(state)")
+
+
+def _moe_routers(paths: list[str]) -> set[str]:
+  """``<p>/router/kernel`` of every ``<p>`` that also holds ``gate_up`` and ``down`` (a
+  QuantMoE): its router is float by design (tiny, routing-sensitive), never a candidate."""
+  join = lambda parent, name: f"{parent}/{name}" if parent else name
+  parents = {p.rpartition("/")[0] for p in paths if p.rpartition("/")[2] == "gate_up"}
+  return {join(q, "router/kernel") for q in parents if join(q, "down") in paths}
+
+
+def _plan(params: Any, recipe: dict[str, RecipeValue], scanned: tuple[str, ...]
+          ) -> tuple[dict[str, tuple[QuantSpec | None, int]], set[str], list[str]]:
+  """({kernel path: (spec or None, leading layer axes)}, recipe keys that decided a kernel,
+  kernels of more than 2 dims a pattern asked for but that stay float)."""
+  _check_plain_tree(params)
+  if isinstance(scanned, str) or not all(isinstance(p, str) and p for p in scanned):
+    raise TypeError(f"scanned must be a sequence of module paths (e.g. ('layers',)); got "
+                    f"{scanned!r}")
+  flat = [(path_str(path), leaf) for path, leaf in jax.tree_util.tree_flatten_with_path(
+      params, is_leaf=lambda x: isinstance(x, QuantizedWeight))[0]]
+  routers = _moe_routers([p for p, _ in flat])
+  out: dict[str, tuple[QuantSpec | None, int]] = {}
+  used: set[str] = set()
+  wide: list[str] = []
+  for p, leaf in flat:
+    if (isinstance(leaf, QuantizedWeight) or p in routers
+        or p.rsplit("/", 1)[-1] != "kernel" or getattr(leaf, "ndim", 0) < 2
+        or not jnp.issubdtype(leaf.dtype, jnp.floating)):
       continue
-    out[p] = resolve(recipe, p)[1]
-  return out
+    stack = _under(p, scanned)
+    lead = leaf.ndim - 2
+    if stack is not None and lead < 1:
+      raise ValueError(f"{p} (shape {tuple(leaf.shape)}) lies under scanned={stack!r} but "
+                       "has no leading layer axis: expected (layers, in, out)")
+    key = deciding_key(recipe, p)
+    if key is None:
+      if lead == 0 or stack is not None:
+        out[p] = (None, lead)
+      continue
+    used.add(key)
+    spec = _as_spec(recipe[key])
+    if stack is None and lead != 0:  # a DenseGeneral / Einsum kernel, or an unnamed stack
+      if spec is not None and key not in ("*",) and not key.startswith("re:"):
+        raise ValueError(
+            f"recipe[{key!r}] asks for {spec.name} but {p} has shape {tuple(leaf.shape)}: "
+            "quantize_params quantizes 2-D (in, out) kernels. A layer stack made by nn.scan "
+            f"takes scanned= its module's path (e.g. {p.rsplit('/', 2)[0]!r}); other "
+            "kernels of more dimensions (DenseGeneral, Einsum, Conv) are not supported: map it "
+            "to None")
+      if spec is not None:
+        wide.append(f"{p} {tuple(leaf.shape)}")
+      continue
+    out[p] = (spec, lead)
+  missing = [s for s in scanned if not any(_under(p, (s,)) for p in out)]
+  if missing:
+    raise ValueError(f"scanned={missing} holds no float kernel of this params tree (module "
+                     "paths, '/'-joined, e.g. 'model/layers')")
+  return out, used, wide
+
+
+def plan(params: Any, recipe: Recipe | str, *, scanned: tuple[str, ...] = ()
+         ) -> dict[str, QuantSpec | None]:
+  """The spec (or None = float) each candidate kernel of ``params`` gets, by path. No work
+  done.  ``scanned`` as in :func:`quantize_params`."""
+  return {p: spec for p, (spec, _) in _plan(params, get_recipe(recipe),
+                                            tuple(scanned))[0].items()}
 
 
 # One compile per (shape, spec), bit-identical to eager hj.quantize, much faster than
@@ -152,18 +240,41 @@ def plan(params: Any, recipe: Recipe | str) -> dict[str, QuantSpec | None]:
 _quantize_jit = jax.jit(quantize, static_argnums=1)
 
 
+@functools.partial(jax.jit, static_argnums=(1, 3))
+def _quantize_layers(w: jax.Array, spec: QuantSpec, bias: Any, lead: int) -> QuantizedWeight:
+  """A (layers..., K, N) stack quantized layer by layer: what ``nn.scan`` over a
+  QuantDense initialises -- leaves with the leading layer axes, static metadata (spec,
+  shape (K, N)) of one layer, so the scanned body sees one layer's weight."""
+  f = lambda w, b: quantize(w, spec, bias=b)
+  for _ in range(lead):
+    f = jax.vmap(f)
+  return f(w, bias)
+
+
 def _is_mapping(x) -> bool:
   return isinstance(x, Mapping)
 
 
-def quantize_params(params: Any, recipe: Recipe | str, *, progress: bool = True) -> Any:
-  """Quantize every 2-D ``kernel`` of a (nested dict) params tree as ``recipe`` says.
+def quantize_params(params: Any, recipe: Recipe | str, *, progress: bool = True,
+                    scanned: tuple[str, ...] = (), strict: bool = False) -> Any:
+  """Quantize every Dense ``kernel`` of a (nested dict) params tree as ``recipe`` says.
 
   Args:
-    params: a Flax params tree (nested dicts / FrozenDicts, e.g. ``variables["params"]``);
-      leaves named ``kernel`` with shape (in, out) are candidates.
+    params: a Flax linen params tree (nested dicts / FrozenDicts, e.g.
+      ``variables["params"]``); float leaves named ``kernel`` with shape (in, out) are
+      candidates.  Not an nnx ``State``: nnx models go through
+      :func:`humming_jax.nnx.quantize_nnx_model`.  A QuantMoE's float ``router`` is never
+      quantized.
     recipe: a mapping pattern -> preset name | QuantSpec | None, or a :data:`RECIPES` name.
     progress: show a tqdm progress bar when the tree has 8 or more kernels to quantize.
+    scanned: module paths made by ``nn.scan`` (``variable_axes={"params": 0}``): their
+      kernels (layers, in, out) are quantized layer by layer into one QuantizedWeight whose
+      leaves keep the leading layer axis and whose metadata (``shape``) is one layer's, so
+      the scanned body runs one layer (what ``nn.scan`` over :class:`QuantDense` makes).
+      Without it such stacks are not candidates (a warning names them when a pattern asks
+      for them; an exact key naming one raises).
+    strict: raise instead of warning when a recipe key decides no kernel (a misspelt
+      path, a pattern that matches nothing).
 
   Returns:
     A new tree of plain dicts: a quantized layer's ``{"kernel": w, "bias": b}`` becomes
@@ -173,12 +284,38 @@ def quantize_params(params: Any, recipe: Recipe | str, *, progress: bool = True)
   Raises:
     ValueError naming the path when a spec cannot quantize a kernel (e.g. its group size
     does not divide the input features): map that path to ``None`` to keep it float.
+    The finiteness check (NaN / inf kernels are refused) needs concrete arrays: under
+    ``jax.jit`` it is skipped.
   """
-  todo = {p: s for p, s in plan(params, recipe).items() if s is not None}
+  recipe = get_recipe(recipe)
+  planned, used, wide = _plan(params, recipe, tuple(scanned))
+  check_unused(recipe, used, strict=strict, where="quantize_params")
+  if wide:
+    warnings.warn(f"quantize_params: {len(wide)} kernels with more than 2 dims stay float "
+                  f"(layer stacks of nn.scan: pass scanned=; DenseGeneral / Einsum / Conv "
+                  f"kernels are not supported): {wide[:4]}{' ...' if len(wide) > 4 else ''}",
+                  stacklevel=2)
+  todo = {p: sl for p, sl in planned.items() if sl[0] is not None}
   bar = None
   if progress and len(todo) >= 8:
     from tqdm.auto import tqdm
     bar = tqdm(total=len(todo), desc="quantize_params", unit="layer", leave=False)
+
+  def quantize_kernel(p: str, prefix: str, v: Any, bias: Any) -> QuantizedWeight:
+    spec, lead = todo[p]
+    want = tuple(v.shape[:lead]) + (v.shape[-1],)
+    if bias is not None and tuple(getattr(bias, "shape", ())) != want:
+      raise ValueError(f"{prefix}/bias has shape {getattr(bias, 'shape', None)}; expected "
+                       f"{want} to fold into the quantized kernel {p}")
+    try:
+      if not isinstance(v, jax.core.Tracer) and not bool(jnp.all(jnp.isfinite(v))):
+        raise ValueError("the kernel contains NaN or inf")  # the jitted quantize cannot
+      if lead:
+        return _quantize_layers(v, spec, bias, lead)
+      return _quantize_jit(v, spec, bias=bias)
+    except ValueError as e:
+      raise ValueError(f"cannot quantize {p} (shape {tuple(v.shape)}) with {spec.name}: "
+                       f"{e}; map {p!r} to None in the recipe to keep it float") from None
 
   def walk(node, prefix: str):
     if not _is_mapping(node):
@@ -192,19 +329,7 @@ def quantize_params(params: Any, recipe: Recipe | str, *, progress: bool = True)
     for k, v in node.items():
       p = f"{prefix}/{k}" if prefix else str(k)
       if k == "kernel" and fold_bias:
-        bias = node.get("bias")
-        if bias is not None and (getattr(bias, "ndim", None) != 1
-                                 or bias.shape[0] != v.shape[1]):
-          raise ValueError(f"{prefix}/bias has shape {getattr(bias, 'shape', None)}; expected "
-                           f"({v.shape[1]},) to fold into the quantized kernel {p}")
-        try:
-          if not bool(jnp.all(jnp.isfinite(v))):  # the jitted quantize cannot check this
-            raise ValueError("the kernel contains NaN or inf")
-          out[k] = _quantize_jit(v, todo[p], bias=bias)
-        except ValueError as e:
-          raise ValueError(f"cannot quantize {p} (shape {tuple(v.shape)}) with "
-                           f"{todo[p].name}: {e}; map {p!r} to None in the recipe to keep "
-                           "it float") from None
+        out[k] = quantize_kernel(p, prefix, v, node.get("bias"))
         if bar is not None:
           bar.update(1)
       elif k == "bias" and fold_bias:
@@ -253,11 +378,32 @@ def prepare_params(tree: Any, *, backend: Any = None, x_dtype: Any = None) -> An
       return q
     parent, name = _named(path) if path else (None, None)
     kernel = layer_kernel.get(parent) if grouped and name in ("gate_up", "down") else None
+    layers = stacked_layers(q)
+    one = q if not layers else jax.tree_util.tree_map(lambda a: a[(0,) * len(layers)], q)
     if kernel is None and x_dtype is not None:  # the family that takes these tokens
-      kernel = ops.kernel_for(q, grouped=grouped, x_dtype=x_dtype).name
-    return ops.prepare(q, grouped=grouped, kernel=kernel)
+      kernel = ops.kernel_for(one, grouped=grouped, x_dtype=x_dtype).name
+    if not layers:
+      return ops.prepare(q, grouped=grouped, kernel=kernel)
+    return _prepare_layers(q, layers, lambda l: ops.prepare(l, grouped=grouped,
+                                                            kernel=kernel), path_str(path))
 
   return jax.tree_util.tree_map_with_path(prep, tree, is_leaf=is_q)
+
+
+def _prepare_layers(q: QuantizedWeight, layers: tuple[int, ...], prepare_one, where: str
+                    ) -> QuantizedWeight:
+  """A scanned layer stack prepared layer by layer, the layouts stacked again (the scan
+  body then slices one prepared layer).  Layers whose layouts differ (a per-layer mark such
+  as ``:cf``) cannot share one stack: those keep the canonical stack, prepared in each call."""
+  done = [prepare_one(jax.tree_util.tree_map(lambda a: a[i], q))
+          for i in np.ndindex(*layers)]
+  treedef = jax.tree_util.tree_structure(done[0])
+  if any(jax.tree_util.tree_structure(d) != treedef for d in done):
+    warnings.warn(f"prepare_params: the layers of {where} take different kernel layouts; "
+                  "the stack stays canonical (re-laid out in every call)", stacklevel=3)
+    return q
+  return jax.tree_util.tree_map(
+      lambda *a: jnp.stack(a).reshape(layers + a[0].shape), *done)
 
 
 def _named(path: tuple) -> tuple[tuple, Any]:
@@ -271,4 +417,4 @@ def _named(path: tuple) -> tuple[tuple, Any]:
 
 
 __all__ = ["RECIPES", "prepare_params", "ATTENTION_PATTERN", "MLP_PATTERN", "quantize_params", "plan",
-           "get_recipe", "resolve", "path_str"]
+           "get_recipe", "resolve", "deciding_key", "check_unused", "path_str"]

@@ -268,3 +268,104 @@ def test_gpu_quantmoe_matches_expert_loop():
   ref = _moe_oracle(x.astype(jnp.float32), p["router"]["kernel"], p["gate_up"], p["down"])
   assert np.isfinite(y).all()
   assert np.linalg.norm(y - ref) / np.linalg.norm(ref) < 2e-2
+
+
+# ------------------------------------------------------- settings against held weights
+def test_linen_quantdense_refuses_settings_its_weight_contradicts():
+  x = _x(7)
+  with_bias = hnn.QuantDense(N, spec="w8a16").init(jax.random.key(0), x)
+  no_bias = hnn.QuantDense(N, spec="w8a16", use_bias=False).init(jax.random.key(0), x)
+  with pytest.raises(ValueError, match=r"QuantDense 'QuantDense': use_bias=False but the "
+                                       r"quantized kernel's bias is set"):
+    hnn.QuantDense(N, spec="w8a16", use_bias=False).apply(with_bias, x)
+  with pytest.raises(ValueError, match="use_bias=True but the quantized kernel's bias is None"):
+    hnn.QuantDense(N, spec="w8a16").apply(no_bias, x)
+  with pytest.raises(ValueError, match=r"quantized with w8a16-int8-ch-bfloat16, not spec="
+                                       r"w4a16-int4-g128"):
+    hnn.QuantDense(N, spec="w4a16-g128").apply(with_bias, x)
+  with pytest.raises(ValueError, match=r"QuantDense 'proj': use_bias=False"):
+    class _Wrong(nn.Module):
+      @nn.compact
+      def __call__(self, x):
+        return hnn.QuantDense(N, spec="w8a16", use_bias=False, name="proj")(x)
+    _Wrong().apply({"params": {"proj": with_bias["params"]}}, x)
+
+
+def test_from_dense_refuses_a_custom_dot_general():
+  with pytest.raises(ValueError, match="custom dot_general"):
+    hnn.QuantDense.from_dense(nn.Dense(N, dot_general=jax.lax.dot_general), "w8a16")
+
+
+class _General(nn.Module):
+  """DenseGeneral as a Dense (last axis, one output axis), and as attention heads."""
+
+  @nn.compact
+  def __call__(self, x):
+    h = nn.DenseGeneral(N, name="proj")(x)
+    return nn.DenseGeneral((4, 16), name="heads")(h)
+
+
+def test_dense_general_over_the_last_axis_runs_quantized():
+  model, x = _General(), _x(8)
+  params = model.init(jax.random.key(2), x)["params"]
+  with pytest.warns(UserWarning, match=r"heads/kernel \(64, 4, 16\)"):
+    q = hj.quantize_params(params, "w8a16-all", progress=False)
+  assert isinstance(q["proj"]["kernel"], hj.QuantizedWeight)
+  y = jax.jit(lambda p: hnn.apply_quantized(model, {"params": p}, x))(q)
+  ref = nn.DenseGeneral((4, 16)).apply({"params": q["heads"]},
+                                       hj.quant_dense(q["proj"]["kernel"], x))
+  np.testing.assert_array_equal(y, ref)
+  assert y.shape == (2, 3, 4, 16)
+
+
+class _Einsum(nn.Module):
+  @nn.compact
+  def __call__(self, x):
+    return nn.Einsum((K, N), "...k,kn->...n", name="mix")(x)
+
+
+def test_other_modules_holding_a_quantized_kernel_are_named():
+  model, x = _Einsum(), _x(9)
+  params = model.init(jax.random.key(3), x)["params"]
+  q = hj.quantize_params(params, "w8a16-all", progress=False)  # a 2-D kernel: a candidate
+  with pytest.raises(TypeError, match=r"Einsum 'mix' holds a quantized kernel, but only "
+                                      r"nn.Dense and nn.DenseGeneral"):
+    hnn.apply_quantized(model, {"params": q}, x)
+
+
+class _Named(nn.Module):
+  @nn.compact
+  def __call__(self, x):
+    return nn.Dense(N, name="proj")(x)
+
+
+def test_quantize_linen_params_tells_a_params_submodule_from_variables():
+  class _Two(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+      return _Named(name="params")(x) + nn.Dense(N, name="proj")(x)
+
+  x = _x(10)
+  params = _Two().init(jax.random.key(4), x)["params"]  # top-level keys: params, proj
+  q = hnn.quantize_linen_params(params, "w8a16-all", progress=False)
+  assert isinstance(q["proj"]["kernel"], hj.QuantizedWeight)
+  assert isinstance(q["params"]["proj"]["kernel"], hj.QuantizedWeight)
+  variables = {"params": params, "batch_stats": {"bn": {"mean": jnp.ones(4)}}}
+  qv = hnn.quantize_linen_params(variables, "w8a16-all", progress=False)
+  assert isinstance(qv["params"]["proj"]["kernel"], hj.QuantizedWeight)
+  assert qv["batch_stats"] is variables["batch_stats"]
+
+
+def test_quantmoe_routers_stay_float_under_every_recipe():
+  x = jax.random.normal(jax.random.key(11), (5, K))
+  moe = hnn.QuantMoE(num_experts=4, topk=2, intermediate=128)
+  v = moe.init(jax.random.key(0), x)
+  q = hj.quantize_params(v["params"], "w8a16-all", progress=False)
+  assert q["router"]["kernel"] is v["params"]["router"]["kernel"]
+  np.testing.assert_array_equal(hnn.apply_quantized(moe, {"params": q}, x), moe.apply(v, x))
+  m = hnnx.QuantMoE(K, 4, 2, 128, rngs=nnx.Rngs(0))
+  router = m.router
+  with pytest.warns(UserWarning, match=r"decided no kernel: \['router'\]"):
+    hnnx.quantize_nnx_model(m, {"router": "w8a16"}, progress=False)
+  hnnx.quantize_nnx_model(m, {"*": "w8a16"}, progress=False)
+  assert m.router is router and isinstance(m.router, nnx.Linear)

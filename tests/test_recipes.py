@@ -4,8 +4,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import flax.linen as nn
+from flax import nnx
+
 import humming_jax as hj
+from humming_jax import nn as hnn
 from humming_jax import recipes
+from humming_jax.quantize import stacked_layers
 
 
 def _tree(key, k=128, n=64):
@@ -140,3 +145,95 @@ def test_prepare_params_is_identity_on_the_xla_path():
   p = recipes.prepare_params(q, backend="xla")
   assert p["a"]["kernel"] is q["a"]["kernel"]
   assert p["embed"]["embedding"] is q["embed"]["embedding"]
+
+
+class _ScannedBody(nn.Module):
+  @nn.compact
+  def __call__(self, x, _):
+    return jnp.tanh(nn.Dense(128, name="fc")(x)), None
+
+
+class _Scanned(nn.Module):
+  """Three layers under nn.scan (params (3, 128, 128)), then a plain head."""
+
+  @nn.compact
+  def __call__(self, x):
+    x = nn.scan(_ScannedBody, variable_axes={"params": 0}, split_rngs={"params": True},
+                length=3)(name="layers")(x, None)[0]
+    return nn.Dense(64, name="head")(x)
+
+
+@pytest.mark.parametrize("backend", ["xla", "interpret"])
+def test_scanned_layers_quantize_layer_by_layer_and_run_under_scan(backend):
+  model, x = _Scanned(), jax.random.normal(jax.random.key(1), (4, 128))
+  params = model.init(jax.random.key(0), x)["params"]
+  q = hj.quantize_params(params, "w4a16-all", progress=False, scanned=("layers",))
+  stack = q["layers"]["fc"]["kernel"]
+  assert stack.shape == (128, 128) and stacked_layers(stack) == (3,)
+  assert "layers=(3,)" in repr(stack) and "bias" not in q["layers"]["fc"]
+  for i in range(3):  # each layer is hj.quantize of that layer, bias folded
+    one = hj.quantize(params["layers"]["fc"]["kernel"][i], "w4a16-g128",
+                      bias=params["layers"]["fc"]["bias"][i])
+    for f in ("codes", "scales", "bias"):
+      np.testing.assert_array_equal(getattr(stack, f)[i], getattr(one, f))
+  if backend == "interpret":  # prepared layer by layer, stacked again
+    q = recipes.prepare_params(q, backend="interpret")
+    assert q["layers"]["fc"]["kernel"].layout != "canonical"
+  y = jax.jit(lambda p: hnn.apply_quantized(model, {"params": p}, x, backend=backend))(q)
+  h = x  # the same model as a loop over one layer at a time
+  for i in range(3):
+    h = jnp.tanh(hj.quant_dense(jax.tree.map(lambda a: a[i], q["layers"]["fc"]["kernel"]), h,
+                                backend=backend))
+  np.testing.assert_allclose(y, hj.quant_dense(q["head"]["kernel"], h, backend=backend),
+                             rtol=1e-5, atol=1e-5)
+  y_float = model.apply({"params": params}, x)  # four int4 g128 layers: ~0.09 each
+  assert jnp.linalg.norm(y - y_float) / jnp.linalg.norm(y_float) < 0.3
+
+
+def test_layer_stacks_without_scanned_are_named_not_quantized_silently():
+  model, x = _Scanned(), jnp.ones((2, 128))
+  params = model.init(jax.random.key(0), x)["params"]
+  with pytest.warns(UserWarning, match=r"1 kernels with more than 2 dims stay float.*"
+                                       r"layers/fc/kernel \(3, 128, 128\)"):
+    q = hj.quantize_params(params, "w8a16-all", progress=False)
+  assert q["layers"]["fc"]["kernel"] is params["layers"]["fc"]["kernel"]
+  with pytest.raises(ValueError, match=r"recipe\['layers/fc'\] asks for .* \(3, 128, 128\).*"
+                                       r"scanned="):
+    hj.quantize_params(params, {"layers/fc": "w8a16"}, progress=False)
+  with pytest.raises(ValueError, match=r"scanned=\['layerz'\] holds no float kernel"):
+    hj.quantize_params(params, "w8a16-all", progress=False, scanned=("layerz",))
+  with pytest.raises(ValueError, match="head/kernel .* no leading layer axis"):
+    hj.quantize_params(params, "w8a16-all", progress=False, scanned=("head",))
+  q = hj.quantize_params(params, "w8a16-all", progress=False, scanned=("layers",))
+  with pytest.raises(ValueError, match=r"a stack of \(3,\) layers .* jax.tree.map"):
+    hj.quant_dense(q["layers"]["fc"]["kernel"], x)
+
+
+def test_recipe_keys_that_decide_no_kernel_warn_or_raise():
+  params = _tree(jax.random.key(5))
+  with pytest.warns(UserWarning, match=r"decided no kernel: \['b/kernal', 're:\^zz'\]"):
+    q = hj.quantize_params(params, {"b/kernal": None, "re:^zz": "w8a16", "*": "w8a16"},
+                           progress=False)
+  assert isinstance(q["b"]["kernel"], hj.QuantizedWeight)  # the misspelt None did nothing
+  with pytest.raises(ValueError, match=r"decided no kernel: \['embed/embedding'\]"):
+    hj.quantize_params(params, {"embed/embedding": "w8a16"}, progress=False, strict=True)
+  with pytest.warns(UserWarning, match="decided no kernel"):  # a named recipe, no match
+    hj.quantize_params(params, "fp8-attn-w4a16-mlp", progress=False)
+
+
+def test_nnx_state_is_refused_by_name():
+  state = nnx.state(nnx.Linear(128, 64, rngs=nnx.Rngs(0)))
+  with pytest.raises(TypeError, match="quantize_nnx_model"):
+    hj.quantize_params(state, {"kernel": "w8a16"}, progress=False)
+  pure = hj.quantize_params(nnx.to_pure_dict(state), {"kernel": "w8a16"}, progress=False)
+  assert isinstance(pure["kernel"], hj.QuantizedWeight)
+
+
+def test_quantize_params_under_jit_equals_eager():
+  params = _tree(jax.random.key(6))
+  eager = hj.quantize_params(params, "w4a16-all", progress=False)
+  traced = jax.jit(lambda p: hj.quantize_params(p, "w4a16-all", progress=False))(params)
+  for name in "abc":
+    for f in ("codes", "scales", "bias"):
+      np.testing.assert_array_equal(getattr(traced[name]["kernel"], f),
+                                    getattr(eager[name]["kernel"], f))

@@ -74,7 +74,8 @@ class QuantDense(nn.Module):
       qw = self.param("kernel", init)
     return _common.dense_call(qw, inputs, dtype=self.dtype, param_dtype=self.param_dtype,
                               features=self.features, backend=self.backend,
-                              where=f"QuantDense {self.name!r}")
+                              where=f"QuantDense {_module_path(self)!r}",
+                              use_bias=self.use_bias, spec=spec)
 
   @staticmethod
   def from_dense_params(params: Any, spec: QuantSpec | str) -> dict[str, QuantizedWeight]:
@@ -91,6 +92,9 @@ class QuantDense(nn.Module):
     """A QuantDense with ``dense``'s configuration (an unbound ``nn.Dense``)."""
     if not isinstance(dense, nn.Dense):
       raise TypeError(f"dense must be a flax.linen.Dense; got {type(dense).__name__}")
+    if dense.dot_general is not None or dense.dot_general_cls is not None:
+      raise ValueError("dense has a custom dot_general / dot_general_cls, which a QuantDense "
+                       "would not call (it computes with hj.quant_dense)")
     return cls(features=dense.features, use_bias=dense.use_bias, dtype=dense.dtype,
                param_dtype=dense.param_dtype, precision=dense.precision,
                kernel_init=dense.kernel_init, bias_init=dense.bias_init,
@@ -151,20 +155,45 @@ class QuantMoE(nn.Module):
 # ----------------------------------------------------------------------------------------
 # Swapping every nn.Dense of an existing model
 # ----------------------------------------------------------------------------------------
+def _module_path(mod: nn.Module) -> str:
+  """A bound module's '/'-joined scope path (its class name at the top level)."""
+  return "/".join(mod.scope.path) or type(mod).__name__
+
+
+def _one_output_axis(mod: nn.DenseGeneral, x: jax.Array) -> bool:
+  """A DenseGeneral that is a Dense: contracts x's last axis only, one output axis, no
+  batch dims -- its kernel is (in, out), what quantize_params quantizes."""
+  axis = mod.axis if isinstance(mod.axis, tuple) else (mod.axis,)
+  features = mod.features if isinstance(mod.features, tuple) else (mod.features,)
+  return (len(axis) == 1 and axis[0] % x.ndim == x.ndim - 1 and len(features) == 1
+          and not mod.batch_dims)
+
+
 def dense_interceptor(*, backend: Backend = None) -> Callable:
-  """An ``nn.intercept_methods`` interceptor: ``nn.Dense.__call__`` whose ``kernel`` param
-  is a QuantizedWeight runs ``hj.quant_dense``; every other call runs unchanged."""
+  """An ``nn.intercept_methods`` interceptor: ``nn.Dense`` (and ``nn.DenseGeneral`` over the
+  last axis with one output axis) whose ``kernel`` param is a QuantizedWeight runs
+  ``hj.quant_dense``; any other module holding a quantized ``kernel`` is an error naming
+  it; every other call runs unchanged."""
 
   def interceptor(next_fun, args, kwargs, context):
     mod = context.module
-    if (context.method_name == "__call__" and isinstance(mod, nn.Dense)
+    if (context.method_name == "__call__" and not isinstance(mod, QuantDense)
         and mod.has_variable("params", "kernel")):
       qw = mod.get_variable("params", "kernel")
       if isinstance(qw, QuantizedWeight):
-        x = args[0] if args else kwargs["inputs"]
+        x = jnp.asarray(args[0] if args else kwargs["inputs"])
+        where = f"{type(mod).__name__} {_module_path(mod)!r}"
+        if isinstance(mod, nn.Dense):
+          features = mod.features
+        elif isinstance(mod, nn.DenseGeneral) and _one_output_axis(mod, x):
+          features = (mod.features if isinstance(mod.features, int) else mod.features[0])
+        else:
+          raise TypeError(f"{where} holds a quantized kernel, but only nn.Dense and "
+                          "nn.DenseGeneral over the last axis with one output axis run "
+                          "quantized: map its path to None in the recipe")
         return _common.dense_call(qw, x, dtype=mod.dtype, param_dtype=mod.param_dtype,
-                                  features=mod.features, backend=backend,
-                                  where=f"nn.Dense {'/'.join(mod.scope.path)!r}")
+                                  features=features, backend=backend, where=where,
+                                  use_bias=mod.use_bias)
     return next_fun(*args, **kwargs)
 
   return interceptor
@@ -209,18 +238,34 @@ def capture_dense_inputs(model: nn.Module, variables: Any, *args, **kwargs
   return seen
 
 
-def quantize_linen_params(params: Any, recipe: Any, *, progress: bool = True) -> Any:
+def _is_variables(tree: Any) -> bool:
+  """Whether ``tree`` is a ``variables`` dict (collections at the top) rather than a params
+  tree: it holds a ``params`` collection, and its other collections (batch_stats, cache,
+  ...) hold no ``kernel`` -- a params tree with a submodule named ``params`` has kernels
+  outside it."""
+  from humming_jax.recipes import path_str
+  if not (hasattr(tree, "keys") and "params" in tree
+          and all(hasattr(v, "keys") for v in tree.values())):
+    return False
+  others = {k: v for k, v in tree.items() if k != "params"}
+  return not any(path_str(p).rpartition("/")[2] == "kernel"
+                 for p, _ in jax.tree_util.tree_flatten_with_path(
+                     others, is_leaf=lambda x: isinstance(x, QuantizedWeight))[0])
+
+
+def quantize_linen_params(params: Any, recipe: Any, *, progress: bool = True,
+                          **kwargs: Any) -> Any:
   """:func:`humming_jax.quantize_params` for a linen params tree (``variables["params"]``).
 
   A ``variables`` dict (with a top-level ``"params"`` collection) is accepted too: only its
-  ``"params"`` collection is quantized, other collections are returned as they are."""
+  ``"params"`` collection is quantized, other collections are returned as they are.
+  ``kwargs`` (``scanned``, ``strict``) as :func:`humming_jax.quantize_params`."""
   from humming_jax.recipes import quantize_params
-  if hasattr(params, "keys") and "params" in params and all(
-      hasattr(v, "keys") for v in params.values()):
+  if _is_variables(params):
     out = dict(params)
-    out["params"] = quantize_params(params["params"], recipe, progress=progress)
+    out["params"] = quantize_params(params["params"], recipe, progress=progress, **kwargs)
     return out
-  return quantize_params(params, recipe, progress=progress)
+  return quantize_params(params, recipe, progress=progress, **kwargs)
 
 
 __all__ = ["QuantDense", "QuantMoE", "dense_interceptor", "quantized_dense",

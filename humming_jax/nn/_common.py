@@ -26,8 +26,22 @@ def compute_dtype(x: jax.Array, dtype: Any, param_dtype: Any) -> Any:
   return jnp.result_type(x.dtype, param_dtype)
 
 
+def check_held_weight(qw: QuantizedWeight, *, spec: QuantSpec | None, use_bias: bool,
+                      where: str) -> None:
+  """A layer's settings agree with the QuantizedWeight it holds: the weight carries its own
+  spec and bias, so a mismatch would silently compute something the layer does not say."""
+  if spec is not None and qw.spec != spec:
+    raise ValueError(f"{where}: the kernel was quantized with {qw.spec.name}, not spec="
+                     f"{spec.name}: set spec to the weight's (weight.spec)")
+  if use_bias != (qw.bias is not None):
+    raise ValueError(f"{where}: use_bias={use_bias} but the quantized kernel's bias is "
+                     f"{'set' if qw.bias is not None else 'None'} (quantize folds a Dense's "
+                     "bias into its QuantizedWeight)")
+
+
 def dense_call(qw: Any, x: jax.Array, *, dtype: Any, param_dtype: Any, features: int | None,
-               backend: Any, where: str) -> jax.Array:
+               backend: Any, where: str, use_bias: bool, spec: QuantSpec | None = None
+               ) -> jax.Array:
   """``hj.quant_dense(qw, x.astype(compute dtype))`` after checking what the layer holds."""
   if not isinstance(qw, QuantizedWeight):
     raise TypeError(f"{where}: the 'kernel' param must be a QuantizedWeight (from "
@@ -35,6 +49,7 @@ def dense_call(qw: Any, x: jax.Array, *, dtype: Any, param_dtype: Any, features:
   if features is not None and qw.out_features != features:
     raise ValueError(f"{where}: features={features} but the quantized kernel has "
                      f"out_features={qw.out_features} (shape {qw.shape})")
+  check_held_weight(qw, spec=spec, use_bias=use_bias, where=where)
   x = jnp.asarray(x)
   return quant_dense(qw, x.astype(compute_dtype(x, dtype, param_dtype)), backend=backend)
 
