@@ -142,9 +142,10 @@ def stacked_layers(q: QuantizedWeight) -> tuple[int, ...]:
   (``quantize_params(..., scanned=...)``, or ``nn.scan`` over a QuantDense): its codes'
   leading dims beyond its metadata's ``shape``, which is one layer's.  () for one layer.
   Read on canonical params only (kernel layouts shape their codes their own way)."""
-  if q.layout != "canonical":
+  ndim = getattr(q.codes, "ndim", None)  # (trees of partition specs hold no arrays)
+  if q.layout != "canonical" or ndim is None:
     return ()
-  return tuple(q.codes.shape[:q.codes.ndim - len(q.shape)])
+  return tuple(q.codes.shape[:ndim - len(q.shape)])
 
 
 # ----------------------------------------------------------------------------------------
