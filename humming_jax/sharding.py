@@ -9,9 +9,11 @@ params; this module supplies what is specific to the quantized layout:
   group/block scales and zero points ``P(a, b)``, per-channel scales ``P(None, b)`` (one
   scale row covers all of K), per-tensor scales / global scale / activation scale
   replicated, bias ``P(b)``.  Stacked experts ``(E, K, N)`` take ``P(e, a, b)``.
-  A K shard must hold whole 32-code packing chunks and whole scale groups
-  (``K / shards % lcm(group_size, 32) == 0``); an N shard whole 2-D scale blocks
-  (``N / shards % block_n == 0``).  Misalignment is a ``ValueError`` naming the sizes.
+  A K shard must hold whole 32-code packing chunks, whole scale groups and whole
+  activation scale groups (``K / shards % lcm(group_size, act_group_size, 32) == 0``); an
+  N shard whole 2-D scale blocks (``N / shards % block_n == 0``).  Misalignment is a
+  ``ValueError`` naming the sizes.  The spec of a bias that ``hj.quantize_params`` folded
+  into its kernel's ``QuantizedWeight`` may stay in the float spec tree (checked, skipped).
 * :func:`slice_weight` / :func:`local_weight` -- a shard of a :class:`QuantizedWeight` that is
   itself a valid ``QuantizedWeight`` with the local logical shape, so the per-device
   computation is plain :func:`humming_jax.quant_dense` (and any Pallas kernel) on it.
@@ -29,23 +31,29 @@ device sees all of K).  Row-parallel: weight-only specs, static activation scale
 per-K-group activation scales whose groups lie inside a shard are local; *dynamic*
 per-token / per-tensor activation scales (and NVFP4's tensor-level activation scale) depend
 on all of K, so the shard's amax is combined with ``pmax`` over the axis first and the
-activations quantized with that global scale -- never with a per-shard scale.
+activations quantized with that global scale -- never with a per-shard scale.  With
+``batch_axis`` (tokens sharded too), tensor-level scales also take the ``pmax`` over the
+batch axis, in both layers.  A NaN / inf reaches every shard its scale spans, as unsharded.
 """
 from __future__ import annotations
 
+import functools
 import math
+from collections.abc import Mapping
 from typing import Any, Callable, Literal
 
 import jax
 import jax.numpy as jnp
 from jax import lax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jax.tree_util import DictKey, SequenceKey, keystr
 
 from humming_jax import ops
 from humming_jax.packing import CODES_PER_CHUNK, packed_rows
 # Names, not the module: the package re-exports a function called ``quantize``.
-from humming_jax.quantize import (QuantizedActivations, QuantizedWeight, activation_group_amax,
-                                  finite_amax, quantize_activations, scale_block)
+from humming_jax.quantize import (QuantizedActivations, QuantizedWeight, act_scale_shape,
+                                  activation_group_amax, finite_amax, quantize_activations,
+                                  scale_block)
 
 AxisName = str | tuple[str, ...]
 
@@ -94,13 +102,19 @@ def _shards(entry, sizes: dict[str, int] | None, what: str) -> int | None:
 # ----------------------------------------------------------------------------------------
 # Alignment rules
 # ----------------------------------------------------------------------------------------
-def _k_quantum(q: QuantizedWeight) -> int:
-  """Rows of K a K shard must be a multiple of: packing chunks and scale groups."""
+def _k_quantum(q: QuantizedWeight) -> tuple[int, str]:
+  """Rows of K a K shard must be a multiple of (packing chunks, weight scale groups and
+  activation scale groups), and what makes them up, for errors."""
   k, n = q.shape[-2:]
-  bk, _ = scale_block(q.spec, k, n)
-  if q.spec.granularity in ("group", "block"):
-    return math.lcm(bk, CODES_PER_CHUNK)
-  return CODES_PER_CHUNK  # channel / tensor scales do not split along K
+  spec = q.spec
+  parts = {}
+  if spec.granularity in ("group", "block"):  # channel / tensor scales do not split along K
+    parts["group_size"] = scale_block(spec, k, n)[0]
+  if spec.act is not None and spec.act_granularity == "group":  # quantized shard by shard
+    parts["act_group_size"] = spec.act_group_size
+  names = [f"{name}={v}" for name, v in parts.items()] + ["32-code packing chunks"]
+  what = ", ".join(names[:-1]) + " and " + names[-1] if len(names) > 1 else names[0]
+  return math.lcm(CODES_PER_CHUNK, *parts.values()), what
 
 
 def _check_k_split(q: QuantizedWeight, shards: int, what: str) -> None:
@@ -111,13 +125,11 @@ def _check_k_split(q: QuantizedWeight, shards: int, what: str) -> None:
     raise ValueError(f"{what}: act-order weights (input_perm set) cannot be split along K: "
                      "a shard's stored rows are not one block of x's columns; shard them "
                      "along N (column-parallel) or keep K whole")
-  quantum = _k_quantum(q)
+  quantum, parts = _k_quantum(q)
   if k % shards or (k // shards) % quantum:
-    extra = (f"group_size={q.spec.group_size} and " if q.spec.granularity in
-             ("group", "block") else "")
     raise ValueError(
         f"{what}: K={k} split over {shards} shards gives K/shards={k / shards:g} rows, "
-        f"which must be a multiple of lcm({extra}32-code packing chunks)={quantum}; "
+        f"which must be a multiple of lcm({parts})={quantum}; "
         f"use a K divisible by {shards * quantum} or fewer shards")
 
 
@@ -197,15 +209,49 @@ def _is_qw(x) -> bool:
   return isinstance(x, QuantizedWeight)
 
 
+def _normalized_spec(spec: P | None, ndim: int) -> tuple[tuple[str, ...], ...]:
+  """A spec's mesh axes per dim (``None``, ``P()`` and ``P(None)`` alike)."""
+  entries = tuple(spec) if spec is not None else ()
+  return tuple(_axis_names(e) for e in entries + (None,) * (ndim - len(entries)))
+
+
+def _drop_folded_bias_specs(qtree: Any, stree: Any, path: tuple, folded: dict) -> Any:
+  """``stree`` without the spec of each bias folded into its sibling quantized kernel.
+
+  ``hj.quantize_params`` turns ``{"kernel": w, "bias": b}`` into ``{"kernel":
+  QuantizedWeight(bias=b)}``; the float model's spec tree still has the ``bias`` entry.
+  Its spec is recorded in ``folded`` under the kernel's path, to be checked against the
+  spec the folded bias gets from the kernel's.
+  """
+  if isinstance(qtree, Mapping) and isinstance(stree, Mapping):
+    kernel = qtree.get("kernel")
+    fold = (_is_qw(kernel) and kernel.bias is not None and "bias" in stree
+            and "bias" not in qtree)
+    if fold:
+      folded[keystr(path + (DictKey("kernel"),))] = stree["bias"]
+    return type(stree)({
+        k: _drop_folded_bias_specs(qtree[k], v, path + (DictKey(k),), folded)
+        if k in qtree else v
+        for k, v in stree.items() if not (fold and k == "bias")})
+  if type(qtree) in (list, tuple) and type(stree) is type(qtree) and len(stree) == len(qtree):
+    return type(stree)(_drop_folded_bias_specs(qv, sv, path + (SequenceKey(i),), folded)
+                       for i, (qv, sv) in enumerate(zip(qtree, stree)))
+  return stree
+
+
 def partition_specs(qparams_tree: Any, float_specs_tree: Any, *,
                     mesh: Mesh | None = None) -> Any:
   """PartitionSpecs for every leaf of a quantized params tree, from the float model's specs.
 
   Args:
     qparams_tree: params tree where some float kernels were replaced by
-      :class:`QuantizedWeight` (e.g. by ``hj.quantize``); other leaves are kept.
+      :class:`QuantizedWeight` (e.g. by ``hj.quantize`` or ``hj.quantize_params``); other
+      leaves are kept.
     float_specs_tree: the float model's spec tree (same structure as the float params):
-      a ``PartitionSpec`` (or None = replicated) where each kernel / array was.
+      a ``PartitionSpec`` (or None = replicated) where each kernel / array was.  The spec
+      of a ``bias`` that ``hj.quantize_params`` folded into its sibling quantized
+      ``kernel`` may stay: it is skipped, after checking it equals the spec the folded bias
+      takes from the kernel's (its N entry; ValueError if not).
     mesh: optional; when given (or set with ``jax.set_mesh``), every split is checked for
       divisibility and quantized-layout alignment (ValueError naming the sizes).
 
@@ -214,6 +260,8 @@ def partition_specs(qparams_tree: Any, float_specs_tree: Any, *,
     are PartitionSpecs (see :func:`weight_partition_spec`); other leaves keep their spec.
   """
   leaves, treedef = jax.tree_util.tree_flatten_with_path(qparams_tree, is_leaf=_is_qw)
+  folded = {}
+  float_specs_tree = _drop_folded_bias_specs(qparams_tree, float_specs_tree, (), folded)
   try:
     specs = treedef.flatten_up_to(float_specs_tree)
   except (ValueError, TypeError) as e:
@@ -221,14 +269,26 @@ def partition_specs(qparams_tree: Any, float_specs_tree: Any, *,
                      f"(a PartitionSpec where each quantized kernel is): {e}") from None
   out = []
   for (path, leaf), spec in zip(leaves, specs):
+    where = keystr(path)
     if spec is not None and not isinstance(spec, P):
-      raise TypeError(f"float spec at {jax.tree_util.keystr(path)} must be a PartitionSpec "
+      raise TypeError(f"float spec at {where} must be a PartitionSpec "
                       f"or None; got {type(spec).__name__}")
-    if _is_qw(leaf):
-      out.append(weight_partition_spec(leaf, spec, mesh=mesh,
-                                       what=f"params{jax.tree_util.keystr(path)}"))
-    else:
+    if not _is_qw(leaf):
       out.append(P() if spec is None else spec)
+      continue
+    wspec = weight_partition_spec(leaf, spec, mesh=mesh, what=f"params{where}")
+    if where in folded:
+      bias_spec = folded[where]
+      if bias_spec is not None and not isinstance(bias_spec, P):
+        raise TypeError(f"float spec of the bias folded into params{where} must be a "
+                        f"PartitionSpec or None; got {type(bias_spec).__name__}")
+      if _normalized_spec(bias_spec, leaf.bias.ndim) != _normalized_spec(wspec.bias,
+                                                                         leaf.bias.ndim):
+        raise ValueError(f"float spec {bias_spec} of the bias folded into params{where} "
+                         f"contradicts the kernel's {spec}: the folded bias is placed with "
+                         f"the kernel's N entry, {wspec.bias}; give the bias that spec (or "
+                         "leave it out of float_specs_tree)")
+    out.append(wspec)
   return jax.tree_util.tree_unflatten(treedef, out)
 
 
@@ -347,57 +407,76 @@ def _weight_only(q: QuantizedWeight) -> QuantizedWeight:
   return q.replace(spec=q.spec.weight_only(), act_scale=None)
 
 
-def _row_activation_plan(spec) -> str:
-  """How row-parallel keeps activation quantization equal to the unsharded one."""
+def _has_tensor_act_scale(spec) -> bool:
+  """A dynamic activation scale over all tokens and all of K: a per-tensor scale, or the
+  fp32 tensor factor of two-level (NVFP4-style, e4m3) scales."""
+  return spec.act_granularity == "tensor" or spec.act_scale_dtype == "fp8_e4m3"
+
+
+def _activation_plan(spec, k_split: bool, m_split: bool) -> str:
+  """How a shard keeps activation quantization equal to the unsharded one, with K split
+  over devices (row-parallel) and / or the tokens (``batch_axis``)."""
   if spec.act is None or spec.act_static:
     return "local"  # nothing dynamic, or one calibrated scale every shard has
-  if spec.act_granularity == "group" and spec.act_scale_dtype != "fp8_e4m3":
-    return "local"  # groups lie inside a shard (checked) and have no tensor-level scale
-  if spec.act_granularity == "tensor" and spec.act_scale_dtype != "fp8_e4m3":
-    return "static"  # global amax -> one scale -> the static-scale kernel path
-  return "global_fake_quant"  # per-token / NVFP4 two-level: scales need all of K
+  if _has_tensor_act_scale(spec):
+    if not (k_split or m_split):
+      return "local"
+    if spec.act_granularity == "tensor" and spec.act_scale_dtype != "fp8_e4m3":
+      return "static"  # global amax -> one scale -> the static-scale kernel path
+    return "global_fake_quant"  # two-level (e4m3) scales: the fp32 factor needs all shards
+  if spec.act_granularity == "token" and k_split:
+    return "global_fake_quant"  # a token's scale needs its whole row
+  return "local"  # whole rows, or K groups inside a shard (K alignment is checked)
 
 
-def _row_partial(q: QuantizedWeight, x2: jax.Array, axis: AxisName, backend,
-                 partial_dtype) -> jax.Array:
-  """Partial product of the local K shard (no bias), activations quantized exactly."""
+def _global_amax(amax: jax.Array, bad: jax.Array, axes: tuple[str, ...]) -> jax.Array:
+  """``pmax`` over ``axes`` of scale-group amaxes (:func:`activation_group_amax`), +inf
+  where any shard's part of the group holds NaN / inf.  +inf, not NaN, marks the bad
+  groups: XLA's CPU max drops NaN; the quantizer turns an inf amax into a NaN scale, as
+  unsharded.  One collective carries both."""
+  amax = jnp.where(bad, jnp.inf, amax)
+  return lax.pmax(amax, axes) if axes else amax
+
+
+def _shard_product(q: QuantizedWeight, x2: jax.Array, k_axes: tuple[str, ...],
+                   m_axes: tuple[str, ...], backend, partial_dtype) -> jax.Array:
+  """``x2 @ q`` on this shard (a partial sum when K is split over ``k_axes``; tokens split
+  over ``m_axes``), the activations quantized exactly as the unsharded layer would."""
   spec = q.spec
-  plan = _row_activation_plan(spec)
-  x32 = x2.astype(jnp.float32)
+  plan = _activation_plan(spec, bool(k_axes), bool(m_axes))
   cdt = partial_dtype or x2.dtype  # what the kernel takes and returns
+  if spec.act is not None and spec.act_granularity == "group" and \
+      q.in_features % spec.act_group_size:
+    raise ValueError(f"row-parallel: local K={q.in_features} is not a multiple of "
+                     f"act_group_size={spec.act_group_size}")
   if plan == "local":
-    if spec.act_granularity == "group" and spec.act is not None and \
-        q.in_features % spec.act_group_size:
-      raise ValueError(f"row-parallel: local K={q.in_features} is not a multiple of "
-                       f"act_group_size={spec.act_group_size}")
     return ops.quant_dense(q, x2.astype(cdt), backend=backend)
-  amax = jnp.abs(x32)
+  x32 = x2.astype(jnp.float32)
+  m, kl = x32.shape
+  amax, bad = activation_group_amax(x32, spec)
+  # The shards a scale group spans: a token's all of K, the tensor's every shard.
+  spans = {"token": k_axes, "tensor": k_axes + m_axes}.get(spec.act_granularity, ())
+  amax = _global_amax(amax, bad, spans)
   if plan == "static":
-    g = lax.pmax(jnp.max(amax), axis)
     # Scale of the global amax, computed by the library's own activation quantizer.
-    s = quantize_activations(jnp.reshape(g, (1, 1)), spec).scales.reshape(())
+    s = quantize_activations(amax, spec).scales.reshape(())
     static = q.replace(spec=spec.replace(act_static=True), act_scale=s)
     return ops.quant_dense(static, x2.astype(cdt), backend=backend)
-  # A sentinel block holding the global amax makes the local quantizer derive exactly the
-  # unsharded scales; the sentinel is dropped and the dequantized activations are fed to
-  # the weight-only path (equal numbers; on GPU this path uses the WnA16 kernel).
-  m, kl = x32.shape
+  # Sentinels holding the global amaxes make the local quantizer derive exactly the
+  # unsharded scales: a column with each token's (token scales), a row with the tensor's
+  # (NVFP4's fp32 factor: the amax over the finite groups of all shards).  They are dropped
+  # and the dequantized activations fed to the weight-only path (equal numbers; on GPU
+  # this path uses the WnA16 kernel).
+  xe = x32
   if spec.act_granularity == "token":
-    sentinel = lax.pmax(jnp.max(amax, axis=1, keepdims=True), axis)  # (M, 1)
-    width = 1
-  else:  # tensor-level amax (NVFP4 s2 or e4m3 tensor scales)
-    width = spec.act_group_size if spec.act_granularity == "group" else 1
-    if spec.act_granularity == "group" and kl % width:
-      raise ValueError(f"row-parallel: local K={kl} is not a multiple of "
-                       f"act_group_size={width}")
-    local = (finite_amax(*activation_group_amax(x32, spec))  # NVFP4's s2, as unsharded
-             if spec.act_scale_dtype == "fp8_e4m3" else jnp.max(amax))
-    sentinel = jnp.broadcast_to(lax.pmax(local, axis), (m, 1))
-  xe = jnp.concatenate([x32, jnp.broadcast_to(sentinel, (m, width))], axis=1)
+    xe = jnp.concatenate([xe, amax], axis=1)
+  if _has_tensor_act_scale(spec):
+    tensor = amax if spec.act_granularity == "tensor" else lax.pmax(
+        finite_amax(amax, ~jnp.isfinite(amax)), k_axes + m_axes)
+    xe = jnp.concatenate([xe, jnp.broadcast_to(tensor, (1, xe.shape[1]))], axis=0)
   qa = quantize_activations(xe, spec)
-  gcols = qa.scales.shape[1]
-  keep = gcols if gcols == 1 else gcols - 1
-  a_deq = QuantizedActivations(qa.values[:, :kl], qa.scales[:, :keep]).dequantize()
+  gm, gk = act_scale_shape(spec, m, kl)
+  a_deq = QuantizedActivations(qa.values[:m, :kl], qa.scales[:gm, :gk]).dequantize()
   return ops.quant_dense(_weight_only(q), a_deq.astype(cdt), backend=backend)
 
 
@@ -411,9 +490,25 @@ def _place(tree: Any, specs: Any, mesh: Mesh) -> Any:
   return lax.with_sharding_constraint(tree, shardings)
 
 
-def _call_sharded(f: Callable, mesh: Mesh, specs: tuple, *args) -> Any:
-  """Run the shard_map ``f`` on ``args`` moved to ``specs`` (inside jit when traced)."""
-  return jax.jit(lambda *a: f(*_place(a, specs, mesh)))(*args)
+@functools.lru_cache(maxsize=256)
+def _sharded_fn(body: Callable, static: tuple, mesh: Mesh, spec_leaves: tuple, spec_tree,
+                out_specs) -> Callable:
+  """``jax.jit(shard_map(body))``, built once per static configuration."""
+  in_specs = jax.tree.unflatten(spec_tree, spec_leaves)
+  f = jax.shard_map(functools.partial(body, **dict(static)), mesh=mesh, in_specs=in_specs,
+                    out_specs=out_specs, check_vma=False)  # Pallas kernels do not track vma
+  return jax.jit(lambda *a: f(*_place(a, in_specs, mesh)))
+
+
+def _call_sharded(body: Callable, static: dict, mesh: Mesh, in_specs: tuple, out_specs,
+                  *args) -> Any:
+  """Run ``body(*args, **static)`` under ``shard_map`` on ``args`` moved to ``in_specs``
+  (inside jit when traced).  The jitted function is cached on everything static (a fresh
+  one per call would retrace and recompile on every eager call)."""
+  leaves, tree = jax.tree.flatten(in_specs, is_leaf=lambda s: isinstance(s, P))
+  static = tuple(sorted((k, tuple(v) if isinstance(v, list) else v)  # hashable axis names
+                        for k, v in static.items()))
+  return _sharded_fn(body, static, mesh, tuple(leaves), tree, out_specs)(*args)
 
 
 def _x_spec(ndim: int, last, batch_axis) -> P:
@@ -432,6 +527,20 @@ def _check_dense(params, x, what):
   if x.ndim < 1:
     raise ValueError(f"{what}: x must be (..., K); got a scalar")
   return x
+
+
+def _column_body(p, xl, *, axis, batch_axis, backend, gather_output):
+  p = local_weight(p)
+  m_axes = _axis_names(batch_axis)
+  if _activation_plan(p.spec, k_split=False, m_split=bool(m_axes)) == "local":
+    y = ops.quant_dense(p, xl, backend=backend)
+  else:  # a tensor-level activation scale spans the tokens of every batch shard; fp32
+    # keeps the dequantized activations exact (one cast at the end, as unsharded)
+    y = _shard_product(p, xl.reshape(-1, xl.shape[-1]), (), m_axes, backend, jnp.float32)
+    y = y.astype(xl.dtype).reshape(*xl.shape[:-1], p.out_features)
+  if gather_output:
+    y = lax.all_gather(y, axis, axis=y.ndim - 1, tiled=True)
+  return y
 
 
 def column_parallel_dense(params: QuantizedWeight, x: jax.Array, *, axis: AxisName,
@@ -453,26 +562,35 @@ def column_parallel_dense(params: QuantizedWeight, x: jax.Array, *, axis: AxisNa
     mesh: wrap in ``shard_map`` over this mesh; None = already inside ``shard_map``.
     backend: as for ``hj.quant_dense``.
     gather_output: all-gather the output along N (replicated result).
-    batch_axis: mesh axis that shards x's leading dim (data parallel), or None.
+    batch_axis: mesh axis that shards x's leading dim (data parallel), or None.  A
+      dynamic tensor-level activation scale (per-tensor, NVFP4's fp32 factor) spans all
+      tokens: its amax is combined with ``pmax`` over ``batch_axis`` (with ``mesh=None``
+      too: name the axis your ``shard_map`` splits the tokens over).
   """
   x = _check_dense(params, x, "column_parallel_dense")
-
-  def body(p, xl):
-    p = local_weight(p)
-    y = ops.quant_dense(p, xl, backend=backend)
-    if gather_output:
-      y = lax.all_gather(y, axis, axis=y.ndim - 1, tiled=True)
-    return y
-
+  static = dict(axis=axis, batch_axis=batch_axis, backend=backend,
+                gather_output=gather_output)
   if mesh is None:
-    return body(params, x)
+    return _column_body(params, x, **static)
   pspec = weight_partition_spec(params, P(None, axis), mesh=mesh,
                                 what="column_parallel_dense params")
   xspec = _x_spec(x.ndim, None, batch_axis)
   ospec = _x_spec(x.ndim, None if gather_output else axis, batch_axis)
-  f = jax.shard_map(body, mesh=mesh, in_specs=(pspec, xspec), out_specs=ospec,
-                    check_vma=False)  # Pallas kernels inside do not track vma
-  return _call_sharded(f, mesh, (pspec, xspec), params, x)
+  return _call_sharded(_column_body, static, mesh, (pspec, xspec), ospec, params, x)
+
+
+def _row_body(p, xl, *, axis, batch_axis, backend, partial_dtype):
+  p = local_weight(p)
+  if xl.shape[-1] != p.in_features:
+    raise ValueError(f"row_parallel_dense: local x has {xl.shape[-1]} features, the "
+                     f"local weight K={p.in_features}")
+  lead = xl.shape[:-1]
+  y = _shard_product(p.replace(bias=None), xl.reshape(-1, xl.shape[-1]), _axis_names(axis),
+                     _axis_names(batch_axis), backend, partial_dtype)
+  y = lax.psum(y.astype(jnp.float32), axis)
+  if p.bias is not None:
+    y = y + p.bias
+  return y.astype(xl.dtype).reshape(*lead, p.out_features)
 
 
 def row_parallel_dense(params: QuantizedWeight, x: jax.Array, *, axis: AxisName,
@@ -495,7 +613,10 @@ def row_parallel_dense(params: QuantizedWeight, x: jax.Array, *, axis: AxisName,
     axis: mesh axis name (or tuple) that shards K.
     mesh: wrap in ``shard_map`` over this mesh; None = already inside ``shard_map``.
     backend: as for ``hj.quant_dense``.
-    batch_axis: mesh axis that shards x's leading dim (data parallel), or None.
+    batch_axis: mesh axis that shards x's leading dim (data parallel), or None.  Tensor-
+      level activation scales (per-tensor, NVFP4's fp32 factor) take the ``pmax`` over
+      ``axis`` and ``batch_axis`` (with ``mesh=None`` too: name the axis your
+      ``shard_map`` splits the tokens over).
     partial_dtype: dtype the per-shard GEMM takes and returns.  float32 (default): the
       partials are exactly the unsharded fp32 accumulator's pieces, but a GPU kernel then
       computes in fp32.  None: x's own dtype (bf16 tensor cores); each partial is rounded
@@ -505,31 +626,18 @@ def row_parallel_dense(params: QuantizedWeight, x: jax.Array, *, axis: AxisName,
     (..., N) in x's dtype, replicated over ``axis``.
   """
   x = _check_dense(params, x, "row_parallel_dense")
-
-  def body(p, xl):
-    p = local_weight(p)
-    if xl.shape[-1] != p.in_features:
-      raise ValueError(f"row_parallel_dense: local x has {xl.shape[-1]} features, the "
-                       f"local weight K={p.in_features}")
-    lead = xl.shape[:-1]
-    y = _row_partial(p.replace(bias=None), xl.reshape(-1, xl.shape[-1]), axis, backend,
-                     partial_dtype)
-    y = lax.psum(y.astype(jnp.float32), axis)
-    if p.bias is not None:
-      y = y + p.bias
-    return y.astype(xl.dtype).reshape(*lead, p.out_features)
-
+  static = dict(axis=axis, batch_axis=batch_axis, backend=backend,
+                partial_dtype=partial_dtype)
   if mesh is None:
-    return body(params, x)
+    return _row_body(params, x, **static)
   pspec = weight_partition_spec(params, P(axis, None), mesh=mesh,
                                 what="row_parallel_dense params")
   if x.shape[-1] != params.in_features:
     raise ValueError(f"row_parallel_dense: x.shape[-1] must equal K={params.in_features}; "
                      f"got x.shape={x.shape}")
   xspec = _x_spec(x.ndim, axis, batch_axis)
-  f = jax.shard_map(body, mesh=mesh, in_specs=(pspec, xspec),
-                    out_specs=_x_spec(x.ndim, None, batch_axis), check_vma=False)
-  return _call_sharded(f, mesh, (pspec, xspec), params, x)
+  return _call_sharded(_row_body, static, mesh, (pspec, xspec),
+                       _x_spec(x.ndim, None, batch_axis), params, x)
 
 
 # ----------------------------------------------------------------------------------------
@@ -537,8 +645,7 @@ def row_parallel_dense(params: QuantizedWeight, x: jax.Array, *, axis: AxisName,
 # ----------------------------------------------------------------------------------------
 def _check_ep_spec(q: QuantizedWeight, name: str) -> None:
   spec = q.spec
-  if spec.act is not None and not spec.act_static and (
-      spec.act_granularity == "tensor" or spec.act_scale_dtype == "fp8_e4m3"):
+  if spec.act is not None and not spec.act_static and _has_tensor_act_scale(spec):
     # The grouped GEMM's dynamic per-tensor scale spans all rows it is given; a device
     # only holds its experts' rows, so the scale would differ from the unsharded one.
     raise ValueError(f"expert_parallel_moe: {name} spec {spec.name} has a dynamic "
@@ -601,6 +708,19 @@ def _ep_all_to_all(gu, dn, x, w, ids, axis, activation, backend):
   return jnp.einsum("tkn,tk->tn", g, w.astype(jnp.float32))
 
 
+def _moe_body(gu, dn, xl, wl, il, *, axis, dispatch, tokens_sharded, activation, backend):
+  gu, dn = local_weight(gu), local_weight(dn)
+  if gu.num_experts != dn.num_experts or dn.shape[1:] != (gu.out_features // 2,
+                                                          gu.in_features):
+    raise ValueError(f"expert_parallel_moe: local gate_up {gu.shape} and down "
+                     f"{dn.shape} do not match (E, H, 2I) / (E, I, H)")
+  if dispatch == "all_gather":
+    y = _ep_all_gather(gu, dn, xl, wl, il, axis, tokens_sharded, activation, backend)
+  else:
+    y = _ep_all_to_all(gu, dn, xl, wl, il, axis, activation, backend)
+  return y.astype(xl.dtype)
+
+
 def expert_parallel_moe(gate_up: QuantizedWeight, down: QuantizedWeight, x: jax.Array,
                         topk_weights: jax.Array, topk_ids: jax.Array, *, axis: AxisName,
                         mesh: Mesh | None = None,
@@ -642,6 +762,7 @@ def expert_parallel_moe(gate_up: QuantizedWeight, down: QuantizedWeight, x: jax.
   Returns:
     (T, H) in x's dtype, laid out like ``x``.
   """
+  from humming_jax import moe
   for name, p in (("gate_up", gate_up), ("down", down)):
     if not isinstance(p, QuantizedWeight) or p.num_experts is None:
       raise TypeError(f"{name} must be a stacked-expert QuantizedWeight (E, K, N); got "
@@ -655,25 +776,24 @@ def expert_parallel_moe(gate_up: QuantizedWeight, down: QuantizedWeight, x: jax.
   if dispatch == "all_to_all" and not tokens_sharded:
     raise ValueError("dispatch='all_to_all' needs tokens sharded along T over the axis "
                      "(tokens_sharded=True); replicated tokens use dispatch='all_gather'")
+  if activation not in moe.ACTIVATIONS:
+    raise ValueError(f"activation={activation!r}; expected one of {moe.ACTIVATIONS}")
+  # quant_moe's own checks of the tokens and ids, on the (global or local) arrays here.
+  ops.check_activations(x, "expert_parallel_moe")
   x = jnp.asarray(x)
-  if x.ndim != 2 or topk_ids.shape != topk_weights.shape or topk_ids.shape[0] != x.shape[0]:
-    raise ValueError(f"x must be (T, H) and topk_weights/topk_ids (T, k); got x {x.shape}, "
-                     f"topk_weights {topk_weights.shape}, topk_ids {topk_ids.shape}")
-
-  def body(gu, dn, xl, wl, il):
-    gu, dn = local_weight(gu), local_weight(dn)
-    if gu.num_experts != dn.num_experts or dn.shape[1:] != (gu.out_features // 2,
-                                                            gu.in_features):
-      raise ValueError(f"expert_parallel_moe: local gate_up {gu.shape} and down "
-                       f"{dn.shape} do not match (E, H, 2I) / (E, I, H)")
-    if dispatch == "all_gather":
-      y = _ep_all_gather(gu, dn, xl, wl, il, axis, tokens_sharded, activation, backend)
-    else:
-      y = _ep_all_to_all(gu, dn, xl, wl, il, axis, activation, backend)
-    return y.astype(xl.dtype)
-
+  h = gate_up.in_features
+  if x.ndim != 2 or x.shape[1] != h:
+    raise ValueError(f"expert_parallel_moe: x must be (tokens, H={h}); got shape {x.shape}")
+  if topk_weights.shape != topk_ids.shape or topk_ids.shape[:1] != x.shape[:1]:
+    raise ValueError(f"expert_parallel_moe: topk_weights {topk_weights.shape} and topk_ids "
+                     f"{topk_ids.shape} must both be (tokens={x.shape[0]}, k)")
+  moe._check_ids(topk_ids, gate_up.num_experts)
+  if x.shape[0] == 0 or topk_ids.shape[1] == 0:  # nothing routed, as quant_moe
+    return jnp.zeros((x.shape[0], h), x.dtype)
+  static = dict(axis=axis, dispatch=dispatch, tokens_sharded=tokens_sharded,
+                activation=activation, backend=backend)
   if mesh is None:
-    return body(gate_up, down, x, topk_weights, topk_ids)
+    return _moe_body(gate_up, down, x, topk_weights, topk_ids, **static)
   sizes = _mesh_sizes(mesh)
   d = _shards(axis, sizes, "expert_parallel_moe axis")
   if tokens_sharded and x.shape[0] % d:
@@ -682,6 +802,5 @@ def expert_parallel_moe(gate_up: QuantizedWeight, down: QuantizedWeight, x: jax.
   gspec = weight_partition_spec(gate_up, P(axis, None, None), mesh=mesh, what="gate_up")
   dspec = weight_partition_spec(down, P(axis, None, None), mesh=mesh, what="down")
   tspec = P(axis, None) if tokens_sharded else P(None, None)
-  specs = (gspec, dspec, tspec, tspec, tspec)
-  f = jax.shard_map(body, mesh=mesh, in_specs=specs, out_specs=tspec, check_vma=False)
-  return _call_sharded(f, mesh, specs, gate_up, down, x, topk_weights, topk_ids)
+  return _call_sharded(_moe_body, static, mesh, (gspec, dspec, tspec, tspec, tspec), tspec,
+                       gate_up, down, x, topk_weights, topk_ids)

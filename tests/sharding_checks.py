@@ -9,6 +9,7 @@ backend start, so tests/test_sharding.py runs this file with
 from __future__ import annotations
 
 import json
+import re
 import sys
 import time
 import traceback
@@ -52,7 +53,19 @@ def close(got, want, rtol=2e-6, what=""):
   return err
 
 
+def raises(exc, match, fn):
+  """``fn()`` raises ``exc`` with a message matching ``match`` (pytest.raises, here)."""
+  try:
+    fn()
+  except exc as e:
+    assert re.search(match, str(e)), f"{type(e).__name__}({e}) does not match {match!r}"
+    return str(e)
+  raise AssertionError(f"no {exc.__name__} matching {match!r}")
+
+
 REF = jax.jit(hj.quant_dense, static_argnames="backend")
+PER_TENSOR = hj.QuantSpec("int8", "channel", 0, scale_dtype="float32", act="int8",
+                          act_granularity="tensor")
 
 
 def _sweep(kind: str):
@@ -209,6 +222,145 @@ def tp_interpret_backend():
   close(want, REF(q, x), rtol=1e-2, what="interpret vs xla")
 
 
+def mesh_dp_tp():
+  return jax.make_mesh((2, 4), ("dp", "tp"), devices=jax.devices())
+
+
+@check
+def tp_batch_axis_tensor_act_scale():
+  # Data parallel (batch_axis) with a dynamic tensor-level activation scale (per-tensor, and
+  # NVFP4's fp32 factor): the scale spans the tokens of every batch shard, so the amax is
+  # pmax-ed over the batch axis as well.  dp shard 0's tokens are 10x larger, so a
+  # per-batch-shard scale is visibly off (~1e-2).
+  mesh = mesh_dp_tp()
+  errs = {}
+  for i, spec in enumerate(["w4a4-nvfp4", PER_TENSOR]):
+    name = spec if isinstance(spec, str) else "int8-per-tensor"
+    q = hj.quantize(rand(40 + i, (512, 256)), spec, bias=rand(42 + i, (256,)))
+    x = (rand(44 + i, (8, 512)) * jnp.linspace(0.1, 3.0, 512)).at[:4].multiply(10.0)
+    want = REF(q, x)
+    got = hs.column_parallel_dense(q, x, axis="tp", mesh=mesh, batch_axis="dp",
+                                   gather_output=True)
+    errs[f"{name} column"] = close(got, want, what=f"column dp {name}")
+    got = hs.row_parallel_dense(q, x, axis="tp", mesh=mesh, batch_axis="dp")
+    errs[f"{name} row"] = close(got, want, what=f"row dp {name}")
+  # The per-device body in the caller's shard_map: batch_axis names its token axis.
+  specs = hs.partition_specs(q, P("tp", None), mesh=mesh)
+  f = jax.jit(jax.shard_map(
+      lambda p, xx: hs.row_parallel_dense(p, xx, axis="tp", batch_axis="dp"), mesh=mesh,
+      in_specs=(specs, P("dp", "tp")), out_specs=P("dp", None), check_vma=False))
+  got = f(hs.shard_params(q, P("tp", None), mesh),
+          jax.device_put(x, NamedSharding(mesh, P("dp", "tp"))))
+  errs["int8-per-tensor row in shard_map"] = close(got, want, what="row dp shard_map")
+  return errs
+
+
+@check
+def tp_nonfinite_activations():
+  # A NaN or inf in x gives what unsharded gives: a dynamic per-tensor scale turns every
+  # row NaN (on every K and batch shard, though XLA's CPU max drops NaN); per-token and
+  # NVFP4 block scales only the row holding it.  x[5, 400]: dp shard 1, tp shard 3.
+  mesh = mesh_dp_tp()
+  errs = {}
+  for i, spec in enumerate([PER_TENSOR, "w8a8-int8", "w4a4-nvfp4"]):
+    name = spec if isinstance(spec, str) else "int8-per-tensor"
+    q = hj.quantize(rand(50 + i, (512, 128)), spec, bias=rand(53 + i, (128,)))
+    for bad in (jnp.nan, jnp.inf):
+      x = rand(56 + i, (8, 512)).at[5, 400].set(bad)
+      want = np.asarray(REF(q, x), np.float32)
+      runs = {"row": lambda: hs.row_parallel_dense(q, x, axis="tp", mesh=mesh),
+              "row dp": lambda: hs.row_parallel_dense(q, x, axis="tp", mesh=mesh,
+                                                      batch_axis="dp"),
+              "column dp": lambda: hs.column_parallel_dense(q, x, axis="tp", mesh=mesh,
+                                                            batch_axis="dp",
+                                                            gather_output=True)}
+      for how, run in runs.items():
+        got = np.asarray(run(), np.float32)
+        what = f"{how} {name} x[5, 400]={bad}"
+        nan_rows = np.isnan(got).any(1).tolist()
+        assert nan_rows == np.isnan(want).any(1).tolist(), f"{what}: NaN rows {nan_rows}"
+        fin = ~np.isnan(want).any(1)
+        if fin.any():
+          errs[what] = close(got[fin], want[fin], what=what)
+  return errs
+
+
+@check
+def tp_quantize_params_float_spec_tree():
+  # hj.quantize_params folds each quantized Dense's bias into its QuantizedWeight (the
+  # sibling "bias" key goes); the float model's spec tree, bias specs included, still
+  # places the tree.  A bias spec contradicting the kernel's N split is refused.
+  params = {"mlp": {"up": {"kernel": rand(60, (256, 512)), "bias": rand(61, (512,))},
+                    "down": {"kernel": rand(62, (512, 256)), "bias": rand(63, (256,))}},
+            "norm": {"scale": jnp.ones((256,))}}
+  fspecs = {"mlp": {"up": {"kernel": P(None, "x"), "bias": P("x")},
+                    "down": {"kernel": P("x", None), "bias": P()}},
+            "norm": {"scale": None}}
+  qp = hj.quantize_params(params, "w4a16-all", progress=False)
+  mesh = mesh_of(4)
+  placed = hs.shard_params(qp, fspecs, mesh)
+  up, down = placed["mlp"]["up"]["kernel"], placed["mlp"]["down"]["kernel"]
+  assert up.bias.sharding.spec == P("x") and down.codes.sharding.spec == P("x", None)
+  assert placed["norm"]["scale"].sharding.spec == P()
+  x = rand(64, (5, 256))
+  h = hs.column_parallel_dense(up, x, axis="x", mesh=mesh)
+  want = REF(qp["mlp"]["down"]["kernel"], REF(qp["mlp"]["up"]["kernel"], x))
+  close(hs.row_parallel_dense(down, h, axis="x", mesh=mesh), want, rtol=5e-6, what="mlp")
+  # Spec trees without the folded biases' entries work as before.
+  no_bias = {"mlp": {k: {"kernel": v["kernel"]} for k, v in fspecs["mlp"].items()},
+             "norm": fspecs["norm"]}
+  assert hs.partition_specs(qp, no_bias, mesh=mesh) == hs.partition_specs(qp, fspecs,
+                                                                           mesh=mesh)
+  bad = {**fspecs, "mlp": {**fspecs["mlp"], "up": {"kernel": P(None, "x"), "bias": P()}}}
+  raises(ValueError, r"bias folded into params\['mlp'\]\['up'\]\['kernel'\].*P\('x',?\)",
+         lambda: hs.partition_specs(qp, bad, mesh=mesh))
+
+
+@check
+def tp_eager_calls_compile_once():
+  # Repeated eager calls with the same configuration reuse one compiled program.
+  compiles = []
+  listener = lambda event, secs, **kw: compiles.append(event) if event.endswith(
+      "/backend_compile_duration") else None
+  q = hj.quantize(rand(65, (512, 128)), "w4a16-g128", bias=rand(66, (128,)))
+  x = rand(67, (4, 512))
+  gu, dn, xm, w, ids, _ = _moe_case(68, 4, e=8, h=128, i=128, k=2)
+  calls = {
+      "row": lambda: hs.row_parallel_dense(q, x, axis="x", mesh=mesh_of(4)),
+      "column": lambda: hs.column_parallel_dense(q, x, axis="x", mesh=mesh_of(4)),
+      "moe": lambda: hs.expert_parallel_moe(gu, dn, xm, w, ids, axis="x", mesh=mesh_of(4)),
+  }
+  counts = {}
+  jax.monitoring.register_event_duration_secs_listener(listener)
+  try:
+    for name, call in calls.items():
+      call().block_until_ready()  # the first call compiles
+      compiles.clear()
+      for _ in range(3):
+        call().block_until_ready()
+      counts[name] = len(compiles)
+  finally:
+    jax.monitoring.unregister_event_duration_listener(listener)
+  assert not any(counts.values()), f"compiles in 3 repeated eager calls: {counts}"
+  return counts
+
+
+@check
+def tp_act_group_k_alignment():
+  # Activation groups are quantized shard by shard, so a K shard holds whole ones too:
+  # weight groups of 32 with activation groups of 128 cannot split K=256 four ways.
+  spec = hj.QuantSpec("int8", "group", 32, scale_dtype="float32", act="int8",
+                      act_granularity="group", act_group_size=128)
+  mesh = mesh_of(4)
+  q = hj.quantize(rand(70, (256, 128)), spec)
+  msg = raises(ValueError, r"K/shards=64 .*act_group_size=128.*=128",
+               lambda: hs.partition_specs({"w": q}, {"w": P("x", None)}, mesh=mesh))
+  q = hj.quantize(rand(71, (512, 128)), spec)
+  x = rand(72, (3, 512))
+  close(hs.row_parallel_dense(q, x, axis="x", mesh=mesh), REF(q, x), what="act g128 tp=4")
+  return msg
+
+
 def _moe_case(seed, t, e=16, h=256, i=128, k=4, preset="w4a16-g128", dtype=jnp.float32):
   """Experts with skewed load: experts 0-2 favoured, expert 5 never picked, one invalid id."""
   from humming_jax import moe
@@ -252,6 +404,24 @@ def ep_fp8_activations_bf16():
                                dispatch="all_to_all")
   assert got.dtype == jnp.bfloat16
   return close(got, want, rtol=2**-7, what="w8a8-fp8 bf16 ep=4")
+
+
+@check
+def ep_input_checks():
+  # The token and id checks of hj.quant_moe: integer ids, H matching the experts, and
+  # no tokens -> (0, H) zeros (not an einsum error from inside the shard).
+  from humming_jax import moe
+  gu, dn, x, w, ids, _ = _moe_case(80, 4, e=8, h=128, i=128, k=2)
+  mesh = mesh_of(4)
+  run = lambda xx, ww, ii, **kw: hs.expert_parallel_moe(gu, dn, xx, ww, ii, axis="x",
+                                                         mesh=mesh, **kw)
+  raises(ValueError, "topk_ids must be integer", lambda: run(x, w, ids.astype(jnp.float32)))
+  raises(ValueError, r"x must be \(tokens, H=128\); got shape \(4, 256\)",
+         lambda: run(rand(81, (4, 256)), w, ids))
+  want = moe.quant_moe(gu, dn, x[:0], w[:0], ids[:0])
+  for dispatch in ("all_gather", "all_to_all"):
+    got = run(x[:0], w[:0], ids[:0], dispatch=dispatch)
+    assert got.shape == want.shape == (0, 128) and got.dtype == want.dtype, (got, want)
 
 
 def main(names):
