@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from humming_jax.quantize import QuantizedWeight, dequantize
+from humming_jax.quantize import QuantizedWeight, dequantize, stacked_layers
 
 
 def sqnr_db(ref: Any, approx: Any) -> float:
@@ -115,9 +115,10 @@ def error_report(float_params: Any, qparams: Any,
     if w is None or not hasattr(w, "shape"):
       raise ValueError(f"float_params has no array at {p!r} to compare the quantized "
                        "layer with (pass the tree qparams was made from)")
-    if tuple(w.shape) != tuple(leaf.shape):
+    shape = stacked_layers(leaf) + tuple(leaf.shape)  # a layer stack: every layer
+    if tuple(w.shape) != shape:
       raise ValueError(f"float_params[{p!r}] has shape {tuple(w.shape)}; the quantized "
-                       f"layer has {leaf.shape}")
+                       f"layer has {shape}")
     w32 = jnp.asarray(w, jnp.float32)
     wsq = sqnr_db(w32, dequantize(leaf))
     osq = None

@@ -113,7 +113,7 @@ def quantize_nnx_model(model: nnx.Module, recipe: Any, *, backend: Backend = Non
   router stays float.  Returns ``model``.  A Linear shared by several parents is replaced
   where the graph first reaches it.
   """
-  from humming_jax.recipes import check_unused, deciding_key, get_recipe
+  from humming_jax.recipes import check_unused, deciding_key, get_recipe, resolve
   if not isinstance(model, nnx.Module):
     raise TypeError(f"model must be an nnx.Module; got {type(model).__name__}")
   recipe = get_recipe(recipe)
@@ -127,7 +127,7 @@ def quantize_nnx_model(model: nnx.Module, recipe: Any, *, backend: Backend = Non
       if key is None:
         continue
       used.add(key)
-      spec = _common.as_spec(recipe[key]) if recipe[key] is not None else None
+      spec = resolve(recipe, p)[1]
       if spec is not None:
         todo.append((path, p, node, spec))
   check_unused(recipe, used, strict=strict, where="quantize_nnx_model")

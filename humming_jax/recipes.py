@@ -34,7 +34,6 @@ from typing import Any, Mapping, Union
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from humming_jax.quantize import QuantizedWeight, quantize, stacked_layers
 from humming_jax.spec import QuantSpec
@@ -177,14 +176,28 @@ def _moe_routers(paths: list[str]) -> set[str]:
   return {join(q, "router/kernel") for q in parents if join(q, "down") in paths}
 
 
-def _plan(params: Any, recipe: dict[str, RecipeValue], scanned: tuple[str, ...]
+def scan_depths(scanned: Any) -> dict[str, int]:
+  """``scanned`` as {module path: layer axes}: a sequence of paths (one ``nn.scan`` each)
+  or a mapping path -> number of nested scans."""
+  if isinstance(scanned, Mapping):
+    depths = dict(scanned)
+  elif isinstance(scanned, (list, tuple)):
+    depths = {p: 1 for p in scanned}
+  else:
+    raise TypeError(f"scanned must be a sequence of module paths (e.g. ('layers',)) or a "
+                    f"mapping path -> nested scans; got {scanned!r}")
+  for p, d in depths.items():
+    if not (isinstance(p, str) and p) or not (isinstance(d, int) and d >= 1):
+      raise TypeError(f"scanned: expected a non-empty module path -> layer axes >= 1; got "
+                      f"{p!r}: {d!r}")
+  return depths
+
+
+def _plan(params: Any, recipe: dict[str, RecipeValue], scanned: dict[str, int]
           ) -> tuple[dict[str, tuple[QuantSpec | None, int]], set[str], list[str]]:
   """({kernel path: (spec or None, leading layer axes)}, recipe keys that decided a kernel,
   kernels of more than 2 dims a pattern asked for but that stay float)."""
   _check_plain_tree(params)
-  if isinstance(scanned, str) or not all(isinstance(p, str) and p for p in scanned):
-    raise TypeError(f"scanned must be a sequence of module paths (e.g. ('layers',)); got "
-                    f"{scanned!r}")
   flat = [(path_str(path), leaf) for path, leaf in jax.tree_util.tree_flatten_with_path(
       params, is_leaf=lambda x: isinstance(x, QuantizedWeight))[0]]
   routers = _moe_routers([p for p, _ in flat])
@@ -196,19 +209,19 @@ def _plan(params: Any, recipe: dict[str, RecipeValue], scanned: tuple[str, ...]
         or p.rsplit("/", 1)[-1] != "kernel" or getattr(leaf, "ndim", 0) < 2
         or not jnp.issubdtype(leaf.dtype, jnp.floating)):
       continue
-    stack = _under(p, scanned)
-    lead = leaf.ndim - 2
-    if stack is not None and lead < 1:
+    stack = _under(p, tuple(scanned))
+    lead = scanned[stack] if stack is not None else 0  # the layer axes in front
+    if leaf.ndim < lead + 2:
       raise ValueError(f"{p} (shape {tuple(leaf.shape)}) lies under scanned={stack!r} but "
-                       "has no leading layer axis: expected (layers, in, out)")
+                       f"has no {lead} leading layer axes: expected (layers, in, out)")
     key = deciding_key(recipe, p)
     if key is None:
-      if lead == 0 or stack is not None:
+      if leaf.ndim == lead + 2:
         out[p] = (None, lead)
       continue
     used.add(key)
     spec = _as_spec(recipe[key])
-    if stack is None and lead != 0:  # a DenseGeneral / Einsum kernel, or an unnamed stack
+    if leaf.ndim != lead + 2:  # a DenseGeneral / Einsum kernel (heads), or an unnamed stack
       if spec is not None and key not in ("*",) and not key.startswith("re:"):
         raise ValueError(
             f"recipe[{key!r}] asks for {spec.name} but {p} has shape {tuple(leaf.shape)}: "
@@ -232,7 +245,7 @@ def plan(params: Any, recipe: Recipe | str, *, scanned: tuple[str, ...] = ()
   """The spec (or None = float) each candidate kernel of ``params`` gets, by path. No work
   done.  ``scanned`` as in :func:`quantize_params`."""
   return {p: spec for p, (spec, _) in _plan(params, get_recipe(recipe),
-                                            tuple(scanned))[0].items()}
+                                            scan_depths(scanned))[0].items()}
 
 
 # One compile per (shape, spec), bit-identical to eager hj.quantize, much faster than
@@ -267,12 +280,14 @@ def quantize_params(params: Any, recipe: Recipe | str, *, progress: bool = True,
       quantized.
     recipe: a mapping pattern -> preset name | QuantSpec | None, or a :data:`RECIPES` name.
     progress: show a tqdm progress bar when the tree has 8 or more kernels to quantize.
-    scanned: module paths made by ``nn.scan`` (``variable_axes={"params": 0}``): their
-      kernels (layers, in, out) are quantized layer by layer into one QuantizedWeight whose
-      leaves keep the leading layer axis and whose metadata (``shape``) is one layer's, so
-      the scanned body runs one layer (what ``nn.scan`` over :class:`QuantDense` makes).
-      Without it such stacks are not candidates (a warning names them when a pattern asks
-      for them; an exact key naming one raises).
+    scanned: module paths made by ``nn.scan`` (``variable_axes={"params": 0}``), or a
+      mapping path -> nested scans: their kernels (layers, in, out) are quantized layer by
+      layer into one QuantizedWeight whose leaves keep the leading layer axes and whose
+      metadata (``shape``) is one layer's, so the scanned body runs one layer (what
+      ``nn.scan`` over :class:`QuantDense` makes).  Without it such stacks are not
+      candidates (a warning names them when a pattern asks for them; an exact key naming
+      one raises); under it, kernels with more dims than (layers, in, out) (attention
+      heads) stay float the same way.
     strict: raise instead of warning when a recipe key decides no kernel (a misspelt
       path, a pattern that matches nothing).
 
@@ -288,7 +303,7 @@ def quantize_params(params: Any, recipe: Recipe | str, *, progress: bool = True,
     ``jax.jit`` it is skipped.
   """
   recipe = get_recipe(recipe)
-  planned, used, wide = _plan(params, recipe, tuple(scanned))
+  planned, used, wide = _plan(params, recipe, scan_depths(scanned))
   check_unused(recipe, used, strict=strict, where="quantize_params")
   if wide:
     warnings.warn(f"quantize_params: {len(wide)} kernels with more than 2 dims stay float "
@@ -378,32 +393,20 @@ def prepare_params(tree: Any, *, backend: Any = None, x_dtype: Any = None) -> An
       return q
     parent, name = _named(path) if path else (None, None)
     kernel = layer_kernel.get(parent) if grouped and name in ("gate_up", "down") else None
-    layers = stacked_layers(q)
-    one = q if not layers else jax.tree_util.tree_map(lambda a: a[(0,) * len(layers)], q)
+    if stacked_layers(q):
+      layer_stacks.append(path_str(path))
+      return q
     if kernel is None and x_dtype is not None:  # the family that takes these tokens
-      kernel = ops.kernel_for(one, grouped=grouped, x_dtype=x_dtype).name
-    if not layers:
-      return ops.prepare(q, grouped=grouped, kernel=kernel)
-    return _prepare_layers(q, layers, lambda l: ops.prepare(l, grouped=grouped,
-                                                            kernel=kernel), path_str(path))
+      kernel = ops.kernel_for(q, grouped=grouped, x_dtype=x_dtype).name
+    return ops.prepare(q, grouped=grouped, kernel=kernel)
 
-  return jax.tree_util.tree_map_with_path(prep, tree, is_leaf=is_q)
-
-
-def _prepare_layers(q: QuantizedWeight, layers: tuple[int, ...], prepare_one, where: str
-                    ) -> QuantizedWeight:
-  """A scanned layer stack prepared layer by layer, the layouts stacked again (the scan
-  body then slices one prepared layer).  Layers whose layouts differ (a per-layer mark such
-  as ``:cf``) cannot share one stack: those keep the canonical stack, prepared in each call."""
-  done = [prepare_one(jax.tree_util.tree_map(lambda a: a[i], q))
-          for i in np.ndindex(*layers)]
-  treedef = jax.tree_util.tree_structure(done[0])
-  if any(jax.tree_util.tree_structure(d) != treedef for d in done):
-    warnings.warn(f"prepare_params: the layers of {where} take different kernel layouts; "
-                  "the stack stays canonical (re-laid out in every call)", stacklevel=3)
-    return q
-  return jax.tree_util.tree_map(
-      lambda *a: jnp.stack(a).reshape(layers + a[0].shape), *done)
+  layer_stacks: list[str] = []
+  out = jax.tree_util.tree_map_with_path(prep, tree, is_leaf=is_q)
+  if layer_stacks:  # not prepared (yet): a kernel layout's codes would hide the layer axes
+    warnings.warn(f"prepare_params: {len(layer_stacks)} layer stacks (quantize_params("
+                  f"scanned=)) stay canonical, re-laid out layer by layer in each call: "
+                  f"{layer_stacks[:4]}", stacklevel=2)
+  return out
 
 
 def _named(path: tuple) -> tuple[tuple, Any]:

@@ -6,7 +6,7 @@ import dataclasses
 import jax
 import numpy as np
 
-from humming_jax.quantize import QuantizedWeight, array_bytes
+from humming_jax.quantize import QuantizedWeight, array_bytes, stacked_layers
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,7 +67,7 @@ def report(tree) -> Report:
                      for name in QuantizedWeight.STORED
                      if (a := getattr(leaf, name)) is not None)
       nbytes = sum(s[3] for s in stored)
-      numel = int(np.prod(leaf.shape))
+      numel = int(np.prod(stacked_layers(leaf) + tuple(leaf.shape)))  # every layer
       out.append(TensorReport(p, "quantized", leaf.spec.name, tuple(leaf.shape), stored,
                               nbytes, 8 * nbytes / numel, 2 * numel))
     elif hasattr(leaf, "dtype") and hasattr(leaf, "shape"):

@@ -53,7 +53,7 @@ from humming_jax.packing import CODES_PER_CHUNK, packed_rows
 # Names, not the module: the package re-exports a function called ``quantize``.
 from humming_jax.quantize import (QuantizedActivations, QuantizedWeight, act_scale_shape,
                                   activation_group_amax, finite_amax, quantize_activations,
-                                  scale_block)
+                                  scale_block, stacked_layers)
 
 AxisName = str | tuple[str, ...]
 
@@ -172,6 +172,9 @@ def weight_partition_spec(q: QuantizedWeight, float_spec: P | None, *, mesh=None
   if not isinstance(q, QuantizedWeight):
     raise TypeError(f"{what} must be a QuantizedWeight; got {type(q).__name__}")
   _check_canonical(q, what)
+  if stacked_layers(q):
+    raise ValueError(f"{what}: a layer stack {stacked_layers(q)} of {q.shape} layers "
+                     "(quantize_params(scanned=)) cannot be sharded by these helpers yet")
   nd = len(q.shape)
   fs = tuple(float_spec) if float_spec is not None else ()
   if len(fs) > nd:

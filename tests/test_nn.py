@@ -369,3 +369,19 @@ def test_quantmoe_routers_stay_float_under_every_recipe():
     hnnx.quantize_nnx_model(m, {"router": "w8a16"}, progress=False)
   hnnx.quantize_nnx_model(m, {"*": "w8a16"}, progress=False)
   assert m.router is router and isinstance(m.router, nnx.Linear)
+
+
+class _OwnQuantized(nn.Module):
+  """A user's module that holds a quantized kernel and runs hj.quant_dense itself."""
+
+  @nn.compact
+  def __call__(self, x):
+    w = self.param("kernel", lambda r: hj.quantize(
+        jax.random.normal(r, (K, N)), "w8a16"))
+    return hj.quant_dense(w, x)
+
+
+def test_the_interceptor_leaves_a_users_own_quantized_module_alone():
+  model, x = _OwnQuantized(), _x(12)
+  v = model.init(jax.random.key(0), x)
+  np.testing.assert_array_equal(hnn.apply_quantized(model, v, x), model.apply(v, x))

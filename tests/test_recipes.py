@@ -176,9 +176,10 @@ def test_scanned_layers_quantize_layer_by_layer_and_run_under_scan(backend):
                       bias=params["layers"]["fc"]["bias"][i])
     for f in ("codes", "scales", "bias"):
       np.testing.assert_array_equal(getattr(stack, f)[i], getattr(one, f))
-  if backend == "interpret":  # prepared layer by layer, stacked again
-    q = recipes.prepare_params(q, backend="interpret")
-    assert q["layers"]["fc"]["kernel"].layout != "canonical"
+  if backend == "interpret":  # stacks are not prepared (yet): said, and left canonical
+    with pytest.warns(UserWarning, match=r"1 layer stacks .* stay canonical.*layers/fc"):
+      q = recipes.prepare_params(q, backend="interpret")
+    assert q["layers"]["fc"]["kernel"] is stack and q["head"]["kernel"].layout != "canonical"
   y = jax.jit(lambda p: hnn.apply_quantized(model, {"params": p}, x, backend=backend))(q)
   h = x  # the same model as a loop over one layer at a time
   for i in range(3):
@@ -188,6 +189,11 @@ def test_scanned_layers_quantize_layer_by_layer_and_run_under_scan(backend):
                              rtol=1e-5, atol=1e-5)
   y_float = model.apply({"params": params}, x)  # four int4 g128 layers: ~0.09 each
   assert jnp.linalg.norm(y - y_float) / jnp.linalg.norm(y_float) < 0.3
+  # Reports count every layer of the stack.
+  row = next(r for r in hj.report(q).tensors if r.path == "layers/fc/kernel")
+  assert row.bits_per_weight == pytest.approx(4.125) and row.bf16_bytes == 2 * 3 * 128 * 128
+  err = hj.error_report(params, q)["layers/fc/kernel"]
+  assert 15 < err.weight_sqnr_db < 25
 
 
 def test_layer_stacks_without_scanned_are_named_not_quantized_silently():
@@ -202,11 +208,15 @@ def test_layer_stacks_without_scanned_are_named_not_quantized_silently():
     hj.quantize_params(params, {"layers/fc": "w8a16"}, progress=False)
   with pytest.raises(ValueError, match=r"scanned=\['layerz'\] holds no float kernel"):
     hj.quantize_params(params, "w8a16-all", progress=False, scanned=("layerz",))
-  with pytest.raises(ValueError, match="head/kernel .* no leading layer axis"):
+  with pytest.raises(ValueError, match="head/kernel .* no 1 leading layer axes"):
     hj.quantize_params(params, "w8a16-all", progress=False, scanned=("head",))
+  with pytest.raises(TypeError, match="scanned must be a sequence of module paths"):
+    hj.quantize_params(params, "w8a16-all", progress=False, scanned="layers")
   q = hj.quantize_params(params, "w8a16-all", progress=False, scanned=("layers",))
   with pytest.raises(ValueError, match=r"a stack of \(3,\) layers .* jax.tree.map"):
     hj.quant_dense(q["layers"]["fc"]["kernel"], x)
+  with pytest.raises(ValueError, match=r"layer stack .* cannot be sharded"):
+    hj.sharding.weight_partition_spec(q["layers"]["fc"]["kernel"], None)
 
 
 def test_recipe_keys_that_decide_no_kernel_warn_or_raise():
@@ -237,3 +247,22 @@ def test_quantize_params_under_jit_equals_eager():
     for f in ("codes", "scales", "bias"):
       np.testing.assert_array_equal(getattr(traced[name]["kernel"], f),
                                     getattr(eager[name]["kernel"], f))
+
+
+class _ScannedAttentionBody(nn.Module):
+  @nn.compact
+  def __call__(self, x, _):
+    h = nn.DenseGeneral((4, 32), name="heads")(x)  # (128, 4, 32) per layer
+    return x + nn.Dense(128, name="fc")(h.reshape(*x.shape[:-1], 128)), None
+
+
+def test_scanned_heads_stay_float_and_the_rest_quantizes():
+  scan = nn.scan(_ScannedAttentionBody, variable_axes={"params": 0},
+                 split_rngs={"params": True}, length=2)(name="layers")
+  x = jax.random.normal(jax.random.key(2), (4, 128))
+  params = scan.init(jax.random.key(0), x, None)["params"]
+  with pytest.warns(UserWarning, match=r"layers/heads/kernel \(2, 128, 4, 32\)"):
+    q = hj.quantize_params({"layers": params}, "w8a16-all", progress=False,
+                           scanned={"layers": 1})
+  assert q["layers"]["heads"]["kernel"] is params["heads"]["kernel"]
+  assert stacked_layers(q["layers"]["fc"]["kernel"]) == (2,)

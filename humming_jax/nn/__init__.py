@@ -172,8 +172,9 @@ def _one_output_axis(mod: nn.DenseGeneral, x: jax.Array) -> bool:
 def dense_interceptor(*, backend: Backend = None) -> Callable:
   """An ``nn.intercept_methods`` interceptor: ``nn.Dense`` (and ``nn.DenseGeneral`` over the
   last axis with one output axis) whose ``kernel`` param is a QuantizedWeight runs
-  ``hj.quant_dense``; any other module holding a quantized ``kernel`` is an error naming
-  it; every other call runs unchanged."""
+  ``hj.quant_dense``; another Flax layer holding a quantized ``kernel`` (``nn.Einsum``,
+  ``nn.Conv``) is an error naming it; every other call runs unchanged (your own modules
+  compute with their quantized kernels themselves)."""
 
   def interceptor(next_fun, args, kwargs, context):
     mod = context.module
@@ -187,10 +188,12 @@ def dense_interceptor(*, backend: Backend = None) -> Callable:
           features = mod.features
         elif isinstance(mod, nn.DenseGeneral) and _one_output_axis(mod, x):
           features = (mod.features if isinstance(mod.features, int) else mod.features[0])
-        else:
+        elif type(mod).__module__.startswith("flax."):  # Einsum, Conv, ...: would fail
           raise TypeError(f"{where} holds a quantized kernel, but only nn.Dense and "
                           "nn.DenseGeneral over the last axis with one output axis run "
                           "quantized: map its path to None in the recipe")
+        else:  # a user's module that computes with its quantized kernel itself
+          return next_fun(*args, **kwargs)
         return _common.dense_call(qw, x, dtype=mod.dtype, param_dtype=mod.param_dtype,
                                   features=features, backend=backend, where=where,
                                   use_bias=mod.use_bias)
@@ -218,7 +221,8 @@ def apply_quantized(model: nn.Module, variables: Any, *args, backend: Backend = 
 
 def capture_dense_inputs(model: nn.Module, variables: Any, *args, **kwargs
                          ) -> dict[str, jax.Array]:
-  """``{layer path: input}`` of every ``nn.Dense`` / QuantDense call in ``model.apply``.
+  """``{layer path: input}`` of every ``nn.Dense`` / ``nn.DenseGeneral`` / QuantDense call
+  in ``model.apply``.
 
   Run eagerly on a calibration batch; feed the result to ``hj.error_report(...,
   inputs=...)`` for per-layer output SQNR.  A layer called twice keeps its last input."""
@@ -226,7 +230,8 @@ def capture_dense_inputs(model: nn.Module, variables: Any, *args, **kwargs
 
   def interceptor(next_fun, a, kw, context):
     mod = context.module
-    if context.method_name == "__call__" and isinstance(mod, (nn.Dense, QuantDense)):
+    if context.method_name == "__call__" and isinstance(mod, (nn.Dense, nn.DenseGeneral,
+                                                              QuantDense)):
       x = a[0] if a else kw["inputs"]
       if isinstance(x, jax.core.Tracer):
         raise ValueError("capture_dense_inputs runs eagerly: call it outside jax.jit")
