@@ -138,14 +138,22 @@ jax.tree_util.register_pytree_with_keys(
 
 
 def stacked_layers(q: QuantizedWeight) -> tuple[int, ...]:
-  """The leading layer axes of a canonical weight quantized layer by layer
+  """The leading layer axes of a weight quantized layer by layer
   (``quantize_params(..., scanned=...)``, or ``nn.scan`` over a QuantDense): its codes'
-  leading dims beyond its metadata's ``shape``, which is one layer's.  () for one layer.
-  Read on canonical params only (kernel layouts shape their codes their own way)."""
-  ndim = getattr(q.codes, "ndim", None)  # (trees of partition specs hold no arrays)
-  if q.layout != "canonical" or ndim is None:
+  leading dims beyond one layer's (canonical: the rank of ``shape``, which is one layer's;
+  a kernel layout: its family's ``codes_ndim``).  () for one layer, or where no rank is
+  known (trees of partition specs, grouped layouts)."""
+  ndim = getattr(q.codes, "ndim", None)
+  if ndim is None:
     return ()
-  return tuple(q.codes.shape[:ndim - len(q.shape)])
+  if q.layout == "canonical":
+    base = len(q.shape)
+  else:
+    from humming_jax.kernels import registry  # noqa: PLC0415 - the kernels import this module
+    base = registry.layout_codes_ndim(q.layout)
+    if base is None:
+      return ()
+  return tuple(q.codes.shape[:ndim - base])
 
 
 # ----------------------------------------------------------------------------------------
@@ -405,12 +413,16 @@ def unpacked_codes(q: QuantizedWeight) -> jax.Array:
 def dequantize(q: QuantizedWeight) -> jax.Array:
   """Exactly the float32 weights the kernels compute with: (code - zp) * s * s2.
 
-  (K, N) -> (K, N), stacked (E, K, N) -> (E, K, N).  Jitted per (spec, shape) like
+  (K, N) -> (K, N), stacked (E, K, N) -> (E, K, N), a layer stack (layers..., K, N).
+  Jitted per (spec, shape) like
   :func:`quantize`; inside an outer ``jit`` it inlines.  Params prepared for a kernel
   (``hj.prepare``) are read in their own layout where their family can, else converted
   to canonical first: the same values, bit for bit."""
   if not isinstance(q, QuantizedWeight):
     raise TypeError(f"q must be a QuantizedWeight (from quantize); got {type(q).__name__}")
+  if layers := stacked_layers(q):  # a layer stack: (layers..., K, N), layer by layer
+    return jnp.stack([dequantize(jax.tree_util.tree_map(lambda a: a[i], q))
+                      for i in np.ndindex(*layers)]).reshape(layers + tuple(q.shape))
   if q.layout != "canonical":
     return _dequantize_prepared_jit(q)  # (an unknown layout raises, naming it)
   return _dequantize_jit(q)

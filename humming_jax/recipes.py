@@ -34,6 +34,7 @@ from typing import Any, Mapping, Union
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from humming_jax.quantize import QuantizedWeight, quantize, stacked_layers
 from humming_jax.spec import QuantSpec
@@ -393,20 +394,31 @@ def prepare_params(tree: Any, *, backend: Any = None, x_dtype: Any = None) -> An
       return q
     parent, name = _named(path) if path else (None, None)
     kernel = layer_kernel.get(parent) if grouped and name in ("gate_up", "down") else None
-    if stacked_layers(q):
-      layer_stacks.append(path_str(path))
-      return q
     if kernel is None and x_dtype is not None:  # the family that takes these tokens
       kernel = ops.kernel_for(q, grouped=grouped, x_dtype=x_dtype).name
+    if layers := stacked_layers(q):  # quantize_params(scanned=): layer by layer
+      return _prepare_layers(q, layers, lambda one: ops.prepare(one, grouped=grouped,
+                                                                kernel=kernel),
+                             path_str(path))
     return ops.prepare(q, grouped=grouped, kernel=kernel)
 
-  layer_stacks: list[str] = []
-  out = jax.tree_util.tree_map_with_path(prep, tree, is_leaf=is_q)
-  if layer_stacks:  # not prepared (yet): a kernel layout's codes would hide the layer axes
-    warnings.warn(f"prepare_params: {len(layer_stacks)} layer stacks (quantize_params("
-                  f"scanned=)) stay canonical, re-laid out layer by layer in each call: "
-                  f"{layer_stacks[:4]}", stacklevel=2)
-  return out
+  return jax.tree_util.tree_map_with_path(prep, tree, is_leaf=is_q)
+
+
+def _prepare_layers(q: QuantizedWeight, layers: tuple[int, ...], prepare_one, where: str
+                    ) -> QuantizedWeight:
+  """A layer stack prepared layer by layer, the layouts stacked again: the scan body then
+  slices one prepared layer.  Layers whose layouts differ (a per-layer mark such as
+  ``:cf``) cannot share one stack: then the canonical stack stays (prepared in each call),
+  with a warning."""
+  done = [prepare_one(jax.tree_util.tree_map(lambda a: a[i], q))
+          for i in np.ndindex(*layers)]
+  treedef = jax.tree_util.tree_structure(done[0])
+  if any(jax.tree_util.tree_structure(d) != treedef for d in done):
+    warnings.warn(f"prepare_params: the layers of {where} take different kernel layouts; "
+                  "the stack stays canonical (re-laid out in every call)", stacklevel=3)
+    return q
+  return jax.tree_util.tree_map(lambda *a: jnp.stack(a).reshape(layers + a[0].shape), *done)
 
 
 def _named(path: tuple) -> tuple[tuple, Any]:

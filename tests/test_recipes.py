@@ -176,10 +176,14 @@ def test_scanned_layers_quantize_layer_by_layer_and_run_under_scan(backend):
                       bias=params["layers"]["fc"]["bias"][i])
     for f in ("codes", "scales", "bias"):
       np.testing.assert_array_equal(getattr(stack, f)[i], getattr(one, f))
-  if backend == "interpret":  # stacks are not prepared (yet): said, and left canonical
-    with pytest.warns(UserWarning, match=r"1 layer stacks .* stay canonical.*layers/fc"):
-      q = recipes.prepare_params(q, backend="interpret")
-    assert q["layers"]["fc"]["kernel"] is stack and q["head"]["kernel"].layout != "canonical"
+  if backend == "interpret":  # prepared layer by layer, stacked again
+    q = recipes.prepare_params(q, backend="interpret")
+    prepared = q["layers"]["fc"]["kernel"]
+    assert prepared.layout != "canonical" and stacked_layers(prepared) == (3,)
+    assert "layers=(3,)" in repr(prepared)
+    np.testing.assert_array_equal(hj.dequantize(prepared), hj.dequantize(stack))
+    with pytest.raises(ValueError, match=r"a stack of \(3,\) layers"):
+      hj.quant_dense(prepared, x, backend=backend)
   y = jax.jit(lambda p: hnn.apply_quantized(model, {"params": p}, x, backend=backend))(q)
   h = x  # the same model as a loop over one layer at a time
   for i in range(3):
@@ -266,3 +270,23 @@ def test_scanned_heads_stay_float_and_the_rest_quantizes():
                            scanned={"layers": 1})
   assert q["layers"]["heads"]["kernel"] is params["heads"]["kernel"]
   assert stacked_layers(q["layers"]["fc"]["kernel"]) == (2,)
+
+
+def test_each_dense_layout_declares_the_rank_of_its_codes():
+  """stacked_layers reads a prepared stack's layer axes off DenseKernel.codes_ndim: every
+  dense family's prepared codes have that rank, for every spec it runs here."""
+  from humming_jax.kernels import registry
+  registry._load_kernels()
+  w = jax.random.normal(jax.random.key(7), (256, 256))
+  checked = set()
+  for preset in ("w4a16-g128", "w4a16-g128-zp", "w8a16", "w8a16-fp8", "w4a16-mxfp4",
+                 "w4a16-nvfp4", "w4a16-mxint4", "w8a8-fp8", "w8a8-int8", "w4a8-mxfp4",
+                 "w4a4-nvfp4", hj.QuantSpec("int3", "group", 64)):
+    q = hj.quantize(w, preset)
+    for kernel in registry._DENSE:
+      if kernel.supports(q.spec):
+        prepared = hj.prepare(q, kernel=kernel.name)
+        assert prepared.codes.ndim == kernel.codes_ndim, (kernel.name, q.spec.name)
+        assert stacked_layers(prepared) == ()
+        checked.add(kernel.name)
+  assert checked == {k.name for k in registry._DENSE}

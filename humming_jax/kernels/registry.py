@@ -47,6 +47,11 @@ class DenseKernel:
   # prepared params (quant_dense's backward, the XLA grouped GEMM) use it; None: through
   # to_canonical, a re-layout of every code on every call.
   dequantize: Callable | None = None
+  # Rank of one dense weight's codes in this layout (tests/test_recipes.py checks it against
+  # prepare): a layer stack's leading axes are what its codes have beyond it
+  # (quantize.stacked_layers).  None for grouped families: expert stacks are not stacked
+  # again.
+  codes_ndim: int | None = None
 
   def accepts(self, x_dtype) -> bool:
     return (x_dtype is None or self.x_dtypes is None
@@ -109,6 +114,13 @@ def by_layout(layout: str) -> DenseKernel:
     if k.layout == layout_family(layout):
       return k
   raise ValueError(f"unknown params layout {layout!r}")
+
+
+def layout_codes_ndim(layout: str) -> int | None:
+  """:attr:`DenseKernel.codes_ndim` of the family that made ``layout`` (None: unknown)."""
+  _load_kernels()
+  return next((k.codes_ndim for k in _DENSE + _GROUPED
+               if k.layout == layout_family(layout)), None)
 
 
 def to_canonical(params):

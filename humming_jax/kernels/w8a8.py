@@ -746,5 +746,5 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
 
 
 KERNEL = registry.register(registry.DenseKernel(
-    name=FAMILY, layout=FAMILY, supports=supports, prepare=prepare,
+    name=FAMILY, layout=FAMILY, codes_ndim=2, supports=supports, prepare=prepare,
     to_canonical=to_canonical, run=run, dequantize=dequantize_prepared))

@@ -333,6 +333,6 @@ def _dequant_gemm(params: QuantizedWeight, x: jax.Array) -> jax.Array:
 
 
 KERNEL = registry.register(registry.DenseKernel(
-    name=FAMILY, layout=FAMILY, supports=supports, prepare=prepare,
+    name=FAMILY, layout=FAMILY, codes_ndim=2, supports=supports, prepare=prepare,
     to_canonical=to_canonical, run=run,
     dequantize=lambda params, dtype: dequantize_prepared(params).astype(dtype)))

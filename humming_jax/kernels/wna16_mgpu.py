@@ -1437,7 +1437,7 @@ def dequant_gemm(params: QuantizedWeight, x: jax.Array) -> jax.Array:
 
 
 KERNEL = registry.register(registry.DenseKernel(
-    name=FAMILY, layout=FAMILY, supports=supports, prepare=prepare,
+    name=FAMILY, layout=FAMILY, codes_ndim=3, supports=supports, prepare=prepare,
     to_canonical=to_canonical, run=run, priority=1,
     # float32, then one rounding (registry.dequantize's contract): the 16-bit form above
     # rounds the scales to dtype first, as the kernel does, not as the canonical values

@@ -434,7 +434,7 @@ def priority_for(spec: QuantSpec, shape: tuple[int, ...]) -> int:
 
 
 KERNEL = registry.register(registry.DenseKernel(
-    name=FAMILY, layout=FAMILY, supports=supports, prepare=prepare,
+    name=FAMILY, layout=FAMILY, codes_ndim=3, supports=supports, prepare=prepare,
     to_canonical=to_canonical, run=run, priority=-1, priority_for=priority_for,
     gpu_known_bad=gpu_known_bad, x_dtypes=("bfloat16", "float16"),
     dequantize=lambda params, dtype: wna16_mgpu.KERNEL.dequantize(
