@@ -1,4 +1,7 @@
 #!/usr/bin/env bash
+# Session 45 (2026-12-05): no call finished (one H100 start was taken back mid-call).  First
+# in the next device session: sessions/gpu_session45.sh one (session 44's call plus the
+# scanned-model GPU test), then gpu_session43.sh d43.
 # Session 44 (2026-12-05): a machine was listed but none could be started.  First in the
 # next device session: sessions/gpu_session44.sh one (one call, <= ~560 s: session 43's t43
 # and the int4 dense + Qwen3 MoE part of d43), then gpu_session43.sh d43 for the rest.

@@ -290,3 +290,25 @@ def test_each_dense_layout_declares_the_rank_of_its_codes():
         assert stacked_layers(prepared) == ()
         checked.add(kernel.name)
   assert checked == {k.name for k in registry._DENSE}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("preset", ["w4a16-all", "mxfp4-all"])
+def test_gpu_scanned_layers_run_the_kernels_layer_by_layer(preset):
+  """A scanned model's prepared stack on the H200: the scan body runs the Pallas kernel on
+  one prepared layer, equal to the same kernel called on that layer outside the scan."""
+  model = _Scanned()
+  x = jax.random.normal(jax.random.key(1), (16, 128)).astype(jnp.bfloat16)
+  params = model.init(jax.random.key(0), x)["params"]
+  q = recipes.prepare_params(hj.quantize_params(params, preset, progress=False,
+                                                scanned=("layers",)))
+  stack = q["layers"]["fc"]["kernel"]
+  assert stack.layout != "canonical" and stacked_layers(stack) == (3,)
+  y = jax.jit(lambda p, x: hnn.apply_quantized(model, {"params": p}, x))(q, x)
+  layer = jax.jit(lambda w, h: jnp.tanh(hj.quant_dense(w, h)))
+  h = x
+  for i in range(3):
+    h = layer(jax.tree.map(lambda a: a[i], stack), h)
+  ref = jax.jit(hj.quant_dense)(q["head"]["kernel"], h)
+  np.testing.assert_allclose(np.asarray(y, np.float32), np.asarray(ref, np.float32),
+                             rtol=2e-2, atol=2e-2)
