@@ -30,7 +30,7 @@ from __future__ import annotations
 import functools
 import re
 import warnings
-from typing import Any, Mapping, Union
+from typing import Any, Mapping, Sequence, Union
 
 import jax
 import jax.numpy as jnp
@@ -41,6 +41,7 @@ from humming_jax.spec import QuantSpec
 
 RecipeValue = Union[str, QuantSpec, None]
 Recipe = Mapping[str, RecipeValue]
+Scanned = Union[Sequence[str], Mapping[str, int]]  # module paths of nn.scan stacks
 
 # Attention projections: BERT (attention/self/{query,key,value}, attention/output/dense),
 # Llama / HF (self_attn/{q,k,v,o}_proj), generic (attn/{q,k,v,o,qkv,out}).
@@ -177,7 +178,7 @@ def _moe_routers(paths: list[str]) -> set[str]:
   return {join(q, "router/kernel") for q in parents if join(q, "down") in paths}
 
 
-def scan_depths(scanned: Any) -> dict[str, int]:
+def scan_depths(scanned: Scanned) -> dict[str, int]:
   """``scanned`` as {module path: layer axes}: a sequence of paths (one ``nn.scan`` each)
   or a mapping path -> number of nested scans."""
   if isinstance(scanned, Mapping):
@@ -241,7 +242,7 @@ def _plan(params: Any, recipe: dict[str, RecipeValue], scanned: dict[str, int]
   return out, used, wide
 
 
-def plan(params: Any, recipe: Recipe | str, *, scanned: tuple[str, ...] = ()
+def plan(params: Any, recipe: Recipe | str, *, scanned: Scanned = ()
          ) -> dict[str, QuantSpec | None]:
   """The spec (or None = float) each candidate kernel of ``params`` gets, by path. No work
   done.  ``scanned`` as in :func:`quantize_params`."""
@@ -270,7 +271,7 @@ def _is_mapping(x) -> bool:
 
 
 def quantize_params(params: Any, recipe: Recipe | str, *, progress: bool = True,
-                    scanned: tuple[str, ...] = (), strict: bool = False) -> Any:
+                    scanned: Scanned = (), strict: bool = False) -> Any:
   """Quantize every Dense ``kernel`` of a (nested dict) params tree as ``recipe`` says.
 
   Args:
