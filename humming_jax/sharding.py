@@ -172,9 +172,8 @@ def weight_partition_spec(q: QuantizedWeight, float_spec: P | None, *, mesh=None
   if not isinstance(q, QuantizedWeight):
     raise TypeError(f"{what} must be a QuantizedWeight; got {type(q).__name__}")
   _check_canonical(q, what)
-  if stacked_layers(q):
-    raise ValueError(f"{what}: a layer stack {stacked_layers(q)} of {q.shape} layers "
-                     "(quantize_params(scanned=)) cannot be sharded by these helpers yet")
+  if layers := stacked_layers(q):
+    return _stack_partition_spec(q, layers, float_spec, mesh, what)
   nd = len(q.shape)
   fs = tuple(float_spec) if float_spec is not None else ()
   if len(fs) > nd:
@@ -206,6 +205,22 @@ def weight_partition_spec(q: QuantizedWeight, float_spec: P | None, *, mesh=None
       bias=None if q.bias is None else P(*lead, a_n),
       act_scale=None if q.act_scale is None else P(),
       input_perm=None if q.input_perm is None else P())
+
+
+def _stack_partition_spec(q: QuantizedWeight, layers: tuple[int, ...], float_spec: P | None,
+                          mesh, what: str) -> QuantizedWeight:
+  """A layer stack's specs (``quantize_params(scanned=)``): its float kernel's spec reads
+  (layers..., K, N) as JAX reads a spec, from the left; the layer axes stay whole (a scan
+  walks them) and each leaf takes one layer's spec behind them."""
+  nl = len(layers)
+  fs = tuple(float_spec) if float_spec is not None else ()
+  if any(e is not None for e in fs[:nl]):
+    raise ValueError(f"{what}: float spec {float_spec} splits the layer axes {layers} of a "
+                     "layer stack; only its (K, N) dims can be sharded")
+  one = jax.tree_util.tree_map(lambda a: a[(0,) * nl], q)
+  inner = weight_partition_spec(one, P(*fs[nl:]), mesh=mesh, what=what)
+  return jax.tree_util.tree_map(lambda spec: P(*(None,) * nl, *spec), inner,
+                                is_leaf=lambda x: isinstance(x, P))
 
 
 def _is_qw(x) -> bool:

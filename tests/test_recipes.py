@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 import flax.linen as nn
+from jax.sharding import PartitionSpec as P
 from flax import nnx
 
 import humming_jax as hj
@@ -219,8 +220,9 @@ def test_layer_stacks_without_scanned_are_named_not_quantized_silently():
   q = hj.quantize_params(params, "w8a16-all", progress=False, scanned=("layers",))
   with pytest.raises(ValueError, match=r"a stack of \(3,\) layers .* jax.tree.map"):
     hj.quant_dense(q["layers"]["fc"]["kernel"], x)
-  with pytest.raises(ValueError, match=r"layer stack .* cannot be sharded"):
-    hj.sharding.weight_partition_spec(q["layers"]["fc"]["kernel"], None)
+  specs = hj.sharding.weight_partition_spec(q["layers"]["fc"]["kernel"], P(None, None, "tp"))
+  assert (specs.codes, specs.scales, specs.bias) == (P(None, None, "tp"),) * 2 + (
+      P(None, "tp"),)  # the layer axis stays whole (tests/sharding_checks.py runs it)
 
 
 def test_recipe_keys_that_decide_no_kernel_warn_or_raise():

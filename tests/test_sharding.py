@@ -141,7 +141,7 @@ def test_slice_weight_odd_bits_and_experts():
 # subprocess (the fixture is per worker): each worker claims the groups no one has claimed
 # yet (an exclusive file create in the run's shared temp dir), runs them, writes their
 # results there, then reads every group's results, so each check runs once per pytest run.
-WITH_EP = ("tp_nonfinite_activations",)
+WITH_EP = ("tp_nonfinite_activations", "tp_scanned_layer_stacks")
 _SECOND = lambda n: n.startswith("ep_") or n in WITH_EP
 CHECK_GROUPS = (tuple(n for n in sharding_checks.CHECKS if not _SECOND(n)),
                 tuple(n for n in sharding_checks.CHECKS if _SECOND(n)))
