@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# Session 45 (2026-12-05): no call finished (one H100 start was taken back mid-call).  First
-# in the next device session: sessions/gpu_session45.sh one (session 44's call plus the
-# scanned-model GPU test), then gpu_session43.sh d43.
+# Session 45 (2026-12-05): two short calls (benchmarks/results/2026-12-05-session45: call 1
+# H100 `gpu_session45.sh one`, call 2 H200 `m1`).  First in the next device session, on the
+# H200: gpu_session45.sh one again (the dx tests with the float32 oracle, the scanned test,
+# probe_grad at M = 1 / 16 / 128: give its steps ~200 s each, compiles ran past 130 s),
+# then gpu_session43.sh d43.
 # Session 44 (2026-12-05): a machine was listed but none could be started.  First in the
 # next device session: sessions/gpu_session44.sh one (one call, <= ~560 s: session 43's t43
 # and the int4 dense + Qwen3 MoE part of d43), then gpu_session43.sh d43 for the rest.

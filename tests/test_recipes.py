@@ -1,4 +1,6 @@
 """quantize_params: recipe precedence, None keeps float, bias folding, presets, errors."""
+from typing import Any
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -149,19 +151,22 @@ def test_prepare_params_is_identity_on_the_xla_path():
 
 
 class _ScannedBody(nn.Module):
+  dtype: Any = None
+
   @nn.compact
   def __call__(self, x, _):
-    return jnp.tanh(nn.Dense(128, name="fc")(x)), None
+    return jnp.tanh(nn.Dense(128, dtype=self.dtype, name="fc")(x)), None
 
 
 class _Scanned(nn.Module):
   """Three layers under nn.scan (params (3, 128, 128)), then a plain head."""
+  dtype: Any = None  # the layers' compute dtype (bf16 on the GPU: the scan carry's)
 
   @nn.compact
   def __call__(self, x):
     x = nn.scan(_ScannedBody, variable_axes={"params": 0}, split_rngs={"params": True},
-                length=3)(name="layers")(x, None)[0]
-    return nn.Dense(64, name="head")(x)
+                length=3)(self.dtype, name="layers")(x, None)[0]
+    return nn.Dense(64, dtype=self.dtype, name="head")(x)
 
 
 @pytest.mark.parametrize("backend", ["xla", "interpret"])
@@ -299,7 +304,7 @@ def test_each_dense_layout_declares_the_rank_of_its_codes():
 def test_gpu_scanned_layers_run_the_kernels_layer_by_layer(preset):
   """A scanned model's prepared stack on the H200: the scan body runs the Pallas kernel on
   one prepared layer, equal to the same kernel called on that layer outside the scan."""
-  model = _Scanned()
+  model = _Scanned(jnp.bfloat16)
   x = jax.random.normal(jax.random.key(1), (16, 128)).astype(jnp.bfloat16)
   params = model.init(jax.random.key(0), x)["params"]
   q = recipes.prepare_params(hj.quantize_params(params, preset, progress=False,

@@ -248,10 +248,17 @@ def test_grouped_dx_gpu(spec, tokens):
                                   "w8a16-fp8"])
 @pytest.mark.parametrize("m", [1, 16, 128])
 def test_dx_gpu(spec, m):
-  """On the H200 at a benchmark shape: the kernel against the XLA route it replaces."""
+  """On the H200 at a benchmark shape: the kernel against the float32 product of the same
+  bf16 operands, rounded to bf16 once (the XLA route it replaces is checked the same way,
+  loosely: session 45's H100 run had the two 41-43 % apart in the last bit at M = 1 while
+  on the H200 the kernel rounded exactly there, benchmarks/probe_dx_accuracy.py)."""
   p = hj.prepare(hj.quantize(jax.random.normal(jax.random.key(7), (8192, 8192)) / 90, spec))
   dy = jax.random.normal(jax.random.key(8), (m, 8192), jnp.bfloat16)
-  close_to_reference(jax.jit(dxk.run)(p, dy), jax.jit(dxk.reference)(p, dy))
+  w = hj.dequantize(p).astype(jnp.bfloat16).astype(jnp.float32)  # the bf16 operand
+  truth = jax.jit(lambda d, w: jnp.dot(d.astype(jnp.float32), w.T, precision="highest")
+                  .astype(jnp.bfloat16))(dy, w)
+  close_to_reference(jax.jit(dxk.run)(p, dy), truth)
+  assert rel(jax.jit(dxk.reference)(p, dy), truth) <= 2 ** -7
 
 
 @pytest.mark.gpu
