@@ -12,6 +12,8 @@ else
   export PYTHONPATH=.
 fi
 T0=$(date +%s)
+# Which card ran the call (H100 or H200 may come): kept with the logs.
+nvidia-smi -L > "$OUT/card.txt" 2>&1 || true
 step() { echo "== $1 (+$(( $(date +%s) - T0 ))s)"; }
 # Shared by the session scripts from session 32 on:
 #   T SECONDS CMD...        the command under a timeout (SIGINT, then SIGKILL 5 s later)

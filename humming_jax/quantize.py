@@ -420,9 +420,9 @@ def dequantize(q: QuantizedWeight) -> jax.Array:
   to canonical first: the same values, bit for bit."""
   if not isinstance(q, QuantizedWeight):
     raise TypeError(f"q must be a QuantizedWeight (from quantize); got {type(q).__name__}")
-  if layers := stacked_layers(q):  # a layer stack: (layers..., K, N), layer by layer
-    return jnp.stack([dequantize(jax.tree_util.tree_map(lambda a: a[i], q))
-                      for i in np.ndindex(*layers)]).reshape(layers + tuple(q.shape))
+  if layers := stacked_layers(q):  # a layer stack: (layers..., K, N), one layer per step
+    flat = jax.tree_util.tree_map(lambda a: a.reshape((-1,) + a.shape[len(layers):]), q)
+    return jax.lax.map(dequantize, flat).reshape(layers + tuple(q.shape))
   if q.layout != "canonical":
     return _dequantize_prepared_jit(q)  # (an unknown layout raises, naming it)
   return _dequantize_jit(q)

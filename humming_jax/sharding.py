@@ -217,7 +217,8 @@ def _stack_partition_spec(q: QuantizedWeight, layers: tuple[int, ...], float_spe
   if any(e is not None for e in fs[:nl]):
     raise ValueError(f"{what}: float spec {float_spec} splits the layer axes {layers} of a "
                      "layer stack; only its (K, N) dims can be sharded")
-  one = jax.tree_util.tree_map(lambda a: a[(0,) * nl], q)
+  one = jax.tree_util.tree_map(  # one layer's shapes (arrays or jax.eval_shape's structs)
+      lambda a: jax.ShapeDtypeStruct(a.shape[nl:], a.dtype), q)
   inner = weight_partition_spec(one, P(*fs[nl:]), mesh=mesh, what=what)
   return jax.tree_util.tree_map(lambda spec: P(*(None,) * nl, *spec), inner,
                                 is_leaf=lambda x: isinstance(x, P))

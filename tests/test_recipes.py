@@ -319,3 +319,21 @@ def test_gpu_scanned_layers_run_the_kernels_layer_by_layer(preset):
   ref = jax.jit(hj.quant_dense)(q["head"]["kernel"], h)
   np.testing.assert_allclose(np.asarray(y, np.float32), np.asarray(ref, np.float32),
                              rtol=2e-2, atol=2e-2)
+
+
+def test_stacks_of_expert_stacks_stay_canonical_and_abstract_stacks_get_specs():
+  # A stack of (E, K, N) expert stacks: its grouped layout would not say its codes' rank,
+  # so prepare_params keeps it canonical, with a warning, rather than hide its layers.
+  experts = [hj.quantize(jax.random.normal(jax.random.key(i), (4, 256, 128)), "w4a16-g128")
+             for i in range(2)]
+  stack = jax.tree.map(lambda *a: jnp.stack(a), *experts)
+  assert stacked_layers(stack) == (2,)
+  with pytest.warns(UserWarning, match="stays a canonical layer stack"):
+    out = recipes.prepare_params({"moe": stack}, backend="interpret")
+  assert out["moe"] is stack
+  # Partition specs of a layer stack from its shapes alone (jax.eval_shape, before init).
+  params = {"fc": {"kernel": jax.random.normal(jax.random.key(3), (3, 256, 128))}}
+  q = hj.quantize_params(params, "w4a16-all", progress=False, scanned=("fc",))
+  fspec = {"fc": {"kernel": P(None, None, "tp")}}
+  assert (hj.sharding.partition_specs(jax.eval_shape(lambda: q), fspec)
+          == hj.sharding.partition_specs(q, fspec))

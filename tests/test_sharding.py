@@ -135,8 +135,8 @@ def test_slice_weight_odd_bits_and_experts():
 # Multi-device checks (subprocess with 8 host devices)
 # ----------------------------------------------------------------------------------------
 # The checks run in two subprocesses of about equal cost: the TP checks, and the EP checks
-# with the TP checks named in WITH_EP (session 45, one warm run: 17.7 s and 15.3 s; TP
-# alone had grown to 21 s against 12).
+# with the TP checks named in WITH_EP (session 45, per-check seconds of one warm local
+# run, summed: 17.7 s and 17.0 s; the TP group alone had grown to 21 s against 12).
 # Under pytest-xdist every worker that reaches these tests would otherwise start its own
 # subprocess (the fixture is per worker): each worker claims the groups no one has claimed
 # yet (an exclusive file create in the run's shared temp dir), runs them, writes their

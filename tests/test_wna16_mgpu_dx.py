@@ -251,7 +251,8 @@ def test_dx_gpu(spec, m):
   """On the H200 at a benchmark shape: the kernel against the float32 product of the same
   bf16 operands, rounded to bf16 once (the XLA route it replaces is checked the same way,
   loosely: session 45's H100 run had the two 41-43 % apart in the last bit at M = 1 while
-  on the H200 the kernel rounded exactly there, benchmarks/probe_dx_accuracy.py)."""
+  on the H200 the kernel rounded exactly there for int4 g128 zp,
+  benchmarks/probe_dx_accuracy.py)."""
   p = hj.prepare(hj.quantize(jax.random.normal(jax.random.key(7), (8192, 8192)) / 90, spec))
   dy = jax.random.normal(jax.random.key(8), (m, 8192), jnp.bfloat16)
   w = hj.dequantize(p).astype(jnp.bfloat16).astype(jnp.float32)  # the bf16 operand
