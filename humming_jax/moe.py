@@ -31,6 +31,14 @@ from humming_jax.quantize import QuantizedWeight, check_no_input_perm, fake_quan
 
 Activation = Literal["silu", "gelu", "swigluoai"]
 ACTIVATIONS = ("silu", "gelu", "swigluoai")
+
+
+def check_activation(activation: str) -> None:
+  """``activation`` names a GLU of :func:`glu` (a ValueError lists them)."""
+  if activation not in ACTIVATIONS:
+    raise ValueError(f"activation={activation!r}; expected one of {ACTIVATIONS}")
+
+
 # gpt-oss's clamped SwiGLU ("swigluoai", vLLM's name): gate clipped above, up to +-limit,
 # gate * sigmoid(alpha * gate) * (up + 1)
 SWIGLUOAI_ALPHA, SWIGLUOAI_LIMIT = 1.702, 7.0
@@ -302,8 +310,7 @@ def glu(h: jax.Array, activation: Activation = "silu") -> jax.Array:
   """``act(gate) * up`` of (R, 2I) gate/up rows (gate first), in float32 -> h.dtype.
   "swigluoai" (gpt-oss): ``g * sigmoid(1.702 g) * (u + 1)`` with g clipped to <= 7 and u
   to [-7, 7] (its interleaved gate/up columns: ``hj.deinterleave_gate_up`` first)."""
-  if activation not in ACTIVATIONS:
-    raise ValueError(f"activation={activation!r}; expected one of {ACTIVATIONS}")
+  check_activation(activation)
   i = h.shape[-1] // 2
   g, u = h[..., :i].astype(jnp.float32), h[..., i:].astype(jnp.float32)
   if activation == "swigluoai":
@@ -402,8 +409,7 @@ def quant_moe(gate_up_params: QuantizedWeight, down_params: QuantizedWeight, x: 
   if topk_weights.shape != topk_ids.shape or topk_ids.shape[:1] != x.shape[:1]:
     raise ValueError(f"topk_weights {topk_weights.shape} and topk_ids {topk_ids.shape} "
                      f"must both be (tokens={x.shape[0]}, k)")
-  if activation not in ACTIVATIONS:
-    raise ValueError(f"activation={activation!r}; expected one of {ACTIVATIONS}")
+  check_activation(activation)
   _check_ids(topk_ids, e)
   if x.shape[0] == 0 or topk_ids.shape[1] == 0:  # nothing routed (the row gathers need a row)
     return jnp.zeros((x.shape[0], h), x.dtype)

@@ -113,7 +113,7 @@ def quantize_nnx_model(model: nnx.Module, recipe: Any, *, backend: Backend = Non
   router stays float.  Returns ``model``.  A Linear shared by several parents is replaced
   where the graph first reaches it.
   """
-  from humming_jax.recipes import check_unused, deciding_key, get_recipe, resolve
+  from humming_jax.recipes import check_unused, get_recipe, resolve
   if not isinstance(model, nnx.Module):
     raise TypeError(f"model must be an nnx.Module; got {type(model).__name__}")
   recipe = get_recipe(recipe)
@@ -123,11 +123,10 @@ def quantize_nnx_model(model: nnx.Module, recipe: Any, *, backend: Backend = Non
   for path, node in nnx.iter_graph(model):
     if isinstance(node, nnx.Linear) and path and id(node) not in routers:
       p = "/".join(str(k) for k in path) + "/kernel"
-      key = deciding_key(recipe, p)
+      key, spec = resolve(recipe, p)
       if key is None:
         continue
       used.add(key)
-      spec = resolve(recipe, p)[1]
       if spec is not None:
         todo.append((path, p, node, spec))
   check_unused(recipe, used, strict=strict, where="quantize_nnx_model")

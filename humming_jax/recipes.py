@@ -36,7 +36,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from humming_jax.quantize import QuantizedWeight, quantize, stacked_layers
+from humming_jax.quantize import QuantizedWeight, _is_concrete, quantize, stacked_layers
 from humming_jax.spec import QuantSpec
 
 RecipeValue = Union[str, QuantSpec, None]
@@ -116,24 +116,17 @@ def _as_spec(val: RecipeValue) -> QuantSpec | None:
   return QuantSpec.preset(val) if isinstance(val, str) else val
 
 
-def deciding_key(recipe: Mapping[str, RecipeValue], path: str) -> str | None:
-  """The recipe key that decides the kernel at ``path``: exact > ``re:`` > ``*``; None if
-  no key matches.  ``path`` is the kernel leaf's path (``.../kernel``); exact keys may also
-  name the layer."""
+def resolve(recipe: Mapping[str, RecipeValue], path: str
+            ) -> tuple[str | None, QuantSpec | None]:
+  """(deciding key, spec) for a kernel at ``path``: exact > ``re:`` > ``*``; (None, None)
+  when no key matches (float).  ``path`` is the kernel leaf's path (``.../kernel``); exact
+  keys may also name the layer.  The key is truthy exactly when one matched."""
   layer = path[:-len("/kernel")] if path.endswith("/kernel") else path
-  for key in (path, layer):
-    if key in recipe:
-      return key
-  for pat in recipe:
-    if pat.startswith("re:") and re.search(pat[3:], path):
-      return pat
-  return "*" if "*" in recipe else None
-
-
-def resolve(recipe: Mapping[str, RecipeValue], path: str) -> tuple[bool, QuantSpec | None]:
-  """(matched, spec) for a kernel at ``path`` (:func:`deciding_key`); no match -> float."""
-  key = deciding_key(recipe, path)
-  return (False, None) if key is None else (True, _as_spec(recipe[key]))
+  key = next((k for k in (path, layer) if k in recipe), None)
+  if key is None:
+    key = next((pat for pat in recipe if pat.startswith("re:") and re.search(pat[3:], path)),
+               "*" if "*" in recipe else None)
+  return (None, None) if key is None else (key, _as_spec(recipe[key]))
 
 
 def check_unused(recipe: Mapping[str, RecipeValue], used: set[str], *, strict: bool,
@@ -216,13 +209,12 @@ def _plan(params: Any, recipe: dict[str, RecipeValue], scanned: dict[str, int]
     if leaf.ndim < lead + 2:
       raise ValueError(f"{p} (shape {tuple(leaf.shape)}) lies under scanned={stack!r} but "
                        f"has no {lead} leading layer axes: expected (layers, in, out)")
-    key = deciding_key(recipe, p)
+    key, spec = resolve(recipe, p)
     if key is None:
       if leaf.ndim == lead + 2:
         out[p] = (None, lead)
       continue
     used.add(key)
-    spec = _as_spec(recipe[key])
     if leaf.ndim != lead + 2:  # a DenseGeneral / Einsum kernel (heads), or an unnamed stack
       if spec is not None and key not in ("*",) and not key.startswith("re:"):
         raise ValueError(
@@ -325,7 +317,7 @@ def quantize_params(params: Any, recipe: Recipe | str, *, progress: bool = True,
       raise ValueError(f"{prefix}/bias has shape {getattr(bias, 'shape', None)}; expected "
                        f"{want} to fold into the quantized kernel {p}")
     try:
-      if not isinstance(v, jax.core.Tracer) and not bool(jnp.all(jnp.isfinite(v))):
+      if _is_concrete(v) and not bool(jnp.all(jnp.isfinite(v))):
         raise ValueError("the kernel contains NaN or inf")  # the jitted quantize cannot
       if lead:
         return _quantize_layers(v, spec, bias, lead)
@@ -439,4 +431,4 @@ def _named(path: tuple) -> tuple[tuple, Any]:
 
 
 __all__ = ["RECIPES", "prepare_params", "ATTENTION_PATTERN", "MLP_PATTERN", "quantize_params", "plan",
-           "get_recipe", "resolve", "deciding_key", "check_unused", "path_str"]
+           "get_recipe", "resolve", "check_unused", "path_str"]

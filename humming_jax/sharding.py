@@ -795,8 +795,7 @@ def expert_parallel_moe(gate_up: QuantizedWeight, down: QuantizedWeight, x: jax.
   if dispatch == "all_to_all" and not tokens_sharded:
     raise ValueError("dispatch='all_to_all' needs tokens sharded along T over the axis "
                      "(tokens_sharded=True); replicated tokens use dispatch='all_gather'")
-  if activation not in moe.ACTIVATIONS:
-    raise ValueError(f"activation={activation!r}; expected one of {moe.ACTIVATIONS}")
+  moe.check_activation(activation)
   # quant_moe's own checks of the tokens and ids, on the (global or local) arrays here.
   ops.check_activations(x, "expert_parallel_moe")
   x = jnp.asarray(x)
