@@ -11,7 +11,11 @@ M = 4096, K = 8192 (64 MB of bf16 x): 17.2 + 1.5 + 41.8 us per layer with one fp
 ``MAX_HELD_K`` columns it loads them once, in K chunks held in registers, for the amax and
 then the codes: HBM sees x once and the codes once (32.8 us, 3.07 TB/s).  Wider rows are
 read a second time, from L2 (K = 14336: 64.0 us).  Variants: ``benchmarks/
-probe_act_prepass.py``, NOTES.md v20.
+probe_act_prepass.py``, NOTES.md v20.  The decode form (one row per program) folds its
+chunks elementwise and reduces across threads once per row, NaN counted as inf: H200
+session 46, K = 8192, M = 1 / 16, fp8: 2.58 / 2.70 us against 2.93 / 2.98 with a
+reduction per chunk and a second one for NaN / inf (the same call,
+``benchmarks/probe_w4a8_decode.py``).
 
 The semantics are ``quantize_activations``'s for per-token float32 scales: scale =
 amax / qmax (1 where the row is all zero), NaN where the row holds NaN / inf, values
@@ -69,15 +73,19 @@ def _kernel(x_ref, a_ref, s_ref, *, kp: int, chunk: int, fmt: str, qmax: float,
   cols = [pl.ds(j * chunk, chunk) for j in range(kp // chunk)]
   chunks = [x_ref[:, c] for c in cols] if held else None  # one HBM read, kept
   load = (lambda j: chunks[j]) if held else (lambda j: x_ref[:, cols[j]])
-  amax = bad = None
-  for j in range(len(cols)):  # the row's amax and whether it holds NaN / inf
+  amax = None
+  for j in range(len(cols)):  # the row's amax, NaN counted as inf (either: a NaN scale)
     x = load(j).astype(jnp.float32)
-    ax = jnp.abs(x)
-    m = jnp.max(ax, axis=1, keepdims=True)
-    b = jnp.max(jnp.where((x != x) | (ax == jnp.inf), 1.0, 0.0), axis=1, keepdims=True)
-    amax, bad = (m, b) if amax is None else (jnp.maximum(amax, m), jnp.maximum(bad, b))
+    ax = jnp.where(x != x, jnp.inf, jnp.abs(x))
+    if dequantize:  # decode: elementwise over the chunks, one reduction across threads
+      amax = ax if amax is None else jnp.maximum(amax, ax)
+    else:  # prefill (2 held rows): a reduction per chunk, no accumulator registers
+      m = jnp.max(ax, axis=1, keepdims=True)
+      amax = m if amax is None else jnp.maximum(amax, m)
+  amax = jnp.max(amax, axis=1, keepdims=True)
+  bad = amax == jnp.inf
   s = jnp.where(amax > 0, amax / qmax, 1.0)
-  s = jnp.where(bad > 0, jnp.nan, s)
+  s = jnp.where(bad, jnp.nan, s)
   s_ref[...] = s
   for j, c in enumerate(cols):  # scale, saturate, round, store
     xs = load(j).astype(jnp.float32) / s

@@ -9,7 +9,8 @@ scales in the epilogue (error 1.7e-4-2.9e-4 against the reference on the H200, s
 20; DeepSeek-V3 gate_up at 64 tokens 212.9 -> 159.8 us, NOTES_moe.md).  Every other spec:
 the spec's own activation quantization (``quantize.fake_quantize_activations``, what the
 reference runs; row-wise for per-token specs, so the rows' order by expert does not
-matter) is rounded once to x's 16-bit dtype, then ``grouped_wna16_mgpu.run`` computes the
+matter; on the GPU the one-launch form, ``wnam_mgpu.decode_activations``) is rounded once
+to x's 16-bit dtype, then ``grouped_wna16_mgpu.run`` computes the
 weight half of the spec in that kernel's stacked layout.  The error against the reference
 is that rounding of ``code x scale``: the class of the dense family (H200: 2.0e-3-2.7e-3;
 here 2.5e-3-2.6e-3 in session 16, against the Triton W8A8 family's 8e-4, which keeps
@@ -34,9 +35,9 @@ import jax
 import jax.numpy as jnp
 
 from humming_jax.kernels import grouped_wna16_mgpu, registry, tuning, wna16_mgpu
-from humming_jax.kernels.wnam_mgpu import (family_view, fp8_mma_applies, fp8_operands, renamed,
-                                           weight_spec, weight_view)
-from humming_jax.quantize import QuantizedWeight, fake_quantize_activations
+from humming_jax.kernels.wnam_mgpu import (decode_activations, family_view, fp8_mma_applies,
+                                           fp8_operands, renamed, weight_spec, weight_view)
+from humming_jax.quantize import QuantizedWeight
 from humming_jax.spec import QuantSpec
 
 FAMILY = "grouped_wnam_mgpu"
@@ -105,8 +106,8 @@ def run(params: QuantizedWeight, x: jax.Array, group_sizes: jax.Array, *,
     return run_quantized(params, codes, x_scale, group_sizes, out_dtype=x.dtype,
                          interpret=interpret, config=config, block_m=block_m)
   view = family_view(params, grouped_wna16_mgpu.FAMILY)
-  xq = fake_quantize_activations(x, params.spec, params.act_scale).astype(x.dtype)
-  return grouped_wna16_mgpu.run(view, xq, group_sizes, interpret=interpret, config=config,
+  return grouped_wna16_mgpu.run(view, decode_activations(x, params, interpret=interpret),
+                                group_sizes, interpret=interpret, config=config,
                                 block_m=block_m)
 
 
