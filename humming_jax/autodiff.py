@@ -4,8 +4,9 @@ Pallas GPU kernels carry no differentiation rules: ``jax.grad`` through one fail
 "Differentiation rule for 'mpmd_map' not implemented".  So :func:`humming_jax.quant_dense`,
 :func:`humming_jax.quant_ragged_dot` and :func:`humming_jax.quant_moe` run their kernels
 forward and take the VJP of their XLA reference (:func:`with_reference_vjp`): the
-gradient of the function the kernel computes, at XLA's speed, not the kernel's (opt-in,
-HUMMING_JAX_DX_KERNEL=1: the cotangent of x from a kernel, kernels/wna16_mgpu_dx.py, and
+gradient of the function the kernel computes, at XLA's speed, not the kernel's -- but
+for the cotangent of x at decode-sized M on the Mosaic layouts, which a kernel computes
+(kernels/wna16_mgpu_dx.py; HUMMING_JAX_DX_KERNEL=1 takes it further, and runs
 quant_moe's backward on kernels throughout).  That is
 what fine-tuning around frozen quantized weights (LoRA adapters, a trained router,
 earlier layers) needs: the cotangent of x.
@@ -25,10 +26,12 @@ earlier layers) needs: the cotangent of x.
   params and prepare after the update.
 - Forward mode straight through these functions (``jax.jvp``, ``jax.jacfwd``) is not
   defined, on every backend (the same program must differentiate the same way on the CPU
-  and the GPU); JAX raises a TypeError.  Forward over reverse (``jax.hessian``) works: the
-  backward is plain XLA -- unless the opt-in dy . W^T kernel computes the cotangent of x
-  (HUMMING_JAX_DX_KERNEL=1, kernels/wna16_mgpu_dx.py): leave it off for second
-  derivatives.
+  and the GPU); JAX raises a TypeError.  Forward over reverse (``jax.hessian``,
+  Hessian-vector products) works on every backend: inside it the kernel forward takes its
+  reference's tangent, and the dy . W^T kernel of the backward (kernels/wna16_mgpu_dx.py)
+  runs on the tangent too -- except with quant_moe's backward on kernels throughout
+  (HUMMING_JAX_DX_KERNEL=1 with stacked experts), whose recomputing forward is itself a
+  custom VJP: leave the switch unset for second derivatives of quant_moe.
 """
 from __future__ import annotations
 
@@ -66,6 +69,8 @@ def with_reference_vjp(forward: Callable[..., jax.Array], reference: Callable[..
   where the kernel does not take these arguments (the reference's VJP then).  It must
   compute what the reference's VJP computes."""
 
+  forward = _with_reference_jvp(forward, reference)
+
   @jax.custom_vjp
   def f(*args):
     return forward(*args)
@@ -101,6 +106,23 @@ def with_reference_vjp(forward: Callable[..., jax.Array], reference: Callable[..
 
   f.defvjp(fwd, bwd, symbolic_zeros=True)
   return f
+
+
+def _with_reference_jvp(forward: Callable[..., jax.Array],
+                        reference: Callable[..., jax.Array]) -> Callable[..., jax.Array]:
+  """``forward`` whose tangent is ``reference``'s: a Pallas kernel has no derivative rule,
+  and forward over reverse (``jax.hessian``, Hessian-vector products) pushes tangents
+  through the forward that ``jax.grad`` runs inside the backward pass."""
+
+  @jax.custom_jvp
+  def g(*args):
+    return forward(*args)
+
+  @g.defjvp
+  def g_jvp(primals, tangents):
+    out = forward(*primals)
+    return out, jax.jvp(reference, primals, tangents)[1].astype(out.dtype)
+  return g
 
 
 def _leaf_index(values: tuple[Any, ...], names: Sequence[str], name: str) -> int | None:

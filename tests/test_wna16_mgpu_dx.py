@@ -131,28 +131,51 @@ def test_refusals_name_the_argument():
     dxk.run(p, dy, splits=3)
 
 
-def test_backward_routes_to_the_kernel_when_asked(monkeypatch):
-  """quant_dense's cotangent of x comes from the kernel with HUMMING_JAX_DX_KERNEL=1 (the
-  launch is in the backward's jaxpr), equals the reference's VJP, and stays on the
-  reference by default, for float32 x and past MAX_M rows."""
+def test_backward_routes_to_the_kernel(monkeypatch):
+  """quant_dense's cotangent of x comes from the kernel by default up to DEFAULT_MAX_M
+  rows, with HUMMING_JAX_DX_KERNEL=1 up to MAX_M, never with "0" (the launch is in the
+  backward's jaxpr), equals the reference's VJP, and stays on the reference for float32 x
+  and past its row limit."""
   p = prepared("w4a16-mxfp4", 256, 128)
-  x = jax.random.normal(jax.random.key(4), (6, 256), jnp.bfloat16)
-  dy = jax.random.normal(jax.random.key(5), (6, 128), jnp.bfloat16)
-  grad_on = lambda b: jax.grad(lambda x: jnp.sum((hj.quant_dense(p, x, backend=b) * dy)
-                                                  .astype(jnp.float32)))
+  m = dxk.DEFAULT_MAX_M
+  x = jax.random.normal(jax.random.key(4), (m, 256), jnp.bfloat16)
+  dy = jax.random.normal(jax.random.key(5), (m, 128), jnp.bfloat16)
+  grad_on = lambda b: jax.grad(lambda x: jnp.sum((hj.quant_dense(p, x, backend=b) * dy[
+      :x.shape[0]]).astype(jnp.float32)))
   grad = grad_on("interpret")
   launches = lambda f, *a: str(jax.make_jaxpr(f)(*a)).count("name=wna16_mgpu_dx")
-  monkeypatch.delenv("HUMMING_JAX_DX_KERNEL", raising=False)
+  above = jnp.ones((m + 1, 256), jnp.bfloat16)
+  plain = jax.grad(lambda x: jnp.sum(hj.quant_dense(p, x, backend="interpret")
+                                     .astype(jnp.float32)))
+  monkeypatch.setenv("HUMMING_JAX_DX_KERNEL", "0")
+  jax.clear_caches()  # the switch is read when the backward is traced
   assert launches(grad, x) == 0
   want = jax.jit(grad_on("xla"))(x)  # the reference's VJP, as the kernel backend's backward
-  monkeypatch.setenv("HUMMING_JAX_DX_KERNEL", "1")
-  jax.clear_caches()  # the switch is read when the backward is traced
-  assert launches(grad, x) == 1
+  monkeypatch.delenv("HUMMING_JAX_DX_KERNEL")
+  jax.clear_caches()
+  assert launches(grad, x) == 1 and launches(plain, above) == 0
   close_to_reference(jax.jit(grad)(x), want)
   assert launches(grad, x.astype(jnp.float32)) == 0  # float32: the exact reference
-  big = jnp.ones((dxk.MAX_M + 1, 256), jnp.bfloat16)
-  assert launches(jax.grad(lambda x: jnp.sum(hj.quant_dense(p, x, backend="interpret")
-                                             .astype(jnp.float32))), big) == 0
+  monkeypatch.setenv("HUMMING_JAX_DX_KERNEL", "1")
+  jax.clear_caches()
+  assert launches(plain, above) == 1
+  assert launches(plain, jnp.ones((dxk.MAX_M + 1, 256), jnp.bfloat16)) == 0
+
+
+def test_hessian_vector_product_through_the_kernel(monkeypatch):
+  """Forward over reverse (a Hessian-vector product, what jax.hessian stacks) through a
+  backward that holds the kernel: the kernel runs on the tangent (its JVP is itself) and
+  the product equals the XLA backend's."""
+  p = prepared("w4a16-g128-zp", 256, 128, seed=3)
+  x = jax.random.normal(jax.random.key(6), (4, 256), jnp.bfloat16)
+  v = jax.random.normal(jax.random.key(7), (4, 256), jnp.bfloat16)
+  loss = lambda b: lambda x: jnp.sum(jnp.tanh(hj.quant_dense(p, x, backend=b)
+                                              .astype(jnp.float32)))
+  hvp = lambda b: lambda x, v: jax.jvp(jax.grad(loss(b)), (x,), (v,))[1]
+  monkeypatch.delenv("HUMMING_JAX_DX_KERNEL", raising=False)
+  jax.clear_caches()
+  assert "name=wna16_mgpu_dx" in str(jax.make_jaxpr(hvp("interpret"))(x, v))
+  assert rel(jax.jit(hvp("interpret"))(x, v), jax.jit(hvp("xla"))(x, v)) <= 2 ** -7
 
 
 def stacked(spec, e, k, n, seed=0):
@@ -213,7 +236,7 @@ def test_moe_backwards_route_to_the_kernel_when_asked(monkeypatch):
   # XLA's decode of the routed experts (ragged_dot_xla: a checkpointed map) is in the
   # layer's backward without the switch, and gone with it (the kernels recompute)
   xla_decodes = lambda f: str(jax.make_jaxpr(f)(x)).count("remat")
-  monkeypatch.delenv("HUMMING_JAX_DX_KERNEL", raising=False)
+  monkeypatch.delenv("HUMMING_JAX_DX_KERNEL", raising=False)  # stacks: not by default
   jax.clear_caches()
   assert launches(ragged("interpret")) == 0 and launches(layer("interpret")) == 0
   assert xla_decodes(layer("interpret")) > 0
@@ -310,3 +333,47 @@ def test_w4a8_mxfp4_moe_backward_on_the_fp8_mma_layout(monkeypatch):
   jaxpr = str(jax.make_jaxpr(layer("interpret"))(x))
   assert jaxpr.count("name=grouped_wna16_mgpu_dx_b4_p8") == 2 and "remat" not in jaxpr
   assert rel(jax.jit(layer("interpret"))(x), jax.jit(layer("xla"))(x)) <= 2e-2
+
+
+def test_moe_hessian_vector_product_on_kernels(monkeypatch):
+  """Forward over reverse through quant_moe on the kernel backend with the switch unset
+  (stacked experts' backward in XLA, the forward's kernels taking the reference's
+  tangent): equals the XLA backend's Hessian-vector product."""
+  e, h, inter = 4, 256, 128
+  gu, dn = stacked("w4a16-g128-zp", e, h, 2 * inter, 4), stacked("w4a16-g128-zp", e, inter, h, 5)
+  x = jax.random.normal(jax.random.key(13), (3, h), jnp.bfloat16) / 4
+  v = jax.random.normal(jax.random.key(14), (3, h), jnp.bfloat16)
+  weights, ids = moe.topk_routing(jax.random.normal(jax.random.key(15), (3, e)), 2)
+  loss = lambda b: lambda x: jnp.sum(jnp.tanh(hj.quant_moe(gu, dn, x, weights, ids, backend=b)
+                                              .astype(jnp.float32)))
+  hvp = lambda b: jax.jit(lambda x, v: jax.jvp(jax.grad(loss(b)), (x,), (v,))[1])
+  monkeypatch.delenv("HUMMING_JAX_DX_KERNEL", raising=False)
+  jax.clear_caches()
+  assert rel(hvp("interpret")(x, v), hvp("xla")(x, v)) <= 2 ** -7
+
+
+@pytest.mark.gpu
+def test_hessian_vector_product_gpu(monkeypatch):
+  """On the H200, the switch unset: a Hessian-vector product through quant_dense (M = 16,
+  the dx kernel in the backward and on the tangent) and through quant_moe (its backward in
+  XLA), each against the XLA backend's."""
+  monkeypatch.delenv("HUMMING_JAX_DX_KERNEL", raising=False)
+  jax.clear_caches()
+  ks = jax.random.split(jax.random.key(16), 8)
+  p = hj.prepare(hj.quantize(jax.random.normal(ks[0], (4096, 2048)) / 64, "w4a16-g128-zp"))
+  x = jax.random.normal(ks[1], (16, 4096), jnp.bfloat16)
+  v = jax.random.normal(ks[2], (16, 4096), jnp.bfloat16)
+  hvp = lambda f: jax.jit(lambda x, v: jax.jvp(jax.grad(lambda x: jnp.sum(jnp.tanh(
+      f(x).astype(jnp.float32)))), (x,), (v,))[1])
+  dense = lambda b: hvp(lambda x: hj.quant_dense(p, x, backend=b))
+  assert "name=wna16_mgpu_dx" in str(jax.make_jaxpr(dense(None))(x, v))
+  assert rel(dense(None)(x, v), dense("xla")(x, v)) <= 2 ** -7
+  e, h, inter, tokens = 16, 2048, 256, 24
+  gu, dn = moe.prepare_experts(
+      hj.quantize(jax.random.normal(ks[3], (e, h, 2 * inter)) / 40, "w4a16-g128-zp"),
+      hj.quantize(jax.random.normal(ks[4], (e, inter, h)) / 16, "w4a16-g128-zp"))
+  xm = jax.random.normal(ks[5], (tokens, h), jnp.bfloat16) / 4
+  vm = jax.random.normal(ks[6], (tokens, h), jnp.bfloat16)
+  weights, ids = moe.topk_routing(jax.random.normal(ks[7], (tokens, e)), 4)
+  layer = lambda b: hvp(lambda x: hj.quant_moe(gu, dn, x, weights, ids, backend=b))
+  assert rel(layer(None)(xm, vm), layer("xla")(xm, vm)) <= 2e-2

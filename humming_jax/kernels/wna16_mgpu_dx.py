@@ -1,6 +1,8 @@
 """dx = dy . W^T on the WnA16 Mosaic layout, in one Pallas-Triton pass: training's backward
 at small M (a LoRA step over a frozen quantized base, decode-sized batches), dense or over
-stacked experts.  Opt-in (HUMMING_JAX_DX_KERNEL=1, :func:`applies`) until timed on a GPU.
+stacked experts.  The default for dense M <= :data:`DEFAULT_MAX_M` (1.9-2.2x the XLA
+route's speed on the H200 / H100, session 46); stacked experts and dense M up to
+:data:`MAX_M` with HUMMING_JAX_DX_KERNEL=1 (:func:`applies`).
 
 Why a kernel: the backward differentiates ``reference.dense_gradient_reference``, whose
 cotangent of x is XLA's dequantization of W to x's dtype and then a GEMM.  H200 session
@@ -30,13 +32,15 @@ sum(group_sizes) written as zeros.
 
 The XLA reference beside it is :func:`reference` (the backward's own VJP, which it
 replaces); tests compare the two on fresh random inputs in the interpreter (and the
-weights bit for bit, through one-hot rows of dy), and on the H200 (queued: not yet run).
-Forward-over-reverse (``jax.hessian``) through a backward that holds this kernel is not
-supported: leave the switch off for it.
+weights bit for bit, through one-hot rows of dy), and on the H200 against the float32
+product rounded once (session 46: M = 1 / 16 / 128, five formats; grouped at
+Qwen3-30B-A3B's gate_up).  Forward over reverse (``jax.hessian``) runs the kernel on the
+tangent (:func:`_linear_run`: the map is linear in dy).
 """
 from __future__ import annotations
 
 import functools
+import os
 
 import jax
 import jax.numpy as jnp
@@ -54,10 +58,18 @@ from humming_jax.kernels import grouped_wna16, mgpu_convert, registry, tuning, w
 FAMILIES = ("wna16_mgpu", "wnam_mgpu")
 GROUPED_FAMILIES = ("grouped_wna16_mgpu", "grouped_wnam_mgpu")
 # Largest M (dense), or expected rows per active expert (stacked), the backward routes
-# here (:func:`applies`): past it each extra row tile decodes the codes again.  A
-# prediction, not yet measured (the XLA route at M = 1024 costs the one dequantization and
-# a GEMM at the tensor cores' rate).
+# here with HUMMING_JAX_DX_KERNEL=1 (:func:`applies`): past it each extra row tile decodes
+# the codes again.
 MAX_M = 128
+# Largest dense M it takes by default (the switch unset): one row tile (MAX_BLOCK_M).
+# Session 46, int4 g128 zp 8192^2, CUPTI kernel time (benchmarks/probe_grad.py; XLA route
+# -> kernel), dx and in brackets the whole value_and_grad:
+#   H200: M = 1 120.9 -> 62.5 (136.9 -> 76.9); M = 16 122.8 -> 63.3 (139.6 -> 79.4);
+#         M = 128 124.6 -> 122.9 (162.4 -> 169.3: two row tiles decode the codes twice,
+#         a loss).
+#   H100 (the H200 was not lent for it): M = 32 141.7 -> 64.8 (162.1 -> 82.9); M = 64
+#         142.3 -> 75.8 (167.0 -> 100.2).
+DEFAULT_MAX_M = 64
 BLOCK_N = 128  # N (the reduction) per chunk: the dot's K dimension
 MAX_BLOCK_M = 64
 MIN_PROGRAMS = 264  # two per SM of an H200 (132): splits of N are added up to this
@@ -111,10 +123,20 @@ def unsupported_reason(params: QuantizedWeight, dy: jax.Array,
 
 def applies(params: QuantizedWeight, dy: jax.Array,
             group_sizes: jax.Array | None = None) -> bool:
-  """Whether a backward takes this kernel for ``dy``: M <= :data:`MAX_M` (dense), or at
-  most that many expected rows per active expert (stacked) -- only with
-  HUMMING_JAX_DX_KERNEL=1 until it is timed on the H200 (queued)."""
-  if not tuning.env_flag("HUMMING_JAX_DX_KERNEL", False) or dy.ndim != 2 or not dy.shape[0]:
+  """Whether a backward takes this kernel for ``dy``.
+
+  HUMMING_JAX_DX_KERNEL unset: dense params at M <= :data:`DEFAULT_MAX_M` (where it
+  timed 1.9-2.2x faster than the XLA route); stacked experts not (the MoE layer's backward
+  on it is not yet timed, and its gradient's distance from the XLA route's is being
+  measured: benchmarks/NOTES.md, session 46).  "1": dense M <= :data:`MAX_M` and stacked
+  experts with at most that many expected rows per active expert.  "0": never."""
+  if dy.ndim != 2 or not dy.shape[0]:
+    return False
+  switch = os.environ.get("HUMMING_JAX_DX_KERNEL")
+  if switch is None:
+    if params.num_experts is not None or dy.shape[0] > DEFAULT_MAX_M:
+      return False
+  elif not tuning.env_flag("HUMMING_JAX_DX_KERNEL", False):
     return False
   rows = (dy.shape[0] if params.num_experts is None
           else grouped_wna16.rows_per_active_expert(dy.shape[0], params.num_experts))
@@ -384,7 +406,24 @@ def cotangent(params: QuantizedWeight, x: jax.Array, dy: jax.Array,
   rounded to x's dtype -- else None (the reference's VJP runs)."""
   if x.dtype != dy.dtype or not applies(params, dy, group_sizes):
     return None
+  return _linear_run(params, dy, group_sizes, interpret)
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(3,))
+def _linear_run(params: QuantizedWeight, dy: jax.Array, group_sizes: jax.Array | None,
+                interpret: bool) -> jax.Array:
+  """:func:`run`, differentiable in dy: a linear map's derivative is the map itself, so
+  forward over reverse (``jax.hessian``, Hessian-vector products) runs the kernel on the
+  tangent (a Pallas call has no derivative rule of its own).  The params are constants
+  of the backward (prepared leaves are never differentiated: ``autodiff``)."""
   return run(params, dy, group_sizes, interpret=interpret)
+
+
+@_linear_run.defjvp
+def _linear_run_jvp(interpret, primals, tangents):
+  params, dy, group_sizes = primals
+  return (_linear_run(params, dy, group_sizes, interpret),
+          _linear_run(params, tangents[1], group_sizes, interpret))
 
 
 def reference(params: QuantizedWeight, dy: jax.Array,
