@@ -1,4 +1,14 @@
 #!/usr/bin/env bash
+# Session 46 (2026-12-05): five calls (benchmarks/results/2026-12-05-session46; calls 1-3
+# H200, 4-5 H100; sessions/gpu_session46.sh pp / one / two / three).  Landed: the pre-pass's
+# single reduction (session 42's queue: t42b ran in pp), the dx kernel by default for
+# dense M <= 64.  First in the next device session, on the H200:
+#   gpu_session46.sh moe (MT=300): the Qwen3-30B-A3B MoE backward at 16 tokens, both
+#     routes against the float32 layer, then timed with the switch on (stacks opt-in
+#     until it wins and is no further from the float32 layer than the XLA route);
+#   probe_grad.py --ms 32,64 on the H200 (the default's cut was timed on an H100);
+#   bench_dense W4A8 MXFP4 M = 4096 with --humming (same-run ratio for issue 4).
+# Then session 42's p42 / w42p and session 41's g42, g42d, bd (below).
 # Session 45 (2026-12-05): two short calls (benchmarks/results/2026-12-05-session45: call 1
 # H100 `gpu_session45.sh one`, call 2 H200 `m1`).  First in the next device session, on the
 # H200: gpu_session45.sh one again (the dx tests with the float32 oracle, the scanned test,

@@ -118,10 +118,25 @@ def _with_reference_jvp(forward: Callable[..., jax.Array],
   def g(*args):
     return forward(*args)
 
-  @g.defjvp
   def g_jvp(primals, tangents):
+    # only the leaves with a tangent are pushed through the reference: the others (codes,
+    # prepared layouts, routing) stay its constants, as in the backward
     out = forward(*primals)
-    return out, jax.jvp(reference, primals, tangents)[1].astype(out.dtype)
+    leaves, treedef = jax.tree.flatten(primals)
+    dots = jax.tree.leaves(tangents, is_leaf=lambda t: isinstance(t, SymbolicZero))
+    live = [i for i, t in enumerate(dots) if not isinstance(t, SymbolicZero)]
+    if not live:
+      return out, jnp.zeros_like(out)
+
+    def reference_of(*moved):
+      args = list(leaves)
+      for i, v in zip(live, moved):
+        args[i] = v
+      return reference(*jax.tree.unflatten(treedef, args))
+    tangent = jax.jvp(reference_of, [leaves[i] for i in live], [dots[i] for i in live])[1]
+    return out, tangent.astype(out.dtype)
+
+  g.defjvp(g_jvp, symbolic_zeros=True)
   return g
 
 

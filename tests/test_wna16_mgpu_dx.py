@@ -338,7 +338,8 @@ def test_w4a8_mxfp4_moe_backward_on_the_fp8_mma_layout(monkeypatch):
 def test_moe_hessian_vector_product_on_kernels(monkeypatch):
   """Forward over reverse through quant_moe on the kernel backend with the switch unset
   (stacked experts' backward in XLA, the forward's kernels taking the reference's
-  tangent): equals the XLA backend's Hessian-vector product."""
+  tangent): equals the XLA backend's Hessian-vector product; with the switch on, JAX's
+  TypeError."""
   e, h, inter = 4, 256, 128
   gu, dn = stacked("w4a16-g128-zp", e, h, 2 * inter, 4), stacked("w4a16-g128-zp", e, inter, h, 5)
   x = jax.random.normal(jax.random.key(13), (3, h), jnp.bfloat16) / 4
@@ -350,6 +351,12 @@ def test_moe_hessian_vector_product_on_kernels(monkeypatch):
   monkeypatch.delenv("HUMMING_JAX_DX_KERNEL", raising=False)
   jax.clear_caches()
   assert rel(hvp("interpret")(x, v), hvp("xla")(x, v)) <= 2 ** -7
+  # with the switch on, the backward recomputes through quant_ragged_dot (a custom VJP):
+  # forward mode is refused by JAX, by name, not computed wrongly
+  monkeypatch.setenv("HUMMING_JAX_DX_KERNEL", "1")
+  jax.clear_caches()
+  with pytest.raises(TypeError, match="forward-mode"):
+    hvp("interpret")(x, v)
 
 
 @pytest.mark.gpu
