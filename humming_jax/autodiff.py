@@ -28,8 +28,9 @@ earlier layers) needs: the cotangent of x.
   defined, on every backend (the same program must differentiate the same way on the CPU
   and the GPU); JAX raises a TypeError.  Forward over reverse (``jax.hessian``,
   Hessian-vector products) works on every backend: inside it the kernel forward takes its
-  reference's tangent, and the dy . W^T kernel of the backward (kernels/wna16_mgpu_dx.py)
-  runs on the tangent too -- except with quant_moe's backward on kernels throughout
+  reference's tangent, and so does the dy . W^T kernel of the backward
+  (kernels/wna16_mgpu_dx.py), which also lets reverse over reverse transpose it -- except
+  with quant_moe's backward on kernels throughout
   (HUMMING_JAX_DX_KERNEL=1 with stacked experts), whose recomputing forward is itself a
   custom VJP: leave the switch unset for second derivatives of quant_moe.
 """

@@ -184,8 +184,9 @@ def quant_dense(params: QuantizedWeight, x: jax.Array, *,
   Works under ``jax.jit``: the spec is static aux data of ``params``, so a new params value
   of the same spec and shape does not retrace.  Differentiable in reverse mode
   (``jax.grad``): the kernel runs forward, the backward is the XLA reference's VJP -- for
-  x, one dequantization of W and one GEMM (humming_jax/autodiff.py) -- but on params
-  prepared for the Mosaic kernels at M <= 64, where a kernel reads dy . W^T off the codes
+  x, one dequantization of W and one GEMM (humming_jax/autodiff.py) -- but for 16-bit x
+  on params prepared for the Mosaic kernels at M <= 64, where a kernel reads dy . W^T off
+  the codes
   (kernels/wna16_mgpu_dx.py; HUMMING_JAX_DX_KERNEL=1: up to M = 128, "0": never).
   """
   _check_x(params, x, "quant_dense")

@@ -442,7 +442,7 @@ def test_single_acc_tiles_lower_for_h200(shape, rows, tile, wgs, monkeypatch):
 @pytest.mark.parametrize("name,m", [("w4a16-g128-zp", 16), ("w4a16-nvfp4", 1),
                                     ("w8a16-fp8", 128), ("w4a8-mxfp4", 16)])
 def test_dx_kernel_lowers_for_h200(name, m):
-  """The backward's dy . W^T kernel (kernels/wna16_mgpu_dx.py, opt-in) at 8192^2 on each
+  """The backward's dy . W^T kernel (kernels/wna16_mgpu_dx.py) at 8192^2 on each
   code kind: int4 with zero points, fp4 with groups of 16 in the permuted order, fp8
   codes (two row blocks), and the W4A8 view of the layout."""
   from humming_jax.kernels import wna16_mgpu_dx

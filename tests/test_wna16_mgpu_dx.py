@@ -1,6 +1,9 @@
 """kernels/wna16_mgpu_dx.py: dx = dy . W^T on the WnA16 Mosaic layout (Pallas-Triton),
 against its XLA reference (the backward's dequantization + GEMM) on fresh random inputs,
-in the interpreter and on the H200; and the backward's route to it (opt-in)."""
+in the interpreter and on the H200; and the backward's route to it (dense M <= 64 by
+default, stacked experts opt-in) and through JAX's other transformations."""
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -164,8 +167,8 @@ def test_backward_routes_to_the_kernel(monkeypatch):
 
 def test_hessian_vector_product_through_the_kernel(monkeypatch):
   """Forward over reverse (a Hessian-vector product, what jax.hessian stacks) through a
-  backward that holds the kernel: the kernel runs on the tangent (its JVP is itself) and
-  the product equals the XLA backend's."""
+  backward that holds the kernel (its tangent is the reference's): the product equals the
+  XLA backend's."""
   p = prepared("w4a16-g128-zp", 256, 128, seed=3)
   x = jax.random.normal(jax.random.key(6), (4, 256), jnp.bfloat16)
   v = jax.random.normal(jax.random.key(7), (4, 256), jnp.bfloat16)
@@ -361,9 +364,10 @@ def test_moe_hessian_vector_product_on_kernels(monkeypatch):
 
 @pytest.mark.gpu
 def test_hessian_vector_product_gpu(monkeypatch):
-  """On the H200, the switch unset: a Hessian-vector product through quant_dense (M = 16,
-  the dx kernel in the backward and on the tangent) and through quant_moe (its backward in
-  XLA), each against the XLA backend's."""
+  """On a GPU (passed on an H100, session 46, before the tangent became the reference's),
+  the switch unset: a Hessian-vector product through quant_dense (M = 16, the dx kernel
+  in the backward) and through quant_moe (its backward in XLA), each against the XLA
+  backend's."""
   monkeypatch.delenv("HUMMING_JAX_DX_KERNEL", raising=False)
   jax.clear_caches()
   ks = jax.random.split(jax.random.key(16), 8)
@@ -384,3 +388,46 @@ def test_hessian_vector_product_gpu(monkeypatch):
   weights, ids = moe.topk_routing(jax.random.normal(ks[7], (tokens, e)), 4)
   layer = lambda b: hvp(lambda x: hj.quant_moe(gu, dn, x, weights, ids, backend=b))
   assert rel(layer(None)(xm, vm), layer("xla")(xm, vm)) <= 2e-2
+
+
+def test_kernel_backward_under_other_transformations(monkeypatch):
+  """The backward that holds the kernel (switch unset, M <= 64), through what training
+  code wraps around it, against the XLA backend: per-example gradients (vmap: the
+  examples' rows folded into one launch of the unbatched grid), a gradient of a gradient
+  (the tangent is XLA's, which transposes), jax.hessian, and a tangent of the params in a
+  second derivative (the reference's: not dropped). A bad switch value is named."""
+  p = prepared("w4a16-g128-zp", 256, 128, seed=3)
+  x = jax.random.normal(jax.random.key(6), (5, 2, 256), jnp.bfloat16)
+  loss = lambda b, p=p: lambda x: jnp.sum(jnp.tanh(hj.quant_dense(p, x, backend=b)
+                                                   .astype(jnp.float32)))
+  monkeypatch.delenv("HUMMING_JAX_DX_KERNEL", raising=False)
+  jax.clear_caches()
+  grid = lambda f, *a: [re.search(r"grid=\(([^)]*)\)", call).group(1) for call in
+                        str(jax.make_jaxpr(f)(*a)).split("pallas_call[")[1:]
+                        if "name=wna16_mgpu_dx" in call]
+  one = grid(jax.grad(loss("interpret")), x[0])
+  assert len(one) == 1 and grid(jax.vmap(jax.grad(loss("interpret"))), x) == one
+  per_example = lambda b: jax.jit(jax.vmap(jax.grad(loss(b))))(x)
+  close_to_reference(per_example("interpret"), per_example("xla"))
+  twice = lambda b: jax.jit(jax.grad(lambda x: jnp.sum(
+      jax.grad(loss(b))(x).astype(jnp.float32) ** 2)))(x[0])
+  assert rel(twice("interpret"), twice("xla")) <= 2 ** -7
+  hess = lambda b: jax.jit(jax.hessian(loss(b)))(x[0, :1])
+  assert rel(hess("interpret"), hess("xla")) <= 2 ** -7
+  # d/dt of dL/dx at params + t * dp, dp on the (prepared) scales only
+  dp = jax.tree.map(lambda a: (jax.random.normal(jax.random.key(8), a.shape, a.dtype)
+                               if jnp.issubdtype(a.dtype, jnp.floating)
+                               else np.zeros(a.shape, jax.dtypes.float0)), p)
+  dp = dp.replace(**{f: jax.tree.map(lambda a: np.zeros(a.shape, jax.dtypes.float0)
+                                     if a.dtype == jax.dtypes.float0 else jnp.zeros_like(a),
+                                     getattr(dp, f))
+                     for f in ("zeros",) if getattr(dp, f) is not None})
+  mixed = lambda b: jax.jit(lambda p: jax.jvp(
+      lambda q: jax.grad(lambda x: loss(b, q)(x))(x[0]), (p,), (dp,))[1])(p)
+  want = mixed("xla")
+  assert float(jnp.max(jnp.abs(want.astype(jnp.float32)))) > 0
+  assert rel(mixed("interpret"), want) <= 2 ** -7
+  monkeypatch.setenv("HUMMING_JAX_DX_KERNEL", "2")
+  jax.clear_caches()
+  with pytest.raises(ValueError, match="HUMMING_JAX_DX_KERNEL='2'"):
+    jax.grad(loss("interpret"))(x[0])

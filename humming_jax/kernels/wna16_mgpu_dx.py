@@ -34,8 +34,9 @@ The XLA reference beside it is :func:`reference` (the backward's own VJP, which 
 replaces); tests compare the two on fresh random inputs in the interpreter (and the
 weights bit for bit, through one-hot rows of dy), and on the H200 against the float32
 product rounded once (session 46: M = 1 / 16 / 128, five formats; grouped at
-Qwen3-30B-A3B's gate_up).  Forward over reverse (``jax.hessian``) runs the kernel on the
-tangent (:func:`_linear_run`: the map is linear in dy).
+Qwen3-30B-A3B's gate_up).  Second derivatives through a backward that holds it take
+:func:`reference`'s tangent, and a vmap folds its rows into one launch
+(:func:`_linear_run`).
 """
 from __future__ import annotations
 
@@ -130,13 +131,12 @@ def applies(params: QuantizedWeight, dy: jax.Array,
   on it is not yet timed, and its gradient's distance from the XLA route's is being
   measured: benchmarks/NOTES.md, session 46).  "1": dense M <= :data:`MAX_M` and stacked
   experts with at most that many expected rows per active expert.  "0": never."""
-  if dy.ndim != 2 or not dy.shape[0]:
+  # read first, so that a bad value is named wherever the backward is traced
+  switch = (tuning.env_flag("HUMMING_JAX_DX_KERNEL", False)
+            if os.environ.get("HUMMING_JAX_DX_KERNEL") is not None else None)
+  if switch is False or dy.ndim != 2 or not dy.shape[0]:
     return False
-  switch = os.environ.get("HUMMING_JAX_DX_KERNEL")
-  if switch is None:
-    if params.num_experts is not None or dy.shape[0] > DEFAULT_MAX_M:
-      return False
-  elif not tuning.env_flag("HUMMING_JAX_DX_KERNEL", False):
+  if switch is None and (params.num_experts is not None or dy.shape[0] > DEFAULT_MAX_M):
     return False
   rows = (dy.shape[0] if params.num_experts is None
           else grouped_wna16.rows_per_active_expert(dy.shape[0], params.num_experts))
@@ -412,18 +412,50 @@ def cotangent(params: QuantizedWeight, x: jax.Array, dy: jax.Array,
 @functools.partial(jax.custom_jvp, nondiff_argnums=(3,))
 def _linear_run(params: QuantizedWeight, dy: jax.Array, group_sizes: jax.Array | None,
                 interpret: bool) -> jax.Array:
-  """:func:`run`, differentiable in dy: a linear map's derivative is the map itself, so
-  forward over reverse (``jax.hessian``, Hessian-vector products) runs the kernel on the
-  tangent (a Pallas call has no derivative rule of its own).  The params are constants
-  of the backward (prepared leaves are never differentiated: ``autodiff``)."""
+  """:func:`run` inside the backward, for JAX's other transformations (a Pallas call has
+  no derivative, transpose or efficient batching rule of its own):
+  - its tangent is :func:`reference`'s (the XLA decode and GEMM), taken with respect to dy
+    and the params alike: forward over reverse (``jax.hessian``, Hessian-vector
+    products) and reverse over reverse (a gradient of a gradient: XLA can transpose it)
+    both work, and a tangent of the params is not dropped;
+  - under ``vmap`` (per-example gradients, ``jax.hessian``'s tangents) dense rows are
+    folded into one M (:func:`_batched_dense`): W is decoded once, not once per example.
+  """
+  if group_sizes is None:
+    return _batched_dense(params, dy, interpret)
   return run(params, dy, group_sizes, interpret=interpret)
 
 
 @_linear_run.defjvp
 def _linear_run_jvp(interpret, primals, tangents):
   params, dy, group_sizes = primals
-  return (_linear_run(params, dy, group_sizes, interpret),
-          _linear_run(params, tangents[1], group_sizes, interpret))
+  out = _linear_run(params, dy, group_sizes, interpret)
+  tangent = jax.jvp(lambda p, d: reference(p, d, group_sizes), (params, dy), tangents[:2])[1]
+  return out, tangent.astype(out.dtype)
+
+
+def _batched_dense(params: QuantizedWeight, dy: jax.Array, interpret: bool) -> jax.Array:
+  """Dense :func:`run` whose ``vmap`` folds the batch into M: rows of every example in
+  one launch where :func:`applies` to them all, else :func:`reference` (XLA's decode and
+  one GEMM); batched params (a vmap over weights) take the reference per example."""
+
+  @jax.custom_batching.custom_vmap
+  def dense(params, dy):
+    return run(params, dy, interpret=interpret)
+
+  @dense.def_vmap
+  def _(axis_size, in_batched, params, dy):
+    params_batched, dy_batched = in_batched
+    if any(jax.tree.leaves(params_batched)):
+      axes = jax.tree.map(lambda b: 0 if b else None, params_batched)
+      return jax.vmap(reference, in_axes=(axes, 0 if dy_batched else None))(params, dy), True
+    if not dy_batched:  # the same rows for every example
+      return _batched_dense(params, dy, interpret), False
+    rows = dy.reshape(-1, dy.shape[-1])
+    folded = (_batched_dense(params, rows, interpret) if applies(params, rows)
+              else reference(params, rows))
+    return folded.reshape(*dy.shape[:-1], folded.shape[-1]), True
+  return dense(params, dy)
 
 
 def reference(params: QuantizedWeight, dy: jax.Array,
