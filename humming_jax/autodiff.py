@@ -120,25 +120,32 @@ def _with_reference_jvp(forward: Callable[..., jax.Array],
     return forward(*args)
 
   def g_jvp(primals, tangents):
-    # only the leaves with a tangent are pushed through the reference: the others (codes,
-    # prepared layouts, routing) stay its constants, as in the backward
     out = forward(*primals)
-    leaves, treedef = jax.tree.flatten(primals)
-    dots = jax.tree.leaves(tangents, is_leaf=lambda t: isinstance(t, SymbolicZero))
-    live = [i for i, t in enumerate(dots) if not isinstance(t, SymbolicZero)]
-    if not live:
-      return out, jnp.zeros_like(out)
-
-    def reference_of(*moved):
-      args = list(leaves)
-      for i, v in zip(live, moved):
-        args[i] = v
-      return reference(*jax.tree.unflatten(treedef, args))
-    tangent = jax.jvp(reference_of, [leaves[i] for i in live], [dots[i] for i in live])[1]
-    return out, tangent.astype(out.dtype)
+    return out, tangent_of(reference, primals, tangents, out)
 
   g.defjvp(g_jvp, symbolic_zeros=True)
   return g
+
+
+def tangent_of(reference: Callable[..., jax.Array], primals: tuple[Any, ...],
+               tangents: tuple[Any, ...], out: jax.Array) -> jax.Array:
+  """The tangent of ``reference(*primals)`` in ``out``'s dtype, for a ``custom_jvp`` rule
+  defined with ``symbolic_zeros=True``: only the leaves given a tangent are pushed
+  through ``reference``; the others (codes, prepared layouts, routing, undifferentiated
+  scales) stay its constants, as in the backward, and cost no zero-tangent GEMM."""
+  leaves, treedef = jax.tree.flatten(primals)
+  dots = jax.tree.leaves(tangents, is_leaf=lambda t: isinstance(t, SymbolicZero))
+  live = [i for i, t in enumerate(dots) if not isinstance(t, SymbolicZero)]
+  if not live:
+    return jnp.zeros_like(out)
+
+  def reference_of(*moved):
+    args = list(leaves)
+    for i, v in zip(live, moved):
+      args[i] = v
+    return reference(*jax.tree.unflatten(treedef, args))
+  return jax.jvp(reference_of, [leaves[i] for i in live],
+                 [dots[i] for i in live])[1].astype(out.dtype)
 
 
 def _leaf_index(values: tuple[Any, ...], names: Sequence[str], name: str) -> int | None:

@@ -392,8 +392,9 @@ def test_hessian_vector_product_gpu(monkeypatch):
 
 def test_kernel_backward_under_other_transformations(monkeypatch):
   """The backward that holds the kernel (switch unset, M <= 64), through what training
-  code wraps around it, against the XLA backend: per-example gradients (vmap: the
-  examples' rows folded into one launch of the unbatched grid), a gradient of a gradient
+  code wraps around it, against the XLA backend: per-example gradients (vmap, nested
+  too: the examples' rows folded into one launch of the unbatched grid; past the kernel's
+  M, XLA's route; a vmap over the weights as well), a gradient of a gradient
   (the tangent is XLA's, which transposes), jax.hessian, and a tangent of the params in a
   second derivative (the reference's: not dropped). A bad switch value is named."""
   p = prepared("w4a16-g128-zp", 256, 128, seed=3)
@@ -407,8 +408,17 @@ def test_kernel_backward_under_other_transformations(monkeypatch):
                         if "name=wna16_mgpu_dx" in call]
   one = grid(jax.grad(loss("interpret")), x[0])
   assert len(one) == 1 and grid(jax.vmap(jax.grad(loss("interpret"))), x) == one
-  per_example = lambda b: jax.jit(jax.vmap(jax.grad(loss(b))))(x)
+  per_example = lambda b, x=x: jax.jit(jax.vmap(jax.grad(loss(b))))(x)
   close_to_reference(per_example("interpret"), per_example("xla"))
+  nested = lambda b: jax.jit(jax.vmap(jax.vmap(jax.grad(loss(b)))))(x.reshape(5, 2, 1, 256))
+  assert grid(jax.vmap(jax.vmap(jax.grad(loss("interpret")))), x.reshape(5, 2, 1, 256)) == one
+  close_to_reference(nested("interpret"), nested("xla"))
+  many = jnp.tile(x, (7, 1, 1))  # 70 folded rows: past DEFAULT_MAX_M, XLA's route
+  assert grid(jax.vmap(jax.grad(loss("interpret"))), many) == []
+  close_to_reference(per_example("interpret", many), per_example("xla", many))
+  two = jax.tree.map(lambda a: jnp.stack([a, a]), p)  # a vmap over weights too
+  over_w = lambda b: jax.jit(jax.vmap(lambda q, x: jax.grad(loss(b, q))(x)))(two, x[:2])
+  close_to_reference(over_w("interpret"), over_w("xla"))
   twice = lambda b: jax.jit(jax.grad(lambda x: jnp.sum(
       jax.grad(loss(b))(x).astype(jnp.float32) ** 2)))(x[0])
   assert rel(twice("interpret"), twice("xla")) <= 2 ** -7

@@ -426,12 +426,15 @@ def _linear_run(params: QuantizedWeight, dy: jax.Array, group_sizes: jax.Array |
   return run(params, dy, group_sizes, interpret=interpret)
 
 
-@_linear_run.defjvp
 def _linear_run_jvp(interpret, primals, tangents):
+  from humming_jax import autodiff  # noqa: PLC0415 (autodiff's users import this module)
   params, dy, group_sizes = primals
   out = _linear_run(params, dy, group_sizes, interpret)
-  tangent = jax.jvp(lambda p, d: reference(p, d, group_sizes), (params, dy), tangents[:2])[1]
-  return out, tangent.astype(out.dtype)
+  return out, autodiff.tangent_of(lambda p, d: reference(p, d, group_sizes), (params, dy),
+                                  tangents[:2], out)
+
+
+_linear_run.defjvp(_linear_run_jvp, symbolic_zeros=True)
 
 
 def _batched_dense(params: QuantizedWeight, dy: jax.Array, interpret: bool) -> jax.Array:
@@ -449,8 +452,7 @@ def _batched_dense(params: QuantizedWeight, dy: jax.Array, interpret: bool) -> j
     if any(jax.tree.leaves(params_batched)):
       axes = jax.tree.map(lambda b: 0 if b else None, params_batched)
       return jax.vmap(reference, in_axes=(axes, 0 if dy_batched else None))(params, dy), True
-    if not dy_batched:  # the same rows for every example
-      return _batched_dense(params, dy, interpret), False
+    # (JAX calls this rule only with something batched: params above, else dy)
     rows = dy.reshape(-1, dy.shape[-1])
     folded = (_batched_dense(params, rows, interpret) if applies(params, rows)
               else reference(params, rows))
