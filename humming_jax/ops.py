@@ -186,8 +186,8 @@ def quant_dense(params: QuantizedWeight, x: jax.Array, *,
   (``jax.grad``): the kernel runs forward, the backward is the XLA reference's VJP -- for
   x, one dequantization of W and one GEMM (humming_jax/autodiff.py) -- but for 16-bit x
   on params prepared for the Mosaic kernels at M <= 64, where a kernel reads dy . W^T off
-  the codes
-  (kernels/wna16_mgpu_dx.py; HUMMING_JAX_DX_KERNEL=1: up to M = 128, "0": never).
+  the codes (kernels/wna16_mgpu_dx.py; HUMMING_JAX_DX_KERNEL=1: up to M = 128, "0":
+  never).
   """
   _check_x(params, x, "quant_dense")
   if params.num_experts is not None:
