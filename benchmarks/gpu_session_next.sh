@@ -3,6 +3,9 @@
 # H200, 4-5 H100; sessions/gpu_session46.sh pp / one / two / three).  Landed: the pre-pass's
 # single reduction (session 42's queue: t42b ran in pp), the dx kernel by default for
 # dense M <= 64.  First in the next device session, on the H200:
+#   the GPU tests of the post-device mends (the dx kernel under custom_jvp / custom_vmap,
+#     its tangent XLA's): pytest -m gpu -k "grad_gpu or hessian_vector_product_gpu or
+#     dx_kernel_gpu or dx_gpu" tests/test_autodiff.py tests/test_wna16_mgpu_dx.py;
 #   gpu_session46.sh moe (MT=300): the Qwen3-30B-A3B MoE backward at 16 tokens, both
 #     routes against the float32 layer, then timed with the switch on (stacks opt-in
 #     until it wins and is no further from the float32 layer than the XLA route);
