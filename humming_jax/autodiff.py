@@ -94,14 +94,8 @@ def with_reference_vjp(forward: Callable[..., jax.Array], reference: Callable[..
       if dx is not None:
         return tuple(jax.tree.unflatten(treedef, [dx if i == which[0] else None
                                                   for i in range(len(leaves))]))
-
-    def reference_of(*differentiated):
-      args = list(leaves)
-      for i, v in zip(which, differentiated):
-        args[i] = v
-      return reference(*jax.tree.unflatten(treedef, args))
-
-    _, vjp = jax.vjp(reference_of, *(leaves[i] for i in which))
+    _, vjp = jax.vjp(_of_leaves(reference, leaves, treedef, which),
+                     *(leaves[i] for i in which))
     cotangents = dict(zip(which, vjp(dy)))
     return tuple(jax.tree.unflatten(treedef, [cotangents.get(i) for i in range(len(leaves))]))
 
@@ -138,14 +132,19 @@ def tangent_of(reference: Callable[..., jax.Array], primals: tuple[Any, ...],
   live = [i for i, t in enumerate(dots) if not isinstance(t, SymbolicZero)]
   if not live:
     return jnp.zeros_like(out)
+  return jax.jvp(_of_leaves(reference, leaves, treedef, live), [leaves[i] for i in live],
+                 [dots[i] for i in live])[1].astype(out.dtype)
 
-  def reference_of(*moved):
+
+def _of_leaves(reference: Callable[..., jax.Array], leaves: list, treedef,
+               which: Sequence[int]) -> Callable[..., jax.Array]:
+  """``reference`` as a function of the flat leaves ``which`` alone (the others fixed)."""
+  def of(*moved):
     args = list(leaves)
-    for i, v in zip(live, moved):
+    for i, v in zip(which, moved):
       args[i] = v
     return reference(*jax.tree.unflatten(treedef, args))
-  return jax.jvp(reference_of, [leaves[i] for i in live],
-                 [dots[i] for i in live])[1].astype(out.dtype)
+  return of
 
 
 def _leaf_index(values: tuple[Any, ...], names: Sequence[str], name: str) -> int | None:

@@ -29,8 +29,9 @@ def smem_round(nbytes: int) -> int:
   return -(-nbytes // 1024) * 1024
 
 
-def env_flag(name: str, default: bool) -> bool:
-  """An on / off switch from the environment ("0" / "1"; unset: ``default``)."""
+def env_flag(name: str, default: bool | None) -> bool | None:
+  """An on / off switch from the environment ("0" / "1"; unset: ``default``, which may be
+  None where unset means something of its own)."""
   value = os.environ.get(name)
   if value is None:
     return default

@@ -41,7 +41,6 @@ Qwen3-30B-A3B's gate_up).  Second derivatives through a backward that holds it t
 from __future__ import annotations
 
 import functools
-import os
 
 import jax
 import jax.numpy as jnp
@@ -49,7 +48,7 @@ import numpy as np
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plt
 
-from humming_jax import formats
+from humming_jax import autodiff, formats
 from humming_jax.quantize import QuantizedWeight
 from humming_jax.kernels import grouped_wna16, mgpu_convert, registry, tuning, wna16_mgpu
 
@@ -132,8 +131,7 @@ def applies(params: QuantizedWeight, dy: jax.Array,
   measured: benchmarks/NOTES.md, session 46).  "1": dense M <= :data:`MAX_M` and stacked
   experts with at most that many expected rows per active expert.  "0": never."""
   # read first, so that a bad value is named wherever the backward is traced
-  switch = (tuning.env_flag("HUMMING_JAX_DX_KERNEL", False)
-            if os.environ.get("HUMMING_JAX_DX_KERNEL") is not None else None)
+  switch = tuning.env_flag("HUMMING_JAX_DX_KERNEL", None)  # None: unset
   if switch is False or dy.ndim != 2 or not dy.shape[0]:
     return False
   if switch is None and (params.num_experts is not None or dy.shape[0] > DEFAULT_MAX_M):
@@ -427,7 +425,6 @@ def _linear_run(params: QuantizedWeight, dy: jax.Array, group_sizes: jax.Array |
 
 
 def _linear_run_jvp(interpret, primals, tangents):
-  from humming_jax import autodiff  # noqa: PLC0415 (autodiff's users import this module)
   params, dy, group_sizes = primals
   out = _linear_run(params, dy, group_sizes, interpret)
   return out, autodiff.tangent_of(lambda p, d: reference(p, d, group_sizes), (params, dy),
