@@ -56,11 +56,14 @@ HAS_GPU = _has_gpu()
 # even out the two workers' ends.  Node id prefixes, slowest first.
 SLOW_FIRST = (
     "tests/test_sharding.py::test_on_8_devices",  # the 8-device subprocesses (~30 s)
+    "tests/test_wna16_mgpu_dx.py::test_w4a8_mxfp4_moe_backward_on_the_fp8_mma_layout",
     "tests/test_moe.py::test_quant_moe_w4a8_",
     "tests/test_wnam_mgpu.py::test_mx_fold_scale_span_bound",
     "tests/test_wnam_mgpu.py::test_dense_fp8_mma_layout_interpret",
     "tests/test_grouped_wna16_mgpu.py::test_quant_moe_pair_tiles_interpret",
     "tests/test_grouped_wna16_mgpu.py::test_tile_schedule_covers_every_row_once",
+    "tests/test_wna16_mgpu_dx.py::test_moe_backwards_route_to_the_kernel_when_asked",
+    "tests/test_wna16_mgpu_dx.py::test_kernel_backward_under_other_transformations",
     "tests/test_autotune.py::test_autotune_grouped_mgpu_stores_what_run_reads",
     "tests/test_autodiff.py::test_quant_moe_grad",
     "tests/test_grouped_wna16_mgpu.py::test_scale_fold_interpret",
@@ -74,6 +77,8 @@ SLOW_FIRST = (
     "tests/test_grouped_wna16_mgpu.py::test_streamed_launch_is_run_s_not_run_aligned_s",
     "tests/test_wnam_mgpu.py::test_mx_fold_prefill_interpret",
     "tests/test_wna16.py::test_shapes_sweep_interpret",
+    "tests/test_wna16_mgpu_dx.py::test_backward_routes_to_the_kernel",
+    "tests/test_wna16_mgpu_dx.py::test_moe_hessian_vector_product_on_kernels",
 )
 
 
