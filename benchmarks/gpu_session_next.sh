@@ -1,4 +1,9 @@
 #!/usr/bin/env bash
+# Session 47 (2026-12-05): no machine lent.  First in the next device session, on the H200,
+# one call each (carry [".whl"]): sessions/gpu_session47.sh t46 (the GPU tests of session
+# 46's post-device mends, listed below), then s3 and s4 (issues 3 and 4's standing tables,
+# every target's row with Humming and XLA in the same run), then session 46's list below
+# from its second item.
 # Session 46 (2026-12-05): five calls (benchmarks/results/2026-12-05-session46; calls 1-3
 # H200, 4-5 H100; sessions/gpu_session46.sh pp / one / two / three).  Landed: the pre-pass's
 # single reduction (session 42's queue: t42b ran in pp), the dx kernel by default for
