@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from humming_jax.checkpoints._io import SafetensorsFile
-from humming_jax.quantize import QuantizedWeight
+from humming_jax.quantize import QuantizedWeight, check_params
 from humming_jax.spec import QuantSpec
 
 FORMAT = "humming_jax.checkpoint"
@@ -111,8 +111,31 @@ def save(path: str | os.PathLike, tree: Any) -> None:
   doc = {"format": FORMAT, "version": version, "tree": encoded}
   path = os.fspath(path)
   tmp = path + ".tmp"
-  save_file(w.tensors, tmp, metadata={_META_KEY: json.dumps(doc)})
-  os.replace(tmp, path)
+  try:
+    save_file(w.tensors, tmp, metadata={_META_KEY: json.dumps(doc)})
+    # safetensors creates its files owner-only (0600); a checkpoint gets the mode any
+    # new file gets here (0666 less the umask), as numpy's or torch's would
+    os.chmod(tmp, 0o666 & ~_umask())
+    os.replace(tmp, path)
+  except BaseException:
+    if os.path.exists(tmp):  # (e.g. path is a directory: the rename failed)
+      os.remove(tmp)
+    raise
+
+
+def _umask() -> int:
+  """The process umask, read without setting it where Linux says it (os.umask sets it:
+  a thread creating a file meanwhile would get 0666)."""
+  try:
+    with open("/proc/self/status") as f:
+      for line in f:
+        if line.startswith("Umask:"):
+          return int(line.split()[1], 8)
+  except OSError:
+    pass
+  mask = os.umask(0o077)  # (elsewhere: set and restore, a restrictive one meanwhile)
+  os.umask(mask)
+  return mask
 
 
 def load(path: str | os.PathLike) -> Any:
@@ -168,18 +191,18 @@ def _decode_tree(path: str, doc: dict, f: Any) -> Any:
     # 64-bit dtypes stay numpy unless jax_enable_x64: jax would narrow them silently.
     return jnp.asarray(raw) if jax.dtypes.canonicalize_dtype(raw.dtype) == raw.dtype else raw
 
-  def decode(node: Any) -> Any:
+  def decode(node: Any, where: str = "") -> Any:
     if not isinstance(node, dict) or len(node) not in (1, 3):
       raise ValueError(f"{path}: damaged tree entry {str(node)[:80]}")
     if "array" in node:
       return array(node)
     (kind, val), = node.items()
     if kind == "dict":
-      return {k: decode(v) for k, v in val.items()}
+      return {k: decode(v, f"{where}/{k}") for k, v in val.items()}
     if kind == "list":
-      return [decode(v) for v in val]
+      return [decode(v, f"{where}/{i}") for i, v in enumerate(val)]
     if kind == "tuple":
-      return tuple(decode(v) for v in val)
+      return tuple(decode(v, f"{where}/{i}") for i, v in enumerate(val))
     if kind == "none":
       return None
     if kind == "scalar":
@@ -190,19 +213,33 @@ def _decode_tree(path: str, doc: dict, f: Any) -> Any:
                          f"checkpoint version 1, whose fp8-MMA (':p8') words this "
                          f"humming_jax stores differently; prepare them again from the "
                          f"canonical (or original) checkpoint")
+      names = set(val["leaves"])
+      if not names <= set(QuantizedWeight._LEAVES) or not {"codes", "scales"} <= names:
+        raise ValueError(f"{path}: quantized weight {where or '/'} stores leaves "
+                         f"{sorted(names)}; expected codes, scales and some of "
+                         f"{list(QuantizedWeight._LEAVES[2:])}")
       leaves = {k: (None if v is None else array(v)) for k, v in val["leaves"].items()}
       try:
         spec = QuantSpec(**val["spec"])
       except (TypeError, ValueError) as e:
         raise ValueError(f"{path}: invalid spec in checkpoint ({e})") from None
-      return QuantizedWeight(**leaves, spec=spec, shape=tuple(val["shape"]),
-                             layout=val["layout"])
+      q = QuantizedWeight(**leaves, spec=spec, shape=tuple(val["shape"]),
+                          layout=val["layout"])
+      check_params(q, f"{path}: quantized weight {where or '/'}")
+      return q
     raise ValueError(f"{path}: unknown tree entry kind {kind!r}")
 
   try:
     return decode(doc["tree"])
   except KeyError as e:
     raise ValueError(f"{path}: damaged humming_jax metadata (missing {e})") from None
+  except (TypeError, AttributeError) as e:  # an entry of the wrong JSON type
+    raise ValueError(f"{path}: damaged humming_jax metadata ({type(e).__name__}: "
+                     f"{e})") from None
+  except ValueError as e:
+    if str(e).startswith(path):
+      raise
+    raise ValueError(f"{path}: damaged humming_jax metadata ({e})") from None
 
 
 __all__ = ["save", "load"]

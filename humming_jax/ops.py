@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 
 from humming_jax import autodiff
-from humming_jax.quantize import QuantizedWeight, stacked_layers
+from humming_jax.quantize import QuantizedWeight, check_params, stacked_layers
 from humming_jax.kernels import reference, registry
 
 Backend = Literal["pallas", "interpret", "xla"] | None
@@ -88,6 +88,7 @@ def prepare(params: QuantizedWeight, *, grouped: bool = False,
   if not isinstance(params, QuantizedWeight):
     raise TypeError(f"prepare: params must be a QuantizedWeight (from hj.quantize); got "
                     f"{type(params).__name__}")
+  check_params(params, "prepare: params")
   if kernel is not None:
     chosen = registry.by_name(kernel, grouped=grouped)
     if not chosen.supports(params.spec):
@@ -160,6 +161,7 @@ def _check_x(params: QuantizedWeight, x: jax.Array, what: str) -> None:
   if not isinstance(params, QuantizedWeight):
     raise TypeError(f"params must be a QuantizedWeight (from hj.quantize); got "
                     f"{type(params).__name__}")
+  check_params(params, f"{what}: params")
   check_activations(x, what)
   if x.ndim < 1 or x.shape[-1] != params.in_features:
     raise ValueError(f"x.shape[-1] must equal the weight's in_features K="

@@ -153,7 +153,84 @@ def stacked_layers(q: QuantizedWeight) -> tuple[int, ...]:
     base = registry.layout_codes_ndim(q.layout)
     if base is None:
       return ()
-  return tuple(q.codes.shape[:ndim - base])
+  return tuple(q.codes.shape[:max(ndim - base, 0)])  # fewer dims: check_params names them
+
+
+def check_params(q: QuantizedWeight, name: str = "params") -> None:
+  """Raise a ValueError naming ``name`` and the field where ``q``'s arrays do not match
+  its static aux data: its spec, logical shape and layout.  Nothing else catches such a
+  mismatch (a checkpoint whose metadata was edited, leaves restored into a template of
+  another spec, a ``jax.tree.map`` that cast the scales): the XLA reference reads the
+  group size off the scales' shape while the kernels read the spec, so each would compute
+  its own wrong answer.
+
+  Canonical params: every leaf's shape and kind of dtype (the codes' packed rows, the
+  scale grid -- e8m0 codes, or float values in any float dtype: a float32 copy is what
+  gradients take --, zero points exactly when ``spec.zero_point``,
+  the global scale exactly when ``spec.global_scale``, the bias); leading axes beyond the
+  logical shape (layer stacks) must agree across leaves.  Kernel layouts: which optional
+  leaves are present (each family's ``prepare`` fixes the rest).  Trace-time only: shapes
+  and dtypes, no values.  Trees whose leaves are not arrays (partition specs) pass."""
+  if not (hasattr(q.codes, "shape") and hasattr(q.codes, "dtype")):
+    return
+  spec = q.spec
+
+  def fail(what: str) -> None:
+    raise ValueError(f"{name}: {what} (spec {spec.name}, shape {tuple(q.shape)}, layout "
+                     f"{q.layout!r}): the arrays do not match the params' spec")
+
+  # (act_scale is the activations' business: kernels name a missing one when they need it)
+  for leaf, field in (("zeros", "zero_point"), ("global_scale", "global_scale")):
+    wanted = getattr(spec, field)
+    if (getattr(q, leaf) is not None) != wanted:
+      fail(f"{leaf} is {'missing' if wanted else 'present'}; spec.{field}={wanted}")
+  if q.layout != "canonical":
+    from humming_jax.kernels import registry  # noqa: PLC0415 - the kernels import this module
+    base = registry.layout_codes_ndim(q.layout)
+    if base is not None and q.codes.ndim < base:
+      fail(f"codes.shape={tuple(q.codes.shape)}: this layout stores {base}-D codes per "
+           f"layer (leaves indexed without a new shape? one expert of a stack is not a "
+           f"leaf-wise slice)")
+    return
+  if len(q.shape) not in (2, 3):
+    fail(f"shape={tuple(q.shape)}: expected (K, N) or (E, K, N)")
+  *experts, k, n = q.shape
+  bits = spec.weight_bits
+  rows = packing.packed_rows(k, bits)
+  if q.codes.ndim < len(q.shape) or q.codes.dtype != jnp.uint32:
+    fail(f"codes {q.codes.dtype}{list(q.codes.shape)}: expected uint32 (..., "
+         f"{'E=%d, ' % experts[0] if experts else ''}{rows}, {n})")
+  lead = tuple(q.codes.shape[:-2])  # layer axes, then E
+  if lead[len(lead) - len(experts):] != tuple(experts) or q.codes.shape[-2:] != (rows, n):
+    fail(f"codes.shape={tuple(q.codes.shape)}: expected (..., "
+         f"{'E=%d, ' % experts[0] if experts else ''}{rows}, {n}) ({bits}-bit codes of "
+         f"K={k} packed in 32-bit words)")
+  bk, bn = scale_block(spec, k, n)
+  grid = (*lead, k // bk, n // bn)
+  # e8m0 scales are codes (uint8); other scales are values, in their storage dtype or a
+  # float copy (docs/training.md: a float32 copy of NVFP4's e4m3 scales is what can be
+  # differentiated)
+  e8m0 = spec.scale_dtype == "e8m0"
+  for leaf, want in (("scales", "uint8" if e8m0 else "floating"), ("zeros", "uint8")):
+    a = getattr(q, leaf)
+    if a is not None and (tuple(a.shape) != grid or not _dtype_is(a.dtype, want)):
+      fail(f"{leaf} {a.dtype}{list(a.shape)}: expected shape {list(grid)} of "
+           f"{'a float dtype' if want == 'floating' else want} (one per {bk} x {bn} "
+           f"block; scale_dtype={spec.scale_dtype!r})")
+  checks = (("global_scale", lead, "floating"), ("bias", (*lead, n), None),
+            ("input_perm", (*lead[:len(lead) - len(experts)], k), None))  # per layer
+  for leaf, want_shape, want in checks:
+    a = getattr(q, leaf)
+    if a is not None and (tuple(a.shape) != want_shape
+                          or (want is not None and not _dtype_is(a.dtype, want))):
+      fail(f"{leaf} {a.dtype}{list(a.shape)}: expected shape {list(want_shape)}"
+           + (" of a float dtype" if want == "floating" else ""))
+
+
+def _dtype_is(dtype, want: str) -> bool:
+  """``dtype`` is ``want``: a dtype name, or "floating" (any float dtype)."""
+  return (jnp.issubdtype(dtype, jnp.floating) if want == "floating"
+          else jnp.dtype(dtype) == jnp.dtype(want))
 
 
 # ----------------------------------------------------------------------------------------
@@ -298,6 +375,10 @@ def quantize(w: Any, spec: QuantSpec | str, *, bias: Any = None,
     if act_scale is None:
       raise ValueError("spec.act_static=True: pass act_scale=<calibrated scale>")
     act_scale = jnp.asarray(act_scale, jnp.float32).reshape(())
+    if _is_concrete(act_scale) and not (np.isfinite(float(act_scale)) and act_scale > 0):
+      # (0 -- e.g. calibrated on all-zero activations -- would zero every output)
+      raise ValueError(f"act_scale={float(act_scale)!r}: expected a finite scale > 0 "
+                       f"(x_q = round(x / act_scale))")
   elif act_scale is not None:
     raise ValueError("act_scale is only for specs with act_static=True")
   codes, scales, zeros, global_scale = _quantize_arrays(w, spec)
@@ -420,6 +501,7 @@ def dequantize(q: QuantizedWeight) -> jax.Array:
   to canonical first: the same values, bit for bit."""
   if not isinstance(q, QuantizedWeight):
     raise TypeError(f"q must be a QuantizedWeight (from quantize); got {type(q).__name__}")
+  check_params(q, "q")
   if layers := stacked_layers(q):  # a layer stack: (layers..., K, N), one layer per step
     flat = jax.tree_util.tree_map(lambda a: a.reshape((-1,) + a.shape[len(layers):]), q)
     return jax.lax.map(dequantize, flat).reshape(layers + tuple(q.shape))
@@ -571,6 +653,12 @@ def _quantize_activations_jit(x: jax.Array, spec: QuantSpec, act_scale: jax.Arra
     # A row/group holding NaN/inf gets a NaN scale (XLA's CPU max drops NaN, and an int8
     # cast of NaN is an arbitrary integer): NaN in, NaN out, never a silent finite value.
     s = jnp.where(bad, jnp.nan, s)
+  elif fmt.is_integer:
+    # A calibrated per-tensor scale with integer codes: a NaN anywhere makes it NaN (as a
+    # dynamic per-tensor scale's), where the int8 code of a NaN was 0 on the CPU, a
+    # finite output (inf saturates: the static scale's clipping).  fp8 codes carry NaN
+    # themselves: their rows alone come out NaN.
+    s = jnp.where(jnp.any(jnp.isnan(x32)), jnp.nan, s)
   xs = x32 / jnp.repeat(jnp.repeat(s, m // s.shape[0], 0), k // s.shape[1], 1)
   if pad_to is not None and fmt.name in FP8_CARRIERS:  # RNE convert, saturated first
     dtype, maxv = FP8_CARRIERS[fmt.name]

@@ -401,10 +401,10 @@ def prepare_params(tree: Any, *, backend: Any = None, x_dtype: Any = None) -> An
 def _prepare_layers(q: QuantizedWeight, layers: tuple[int, ...], prepare_one, where: str
                     ) -> QuantizedWeight:
   """A layer stack prepared layer by layer, the layouts stacked again: the scan body then
-  slices one prepared layer.  Where that stack would not be known as one afterwards --
-  layers whose layouts differ (a per-layer mark such as ``:cf``), a layout without a
-  declared codes rank (grouped families: stacks of expert stacks) -- the canonical stack
-  stays (prepared in each call), with a warning."""
+  slices one prepared layer (stacks of expert stacks too: grouped families declare their
+  codes' rank).  Where that stack would not be known as one afterwards -- layers whose
+  layouts differ (a per-layer mark such as ``:cf``), a layout without a declared codes
+  rank -- the canonical stack stays (prepared in each call), with a warning."""
   done = [prepare_one(jax.tree_util.tree_map(lambda a: a[i], q))
           for i in np.ndindex(*layers)]
   treedef = jax.tree_util.tree_structure(done[0])
@@ -414,7 +414,7 @@ def _prepare_layers(q: QuantizedWeight, layers: tuple[int, ...], prepare_one, wh
     out = jax.tree_util.tree_map(lambda *a: jnp.stack(a).reshape(layers + a[0].shape), *done)
     if stacked_layers(out) == layers:
       return out
-    why = f"layout {out.layout!r} does not say its codes' rank (e.g. expert stacks)"
+    why = f"layout {out.layout!r} does not say its codes' rank"
   warnings.warn(f"prepare_params: {where} stays a canonical layer stack (re-laid out in "
                 f"every call): {why}", stacklevel=3)
   return q

@@ -8,7 +8,10 @@ and cheap to compare.  Every inconsistent combination is refused at construction
 from __future__ import annotations
 
 import dataclasses
+import operator
 from typing import Literal
+
+import numpy as np
 
 from humming_jax.formats import NumberFormat, get_format
 
@@ -60,14 +63,26 @@ class QuantSpec:
   act_static: bool = False
 
   def __post_init__(self):
+    # Normalise numpy scalars (np.int64 group sizes from a config file, np.bool_ flags)
+    # to Python ints and bools, so equal specs compare and hash equal and serialize; a
+    # value of another type is refused by name ('no' is not False).
+    for field in ("group_size", "block_n", "act_group_size"):
+      object.__setattr__(self, field, _int_field(field, getattr(self, field)))
+    for field in ("zero_point", "global_scale", "act_static"):
+      object.__setattr__(self, field, _bool_field(field, getattr(self, field)))
     # Normalise format spellings so equal specs hash equal.
     object.__setattr__(self, "weight", _format_field("weight", self.weight).name)
     # group_size means nothing per channel / per tensor: store 0 so that e.g.
     # QuantSpec("int8", "channel") (default group_size 128) equals the "w8a16" preset.
-    if self.granularity in ("channel", "tensor") and isinstance(self.group_size, int):
+    if self.granularity in ("channel", "tensor"):
       object.__setattr__(self, "group_size", 0)
     if self.act is not None:
       object.__setattr__(self, "act", _format_field("act", self.act).name)
+    elif not self.act_static:
+      # the activation fields mean nothing without a format: their defaults, so that a
+      # spec equals its twin (no recompile) -- as weight_only() and replace(act=None) give
+      for field, default in _ACT_DEFAULTS.items():
+        object.__setattr__(self, field, default)
     self._validate()
 
   # ---- derived -------------------------------------------------------------------------
@@ -106,8 +121,7 @@ class QuantSpec:
 
   def weight_only(self) -> "QuantSpec":
     """The same weight quantization with activations left unquantized (WnA16)."""
-    return self.replace(act=None, act_granularity="token", act_group_size=0,
-                        act_scale_dtype="float32", act_static=False)
+    return self.replace(act=None, act_static=False)  # (the act fields reset with it)
 
   # ---- presets -------------------------------------------------------------------------
   @staticmethod
@@ -194,6 +208,30 @@ class QuantSpec:
                        "integer tensor cores cannot take float weight codes")
     if self.zero_point and a.is_float and a.bits < 8:
       raise ValueError("zero-point weights with fp4 activations have no kernel path")
+
+
+def _int_field(field: str, value) -> int:
+  """An int field's value as a Python int (None: 0, the "unused" value)."""
+  if value is None:
+    return 0
+  if isinstance(value, (bool, np.bool_)):
+    raise ValueError(f"{field}={value!r} must be an int")
+  try:
+    return operator.index(value)
+  except TypeError:
+    raise ValueError(f"{field}={value!r} must be an int") from None
+
+
+def _bool_field(field: str, value) -> bool:
+  """A flag as a Python bool: bools, numpy bools and the ints 0 / 1; not 'no'."""
+  if isinstance(value, (bool, np.bool_)) or (isinstance(value, (int, np.integer))
+                                             and value in (0, 1)):
+    return bool(value)
+  raise ValueError(f"{field}={value!r} must be True or False")
+
+
+_ACT_DEFAULTS = {"act_granularity": "token", "act_group_size": 0,
+                 "act_scale_dtype": "float32"}
 
 
 def _format_field(field: str, name) -> NumberFormat:

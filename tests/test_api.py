@@ -127,6 +127,73 @@ def test_errors():
     hj.prepare(rand((128, 64), 0))
 
 
+def test_arrays_that_do_not_match_the_spec_are_refused():
+  """Params whose arrays do not match their spec / shape / layout (aux data) are refused
+  by every entry point, naming the field: leaves restored into a template of another
+  spec, a spec swapped with ``replace``, e8m0 scale codes cast to floats, one expert
+  taken from a prepared stack leaf by leaf.  Before, each backend computed its own wrong
+  answer (interpret vs xla 56.6 apart at outputs of ~44).  A float copy of float scales
+  (what gradients with respect to the scales take, docs/training.md) is not a mismatch."""
+  w = rand((256, 128), 0)
+  q = hj.quantize(w, "w4a16-g128")
+  template = hj.quantize(jnp.zeros((256, 128)), QuantSpec("int4", "group", 64))
+  mixed = jax.tree.unflatten(jax.tree.structure(template), jax.tree.leaves(q))
+  x = rand((4, 256), 1)
+  for backend in ("xla", "interpret"):
+    with pytest.raises(ValueError, match=r"quant_dense: params: scales bfloat16\[2, 128\]: "
+                                         r"expected shape \[4, 128\]"):
+      hj.quant_dense(mixed, x, backend=backend)
+  with pytest.raises(ValueError, match=r"q: scales .* expected"):
+    hj.dequantize(mixed)
+  with pytest.raises(ValueError, match=r"prepare: params: scales .* expected"):
+    hj.prepare(mixed)
+  with pytest.raises(ValueError, match="zeros is missing; spec.zero_point=True"):
+    hj.quant_dense(q.replace(spec=hj.QuantSpec.preset("w4a16-g128-zp")), x)
+  mx = hj.quantize(w, "w4a16-mxfp4")  # e8m0 scales are codes: a float copy is refused
+  with pytest.raises(ValueError, match=r"scales float32\[8, 128\]: expected shape \[8, 128\] of uint8"):
+    hj.quant_dense(mx.replace(scales=mx.scales.astype(jnp.float32)), x, backend="xla")
+  nv = hj.quantize(w, "w4a16-nvfp4")  # a float copy of other scales runs (gradients)
+  np.testing.assert_allclose(
+      hj.quant_dense(nv.replace(scales=nv.scales.astype(jnp.float32)), x, backend="xla"),
+      hj.quant_dense(nv, x, backend="xla"), rtol=1e-6)
+  experts = hj.prepare(hj.quantize(rand((3, 256, 128), 2), "w4a16-g128"), grouped=True)
+  one = jax.tree.map(lambda a: a[1], experts)
+  assert "layers" not in repr(one)  # (it read the sliced codes as a layer stack)
+  gs = jnp.array([2, 1, 1], jnp.int32)
+  with pytest.raises(ValueError, match="this layout stores 4-D codes per layer"):
+    hj.quant_ragged_dot(one, x, gs, backend="xla")
+  with pytest.raises(ValueError, match="codes.shape=.*stores 4-D codes"):
+    hj.dequantize(one)
+  # the arrays as quantize made them still pass, prepared or not, stacked or not
+  np.testing.assert_array_equal(hj.quant_dense(q, x, backend="xla"),
+                                hj.quant_dense(hj.prepare(q), x, backend="xla"))
+  hj.quant_ragged_dot(experts, x, gs, backend="xla")
+
+
+def test_static_activation_scale_must_be_finite_and_positive():
+  """A calibrated scale of 0 (all-zero calibration data) zeroed every output; negative,
+  NaN and inf scales were stored too."""
+  spec = QuantSpec("int8", "channel", act="int8", act_granularity="tensor", act_static=True)
+  w = rand((128, 64), 0)
+  for bad in (0.0, -0.5, float("nan"), float("inf")):
+    with pytest.raises(ValueError, match=r"act_scale=.*expected a finite scale > 0"):
+      hj.quantize(w, spec, act_scale=bad)
+  q = hj.quantize(w, spec, act_scale=0.05)
+  assert float(q.act_scale) == pytest.approx(0.05)
+  # a NaN in x under a static int8 scale: NaN out, the whole tensor, as a per-tensor
+  # scale's (its int8 code was 0 on the CPU: finite outputs equal to x with a 0 there),
+  # on every backend and layout
+  x = rand((4, 128), 1).at[0, 3].set(jnp.nan)
+  for params, backend in ((q, "xla"), (q, "interpret"), (hj.prepare(q), "interpret")):
+    assert np.isnan(np.asarray(hj.quant_dense(params, x, backend=backend))).all(), backend
+  finite = hj.quant_dense(q, x.at[0, 3].set(1e4), backend="xla")  # inf-like: clipped
+  assert np.isfinite(np.asarray(finite)).all()
+  # fp8 codes carry NaN themselves: only the NaN's row (no whole-tensor poisoning there)
+  fp8 = hj.quantize(w, spec.replace(weight="fp8_e4m3", act="fp8_e4m3"), act_scale=0.05)
+  rows = np.isnan(np.asarray(hj.quant_dense(fp8, x, backend="xla"))).any(axis=1)
+  np.testing.assert_array_equal(rows, [True, False, False, False])
+
+
 def test_pallas_backend_is_never_a_silent_fallback():
   x = rand((4, 128), 1)
   # A spec no Pallas kernel runs (the first of some unusual ones without a kernel).

@@ -332,6 +332,28 @@ def test_grad_through_scan_and_checkpoint():
   assert rel(jax.jit(jax.grad(net))(x), jax.grad(explicit)(x)) <= 1e-5
 
 
+@pytest.mark.gpu
+def test_checkpoint_scan_grad_gpu():
+  """On a GPU, with the default backend (the Mosaic kernels forward, the dx kernel at
+  M = 16 backward): jax.checkpoint inside lax.scan over prepared layers.  In the CPU
+  interpreter this fails (JAX's Mosaic GPU interpreter runs through io_callback, an
+  effect remat refuses, docs/training.md); never yet run on a GPU (session 47)."""
+  d, layers = 2048, 3
+  ws = [jax.random.normal(jax.random.key(60 + i), (d, d)) * d ** -0.5 for i in range(layers)]
+  qs = [hj.prepare(hj.quantize(w, "w4a16-g128-zp")) for w in ws]
+  stacked = jax.tree.map(lambda *a: jnp.stack(a), *qs)
+  x = jax.random.normal(jax.random.key(70), (16, d), jnp.bfloat16)
+
+  def net(backend):
+    def f(x):
+      body = jax.checkpoint(lambda h, q: (jnp.tanh(hj.quant_dense(q, h, backend=backend)),
+                                          None))
+      return jax.lax.scan(body, x, stacked)[0].astype(jnp.float32).sum()
+    return jax.jit(jax.grad(f))
+
+  assert rel(net(None)(x), net("xla")(x)) <= 2e-2
+
+
 def test_nnx_lora_over_quant_dense():
   """nnx.LoRA with an nnx QuantDense as its base module (QLoRA in nnx): nnx.grad reaches
   the LoRA params through the quantized base; the quantized weight (a QuantizedParam, not

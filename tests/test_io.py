@@ -165,3 +165,69 @@ def test_version_2_files_load_without_the_fold_base(tmp_path, monkeypatch, group
   y_old, y_new = run(old, x), run(back, x)
   assert seen and all(c.fp8_single_acc for c in seen), seen  # the route that reads the base
   np.testing.assert_array_equal(np.asarray(y_old, np.float32), np.asarray(y_new, np.float32))
+
+
+def _rewrite_metadata(src, dst, edit):
+  """``src`` saved again as ``dst`` with ``edit(doc)`` applied to its humming_jax
+  document: a checkpoint whose metadata someone changed."""
+  import json
+  from safetensors import safe_open
+  from safetensors.numpy import save_file
+  with safe_open(str(src), framework="numpy") as f:
+    tensors = {k: f.get_tensor(k) for k in f.keys()}
+    doc = json.loads(f.metadata()["humming_jax"])
+  edit(doc)
+  save_file(tensors, str(dst), metadata={"humming_jax": json.dumps(doc)})
+
+
+@pytest.mark.parametrize("edit,match", [
+    (lambda e: e["spec"].update(group_size=64), r"scales bfloat16\[2, 128\]: expected "
+                                                r"shape \[4, 128\]"),
+    (lambda e: e["spec"].update(weight="int2"), r"codes.shape=\(32, 128\): expected "
+                                                r"\(\.\.\., 16, 128\)"),
+    (lambda e: e["spec"].update(weight="uint4", zero_point=True), "zeros is missing"),
+    (lambda e: e["spec"].update(scale_dtype="e8m0"), r"scales bfloat16.*of uint8"),
+    (lambda e: e.update(shape=[3, 256, 128]), r"codes uint32\[32, 128\]: expected .*E=3, "),
+    (lambda e: e["leaves"].update(foo=None), r"stores leaves .*'foo'"),
+    (lambda e: e["leaves"].pop("codes"), "expected codes, scales"),
+])
+def test_metadata_that_does_not_match_the_arrays_is_refused(tmp_path, edit, match):
+  """A checkpoint whose stored spec, shape or leaves do not match its arrays is refused
+  by name with the file and the weight's path (it loaded before, and each backend then
+  computed its own wrong answer: the reference read the group size off the scales' shape,
+  the kernels off the spec)."""
+  q = hj.quantize(jax.random.normal(jax.random.key(1), (256, 128)), "w4a16-g128")
+  hj.save(tmp_path / "ok.safetensors", {"layer": q})
+  _rewrite_metadata(tmp_path / "ok.safetensors", tmp_path / "bad.safetensors",
+                    lambda doc: edit(doc["tree"]["dict"]["layer"]["quantized"]))
+  before = (tmp_path / "bad.safetensors").read_bytes()
+  with pytest.raises(ValueError, match=match) as e:
+    hj.load(tmp_path / "bad.safetensors")
+  assert str(tmp_path / "bad.safetensors") in str(e.value) and "/layer" in str(e.value)
+  assert (tmp_path / "bad.safetensors").read_bytes() == before
+
+
+def test_damaged_entries_are_value_errors_naming_the_file(tmp_path):
+  """Tree entries of the wrong JSON type are damaged metadata (a ValueError naming the
+  file), not an AttributeError / TypeError from deep inside the decoder."""
+  hj.save(tmp_path / "ok.safetensors", {"a": {"b": jnp.ones(3)}})
+  _rewrite_metadata(tmp_path / "ok.safetensors", tmp_path / "bad.safetensors",
+                    lambda doc: doc["tree"].update(dict=[["a", 1]]))
+  with pytest.raises(ValueError, match="bad.safetensors: damaged humming_jax metadata"):
+    hj.load(tmp_path / "bad.safetensors")
+
+
+def test_save_file_mode_and_failed_rename(tmp_path):
+  """A checkpoint gets the mode of any new file (0666 less the umask; safetensors alone
+  makes it 0600), and a save whose rename fails (the path is a directory) leaves no
+  temporary file behind."""
+  mask = os.umask(0o022)
+  try:
+    hj.save(tmp_path / "c.safetensors", {"x": jnp.ones(3)})
+  finally:
+    os.umask(mask)
+  assert os.stat(tmp_path / "c.safetensors").st_mode & 0o777 == 0o644
+  (tmp_path / "d").mkdir()
+  with pytest.raises(OSError):
+    hj.save(tmp_path / "d", {"x": jnp.ones(3)})
+  assert sorted(os.listdir(tmp_path)) == ["c.safetensors", "d"]

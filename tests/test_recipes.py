@@ -279,9 +279,10 @@ def test_scanned_heads_stay_float_and_the_rest_quantizes():
   assert stacked_layers(q["layers"]["fc"]["kernel"]) == (2,)
 
 
-def test_each_dense_layout_declares_the_rank_of_its_codes():
-  """stacked_layers reads a prepared stack's layer axes off DenseKernel.codes_ndim: every
-  dense family's prepared codes have that rank, for every spec it runs here."""
+def test_each_layout_declares_the_rank_of_its_codes():
+  """stacked_layers (and check_params) read a prepared stack's layer axes off
+  DenseKernel.codes_ndim: every family's prepared codes have that rank, for every spec it
+  runs here (grouped families: one expert axis more)."""
   from humming_jax.kernels import registry
   registry._load_kernels()
   w = jax.random.normal(jax.random.key(7), (256, 256))
@@ -297,6 +298,16 @@ def test_each_dense_layout_declares_the_rank_of_its_codes():
         assert stacked_layers(prepared) == ()
         checked.add(kernel.name)
   assert checked == {k.name for k in registry._DENSE}
+  experts = jax.random.normal(jax.random.key(8), (2, 256, 256))  # and every grouped family
+  for preset in ("w4a16-g128", "w4a16-mxfp4", "w8a8-fp8", "w4a8-mxfp4"):
+    q = hj.quantize(experts, preset)
+    for kernel in registry._GROUPED:
+      if kernel.supports(q.spec):
+        prepared = hj.prepare(q, grouped=True, kernel=kernel.name)
+        assert prepared.codes.ndim == kernel.codes_ndim, (kernel.name, q.spec.name)
+        assert stacked_layers(prepared) == ()
+        checked.add(kernel.name)
+  assert checked == {k.name for k in registry._DENSE + registry._GROUPED}
 
 
 @pytest.mark.gpu
@@ -321,16 +332,24 @@ def test_gpu_scanned_layers_run_the_kernels_layer_by_layer(preset):
                              rtol=2e-2, atol=2e-2)
 
 
-def test_stacks_of_expert_stacks_stay_canonical_and_abstract_stacks_get_specs():
-  # A stack of (E, K, N) expert stacks: its grouped layout would not say its codes' rank,
-  # so prepare_params keeps it canonical, with a warning, rather than hide its layers.
+def test_stacks_of_expert_stacks_prepare_by_layer_and_abstract_stacks_get_specs():
+  # A stack of (E, K, N) expert stacks: its grouped layout says its codes' rank
+  # (DenseKernel.codes_ndim), so prepare_params prepares it layer by layer, as a dense
+  # layer stack, and a scan over the layers runs each prepared expert stack.
   experts = [hj.quantize(jax.random.normal(jax.random.key(i), (4, 256, 128)), "w4a16-g128")
              for i in range(2)]
   stack = jax.tree.map(lambda *a: jnp.stack(a), *experts)
   assert stacked_layers(stack) == (2,)
-  with pytest.warns(UserWarning, match="stays a canonical layer stack"):
-    out = recipes.prepare_params({"moe": stack}, backend="interpret")
-  assert out["moe"] is stack
+  out = recipes.prepare_params({"moe": stack}, backend="interpret")["moe"]
+  assert out.layout != "canonical" and stacked_layers(out) == (2,)
+  x = jax.random.normal(jax.random.key(5), (6, 256), jnp.bfloat16)
+  gs = jnp.array([2, 0, 3, 1], jnp.int32)
+  layer = lambda b: lambda p: hj.quant_ragged_dot(p, x, gs, backend=b)
+  ys = jax.lax.map(layer("interpret"), out)
+  for i in range(2):
+    np.testing.assert_array_equal(np.asarray(ys[i]), np.asarray(
+        hj.quant_ragged_dot(hj.prepare(experts[i], grouped=True), x, gs,
+                            backend="interpret")))
   # Partition specs of a layer stack from its shapes alone (jax.eval_shape, before init).
   params = {"fc": {"kernel": jax.random.normal(jax.random.key(3), (3, 256, 128))}}
   q = hj.quantize_params(params, "w4a16-all", progress=False, scanned=("fc",))

@@ -90,6 +90,14 @@ def test_constructor_expresses_every_float(w):
     (dict(act="int8", act_scale_dtype="int8"), "act_scale_dtype='int8'"),
     (dict(weight="fp4_e2m1", group_size=32, act="int8"), "integer tensor cores"),
     (dict(weight="uint4", zero_point=True, act="fp4_e2m1"), "no kernel path"),
+    # values of the wrong type
+    (dict(weight="uint4", zero_point="no"), "zero_point='no' must be True or False"),
+    (dict(weight="uint4", zero_point=2), "zero_point=2 must be True or False"),
+    (dict(weight="fp4_e2m1", group_size=16, scale_dtype="fp8_e4m3", global_scale="False"),
+     "global_scale='False' must be True or False"),
+    (dict(granularity="channel", group_size="x"), "group_size='x' must be an int"),
+    (dict(group_size=True), "group_size=True must be an int"),
+    (dict(group_size=128.0), "group_size=128.0 must be an int"),
 ])
 def test_invalid_combinations_name_the_field(kwargs, match):
   with pytest.raises(ValueError, match=match):
@@ -101,3 +109,31 @@ def test_unknown_preset():
     QuantSpec.preset("w3a16")
   with pytest.raises(ValueError, match="unknown preset"):
     hj.quantize(__import__("numpy").ones((32, 4), "float32"), "nope")
+
+
+def test_numpy_scalars_normalise_to_python_values():
+  """np.int64 group sizes and np.bool_ flags (read from a config with numpy) give the
+  same spec as Python values: equal, equal hash, and a checkpoint can store it."""
+  import json
+
+  import numpy as np
+  spec = QuantSpec("uint4", "group", np.int64(128), zero_point=np.bool_(True))
+  assert spec == hj.QuantSpec.preset("w4a16-g128-zp")
+  assert hash(spec) == hash(hj.QuantSpec.preset("w4a16-g128-zp"))
+  assert type(spec.group_size) is int and type(spec.zero_point) is bool
+  json.dumps(dataclasses.asdict(spec))
+  assert QuantSpec("int8", "channel", np.int64(128)) == hj.QuantSpec.preset("w8a16")
+
+
+def test_activation_fields_without_an_activation_format_reset():
+  """act=None leaves the activation fields meaningless: they take their defaults, so the
+  spec equals (and hashes as) its twin -- no recompile -- and replace(act=None) of an
+  activation spec, or a checkpoint saved with such a spec, still works."""
+  plain = QuantSpec("int4")
+  for kwargs in (dict(act_group_size=32), dict(act_granularity="group"),
+                 dict(act_scale_dtype="bfloat16")):
+    spec = QuantSpec("int4", **kwargs)
+    assert spec == plain and hash(spec) == hash(plain)
+  block = hj.QuantSpec.preset("w8a8-fp8-block")
+  assert block.replace(act=None) == block.weight_only()
+  assert QuantSpec("uint4", zero_point=1) == QuantSpec("uint4", zero_point=True)

@@ -175,7 +175,7 @@ def run(params: QuantizedWeight, x: jax.Array, group_sizes: jax.Array, *,
 
 
 KERNEL = registry.register(registry.DenseKernel(
-    name=FAMILY, layout=FAMILY, supports=supports, prepare=prepare,
+    name=FAMILY, layout=FAMILY, codes_ndim=3, supports=supports, prepare=prepare,
     to_canonical=to_canonical, run=run, grouped=True,
     dequantize=lambda params, dtype: grouped_wna16.stack_dequantize(
         w8a8.KERNEL.dequantize, params, FAMILY, w8a8.FAMILY, dtype)))

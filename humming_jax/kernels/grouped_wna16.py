@@ -425,7 +425,7 @@ def run(params: QuantizedWeight, x: jax.Array, group_sizes: jax.Array, *,
 
 
 KERNEL = registry.register(registry.DenseKernel(
-    name=FAMILY, layout=FAMILY, supports=supports, prepare=prepare,
+    name=FAMILY, layout=FAMILY, codes_ndim=3, supports=supports, prepare=prepare,
     to_canonical=to_canonical, run=run, grouped=True,
     dequantize=lambda params, dtype: stack_dequantize(
         wna16.KERNEL.dequantize, params, FAMILY, wna16.FAMILY, dtype)))

@@ -1027,7 +1027,7 @@ def xla_read_order(params: QuantizedWeight) -> QuantizedWeight:
 
 
 KERNEL = registry.register(registry.DenseKernel(
-    name=FAMILY, layout=FAMILY, supports=supports, prepare=prepare,
+    name=FAMILY, layout=FAMILY, codes_ndim=4, supports=supports, prepare=prepare,
     to_canonical=to_canonical, run=run, grouped=True, priority=-1,
     priority_for=priority_for, x_dtypes=("bfloat16", "float16"),
     dequantize=lambda params, dtype: grouped_wna16.stack_dequantize(

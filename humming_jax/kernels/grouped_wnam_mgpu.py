@@ -157,7 +157,7 @@ def priority_for(spec: QuantSpec, shape: tuple[int, ...]) -> int | None:
 
 
 KERNEL = registry.register(registry.DenseKernel(
-    name=FAMILY, layout=FAMILY, supports=supports, prepare=prepare,
+    name=FAMILY, layout=FAMILY, codes_ndim=4, supports=supports, prepare=prepare,
     to_canonical=to_canonical, run=run, grouped=True, priority=-2, priority_for=priority_for,
     x_dtypes=("bfloat16", "float16"),
     dequantize=lambda params, dtype: grouped_wna16_mgpu.KERNEL.dequantize(

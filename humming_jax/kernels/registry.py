@@ -47,10 +47,10 @@ class DenseKernel:
   # prepared params (quant_dense's backward, the XLA grouped GEMM) use it; None: through
   # to_canonical, a re-layout of every code on every call.
   dequantize: Callable | None = None
-  # Rank of one dense weight's codes in this layout (tests/test_recipes.py checks it against
-  # prepare): a layer stack's leading axes are what its codes have beyond it
-  # (quantize.stacked_layers).  None for grouped families: expert stacks are not stacked
-  # again.
+  # Rank of one weight's codes in this layout (a grouped family's: one expert stack's;
+  # tests/test_recipes.py checks it against prepare): a layer stack's leading axes are
+  # what its codes have beyond it (quantize.stacked_layers), and fewer dims are refused
+  # (quantize.check_params).
   codes_ndim: int | None = None
 
   def accepts(self, x_dtype) -> bool:
