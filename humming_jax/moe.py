@@ -18,6 +18,8 @@ projection in its last N/2 (as Mixtral / Qwen / DeepSeek checkpoints concatenate
 """
 from __future__ import annotations
 
+import dataclasses
+import operator
 from typing import Literal, NamedTuple
 
 import jax
@@ -27,7 +29,8 @@ import numpy as np
 from humming_jax import autodiff, ops
 from humming_jax.kernels import (grouped_wna16, grouped_wna16_mgpu, grouped_wnam_mgpu, registry,
                                  tuning, wna16_mgpu_dx)
-from humming_jax.quantize import QuantizedWeight, check_no_input_perm, fake_quantize_activations
+from humming_jax.quantize import (QuantizedWeight, check_no_input_perm, check_params,
+                                  fake_quantize_activations)
 
 Activation = Literal["silu", "gelu", "swigluoai"]
 ACTIVATIONS = ("silu", "gelu", "swigluoai")
@@ -48,30 +51,154 @@ SWIGLUOAI_ALPHA, SWIGLUOAI_LIMIT = 1.702, 7.0
 # Routing
 # ----------------------------------------------------------------------------------------
 def topk_routing(logits: jax.Array, k: int, *, renormalize: bool = True,
-                 order: Literal["softmax_topk", "topk_softmax"] = "softmax_topk"
+                 order: Literal["softmax_topk", "topk_softmax"] = "softmax_topk",
+                 scoring: Literal["softmax", "sigmoid"] = "softmax",
+                 correction_bias: jax.Array | None = None, num_groups: int | None = None,
+                 topk_groups: int | None = None, scaling_factor: float = 1.0
                  ) -> tuple[jax.Array, jax.Array]:
   """Router logits (T, E) -> (weights (T, k) float32, expert ids (T, k) int32).
 
   ``order="softmax_topk"``: softmax over all E experts, keep the k largest (Mixtral with
-  ``renormalize=True``, Qwen3-MoE, DeepSeek-V2 without).  ``"topk_softmax"``: keep the k
-  largest logits, softmax over those k (weights already sum to 1; ``renormalize`` then
-  changes nothing).  Ties pick the lower expert id (``lax.top_k``)."""
+  ``renormalize=True``, Qwen3-MoE with its ``norm_topk_prob``).  ``"topk_softmax"``: keep
+  the k largest logits, softmax over those k (gpt-oss; the weights already sum to 1).
+
+  DeepSeek-style routers (as DeepSeek's reference ``Gate``):
+    scoring:         ``"sigmoid"``: per-expert sigmoid scores instead of a softmax
+                     (DeepSeek-V3; ``order`` must stay "softmax_topk").
+    correction_bias: (E,) added to the scores to *choose* the experts only; the weights
+                     are the unbiased scores of the chosen ones (V3's
+                     ``e_score_correction_bias``).
+    num_groups, topk_groups: group-limited choice: the E experts form ``num_groups``
+                     equal groups, each scored by its best expert (no correction bias:
+                     DeepSeek-V2) or by the sum of its two best biased scores (with one:
+                     V3); experts outside the ``topk_groups`` best groups are not chosen.
+    scaling_factor:  the weights' final factor (``routed_scaling_factor``), after
+                     ``renormalize``.
+  DeepSeek-V3: ``topk_routing(logits, 8, scoring="sigmoid", correction_bias=b,
+  num_groups=8, topk_groups=4, scaling_factor=2.5)``.  Ties pick the lower expert id
+  (``lax.top_k``)."""
   if logits.ndim != 2:
     raise ValueError(f"logits must be (tokens, experts); got shape {logits.shape}")
   e = logits.shape[1]
-  if not isinstance(k, int) or not 0 < k <= e:
+  try:
+    k = operator.index(k)  # (a numpy int from a config is an int)
+  except TypeError:
+    raise ValueError(f"k={k!r} must be an int in [1, num_experts={e}]") from None
+  if not 0 < k <= e:
     raise ValueError(f"k={k!r} must be an int in [1, num_experts={e}]")
   if order not in ("softmax_topk", "topk_softmax"):
     raise ValueError(f"order={order!r}; expected 'softmax_topk' or 'topk_softmax'")
+  if scoring not in ("softmax", "sigmoid"):
+    raise ValueError(f"scoring={scoring!r}; expected 'softmax' or 'sigmoid'")
+  if scoring == "sigmoid" and order != "softmax_topk":
+    raise ValueError("scoring='sigmoid' scores every expert before the top-k: leave "
+                     "order='softmax_topk'")
+  grouped = num_groups is not None or topk_groups is not None
+  if grouped:
+    if num_groups is None or topk_groups is None:
+      raise ValueError(f"num_groups={num_groups!r}, topk_groups={topk_groups!r}: give both "
+                       f"for group-limited routing, or neither")
+    num_groups, topk_groups = (_int_or_none(num_groups, "num_groups"),
+                               _int_or_none(topk_groups, "topk_groups"))
+    if not (num_groups > 0 and e % num_groups == 0):
+      raise ValueError(f"num_groups={num_groups!r} must be a positive int dividing "
+                       f"num_experts={e}")
+    if not (0 < topk_groups <= num_groups and k <= topk_groups * (e // num_groups)):
+      raise ValueError(f"topk_groups={topk_groups!r} must be an int in [1, num_groups="
+                       f"{num_groups}] whose groups hold at least k={k} experts")
+  if grouped and order != "softmax_topk":
+    raise ValueError("group-limited routing scores every expert first: leave "
+                     "order='softmax_topk'")
+  if correction_bias is not None and order != "softmax_topk":
+    raise ValueError("correction_bias biases every expert's score: leave "
+                     "order='softmax_topk'")
   z = logits.astype(jnp.float32)
-  if order == "softmax_topk":
-    w, ids = jax.lax.top_k(jax.nn.softmax(z, axis=-1), k)
-  else:
+  if order == "topk_softmax":
     top, ids = jax.lax.top_k(z, k)
     w = jax.nn.softmax(top, axis=-1)
+  else:
+    scores = jax.nn.sigmoid(z) if scoring == "sigmoid" else jax.nn.softmax(z, axis=-1)
+    choice = scores
+    if correction_bias is not None:
+      correction_bias = jnp.asarray(correction_bias, jnp.float32)
+      if correction_bias.shape != (e,):
+        raise ValueError(f"correction_bias.shape={correction_bias.shape}: expected "
+                         f"(num_experts,)=({e},)")
+      choice = scores + correction_bias
+    if grouped:
+      per_group = choice.reshape(-1, num_groups, e // num_groups)
+      group_score = (jnp.max(per_group, axis=-1) if correction_bias is None
+                     else jnp.sum(jax.lax.top_k(per_group, min(2, e // num_groups))[0],
+                                  axis=-1))
+      _, best = jax.lax.top_k(group_score, topk_groups)
+      keep = jnp.zeros(group_score.shape, bool).at[
+          jnp.arange(group_score.shape[0])[:, None], best].set(True)
+      choice = jnp.where(keep[:, :, None], per_group, -jnp.inf).reshape(-1, e)
+    _, ids = jax.lax.top_k(choice, k)
+    w = jnp.take_along_axis(scores, ids, axis=-1)
   if renormalize:
     w = w / jnp.sum(w, axis=-1, keepdims=True)
-  return w, ids.astype(jnp.int32)
+  return w * jnp.float32(scaling_factor), ids.astype(jnp.int32)
+
+
+def _int_or_none(value, name: str) -> int | None:
+  """An int option as a Python int (numpy ints from a config too; not bools)."""
+  if value is None:
+    return None
+  if isinstance(value, (bool, np.bool_)):
+    raise ValueError(f"{name}={value!r} must be an int")
+  try:
+    return operator.index(value)
+  except TypeError:
+    raise ValueError(f"{name}={value!r} must be an int") from None
+
+
+@dataclasses.dataclass(frozen=True)
+class Routing:
+  """How the MoE modules (``QuantMoE``, linen and nnx) route: :func:`topk_routing`'s
+  options, and what the router holds beside its kernel.
+
+  renormalize, order, scoring, num_groups, topk_groups, scaling_factor: as
+  :func:`topk_routing`.
+  router_bias:     the router's Dense / Linear has a bias (gpt-oss).
+  correction_bias: the module holds an (E,) ``correction_bias`` parameter (zeros at init)
+                   added to the scores to choose experts (DeepSeek-V3's
+                   ``e_score_correction_bias``).
+  DeepSeek-V3: ``Routing(scoring="sigmoid", correction_bias=True, num_groups=8,
+  topk_groups=4, scaling_factor=2.5)``; gpt-oss: ``Routing(order="topk_softmax",
+  router_bias=True)``."""
+
+  renormalize: bool = True
+  order: Literal["softmax_topk", "topk_softmax"] = "softmax_topk"
+  scoring: Literal["softmax", "sigmoid"] = "softmax"
+  num_groups: int | None = None
+  topk_groups: int | None = None
+  scaling_factor: float = 1.0
+  router_bias: bool = False
+  correction_bias: bool = False
+
+  def __post_init__(self):  # what can be checked before the number of experts is known
+    if self.order not in ("softmax_topk", "topk_softmax"):
+      raise ValueError(f"order={self.order!r}; expected 'softmax_topk' or 'topk_softmax'")
+    if self.scoring not in ("softmax", "sigmoid"):
+      raise ValueError(f"scoring={self.scoring!r}; expected 'softmax' or 'sigmoid'")
+    for name in ("num_groups", "topk_groups"):
+      object.__setattr__(self, name, _int_or_none(getattr(self, name), name))
+    if (self.num_groups is None) != (self.topk_groups is None):
+      raise ValueError(f"num_groups={self.num_groups!r}, topk_groups={self.topk_groups!r}: "
+                       f"give both for group-limited routing, or neither")
+
+  def route(self, logits: jax.Array, k: int, correction_bias: jax.Array | None = None
+            ) -> tuple[jax.Array, jax.Array]:
+    """:func:`topk_routing` of ``logits`` with these options (``correction_bias``: the
+    module's parameter, given exactly when :attr:`correction_bias` is set)."""
+    if (correction_bias is not None) != self.correction_bias:
+      raise ValueError(f"Routing.correction_bias={self.correction_bias} but a correction "
+                       f"bias was{' not' if correction_bias is None else ''} given")
+    return topk_routing(logits, k, renormalize=self.renormalize, order=self.order,
+                        scoring=self.scoring, correction_bias=correction_bias,
+                        num_groups=self.num_groups, topk_groups=self.topk_groups,
+                        scaling_factor=self.scaling_factor)
 
 
 class SortedTokens(NamedTuple):
@@ -82,7 +209,7 @@ class SortedTokens(NamedTuple):
                 padding row.
   row_of_slot:  (T*k,) int32 inverse permutation: the sorted row of ``(t, j)``.
   group_sizes:  (E,) int32 rows per expert (including padding when aligned).
-  valid:        (R,) bool, False on padding rows.
+  valid:        (R,) bool, False on padding rows and on rows of ids outside [0, E).
   """
 
   token_of_row: jax.Array
@@ -113,7 +240,9 @@ def sort_tokens(topk_ids: jax.Array, num_experts: int) -> SortedTokens:
   order = jnp.argsort(key, stable=True).astype(jnp.int32)
   inv = jnp.zeros_like(order).at[order].set(jnp.arange(t * k, dtype=jnp.int32))
   sizes = jnp.zeros((num_experts,), jnp.int32).at[key].add(1, mode="drop")
-  return SortedTokens(order // k, order, inv, sizes, jnp.ones((t * k,), bool))
+  # rows of out-of-range ids (sorted past the last expert) are not valid: they add nothing
+  valid = jnp.arange(t * k, dtype=jnp.int32) < jnp.sum(sizes)
+  return SortedTokens(order // k, order, inv, sizes, valid)
 
 
 def align_tokens(topk_ids: jax.Array, num_experts: int, block_m: int) -> SortedTokens:
@@ -184,6 +313,7 @@ def _check_grouped(params: QuantizedWeight, x: jax.Array, group_sizes: jax.Array
   if params.num_experts is None:
     raise ValueError(f"params must hold stacked experts (E, K, N); got shape "
                      f"{params.shape} (use quant_dense)")
+  check_params(params, "quant_ragged_dot: params")
   check_no_input_perm(params, "params")
   ops.check_activations(x, "quant_ragged_dot")
   if x.ndim != 2 or x.shape[1] != params.in_features:
@@ -311,6 +441,9 @@ def glu(h: jax.Array, activation: Activation = "silu") -> jax.Array:
   "swigluoai" (gpt-oss): ``g * sigmoid(1.702 g) * (u + 1)`` with g clipped to <= 7 and u
   to [-7, 7] (its interleaved gate/up columns: ``hj.deinterleave_gate_up`` first)."""
   check_activation(activation)
+  if h.shape[-1] % 2:
+    raise ValueError(f"h.shape={h.shape}: the last axis holds gate then up, so it must be "
+                     f"even")
   i = h.shape[-1] // 2
   g, u = h[..., :i].astype(jnp.float32), h[..., i:].astype(jnp.float32)
   if activation == "swigluoai":
@@ -396,6 +529,7 @@ def quant_moe(gate_up_params: QuantizedWeight, down_params: QuantizedWeight, x: 
     if not isinstance(p, QuantizedWeight) or p.num_experts is None:
       raise TypeError(f"{name} must be a stacked-expert QuantizedWeight (E, K, N); got "
                       f"{getattr(p, 'shape', type(p).__name__)}")
+    check_params(p, f"quant_moe: {name}")
     check_no_input_perm(p, name)
   e, h, n2 = gate_up_params.shape
   if n2 % 2:

@@ -152,18 +152,35 @@ def quantize_nnx_model(model: nnx.Module, recipe: Any, *, backend: Backend = Non
   return model
 
 
+class RoutingBias(nnx.Variable):
+  """A router's expert-selection bias (DeepSeek-V3's ``e_score_correction_bias``): state,
+  not an ``nnx.Param`` -- no gradient reaches it, and an optimizer over ``nnx.Param``
+  (weight decay included) leaves it alone."""
+
+
 class QuantMoE(nnx.Module):
-  """Mixture of experts: float ``router`` (nnx.Linear, no bias), softmax top-k,
-  ``hj.quant_moe`` over quantized ``gate_up`` (E, K, 2*I; gate columns first) and
-  ``down`` (E, I, K) experts.  (..., K) -> (..., K)."""
+  """Mixture of experts: float ``router`` (nnx.Linear), top-k routing, ``hj.quant_moe``
+  over quantized ``gate_up`` (E, K, 2*I; gate columns first) and ``down`` (E, I, K)
+  experts.  (..., K) -> (..., K).
+
+  ``routing``: a :class:`humming_jax.moe.Routing` (DeepSeek-V3's sigmoid, grouped,
+  bias-corrected routing: the module then holds ``correction_bias``, a float32 (E,)
+  :class:`RoutingBias` of zeros; gpt-oss's top-k then softmax with a biased router);
+  default: softmax then top-k, ``renormalize`` as given, a router bias as the ``router``
+  given has one (none when the module makes its router)."""
 
   def __init__(self, in_features: int, num_experts: int, topk: int, intermediate: int, *,
                spec: QuantSpec | str = "w4a16-g128", activation: str = "silu",
                renormalize: bool = True, dtype: Any = None, param_dtype: Any = jnp.float32,
                kernel_init: Callable = default_kernel_init, backend: Backend = None,
-               rngs: nnx.Rngs | None = None, router: nnx.Linear | None = None, gate_up: QuantizedWeight | None = None,
-               down: QuantizedWeight | None = None):
+               rngs: nnx.Rngs | None = None, router: nnx.Linear | None = None,
+               gate_up: QuantizedWeight | None = None, down: QuantizedWeight | None = None,
+               routing: Any = None):
     spec = _common.as_spec(spec)
+    if routing is None and router is not None and router.bias is not None:
+      from humming_jax.moe import Routing  # noqa: PLC0415
+      routing = Routing(renormalize=renormalize, router_bias=True)  # (the router's own)
+    routing = _common.routing_of(routing, renormalize)
     if not 0 < topk <= num_experts:
       raise ValueError(f"topk={topk} must be in [1, num_experts={num_experts}]")
     k, e, i = in_features, num_experts, intermediate
@@ -171,8 +188,11 @@ class QuantMoE(nnx.Module):
       if rngs is None:
         raise ValueError("QuantMoE needs rngs= to initialise (or router=, gate_up=, down=)")
     if router is None:
-      router = nnx.Linear(k, e, use_bias=False, param_dtype=param_dtype,
+      router = nnx.Linear(k, e, use_bias=routing.router_bias, param_dtype=param_dtype,
                           kernel_init=kernel_init, rngs=rngs)
+    elif (router.bias is not None) != routing.router_bias:
+      raise ValueError(f"router has {'a' if router.bias is not None else 'no'} bias; "
+                       f"routing.router_bias={routing.router_bias}")
     _common.check_expert_shapes(spec, k, i, e, tuple(
         n for n, w in (("gate_up", gate_up), ("down", down)) if w is None))
     if gate_up is None:
@@ -190,7 +210,9 @@ class QuantMoE(nnx.Module):
     self.down = QuantizedParam(down)
     self.topk = topk
     self.activation = activation
-    self.renormalize = renormalize
+    self.routing = routing
+    self.correction_bias = (RoutingBias(jnp.zeros((e,), jnp.float32))
+                            if routing.correction_bias else None)
     self.dtype = dtype
     self.param_dtype = param_dtype
     self.backend = backend
@@ -200,16 +222,18 @@ class QuantMoE(nnx.Module):
     x = x.astype(_common.compute_dtype(x, self.dtype, self.param_dtype))
     x2 = x.reshape(-1, x.shape[-1])
     logits = self.router(x2.astype(jnp.float32))
-    weights, ids = _common.topk_routing(logits, self.topk, renormalize=self.renormalize)
+    correction = None if self.correction_bias is None else self.correction_bias[...]
+    weights, ids = self.routing.route(logits, self.topk, correction)
     y = _common.moe_call(self.gate_up.get_value(), self.down.get_value(), x2, weights, ids,
                          activation=self.activation, backend=self.backend)
     return y.reshape(x.shape)
 
   @classmethod
   def from_float(cls, router_kernel: Any, gate_up: Any, down: Any, spec: QuantSpec | str,
-                 topk: int, **kwargs) -> "QuantMoE":
+                 topk: int, *, router_bias: Any = None, **kwargs) -> "QuantMoE":
     """Quantize float experts: ``router_kernel`` (K, E), ``gate_up`` (E, K, 2I), ``down``
-    (E, I, K).  Other keyword arguments as the constructor."""
+    (E, I, K); ``router_bias`` (E,) with ``routing=Routing(router_bias=True, ...)``.
+    Other keyword arguments as the constructor."""
     spec = _common.as_spec(spec)
     router_kernel = jnp.asarray(router_kernel)
     if router_kernel.ndim != 2:
@@ -219,10 +243,20 @@ class QuantMoE(nnx.Module):
     if gate_up.ndim != 3 or gate_up.shape[:2] != (e, k) or gate_up.shape[2] % 2:
       raise ValueError(f"gate_up must be (E={e}, K={k}, 2*I); got {gate_up.shape}")
     i = gate_up.shape[2] // 2
-    router = nnx.Linear(k, e, use_bias=False, rngs=nnx.Rngs(0))
+    routing = kwargs.get("routing")
+    biased = bool(routing is not None and routing.router_bias)
+    if (router_bias is not None) != biased:
+      raise ValueError(f"router_bias is {'given' if router_bias is not None else 'missing'}"
+                       f"; routing.router_bias={biased}")
+    router = nnx.Linear(k, e, use_bias=biased, rngs=nnx.Rngs(0))
     router.kernel[...] = router_kernel.astype(router.kernel[...].dtype)
+    if biased:
+      router_bias = jnp.asarray(router_bias)
+      if router_bias.shape != (e,):
+        raise ValueError(f"router_bias must be (E={e},); got shape {router_bias.shape}")
+      router.bias[...] = router_bias.astype(router.bias[...].dtype)
     return cls(k, e, topk, i, spec=spec, router=router, gate_up=quantize(gate_up, spec),
                down=quantize(down, spec), **kwargs)
 
 
-__all__ = ["QuantDense", "QuantMoE", "QuantizedParam", "quantize_nnx_model"]
+__all__ = ["QuantDense", "QuantMoE", "QuantizedParam", "RoutingBias", "quantize_nnx_model"]

@@ -44,6 +44,77 @@ def test_topk_routing_rejects_bad_k():
     moe.topk_routing(jnp.ones((2, 4)), 5)
   with pytest.raises(ValueError, match="order="):
     moe.topk_routing(jnp.ones((2, 4)), 1, order="sideways")
+  with pytest.raises(ValueError, match="k=1.5 must be an int"):
+    moe.topk_routing(jnp.ones((2, 4)), 1.5)
+  w, ids = moe.topk_routing(jnp.ones((2, 4)), np.int64(2))  # a k read from a config
+  assert ids.shape == (2, 2)
+  bad = [(dict(scoring="tanh"), "scoring='tanh'"),
+         (dict(scoring="sigmoid", order="topk_softmax"), "scoring='sigmoid' .* leave order"),
+         (dict(num_groups=4), "give both"),
+         (dict(num_groups=3, topk_groups=1), "num_groups=3 must be a positive int dividing"),
+         (dict(num_groups=8, topk_groups=1), "topk_groups=1 .* at least k=2"),
+         (dict(correction_bias=jnp.zeros(3)), r"correction_bias.shape=\(3,\)")]
+  for kwargs, match in bad:
+    with pytest.raises(ValueError, match=match):
+      moe.topk_routing(jnp.ones((2, 8)), 2, **kwargs)
+
+
+def _deepseek_gate(logits, k, *, sigmoid, bias, n_group, topk_group, renorm, factor):
+  """DeepSeek's reference ``Gate.forward`` (deepseek-ai/DeepSeek-V3 inference/model.py),
+  transcribed to numpy: scores, biased choice, groups by their best score (no bias) or
+  their two best biased scores, masked to -inf outside the chosen groups, weights from
+  the unbiased scores, normalised (sigmoid) and scaled."""
+  t, e = logits.shape
+  if sigmoid:
+    scores = 1 / (1 + np.exp(-logits))
+  else:
+    p = np.exp(logits - logits.max(1, keepdims=True))
+    scores = p / p.sum(1, keepdims=True)
+  original = scores
+  if bias is not None:
+    scores = scores + bias
+  if n_group > 1:
+    g = scores.reshape(t, n_group, -1)
+    gs = g.max(-1) if bias is None else np.sort(g, axis=-1)[..., -2:].sum(-1)
+    best = np.argsort(-gs, axis=1, kind="stable")[:, :topk_group]
+    mask = np.ones((t, n_group), bool)
+    np.put_along_axis(mask, best, False, 1)
+    scores = np.where(mask[:, :, None], -np.inf, g).reshape(t, e)
+  ids = np.argsort(-scores, axis=1, kind="stable")[:, :k]
+  w = np.take_along_axis(original, ids, 1)
+  if renorm:
+    w = w / w.sum(1, keepdims=True)
+  return w * factor, ids
+
+
+@pytest.mark.parametrize("case", ["v3", "v2", "sigmoid_no_groups"])
+def test_deepseek_routing_matches_the_reference_gate(case):
+  """DeepSeek-V3 (sigmoid scores, selection-only correction bias, groups scored by their
+  two best biased scores, routed_scaling_factor 2.5) and DeepSeek-V2 (softmax, groups by
+  their best expert, factor 16, no renormalisation) against a numpy transcription of
+  DeepSeek's reference gate: the same experts and weights."""
+  t, e, k = 13, 32, 6
+  logits = np.asarray(normal(jax.random.PRNGKey(7), (t, e)))
+  bias = np.asarray(normal(jax.random.PRNGKey(8), (e,))) / 4
+  kw = {"v3": dict(sigmoid=True, bias=bias, n_group=8, topk_group=3, renorm=True,
+                   factor=2.5),
+        "v2": dict(sigmoid=False, bias=None, n_group=4, topk_group=2, renorm=False,
+                   factor=16.0),
+        "sigmoid_no_groups": dict(sigmoid=True, bias=bias, n_group=1, topk_group=1,
+                                  renorm=True, factor=1.0)}[case]
+  ref_w, ref_ids = _deepseek_gate(logits, k, **kw)
+  groups = dict(num_groups=kw["n_group"], topk_groups=kw["topk_group"]) if kw[
+      "n_group"] > 1 else {}
+  w, ids = moe.topk_routing(
+      jnp.asarray(logits), k, renormalize=kw["renorm"],
+      scoring="sigmoid" if kw["sigmoid"] else "softmax",
+      correction_bias=None if kw["bias"] is None else jnp.asarray(kw["bias"]),
+      scaling_factor=kw["factor"], **groups)
+  np.testing.assert_array_equal(np.asarray(ids), ref_ids)
+  np.testing.assert_allclose(np.asarray(w), ref_w, rtol=1e-5)
+  if groups:  # the group limit changed the choice somewhere (the test is not vacuous)
+    free, _ = _deepseek_gate(logits, k, **{**kw, "n_group": 1, "topk_group": 1})
+    assert not np.allclose(free, ref_w)
 
 
 def _ids(seed, t, k, e):
@@ -62,6 +133,8 @@ def test_sort_tokens_permutation():
   np.testing.assert_array_equal(np.asarray(r.token_of_row), slot // 3)
   np.testing.assert_array_equal(np.asarray(r.row_of_slot)[slot], np.arange(39))
   assert slot[-1] == 2 * 3 + 1  # the invalid one is the last row
+  # valid marks the rows a GEMM's output counts: not the invalid id's (as align_tokens)
+  np.testing.assert_array_equal(np.asarray(r.valid), np.arange(39) < 38)
 
 
 def test_align_tokens_pads_each_expert_to_the_block():
@@ -377,3 +450,8 @@ def test_quant_moe_errors():
     hj.quant_moe(gu, dn, x.astype(jnp.float8_e4m3fn), w[:, :0], ids[:, :0])
   y = hj.quant_moe(gu, dn, x, w[:, :0], ids[:, :0])  # k = 0: nothing routed
   assert y.shape == x.shape and not bool(jnp.any(y != 0))
+
+
+def test_glu_needs_an_even_width():
+  with pytest.raises(ValueError, match=r"h.shape=\(2, 5\): .* must be even"):
+    moe.glu(jnp.ones((2, 5)))

@@ -235,6 +235,68 @@ def test_linen_and_nnx_quantmoe_match_expert_loop():
                                          m3.down.get_value()), rtol=2e-4, atol=2e-3)
 
 
+@pytest.mark.parametrize("model", ["deepseek_v3", "gpt_oss"])
+def test_quantmoe_routing_options(model):
+  """QuantMoE (linen and nnx) with a Routing: DeepSeek-V3's sigmoid, group-limited,
+  bias-corrected, scaled routing (a ``correction_bias`` parameter) and gpt-oss's top-k
+  then softmax over a biased router equal hj.moe.topk_routing with those options and
+  hj.quant_moe on the module's own parameters; a router bias given without the routing
+  that uses it is refused."""
+  from humming_jax import moe as hmoe
+  routing = (hmoe.Routing(scoring="sigmoid", correction_bias=True, num_groups=4,
+                          topk_groups=2, scaling_factor=2.5) if model == "deepseek_v3"
+             else hmoe.Routing(order="topk_softmax", router_bias=True))
+  x = _x(11, m=8)
+  layer = hnn.QuantMoE(num_experts=E, topk=TOPK, intermediate=INTER, spec="w4a16-g128",
+                       routing=routing)
+  v = layer.init(jax.random.key(0), x)
+  p = dict(v["params"])
+  ks = jax.random.split(jax.random.key(1), 2)
+  variables, correction = {"params": p}, None
+  if routing.correction_bias:  # non-zero, so that it is seen to act; not a param
+    assert "correction_bias" not in p and v["routing"]["correction_bias"].shape == (E,)
+    correction = jax.random.normal(ks[0], (E,)) / 4
+    variables["routing"] = {"correction_bias": correction}
+  if routing.router_bias:
+    p["router"] = {**p["router"], "bias": jax.random.normal(ks[1], (E,))}
+  y = jax.jit(layer.apply)(variables, x)
+  x2 = x.reshape(-1, K)
+  logits = x2 @ p["router"]["kernel"] + p["router"].get("bias", 0.0)
+  w, ids = hmoe.topk_routing(logits, TOPK, correction_bias=correction,
+                             **{f: getattr(routing, f) for f in (
+                                 "renormalize", "order", "scoring", "num_groups",
+                                 "topk_groups", "scaling_factor")})
+  want = hj.quant_moe(p["gate_up"], p["down"], x2, w, ids, backend="xla")
+  np.testing.assert_allclose(np.asarray(y).reshape(-1, K), np.asarray(want), rtol=2e-4,
+                             atol=2e-4)
+  # the options changed the routing (gpt-oss's order alone would not: top-k then softmax
+  # is softmax, top-k, renormalised; its router bias does)
+  plain = hmoe.topk_routing(x2 @ p["router"]["kernel"], TOPK)
+  assert not (np.array_equal(plain[1], ids) and np.allclose(plain[0], w))
+  # nnx: the same numbers from the same pieces
+  m2 = hnnx.QuantMoE.from_float(p["router"]["kernel"], jnp.zeros((E, K, 2 * INTER)),
+                                jnp.zeros((E, INTER, K)), "w4a16-g128", TOPK,
+                                routing=routing, router_bias=p["router"].get("bias"))
+  m2.gate_up.set_value(p["gate_up"])
+  m2.down.set_value(p["down"])
+  if routing.correction_bias:
+    assert isinstance(m2.correction_bias, hnnx.RoutingBias)
+    assert not isinstance(m2.correction_bias, nnx.Param)  # out of an optimizer's reach
+    m2.correction_bias[...] = correction
+  np.testing.assert_array_equal(nnx.jit(lambda m, x: m(x))(m2, x), y)
+  # a router given with a bias keeps it (nnx.Linear's default), as before Routing
+  biased = hnnx.QuantMoE(K, E, TOPK, INTER, spec="w4a16-g128", gate_up=p["gate_up"],
+                         down=p["down"], router=nnx.Linear(K, E, rngs=nnx.Rngs(3)))
+  assert biased.routing.router_bias
+  with pytest.raises(ValueError, match="router_bias is given; routing.router_bias=False"):
+    hnnx.QuantMoE.from_float(p["router"]["kernel"], jnp.zeros((E, K, 2 * INTER)),
+                             jnp.zeros((E, INTER, K)), "w4a16-g128", TOPK,
+                             router_bias=jnp.zeros(E))
+  with pytest.raises(ValueError, match="renormalize=False with routing"):
+    hnn.QuantMoE(num_experts=E, topk=TOPK, intermediate=INTER, routing=routing,
+                 renormalize=False).init(jax.random.key(0), x)
+
+
 # ---------------------------------------------------------------------------- GPU
 @pytest.mark.gpu
 @pytest.mark.parametrize("recipe", ["w4a16-all", "w8a8-fp8-all", "fp8-attn-nvfp4-mlp"])

@@ -104,10 +104,17 @@ class QuantDense(nn.Module):
 class QuantMoE(nn.Module):
   """Mixture of experts with quantized experts: float router, top-k, ``hj.quant_moe``.
 
-  Params: ``router/kernel`` (K, E) float (kept float: tiny and routing-sensitive),
-  ``gate_up`` QuantizedWeight (E, K, 2*intermediate) -- gate columns first, then up --
-  and ``down`` QuantizedWeight (E, intermediate, K).  Input (..., K) -> (..., K) in the
-  compute dtype.
+  Params: ``router/kernel`` (K, E) float (kept float: tiny and routing-sensitive; with
+  ``routing.router_bias`` also ``router/bias``), ``gate_up`` QuantizedWeight (E, K,
+  2*intermediate) -- gate columns first, then up -- and ``down`` QuantizedWeight (E,
+  intermediate, K).  With ``routing.correction_bias``, a float32 ``correction_bias`` (E,)
+  in the ``"routing"`` collection (not ``"params"``: no gradient reaches it, and weight
+  decay must not shrink it; pass ``{"params": ..., "routing": ...}`` to ``apply``).
+  Input (..., K) -> (..., K) in the compute dtype.
+
+  ``routing``: a :class:`humming_jax.moe.Routing` (DeepSeek-V3's sigmoid, grouped,
+  bias-corrected routing; gpt-oss's top-k then softmax with a biased router); default:
+  softmax then top-k, ``renormalize`` as given.
   """
 
   num_experts: int
@@ -120,10 +127,12 @@ class QuantMoE(nn.Module):
   param_dtype: Any = jnp.float32
   kernel_init: Callable = default_kernel_init
   backend: Backend = None
+  routing: Any = None  # humming_jax.moe.Routing
 
   @nn.compact
   def __call__(self, inputs: jax.Array) -> jax.Array:
     spec = _common.as_spec(self.spec)
+    routing = _common.routing_of(self.routing, self.renormalize)
     if not 0 < self.topk <= self.num_experts:
       raise ValueError(f"topk={self.topk} must be in [1, num_experts={self.num_experts}]")
     k = inputs.shape[-1]
@@ -133,9 +142,14 @@ class QuantMoE(nn.Module):
     x = jnp.asarray(inputs)
     x = x.astype(_common.compute_dtype(x, self.dtype, self.param_dtype))
     x2 = x.reshape(-1, k)
-    logits = nn.Dense(e, use_bias=False, dtype=jnp.float32, param_dtype=self.param_dtype,
-                      kernel_init=self.kernel_init, name="router")(x2.astype(jnp.float32))
-    weights, ids = _common.topk_routing(logits, self.topk, renormalize=self.renormalize)
+    logits = nn.Dense(e, use_bias=routing.router_bias, dtype=jnp.float32,
+                      param_dtype=self.param_dtype, kernel_init=self.kernel_init,
+                      name="router")(x2.astype(jnp.float32))
+    # (not a param: it chooses experts but has no gradient, and weight decay must not
+    # shrink it -- DeepSeek keeps it as a float32 buffer)
+    correction = (self.variable("routing", "correction_bias", jnp.zeros, (e,),
+                                jnp.float32).value if routing.correction_bias else None)
+    weights, ids = routing.route(logits, self.topk, correction)
 
     def expert_init(shape):
       def init(rng):

@@ -79,12 +79,19 @@ def check_expert_shapes(spec: QuantSpec, hidden: int, intermediate: int, num_exp
       raise ValueError(f"QuantMoE's {name} experts {shape} (K is {setting}): {err}") from None
 
 
-def topk_routing(logits: jax.Array, k: int, *, renormalize: bool = True
-                 ) -> tuple[jax.Array, jax.Array]:
-  """Softmax router: (T, E) logits -> top-k (weights (T, k) float32, ids (T, k) int32);
-  the one definition of routing, :func:`humming_jax.moe.topk_routing`."""
+def routing_of(routing: Any, renormalize: bool) -> Any:
+  """A QuantMoE's :class:`humming_jax.moe.Routing`: ``routing`` (then ``renormalize``
+  must be left at its default, True: the Routing says it), else softmax top-k with
+  ``renormalize``."""
   from humming_jax import moe
-  return moe.topk_routing(logits, k, renormalize=renormalize)
+  if routing is None:
+    return moe.Routing(renormalize=renormalize)
+  if not isinstance(routing, moe.Routing):
+    raise TypeError(f"routing must be a humming_jax.moe.Routing; got {type(routing).__name__}")
+  if renormalize is not True:
+    raise ValueError(f"renormalize={renormalize!r} with routing=...: set "
+                     f"Routing(renormalize=...) instead")
+  return routing
 
 
 def moe_call(gate_up: Any, down: Any, x: jax.Array, weights: jax.Array, ids: jax.Array, *,
