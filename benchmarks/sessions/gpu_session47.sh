@@ -2,7 +2,9 @@
 # Session 47 (2026-12-05) was lent no machine ("no new device machine is lent at present").
 # Written then for the next device session, on the H200 (carry [".whl"]):
 #   t46:  the GPU tests of session 46's post-device mends (the dx kernel under custom_jvp /
-#         custom_vmap, its tangent the XLA reference's), never run on a GPU.
+#         custom_vmap, its tangent the XLA reference's), never run on a GPU, and session
+#         47's test_checkpoint_scan_grad_gpu (jax.checkpoint in a scan over prepared
+#         layers on the default backend: the CPU interpreter cannot run it).
 #   s3:   issue 3's standing table in one run: 8192^2, int4 g128 zp / MXFP4 / NVFP4 at
 #         M = 1 / 16 / 128 / 4096, chain method, kernel times, Humming and XLA bf16 in the
 #         same process, JSON + PNG (the README's table is a patchwork of sessions 12-46).
@@ -12,7 +14,7 @@
 source "$(dirname "$0")/../gpu_env.sh"
 DENSE="python3 benchmarks/bench_dense.py --shapes 8192x8192 --kernel-times --calls 20 --repeats 2"
 s_t46() {
-  gpu_tests ${ST:-300} "grad_gpu or hessian_vector_product_gpu or dx_kernel_gpu or dx_gpu" \
+  gpu_tests ${ST:-330} "grad_gpu or hessian_vector_product_gpu or dx_kernel_gpu or dx_gpu" \
     tests/test_autodiff.py tests/test_wna16_mgpu_dx.py
 }
 s_s3() {
