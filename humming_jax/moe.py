@@ -19,7 +19,6 @@ projection in its last N/2 (as Mixtral / Qwen / DeepSeek checkpoints concatenate
 from __future__ import annotations
 
 import dataclasses
-import operator
 from typing import Literal, NamedTuple
 
 import jax
@@ -31,6 +30,7 @@ from humming_jax.kernels import (grouped_wna16, grouped_wna16_mgpu, grouped_wnam
                                  tuning, wna16_mgpu_dx)
 from humming_jax.quantize import (QuantizedWeight, check_no_input_perm, check_params,
                                   fake_quantize_activations)
+from humming_jax.spec import as_int
 
 Activation = Literal["silu", "gelu", "swigluoai"]
 ACTIVATIONS = ("silu", "gelu", "swigluoai")
@@ -80,11 +80,8 @@ def topk_routing(logits: jax.Array, k: int, *, renormalize: bool = True,
   if logits.ndim != 2:
     raise ValueError(f"logits must be (tokens, experts); got shape {logits.shape}")
   e = logits.shape[1]
-  try:
-    k = operator.index(k)  # (a numpy int from a config is an int)
-  except TypeError:
-    raise ValueError(f"k={k!r} must be an int in [1, num_experts={e}]") from None
-  if not 0 < k <= e:
+  k = as_int("k", k)  # (a numpy int from a config is an int)
+  if k is None or not 0 < k <= e:
     raise ValueError(f"k={k!r} must be an int in [1, num_experts={e}]")
   if order not in ("softmax_topk", "topk_softmax"):
     raise ValueError(f"order={order!r}; expected 'softmax_topk' or 'topk_softmax'")
@@ -98,8 +95,8 @@ def topk_routing(logits: jax.Array, k: int, *, renormalize: bool = True,
     if num_groups is None or topk_groups is None:
       raise ValueError(f"num_groups={num_groups!r}, topk_groups={topk_groups!r}: give both "
                        f"for group-limited routing, or neither")
-    num_groups, topk_groups = (_int_or_none(num_groups, "num_groups"),
-                               _int_or_none(topk_groups, "topk_groups"))
+    num_groups = as_int("num_groups", num_groups)
+    topk_groups = as_int("topk_groups", topk_groups)
     if not (num_groups > 0 and e % num_groups == 0):
       raise ValueError(f"num_groups={num_groups!r} must be a positive int dividing "
                        f"num_experts={e}")
@@ -141,18 +138,6 @@ def topk_routing(logits: jax.Array, k: int, *, renormalize: bool = True,
   return w * jnp.float32(scaling_factor), ids.astype(jnp.int32)
 
 
-def _int_or_none(value, name: str) -> int | None:
-  """An int option as a Python int (numpy ints from a config too; not bools)."""
-  if value is None:
-    return None
-  if isinstance(value, (bool, np.bool_)):
-    raise ValueError(f"{name}={value!r} must be an int")
-  try:
-    return operator.index(value)
-  except TypeError:
-    raise ValueError(f"{name}={value!r} must be an int") from None
-
-
 @dataclasses.dataclass(frozen=True)
 class Routing:
   """How the MoE modules (``QuantMoE``, linen and nnx) route: :func:`topk_routing`'s
@@ -183,7 +168,7 @@ class Routing:
     if self.scoring not in ("softmax", "sigmoid"):
       raise ValueError(f"scoring={self.scoring!r}; expected 'softmax' or 'sigmoid'")
     for name in ("num_groups", "topk_groups"):
-      object.__setattr__(self, name, _int_or_none(getattr(self, name), name))
+      object.__setattr__(self, name, as_int(name, getattr(self, name)))
     if (self.num_groups is None) != (self.topk_groups is None):
       raise ValueError(f"num_groups={self.num_groups!r}, topk_groups={self.topk_groups!r}: "
                        f"give both for group-limited routing, or neither")

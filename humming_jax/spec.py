@@ -67,7 +67,7 @@ class QuantSpec:
     # to Python ints and bools, so equal specs compare and hash equal and serialize; a
     # value of another type is refused by name ('no' is not False).
     for field in ("group_size", "block_n", "act_group_size"):
-      object.__setattr__(self, field, _int_field(field, getattr(self, field)))
+      object.__setattr__(self, field, as_int(field, getattr(self, field), 0))  # None: 0
     for field in ("zero_point", "global_scale", "act_static"):
       object.__setattr__(self, field, _bool_field(field, getattr(self, field)))
     # Normalise format spellings so equal specs hash equal.
@@ -210,16 +210,17 @@ class QuantSpec:
       raise ValueError("zero-point weights with fp4 activations have no kernel path")
 
 
-def _int_field(field: str, value) -> int:
-  """An int field's value as a Python int (None: 0, the "unused" value)."""
+def as_int(name: str, value, default: int | None = None) -> int | None:
+  """An integer option as a Python int -- numpy ints (read from a config) included, bools
+  and floats refused by ``name`` -- or ``default`` for None."""
   if value is None:
-    return 0
+    return default
   if isinstance(value, (bool, np.bool_)):
-    raise ValueError(f"{field}={value!r} must be an int")
+    raise ValueError(f"{name}={value!r} must be an int")
   try:
     return operator.index(value)
   except TypeError:
-    raise ValueError(f"{field}={value!r} must be an int") from None
+    raise ValueError(f"{name}={value!r} must be an int") from None
 
 
 def _bool_field(field: str, value) -> bool:
