@@ -160,7 +160,7 @@ def check_params(q: QuantizedWeight, name: str = "params") -> None:
   """Raise a ValueError naming ``name`` and the field where ``q``'s arrays do not match
   its static aux data: its spec, logical shape and layout.  Nothing else catches such a
   mismatch (a checkpoint whose metadata was edited, leaves restored into a template of
-  another spec, a ``jax.tree.map`` that cast the scales): the XLA reference reads the
+  another spec, e8m0 scale codes cast to floats): the XLA reference reads the
   group size off the scales' shape while the kernels read the spec, so each would compute
   its own wrong answer.
 
