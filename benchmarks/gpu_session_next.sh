@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
-# Session 47 (2026-12-05): no machine lent.  First in the next device session, on the H200,
-# one call each (carry [".whl"]): sessions/gpu_session47.sh t46 (the GPU tests of session
-# 46's post-device mends, listed below), then s3 and s4 (issues 3 and 4's standing tables,
-# every target's row with Humming and XLA in the same run), then session 46's list below
-# from its second item.
+# Session 47 (2026-12-05): three calls late in the session, all on an H100 (an H200 was
+# asked for): sessions/gpu_session47.sh t46 (30 GPU tests pass: session 46's mends and
+# the checkpoint-over-scan test), s3 and s4 (issues 3 / 4 standing tables with Humming in
+# the same run; s4's W4A8 part cut before its last two M = 4096 points); a fourth call
+# (moe) was taken back, then refused.  First in the next device session, on the H200
+# (carry [".whl"]): gpu_session47.sh s3, then s4 (the issue targets are H200 numbers),
+# s4b if s4's W4A8 part is cut again, moe; then session 46's list below from its second
+# item.
 # Session 46 (2026-12-05): five calls (benchmarks/results/2026-12-05-session46; calls 1-3
 # H200, 4-5 H100; sessions/gpu_session46.sh pp / one / two / three).  Landed: the pre-pass's
 # single reduction (session 42's queue: t42b ran in pp), the dx kernel by default for

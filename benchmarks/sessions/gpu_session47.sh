@@ -30,4 +30,19 @@ s_s4() {
     --json "$OUT/issue4_w4a8.json" > "$OUT/issue4_w4a8.log" 2>&1
   echo "w4a8 rc=$?"; grep -E "^\|" "$OUT/issue4_w4a8.log" | tail -14
 }
+# Session 47 ran t46 (call 1), s3 (call 2) and s4 (call 3) on an H100 (an H200 was asked
+# for; results/2026-12-05-session47).  s4's W4A8 part was cut at 280 s before its last
+# two points (w4a8-fp8 and w4a16-mxfp4 at M = 4096): s4b gives it a call of its own.
+s_s4b() {
+  T ${BT:-520} $DENSE --specs w4a8-mxfp4,w4a8-fp8,w4a16-mxfp4 --ms 1,16,1024,4096 --humming \
+    --json "$OUT/issue4_w4a8.json" > "$OUT/issue4_w4a8.log" 2>&1
+  echo "w4a8 rc=$?"; grep -E "^\|" "$OUT/issue4_w4a8.log" | tail -14
+}
+# moe: a same-run MoE sample with Humming (the call was refused in session 47).
+s_moe() {
+  T ${MT:-480} python3 benchmarks/bench_moe.py --shapes qwen3-30b-a3b-gate_up,qwen3-30b-a3b-down \
+    --tokens 16,256,1024 --specs w4a16-g128-zp $MOE --consume row --humming --no-baselines \
+    --json "$OUT/moe_qwen3.json" > "$OUT/moe_qwen3.log" 2>&1
+  echo "moe rc=$?"; grep -E "T=|^\|" "$OUT/moe_qwen3.log" | cut -c1-300 | tail -14
+}
 for s in ${@:-t46}; do step "$s"; "s_$s"; done
