@@ -83,32 +83,16 @@ def topk_routing(logits: jax.Array, k: int, *, renormalize: bool = True,
   k = as_int("k", k)  # (a numpy int from a config is an int)
   if k is None or not 0 < k <= e:
     raise ValueError(f"k={k!r} must be an int in [1, num_experts={e}]")
-  if order not in ("softmax_topk", "topk_softmax"):
-    raise ValueError(f"order={order!r}; expected 'softmax_topk' or 'topk_softmax'")
-  if scoring not in ("softmax", "sigmoid"):
-    raise ValueError(f"scoring={scoring!r}; expected 'softmax' or 'sigmoid'")
-  if scoring == "sigmoid" and order != "softmax_topk":
-    raise ValueError("scoring='sigmoid' scores every expert before the top-k: leave "
-                     "order='softmax_topk'")
-  grouped = num_groups is not None or topk_groups is not None
+  num_groups, topk_groups = _routing_options(order, scoring, num_groups, topk_groups,
+                                             correction_bias is not None)
+  grouped = num_groups is not None
   if grouped:
-    if num_groups is None or topk_groups is None:
-      raise ValueError(f"num_groups={num_groups!r}, topk_groups={topk_groups!r}: give both "
-                       f"for group-limited routing, or neither")
-    num_groups = as_int("num_groups", num_groups)
-    topk_groups = as_int("topk_groups", topk_groups)
     if not (num_groups > 0 and e % num_groups == 0):
       raise ValueError(f"num_groups={num_groups!r} must be a positive int dividing "
                        f"num_experts={e}")
     if not (0 < topk_groups <= num_groups and k <= topk_groups * (e // num_groups)):
       raise ValueError(f"topk_groups={topk_groups!r} must be an int in [1, num_groups="
                        f"{num_groups}] whose groups hold at least k={k} experts")
-  if grouped and order != "softmax_topk":
-    raise ValueError("group-limited routing scores every expert first: leave "
-                     "order='softmax_topk'")
-  if correction_bias is not None and order != "softmax_topk":
-    raise ValueError("correction_bias biases every expert's score: leave "
-                     "order='softmax_topk'")
   z = logits.astype(jnp.float32)
   if order == "topk_softmax":
     top, ids = jax.lax.top_k(z, k)
@@ -127,15 +111,37 @@ def topk_routing(logits: jax.Array, k: int, *, renormalize: bool = True,
       group_score = (jnp.max(per_group, axis=-1) if correction_bias is None
                      else jnp.sum(jax.lax.top_k(per_group, min(2, e // num_groups))[0],
                                   axis=-1))
-      _, best = jax.lax.top_k(group_score, topk_groups)
-      keep = jnp.zeros(group_score.shape, bool).at[
-          jnp.arange(group_score.shape[0])[:, None], best].set(True)
+      _, best = jax.lax.top_k(group_score, topk_groups)  # (T, topk_groups)
+      keep = jnp.any(best[:, :, None] == jnp.arange(num_groups), axis=1)  # (T, groups)
       choice = jnp.where(keep[:, :, None], per_group, -jnp.inf).reshape(-1, e)
     _, ids = jax.lax.top_k(choice, k)
     w = jnp.take_along_axis(scores, ids, axis=-1)
   if renormalize:
     w = w / jnp.sum(w, axis=-1, keepdims=True)
   return w * jnp.float32(scaling_factor), ids.astype(jnp.int32)
+
+
+def _routing_options(order: str, scoring: str, num_groups, topk_groups,
+                     biased: bool) -> tuple[int | None, int | None]:
+  """:func:`topk_routing`'s options checked as far as they can be without the logits
+  (:class:`Routing` checks them at construction): (num_groups, topk_groups) as ints or
+  both None."""
+  if order not in ("softmax_topk", "topk_softmax"):
+    raise ValueError(f"order={order!r}; expected 'softmax_topk' or 'topk_softmax'")
+  if scoring not in ("softmax", "sigmoid"):
+    raise ValueError(f"scoring={scoring!r}; expected 'softmax' or 'sigmoid'")
+  if (num_groups is None) != (topk_groups is None):
+    raise ValueError(f"num_groups={num_groups!r}, topk_groups={topk_groups!r}: give both "
+                     f"for group-limited routing, or neither")
+  # sigmoid scores, a correction bias and a group limit all act on every expert's score
+  # before the top-k: top-k-then-softmax has no such score
+  scored = [name for name, on in (("scoring='sigmoid'", scoring == "sigmoid"),
+                                  ("correction_bias", biased),
+                                  ("num_groups", num_groups is not None)) if on]
+  if scored and order != "softmax_topk":
+    raise ValueError(f"{' and '.join(scored)} act{'s' if len(scored) == 1 else ''} on every "
+                     f"expert's score before the top-k: leave order='softmax_topk'")
+  return as_int("num_groups", num_groups), as_int("topk_groups", topk_groups)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -163,15 +169,10 @@ class Routing:
   correction_bias: bool = False
 
   def __post_init__(self):  # what can be checked before the number of experts is known
-    if self.order not in ("softmax_topk", "topk_softmax"):
-      raise ValueError(f"order={self.order!r}; expected 'softmax_topk' or 'topk_softmax'")
-    if self.scoring not in ("softmax", "sigmoid"):
-      raise ValueError(f"scoring={self.scoring!r}; expected 'softmax' or 'sigmoid'")
-    for name in ("num_groups", "topk_groups"):
-      object.__setattr__(self, name, as_int(name, getattr(self, name)))
-    if (self.num_groups is None) != (self.topk_groups is None):
-      raise ValueError(f"num_groups={self.num_groups!r}, topk_groups={self.topk_groups!r}: "
-                       f"give both for group-limited routing, or neither")
+    groups = _routing_options(self.order, self.scoring, self.num_groups, self.topk_groups,
+                              self.correction_bias)
+    for name, value in zip(("num_groups", "topk_groups"), groups):
+      object.__setattr__(self, name, value)
 
   def route(self, logits: jax.Array, k: int, correction_bias: jax.Array | None = None
             ) -> tuple[jax.Array, jax.Array]:
