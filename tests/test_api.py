@@ -194,6 +194,24 @@ def test_static_activation_scale_must_be_finite_and_positive():
   np.testing.assert_array_equal(rows, [True, False, False, False])
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", [4, 1024])
+def test_static_int8_nan_gpu(m):
+  """The static int8 NaN rule on the GPU kernels (decode and prefill routes): a NaN in x
+  makes the whole output NaN, as on the CPU; finite x gives the reference's values."""
+  spec = QuantSpec("int8", "channel", act="int8", act_granularity="tensor", act_static=True)
+  w = rand((2048, 1024), 0)
+  q = hj.quantize(w, spec, act_scale=0.05)
+  x = rand((m, 2048), 1, jnp.bfloat16)
+  y = jax.jit(hj.quant_dense)(q, x)
+  ref = hj.quant_dense(q, x, backend="xla")
+  err = float(jnp.linalg.norm((y - ref).astype(jnp.float32)) /
+              jnp.linalg.norm(ref.astype(jnp.float32)))
+  assert err <= 1e-2, err
+  y_nan = jax.jit(hj.quant_dense)(q, x.at[m // 2, 7].set(jnp.nan))
+  assert np.isnan(np.asarray(y_nan, np.float32)).all()
+
+
 def test_pallas_backend_is_never_a_silent_fallback():
   x = rand((4, 128), 1)
   # A spec no Pallas kernel runs (the first of some unusual ones without a kernel).

@@ -1424,9 +1424,20 @@ def dequantize_prepared(params: QuantizedWeight, dtype=jnp.float32, *,
 
 
 def dequant_gemm(params: QuantizedWeight, x: jax.Array) -> jax.Array:
-  """Large M (compute bound): dequantize to the activation dtype, then XLA's GEMM; the
-  global scale (NVFP4) and column scales on the float32 product, as in the kernel's
-  epilogue."""
+  """Large M (compute bound): dequantize to the activation dtype, then XLA's GEMM.
+
+  bf16 / float32 activations: every scale is folded into the weights (code x scale x
+  global scale in float32, rounded once to x's dtype: quantize.dequantize's order), so
+  the GEMM writes x's dtype itself.  The cost is the bf16 rounding of the scaled weight
+  (2**-9 relative), the error class the group-scaled formats' route already has.
+  Applying a global scale (NVFP4) or column scales to a float32 product instead made
+  cuBLAS write float32 and added an elementwise pass: NVFP4 8192^2 at M = 4096 ran 105 us
+  of kernels above MXFP4 on the H100 (session 47; NOTES.md session 48).
+  fp16 activations keep those scales on the float32 product, as in the kernel's epilogue:
+  fp16's range cannot hold every scaled weight (below 6e-5 it loses bits)."""
+  if x.dtype != jnp.float16:
+    return launch.gemm_dequantized(x, functools.partial(dequantize_prepared, params),
+                                   params.bias, highest_f32=True)
   g = None if params.global_scale is None else params.global_scale[0, 0]
   if column_scaled(params.spec):
     n = params.shape[1]

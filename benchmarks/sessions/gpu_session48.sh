@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Session 48 (2026-12-06).  Steps (each one call, <= ~560 s; carry [".whl"]):
+#   t48:  the GPU test of the static int8 NaN rule (session 47's audit; CPU-tested only),
+#         decode and prefill routes.
+#   n48:  the large-M WnA16 route with every scale folded into the bf16 weights (NVFP4's
+#         global scale, column scales: the GEMM writes bf16, no float32 product and pass):
+#         its GPU tests, then bench_dense NVFP4 / W8A16 at M = 1024 / 4096 with XLA and
+#         Humming, and the same points on the previous commit carried as old/ (carry
+#         [".whl", "old"]), one call.
+#   lay:  probe_gemm_layout.py: cuBLAS ran another GEMM for int4's dequantized weights than
+#         for MXFP4's at M = 4096 (H100, session 47: 688 vs 638 us); the route against
+#         the same weights with their layout pinned, and XLA's x @ w.
+#   moe, s3, s4, s4b: sessions/gpu_session47.sh's steps (its queue: s3 / s4 on the H200).
+source "$(dirname "$0")/../gpu_env.sh"
+s_t48() {
+  gpu_tests ${ST:-120} "static_int8_nan_gpu" tests/test_api.py
+}
+DENSE="python3 benchmarks/bench_dense.py --shapes 8192x8192 --kernel-times --calls 20 --repeats 2"
+s_n48() {
+  gpu_tests ${ST:-150} "(quant_dense_gpu and 1024) or dequant_gemm_output_gpu or static_int8_nan_gpu" \
+    tests/test_wna16_mgpu.py tests/test_api.py
+  T ${BT:-220} $DENSE --specs w4a16-nvfp4,w8a16 --ms 1024,4096 --humming \
+    --json "$OUT/n48_new.json" > "$OUT/n48_new.log" 2>&1
+  echo "new rc=$?"; grep -E "M=" "$OUT/n48_new.log" | cut -c1-250
+  (cd old && PYTHONPATH=/tmp/site:. T ${OT:-120} $DENSE --specs w4a16-nvfp4,w8a16 --ms 4096 \
+    --no-baselines --json "$OUT/n48_old.json" > "$OUT/n48_old.log" 2>&1)
+  echo "old rc=$?"; grep -E "M=" "$OUT/n48_old.log" | cut -c1-250
+}
+s_lay() {
+  T ${LT:-200} python3 benchmarks/probe_gemm_layout.py > "$OUT/layout.log" 2>&1
+  echo "layout rc=$?"; cut -c1-300 "$OUT/layout.log"
+}
+for s in ${@:-t48}; do
+  case "$s" in
+    t48|n48|lay) step "$s"; "s_$s" ;;
+    *) bash "$(dirname "$0")/gpu_session47.sh" "$s" ;;
+  esac
+done
