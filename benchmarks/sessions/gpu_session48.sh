@@ -10,6 +10,9 @@
 #   lay:  probe_gemm_layout.py: cuBLAS ran another GEMM for int4's dequantized weights than
 #         for MXFP4's at M = 4096 (H100, session 47: 688 vs 638 us); the route against
 #         the same weights with their layout pinned, and XLA's x @ w.
+#   mix:  probe_mixed_matmul.py: JAX's Mosaic mixed-type GEMM (int8 weights converted in
+#         registers) at M = 4096 against cuBLAS -- is a fused prefill kernel worth
+#         building; and whether XLA fuses a bias into a bf16-output cuBLAS GEMM.
 #   moe, s3, s4, s4b: sessions/gpu_session47.sh's steps (its queue: s3 / s4 on the H200).
 source "$(dirname "$0")/../gpu_env.sh"
 s_t48() {
@@ -30,9 +33,13 @@ s_lay() {
   T ${LT:-200} python3 benchmarks/probe_gemm_layout.py > "$OUT/layout.log" 2>&1
   echo "layout rc=$?"; cut -c1-300 "$OUT/layout.log"
 }
+s_mix() {
+  T ${XT:-300} python3 benchmarks/probe_mixed_matmul.py > "$OUT/mixed.log" 2>&1
+  echo "mixed rc=$?"; cut -c1-260 "$OUT/mixed.log"
+}
 for s in ${@:-t48}; do
   case "$s" in
-    t48|n48|lay) step "$s"; "s_$s" ;;
+    t48|n48|lay|mix) step "$s"; "s_$s" ;;
     *) bash "$(dirname "$0")/gpu_session47.sh" "$s" ;;
   esac
 done
