@@ -13,6 +13,9 @@
 #   mix:  probe_mixed_matmul.py: JAX's Mosaic mixed-type GEMM (int8 weights converted in
 #         registers) at M = 4096 against cuBLAS -- is a fused prefill kernel worth
 #         building; and whether XLA fuses a bias into a bf16-output cuBLAS GEMM.
+#   fus:  probe_gemm_layout.py --fused: can XLA fuse the int4 dequantization into its own
+#         GEMM at M = 1024 / 4096 (one einsum over the stored tiles; the ":pk" order undone
+#         on the codes, on x's columns, or a K-order layout)?
 #   moe, s3, s4, s4b: sessions/gpu_session47.sh's steps (its queue: s3 / s4 on the H200).
 source "$(dirname "$0")/../gpu_env.sh"
 s_t48() {
@@ -37,9 +40,13 @@ s_mix() {
   T ${XT:-300} python3 benchmarks/probe_mixed_matmul.py > "$OUT/mixed.log" 2>&1
   echo "mixed rc=$?"; cut -c1-260 "$OUT/mixed.log"
 }
+s_fus() {
+  T ${FT:-240} python3 benchmarks/probe_gemm_layout.py --fused --ms 1024,4096 > "$OUT/fused.log" 2>&1
+  echo "fused rc=$?"; cut -c1-300 "$OUT/fused.log"
+}
 for s in ${@:-t48}; do
   case "$s" in
-    t48|n48|lay|mix) step "$s"; "s_$s" ;;
+    t48|n48|lay|mix|fus) step "$s"; "s_$s" ;;
     *) bash "$(dirname "$0")/gpu_session47.sh" "$s" ;;
   esac
 done
