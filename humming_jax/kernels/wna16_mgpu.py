@@ -1401,8 +1401,9 @@ def dequantize_prepared(params: QuantizedWeight, dtype=jnp.float32, *,
   """(K, N) weights straight from the kernel layout: one XLA fusion (int4 -> float is a
   native convert), same rounding as the kernel when ``dtype`` is 16-bit and the global
   scale is left out (the kernel applies it to the float32 sum: ``with_global_scale=False``
-  and multiply the product, as :func:`dequant_gemm` does).  ``with_global_scale=False``
-  leaves column scales (per-channel params, :func:`column_scaled`) out too."""
+  and multiply the product, as :func:`dequant_gemm` does for fp16 activations; for bf16 /
+  float32 it folds them in: the default).  ``with_global_scale=False`` leaves column scales
+  (per-channel params, :func:`column_scaled`) out too."""
   k, n = params.shape
   t, np_, bk = params.codes.shape
   c = code_values(params, dtype).transpose(0, 2, 1).reshape(t * bk, np_)  # (Kp, Np)
