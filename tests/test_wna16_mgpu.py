@@ -696,6 +696,10 @@ def test_dequant_gemm_global_scale(dtype):
   assert f"preferred_element_type={out}" in jaxpr
   y_kernel = mg.run(p, x, interpret=True, config=mg.Config(64, 2, 1))
   assert rel(y_kernel, ref) <= 2e-3, rel(y_kernel, ref)
+  # the folded weights: code x scale x global in float32, rounded once (dequantize's order)
+  np.testing.assert_array_equal(
+      np.asarray(mg.dequantize_prepared(p, jnp.bfloat16), np.float32)[:512, :128],
+      np.asarray(hj.dequantize(q).astype(jnp.bfloat16), np.float32))
 
 
 @pytest.mark.gpu

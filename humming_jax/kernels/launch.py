@@ -63,9 +63,10 @@ def gemm_dequantized(x: jax.Array, dequantize, bias: jax.Array | None, *,
   """The large-M path of the WnA16 kernels: ``x @ dequantize(dtype) * out_scale + bias``
   with XLA's GEMM in the activation dtype (bf16 / fp16, else float32), float32
   accumulation, output in x's dtype.  ``dequantize(dtype)`` returns the (K, N) weights
-  from the kernel layout; ``out_scale`` (a float32 scalar, e.g. NVFP4's global scale)
-  multiplies the float32 product, so it is never rounded to the activation dtype;
-  ``highest_f32``: float32 GEMMs at Precision.HIGHEST (not TF32)."""
+  from the kernel layout; ``out_scale`` (a float32 scalar or (N,) row, e.g. NVFP4's global
+  scale with fp16 activations: wna16_mgpu.dequant_gemm) multiplies the float32 product,
+  so it is never rounded to the activation dtype; ``highest_f32``: float32 GEMMs at
+  Precision.HIGHEST (not TF32)."""
   cdt = x.dtype if x.dtype in (jnp.bfloat16, jnp.float16) else jnp.float32
   precision = jax.lax.Precision.HIGHEST if (highest_f32 and cdt == jnp.float32) else None
   # Nothing to apply in float32: the GEMM writes x's dtype itself from its float32

@@ -432,7 +432,8 @@ def column_scaled(spec: QuantSpec) -> bool:
   """Per-channel scales are one float32 (1, Np) row multiplied in the epilogue, on the
   float32 sum (not a scale row per K tile): no per-tile multiply, no scale loads in the K
   loop, no per-call cast of float32 scales to the activation dtype (2.2 us per 8192^2
-  fp8 layer, NOTES.md v10), and the scale is never rounded to bf16."""
+  fp8 layer, NOTES.md v10), and the kernel never rounds the scale to bf16 (the large-M
+  route with bf16 activations folds it into the bf16 weights: :func:`dequant_gemm`)."""
   return spec.granularity == "channel"
 
 
@@ -1429,7 +1430,7 @@ def dequant_gemm(params: QuantizedWeight, x: jax.Array) -> jax.Array:
 
   bf16 / float32 activations: every scale is folded into the weights (code x scale x
   global scale in float32, rounded once to x's dtype: quantize.dequantize's order), so
-  the GEMM writes x's dtype itself.  The cost is the bf16 rounding of the scaled weight
+  without a bias the GEMM writes x's dtype itself.  The cost is the bf16 rounding of the scaled weight
   (2**-9 relative), the error class the group-scaled formats' route already has.
   Applying a global scale (NVFP4) or column scales to a float32 product instead made
   cuBLAS write float32 and added an elementwise pass: NVFP4 8192^2 at M = 4096 ran 105 us
