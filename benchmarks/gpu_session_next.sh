@@ -1,4 +1,11 @@
 #!/usr/bin/env bash
+# Session 48 (2026-12-06): five calls (benchmarks/results/2026-12-06-session48; calls 1-2
+# H100, 3-5 H200; sessions/gpu_session48.sh n48 / lay / mix fus, gpu_session47.sh s3, and
+# s4's parts inline).  First in the next device session (carry [".whl", "old"], old/ as
+# that script's w4a step says): gpu_session48.sh w4a (W4A4's large-M route writing bf16,
+# built after the device time: GPU tests + same-call A/B), then f8 (W8A8 fp8 at M = 4096
+# with Humming, cut this session), gpu_session47.sh moe (never ran), then the queue below
+# from session 46's second item.
 # Session 47 (2026-12-05): three calls late in the session, all on an H100 (an H200 was
 # asked for): sessions/gpu_session47.sh t46 (30 GPU tests pass: session 46's mends and
 # the checkpoint-over-scan test), s3 and s4 (issues 3 / 4 standing tables with Humming in

@@ -16,7 +16,7 @@ import pytest
 
 import humming_jax as hj
 from humming_jax import formats
-from humming_jax.kernels import reference, registry, w8a8, wna16_mgpu, wnam_mgpu as wm
+from humming_jax.kernels import act_quant, reference, registry, w8a8, wna16_mgpu, wnam_mgpu as wm
 from test_wna16_mgpu import normal  # jax.random.normal, bit for bit, one compile per size class
 
 TOL = 1e-2  # relative, vs the reference: one bf16 rounding of each activation (<= 2**-8)
@@ -210,6 +210,32 @@ def test_prefill_with_exact_bf16_operands_takes_the_w8a8_route(name, monkeypatch
   # kernel does (w8a8.dequant_gemm_exact), so the WnA16 error class; else exact operands.
   bound = TOL if w8a8.plan_for(q.spec).fold else 2e-4
   assert rel(y, reference.dense_reference(q, x)) <= bound
+
+
+@pytest.mark.parametrize("name", ["w4a4-mxfp4", "w4a4-nvfp4"])
+def test_w4a4_large_m_route_writes_bf16(name):
+  """W4A4 with bf16 x and no bias at M >= 512: nothing per row to apply, so the route's
+  GEMM writes bf16 itself (NVFP4's global scale folded into the weights in float32,
+  rounded once).  MXFP4: the same numbers as the float32 product rounded afterwards;
+  NVFP4: the bf16 rounding of the scaled weight on top, the reference's error class."""
+  from humming_jax.kernels import w8a8
+  q, x = make(SPECS[name], w8a8.DEQUANT_GEMM_MIN_M + 8, 256, 136, seed=8)
+  q = q.replace(bias=None)
+  p = wm.prepare(q)
+  run = lambda p, x: wm.run(p, x, interpret=True)
+  y = jax.jit(run)(p, x)
+  assert y.dtype == jnp.bfloat16 and y.shape == (x.shape[0], 136)
+  assert "preferred_element_type=bfloat16" in str(jax.make_jaxpr(run)(p, x))
+  # the float32-epilogue form, by hand: exact bf16 operands, product, global scale, cast
+  qa = act_quant.quantize(x, q.spec, q.act_scale)
+  g = 1.0 if q.global_scale is None else q.global_scale.astype(jnp.float32).reshape(-1)[0]
+  w = (hj.dequantize(q) / g).astype(jnp.bfloat16)  # code x scale: a bf16 number
+  f32 = jnp.dot(qa.dequantize().astype(jnp.bfloat16), w, preferred_element_type=jnp.float32)
+  f32 = f32 * g
+  assert rel(y, f32.astype(jnp.bfloat16)) <= (1e-6 if q.global_scale is None else 4e-3)
+  assert rel(y, reference.dense_reference(q, x)) <= TOL
+  # fp16 x keeps the float32 epilogue
+  assert "preferred_element_type=float32" in str(jax.make_jaxpr(run)(p, x.astype(jnp.float16)))
 
 
 def test_prefill_without_an_exact_route_takes_the_wna16_path():
@@ -436,6 +462,19 @@ def test_fences_of_the_prepared_family_apply(monkeypatch):
   np.testing.assert_array_equal(np.asarray(y), np.asarray(reference.dense_reference(q, x)))
   with pytest.raises(ValueError, match="w8a8 kernel is known to disagree"):
     hj.quant_dense(p, x, backend="pallas")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["w4a4-mxfp4", "w4a4-nvfp4"])
+def test_w4a4_large_m_route_gpu(name):
+  """test_w4a4_large_m_route_writes_bf16 at 8192^2, M = 1024 on the GPU (cuBLAS writing
+  bf16; no bias), against the reference."""
+  q, x = make(SPECS[name], 1024, 8192, 8192, seed=9)
+  q = q.replace(bias=None)
+  y = jax.jit(wm.run)(jax.jit(wm.prepare)(q), x)
+  e = rel(y, jax.jit(reference.dense_reference)(q, x))
+  print(f"{name} M=1024 no bias: rel err {e:.2e}")
+  assert y.dtype == jnp.bfloat16 and e <= TOL
 
 
 @pytest.mark.gpu

@@ -16,6 +16,12 @@
 #   fus:  probe_gemm_layout.py --fused: can XLA fuse the int4 dequantization into its own
 #         GEMM at M = 1024 / 4096 (one einsum over the stored tiles; the ":pk" order undone
 #         on the codes, on x's columns, or a K-order layout)?
+#   w4a:  (built after the device time; not yet GPU-run) W4A4's large-M route writes bf16
+#         (NVFP4's global scale folded into the weights): its GPU tests, then bench_dense
+#         w4a4-nvfp4 / w4a4-mxfp4 at M = 1024 / 4096 on this tree and on old/ = the tree
+#         before it (git archive 03b7ec7 humming_jax benchmarks/bench_dense.py
+#         benchmarks/common.py | tar -x -C old; carry [".whl", "old"]).
+#   f8:   W8A8 fp8 at M = 4096 with Humming (cut from call 5's step by its limit).
 #   moe, s3, s4, s4b: sessions/gpu_session47.sh's steps (its queue: s3 / s4 on the H200).
 source "$(dirname "$0")/../gpu_env.sh"
 s_t48() {
@@ -44,9 +50,23 @@ s_fus() {
   T ${FT:-240} python3 benchmarks/probe_gemm_layout.py --fused --ms 1024,4096 > "$OUT/fused.log" 2>&1
   echo "fused rc=$?"; cut -c1-300 "$OUT/fused.log"
 }
+s_w4a() {
+  gpu_tests ${ST:-150} "w4a4_large_m_route_gpu or prefill_exact_route_gpu" tests/test_wnam_mgpu.py
+  T ${BT:-200} $DENSE --specs w4a4-nvfp4,w4a4-mxfp4 --ms 1024,4096 --humming \
+    --json "$OUT/w4a_new.json" > "$OUT/w4a_new.log" 2>&1
+  echo "new rc=$?"; grep -E "M=" "$OUT/w4a_new.log" | cut -c1-250
+  (cd old && PYTHONPATH=/tmp/site:. T ${OT:-120} $DENSE --specs w4a4-nvfp4,w4a4-mxfp4 \
+    --ms 1024,4096 --no-baselines --json "$OUT/w4a_old.json" > "$OUT/w4a_old.log" 2>&1)
+  echo "old rc=$?"; grep -E "M=" "$OUT/w4a_old.log" | cut -c1-250
+}
+s_f8() {
+  T ${WT:-300} python3 benchmarks/bench_w8a8.py --specs w8a8-fp8 --ms 4096 --humming \
+    --json "$OUT/f8.json" > "$OUT/f8.log" 2>&1
+  echo "f8 rc=$?"; grep -E "^M=" "$OUT/f8.log" | cut -c1-250
+}
 for s in ${@:-t48}; do
   case "$s" in
-    t48|n48|lay|mix|fus) step "$s"; "s_$s" ;;
+    t48|n48|lay|mix|fus|w4a|f8) step "$s"; "s_$s" ;;
     *) bash "$(dirname "$0")/gpu_session47.sh" "$s" ;;
   esac
 done

@@ -402,7 +402,9 @@ def _global_scale(params: QuantizedWeight) -> jax.Array | None:
 
 def dequant_gemm(params: QuantizedWeight, x: jax.Array, weights=None) -> jax.Array:
   """The large-M route (see :func:`dequant_gemm_exact`): activations quantized exactly as
-  for the kernel, both operands dequantized to bfloat16, XLA's GEMM, float32 epilogue.
+  for the kernel, both operands dequantized to bfloat16, XLA's GEMM, float32 epilogue --
+  none for group-scaled activations (W4A4) with bf16 x and no bias: there the global scale
+  goes into the weights and the GEMM writes bf16.
 
   ``weights``: the (K, N) float32 dequantized weights without the global scale, when the
   params are in another family's layout (``wnam_mgpu``); default: from this family's slab."""
@@ -412,18 +414,29 @@ def dequant_gemm(params: QuantizedWeight, x: jax.Array, weights=None) -> jax.Arr
     raise ValueError(f"spec {spec.name}: dequantized operands are not exact in bfloat16 "
                      f"(weight={spec.weight!r}, scale_dtype={spec.scale_dtype!r}); the "
                      f"kernel computes it")
-  # Straight from the slab layout (no re-packing); the global scale comes after the GEMM.
+  # Straight from the slab layout (no re-packing); the global scale comes after the GEMM
+  # (or, below, into the weights).
   w = wna16.dequantize_prepared(params.replace(global_scale=None)) if weights is None \
       else weights
   qa = act_quant.quantize(x, spec, params.act_scale)
   a = qa.values.astype(jnp.float32)
   if plan.a_group:  # group scales into the operand (exact, or the kernel's fold)
     a = qa.dequantize()
+  s2 = _global_scale(params)
+  if plan.a_group and params.bias is None and x.dtype == jnp.bfloat16:
+    # Nothing per row to apply (W4A4): the global scale (NVFP4) folds into the weights in
+    # float32, rounded once to bf16 (2**-9 on a weight, far below the fp4 activations' own
+    # error), and the GEMM writes bf16 itself -- no float32 product and elementwise pass
+    # (the WnA16 route's same fold: NVFP4 8192^2, M = 4096, -64 us of kernels on an H100,
+    # NOTES.md session 48).  Without a global scale (MXFP4) the numbers are unchanged.
+    w = w if s2 is None else w * s2
+    return jnp.dot(a.astype(jnp.bfloat16), w.astype(jnp.bfloat16),
+                   preferred_element_type=jnp.bfloat16)
   y = jnp.dot(a.astype(jnp.bfloat16), w.astype(jnp.bfloat16),
               preferred_element_type=jnp.float32)
   if not plan.a_group:  # per token (M, 1) or per tensor (1, 1)
     y = y * qa.scales
-  if (s2 := _global_scale(params)) is not None:
+  if s2 is not None:
     y = y * s2
   if params.bias is not None:
     y = y + params.bias
