@@ -19,7 +19,7 @@
 #   w4a:  (built after the device time; not yet GPU-run) W4A4's large-M route writes bf16
 #         (NVFP4's global scale folded into the weights): its GPU tests, then bench_dense
 #         w4a4-nvfp4 / w4a4-mxfp4 at M = 1024 / 4096 on this tree and on old/ = the tree
-#         before it (git archive 03b7ec7 humming_jax benchmarks/bench_dense.py
+#         before it (git archive a6b42d7 humming_jax benchmarks/bench_dense.py
 #         benchmarks/common.py | tar -x -C old; carry [".whl", "old"]).
 #   f8:   W8A8 fp8 at M = 4096 with Humming (cut from call 5's step by its limit).
 #   moe, s3, s4, s4b: sessions/gpu_session47.sh's steps (its queue: s3 / s4 on the H200).
