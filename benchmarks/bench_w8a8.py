@@ -71,6 +71,7 @@ def quantize_chain(name, ws, x):
 
 
 INTERPRET = False  # --interpret: a CPU smoke run of this script (tiny shapes)
+KERNEL_TIMES = False  # --kernel-times: also CUPTI device time per layer, by kernel name
 
 
 def layer_fn(spec, *, config=None, block_k=None, fuse=False, decode_mgpu=False):
@@ -96,8 +97,14 @@ def bench_point(qs, prepared, x, *, calls, repeats, check=True, **kw):
   res["compile_s"] = common.compile_time(layer, prepared[0], x)
   # Each layer's x through its own barrier: with one shared x XLA runs the activation
   # quantization once per call, not per layer (common.unshared; session 17).
-  t = common.time_chain(layer, prepared, common.unshared(x), calls=calls, repeats=repeats)
+  xs = common.unshared(x)
+  t = common.time_chain(layer, prepared, xs, calls=calls, repeats=repeats)
   res.update(t)
+  if KERNEL_TIMES:  # the launch-free number: decode walls move with the host (NOTES.md v19)
+    chained = jax.jit(lambda ps, x: common.chain(layer, ps, x))
+    kt = common.kernel_times(chained, (prepared, xs), iterations=3, per=len(prepared))
+    res["kernel_us"] = sum(kt.values())
+    res["kernels"] = kt
   res["weight_bytes"] = qs[0].nbytes()
   res["tbps"] = res["weight_bytes"] / (t["us"] * 1e-6) / 1e12
   res["tflops"] = 2 * m * n * k / (t["us"] * 1e-6) / 1e12
@@ -229,10 +236,13 @@ def main(argv=None):
   ap.add_argument("--decode-study", action="store_true",
                   help="only W8A8 int8 at decode: Triton kernel vs w8a8.run_decode_mgpu")
   ap.add_argument("--json", default=None)
+  ap.add_argument("--kernel-times", action="store_true",
+                  help="also the CUPTI device time per layer of every kernel it launches")
   ap.add_argument("--interpret", action="store_true", help=argparse.SUPPRESS)
   args = ap.parse_args(argv)
-  global INTERPRET
+  global INTERPRET, KERNEL_TIMES
   INTERPRET = args.interpret
+  KERNEL_TIMES = args.kernel_times
 
   info = common.device_info()
   print(f"# {info}", flush=True)
@@ -290,7 +300,8 @@ def print_row(r):
   if "error" in r:
     print(f"M={r['M']:<5} {r['spec']:<18} ERROR {r['error']}", flush=True)
     return
-  print(f"M={r['M']:<5} {r['spec']:<18} {r['us']:8.1f} us {r['tflops']:6.1f} TF/s "
+  kern = f" kernels={r['kernel_us']:.1f}" if "kernel_us" in r else ""
+  print(f"M={r['M']:<5} {r['spec']:<18} {r['us']:8.1f} us{kern} {r['tflops']:6.1f} TF/s "
         f"{r['tbps']:5.2f} TB/s err={r['rel_err']:.1e} compile={r['compile_s']:.2f}s "
         f"bf16={r.get('xla_bf16_us', float('nan')):.1f} fp8={r.get('xla_fp8_us', float('nan')):.1f} "
         f"int8={r.get('xla_int8_us', float('nan')):.1f} humming={r.get('humming_us')}",

@@ -21,7 +21,9 @@
 #         w4a4-nvfp4 / w4a4-mxfp4 at M = 1024 / 4096 on this tree and on old/ = the tree
 #         before it (git archive a6b42d7 humming_jax benchmarks/bench_dense.py
 #         benchmarks/common.py | tar -x -C old; carry [".whl", "old"]).
-#   f8:   W8A8 fp8 at M = 4096 with Humming (cut from call 5's step by its limit).
+#   f8:   W8A8 fp8 at M = 4096 with Humming (cut from call 5's step by its limit), and
+#         W8A8 int8 / fp8 decode (M = 1 / 16) kernel times (bench_w8a8 --kernel-times, new
+#         after the device time: call 5's decode walls were host-bound, 41-46 us).
 #   moe, s3, s4, s4b: sessions/gpu_session47.sh's steps (its queue: s3 / s4 on the H200).
 source "$(dirname "$0")/../gpu_env.sh"
 s_t48() {
@@ -63,6 +65,9 @@ s_f8() {
   T ${WT:-300} python3 benchmarks/bench_w8a8.py --specs w8a8-fp8 --ms 4096 --humming \
     --json "$OUT/f8.json" > "$OUT/f8.log" 2>&1
   echo "f8 rc=$?"; grep -E "^M=" "$OUT/f8.log" | cut -c1-250
+  T ${DT:-150} python3 benchmarks/bench_w8a8.py --specs w8a8-int8,w8a8-fp8 --ms 1,16 \
+    --kernel-times --no-baselines --json "$OUT/w8a8_decode.json" > "$OUT/w8a8_decode.log" 2>&1
+  echo "decode rc=$?"; grep -E "^M=" "$OUT/w8a8_decode.log" | cut -c1-250
 }
 for s in ${@:-t48}; do
   case "$s" in
