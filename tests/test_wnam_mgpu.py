@@ -218,7 +218,6 @@ def test_w4a4_large_m_route_writes_bf16(name):
   GEMM writes bf16 itself (NVFP4's global scale folded into the weights in float32,
   rounded once).  MXFP4: the same numbers as the float32 product rounded afterwards;
   NVFP4: the bf16 rounding of the scaled weight on top, the reference's error class."""
-  from humming_jax.kernels import w8a8
   q, x = make(SPECS[name], w8a8.DEQUANT_GEMM_MIN_M + 8, 256, 136, seed=8)
   q = q.replace(bias=None)
   p = wm.prepare(q)

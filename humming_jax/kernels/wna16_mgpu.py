@@ -1430,8 +1430,9 @@ def dequant_gemm(params: QuantizedWeight, x: jax.Array) -> jax.Array:
 
   bf16 / float32 activations: every scale is folded into the weights (code x scale x
   global scale in float32, rounded once to x's dtype: quantize.dequantize's order), so
-  without a bias the GEMM writes x's dtype itself.  The cost is the bf16 rounding of the scaled weight
-  (2**-9 relative), the error class the group-scaled formats' route already has.
+  without a bias the GEMM writes x's dtype itself.  The cost is the bf16 rounding of the
+  scaled weight (2**-9 relative), the error class the group-scaled formats' route already
+  has.
   Applying a global scale (NVFP4) or column scales to a float32 product instead made
   cuBLAS write float32 and added an elementwise pass: NVFP4 8192^2 at M = 4096 ran 105 us
   of kernels above MXFP4 on the H100 (session 47; NOTES.md session 48).
