@@ -170,3 +170,58 @@ def test_source_is_never_written(name):
   before = snapshot()
   _load(d)
   assert snapshot() == before
+
+
+def _write(tmp_path, qc, tensors):
+  d = tmp_path / "ckpt"
+  d.mkdir(parents=True)
+  (d / "config.json").write_text(json.dumps({"quantization_config": qc}))
+  save_file(tensors, str(d / "model.safetensors"))
+  return str(d)
+
+
+def test_a_group_that_does_not_divide_k_is_refused_at_load(tmp_path):
+  """AutoGPTQ makes the last group short when the group size does not divide K (Falcon-7B:
+  K 4544, groups of 128); the canonical layout has equal groups.  That layer loaded and
+  failed at its first use with a message about 'q'; now the load refuses it, naming the
+  file and the layer (session 48's loader audit)."""
+  k, n, g = 96, 32, 64
+  rng = np.random.default_rng(0)
+  codes = rng.integers(0, 256, (k, n)).astype(np.uint32)
+  zeros = np.full((2, n), 128, np.uint32) - 1  # v1: stored minus one
+  pack = lambda a: sum(a[j::4] << np.uint32(8 * j) for j in range(4))  # 4 codes per word
+  tensors = {"m.proj.qweight": pack(codes).view(np.int32),
+             "m.proj.qzeros": pack(zeros.T).T.copy().view(np.int32),
+             "m.proj.scales": rng.uniform(0.01, 0.05, (2, n)).astype(np.float16),
+             "m.proj.g_idx": (np.arange(k) // g).astype(np.int32)}
+  qc = {"quant_method": "gptq", "bits": 8, "group_size": g, "sym": True, "desc_act": False}
+  with pytest.raises(ValueError, match=r"ckpt: m\.proj\.weight: scales float16\[2, 32\]: "
+                                       r"expected shape \[1, 32\]"):
+    _load(_write(tmp_path, qc, tensors))
+  # the same layer with K a multiple of the group loads
+  tensors["m.proj.qweight"] = pack(codes[:64]).view(np.int32)
+  tensors["m.proj.scales"] = tensors["m.proj.scales"][:1]
+  tensors["m.proj.qzeros"] = tensors["m.proj.qzeros"][:1]
+  tensors["m.proj.g_idx"] = tensors["m.proj.g_idx"][:64]
+  assert _load(_write(tmp_path / "ok", qc, tensors))["m"]["proj"]["weight"].shape == (64, n)
+
+
+@pytest.mark.parametrize("location,refused", [("input", True), ("weight_input", False)])
+def test_ct_online_transforms_are_refused(tmp_path, location, refused):
+  """compressed-tensors' transform_config (QuIP / SpinQuant): a rotation fused into the
+  weights ('weight_input') loads; one applied to the activations at run time ('input')
+  would make every output wrong (the layer expects rotated x): refused, naming it."""
+  d = tmp_path / "ckpt"
+  shutil.copytree(os.path.join(FIX, "ct-w8a16-ch-sym"), d)
+  cfg = json.loads((d / "config.json").read_text())
+  cfg["quantization_config"]["transform_config"] = {"config_groups": {"v": {
+      "type": "hadamard", "apply": [
+          {"targets": ["Linear"], "location": "weight_input", "inverse": True},
+          {"targets": ["Linear"], "location": location, "inverse": False}]}}}
+  (d / "config.json").write_text(json.dumps(cfg))
+  if refused:
+    with pytest.raises(ValueError, match=r"transform_config: group 'v' applies a 'hadamard' "
+                                         r"transform at location 'input'"):
+      _load(str(d))
+  else:
+    assert _load(str(d))

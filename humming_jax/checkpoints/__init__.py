@@ -32,6 +32,7 @@ from humming_jax.checkpoints import nvidia as _nv
 from humming_jax.checkpoints._common import Unit
 from humming_jax.checkpoints._io import CheckpointDir, SafetensorsFile
 from humming_jax.checkpoints.experts import deinterleave_gate_up, stack_experts
+from humming_jax.quantize import QuantizedWeight, check_params
 
 FORMATS = ("gptq", "awq", "compressed-tensors", "modelopt", "mxfp4", "fp8", "float")
 _ALIASES = {"gptq": "gptq", "awq": "awq", "compressed-tensors": "compressed-tensors",
@@ -81,6 +82,7 @@ def _planner(fmt: str, qc: dict, notes: list):
   if fmt == "awq":
     return lambda m, s: _gptq.plan_awq(m, s, qc)
   if fmt == "compressed-tensors":
+    _ct.check_transforms(qc)
     return lambda m, s: _ct.plan_compressed_tensors(m, s, qc, notes)
   if fmt == "modelopt":
     return lambda m, s: _nv.plan_modelopt(m, s, qc, notes)
@@ -161,6 +163,9 @@ def load_checkpoint(path: str | os.PathLike, *, format: str | None = None,  # no
         out = u.build({k: held.pop(k) for k in u.keys})
         prefix = u.module.split(".") if u.module else []
         for leaf, value in out.items():
+          if isinstance(value, QuantizedWeight):  # e.g. a group or block that does not
+            # divide K / N: refused here, naming the layer, not at its first use
+            check_params(value, f"{os.fspath(path)}: {u.module}.{leaf}")
           _place(tree, prefix + [leaf], value, f"{u.module}.{leaf}")
         bar.update(1)
   finally:

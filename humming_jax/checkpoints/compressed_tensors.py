@@ -159,6 +159,30 @@ def _version(text) -> tuple[int, int] | None:
   return major, minor
 
 
+# transform_config locations that compressed-tensors fuses into the stored weights at export
+# (transform_args.py); every other location (input, output, q_attn, k_cache, ...) is a
+# rotation applied online at run time, which a linear layer of this library does not do.
+OFFLINE_TRANSFORMS = ("weight_input", "weight_output")
+
+
+def check_transforms(qcfg: dict) -> None:
+  """Refuse a ``transform_config`` (QuIP / SpinQuant through llm-compressor) that applies a
+  rotation online: its stored weights expect rotated activations, so ``quant_dense`` on
+  them would be silently wrong (an audit's repro: 1.40 relative error)."""
+  groups = (qcfg.get("transform_config") or {}).get("config_groups") or {}
+  online = [(name, a.get("location"), a.get("targets"))
+            for name, g in sorted(groups.items()) for a in (g or {}).get("apply") or []
+            if a.get("location") not in OFFLINE_TRANSFORMS]
+  if online:
+    name, loc, targets = online[0]
+    raise ValueError(
+        f"quantization_config.transform_config: group {name!r} applies a "
+        f"{groups[name].get('type', '?')!r} transform at location {loc!r} (targets "
+        f"{targets}) at run time; expected only {OFFLINE_TRANSFORMS} (fused into the "
+        f"weights). Online rotations are not supported: the layers would need x rotated "
+        f"first")
+
+
 def plan_compressed_tensors(module: str, suffixes: set[str], qcfg: dict,
                             notes: list) -> list[Unit] | None:
   quantized = "weight_packed" in suffixes or ("weight" in suffixes and "weight_scale" in
