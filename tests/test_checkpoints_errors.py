@@ -225,3 +225,45 @@ def test_ct_online_transforms_are_refused(tmp_path, location, refused):
       _load(str(d))
   else:
     assert _load(str(d))
+
+
+def _save_raw(tensors: dict, path: str) -> None:
+  """A safetensors file of ml_dtypes arrays (bf16 / fp8), which safetensors.numpy cannot
+  write: the header, then each tensor's bytes."""
+  names = {"bfloat16": "BF16", "float8_e4m3fn": "F8_E4M3", "float32": "F32"}
+  header, off, blobs = {}, 0, []
+  for k, a in tensors.items():
+    b = np.ascontiguousarray(a).tobytes()
+    header[k] = {"dtype": names[a.dtype.name], "shape": list(a.shape),
+                 "data_offsets": [off, off + len(b)]}
+    off += len(b)
+    blobs.append(b)
+  hb = json.dumps(header).encode()
+  with open(path, "wb") as f:
+    f.write(len(hb).to_bytes(8, "little") + hb + b"".join(blobs))
+
+
+def test_ct_fp8_blocks_over_a_partial_last_block(tmp_path):
+  """compressed-tensors block FP8 over an N that is not a multiple of the block (exporters
+  pad the last block: DeepSeek's kv_a_proj_with_mqa, N 576 with 128-wide blocks): column
+  blocks of gcd(bn, N), each scale repeated -- the same weight, exactly (it failed at first
+  use before, session 48's loader audit).  A K that is not a multiple of the block is
+  refused at load, naming the tensor."""
+  d = tmp_path / "ckpt"
+  shutil.copytree(os.path.join(FIX, "ct-fp8-block"), d)
+  f = SafetensorsFile(str(d / "model.safetensors"))
+  t = {k: f.get(k) for k in f.keys()}
+  mod = "model.layers.0.mlp.down_proj"  # torch (N, K) = (128, 64), 64 x 64 blocks
+  w8 = t[f"{mod}.weight"][:96]  # N = 96: the second 64-row block is partial
+  t[f"{mod}.weight"] = w8
+  os.remove(d / "model.safetensors")
+  _save_raw(t, str(d / "model.safetensors"))
+  q = _load(str(d))["model"]["layers"]["0"]["mlp"]["down_proj"]["weight"]
+  assert q.shape == (64, 96) and q.spec.block_n == 32
+  s = t[f"{mod}.weight_scale"].astype(np.float32)  # (2, 1): one per 64 x 64 block
+  want = w8.astype(np.float32) * np.repeat(s, 64, axis=0)[:96]
+  np.testing.assert_array_equal(np.asarray(hj.dequantize(q), np.float32), want.T)
+  t[f"{mod}.weight"] = t[f"{mod}.weight"][:, :48]  # K = 48: not a multiple of 64
+  _save_raw(t, str(d / "model.safetensors"))
+  with pytest.raises(ValueError, match=rf"tensor '{mod}\.weight': K=48 is not a multiple"):
+    _load(str(d))

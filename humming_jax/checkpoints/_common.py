@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 from typing import Callable
 
 import jax
@@ -40,6 +41,20 @@ def expect(name: str, a: np.ndarray, dtypes, shape=None) -> np.ndarray:
   if shape is not None and tuple(a.shape) != tuple(shape):
     raise ValueError(f"tensor {name!r}: shape {tuple(a.shape)}, expected {tuple(shape)}")
   return a
+
+
+def weight_blocks(wname: str, scales_gk_gn: np.ndarray, k: int, n: int, bk: int, bn: int
+                  ) -> tuple[np.ndarray, int]:
+  """Block scales (ceil(K / bk), ceil(N / bn)) as the canonical layout holds them: (scales,
+  block_n).  An N that is not a multiple of bn (DeepSeek-V3's ``kv_a_proj_with_mqa``,
+  N = 576 with 128-column blocks; exporters pad the last block) takes column blocks of
+  gcd(bn, N) with each block scale repeated: the same weight, exactly.  A K that is not a
+  multiple of bk is refused, naming ``wname`` (the activation groups are bk wide)."""
+  if k % bk:
+    raise ValueError(f"tensor {wname!r}: K={k} is not a multiple of the block's {bk} input "
+                     f"columns (the activation groups)")
+  bn_ = math.gcd(bn, n)
+  return scales_gk_gn[:, np.arange(n // bn_) * bn_ // bn], bn_
 
 
 def float_scale_dtype(name: str, a: np.ndarray) -> str:

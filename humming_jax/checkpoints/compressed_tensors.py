@@ -36,7 +36,8 @@ import numpy as np
 from humming_jax.checkpoints._common import (Unit, act_order, bias_of, bytes_as_canonical,
                                              expect, float_scale_dtype, make_weight,
                                              spec_or_error, stream_as_canonical,
-                                             unpack_nibbles, unpack_stream, unpack_words)
+                                             unpack_nibbles, unpack_stream, unpack_words,
+                                             weight_blocks)
 
 import ml_dtypes
 
@@ -300,6 +301,7 @@ def plan_compressed_tensors(module: str, suffixes: set[str], qcfg: dict,
     elif strategy == "block":
       bn, bk = (int(v) for v in wa["block_structure"])
       sc = expect(sname, sc, sc.dtype, (-(-n // bn), -(-k // bk))).T
+      sc, bn = weight_blocks(f"{module}.weight", sc, k, n, bk, bn)  # partial last blocks
       gran = dict(granularity="block", group_size=bk, block_n=bn)
     else:
       raise ValueError(f"module {module!r}: weights strategy {strategy!r} is not supported")

@@ -17,13 +17,12 @@ column blocks of gcd(bn, N) with each block scale repeated: the same weight, exa
 """
 from __future__ import annotations
 
-import math
-
 import ml_dtypes
 import numpy as np
 
 from humming_jax.checkpoints._common import (Unit, bias_of, expect, float_scale_dtype,
-                                             spec_or_error, weight_from_nk_bytes)
+                                             spec_or_error, weight_blocks,
+                                             weight_from_nk_bytes)
 
 _FP8 = {np.dtype(ml_dtypes.float8_e4m3fn): "fp8_e4m3", np.dtype(ml_dtypes.float8_e5m2): "fp8_e5m2"}
 
@@ -58,19 +57,15 @@ def plan_hf_fp8(module: str, suffixes: set[str], qcfg: dict) -> list[Unit] | Non
     wname, sname = f"{module}.weight", f"{module}.weight_scale_inv"
     w = expect(wname, a[wname], list(_FP8))
     n, k = w.shape
-    if k % bk:
-      raise ValueError(f"tensor {wname!r}: K={k} is not a multiple of the block's "
-                       f"{bk} input columns (the activation groups)")
     s = a[sname]
     float_scale_dtype(sname, s)  # fp32, or bf16 / fp16 widened exactly
-    s = expect(sname, s.astype(np.float32), np.float32, (-(-n // bn), k // bk))
-    bn_ = math.gcd(bn, n)  # N % bn != 0: smaller column blocks, each scale repeated
-    s = s[np.arange(n // bn_) * bn_ // bn]
+    s = expect(sname, s.astype(np.float32), np.float32, (-(-n // bn), -(-k // bk)))
+    s, bn_ = weight_blocks(wname, np.ascontiguousarray(s.T), k, n, bk, bn)
     spec = spec_or_error(module, weight=_FP8[w.dtype], granularity="block", group_size=bk,
                          block_n=bn_, scale_dtype="float32", act="fp8_e4m3",
                          act_granularity="group", act_group_size=bk)
     return {"weight": weight_from_nk_bytes(spec, w.view(np.uint8), 8, k,
-                                           np.ascontiguousarray(s.T),
+                                           np.ascontiguousarray(s),
                                            bias=bias_of(module, a, n))}
 
   return [Unit(module, keys, build)]
