@@ -206,6 +206,9 @@ def check_params(q: QuantizedWeight, name: str = "params") -> None:
          f"{'E=%d, ' % experts[0] if experts else ''}{rows}, {n}) ({bits}-bit codes of "
          f"K={k} packed in 32-bit words)")
   bk, bn = scale_block(spec, k, n)
+  if k % bk or n % bn:  # quantize refuses these; a checkpoint's floor-sized scales did not
+    fail(f"shape (K={k}, N={n}): the scale blocks ({bk} x {bn}: group_size="
+         f"{spec.group_size}, block_n={spec.block_n}) do not divide it")
   grid = (*lead, k // bk, n // bn)
   # e8m0 scales are codes (uint8); other scales are values, in their storage dtype or a
   # float copy (docs/training.md: a float32 copy of NVFP4's e4m3 scales is what can be

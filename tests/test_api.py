@@ -194,6 +194,19 @@ def test_static_activation_scale_must_be_finite_and_positive():
   np.testing.assert_array_equal(rows, [True, False, False, False])
 
 
+def test_a_group_that_does_not_divide_k_is_a_mismatch():
+  """quantize refuses a group size that does not divide K; params built another way (a
+  checkpoint whose scales hold K // 16 groups for K = 24: rows 16-23 took group 0's
+  scale) are refused too, naming the geometry (session 48's loader audit)."""
+  from humming_jax import packing
+  spec = QuantSpec.preset("w4a16-nvfp4")
+  good = hj.quantize(rand((32, 16), 0), spec)
+  codes = jnp.zeros((packing.packed_rows(24, 4), 16), jnp.uint32)
+  bad = good.replace(codes=codes, scales=good.scales[:1], shape=(24, 16))
+  with pytest.raises(ValueError, match=r"shape \(K=24, N=16\): the scale blocks \(16 x 1"):
+    hj.dequantize(bad)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("m", [4, 1024])
 def test_static_int8_nan_gpu(m):
