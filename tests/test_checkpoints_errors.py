@@ -267,3 +267,35 @@ def test_ct_fp8_blocks_over_a_partial_last_block(tmp_path):
   _save_raw(t, str(d / "model.safetensors"))
   with pytest.raises(ValueError, match=rf"tensor '{mod}\.weight': K=48 is not a multiple"):
     _load(str(d))
+
+
+def _leaves_equal(a, b):
+  import jax
+  la, lb = jax.tree.leaves(a), jax.tree.leaves(b)
+  return len(la) == len(lb) and all(np.array_equal(np.asarray(x), np.asarray(y))
+                                    for x, y in zip(la, lb))
+
+
+@pytest.mark.parametrize("name,file,settings", [
+    ("gptq-w4-g32-sym", "quantize_config.json",  # AutoGPTQ's own file
+     {"bits": 4, "group_size": 32, "desc_act": False, "sym": True}),
+    ("awq-w4-g32", "quant_config.json",  # AutoAWQ's, its own field names
+     {"zero_point": True, "q_group_size": 32, "w_bit": 4, "version": "GEMM"})])
+def test_settings_beside_config_json(tmp_path, name, file, settings):
+  """Older AutoGPTQ / AutoAWQ exports keep their settings in quantize_config.json /
+  quant_config.json, not in config.json: they were read as a float checkpoint (raw int32
+  qweight leaves, no warning; session 48's loader audit).  Now they load as the same
+  params as with the settings in config.json."""
+  d = tmp_path / "ckpt"
+  shutil.copytree(os.path.join(FIX, name), d)
+  cfg = json.loads((d / "config.json").read_text())
+  del cfg["quantization_config"]
+  (d / "config.json").write_text(json.dumps(cfg))
+  (d / file).write_text(json.dumps(settings))
+  assert _leaves_equal(_load(str(d)), _load(os.path.join(FIX, name)))
+  # no settings anywhere: refused by name, unless float is asked for
+  os.remove(d / file)
+  with pytest.raises(ValueError, match=r"holds quantized tensors \['qweight', 'qzeros'"):
+    _load(str(d))
+  raw = _load(str(d), format="float")
+  assert raw["model"]["layers"]["0"]["mlp"]["down_proj"]["qweight"].dtype == np.int32

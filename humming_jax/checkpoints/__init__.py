@@ -14,7 +14,8 @@ Per-expert MoE layers (``...experts.{i}.gate_proj`` ...) become the stacked weig
 ``hj.quant_moe`` with :func:`stack_experts`.
 
 Supported ``format=`` values (detected from ``config.json``'s ``quantization_config``, or
-ModelOpt's ``hf_quant_config.json``): ``"gptq"``, ``"awq"``, ``"compressed-tensors"``,
+ModelOpt's ``hf_quant_config.json``, AutoGPTQ's ``quantize_config.json``, AutoAWQ's
+``quant_config.json``): ``"gptq"``, ``"awq"``, ``"compressed-tensors"``,
 ``"modelopt"``, ``"mxfp4"``, ``"fp8"`` (block-scaled FP8: DeepSeek-V3, Qwen3-FP8), and
 ``"float"`` (no quantization).  See docs/checkpoints.md.
 """
@@ -49,6 +50,11 @@ def _quant_config(ckpt: CheckpointDir) -> dict | None:
     hf = ckpt.extra_json("hf_quant_config.json")  # older ModelOpt exports
     if isinstance(hf, dict) and isinstance(hf.get("quantization"), dict):
       qc = {"quant_method": "modelopt", **hf["quantization"]}
+  for name, method in (("quantize_config.json", "gptq"), ("quant_config.json", "awq")):
+    if qc is None:  # older AutoGPTQ / AutoAWQ exports keep their settings beside config.json
+      extra = ckpt.extra_json(name)
+      if isinstance(extra, dict):
+        qc = {"quant_method": method, **extra}
   if qc is not None and not isinstance(qc, dict):
     raise ValueError(f"{ckpt.path}/config.json: quantization_config is not a JSON object")
   return qc
@@ -90,7 +96,24 @@ def _planner(fmt: str, qc: dict, notes: list):
     return lambda m, s: _nv.plan_mxfp4(m, s, qc)
   if fmt == "fp8":
     return lambda m, s: _hf_fp8.plan_hf_fp8(m, s, qc)
-  return lambda m, s: None
+  return _float_module
+
+
+# Tensor names only quantized layers hold (GPTQ / AWQ, compressed-tensors, ModelOpt, FP8).
+QUANTIZED_SUFFIXES = frozenset({"qweight", "qzeros", "weight_packed", "weight_scale",
+                                "weight_scale_inv", "weight_zero_point", "weight_global_scale"})
+
+
+def _float_module(module: str, suffixes: set[str]) -> None:
+  """A float checkpoint's module: refuse one holding quantized tensors (their settings lost
+  or elsewhere), which would otherwise load as raw integer leaves without a word."""
+  quantized = sorted(suffixes & QUANTIZED_SUFFIXES)
+  if quantized:
+    raise ValueError(f"module {module!r} holds quantized tensors {quantized} but the "
+                     f"checkpoint has no quantization_config (config.json, "
+                     f"quantize_config.json, quant_config.json, hf_quant_config.json); pass "
+                     f"format=... to read it")
+  return None
 
 
 def _place(tree: dict, path: list[str], value, full: str) -> None:
@@ -128,6 +151,8 @@ def load_checkpoint(path: str | os.PathLike, *, format: str | None = None,  # no
   fmt, qc = _detect(ckpt, format)
   notes: list[str] = []
   plan = _planner(fmt, qc, notes)
+  if fmt == "float" and format is not None:  # asked for: every tensor as stored
+    plan = lambda m, s: None  # noqa: E731
   by_module: dict[str, set[str]] = {}
   for key in ckpt.weight_map:
     mod, _, leaf = key.rpartition(".")
