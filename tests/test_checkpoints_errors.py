@@ -88,8 +88,8 @@ def test_act_order_groups_of_unequal_size_are_refused(tmp_path):
 
 def test_unknown_format(tmp_path):
   d = _make(tmp_path, _tensors(), {"quant_method": "bitsandbytes"})
-  with pytest.raises(ValueError, match="unknown quantization_config.quant_method "
-                                       "'bitsandbytes'"):
+  with pytest.raises(ValueError, match=r"ckpt/config.json: unknown quant_method "
+                                       r"'bitsandbytes'"):
     _load(d)
   with pytest.raises(ValueError, match=r"format='exl2'; expected one of"):
     _load(d, format="exl2")
@@ -206,11 +206,13 @@ def test_a_group_that_does_not_divide_k_is_refused_at_load(tmp_path):
   assert _load(_write(tmp_path / "ok", qc, tensors))["m"]["proj"]["weight"].shape == (64, n)
 
 
-@pytest.mark.parametrize("location,refused", [("input", True), ("weight_input", False)])
+@pytest.mark.parametrize("location,refused", [("input", True), ("output", True),
+                                              ("weight_input", False), ("k_cache", False)])
 def test_ct_online_transforms_are_refused(tmp_path, location, refused):
   """compressed-tensors' transform_config (QuIP / SpinQuant): a rotation fused into the
-  weights ('weight_input') loads; one applied to the activations at run time ('input')
-  would make every output wrong (the layer expects rotated x): refused, naming it."""
+  weights ('weight_input') loads, and so does SpinQuant's R3 on queries and keys
+  ('q_attn' / 'k_cache': it cancels in Q K^T); one applied to a layer's activations at
+  run time ('input' / 'output') would make every output wrong: refused, naming it."""
   d = tmp_path / "ckpt"
   shutil.copytree(os.path.join(FIX, "ct-w8a16-ch-sym"), d)
   cfg = json.loads((d / "config.json").read_text())
@@ -221,10 +223,14 @@ def test_ct_online_transforms_are_refused(tmp_path, location, refused):
   (d / "config.json").write_text(json.dumps(cfg))
   if refused:
     with pytest.raises(ValueError, match=r"transform_config: group 'v' applies a 'hadamard' "
-                                         r"transform at location 'input'"):
+                                         rf"transform at location '{location}'"):
       _load(str(d))
   else:
     assert _load(str(d))
+  cfg["quantization_config"]["transform_config"] = {"config_groups": {"v": {"apply": ["x"]}}}
+  (d / "config.json").write_text(json.dumps(cfg))
+  with pytest.raises(ValueError, match=r"group 'v': expected an 'apply' list of objects"):
+    _load(str(d))
 
 
 def _save_raw(tensors: dict, path: str) -> None:
@@ -293,9 +299,26 @@ def test_settings_beside_config_json(tmp_path, name, file, settings):
   (d / "config.json").write_text(json.dumps(cfg))
   (d / file).write_text(json.dumps(settings))
   assert _leaves_equal(_load(str(d)), _load(os.path.join(FIX, name)))
+  # config.json's settings win over the side file; a side file's bad settings name it
+  (d / file).write_text(json.dumps({**settings, "quant_method": "quanto"}))
+  with pytest.raises(ValueError, match=rf"ckpt/{file}: unknown quant_method 'quanto'"):
+    _load(str(d))
+  (d / "config.json").write_text(json.dumps(
+      {**cfg, "quantization_config": json.load(open(os.path.join(FIX, name, "config.json")))[
+          "quantization_config"]}))
+  assert _leaves_equal(_load(str(d)), _load(os.path.join(FIX, name)))
+  (d / "config.json").write_text(json.dumps(cfg))
   # no settings anywhere: refused by name, unless float is asked for
   os.remove(d / file)
   with pytest.raises(ValueError, match=r"holds quantized tensors \['qweight', 'qzeros'"):
     _load(str(d))
   raw = _load(str(d), format="float")
   assert raw["model"]["layers"]["0"]["mlp"]["down_proj"]["qweight"].dtype == np.int32
+
+
+def test_gptq_marlin_repack_is_refused(tmp_path):
+  """AutoGPTQ's is_marlin_format exports hold B / s tensors, not qweight: they loaded as
+  float leaves without a word."""
+  d = _make(tmp_path, _tensors(), {"is_marlin_format": True})
+  with pytest.raises(ValueError, match=r"is_marlin_format=true .* is not supported"):
+    _load(d)

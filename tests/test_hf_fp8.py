@@ -108,3 +108,17 @@ def test_block_fp8_refusals(tmp_path, change, match):
   path, _, _ = _checkpoint(tmp_path, {**CONFIG, **change})
   with pytest.raises(ValueError, match=match):
     load_checkpoint(path, progress=False)
+
+
+def test_block_fp8_k_not_a_multiple_of_the_block_is_refused(tmp_path):
+  """A K that is not a multiple of the block (the activation groups are bk wide) is refused
+  naming the weight tensor, with the exporters' rounded-up scale count."""
+  mod = "model.layers.0.mlp.down_proj"
+  rng = np.random.default_rng(1)
+  save_file({f"{mod}.weight": rng.standard_normal((128, 192)).astype(ml_dtypes.float8_e4m3fn),
+             f"{mod}.weight_scale_inv": np.ones((1, 2), np.float32)},
+            str(tmp_path / "model.safetensors"))
+  (tmp_path / "config.json").write_text(json.dumps({"quantization_config": CONFIG}))
+  with pytest.raises(ValueError, match=rf"tensor '{mod}\.weight': K=192 is not a multiple of "
+                                       r"the block's 128 input columns"):
+    load_checkpoint(str(tmp_path), progress=False)

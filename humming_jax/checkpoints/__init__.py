@@ -44,20 +44,21 @@ __all__ = ["load_checkpoint", "detect_format", "stack_experts", "deinterleave_ga
            "FORMATS", "SafetensorsFile"]
 
 
-def _quant_config(ckpt: CheckpointDir) -> dict | None:
-  qc = ckpt.config.get("quantization_config")
+def _quant_config(ckpt: CheckpointDir) -> tuple[dict | None, str]:
+  """(the quantization settings or None, the file they came from)."""
+  qc, source = ckpt.config.get("quantization_config"), "config.json"
   if qc is None:
     hf = ckpt.extra_json("hf_quant_config.json")  # older ModelOpt exports
     if isinstance(hf, dict) and isinstance(hf.get("quantization"), dict):
-      qc = {"quant_method": "modelopt", **hf["quantization"]}
+      qc, source = {"quant_method": "modelopt", **hf["quantization"]}, "hf_quant_config.json"
   for name, method in (("quantize_config.json", "gptq"), ("quant_config.json", "awq")):
     if qc is None:  # older AutoGPTQ / AutoAWQ exports keep their settings beside config.json
       extra = ckpt.extra_json(name)
       if isinstance(extra, dict):
-        qc = {"quant_method": method, **extra}
+        qc, source = {"quant_method": method, **extra}, name
   if qc is not None and not isinstance(qc, dict):
     raise ValueError(f"{ckpt.path}/config.json: quantization_config is not a JSON object")
-  return qc
+  return qc, source
 
 
 def detect_format(path: str | os.PathLike) -> str:
@@ -66,7 +67,7 @@ def detect_format(path: str | os.PathLike) -> str:
 
 
 def _detect(ckpt: CheckpointDir, fmt: str | None = None) -> tuple[str, dict]:
-  qc = _quant_config(ckpt)
+  qc, source = _quant_config(ckpt)
   if fmt is not None:
     key = _ALIASES.get(str(fmt).lower())
     if key is None:
@@ -76,7 +77,7 @@ def _detect(ckpt: CheckpointDir, fmt: str | None = None) -> tuple[str, dict]:
     return "float", {}
   method = str(qc.get("quant_method", "")).lower()
   if method not in _ALIASES or method in ("float", "none"):
-    raise ValueError(f"{ckpt.path}: unknown quantization_config.quant_method {method!r}; "
+    raise ValueError(f"{ckpt.path}/{source}: unknown quant_method {method!r}; "
                      f"supported: gptq, awq, compressed-tensors, modelopt, mxfp4, fp8 (or pass "
                      "format=...)")
   return _ALIASES[method], qc
@@ -84,6 +85,9 @@ def _detect(ckpt: CheckpointDir, fmt: str | None = None) -> tuple[str, dict]:
 
 def _planner(fmt: str, qc: dict, notes: list):
   if fmt == "gptq":
+    if qc.get("is_marlin_format"):  # its modules hold B / s, not qweight: refused up front
+      raise ValueError("quantization settings: is_marlin_format=true (AutoGPTQ's Marlin "
+                       "repack) is not supported; re-export the GPTQ checkpoint unpacked")
     return lambda m, s: _gptq.plan_gptq(m, s, qc, notes)
   if fmt == "awq":
     return lambda m, s: _gptq.plan_awq(m, s, qc)
@@ -107,12 +111,14 @@ QUANTIZED_SUFFIXES = frozenset({"qweight", "qzeros", "weight_packed", "weight_sc
 def _float_module(module: str, suffixes: set[str]) -> None:
   """A float checkpoint's module: refuse one holding quantized tensors (their settings lost
   or elsewhere), which would otherwise load as raw integer leaves without a word."""
-  quantized = sorted(suffixes & QUANTIZED_SUFFIXES)
+  quantized = sorted(s for s in suffixes
+                     if s in QUANTIZED_SUFFIXES or s.endswith("_blocks"))  # gpt-oss MXFP4
   if quantized:
     raise ValueError(f"module {module!r} holds quantized tensors {quantized} but the "
-                     f"checkpoint has no quantization_config (config.json, "
+                     f"checkpoint has no quantization settings (config.json, "
                      f"quantize_config.json, quant_config.json, hf_quant_config.json); pass "
-                     f"format=... to read it")
+                     f"format=... for its format, or format='float' for the tensors as "
+                     f"stored")
   return None
 
 
@@ -190,7 +196,8 @@ def load_checkpoint(path: str | os.PathLike, *, format: str | None = None,  # no
         for leaf, value in out.items():
           if isinstance(value, QuantizedWeight):  # e.g. a group or block that does not
             # divide K / N: refused here, naming the layer, not at its first use
-            check_params(value, f"{os.fspath(path)}: {u.module}.{leaf}")
+            check_params(value, f"{os.fspath(path)}: "
+                         + (f"{u.module}.{leaf}" if u.module else leaf))
           _place(tree, prefix + [leaf], value, f"{u.module}.{leaf}")
         bar.update(1)
   finally:

@@ -160,28 +160,40 @@ def _version(text) -> tuple[int, int] | None:
   return major, minor
 
 
-# transform_config locations that compressed-tensors fuses into the stored weights at export
-# (transform_args.py); every other location (input, output, q_attn, k_cache, ...) is a
-# rotation applied online at run time, which a linear layer of this library does not do.
+# transform_config locations (compressed-tensors transform_args.py).  Fused into the stored
+# weights at export: nothing to do.  q_attn / k_cache (SpinQuant R3): the same rotation of
+# queries and keys at run time, which cancels in Q K^T (it helps a quantized KV cache): the
+# linear layers are plain.  input / output: the layer's activations rotated at run time,
+# which a linear layer of this library does not do -- refused.
 OFFLINE_TRANSFORMS = ("weight_input", "weight_output")
+CANCELLING_TRANSFORMS = ("q_attn", "k_cache")
 
 
 def check_transforms(qcfg: dict) -> None:
-  """Refuse a ``transform_config`` (QuIP / SpinQuant through llm-compressor) that applies a
-  rotation online: its stored weights expect rotated activations, so ``quant_dense`` on
-  them would be silently wrong (an audit's repro: 1.40 relative error)."""
-  groups = (qcfg.get("transform_config") or {}).get("config_groups") or {}
-  online = [(name, a.get("location"), a.get("targets"))
-            for name, g in sorted(groups.items()) for a in (g or {}).get("apply") or []
-            if a.get("location") not in OFFLINE_TRANSFORMS]
-  if online:
-    name, loc, targets = online[0]
-    raise ValueError(
-        f"quantization_config.transform_config: group {name!r} applies a "
-        f"{groups[name].get('type', '?')!r} transform at location {loc!r} (targets "
-        f"{targets}) at run time; expected only {OFFLINE_TRANSFORMS} (fused into the "
-        f"weights). Online rotations are not supported: the layers would need x rotated "
-        f"first")
+  """Refuse a ``transform_config`` (QuIP / SpinQuant through llm-compressor) that rotates a
+  layer's input or output at run time: its stored weights expect rotated activations, so
+  ``quant_dense`` on them would be silently wrong (an audit's repro: 1.40 relative error)."""
+  where = "quantization_config.transform_config"
+  tc = qcfg.get("transform_config") or {}
+  groups = tc.get("config_groups") if isinstance(tc, dict) else None
+  if not isinstance(groups or {}, dict):
+    raise ValueError(f"{where}.config_groups: expected a JSON object, got {groups!r}")
+  for name, g in sorted((groups or {}).items()):
+    applies = g.get("apply") if isinstance(g, dict) else None
+    if not isinstance(applies or [], list) or not all(isinstance(a, dict)
+                                                     for a in applies or []):
+      raise ValueError(f"{where}: group {name!r}: expected an 'apply' list of objects, "
+                       f"got {g!r}")
+    for a in applies or []:
+      loc = a.get("location")
+      if loc in OFFLINE_TRANSFORMS + CANCELLING_TRANSFORMS:
+        continue
+      raise ValueError(
+          f"{where}: group {name!r} applies a {g.get('type', '?')!r} transform at location "
+          f"{loc!r} (targets {a.get('targets')}) at run time; supported: "
+          f"{OFFLINE_TRANSFORMS} (fused into the weights) and {CANCELLING_TRANSFORMS} "
+          f"(cancel in Q K^T). Rotations of a layer's input or output are not: the layer "
+          f"would need x rotated first")
 
 
 def plan_compressed_tensors(module: str, suffixes: set[str], qcfg: dict,
