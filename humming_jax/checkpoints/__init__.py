@@ -83,7 +83,9 @@ def _detect(ckpt: CheckpointDir, fmt: str | None = None) -> tuple[str, dict]:
   return _ALIASES[method], qc
 
 
-def _planner(fmt: str, qc: dict, notes: list):
+def _planner(fmt: str, qc: dict, notes: list, *, forced: bool = False):
+  """The per-module planner of a format (``forced``: ``format=`` was passed, so a "float"
+  checkpoint gives every tensor as stored, quantized-looking ones included)."""
   if fmt == "gptq":
     if qc.get("is_marlin_format"):  # its modules hold B / s, not qweight: refused up front
       raise ValueError("quantization settings: is_marlin_format=true (AutoGPTQ's Marlin "
@@ -100,7 +102,7 @@ def _planner(fmt: str, qc: dict, notes: list):
     return lambda m, s: _nv.plan_mxfp4(m, s, qc)
   if fmt == "fp8":
     return lambda m, s: _hf_fp8.plan_hf_fp8(m, s, qc)
-  return _float_module
+  return (lambda m, s: None) if forced else _float_module
 
 
 # Tensor names only quantized layers hold (GPTQ / AWQ, compressed-tensors, ModelOpt, FP8).
@@ -156,9 +158,7 @@ def load_checkpoint(path: str | os.PathLike, *, format: str | None = None,  # no
   ckpt = CheckpointDir(path)
   fmt, qc = _detect(ckpt, format)
   notes: list[str] = []
-  plan = _planner(fmt, qc, notes)
-  if fmt == "float" and format is not None:  # asked for: every tensor as stored
-    plan = lambda m, s: None  # noqa: E731
+  plan = _planner(fmt, qc, notes, forced=format is not None)
   by_module: dict[str, set[str]] = {}
   for key in ckpt.weight_map:
     mod, _, leaf = key.rpartition(".")

@@ -423,17 +423,17 @@ def dequant_gemm(params: QuantizedWeight, x: jax.Array, weights=None) -> jax.Arr
   if plan.a_group:  # group scales into the operand (exact, or the kernel's fold)
     a = qa.dequantize()
   s2 = _global_scale(params)
-  if plan.a_group and params.bias is None and x.dtype == jnp.bfloat16:
-    # Nothing per row to apply (W4A4): the global scale (NVFP4) folds into the weights in
-    # float32, rounded once to bf16 (2**-9 on a weight, far below the fp4 activations' own
-    # error), and the GEMM writes bf16 itself -- no float32 product and elementwise pass
-    # (the WnA16 route's same fold: NVFP4 8192^2, M = 4096, -64 us of kernels on an H100,
-    # NOTES.md session 48).  Without a global scale (MXFP4) the numbers are unchanged.
-    w = w if s2 is None else w * s2
-    return jnp.dot(a.astype(jnp.bfloat16), w.astype(jnp.bfloat16),
-                   preferred_element_type=jnp.bfloat16)
+  # Nothing per row to apply (W4A4, bf16 x, no bias): the global scale (NVFP4) folds into
+  # the weights in float32, rounded once to bf16 (2**-9 on a weight, far below the fp4
+  # activations' own error), and the GEMM writes bf16 itself -- no float32 product and
+  # elementwise pass (the WnA16 route's same fold: NVFP4 8192^2, M = 4096, -64 us of
+  # kernels on an H100, NOTES.md session 48).  Without a global scale (MXFP4) the numbers
+  # are unchanged.
+  bf16_out = plan.a_group and params.bias is None and x.dtype == jnp.bfloat16
+  if bf16_out and s2 is not None:
+    w, s2 = w * s2, None
   y = jnp.dot(a.astype(jnp.bfloat16), w.astype(jnp.bfloat16),
-              preferred_element_type=jnp.float32)
+              preferred_element_type=jnp.bfloat16 if bf16_out else jnp.float32)
   if not plan.a_group:  # per token (M, 1) or per tensor (1, 1)
     y = y * qa.scales
   if s2 is not None:
