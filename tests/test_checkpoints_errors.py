@@ -322,3 +322,54 @@ def test_gptq_marlin_repack_is_refused(tmp_path):
   d = _make(tmp_path, _tensors(), {"is_marlin_format": True})
   with pytest.raises(ValueError, match=r"is_marlin_format=true .* is not supported"):
     _load(d)
+
+
+@pytest.mark.parametrize("form", ["flat", "nested", "sparseml"])
+def test_ct_settings_under_compression_config(tmp_path, form):
+  """Older llm-compressor / SparseML exports wrote their settings under config.json's
+  ``compression_config`` (the settings themselves, or {"quantization_config": ...,
+  "sparsity_config": ...}), not ``quantization_config``: they were refused as a float
+  checkpoint holding quantized tensors.  Now they load as the same params."""
+  name = "ct-w8a16-ch-sym"
+  d = tmp_path / "ckpt"
+  shutil.copytree(os.path.join(FIX, name), d)
+  cfg = json.loads((d / "config.json").read_text())
+  qc = cfg.pop("quantization_config")
+  if form == "nested":
+    cc = {"quantization_config": qc, "sparsity_config": {"format": "dense"}}
+  else:
+    cc = {**qc, "sparsity_config": {"format": "dense"}}
+    if form == "sparseml":
+      cc["quant_method"] = "sparseml"
+  (d / "config.json").write_text(json.dumps({**cfg, "compression_config": cc}))
+  assert _leaves_equal(_load(str(d)), _load(os.path.join(FIX, name)))
+  assert hj.checkpoints.detect_format(str(d)) == "compressed-tensors"
+  # weights stored sparse-compressed are refused by the format, not loaded as raw leaves
+  (d / "config.json").write_text(json.dumps({**cfg, "compression_config": {
+      **cc, "sparsity_config": {"format": "sparse-bitmask", "targets": ["Linear"]}}}))
+  with pytest.raises(ValueError, match=r"sparsity_config: format 'sparse-bitmask' \(targets "
+                                       r"\['Linear'\]\) stores weights sparse-compressed"):
+    _load(str(d))
+  (d / "config.json").write_text(json.dumps({**cfg, "compression_config": [qc]}))
+  with pytest.raises(ValueError, match=r"ckpt/config.json: compression_config is not a JSON"):
+    _load(str(d))
+  (d / "config.json").write_text(json.dumps({**cfg, "compression_config": {
+      **qc, "quant_method": "gptq"}}))
+  with pytest.raises(ValueError, match=r"compression_config has quant_method 'gptq'"):
+    _load(str(d))
+
+
+def test_ct_sparse_compressed_weights_are_refused(tmp_path):
+  """The current form: sparsity_config inside quantization_config (HF's
+  CompressedTensorsConfig).  A 2:4 bitmask export is refused by name; 'dense' loads."""
+  d = tmp_path / "ckpt"
+  shutil.copytree(os.path.join(FIX, "ct-w8a16-ch-sym"), d)
+  cfg = json.loads((d / "config.json").read_text())
+  cfg["quantization_config"]["sparsity_config"] = {"format": "sparse-24-bitmask",
+                                                   "targets": ["Linear"]}
+  (d / "config.json").write_text(json.dumps(cfg))
+  with pytest.raises(ValueError, match=r"format 'sparse-24-bitmask'"):
+    _load(str(d))
+  cfg["quantization_config"]["sparsity_config"] = {"format": "dense"}
+  (d / "config.json").write_text(json.dumps(cfg))
+  assert _leaves_equal(_load(str(d)), _load(os.path.join(FIX, "ct-w8a16-ch-sym")))

@@ -13,7 +13,8 @@ comes back as a float array *exactly as stored*, torch layout and dtype included
 Per-expert MoE layers (``...experts.{i}.gate_proj`` ...) become the stacked weights of
 ``hj.quant_moe`` with :func:`stack_experts`.
 
-Supported ``format=`` values (detected from ``config.json``'s ``quantization_config``, or
+Supported ``format=`` values (detected from ``config.json``'s ``quantization_config`` --
+or its ``compression_config``, where older llm-compressor / SparseML exports keep it --, or
 ModelOpt's ``hf_quant_config.json``, AutoGPTQ's ``quantize_config.json``, AutoAWQ's
 ``quant_config.json``): ``"gptq"``, ``"awq"``, ``"compressed-tensors"``,
 ``"modelopt"``, ``"mxfp4"``, ``"fp8"`` (block-scaled FP8: DeepSeek-V3, Qwen3-FP8), and
@@ -47,6 +48,10 @@ __all__ = ["load_checkpoint", "detect_format", "stack_experts", "deinterleave_ga
 def _quant_config(ckpt: CheckpointDir) -> tuple[dict | None, str]:
   """(the quantization settings or None, the file they came from)."""
   qc, source = ckpt.config.get("quantization_config"), "config.json"
+  if qc is None and ckpt.config.get("compression_config") is not None:
+    qc = _ct.from_compression_config(ckpt.config["compression_config"],
+                                     f"{ckpt.path}/config.json")
+    source = "config.json (compression_config)"
   if qc is None:
     hf = ckpt.extra_json("hf_quant_config.json")  # older ModelOpt exports
     if isinstance(hf, dict) and isinstance(hf.get("quantization"), dict):
@@ -95,6 +100,7 @@ def _planner(fmt: str, qc: dict, notes: list, *, forced: bool = False):
     return lambda m, s: _gptq.plan_awq(m, s, qc)
   if fmt == "compressed-tensors":
     _ct.check_transforms(qc)
+    _ct.check_sparsity(qc)
     return lambda m, s: _ct.plan_compressed_tensors(m, s, qc, notes)
   if fmt == "modelopt":
     return lambda m, s: _nv.plan_modelopt(m, s, qc, notes)

@@ -196,6 +196,61 @@ def check_transforms(qcfg: dict) -> None:
           f"would need x rotated first")
 
 
+# Method names of the settings older exports wrote under config.json's compression_config.
+_COMPRESSION_CONFIG_METHODS = ("compressed-tensors", "sparseml")
+
+
+def from_compression_config(cc, where: str) -> dict | None:
+  """The quantization settings of an older llm-compressor / SparseML export, which wrote
+  them under config.json's ``compression_config`` (compressed-tensors' ``ModelCompressor.
+  update_config``): either ``{"quantization_config": {...}, "sparsity_config": {...}}`` or
+  the quantization settings themselves with ``sparsity_config`` beside them.  Returns
+  compressed-tensors settings (``quant_method`` "compressed-tensors", the sparsity settings
+  kept for :func:`check_sparsity`), or None when it holds neither."""
+  if not isinstance(cc, dict):
+    raise ValueError(f"{where}: compression_config is not a JSON object: {cc!r}")
+  sparsity = cc.get("sparsity_config")
+  qc = cc.get("quantization_config")
+  if qc is None:  # the settings themselves, the sparsity settings beside them
+    qc = {k: v for k, v in cc.items() if k != "sparsity_config"}
+  if not isinstance(qc, dict):
+    raise ValueError(f"{where}: compression_config.quantization_config is not a JSON "
+                     f"object: {qc!r}")
+  if not qc and sparsity is None:
+    return None
+  method = str(qc.get("quant_method") or "compressed-tensors").lower()
+  if method not in _COMPRESSION_CONFIG_METHODS:
+    raise ValueError(f"{where}: compression_config has quant_method {method!r}; expected "
+                     f"one of {_COMPRESSION_CONFIG_METHODS}")
+  out = {**qc, "quant_method": "compressed-tensors"}
+  if sparsity is not None:
+    out["sparsity_config"] = sparsity
+  return out
+
+
+# sparsity_config formats whose weights are stored as ordinary dense tensors.
+DENSE_SPARSITY = (None, "dense")
+
+
+def check_sparsity(qcfg: dict) -> None:
+  """Refuse weights stored sparse-compressed (``sparsity_config.format`` sparse-bitmask,
+  sparse-24-bitmask, marlin-24): each such layer holds ``weight.bitmask`` /
+  ``weight.compressed`` / ``weight.row_offsets`` (or a 2:4 repack) in place of its weight,
+  and would come back as raw leaves of a module named ``...weight``.  Sparsity stored
+  dense (``format: dense``: zeros kept in the weight) loads as any other weight."""
+  sc = qcfg.get("sparsity_config")
+  if sc is None:
+    return
+  if not isinstance(sc, dict):
+    raise ValueError(f"quantization_config.sparsity_config: expected a JSON object, got {sc!r}")
+  if sc.get("format") not in DENSE_SPARSITY:
+    raise ValueError(
+        f"quantization_config.sparsity_config: format {sc.get('format')!r} (targets "
+        f"{sc.get('targets')}) stores weights sparse-compressed, which this loader does not "
+        f"decompress; supported: sparsity stored dense (format 'dense'). Decompress the "
+        f"model (compressed-tensors ModelCompressor.decompress) and save it again")
+
+
 def plan_compressed_tensors(module: str, suffixes: set[str], qcfg: dict,
                             notes: list) -> list[Unit] | None:
   quantized = "weight_packed" in suffixes or ("weight" in suffixes and "weight_scale" in
