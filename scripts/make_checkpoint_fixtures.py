@@ -379,9 +379,17 @@ def make_mxfp4(out, name, experts=2):
 def main():
   ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   ap.add_argument("--out", default="tests/fixtures/checkpoints")
+  ap.add_argument("--only", default="", help="comma-separated fixture-name prefixes to "
+                  "(re)make, e.g. 'ct-mx' for the MX fixtures alone (default: all)")
   args = ap.parse_args()
   out = args.out
   os.makedirs(out, exist_ok=True)
+  wanted = [w for w in args.only.split(",") if w]
+  if wanted:  # each maker below runs only for the fixture names asked for
+    for maker in ("make_gptq", "make_awq", "make_ct", "make_modelopt_nvfp4", "make_mxfp4"):
+      fn = globals()[maker]
+      globals()[maker] = (lambda fn: lambda out, name, *a, **k: (
+          fn(out, name, *a, **k) if any(name.startswith(w) for w in wanted) else None))(fn)
   make_gptq(out, "gptq-w4-g32-sym", 4, 32, True, shards=2)
   make_gptq(out, "gptq-w3-g32-asym", 3, 32, False)
   make_gptq(out, "gptq-w8-ch-sym", 8, -1, True)
@@ -414,6 +422,15 @@ def main():
   make_ct(out, "ct-nvfp4", {"num_bits": 4, "type": "float", "symmetric": True,
                             "strategy": "tensor_group", "group_size": 16},
           fmt="nvfp4-pack-quantized")
+  # OCP MX through compressed-tensors (>= 0.20: e8m0 scales stored as uint8 exponents,
+  # groups of 32; its MXFP4A16 / MXFP6A16 / MXFP8A16 / MXFP4 presets)
+  mx = {"type": "float", "symmetric": True, "strategy": "group", "group_size": 32,
+        "scale_dtype": torch.uint8, "zp_dtype": torch.uint8}
+  make_ct(out, "ct-mxfp4", {"num_bits": 4, **mx}, fmt="mxfp4-pack-quantized")
+  make_ct(out, "ct-mxfp6", {"num_bits": 6, **mx}, fmt="mxfp6-pack-quantized")
+  make_ct(out, "ct-mxfp8", {"num_bits": 8, **mx}, fmt="mxfp8-quantized")
+  make_ct(out, "ct-mxfp4-a4", {"num_bits": 4, **mx}, {"num_bits": 4, "dynamic": True, **mx},
+          fmt="mxfp4-pack-quantized")
   make_modelopt_nvfp4(out, "modelopt-nvfp4")
   make_mxfp4(out, "gptoss-mxfp4")
 

@@ -25,6 +25,10 @@ EXPECTED = {
     "ct-fp8-tensor-static": ("compressed-tensors",
                              "w8a8-fp8_e4m3-t-bfloat16-fp8_e4m3-tensor-static"),
     "ct-nvfp4": ("compressed-tensors", "w4a16-fp4_e2m1-g16-fp8_e4m3-s2"),
+    "ct-mxfp4": ("compressed-tensors", "w4a16-fp4_e2m1-g32-e8m0"),
+    "ct-mxfp6": ("compressed-tensors", "w6a16-fp6_e2m3-g32-e8m0"),
+    "ct-mxfp8": ("compressed-tensors", "w8a16-fp8_e4m3-g32-e8m0"),
+    "ct-mxfp4-a4": ("compressed-tensors", "w4a4-fp4_e2m1-g32-e8m0-fp4_e2m1-group32"),
     "ct-w8a8-int8": ("compressed-tensors", "w8a8-int8-ch-bfloat16-int8-token"),
     "ct-w4a16-g32-asym": ("compressed-tensors", "w4a16-uint4-g32-bfloat16-zp"),
     "ct-w4a16-g32-sym": ("compressed-tensors", "w4a16-int4-g32-bfloat16"),
@@ -109,8 +113,22 @@ def test_forward_matches_the_producers(name, loaded):
     # WnA16: only the producer's fp16/bf16 GEMM rounding differs.  fp8 activations: the
     # producer divides and scales in bf16 arithmetic (double rounding onto the e4m3 grid),
     # we in fp32, so a few activations land one e4m3 step apart.
-    tol = 3e-2 if q.spec.act else 5e-3
+    # MX activations (e8m0 group scales): compressed-tensors rounds each group's amax to a
+    # power of two before taking its exponent, we follow OCP MX's floor rule (a load-time
+    # note says so), so some groups' scales differ by 2x: checked exactly below instead.
+    mx_act = q.spec.act_scale_dtype == "e8m0"
+    tol = 6e-2 if mx_act else 3e-2 if q.spec.act else 5e-3
     assert rel < tol, (mod, rel)
+    if mx_act:
+      x2, w = x.reshape(-1, x.shape[-1]), np.asarray(hj.dequantize(q))
+      b = 0.0 if q.bias is None else np.asarray(q.bias)
+      # the producer's activations and our weights give its output to its bf16 rounding ...
+      mine = _mx_activations(x2, q, producer=True) @ w + b
+      assert np.linalg.norm(mine - want.reshape(mine.shape)) / np.linalg.norm(want) < 5e-3
+      # ... and ours is that GEMM on OCP MX activations, the only difference
+      ocp = _mx_activations(x2, q, producer=False) @ w + b
+      got2 = got.reshape(ocp.shape)
+      assert np.linalg.norm(got2 - ocp) / np.linalg.norm(ocp) < 5e-3, mod
     if q.spec.act and q.spec.act.startswith("fp8"):
       # With the producer's bf16 activation arithmetic emulated, our dequantized weights and
       # bias reproduce its output to its bf16 output rounding.
@@ -119,6 +137,21 @@ def test_forward_matches_the_producers(name, loaded):
                                                             else 0.0)
       want2 = want.reshape(mine.shape)
       assert np.linalg.norm(mine - want2) / np.linalg.norm(want2) < 5e-3, mod
+
+
+def _mx_activations(x, q, producer: bool):
+  """MX fake-quantized activations (e2m1 in groups of 32, e8m0 scales).  ``producer``:
+  compressed-tensors' rule (its ``round_to_power_2`` on the bf16 group amax: +0.25 in the
+  mantissa, masked to the exponent; then ``- emax``); else OCP MX v1.0's floor rule."""
+  x32 = x.astype(np.float32)
+  m, k = x32.shape
+  g = q.spec.act_group_size
+  amax = np.abs(x32).reshape(m, k // g, g).max(-1)
+  if producer:
+    bits = amax.astype(ml_dtypes.bfloat16).view(np.uint16).astype(np.int32)
+    amax = ((bits + 32) & 0xFF80).astype(np.uint16).view(ml_dtypes.bfloat16)
+  s = np.repeat(2.0 ** (np.floor(np.log2(amax.astype(np.float32))) - 2), g, axis=1)
+  return np.clip(x32 / s, -6, 6).astype(ml_dtypes.float4_e2m1fn).astype(np.float32) * s
 
 
 def _producer_fp8_activations(x, q):

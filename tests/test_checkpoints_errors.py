@@ -234,9 +234,9 @@ def test_ct_online_transforms_are_refused(tmp_path, location, refused):
 
 
 def _save_raw(tensors: dict, path: str) -> None:
-  """A safetensors file of ml_dtypes arrays (bf16 / fp8), which safetensors.numpy cannot
-  write: the header, then each tensor's bytes."""
-  names = {"bfloat16": "BF16", "float8_e4m3fn": "F8_E4M3", "float32": "F32"}
+  """A safetensors file of ml_dtypes arrays (bf16 / fp8; uint8 / float32 beside them),
+  which safetensors.numpy cannot write: the header, then each tensor's bytes."""
+  names = {"bfloat16": "BF16", "float8_e4m3fn": "F8_E4M3", "float32": "F32", "uint8": "U8"}
   header, off, blobs = {}, 0, []
   for k, a in tensors.items():
     b = np.ascontiguousarray(a).tobytes()
@@ -373,3 +373,43 @@ def test_ct_sparse_compressed_weights_are_refused(tmp_path):
   cfg["quantization_config"]["sparsity_config"] = {"format": "dense"}
   (d / "config.json").write_text(json.dumps(cfg))
   assert _leaves_equal(_load(str(d)), _load(os.path.join(FIX, "ct-w8a16-ch-sym")))
+
+
+def test_ct_mx_formats_refuse_what_they_cannot_mean(tmp_path):
+  """compressed-tensors MX exports (mxfp4 / mxfp6 / mxfp8, e8m0 uint8 scales in groups of
+  32): a config that does not say float weights in groups of 32, a float scale tensor, a
+  6-bit byte row that is not whole codes, and MX activations not in groups of 32 are
+  refused, naming the module or tensor."""
+  mod = "model.layers.0.mlp.down_proj"
+
+  def setup(name, edit_cfg=None, edit_t=None):
+    d = tmp_path / f"c{len(os.listdir(tmp_path))}"
+    shutil.copytree(os.path.join(FIX, name), d)
+    if edit_cfg:
+      cfg = json.loads((d / "config.json").read_text())
+      edit_cfg(cfg["quantization_config"]["config_groups"]["group_0"])
+      (d / "config.json").write_text(json.dumps(cfg))
+    if edit_t:
+      f = SafetensorsFile(str(d / "model.safetensors"))
+      t = {k: f.get(k) for k in f.keys()}
+      edit_t(t)
+      os.remove(d / "model.safetensors")
+      _save_raw(t, str(d / "model.safetensors"))
+    return str(d)
+
+  assert _load(setup("ct-mxfp6"))  # the untouched copy loads
+  with pytest.raises(ValueError, match=r"format 'mxfp4-pack-quantized' expects symmetric "
+                                       r"float4 weights in groups of 32; config_groups says "
+                                       r"float4, strategy 'group', group_size 16"):
+    _load(setup("ct-mxfp4", lambda g: g["weights"].update(group_size=16)))
+  with pytest.raises(ValueError, match=rf"tensor '{mod}\.weight_scale': dtype float32"):
+    _load(setup("ct-mxfp8", edit_t=lambda t: t.update(
+        {f"{mod}.weight_scale": t[f"{mod}.weight_scale"].astype(np.float32)})))
+  with pytest.raises(ValueError, match=rf"tensor '{mod}\.weight_packed': shape \(128, 47\), "
+                                       r"expected \(N, K \* 6 / 8\)"):
+    _load(setup("ct-mxfp6", edit_t=lambda t: t.update(
+        {f"{mod}.weight_packed": t[f"{mod}.weight_packed"][:, :47].copy()})))
+  with pytest.raises(ValueError, match=r"input_activations with e8m0 scales \(torch.uint8\) "
+                                       r"need strategy 'group' and group_size 32"):
+    _load(setup("ct-mxfp4-a4", lambda g: g["input_activations"].update(group_size=16)))
+

@@ -116,12 +116,13 @@ def stream_as_canonical(words_kn: np.ndarray, bits: int, k: int, flip_sign: bool
 
 
 def bytes_as_canonical(b_nk: np.ndarray, bits: int, k: int):
-  """(..., N, K*bits/8) uint8 bytes holding K codes little-endian (8-bit codes, or two 4-bit
-  codes per byte, low nibble first) -> canonical packed words (..., K*bits/32, N), or None.
+  """(..., N, K*bits/8) uint8 bytes holding K codes as a little-endian bitstream (8-bit
+  codes; two 4-bit codes per byte, low nibble first; four 6-bit codes per three bytes, as
+  compressed-tensors packs fp6) -> canonical packed words (..., K*bits/32, N), or None.
 
   With K a multiple of 32, canonical word j of a column is just 4 consecutive bytes of that
   column read little-endian (see packing.py), so this is a transpose, no bit work."""
-  if bits not in (4, 8) or k % packing.CODES_PER_CHUNK:
+  if bits not in (4, 6, 8) or k % packing.CODES_PER_CHUNK:
     return None
   *lead, n, nb = b_nk.shape
   if nb * 8 != k * bits:
@@ -129,6 +130,13 @@ def bytes_as_canonical(b_nk: np.ndarray, bits: int, k: int):
   t = np.swapaxes(b_nk.view(np.uint8), -1, -2).reshape(*lead, nb // 4, 4, n)
   t = np.ascontiguousarray(np.moveaxis(t, -2, -1))  # (..., rows, N, 4 bytes)
   return jnp.asarray(t.view("<u4")[..., 0].astype(np.uint32))
+
+
+def unpack_byte_stream(b: np.ndarray, bits: int, k: int) -> np.ndarray:
+  """(..., K*bits/8) uint8 bytes of a little-endian bitstream -> (..., K) uint8 codes."""
+  bitarr = np.unpackbits(b, axis=-1, bitorder="little")[..., :k * bits]
+  weights = (1 << np.arange(bits)).astype(np.uint8)
+  return (bitarr.reshape(*b.shape[:-1], k, bits) * weights).sum(-1).astype(np.uint8)
 
 
 def unpack_nibbles(packed: np.ndarray) -> np.ndarray:

@@ -17,6 +17,11 @@ Per quantized module (torch (N, K) = (out, in)):
                    stored as the *divisor*: value = e2m1 * (scale / global_scale).  We store
                    ``1 / weight_global_scale`` as our multiplicative ``s2`` (within one fp32
                    rounding of the producer's division).
+  mxfp4-pack-quantized / mxfp6-pack-quantized / mxfp8-quantized (OCP MX, compressed-tensors
+                   >= 0.20)  ``weight_packed`` uint8 e2m1 pairs (low nibble first) / e2m3
+                   codes four per three bytes, a little-endian bitstream (N, K*bits/8), or
+                   ``weight`` float8_e4m3fn (N, K); ``weight_scale`` uint8 (N, K/32) biased
+                   exponents 2**(s - 127): our e8m0 codes as they are.
 Dequantization: ``(q - zp) * scale`` (in the scale dtype, then cast): our float32 values cast
 to the producer's dtype are bit-identical.
 Signed codes map to our ``intN`` (symmetric) or to ``uintN`` codes ``q + 2**(bits-1)`` with
@@ -36,13 +41,22 @@ import numpy as np
 from humming_jax.checkpoints._common import (Unit, act_order, bias_of, bytes_as_canonical,
                                              expect, float_scale_dtype, make_weight,
                                              spec_or_error, stream_as_canonical,
-                                             unpack_nibbles, unpack_stream, unpack_words,
-                                             weight_blocks)
+                                             unpack_byte_stream, unpack_stream,
+                                             unpack_words, weight_blocks)
 
 import ml_dtypes
 
 _FORMATS = ("pack-quantized", "int-quantized", "naive-quantized", "float-quantized",
-            "nvfp4-pack-quantized")
+            "nvfp4-pack-quantized", "mxfp4-pack-quantized", "mxfp6-pack-quantized",
+            "mxfp8-quantized")
+# OCP MX formats (compressed-tensors >= 0.20): e8m0 group-32 scales stored as uint8 biased
+# exponents; format -> (weight bits, our weight format).  fp4 / fp6 codes are packed as a
+# little-endian bitstream along K (two e2m1 per byte, four e2m3 per three bytes), fp8
+# stored as float8_e4m3fn.
+_MX_FORMATS = {"mxfp4-pack-quantized": (4, "fp4_e2m1"), "mxfp6-pack-quantized": (6, "fp6_e2m3"),
+               "mxfp8-quantized": (8, "fp8_e4m3")}
+# How compressed-tensors writes an e8m0 scale_dtype in config.json.
+_E8M0_NAMES = ("torch.uint8", "uint8", "torch.float8_e8m0fnu", "float8_e8m0fnu", "e8m0")
 _KNOWN = {"weight", "weight_packed", "weight_shape", "weight_scale", "weight_zero_point",
           "weight_global_scale", "input_scale", "input_zero_point", "input_global_scale",
           "bias", "weight_g_idx"}
@@ -86,6 +100,11 @@ def _act_fields(module: str, ia: dict | None, a: dict, notes: list) -> dict:
                      "points) cannot be expressed by QuantSpec")
   strategy, dynamic = ia.get("strategy", "token"), ia.get("dynamic", True)
   f = {"act": act}
+  mx = str(ia.get("scale_dtype")) in _E8M0_NAMES  # OCP MX activations: e8m0 group scales
+  if mx and (strategy != "group" or int(ia.get("group_size") or 0) != 32):
+    raise ValueError(f"module {module!r}: input_activations with e8m0 scales "
+                     f"({ia.get('scale_dtype')}) need strategy 'group' and group_size 32 (OCP "
+                     f"MX); got {strategy!r}, {ia.get('group_size')}")
   if strategy == "token":
     f["act_granularity"] = "token"
   elif strategy == "tensor":
@@ -101,6 +120,12 @@ def _act_fields(module: str, ia: dict | None, a: dict, notes: list) -> dict:
       f.update(act_static=True, act_scale=np.float32(s.astype(np.float32).reshape(())))
   elif strategy == "group":
     f.update(act_granularity="group", act_group_size=int(ia["group_size"]))
+    if mx:
+      f["act_scale_dtype"] = "e8m0"
+      notes.append(f"{module}: MX activation scales follow OCP MX v1.0 (2**(floor(log2 "
+                   f"amax) - emax)); compressed-tensors first rounds each group's amax to a "
+                   f"power of two, so a group whose amax is close to the next power of two "
+                   f"gets a scale twice as large there")
   elif strategy == "tensor_group":
     f.update(act_granularity="group", act_group_size=int(ia["group_size"]),
              act_scale_dtype="fp8_e4m3")
@@ -295,20 +320,32 @@ def plan_compressed_tensors(module: str, suffixes: set[str], qcfg: dict,
     zeros = global_scale = packed = codes = None
     if fmt != "nvfp4-pack-quantized" and t("weight_global_scale") is not None:
       raise ValueError(f"tensor '{module}.weight_global_scale': unexpected for format {fmt!r}")
-    if fmt == "nvfp4-pack-quantized":
-      wp = expect(f"{module}.weight_packed", t("weight_packed"), np.uint8)
-      n, k = wp.shape[0], wp.shape[1] * 2
-      packed = bytes_as_canonical(wp, 4, k)
-      codes = unpack_nibbles(wp) if packed is None else None
-      weight = "fp4_e2m1"
-      gname = f"{module}.weight_global_scale"
-      if t("weight_global_scale") is None:
-        raise ValueError(f"module {module!r}: missing tensor {gname}")
-      gs = expect(gname, t("weight_global_scale"), np.float32)
-      if gs.size != 1:
-        raise ValueError(f"tensor {gname!r}: shape {gs.shape}, expected one value")
-      global_scale = np.float32(1.0) / gs.reshape(())  # stored as a divisor
-    elif fmt == "float-quantized":
+    if fmt in _MX_FORMATS:
+      want = _MX_FORMATS[fmt][0]
+      if (typ, bits, strategy, wa.get("group_size")) != ("float", want, "group", 32) \
+          or not sym:
+        raise ValueError(f"module {module!r}: format {fmt!r} expects symmetric float{want} "
+                         f"weights in groups of 32; config_groups says {typ}{bits}, "
+                         f"strategy {strategy!r}, group_size {wa.get('group_size')}, "
+                         f"symmetric {sym}")
+    if fmt in ("nvfp4-pack-quantized", "mxfp4-pack-quantized", "mxfp6-pack-quantized"):
+      cbits, weight = (4, "fp4_e2m1") if fmt == "nvfp4-pack-quantized" else _MX_FORMATS[fmt]
+      wname = f"{module}.weight_packed"
+      wp = expect(wname, t("weight_packed"), np.uint8)
+      if wp.ndim != 2 or (wp.shape[1] * 8) % cbits:
+        raise ValueError(f"tensor {wname!r}: shape {wp.shape}, expected (N, K * {cbits} / 8)")
+      n, k = wp.shape[0], wp.shape[1] * 8 // cbits
+      packed = bytes_as_canonical(wp, cbits, k)
+      codes = unpack_byte_stream(wp, cbits, k) if packed is None else None
+      if fmt == "nvfp4-pack-quantized":
+        gname = f"{module}.weight_global_scale"
+        if t("weight_global_scale") is None:
+          raise ValueError(f"module {module!r}: missing tensor {gname}")
+        gs = expect(gname, t("weight_global_scale"), np.float32)
+        if gs.size != 1:
+          raise ValueError(f"tensor {gname!r}: shape {gs.shape}, expected one value")
+        global_scale = np.float32(1.0) / gs.reshape(())  # stored as a divisor
+    elif fmt in ("float-quantized", "mxfp8-quantized"):
       w = expect(f"{module}.weight", t("weight"), [ml_dtypes.float8_e4m3fn, ml_dtypes.float8_e5m2])
       n, k = w.shape
       weight = "fp8_e4m3" if w.dtype == ml_dtypes.float8_e4m3fn else "fp8_e5m2"
@@ -351,6 +388,11 @@ def plan_compressed_tensors(module: str, suffixes: set[str], qcfg: dict,
     if fmt == "nvfp4-pack-quantized":
       expect(sname, sc, ml_dtypes.float8_e4m3fn)
       scale_dtype = "fp8_e4m3"
+    elif fmt in _MX_FORMATS:  # biased exponents, 2**(s - 127): our e8m0 scale codes
+      if sc.dtype == ml_dtypes.float8_e8m0fnu:
+        sc = sc.view(np.uint8)
+      expect(sname, sc, np.uint8)
+      scale_dtype = "e8m0"
     else:
       scale_dtype = float_scale_dtype(sname, sc)
     gran = {}
