@@ -88,8 +88,9 @@ def test_block_fp8_interpret_matches_reference(tmp_path, mod):
 
 
 def test_per_tensor_fp8_under_the_same_method_is_refused(tmp_path):
-  """An AutoFP8-style export (quant_method fp8, weight_scale / input_scale per layer) is
-  refused by name, not loaded as raw fp8 arrays."""
+  """Per-tensor fp8 tensors (weight_scale / input_scale) in a checkpoint whose config names a
+  block size are refused by name, not loaded as raw fp8 arrays (without a block size they
+  are an AutoFP8 export: test_per_tensor_fp8_loads)."""
   mod = "model.layers.0.mlp.down_proj"
   save_file({f"{mod}.weight": np.ones((128, 128), ml_dtypes.float8_e4m3fn),
              f"{mod}.weight_scale": np.ones((1,), np.float32),
@@ -101,7 +102,9 @@ def test_per_tensor_fp8_under_the_same_method_is_refused(tmp_path):
 
 
 @pytest.mark.parametrize("change,match", [
-    ({"weight_block_size": None}, r"weight_block_size=None: expected \[bn, bk\]"),
+    ({"weight_block_size": None}, r"weight_scale_inv but quantization_config has no "
+                                  r"weight_block_size"),
+    ({"weight_block_size": [128]}, r"weight_block_size=\[128\]: expected \[bn, bk\]"),
     ({"activation_scheme": "static"}, "activation_scheme='static'"),
 ])
 def test_block_fp8_refusals(tmp_path, change, match):
@@ -121,4 +124,104 @@ def test_block_fp8_k_not_a_multiple_of_the_block_is_refused(tmp_path):
   (tmp_path / "config.json").write_text(json.dumps({"quantization_config": CONFIG}))
   with pytest.raises(ValueError, match=rf"tensor '{mod}\.weight': K=192 is not a multiple of "
                                        r"the block's 128 input columns"):
+    load_checkpoint(str(tmp_path), progress=False)
+
+
+def _fp8_linear(rng, n, k, per_channel: bool):
+  """Producer-style e4m3 weights: amax / 448 per tensor (AutoFP8) or per row (fbgemm)."""
+  w = rng.standard_normal((n, k)).astype(np.float32) * 0.05
+  amax = np.abs(w).max(axis=1, keepdims=True) if per_channel else np.abs(w).max().reshape(1)
+  s = (amax / 448.0).astype(np.float32)
+  return (w / s).astype(ml_dtypes.float8_e4m3fn), s
+
+
+def _fake_fp8(x, s):
+  """x / s saturated to e4m3 and back, times s (what AutoFP8 / fbgemm feed the GEMM)."""
+  return np.clip(x / s, -448, 448).astype(ml_dtypes.float8_e4m3fn).astype(np.float32) * s
+
+
+@pytest.mark.parametrize("scheme", ["static", "dynamic"])
+def test_per_tensor_fp8_loads(tmp_path, scheme):
+  """AutoFP8 exports (quant_method fp8 without weight_block_size; neuralmagic's early
+  *-FP8 models): one weight scale per layer; activations divided by the calibrated
+  input_scale ('static') or by amax(x) / 448 of the call ('dynamic').  They were refused;
+  now they load as exactly weight * weight_scale with those activation semantics, an older
+  kv_scale kept beside the weight, lm_head (ignored_layers) float."""
+  rng = np.random.default_rng(3)
+  mods = {"model.layers.0.self_attn.k_proj": (64, 128), "model.layers.0.mlp.down_proj": (128, 96)}
+  tensors, want = {}, {}
+  for mod, (n, k) in mods.items():
+    q, s = _fp8_linear(rng, n, k, per_channel=False)
+    tensors[f"{mod}.weight"], tensors[f"{mod}.weight_scale"] = q, s
+    if scheme == "static":
+      tensors[f"{mod}.input_scale"] = np.array([2.5 / 448], np.float32)
+    want[mod] = q.astype(np.float32) * s
+  tensors["model.layers.0.self_attn.k_proj.kv_scale"] = np.array([0.02], np.float32)
+  tensors["lm_head.weight"] = rng.standard_normal((32, 128)).astype(ml_dtypes.bfloat16)
+  (tmp_path / "config.json").write_text(json.dumps({"quantization_config": {
+      "quant_method": "fp8", "activation_scheme": scheme, "ignored_layers": ["lm_head"]}}))
+  save_file(tensors, str(tmp_path / "model.safetensors"))
+  tree = load_checkpoint(str(tmp_path), progress=False)
+  for mod, (n, k) in mods.items():
+    q = _get(tree, mod)["weight"]
+    assert (q.spec.weight, q.spec.granularity, q.spec.act, q.spec.act_granularity,
+            q.spec.act_static) == ("fp8_e4m3", "tensor", "fp8_e4m3", "tensor",
+                                   scheme == "static")
+    np.testing.assert_array_equal(np.asarray(hj.dequantize(q)).T, want[mod])
+    x = np.asarray(jax.random.normal(jax.random.key(4), (5, k), jnp.float32))
+    sx = 2.5 / 448 if scheme == "static" else np.abs(x).max() / 448
+    ref = _fake_fp8(x, np.float32(sx)) @ want[mod].T
+    for backend in ("xla", "interpret"):
+      y = np.asarray(hj.quant_dense(q, jnp.asarray(x), backend=backend), np.float32)
+      assert np.linalg.norm(y - ref) / np.linalg.norm(ref) < 1e-3, (mod, backend)
+  assert np.asarray(tree["model"]["layers"]["0"]["self_attn"]["k_proj"]["kv_scale"]) == \
+      np.float32(0.02)
+  assert tree["lm_head"]["weight"].dtype == jnp.bfloat16
+
+
+def test_fbgemm_fp8_loads(tmp_path):
+  """transformers' fbgemm_fp8 (Meta's Llama-3.1-405B-FP8): e4m3 weights with one float32
+  scale per output row, activations per token at run time -- the w8a8-fp8 semantics.
+  fbgemm's activation_scale_ub is not applied: a load-time note says so."""
+  rng = np.random.default_rng(5)
+  mod, (n, k) = "model.layers.0.mlp.up_proj", (96, 128)
+  q8, s = _fp8_linear(rng, n, k, per_channel=True)
+  bias = rng.standard_normal(n).astype(np.float32)
+  save_file({f"{mod}.weight": q8, f"{mod}.weight_scale": s, f"{mod}.bias": bias,
+             "model.layers.0.mlp.gate.weight": np.ones((4, 128), np.float32)},
+            str(tmp_path / "model.safetensors"))
+  (tmp_path / "config.json").write_text(json.dumps({"quantization_config": {
+      "quant_method": "fbgemm_fp8", "activation_scale_ub": 1200.0,
+      "modules_to_not_convert": ["model.layers.0.mlp.gate"]}}))
+  assert detect_format(str(tmp_path)) == "fbgemm_fp8"
+  with pytest.warns(UserWarning, match=r"activation_scale_ub=1200.0 .* is not applied"):
+    tree = load_checkpoint(str(tmp_path), progress=False)
+  q = _get(tree, mod)["weight"]
+  assert q.spec == hj.QuantSpec.preset("w8a8-fp8")
+  w = q8.astype(np.float32) * s
+  np.testing.assert_array_equal(np.asarray(hj.dequantize(q)).T, w)
+  x = np.asarray(jax.random.normal(jax.random.key(6), (6, k), jnp.float32))
+  ref = _fake_fp8(x, np.abs(x).max(1, keepdims=True) / 448) @ w.T + bias
+  for backend in ("xla", "interpret"):
+    y = np.asarray(hj.quant_dense(q, jnp.asarray(x), backend=backend), np.float32)
+    assert np.linalg.norm(y - ref) / np.linalg.norm(ref) < 1e-3, backend
+  assert tree["model"]["layers"]["0"]["mlp"]["gate"]["weight"].dtype == jnp.float32
+
+
+@pytest.mark.parametrize("edit,match", [
+    (lambda t, m: t.update({f"{m}.weight_scale": np.ones((2, 1), np.float32)}),
+     r"weight_scale': shape \(2, 1\), expected one value"),
+    (lambda t, m: t.pop(f"{m}.input_scale"), r"activation_scheme 'static' but no tensor"),
+    (lambda t, m: t.pop(f"{m}.weight_scale"), r"input_scale without .*weight_scale"),
+])
+def test_per_tensor_fp8_refusals(tmp_path, edit, match):
+  mod = "model.layers.0.mlp.down_proj"
+  t = {f"{mod}.weight": np.ones((64, 64), ml_dtypes.float8_e4m3fn),
+       f"{mod}.weight_scale": np.ones((1,), np.float32),
+       f"{mod}.input_scale": np.ones((1,), np.float32)}
+  edit(t, mod)
+  save_file(t, str(tmp_path / "model.safetensors"))
+  (tmp_path / "config.json").write_text(json.dumps({"quantization_config": {
+      "quant_method": "fp8", "activation_scheme": "static"}}))
+  with pytest.raises(ValueError, match=match):
     load_checkpoint(str(tmp_path), progress=False)

@@ -17,7 +17,8 @@ Supported ``format=`` values (detected from ``config.json``'s ``quantization_con
 or its ``compression_config``, where older llm-compressor / SparseML exports keep it --, or
 ModelOpt's ``hf_quant_config.json``, AutoGPTQ's ``quantize_config.json``, AutoAWQ's
 ``quant_config.json``): ``"gptq"``, ``"awq"``, ``"compressed-tensors"``,
-``"modelopt"``, ``"mxfp4"``, ``"fp8"`` (block-scaled FP8: DeepSeek-V3, Qwen3-FP8), and
+``"modelopt"``, ``"mxfp4"``, ``"fp8"`` (block-scaled FP8: DeepSeek-V3, Qwen3-FP8; per-tensor
+AutoFP8 exports), ``"fbgemm_fp8"`` (per-channel FP8: Meta's Llama-3.1-405B-FP8), and
 ``"float"`` (no quantization).  See docs/checkpoints.md.
 """
 from __future__ import annotations
@@ -36,10 +37,12 @@ from humming_jax.checkpoints._io import CheckpointDir, SafetensorsFile
 from humming_jax.checkpoints.experts import deinterleave_gate_up, stack_experts
 from humming_jax.quantize import QuantizedWeight, check_params
 
-FORMATS = ("gptq", "awq", "compressed-tensors", "modelopt", "mxfp4", "fp8", "float")
+FORMATS = ("gptq", "awq", "compressed-tensors", "modelopt", "mxfp4", "fp8", "fbgemm_fp8",
+           "float")
 _ALIASES = {"gptq": "gptq", "awq": "awq", "compressed-tensors": "compressed-tensors",
             "compressed_tensors": "compressed-tensors", "modelopt": "modelopt",
-            "mxfp4": "mxfp4", "fp8": "fp8", "float": "float", "none": "float"}
+            "mxfp4": "mxfp4", "fp8": "fp8", "fbgemm_fp8": "fbgemm_fp8", "float": "float",
+            "none": "float"}
 
 __all__ = ["load_checkpoint", "detect_format", "stack_experts", "deinterleave_gate_up",
            "FORMATS", "SafetensorsFile"]
@@ -83,8 +86,8 @@ def _detect(ckpt: CheckpointDir, fmt: str | None = None) -> tuple[str, dict]:
   method = str(qc.get("quant_method", "")).lower()
   if method not in _ALIASES or method in ("float", "none"):
     raise ValueError(f"{ckpt.path}/{source}: unknown quant_method {method!r}; "
-                     f"supported: gptq, awq, compressed-tensors, modelopt, mxfp4, fp8 (or pass "
-                     "format=...)")
+                     f"supported: gptq, awq, compressed-tensors, modelopt, mxfp4, fp8, "
+                     f"fbgemm_fp8 (or pass format=...)")
   return _ALIASES[method], qc
 
 
@@ -108,6 +111,11 @@ def _planner(fmt: str, qc: dict, notes: list, *, forced: bool = False):
     return lambda m, s: _nv.plan_mxfp4(m, s, qc)
   if fmt == "fp8":
     return lambda m, s: _hf_fp8.plan_hf_fp8(m, s, qc)
+  if fmt == "fbgemm_fp8":
+    if qc.get("activation_scale_ub") is not None:
+      notes.append(f"activation_scale_ub={qc['activation_scale_ub']} (fbgemm's cap on each "
+                   "token's amax) is not applied: tokens above it get their own scale")
+    return lambda m, s: _hf_fp8.plan_fbgemm_fp8(m, s, qc)
   return (lambda m, s: None) if forced else _float_module
 
 

@@ -9,8 +9,23 @@ producer's: it multiplies).  Activations are quantized per token and per group o
 columns to e4m3 at run time ("dynamic"): the ``w8a8-fp8-block`` preset's semantics.
 Layers without a ``weight_scale_inv`` (``modules_to_not_convert``: lm_head, routers, ...)
 stay float.  Scales stored in bf16 / fp16 (some Qwen3-FP8 exports) are widened to fp32
-(exact).  Per-tensor fp8 exports under the same ``quant_method`` (a ``weight_scale`` /
-``input_scale`` per layer, no block size) are refused.
+(exact).
+
+Per-tensor exports under the same ``quant_method`` with no ``weight_block_size`` (AutoFP8,
+neuralmagic's early ``*-FP8`` models; what vLLM's fp8 method reads): ``weight``
+float8_e4m3fn (N, K) times one float32 ``weight_scale``; ``activation_scheme`` "static":
+the activations divided by the layer's calibrated ``input_scale`` (one value), "dynamic":
+by amax(x) / 448 over the whole call (AutoFP8's per-tensor dynamic quantization).  The
+``w8a8-fp8`` semantics with ``tensor`` granularity.  Other tensors of such a layer (an
+older ``kv_scale``) come back as float leaves beside its weight.
+
+``quant_method: "fbgemm_fp8"`` (transformers' FbgemmFp8; Meta's Llama-3.1-405B-FP8):
+``weight`` float8_e4m3fn (N, K), ``weight_scale`` float32 (N, 1) per output channel,
+activations quantized per token at run time (fbgemm's ``quantize_fp8_per_row``): the
+``w8a8-fp8`` preset's semantics.  fbgemm also caps each row's amax at the config's
+``activation_scale_ub`` (1200 in Meta's exports); that cap is not applied here (a load-time
+note says so): a token whose amax exceeds it is quantized with its own scale instead of
+saturating.
 
 An N that is not a multiple of bn (DeepSeek-V3's ``kv_a_proj_with_mqa``, N = 576) takes
 column blocks of gcd(bn, N) with each block scale repeated: the same weight, exactly.
@@ -29,6 +44,8 @@ _FP8 = {np.dtype(ml_dtypes.float8_e4m3fn): "fp8_e4m3", np.dtype(ml_dtypes.float8
 
 def plan_hf_fp8(module: str, suffixes: set[str], qcfg: dict) -> list[Unit] | None:
   block = qcfg.get("weight_block_size")
+  if block is None:
+    return _plan_per_tensor(module, suffixes, qcfg)
   if not (isinstance(block, (list, tuple)) and len(block) == 2
           and all(isinstance(b, int) and b > 0 for b in block)):
     raise ValueError(f"quantization_config.weight_block_size={block!r}: expected [bn, bk] "
@@ -40,9 +57,9 @@ def plan_hf_fp8(module: str, suffixes: set[str], qcfg: dict) -> list[Unit] | Non
   if "weight_scale_inv" not in suffixes:
     per_tensor = sorted(f"{module}.{s}" for s in suffixes & {"weight_scale", "input_scale"})
     if per_tensor:
-      raise ValueError(f"module {module!r}: per-tensor fp8 tensors {per_tensor} under "
-                       "quant_method 'fp8' are not supported (block-scaled exports have "
-                       "weight_scale_inv)")
+      raise ValueError(f"module {module!r}: per-tensor fp8 tensors {per_tensor} in a "
+                       f"checkpoint whose quantization_config has weight_block_size={block} "
+                       "(block-scaled layers hold weight_scale_inv)")
     return None  # a float layer (modules_to_not_convert)
   if suffixes & {"qweight", "weight_packed", "weight_scale", "qzeros"}:
     raise ValueError(f"module {module!r}: mixed formats in one layer: "
@@ -66,6 +83,90 @@ def plan_hf_fp8(module: str, suffixes: set[str], qcfg: dict) -> list[Unit] | Non
                          act_granularity="group", act_group_size=bk)
     return {"weight": weight_from_nk_bytes(spec, w.view(np.uint8), 8, k,
                                            np.ascontiguousarray(s),
+                                           bias=bias_of(module, a, n))}
+
+  return [Unit(module, keys, build)]
+
+
+def _fp8_layer(module: str, suffixes: set[str], extra: set[str]) -> tuple[str, ...] | None:
+  """The tensor names of one per-tensor / per-channel fp8 linear (``weight`` and
+  ``weight_scale`` + ``extra``), or None for a float layer; mixed formats refused."""
+  if "weight_scale" not in suffixes:
+    stacked = sorted(f"{module}.{s}" for s in suffixes
+                     if s.endswith("_scale") and s[:-len("_scale")] in suffixes)
+    if stacked:  # e.g. Llama-4's fused experts (gate_up_proj + gate_up_proj_scale)
+      raise ValueError(f"module {module!r}: stacked fp8 tensors {stacked} are not supported "
+                       "(one weight / weight_scale per linear layer)")
+    if "input_scale" in suffixes:
+      raise ValueError(f"module {module!r}: {module}.input_scale without "
+                       f"{module}.weight_scale")
+    return None  # a float layer (modules_to_not_convert / ignored_layers)
+  if suffixes & {"qweight", "weight_packed", "weight_scale_inv", "qzeros"}:
+    raise ValueError(f"module {module!r}: mixed formats in one layer: "
+                     f"{sorted(f'{module}.{s}' for s in suffixes)}")
+  if "weight" not in suffixes:
+    raise ValueError(f"module {module!r}: missing tensor {module}.weight")
+  return tuple(f"{module}.{s}" for s in sorted(suffixes & ({"weight", "weight_scale", "bias"}
+                                                           | extra)))
+
+
+def _plan_per_tensor(module: str, suffixes: set[str], qcfg: dict) -> list[Unit] | None:
+  scheme = str(qcfg.get("activation_scheme", "dynamic")).lower()
+  if scheme not in ("static", "dynamic"):
+    raise ValueError(f"quantization_config.activation_scheme={scheme!r}: expected 'static' "
+                     "or 'dynamic'")
+  if "weight_scale_inv" in suffixes:
+    raise ValueError(f"module {module!r}: block-scaled tensor {module}.weight_scale_inv but "
+                     "quantization_config has no weight_block_size=[bn, bk]")
+  keys = _fp8_layer(module, suffixes, {"input_scale"} if scheme == "static" else set())
+  if keys is None:
+    return None
+  if scheme == "static" and "input_scale" not in suffixes:
+    raise ValueError(f"module {module!r}: activation_scheme 'static' but no tensor "
+                     f"{module}.input_scale")
+
+  def build(a):
+    wname, sname = f"{module}.weight", f"{module}.weight_scale"
+    w = expect(wname, a[wname], [ml_dtypes.float8_e4m3fn])
+    n, k = w.shape
+    float_scale_dtype(sname, a[sname])
+    s = a[sname].astype(np.float32)
+    if s.size != 1:
+      raise ValueError(f"tensor {sname!r}: shape {s.shape}, expected one value (per-tensor "
+                       "fp8: quantization_config has no weight_block_size)")
+    act = dict(act="fp8_e4m3", act_granularity="tensor")
+    act_scale = None
+    if scheme == "static":
+      iname = f"{module}.input_scale"
+      float_scale_dtype(iname, a[iname])
+      act_scale = a[iname].astype(np.float32)
+      if act_scale.size != 1:
+        raise ValueError(f"tensor {iname!r}: shape {act_scale.shape}, expected one value")
+      act.update(act_static=True)
+    spec = spec_or_error(module, weight="fp8_e4m3", granularity="tensor",
+                         scale_dtype="float32", **act)
+    return {"weight": weight_from_nk_bytes(spec, w.view(np.uint8), 8, k, s.reshape(1, 1),
+                                           bias=bias_of(module, a, n),
+                                           act_scale=None if act_scale is None
+                                           else act_scale.reshape(()))}
+
+  return [Unit(module, keys, build)]
+
+
+def plan_fbgemm_fp8(module: str, suffixes: set[str], qcfg: dict) -> list[Unit] | None:
+  keys = _fp8_layer(module, suffixes, set())
+  if keys is None:
+    return None
+
+  def build(a):
+    wname, sname = f"{module}.weight", f"{module}.weight_scale"
+    w = expect(wname, a[wname], [ml_dtypes.float8_e4m3fn])
+    n, k = w.shape
+    s = expect(sname, a[sname], np.float32, (n, 1))
+    spec = spec_or_error(module, weight="fp8_e4m3", granularity="channel",
+                         scale_dtype="float32", act="fp8_e4m3", act_granularity="token")
+    return {"weight": weight_from_nk_bytes(spec, w.view(np.uint8), 8, k,
+                                           np.ascontiguousarray(s.T),
                                            bias=bias_of(module, a, n))}
 
   return [Unit(module, keys, build)]
