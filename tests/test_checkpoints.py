@@ -190,6 +190,23 @@ def test_float_tensors_come_back_as_stored(name, loaded):
   assert all(t.bits_per_weight < 9 for t in quantized)
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", [n for n in ALL if not n.startswith("gptoss")])
+def test_loaded_layers_run_on_the_gpu_kernels(name, loaded):
+  """Every loaded linear through quant_dense's GPU kernels (jitted, as a model runs them) at
+  1 and 33 tokens equals the XLA reference on the same params."""
+  tree = loaded[name]
+  for mod in ("model.layers.0.self_attn.q_proj", "model.layers.0.mlp.down_proj"):
+    q = _get(tree, mod)["weight"]
+    for m in (1, 33):
+      x = jax.random.normal(jax.random.key(m), (m, q.shape[0]), jnp.bfloat16)
+      y = jax.jit(lambda q, x: hj.quant_dense(q, x, backend="pallas"))(q, x)
+      ref = hj.quant_dense(q, x, backend="xla")
+      y, ref = np.asarray(y, np.float32), np.asarray(ref, np.float32)
+      assert np.all(np.isfinite(y)), (mod, m)
+      assert np.linalg.norm(y - ref) / np.linalg.norm(ref) <= 1e-2, (mod, m, q.spec.name)
+
+
 def test_bias_is_inside_the_quantized_weight(loaded):
   tree = loaded["gptq-w4-g32-sym"]
   q = _get(tree, "model.layers.0.self_attn.q_proj")["weight"]
