@@ -14,7 +14,8 @@ s_moe2() {
   echo "moe rc=$?"; grep -E "T=|^\|" "$OUT/moe_dm.log" | cut -c1-300 | tail -30
 }
 s_ld() {
-  gpu_tests ${ST:-200} "gpu or pallas" tests/test_checkpoints.py tests/test_hf_fp8.py
+  gpu_tests ${ST:-200} "gpu or pallas" tests/test_checkpoints.py tests/test_hf_fp8.py \
+    tests/test_modelopt_mixed.py
 }
 for s in ${@:-ld}; do
   case "$s" in

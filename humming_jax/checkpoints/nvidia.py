@@ -8,6 +8,15 @@ ModelOpt NVFP4 (``quant_algo="NVFP4"``), per linear (torch (N, K)):
   is dynamic; a warning says so).
 ModelOpt FP8 (``quant_algo="FP8"``): ``weight`` float8_e4m3fn (N, K), ``weight_scale`` fp32
   scalar (per tensor), ``input_scale`` fp32 scalar (static per-tensor fp8 activations).
+ModelOpt MIXED_PRECISION (NVIDIA's recent releases): ``quantized_layers`` names each
+  quantized module (or a parent of it, e.g. ``...mlp.experts``) with its own ``quant_algo``:
+  ``NVFP4`` / ``FP8`` as above, ``W4A16_NVFP4`` (NVFP4 weights, 16-bit activations),
+  ``FP8_PER_CHANNEL_PER_TOKEN`` (``weight_scale`` fp32 (N, 1); fp8 activations per token at
+  run time), ``FP8_PB_WO`` (``weight_scale`` fp32 per (bn, bk) block, weight-only; block
+  from ``block_size`` / ``group_size``, default 128), ``UNQUANTIZED`` (float).  A module
+  holding quantized tensors that no entry names, and any other algorithm (the AWQ
+  variants carry a ``pre_quant_scale`` the layer's input must be multiplied by), are
+  refused by name.
 
 gpt-oss MXFP4 (``quant_method="mxfp4"``): per projection ``X`` of a (stacked-experts) module,
   ``X_blocks`` uint8 (E, N, K/32, 16) e2m1 codes (low nibble = even k), ``X_scales`` uint8
@@ -21,7 +30,7 @@ import ml_dtypes
 import numpy as np
 
 from humming_jax.checkpoints._common import (Unit, bias_of, expect, spec_or_error,
-                                             weight_from_nk_bytes)
+                                             weight_blocks, weight_from_nk_bytes)
 
 _SCALAR = ((), (1,))
 
@@ -33,8 +42,46 @@ def _scalar(name: str, a: np.ndarray) -> np.float32:
   return np.float32(a.reshape(()))
 
 
+# Per-layer algorithms of a MIXED_PRECISION export that this loader reads.
+MODELOPT_ALGOS = ("NVFP4", "W4A16_NVFP4", "FP8", "FP8_PER_CHANNEL_PER_TOKEN", "FP8_PB_WO")
+
+
+def _layer_algo(module: str, qcfg: dict) -> tuple[str | None, dict]:
+  """(quant_algo, its settings) of one module: the config's own, or for MIXED_PRECISION the
+  ``quantized_layers`` entry naming the module or its nearest parent (None: not listed)."""
+  algo = str(qcfg.get("quant_algo", "")).upper()
+  if algo != "MIXED_PRECISION":
+    return algo, qcfg
+  layers = qcfg.get("quantized_layers")
+  if not isinstance(layers, dict):
+    raise ValueError("quantization_config: quant_algo 'MIXED_PRECISION' needs a "
+                     f"'quantized_layers' object (module -> settings), got {layers!r}")
+  parts = module.split(".")
+  for i in range(len(parts), 0, -1):
+    entry = layers.get(".".join(parts[:i]))
+    if entry is not None:
+      if not isinstance(entry, dict):
+        raise ValueError(f"quantized_layers[{'.'.join(parts[:i])!r}]: expected an object "
+                         f"with quant_algo, got {entry!r}")
+      return str(entry.get("quant_algo", "")).upper(), {**qcfg, **entry}
+  return None, qcfg
+
+
 def plan_modelopt(module: str, suffixes: set[str], qcfg: dict,
                   notes: list) -> list[Unit] | None:
+  if "pre_quant_scale" in suffixes:  # AWQ's smoothing: x * pre_quant_scale before the layer
+    raise ValueError(f"module {module!r}: {module}.pre_quant_scale (ModelOpt AWQ smoothing of "
+                     "the layer's input) is not supported")
+  algo, qcfg = _layer_algo(module, qcfg)
+  if algo == "UNQUANTIZED":
+    return None
+  if algo is None:  # MIXED_PRECISION and no entry for this module
+    if suffixes & {"weight_scale", "weight_scale_2", "input_scale"}:
+      raise ValueError(f"module {module!r}: quantized tensors "
+                       f"{sorted(suffixes & {'weight_scale', 'weight_scale_2', 'input_scale'})}"
+                       " but no quantization_config.quantized_layers entry names it or a "
+                       "parent of it")
+    return None
   if "weight_scale" not in suffixes:
     if suffixes & {"weight_scale_2"}:
       raise ValueError(f"module {module!r}: has {module}.weight_scale_2 but no "
@@ -45,13 +92,17 @@ def plan_modelopt(module: str, suffixes: set[str], qcfg: dict,
                      f"{sorted(f'{module}.{s}' for s in suffixes)}")
   if "weight" not in suffixes:
     raise ValueError(f"module {module!r}: missing tensor {module}.weight")
-  algo = str(qcfg.get("quant_algo", "")).upper()
-  keys = tuple(f"{module}.{s}" for s in sorted(
-      suffixes & {"weight", "weight_scale", "weight_scale_2", "input_scale", "bias"}))
+  if algo not in MODELOPT_ALGOS:
+    raise ValueError(f"module {module!r}: ModelOpt quant_algo {algo!r} is not supported; "
+                     f"supported: {MODELOPT_ALGOS} (per layer under MIXED_PRECISION)")
+  # input_scale belongs to the W4A4 / static-fp8 algorithms; elsewhere it stays a leaf
+  taken = {"weight", "weight_scale", "weight_scale_2", "bias"} | (
+      {"input_scale"} if algo in ("NVFP4", "FP8") else set())
+  keys = tuple(f"{module}.{s}" for s in sorted(suffixes & taken))
 
   def build(a):
     w, sname = a[f"{module}.weight"], f"{module}.weight_scale"
-    if algo == "NVFP4":
+    if algo in ("NVFP4", "W4A16_NVFP4"):
       for s in ("weight_scale_2",):
         if f"{module}.{s}" not in a:
           raise ValueError(f"module {module!r}: missing tensor {module}.{s}")
@@ -61,7 +112,7 @@ def plan_modelopt(module: str, suffixes: set[str], qcfg: dict,
       sc = expect(sname, a[sname], ml_dtypes.float8_e4m3fn, (n, k // g))
       s2 = _scalar(f"{module}.weight_scale_2", a[f"{module}.weight_scale_2"])
       act = {}
-      if f"{module}.input_scale" in a:
+      if algo == "NVFP4" and f"{module}.input_scale" in a:
         _scalar(f"{module}.input_scale", a[f"{module}.input_scale"])
         act = dict(act="fp4_e2m1", act_granularity="group", act_group_size=g,
                    act_scale_dtype="fp8_e4m3")
@@ -84,8 +135,30 @@ def plan_modelopt(module: str, suffixes: set[str], qcfg: dict,
       return {"weight": weight_from_nk_bytes(spec, w.view(np.uint8), 8, k,
                                              np.full((1, 1), s, np.float32),
                                              bias=bias_of(module, a, n), act_scale=act_scale)}
-    raise ValueError(f"quantization_config.quant_algo={algo!r}: supported ModelOpt "
-                     "algorithms are 'NVFP4' and 'FP8'")
+    if algo == "FP8_PER_CHANNEL_PER_TOKEN":
+      expect(f"{module}.weight", w, ml_dtypes.float8_e4m3fn)
+      n, k = w.shape
+      s = expect(sname, a[sname], np.float32)
+      if s.size != n:
+        raise ValueError(f"tensor {sname!r}: shape {s.shape}, expected ({n}, 1): one scale "
+                         "per output channel")
+      spec = spec_or_error(module, weight="fp8_e4m3", granularity="channel",
+                           scale_dtype="float32", act="fp8_e4m3", act_granularity="token")
+      return {"weight": weight_from_nk_bytes(spec, w.view(np.uint8), 8, k, s.reshape(1, n),
+                                             bias=bias_of(module, a, n))}
+    if algo == "FP8_PB_WO":
+      expect(f"{module}.weight", w, ml_dtypes.float8_e4m3fn)
+      n, k = w.shape
+      block = qcfg.get("block_size", qcfg.get("group_size", 128))
+      bn, bk = (block, block) if isinstance(block, int) else (int(b) for b in block)
+      s = expect(sname, a[sname], np.float32, (-(-n // bn), -(-k // bk)))
+      s, bn_ = weight_blocks(f"{module}.weight", np.ascontiguousarray(s.T), k, n, bk, bn)
+      spec = spec_or_error(module, weight="fp8_e4m3", granularity="block", group_size=bk,
+                           block_n=bn_, scale_dtype="float32")
+      return {"weight": weight_from_nk_bytes(spec, w.view(np.uint8), 8, k,
+                                             np.ascontiguousarray(s),
+                                             bias=bias_of(module, a, n))}
+    raise AssertionError(algo)  # refused above
 
   return [Unit(module, keys, build)]
 
