@@ -117,6 +117,7 @@ def test_forward_matches_the_producers(name, loaded):
     # power of two before taking its exponent, we follow OCP MX's floor rule (a load-time
     # note says so), so some groups' scales differ by 2x: checked exactly below instead.
     mx_act = q.spec.act_scale_dtype == "e8m0"
+    assert mx_act == (name == "ct-mxfp4-a4")  # MX activations, and only there
     tol = 6e-2 if mx_act else 3e-2 if q.spec.act else 5e-3
     assert rel < tol, (mod, rel)
     if mx_act:

@@ -5,6 +5,7 @@ import json
 import os
 import shutil
 
+import ml_dtypes
 import numpy as np
 import pytest
 from safetensors.numpy import save_file
@@ -236,7 +237,8 @@ def test_ct_online_transforms_are_refused(tmp_path, location, refused):
 def _save_raw(tensors: dict, path: str) -> None:
   """A safetensors file of ml_dtypes arrays (bf16 / fp8; uint8 / float32 beside them),
   which safetensors.numpy cannot write: the header, then each tensor's bytes."""
-  names = {"bfloat16": "BF16", "float8_e4m3fn": "F8_E4M3", "float32": "F32", "uint8": "U8"}
+  names = {"bfloat16": "BF16", "float8_e4m3fn": "F8_E4M3", "float32": "F32", "uint8": "U8",
+           "float8_e8m0fnu": "F8_E8M0", "float8_e5m2": "F8_E5M2"}
   header, off, blobs = {}, 0, []
   for k, a in tensors.items():
     b = np.ascontiguousarray(a).tobytes()
@@ -347,7 +349,8 @@ def test_ct_settings_under_compression_config(tmp_path, form):
   # weights stored sparse-compressed are refused by the format, not loaded as raw leaves
   (d / "config.json").write_text(json.dumps({**cfg, "compression_config": {
       **cc, "sparsity_config": {"format": "sparse-bitmask", "targets": ["Linear"]}}}))
-  with pytest.raises(ValueError, match=r"sparsity_config: format 'sparse-bitmask' \(targets "
+  with pytest.raises(ValueError, match=r"ckpt/config.json \(compression_config\)\.sparsity_"
+                                       r"config: format 'sparse-bitmask' \(targets "
                                        r"\['Linear'\]\) stores weights sparse-compressed"):
     _load(str(d))
   (d / "config.json").write_text(json.dumps({**cfg, "compression_config": [qc]}))
@@ -412,4 +415,17 @@ def test_ct_mx_formats_refuse_what_they_cannot_mean(tmp_path):
   with pytest.raises(ValueError, match=r"input_activations with e8m0 scales \(torch.uint8\) "
                                        r"need strategy 'group' and group_size 32"):
     _load(setup("ct-mxfp4-a4", lambda g: g["input_activations"].update(group_size=16)))
+  # e8m0-typed scales: compressed-tensors converts the exponent's value, not its bits, there
+  with pytest.raises(ValueError, match=rf"tensor '{mod}\.weight_scale': dtype float8_e8m0fnu"):
+    _load(setup("ct-mxfp4", edit_t=lambda t: t.update(
+        {f"{mod}.weight_scale": t[f"{mod}.weight_scale"].view(ml_dtypes.float8_e8m0fnu)})))
+  with pytest.raises(ValueError, match=r"input_activations scale_dtype torch.float8_e8m0fnu "
+                                       r"is not supported"):
+    _load(setup("ct-mxfp4-a4", lambda g: g["input_activations"].update(
+        scale_dtype="torch.float8_e8m0fnu")))
+  # MXFP8 weights are e4m3 (the producer writes nothing else)
+  with pytest.raises(ValueError, match=rf"tensor '{mod}\.weight': dtype float8_e5m2"):
+    _load(setup("ct-mxfp8", edit_t=lambda t: t.update(
+        {f"{mod}.weight": t[f"{mod}.weight"].astype(np.float32).astype(
+            ml_dtypes.float8_e5m2)})))
 

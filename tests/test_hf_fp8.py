@@ -149,9 +149,10 @@ BACKENDS = ["xla", "interpret", pytest.param("pallas", marks=pytest.mark.gpu)]
 def test_per_tensor_fp8_loads(tmp_path, scheme, backend):
   """AutoFP8 exports (quant_method fp8 without weight_block_size; neuralmagic's early
   *-FP8 models): one weight scale per layer; activations divided by the calibrated
-  input_scale ('static') or by amax(x) / 448 of the call ('dynamic').  They were refused;
-  now they load as exactly weight * weight_scale with those activation semantics, an older
-  kv_scale kept beside the weight, lm_head (ignored_layers) float."""
+  input_scale ('static') or quantized per token ('dynamic': as vLLM runs them on Hopper;
+  a load-time note says AutoFP8's own forward is per tensor).  They were refused; now they
+  load as exactly weight * weight_scale with those activation semantics, an older kv_scale
+  kept beside the weight, lm_head (ignored_layers) float."""
   rng = np.random.default_rng(3)
   mods = {"model.layers.0.self_attn.k_proj": (64, 128), "model.layers.0.mlp.down_proj": (128, 96)}
   tensors, want = {}, {}
@@ -166,16 +167,22 @@ def test_per_tensor_fp8_loads(tmp_path, scheme, backend):
   (tmp_path / "config.json").write_text(json.dumps({"quantization_config": {
       "quant_method": "fp8", "activation_scheme": scheme, "ignored_layers": ["lm_head"]}}))
   save_file(tensors, str(tmp_path / "model.safetensors"))
-  tree = load_checkpoint(str(tmp_path), progress=False)
+  if scheme == "dynamic":
+    with pytest.warns(UserWarning, match=r"quantized per token \(as vLLM runs it"):
+      tree = load_checkpoint(str(tmp_path), progress=False)
+  else:
+    tree = load_checkpoint(str(tmp_path), progress=False)
   for mod, (n, k) in mods.items():
     q = _get(tree, mod)["weight"]
     assert (q.spec.weight, q.spec.granularity, q.spec.act, q.spec.act_granularity,
-            q.spec.act_static) == ("fp8_e4m3", "tensor", "fp8_e4m3", "tensor",
+            q.spec.act_static) == ("fp8_e4m3", "tensor", "fp8_e4m3",
+                                   "tensor" if scheme == "static" else "token",
                                    scheme == "static")
     np.testing.assert_array_equal(np.asarray(hj.dequantize(q)).T, want[mod])
     x = np.asarray(jax.random.normal(jax.random.key(4), (5, k), jnp.float32))
-    sx = 2.5 / 448 if scheme == "static" else np.abs(x).max() / 448
-    ref = _fake_fp8(x, np.float32(sx)) @ want[mod].T
+    sx = (np.float32(2.5 / 448) if scheme == "static"
+          else np.abs(x).max(1, keepdims=True) / 448)
+    ref = _fake_fp8(x, sx) @ want[mod].T
     y = np.asarray(hj.quant_dense(q, jnp.asarray(x), backend=backend), np.float32)
     assert np.linalg.norm(y - ref) / np.linalg.norm(ref) < 1e-3, mod
   assert np.asarray(tree["model"]["layers"]["0"]["self_attn"]["k_proj"]["kv_scale"]) == \
@@ -217,15 +224,20 @@ def test_fbgemm_fp8_loads(tmp_path, backend):
      r"weight_scale': shape \(2, 1\), expected one value"),
     (lambda t, m: t.pop(f"{m}.input_scale"), r"activation_scheme 'static' but no tensor"),
     (lambda t, m: t.pop(f"{m}.weight_scale"), r"input_scale without .*weight_scale"),
+    ("dynamic", r"a calibrated .*input_scale but activation_scheme 'dynamic'"),
 ])
 def test_per_tensor_fp8_refusals(tmp_path, edit, match):
   mod = "model.layers.0.mlp.down_proj"
   t = {f"{mod}.weight": np.ones((64, 64), ml_dtypes.float8_e4m3fn),
        f"{mod}.weight_scale": np.ones((1,), np.float32),
        f"{mod}.input_scale": np.ones((1,), np.float32)}
-  edit(t, mod)
+  scheme = "static"
+  if edit == "dynamic":
+    scheme = "dynamic"
+  else:
+    edit(t, mod)
   save_file(t, str(tmp_path / "model.safetensors"))
   (tmp_path / "config.json").write_text(json.dumps({"quantization_config": {
-      "quant_method": "fp8", "activation_scheme": "static"}}))
+      "quant_method": "fp8", "activation_scheme": scheme}}))
   with pytest.raises(ValueError, match=match):
     load_checkpoint(str(tmp_path), progress=False)

@@ -51,10 +51,14 @@ __all__ = ["load_checkpoint", "detect_format", "stack_experts", "deinterleave_ga
 def _quant_config(ckpt: CheckpointDir) -> tuple[dict | None, str]:
   """(the quantization settings or None, the file they came from)."""
   qc, source = ckpt.config.get("quantization_config"), "config.json"
-  if qc is None and ckpt.config.get("compression_config") is not None:
-    qc = _ct.from_compression_config(ckpt.config["compression_config"],
-                                     f"{ckpt.path}/config.json")
-    source = "config.json (compression_config)"
+  cc = ckpt.config.get("compression_config")
+  if cc is not None:
+    older = _ct.from_compression_config(cc, f"{ckpt.path}/config.json")
+    if qc is None:
+      qc, source = older, "config.json (compression_config)"
+    elif (isinstance(qc, dict) and not qc.get("sparsity_config") and older
+          and older.get("sparsity_config")):  # both written: keep the older sparsity word
+      qc = {**qc, "sparsity_config": older["sparsity_config"]}
   if qc is None:
     hf = ckpt.extra_json("hf_quant_config.json")  # older ModelOpt exports
     if isinstance(hf, dict) and isinstance(hf.get("quantization"), dict):
@@ -74,26 +78,30 @@ def detect_format(path: str | os.PathLike) -> str:
   return _detect(CheckpointDir(path))[0]
 
 
-def _detect(ckpt: CheckpointDir, fmt: str | None = None) -> tuple[str, dict]:
+def _detect(ckpt: CheckpointDir, fmt: str | None = None) -> tuple[str, dict, str]:
+  """(format, quantization settings, where they came from: a path for error messages)."""
   qc, source = _quant_config(ckpt)
+  where = f"{ckpt.path}/{source}"
   if fmt is not None:
     key = _ALIASES.get(str(fmt).lower())
     if key is None:
       raise ValueError(f"format={fmt!r}; expected one of {FORMATS}")
-    return key, qc or {}
+    return key, qc or {}, where
   if qc is None:
-    return "float", {}
+    return "float", {}, where
   method = str(qc.get("quant_method", "")).lower()
   if method not in _ALIASES or method in ("float", "none"):
     raise ValueError(f"{ckpt.path}/{source}: unknown quant_method {method!r}; "
                      f"supported: gptq, awq, compressed-tensors, modelopt, mxfp4, fp8, "
                      f"fbgemm_fp8 (or pass format=...)")
-  return _ALIASES[method], qc
+  return _ALIASES[method], qc, where
 
 
-def _planner(fmt: str, qc: dict, notes: list, *, forced: bool = False):
+def _planner(fmt: str, qc: dict, notes: list, *, forced: bool = False,
+             where: str = "quantization_config"):
   """The per-module planner of a format (``forced``: ``format=`` was passed, so a "float"
-  checkpoint gives every tensor as stored, quantized-looking ones included)."""
+  checkpoint gives every tensor as stored, quantized-looking ones included; ``where``: the
+  settings' file, named in errors)."""
   if fmt == "gptq":
     if qc.get("is_marlin_format"):  # its modules hold B / s, not qweight: refused up front
       raise ValueError("quantization settings: is_marlin_format=true (AutoGPTQ's Marlin "
@@ -102,14 +110,19 @@ def _planner(fmt: str, qc: dict, notes: list, *, forced: bool = False):
   if fmt == "awq":
     return lambda m, s: _gptq.plan_awq(m, s, qc)
   if fmt == "compressed-tensors":
-    _ct.check_transforms(qc)
-    _ct.check_sparsity(qc)
+    _ct.check_transforms(qc, where)
+    _ct.check_sparsity(qc, where)
     return lambda m, s: _ct.plan_compressed_tensors(m, s, qc, notes)
   if fmt == "modelopt":
     return lambda m, s: _nv.plan_modelopt(m, s, qc, notes)
   if fmt == "mxfp4":
     return lambda m, s: _nv.plan_mxfp4(m, s, qc)
   if fmt == "fp8":
+    if qc.get("weight_block_size") is None and str(qc.get("activation_scheme", "dynamic")
+                                                   ).lower() == "dynamic":
+      notes.append("per-tensor fp8 with activation_scheme 'dynamic': activations are "
+                   "quantized per token (as vLLM runs it on Hopper); AutoFP8's reference "
+                   "forward takes one scale over the whole call")
     return lambda m, s: _hf_fp8.plan_hf_fp8(m, s, qc)
   if fmt == "fbgemm_fp8":
     if qc.get("activation_scale_ub") is not None:
@@ -170,9 +183,9 @@ def load_checkpoint(path: str | os.PathLike, *, format: str | None = None,  # no
   ``ValueError`` naming the tensor or module.
   """
   ckpt = CheckpointDir(path)
-  fmt, qc = _detect(ckpt, format)
+  fmt, qc, where = _detect(ckpt, format)
   notes: list[str] = []
-  plan = _planner(fmt, qc, notes, forced=format is not None)
+  plan = _planner(fmt, qc, notes, forced=format is not None, where=where)
   by_module: dict[str, set[str]] = {}
   for key in ckpt.weight_map:
     mod, _, leaf = key.rpartition(".")

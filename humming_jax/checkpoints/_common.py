@@ -74,10 +74,7 @@ def unpack_stream(words: np.ndarray, bits: int, count: int, axis: int) -> np.nda
     raise ValueError(f"{count} codes of {bits} bits need {count * bits} bits; the packed "
                      f"tensor has {nbits}")
   as_bytes = np.ascontiguousarray(w, dtype="<u4").view(np.uint8)  # little-endian bytes
-  stream = np.unpackbits(as_bytes, axis=-1, bitorder="little")[..., :count * bits]
-  stream = stream.reshape(*stream.shape[:-1], count, bits)
-  codes = (stream.astype(np.uint8) << np.arange(bits, dtype=np.uint8)).sum(-1, dtype=np.uint8)
-  return np.moveaxis(codes, -1, axis)
+  return np.moveaxis(unpack_byte_stream(as_bytes, bits, count), -1, axis)
 
 
 def unpack_words(words: np.ndarray, bits: int, count: int, axis: int) -> np.ndarray:
@@ -133,16 +130,21 @@ def bytes_as_canonical(b_nk: np.ndarray, bits: int, k: int):
 
 
 def unpack_byte_stream(b: np.ndarray, bits: int, k: int) -> np.ndarray:
-  """(..., K*bits/8) uint8 bytes of a little-endian bitstream -> (..., K) uint8 codes."""
-  bitarr = np.unpackbits(b, axis=-1, bitorder="little")[..., :k * bits]
-  weights = (1 << np.arange(bits)).astype(np.uint8)
-  return (bitarr.reshape(*b.shape[:-1], k, bits) * weights).sum(-1).astype(np.uint8)
+  """(..., K*bits/8) uint8 bytes of a little-endian bitstream (value ``i`` at bit
+  ``i * bits``: e2m1 pairs low nibble first, compressed-tensors' fp6 triples) -> (..., K)
+  uint8 codes."""
+  stream = np.unpackbits(b, axis=-1, bitorder="little")[..., :k * bits]
+  stream = stream.reshape(*stream.shape[:-1], k, bits)
+  return (stream << np.arange(bits, dtype=np.uint8)).sum(-1, dtype=np.uint8)
 
 
-def unpack_nibbles(packed: np.ndarray) -> np.ndarray:
-  """uint8 bytes holding two 4-bit codes (low nibble first) -> codes, last axis doubled."""
-  lo, hi = packed & 0x0F, packed >> 4
-  return np.stack([lo, hi], axis=-1).reshape(*packed.shape[:-1], packed.shape[-1] * 2)
+def codes_from_nk_bytes(b_nk: np.ndarray, bits: int, k: int):
+  """(packed canonical words, None) from torch-layout (..., N, K*bits/8) code bytes when K is
+  a multiple of 32 (:func:`bytes_as_canonical`), else (None, (..., N, K) uint8 codes)."""
+  packed = bytes_as_canonical(b_nk, bits, k)
+  if packed is not None:
+    return packed, None
+  return None, (b_nk.view(np.uint8) if bits == 8 else unpack_byte_stream(b_nk, bits, k))
 
 
 def make_weight(spec: QuantSpec, codes_kn: np.ndarray | None, scales, zeros=None,
@@ -165,13 +167,12 @@ def make_weight(spec: QuantSpec, codes_kn: np.ndarray | None, scales, zeros=None
 
 def weight_from_nk_bytes(spec: QuantSpec, b_nk: np.ndarray, bits: int, k: int, scales,
                          **kw) -> QuantizedWeight:
-  """Params from torch-layout (..., N, K*bits/8) code bytes (fp8 bytes or e2m1 nibble
-  pairs, low nibble first) and (..., Gk, Gn) stored scales."""
+  """Params from torch-layout (..., N, K*bits/8) code bytes (fp8 bytes, e2m1 nibble pairs
+  low nibble first, or any little-endian bitstream) and (..., Gk, Gn) stored scales."""
   *lead, n, _ = b_nk.shape
-  packed = bytes_as_canonical(b_nk, bits, k)
+  packed, codes = codes_from_nk_bytes(b_nk, bits, k)
   if packed is not None:  # K % 32 == 0: a transpose of the bytes
     return make_weight(spec, None, scales, packed=packed, shape=(*lead, k, n), **kw)
-  codes = unpack_nibbles(b_nk) if bits == 4 else b_nk
   return make_weight(spec, np.swapaxes(codes, -1, -2), scales, **kw)
 
 

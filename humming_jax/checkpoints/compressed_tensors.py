@@ -40,8 +40,8 @@ import numpy as np
 
 from humming_jax.checkpoints._common import (Unit, act_order, bias_of, bytes_as_canonical,
                                              expect, float_scale_dtype, make_weight,
-                                             spec_or_error, stream_as_canonical,
-                                             unpack_byte_stream, unpack_stream,
+                                             codes_from_nk_bytes, spec_or_error,
+                                             stream_as_canonical, unpack_stream,
                                              unpack_words, weight_blocks)
 
 import ml_dtypes
@@ -55,8 +55,11 @@ _FORMATS = ("pack-quantized", "int-quantized", "naive-quantized", "float-quantiz
 # stored as float8_e4m3fn.
 _MX_FORMATS = {"mxfp4-pack-quantized": (4, "fp4_e2m1"), "mxfp6-pack-quantized": (6, "fp6_e2m3"),
                "mxfp8-quantized": (8, "fp8_e4m3")}
-# How compressed-tensors writes an e8m0 scale_dtype in config.json.
-_E8M0_NAMES = ("torch.uint8", "uint8", "torch.float8_e8m0fnu", "float8_e8m0fnu", "e8m0")
+# How compressed-tensors writes MX's scale_dtype in config.json: uint8 biased exponents.
+# (With float8_e8m0fnu it converts the exponent's *value* to e8m0 -- 120 becomes 128.0 --
+# and its MX scale rule does not run: refused, see _act_fields / the weight scales.)
+_E8M0_NAMES = ("torch.uint8", "uint8")
+_E8M0_FLOAT_NAMES = ("torch.float8_e8m0fnu", "float8_e8m0fnu")
 _KNOWN = {"weight", "weight_packed", "weight_shape", "weight_scale", "weight_zero_point",
           "weight_global_scale", "input_scale", "input_zero_point", "input_global_scale",
           "bias", "weight_g_idx"}
@@ -100,6 +103,10 @@ def _act_fields(module: str, ia: dict | None, a: dict, notes: list) -> dict:
                      "points) cannot be expressed by QuantSpec")
   strategy, dynamic = ia.get("strategy", "token"), ia.get("dynamic", True)
   f = {"act": act}
+  if str(ia.get("scale_dtype")) in _E8M0_FLOAT_NAMES:
+    raise ValueError(f"module {module!r}: input_activations scale_dtype "
+                     f"{ia.get('scale_dtype')} is not supported (compressed-tensors' MX "
+                     "activations store uint8 exponents)")
   mx = str(ia.get("scale_dtype")) in _E8M0_NAMES  # OCP MX activations: e8m0 group scales
   if mx and (strategy != "group" or int(ia.get("group_size") or 0) != 32):
     raise ValueError(f"module {module!r}: input_activations with e8m0 scales "
@@ -122,10 +129,12 @@ def _act_fields(module: str, ia: dict | None, a: dict, notes: list) -> dict:
     f.update(act_granularity="group", act_group_size=int(ia["group_size"]))
     if mx:
       f["act_scale_dtype"] = "e8m0"
-      notes.append(f"{module}: MX activation scales follow OCP MX v1.0 (2**(floor(log2 "
-                   f"amax) - emax)); compressed-tensors first rounds each group's amax to a "
-                   f"power of two, so a group whose amax is close to the next power of two "
-                   f"gets a scale twice as large there")
+      note = ("MX activation scales follow OCP MX v1.0 (2**(floor(log2 amax) - emax)); "
+              "compressed-tensors (after vLLM's MX reference) first rounds each group's "
+              "amax up to a power of two past 1.75 x, so such a group gets a scale twice as "
+              "large there")
+      if note not in notes:  # one note for the checkpoint, not one per layer
+        notes.append(note)
   elif strategy == "tensor_group":
     f.update(act_granularity="group", act_group_size=int(ia["group_size"]),
              act_scale_dtype="fp8_e4m3")
@@ -194,11 +203,11 @@ OFFLINE_TRANSFORMS = ("weight_input", "weight_output")
 CANCELLING_TRANSFORMS = ("q_attn", "k_cache")
 
 
-def check_transforms(qcfg: dict) -> None:
+def check_transforms(qcfg: dict, where: str = "quantization_config") -> None:
   """Refuse a ``transform_config`` (QuIP / SpinQuant through llm-compressor) that rotates a
   layer's input or output at run time: its stored weights expect rotated activations, so
   ``quant_dense`` on them would be silently wrong (an audit's repro: 1.40 relative error)."""
-  where = "quantization_config.transform_config"
+  where = f"{where}.transform_config"
   tc = qcfg.get("transform_config") or {}
   groups = tc.get("config_groups") if isinstance(tc, dict) else None
   if not isinstance(groups or {}, dict):
@@ -257,7 +266,7 @@ def from_compression_config(cc, where: str) -> dict | None:
 DENSE_SPARSITY = (None, "dense")
 
 
-def check_sparsity(qcfg: dict) -> None:
+def check_sparsity(qcfg: dict, where: str = "quantization_config") -> None:
   """Refuse weights stored sparse-compressed (``sparsity_config.format`` sparse-bitmask,
   sparse-24-bitmask, marlin-24): each such layer holds ``weight.bitmask`` /
   ``weight.compressed`` / ``weight.row_offsets`` (or a 2:4 repack) in place of its weight,
@@ -267,10 +276,10 @@ def check_sparsity(qcfg: dict) -> None:
   if sc is None:
     return
   if not isinstance(sc, dict):
-    raise ValueError(f"quantization_config.sparsity_config: expected a JSON object, got {sc!r}")
+    raise ValueError(f"{where}.sparsity_config: expected a JSON object, got {sc!r}")
   if sc.get("format") not in DENSE_SPARSITY:
     raise ValueError(
-        f"quantization_config.sparsity_config: format {sc.get('format')!r} (targets "
+        f"{where}.sparsity_config: format {sc.get('format')!r} (targets "
         f"{sc.get('targets')}) stores weights sparse-compressed, which this loader does not "
         f"decompress; supported: sparsity stored dense (format 'dense'). Decompress the "
         f"model (compressed-tensors ModelCompressor.decompress) and save it again")
@@ -335,8 +344,7 @@ def plan_compressed_tensors(module: str, suffixes: set[str], qcfg: dict,
       if wp.ndim != 2 or (wp.shape[1] * 8) % cbits:
         raise ValueError(f"tensor {wname!r}: shape {wp.shape}, expected (N, K * {cbits} / 8)")
       n, k = wp.shape[0], wp.shape[1] * 8 // cbits
-      packed = bytes_as_canonical(wp, cbits, k)
-      codes = unpack_byte_stream(wp, cbits, k) if packed is None else None
+      packed, codes = codes_from_nk_bytes(wp, cbits, k)
       if fmt == "nvfp4-pack-quantized":
         gname = f"{module}.weight_global_scale"
         if t("weight_global_scale") is None:
@@ -346,11 +354,11 @@ def plan_compressed_tensors(module: str, suffixes: set[str], qcfg: dict,
           raise ValueError(f"tensor {gname!r}: shape {gs.shape}, expected one value")
         global_scale = np.float32(1.0) / gs.reshape(())  # stored as a divisor
     elif fmt in ("float-quantized", "mxfp8-quantized"):
-      w = expect(f"{module}.weight", t("weight"), [ml_dtypes.float8_e4m3fn, ml_dtypes.float8_e5m2])
+      w = expect(f"{module}.weight", t("weight"), [ml_dtypes.float8_e4m3fn] + (
+          [ml_dtypes.float8_e5m2] if fmt == "float-quantized" else []))  # MXFP8: e4m3 only
       n, k = w.shape
       weight = "fp8_e4m3" if w.dtype == ml_dtypes.float8_e4m3fn else "fp8_e5m2"
-      packed = bytes_as_canonical(w.view(np.uint8), 8, k)
-      codes = w.view(np.uint8) if packed is None else None
+      packed, codes = codes_from_nk_bytes(w.view(np.uint8), 8, k)
     else:
       if typ != "int":
         raise ValueError(f"module {module!r}: {fmt} with weights type {typ!r}")
@@ -388,10 +396,8 @@ def plan_compressed_tensors(module: str, suffixes: set[str], qcfg: dict,
     if fmt == "nvfp4-pack-quantized":
       expect(sname, sc, ml_dtypes.float8_e4m3fn)
       scale_dtype = "fp8_e4m3"
-    elif fmt in _MX_FORMATS:  # biased exponents, 2**(s - 127): our e8m0 scale codes
-      if sc.dtype == ml_dtypes.float8_e8m0fnu:
-        sc = sc.view(np.uint8)
-      expect(sname, sc, np.uint8)
+    elif fmt in _MX_FORMATS:  # uint8 biased exponents, 2**(s - 127): our e8m0 codes
+      expect(sname, sc, np.uint8)  # (not F8_E8M0: see _E8M0_NAMES)
       scale_dtype = "e8m0"
     else:
       scale_dtype = float_scale_dtype(sname, sc)

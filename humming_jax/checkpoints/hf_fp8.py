@@ -14,10 +14,12 @@ stay float.  Scales stored in bf16 / fp16 (some Qwen3-FP8 exports) are widened t
 Per-tensor exports under the same ``quant_method`` with no ``weight_block_size`` (AutoFP8,
 neuralmagic's early ``*-FP8`` models; what vLLM's fp8 method reads): ``weight``
 float8_e4m3fn (N, K) times one float32 ``weight_scale``; ``activation_scheme`` "static":
-the activations divided by the layer's calibrated ``input_scale`` (one value), "dynamic":
-by amax(x) / 448 over the whole call (AutoFP8's per-tensor dynamic quantization).  The
-``w8a8-fp8`` semantics with ``tensor`` granularity.  Other tensors of such a layer (an
-older ``kv_scale``) come back as float leaves beside its weight.
+the activations divided by the layer's calibrated ``input_scale`` (one value, the
+``tensor``-static spec), "dynamic": per token at run time, as vLLM runs it on Hopper
+(``use_per_token_if_dynamic``; AutoFP8's own reference forward takes one amax over the
+whole call, which ties each token's result to the batch -- a load-time note says so).
+Other tensors of such a layer (an older ``kv_scale``) come back as float leaves beside
+its weight.
 
 ``quant_method: "fbgemm_fp8"`` (transformers' FbgemmFp8; Meta's Llama-3.1-405B-FP8):
 ``weight`` float8_e4m3fn (N, K), ``weight_scale`` float32 (N, 1) per output channel,
@@ -124,6 +126,9 @@ def _plan_per_tensor(module: str, suffixes: set[str], qcfg: dict) -> list[Unit] 
   if scheme == "static" and "input_scale" not in suffixes:
     raise ValueError(f"module {module!r}: activation_scheme 'static' but no tensor "
                      f"{module}.input_scale")
+  if scheme == "dynamic" and "input_scale" in suffixes:
+    raise ValueError(f"module {module!r}: a calibrated {module}.input_scale but "
+                     "activation_scheme 'dynamic' (which would not use it)")
 
   def build(a):
     wname, sname = f"{module}.weight", f"{module}.weight_scale"
@@ -134,7 +139,7 @@ def _plan_per_tensor(module: str, suffixes: set[str], qcfg: dict) -> list[Unit] 
     if s.size != 1:
       raise ValueError(f"tensor {sname!r}: shape {s.shape}, expected one value (per-tensor "
                        "fp8: quantization_config has no weight_block_size)")
-    act = dict(act="fp8_e4m3", act_granularity="tensor")
+    act = dict(act="fp8_e4m3", act_granularity="token")
     act_scale = None
     if scheme == "static":
       iname = f"{module}.input_scale"
@@ -142,7 +147,7 @@ def _plan_per_tensor(module: str, suffixes: set[str], qcfg: dict) -> list[Unit] 
       act_scale = a[iname].astype(np.float32)
       if act_scale.size != 1:
         raise ValueError(f"tensor {iname!r}: shape {act_scale.shape}, expected one value")
-      act.update(act_static=True)
+      act.update(act_granularity="tensor", act_static=True)
     spec = spec_or_error(module, weight="fp8_e4m3", granularity="tensor",
                          scale_dtype="float32", **act)
     return {"weight": weight_from_nk_bytes(spec, w.view(np.uint8), 8, k, s.reshape(1, 1),
@@ -162,7 +167,8 @@ def plan_fbgemm_fp8(module: str, suffixes: set[str], qcfg: dict) -> list[Unit] |
     wname, sname = f"{module}.weight", f"{module}.weight_scale"
     w = expect(wname, a[wname], [ml_dtypes.float8_e4m3fn])
     n, k = w.shape
-    s = expect(sname, a[sname], np.float32, (n, 1))
+    float_scale_dtype(sname, a[sname])  # fp32, or bf16 / fp16 widened exactly
+    s = expect(sname, a[sname].astype(np.float32), np.float32, (n, 1))
     spec = spec_or_error(module, weight="fp8_e4m3", granularity="channel",
                          scale_dtype="float32", act="fp8_e4m3", act_granularity="token")
     return {"weight": weight_from_nk_bytes(spec, w.view(np.uint8), 8, k,
