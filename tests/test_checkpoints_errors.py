@@ -376,6 +376,12 @@ def test_ct_sparse_compressed_weights_are_refused(tmp_path):
   cfg["quantization_config"]["sparsity_config"] = {"format": "dense"}
   (d / "config.json").write_text(json.dumps(cfg))
   assert _leaves_equal(_load(str(d)), _load(os.path.join(FIX, "ct-w8a16-ch-sym")))
+  # an older compression_config beside it still speaks for the sparsity
+  del cfg["quantization_config"]["sparsity_config"]
+  cfg["compression_config"] = {"sparsity_config": {"format": "sparse-bitmask"}}
+  (d / "config.json").write_text(json.dumps(cfg))
+  with pytest.raises(ValueError, match=r"format 'sparse-bitmask'"):
+    _load(str(d))
 
 
 def test_ct_mx_formats_refuse_what_they_cannot_mean(tmp_path):
