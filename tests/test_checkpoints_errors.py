@@ -384,54 +384,55 @@ def test_ct_sparse_compressed_weights_are_refused(tmp_path):
     _load(str(d))
 
 
-def test_ct_mx_formats_refuse_what_they_cannot_mean(tmp_path):
+_MX_MOD = "model.layers.0.mlp.down_proj"
+
+
+def _mx_edit_tensor(leaf, fn):
+  """An edit of one of _MX_MOD's tensors."""
+  return lambda t: t.update({f"{_MX_MOD}.{leaf}": fn(t[f"{_MX_MOD}.{leaf}"])})
+
+
+@pytest.mark.parametrize("name,edit_cfg,edit_t,match", [
+    ("ct-mxfp4", lambda g: g["weights"].update(group_size=16), None,
+     r"format 'mxfp4-pack-quantized' expects symmetric float4 weights in groups of 32; "
+     r"config_groups says float4, strategy 'group', group_size 16"),
+    ("ct-mxfp8", None, _mx_edit_tensor("weight_scale", lambda a: a.astype(np.float32)),
+     rf"tensor '{_MX_MOD}\.weight_scale': dtype float32"),
+    ("ct-mxfp6", None, _mx_edit_tensor("weight_packed", lambda a: a[:, :47].copy()),
+     rf"tensor '{_MX_MOD}\.weight_packed': shape \(128, 47\), expected \(N, K \* 6 / 8\)"),
+    ("ct-mxfp4-a4", lambda g: g["input_activations"].update(group_size=16), None,
+     r"input_activations with e8m0 scales \(torch.uint8\) need strategy 'group' and "
+     r"group_size 32"),
+    # e8m0-typed scales: compressed-tensors converts the exponent's value, not its bits
+    ("ct-mxfp4", None, _mx_edit_tensor("weight_scale",
+                                       lambda a: a.view(ml_dtypes.float8_e8m0fnu)),
+     rf"tensor '{_MX_MOD}\.weight_scale': dtype float8_e8m0fnu"),
+    ("ct-mxfp4-a4", lambda g: g["input_activations"].update(
+        scale_dtype="torch.float8_e8m0fnu"), None,
+     r"input_activations scale_dtype torch.float8_e8m0fnu is not supported"),
+    # MXFP8 weights are e4m3 (the producer writes nothing else)
+    ("ct-mxfp8", None, _mx_edit_tensor("weight", lambda a: a.astype(np.float32).astype(
+        ml_dtypes.float8_e5m2)), rf"tensor '{_MX_MOD}\.weight': dtype float8_e5m2"),
+])
+def test_ct_mx_formats_refuse_what_they_cannot_mean(tmp_path, name, edit_cfg, edit_t, match):
   """compressed-tensors MX exports (mxfp4 / mxfp6 / mxfp8, e8m0 uint8 scales in groups of
-  32): a config that does not say float weights in groups of 32, a float scale tensor, a
-  6-bit byte row that is not whole codes, and MX activations not in groups of 32 are
-  refused, naming the module or tensor."""
-  mod = "model.layers.0.mlp.down_proj"
-
-  def setup(name, edit_cfg=None, edit_t=None):
-    d = tmp_path / f"c{len(os.listdir(tmp_path))}"
-    shutil.copytree(os.path.join(FIX, name), d)
-    if edit_cfg:
-      cfg = json.loads((d / "config.json").read_text())
-      edit_cfg(cfg["quantization_config"]["config_groups"]["group_0"])
-      (d / "config.json").write_text(json.dumps(cfg))
-    if edit_t:
-      f = SafetensorsFile(str(d / "model.safetensors"))
-      t = {k: f.get(k) for k in f.keys()}
-      edit_t(t)
-      os.remove(d / "model.safetensors")
-      _save_raw(t, str(d / "model.safetensors"))
-    return str(d)
-
-  assert _load(setup("ct-mxfp6"))  # the untouched copy loads
-  with pytest.raises(ValueError, match=r"format 'mxfp4-pack-quantized' expects symmetric "
-                                       r"float4 weights in groups of 32; config_groups says "
-                                       r"float4, strategy 'group', group_size 16"):
-    _load(setup("ct-mxfp4", lambda g: g["weights"].update(group_size=16)))
-  with pytest.raises(ValueError, match=rf"tensor '{mod}\.weight_scale': dtype float32"):
-    _load(setup("ct-mxfp8", edit_t=lambda t: t.update(
-        {f"{mod}.weight_scale": t[f"{mod}.weight_scale"].astype(np.float32)})))
-  with pytest.raises(ValueError, match=rf"tensor '{mod}\.weight_packed': shape \(128, 47\), "
-                                       r"expected \(N, K \* 6 / 8\)"):
-    _load(setup("ct-mxfp6", edit_t=lambda t: t.update(
-        {f"{mod}.weight_packed": t[f"{mod}.weight_packed"][:, :47].copy()})))
-  with pytest.raises(ValueError, match=r"input_activations with e8m0 scales \(torch.uint8\) "
-                                       r"need strategy 'group' and group_size 32"):
-    _load(setup("ct-mxfp4-a4", lambda g: g["input_activations"].update(group_size=16)))
-  # e8m0-typed scales: compressed-tensors converts the exponent's value, not its bits, there
-  with pytest.raises(ValueError, match=rf"tensor '{mod}\.weight_scale': dtype float8_e8m0fnu"):
-    _load(setup("ct-mxfp4", edit_t=lambda t: t.update(
-        {f"{mod}.weight_scale": t[f"{mod}.weight_scale"].view(ml_dtypes.float8_e8m0fnu)})))
-  with pytest.raises(ValueError, match=r"input_activations scale_dtype torch.float8_e8m0fnu "
-                                       r"is not supported"):
-    _load(setup("ct-mxfp4-a4", lambda g: g["input_activations"].update(
-        scale_dtype="torch.float8_e8m0fnu")))
-  # MXFP8 weights are e4m3 (the producer writes nothing else)
-  with pytest.raises(ValueError, match=rf"tensor '{mod}\.weight': dtype float8_e5m2"):
-    _load(setup("ct-mxfp8", edit_t=lambda t: t.update(
-        {f"{mod}.weight": t[f"{mod}.weight"].astype(np.float32).astype(
-            ml_dtypes.float8_e5m2)})))
+  32): a config that does not say float weights in groups of 32, a scale tensor that is not
+  uint8 exponents, a 6-bit byte row that is not whole codes, MX activations not in groups
+  of 32 or with e8m0-typed scales, and e5m2 MXFP8 weights are refused, naming the module
+  or tensor.  The untouched copy loads."""
+  d = tmp_path / "ckpt"
+  shutil.copytree(os.path.join(FIX, name), d)
+  assert _load(str(d))
+  if edit_cfg:
+    cfg = json.loads((d / "config.json").read_text())
+    edit_cfg(cfg["quantization_config"]["config_groups"]["group_0"])
+    (d / "config.json").write_text(json.dumps(cfg))
+  if edit_t:
+    f = SafetensorsFile(str(d / "model.safetensors"))
+    t = {k: f.get(k) for k in f.keys()}
+    edit_t(t)
+    os.remove(d / "model.safetensors")
+    _save_raw(t, str(d / "model.safetensors"))
+  with pytest.raises(ValueError, match=match):
+    _load(str(d))
 
