@@ -52,13 +52,12 @@ def _quant_config(ckpt: CheckpointDir) -> tuple[dict | None, str]:
   """(the quantization settings or None, the file they came from)."""
   qc, source = ckpt.config.get("quantization_config"), "config.json"
   cc = ckpt.config.get("compression_config")
-  if cc is not None:
-    older = _ct.from_compression_config(cc, f"{ckpt.path}/config.json")
-    if qc is None:
-      qc, source = older, "config.json (compression_config)"
-    elif (isinstance(qc, dict) and not qc.get("sparsity_config") and older
-          and older.get("sparsity_config")):  # both written: keep the older sparsity word
-      qc = {**qc, "sparsity_config": older["sparsity_config"]}
+  if cc is not None and qc is None:  # older llm-compressor / SparseML exports
+    qc = _ct.from_compression_config(cc, f"{ckpt.path}/config.json")
+    source = "config.json (compression_config)"
+  elif (isinstance(cc, dict) and isinstance(qc, dict) and not qc.get("sparsity_config")
+        and cc.get("sparsity_config")):  # both written: the older one's sparsity still holds
+    qc = {**qc, "sparsity_config": cc["sparsity_config"]}
   if qc is None:
     hf = ckpt.extra_json("hf_quant_config.json")  # older ModelOpt exports
     if isinstance(hf, dict) and isinstance(hf.get("quantization"), dict):

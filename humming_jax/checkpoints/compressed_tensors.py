@@ -131,8 +131,8 @@ def _act_fields(module: str, ia: dict | None, a: dict, notes: list) -> dict:
       f["act_scale_dtype"] = "e8m0"
       note = ("MX activation scales follow OCP MX v1.0 (2**(floor(log2 amax) - emax)); "
               "compressed-tensors (after vLLM's MX reference) first rounds each group's "
-              "amax up to a power of two past 1.75 x, so such a group gets a scale twice as "
-              "large there")
+              "amax to a power of two (up from 1.75 x one), so such a group gets a scale "
+              "twice as large there")
       if note not in notes:  # one note for the checkpoint, not one per layer
         notes.append(note)
   elif strategy == "tensor_group":
