@@ -319,6 +319,20 @@ def _round_scale(s: jax.Array, scale_dtype: str, emax_elem: int) -> jax.Array:
   raise AssertionError(scale_dtype)
 
 
+def mx_rounded_amax(amax: jax.Array, spec: QuantSpec) -> jax.Array:
+  """The group amax an e8m0 activation scale is taken from (``spec.act_mx_rounding``):
+  as it is ("floor", OCP MX), or ("up") rounded to a power of two first, upwards where its
+  significand is at least 2 - 2**-(m + 1) -- 1.75 with compressed-tensors' element
+  mantissa m = 1 for fp4 / fp8 (its ``round_to_power_2``, from vLLM's MX reference)."""
+  if spec.act_mx_rounding == "floor":
+    return amax
+  m = 3 if spec.act_format.bits == 6 else 1
+  safe = jnp.where(amax > 0, amax, 1.0)
+  p = jnp.ldexp(jnp.float32(1.0), floor_log2(safe))  # the power of two at or below it
+  up = safe >= p * jnp.float32(2.0 - 2.0 ** -(m + 1))
+  return jnp.where(amax > 0, jnp.where(up, 2 * p, p), amax)
+
+
 def store_scale(s: jax.Array, scale_dtype: str) -> jax.Array:
   """Scale values (already on grid) -> the storage array of ``scale_dtype``."""
   if scale_dtype in _FLOAT_SCALE_DTYPES:
@@ -644,7 +658,7 @@ def _quantize_activations_jit(x: jax.Array, spec: QuantSpec, act_scale: jax.Arra
     amax, bad = activation_group_amax(x32, spec)  # bad groups: a NaN scale below
     sd = spec.act_scale_dtype
     if sd == "e8m0":
-      s = _round_scale(amax, "e8m0", fmt.emax)
+      s = _round_scale(mx_rounded_amax(amax, spec), "e8m0", fmt.emax)
     elif sd == "fp8_e4m3":  # NVFP4 activations: dynamic fp32 tensor scale x e4m3 blocks
       s2 = finite_amax(amax, bad) / (qmax * E4M3.max_value)
       s2 = jnp.where(s2 > 0, s2, 1.0)

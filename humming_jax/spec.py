@@ -47,6 +47,11 @@ class QuantSpec:
     act_scale_dtype:  like ``scale_dtype``.
     act_static:       a calibrated per-tensor scale stored with the params (``act_scale``)
                       instead of a dynamic one computed per call.
+    act_mx_rounding:  how a dynamic e8m0 activation scale is taken from its group's amax:
+                      ``"floor"`` (OCP MX v1.0: ``2**(floor(log2 amax) - emax)``) or ``"up"``
+                      (compressed-tensors and vLLM's MX reference: the amax first rounded to
+                      a power of two, upwards from 1.75 times one, so fewer elements clip at
+                      the format's largest value).  Checkpoints made so load with ``"up"``.
   """
 
   weight: str = "int4"
@@ -61,6 +66,7 @@ class QuantSpec:
   act_group_size: int = 0
   act_scale_dtype: str = "float32"
   act_static: bool = False
+  act_mx_rounding: str = "floor"
 
   def __post_init__(self):
     # Normalise numpy scalars (np.int64 group sizes from a config file, np.bool_ flags)
@@ -114,6 +120,7 @@ class QuantSpec:
       act = f"-{self.act}-{self.act_granularity}"
       act += f"{self.act_group_size}" if self.act_granularity == "group" else ""
       act += "-static" if self.act_static else ""
+      act += "-mxup" if self.act_mx_rounding == "up" else ""
     return f"{w}{gran}-{self.scale_dtype}{extra}{act}"
 
   def replace(self, **changes) -> "QuantSpec":
@@ -199,6 +206,13 @@ class QuantSpec:
                        f"{SCALE_DTYPES}")
     if self.act_static and self.act_granularity != "tensor":
       raise ValueError("act_static=True (calibrated scale) needs act_granularity='tensor'")
+    if self.act_mx_rounding not in MX_ROUNDINGS:
+      raise ValueError(f"act_mx_rounding={self.act_mx_rounding!r}; expected one of "
+                       f"{MX_ROUNDINGS}")
+    if self.act_mx_rounding != "floor" and (self.act_scale_dtype != "e8m0" or self.act_static):
+      raise ValueError(f"act_mx_rounding={self.act_mx_rounding!r} chooses dynamic e8m0 "
+                       f"activation scales; this spec has act_scale_dtype="
+                       f"{self.act_scale_dtype!r}{', act_static=True' if self.act_static else ''}")
     if a.bits < w.bits:
       raise ValueError(f"act={self.act!r} has {a.bits} bits < weight {self.weight!r} "
                        f"{w.bits} bits: no kernel path computes in fewer activation bits "
@@ -232,7 +246,8 @@ def _bool_field(field: str, value) -> bool:
 
 
 _ACT_DEFAULTS = {"act_granularity": "token", "act_group_size": 0,
-                 "act_scale_dtype": "float32"}
+                 "act_scale_dtype": "float32", "act_mx_rounding": "floor"}
+MX_ROUNDINGS = ("floor", "up")
 
 
 def _format_field(field: str, name) -> NumberFormat:

@@ -98,6 +98,32 @@ def test_mx_and_nvfp4_scales():
   np.testing.assert_allclose(rel, want, rtol=1e-5)
 
 
+@pytest.mark.parametrize("act", ["fp4_e2m1", "fp8_e4m3"])
+def test_mx_scales_rounded_up(act):
+  """act_mx_rounding="up" (compressed-tensors / vLLM's MX reference): each group's amax is
+  rounded to a power of two -- up where its significand is >= 1.75 -- before the exponent
+  is taken, emax subtracted.  Groups are placed on both sides of 1.75 exactly."""
+  spec = (hj.PRESETS["w4a4-mxfp4"] if act == "fp4_e2m1" else hj.PRESETS["w8a8-mxfp8"]
+          ).replace(act_mx_rounding="up")
+  assert spec.name.endswith("-mxup") and hj.PRESETS["w4a4-mxfp4"].act_mx_rounding == "floor"
+  x = np.asarray(x_act(4, 128, 5), np.float32)
+  x = x * (0.25 / np.abs(x).max())  # every value at most 0.25 ...
+  g = x.reshape(4, 4, 32)
+  for j, v in enumerate((1.75, 1.7421875, 3.0, 0.4375)):  # 1.7421875: the bf16 below 1.75
+    g[j, j, 5] = v  # ... so each planted value is its group's amax
+  x = jnp.asarray(g.reshape(4, 128), jnp.bfloat16)
+  amax = np.abs(np.asarray(x, np.float64)).reshape(4, 4, 32).max(2)
+  e = np.floor(np.log2(amax))
+  e = e + (amax >= 1.75 * 2.0 ** e)
+  emax = spec.act_format.emax
+  qa = hj.quantize_activations(x, spec)
+  np.testing.assert_array_equal(np.asarray(qa.scales), 2.0 ** (e - emax))
+  floor = hj.quantize_activations(x, spec.replace(act_mx_rounding="floor"))
+  ratio = np.asarray(qa.scales) / np.asarray(floor.scales)
+  assert set(np.unique(ratio)) == {1.0, 2.0}  # the rounded-up groups, and only those
+  assert ratio[0, 0] == 2.0 and ratio[1, 1] == 1.0 and ratio[3, 3] == 2.0
+
+
 def test_static_per_tensor_scale():
   spec = QuantSpec("int8", "channel", act="int8", act_granularity="tensor", act_static=True)
   x = x_act(8, 128, 4).astype(jnp.float32)

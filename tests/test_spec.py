@@ -89,6 +89,12 @@ def test_constructor_expresses_every_float(w):
     (dict(act="int8", act_granularity="row"), "act_granularity='row'"),
     (dict(act="int8", act_scale_dtype="int8"), "act_scale_dtype='int8'"),
     (dict(weight="fp4_e2m1", group_size=32, act="int8"), "integer tensor cores"),
+    (dict(weight="fp4_e2m1", group_size=32, scale_dtype="e8m0", act="fp4_e2m1",
+          act_granularity="group", act_group_size=32, act_scale_dtype="e8m0",
+          act_mx_rounding="nearest"), "act_mx_rounding='nearest'; expected one of"),
+    (dict(act="int8", act_mx_rounding="up"),
+     "act_mx_rounding='up' chooses dynamic e8m0 activation scales; this spec has "
+     "act_scale_dtype='float32'"),
     (dict(weight="uint4", zero_point=True, act="fp4_e2m1"), "no kernel path"),
     # values of the wrong type
     (dict(weight="uint4", zero_point="no"), "zero_point='no' must be True or False"),

@@ -127,14 +127,8 @@ def _act_fields(module: str, ia: dict | None, a: dict, notes: list) -> dict:
       f.update(act_static=True, act_scale=np.float32(s.astype(np.float32).reshape(())))
   elif strategy == "group":
     f.update(act_granularity="group", act_group_size=int(ia["group_size"]))
-    if mx:
-      f["act_scale_dtype"] = "e8m0"
-      note = ("MX activation scales follow OCP MX v1.0 (2**(floor(log2 amax) - emax)); "
-              "compressed-tensors (after vLLM's MX reference) first rounds each group's "
-              "amax to a power of two (up from 1.75 x one), so such a group gets a scale "
-              "twice as large there")
-      if note not in notes:  # one note for the checkpoint, not one per layer
-        notes.append(note)
+    if mx:  # compressed-tensors' MX scale rule (after vLLM's reference): amax rounded up
+      f.update(act_scale_dtype="e8m0", act_mx_rounding="up")
   elif strategy == "tensor_group":
     f.update(act_granularity="group", act_group_size=int(ia["group_size"]),
              act_scale_dtype="fp8_e4m3")
