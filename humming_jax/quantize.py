@@ -322,14 +322,13 @@ def _round_scale(s: jax.Array, scale_dtype: str, emax_elem: int) -> jax.Array:
 def mx_rounded_amax(amax: jax.Array, spec: QuantSpec) -> jax.Array:
   """The group amax an e8m0 activation scale is taken from (``spec.act_mx_rounding``):
   as it is ("floor", OCP MX), or ("up") rounded to a power of two first, upwards where its
-  significand is at least 2 - 2**-(m + 1) -- 1.75 with compressed-tensors' element
-  mantissa m = 1 for fp4 / fp8 (its ``round_to_power_2``, from vLLM's MX reference)."""
+  significand is at least 1.75 (compressed-tensors' ``round_to_power_2`` with e2m1's one
+  mantissa bit, which it uses for fp4 and fp8 elements alike; from vLLM's MX reference)."""
   if spec.act_mx_rounding == "floor":
     return amax
-  m = 3 if spec.act_format.bits == 6 else 1
   safe = jnp.where(amax > 0, amax, 1.0)
   p = jnp.ldexp(jnp.float32(1.0), floor_log2(safe))  # the power of two at or below it
-  up = safe >= p * jnp.float32(2.0 - 2.0 ** -(m + 1))
+  up = safe >= p * jnp.float32(1.75)
   return jnp.where(amax > 0, jnp.where(up, 2 * p, p), amax)
 
 
