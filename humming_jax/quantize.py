@@ -15,7 +15,9 @@ Scale rules
 * zero point (uintN): ``s = (max(w, 0) - min(w, 0)) / (2**bits - 1)``,
   ``zp = round(-min / s)``; zero points are stored as uint8.
 * MX (e8m0): ``s = 2**(floor(log2 amax) - emax_elem)`` (OCP MX v1.0), elements rounded to
-  nearest even and saturated.  MXINT4 uses int4 codes with ``emax_elem = 2``: the stored
+  nearest even and saturated.  Dynamic activation scales with ``act_mx_rounding="up"``
+  first round amax to a power of two, upwards from 1.75 times one (compressed-tensors /
+  vLLM's MX reference: :func:`mx_rounded_amax`).  MXINT4 uses int4 codes with ``emax_elem = 2``: the stored
   e8m0 scale already includes the 2**-2 of the spec's 1.2 fixed-point element, so
   ``value = code * s`` like every other format.
 * NVFP4: ``s2 = amax_tensor / (6 * 448)`` (fp32), block scale ``amax_block / 6 / s2``
@@ -40,7 +42,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from humming_jax import packing
-from humming_jax.formats import NumberFormat, floor_log2, get_format
+from humming_jax.formats import NumberFormat, exp2_int, floor_log2, get_format
 from humming_jax.spec import QuantSpec
 
 _FLOAT_SCALE_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16,
@@ -327,9 +329,12 @@ def mx_rounded_amax(amax: jax.Array, spec: QuantSpec) -> jax.Array:
   if spec.act_mx_rounding == "floor":
     return amax
   safe = jnp.where(amax > 0, amax, 1.0)
-  p = jnp.ldexp(jnp.float32(1.0), floor_log2(safe))  # the power of two at or below it
-  up = safe >= p * jnp.float32(1.75)
-  return jnp.where(amax > 0, jnp.where(up, 2 * p, p), amax)
+  # Integer work only (no float pow / log2, which miss exact powers of two by an ulp on
+  # XLA): a normal float32's significand is >= 1.75 when its top two mantissa bits are
+  # set.  (Subnormal amaxes sit below every e8m0 scale's reach: clipped either way.)
+  up = ((jax.lax.bitcast_convert_type(safe, jnp.int32) >> 21) & 3) == 3
+  e = jnp.clip(floor_log2(safe) + up.astype(jnp.int32), -126, 127)
+  return jnp.where(amax > 0, exp2_int(e), amax)
 
 
 def store_scale(s: jax.Array, scale_dtype: str) -> jax.Array:

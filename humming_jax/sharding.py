@@ -479,7 +479,10 @@ def _shard_product(q: QuantizedWeight, x2: jax.Array, k_axes: tuple[str, ...],
   if plan == "static":
     # Scale of the global amax, computed by the library's own activation quantizer.
     s = quantize_activations(amax, spec).scales.reshape(())
-    static = q.replace(spec=spec.replace(act_static=True), act_scale=s)
+    # (s is already the spec's dynamic scale, act_mx_rounding applied: the static spec
+    # takes it as it is)
+    static = q.replace(spec=spec.replace(act_static=True, act_mx_rounding="floor"),
+                       act_scale=s)
     return ops.quant_dense(static, x2.astype(cdt), backend=backend)
   # Sentinels holding the global amaxes make the local quantizer derive exactly the
   # unsharded scales: a column with each token's (token scales), a row with the tensor's

@@ -104,11 +104,16 @@ def tp_row_activation_quant():
   # pmax'd global amax; per-K-group scales are local.  All must equal unsharded.
   per_tensor = hj.QuantSpec("int8", "channel", 0, scale_dtype="float32", act="int8",
                             act_granularity="tensor")
+  # a per-tensor e8m0 scale with the producers' rounding (its sharded plan is "static")
+  mx_up = hj.QuantSpec("fp8_e4m3", "channel", 0, scale_dtype="float32", act="fp8_e4m3",
+                       act_granularity="tensor", act_scale_dtype="e8m0",
+                       act_mx_rounding="up")
   errs = {}
-  for i, spec in enumerate(["w8a8-int8", "w4a4-nvfp4", "w8a8-mxfp8", per_tensor]):
+  specs = {"w8a8-int8": "w8a8-int8", "w4a4-nvfp4": "w4a4-nvfp4", "w8a8-mxfp8": "w8a8-mxfp8",
+           "int8-per-tensor": per_tensor, "fp8-per-tensor-e8m0-up": mx_up}
+  for i, (name, spec) in enumerate(specs.items()):
     q = hj.quantize(rand(10 + i, (512, 256)), spec, bias=rand(20 + i, (256,)))
     x = rand(30 + i, (33, 512)) * jnp.linspace(0.1, 3.0, 512)  # amax lands in one shard
-    name = spec if isinstance(spec, str) else "int8-per-tensor"
     errs[name] = close(hs.row_parallel_dense(q, x, axis="x", mesh=mesh_of(4)), REF(q, x),
                        what=f"row {name}")
   # NVFP4 with an inf in one token: that row is NaN, the others equal unsharded (the global

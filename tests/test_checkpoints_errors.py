@@ -410,6 +410,9 @@ def _mx_edit_tensor(leaf, fn):
     ("ct-mxfp4-a4", lambda g: g["input_activations"].update(
         scale_dtype="torch.float8_e8m0fnu"), None,
      r"input_activations scale_dtype torch.float8_e8m0fnu is not supported"),
+    # uint8 scales on integer activations: no MX format the producer makes
+    ("ct-mxfp4-a4", lambda g: g["input_activations"].update(type="int", num_bits=8), None,
+     r"input_activations int8 with uint8 \(e8m0\) scales is not an MX format"),
     # MXFP8 weights are e4m3 (the producer writes nothing else)
     ("ct-mxfp8", None, _mx_edit_tensor("weight", lambda a: a.astype(np.float32).astype(
         ml_dtypes.float8_e5m2)), rf"tensor '{_MX_MOD}\.weight': dtype float8_e5m2"),

@@ -108,6 +108,9 @@ def _act_fields(module: str, ia: dict | None, a: dict, notes: list) -> dict:
                      f"{ia.get('scale_dtype')} is not supported (compressed-tensors' MX "
                      "activations store uint8 exponents)")
   mx = str(ia.get("scale_dtype")) in _E8M0_NAMES  # OCP MX activations: e8m0 group scales
+  if mx and typ != "float":  # the producer makes MX scales for float elements only
+    raise ValueError(f"module {module!r}: input_activations {typ}{bits} with uint8 "
+                     f"(e8m0) scales is not an MX format compressed-tensors produces")
   if mx and (strategy != "group" or int(ia.get("group_size") or 0) != 32):
     raise ValueError(f"module {module!r}: input_activations with e8m0 scales "
                      f"({ia.get('scale_dtype')}) need strategy 'group' and group_size 32 (OCP "
