@@ -42,6 +42,36 @@ from humming_jax.checkpoints._common import (Unit, bias_of, expect, float_scale_
                                              weight_from_nk_bytes)
 
 _FP8 = {np.dtype(ml_dtypes.float8_e4m3fn): "fp8_e4m3", np.dtype(ml_dtypes.float8_e5m2): "fp8_e5m2"}
+E4M3 = [ml_dtypes.float8_e4m3fn]
+
+
+def fp8_linear(module: str, a: dict, scale_name: str, scale: np.ndarray, granularity: str,
+               *, block: tuple[int, int] | None = None, act: dict | None = None,
+               act_scale=None, formats=E4M3) -> dict:
+  """``{"weight": QuantizedWeight}`` of one fp8 linear: ``{module}.weight`` (N, K) in one of
+  ``formats`` times ``scale`` (float32, the producer's values, read and checked by the
+  caller): one value ("tensor"), N ("channel"), or the (ceil(N / bn), ceil(K / bk)) grid
+  of ``block=(bn, bk)`` ("block"; a partial last N block as :func:`weight_blocks` takes
+  it).  ``act``: the spec's activation fields; the layer's bias goes inside.  Every fp8
+  loader (block, per-tensor and fbgemm FP8 here, ModelOpt's FP8 algorithms) builds on it."""
+  wname = f"{module}.weight"
+  w = expect(wname, a[wname], formats)
+  n, k = w.shape
+  gran = {}
+  if granularity == "tensor":
+    grid = scale.reshape(1, 1)
+  elif granularity == "channel":
+    grid = scale.reshape(1, n)
+  else:
+    bn, bk = block
+    s = expect(scale_name, scale, np.float32, (-(-n // bn), -(-k // bk)))
+    grid, bn = weight_blocks(wname, np.ascontiguousarray(s.T), k, n, bk, bn)
+    gran = dict(group_size=bk, block_n=bn)
+  spec = spec_or_error(module, weight=_FP8[w.dtype], granularity=granularity,
+                       scale_dtype="float32", **gran, **(act or {}))
+  return {"weight": weight_from_nk_bytes(spec, w.view(np.uint8), 8, k,
+                                         np.ascontiguousarray(grid), bias=bias_of(module, a, n),
+                                         act_scale=act_scale)}
 
 
 def plan_hf_fp8(module: str, suffixes: set[str], qcfg: dict) -> list[Unit] | None:
@@ -73,19 +103,11 @@ def plan_hf_fp8(module: str, suffixes: set[str], qcfg: dict) -> list[Unit] | Non
                                                           "bias"}))
 
   def build(a):
-    wname, sname = f"{module}.weight", f"{module}.weight_scale_inv"
-    w = expect(wname, a[wname], list(_FP8))
-    n, k = w.shape
-    s = a[sname]
-    float_scale_dtype(sname, s)  # fp32, or bf16 / fp16 widened exactly
-    s = expect(sname, s.astype(np.float32), np.float32, (-(-n // bn), -(-k // bk)))
-    s, bn_ = weight_blocks(wname, np.ascontiguousarray(s.T), k, n, bk, bn)
-    spec = spec_or_error(module, weight=_FP8[w.dtype], granularity="block", group_size=bk,
-                         block_n=bn_, scale_dtype="float32", act="fp8_e4m3",
-                         act_granularity="group", act_group_size=bk)
-    return {"weight": weight_from_nk_bytes(spec, w.view(np.uint8), 8, k,
-                                           np.ascontiguousarray(s),
-                                           bias=bias_of(module, a, n))}
+    sname = f"{module}.weight_scale_inv"
+    float_scale_dtype(sname, a[sname])  # fp32, or bf16 / fp16 widened exactly
+    return fp8_linear(module, a, sname, a[sname].astype(np.float32), "block", block=(bn, bk),
+                      act=dict(act="fp8_e4m3", act_granularity="group", act_group_size=bk),
+                      formats=list(_FP8))
 
   return [Unit(module, keys, build)]
 
@@ -131,9 +153,7 @@ def _plan_per_tensor(module: str, suffixes: set[str], qcfg: dict) -> list[Unit] 
                      "activation_scheme 'dynamic' (which would not use it)")
 
   def build(a):
-    wname, sname = f"{module}.weight", f"{module}.weight_scale"
-    w = expect(wname, a[wname], [ml_dtypes.float8_e4m3fn])
-    n, k = w.shape
+    sname = f"{module}.weight_scale"
     float_scale_dtype(sname, a[sname])
     s = a[sname].astype(np.float32)
     if s.size != 1:
@@ -148,12 +168,8 @@ def _plan_per_tensor(module: str, suffixes: set[str], qcfg: dict) -> list[Unit] 
       if act_scale.size != 1:
         raise ValueError(f"tensor {iname!r}: shape {act_scale.shape}, expected one value")
       act.update(act_granularity="tensor", act_static=True)
-    spec = spec_or_error(module, weight="fp8_e4m3", granularity="tensor",
-                         scale_dtype="float32", **act)
-    return {"weight": weight_from_nk_bytes(spec, w.view(np.uint8), 8, k, s.reshape(1, 1),
-                                           bias=bias_of(module, a, n),
-                                           act_scale=None if act_scale is None
-                                           else act_scale.reshape(()))}
+    return fp8_linear(module, a, sname, s, "tensor", act=act,
+                      act_scale=None if act_scale is None else act_scale.reshape(()))
 
   return [Unit(module, keys, build)]
 
@@ -164,15 +180,11 @@ def plan_fbgemm_fp8(module: str, suffixes: set[str], qcfg: dict) -> list[Unit] |
     return None
 
   def build(a):
-    wname, sname = f"{module}.weight", f"{module}.weight_scale"
-    w = expect(wname, a[wname], [ml_dtypes.float8_e4m3fn])
-    n, k = w.shape
+    sname = f"{module}.weight_scale"
     float_scale_dtype(sname, a[sname])  # fp32, or bf16 / fp16 widened exactly
+    n = a[f"{module}.weight"].shape[0]
     s = expect(sname, a[sname].astype(np.float32), np.float32, (n, 1))
-    spec = spec_or_error(module, weight="fp8_e4m3", granularity="channel",
-                         scale_dtype="float32", act="fp8_e4m3", act_granularity="token")
-    return {"weight": weight_from_nk_bytes(spec, w.view(np.uint8), 8, k,
-                                           np.ascontiguousarray(s.T),
-                                           bias=bias_of(module, a, n))}
+    return fp8_linear(module, a, sname, s, "channel",
+                      act=dict(act="fp8_e4m3", act_granularity="token"))
 
   return [Unit(module, keys, build)]

@@ -30,7 +30,8 @@ import ml_dtypes
 import numpy as np
 
 from humming_jax.checkpoints._common import (Unit, bias_of, expect, spec_or_error,
-                                             weight_blocks, weight_from_nk_bytes)
+                                             weight_from_nk_bytes)
+from humming_jax.checkpoints.hf_fp8 import fp8_linear
 
 _SCALAR = ((), (1,))
 
@@ -123,41 +124,24 @@ def plan_modelopt(module: str, suffixes: set[str], qcfg: dict,
       return {"weight": weight_from_nk_bytes(spec, w, 4, k, np.ascontiguousarray(sc.T),
                                 global_scale=s2, bias=bias_of(module, a, n))}
     if algo == "FP8":
-      expect(f"{module}.weight", w, ml_dtypes.float8_e4m3fn)
-      n, k = w.shape
-      s = _scalar(sname, a[sname])
       act, act_scale = {}, None
       if f"{module}.input_scale" in a:
         act_scale = _scalar(f"{module}.input_scale", a[f"{module}.input_scale"])
         act = dict(act="fp8_e4m3", act_granularity="tensor", act_static=True)
-      spec = spec_or_error(module, weight="fp8_e4m3", granularity="tensor", group_size=0,
-                           scale_dtype="float32", **act)
-      return {"weight": weight_from_nk_bytes(spec, w.view(np.uint8), 8, k,
-                                             np.full((1, 1), s, np.float32),
-                                             bias=bias_of(module, a, n), act_scale=act_scale)}
+      return fp8_linear(module, a, sname, np.float32(_scalar(sname, a[sname])), "tensor",
+                        act=act, act_scale=act_scale)
+    s = expect(sname, a[sname], np.float32)
     if algo == "FP8_PER_CHANNEL_PER_TOKEN":
-      expect(f"{module}.weight", w, ml_dtypes.float8_e4m3fn)
-      n, k = w.shape
-      s = expect(sname, a[sname], np.float32)
+      n = w.shape[0]
       if s.size != n:
         raise ValueError(f"tensor {sname!r}: shape {s.shape}, expected ({n}, 1): one scale "
                          "per output channel")
-      spec = spec_or_error(module, weight="fp8_e4m3", granularity="channel",
-                           scale_dtype="float32", act="fp8_e4m3", act_granularity="token")
-      return {"weight": weight_from_nk_bytes(spec, w.view(np.uint8), 8, k, s.reshape(1, n),
-                                             bias=bias_of(module, a, n))}
+      return fp8_linear(module, a, sname, s, "channel",
+                        act=dict(act="fp8_e4m3", act_granularity="token"))
     if algo == "FP8_PB_WO":
-      expect(f"{module}.weight", w, ml_dtypes.float8_e4m3fn)
-      n, k = w.shape
       block = qcfg.get("block_size", qcfg.get("group_size", 128))
       bn, bk = (block, block) if isinstance(block, int) else (int(b) for b in block)
-      s = expect(sname, a[sname], np.float32, (-(-n // bn), -(-k // bk)))
-      s, bn_ = weight_blocks(f"{module}.weight", np.ascontiguousarray(s.T), k, n, bk, bn)
-      spec = spec_or_error(module, weight="fp8_e4m3", granularity="block", group_size=bk,
-                           block_n=bn_, scale_dtype="float32")
-      return {"weight": weight_from_nk_bytes(spec, w.view(np.uint8), 8, k,
-                                             np.ascontiguousarray(s),
-                                             bias=bias_of(module, a, n))}
+      return fp8_linear(module, a, sname, s, "block", block=(bn, bk))
     raise AssertionError(algo)  # refused above
 
   return [Unit(module, keys, build)]
