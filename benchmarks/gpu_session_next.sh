@@ -4,7 +4,7 @@
 # (gpu_session49.sh ld: the loaded-checkpoint GPU tests, 22 passed).  First in the next
 # device session: gpu_session49.sh ld again (QuantSpec.act_mx_rounding, built after call 5:
 # the ct-mxfp4-a4 layer with the producer's MX activation rule), then on an H200 the issue
-# tables (gpu_session47.sh s3 / s4), then the queue below from session 46's second item.
+# tables (gpu_session47.sh s3 / s4) and gpu_session48.sh w4a (W4A4's route, H100-only so far), then the queue below from session 46's second item.
 # Session 48 (2026-12-06): five calls (benchmarks/results/2026-12-06-session48; calls 1-2
 # H100, 3-5 H200; sessions/gpu_session48.sh n48 / lay / mix fus, gpu_session47.sh s3, and
 # s4's parts inline).  First in the next device session (carry [".whl", "old"], old/ as
