@@ -22,7 +22,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 import humming_jax as hj
-from humming_jax.kernels import reference, registry, wna16_mgpu as mg
+from humming_jax.kernels import reference, registry, tuning, wna16_mgpu as mg
 from conftest import interpret_clusters
 
 TOL = 1e-2
@@ -413,7 +413,6 @@ def test_bad_inputs_are_named():
 
 
 def test_autotune_cache_entry_of_another_version_is_ignored(tmp_path, monkeypatch):
-  from humming_jax.kernels import tuning
   monkeypatch.setenv("HUMMING_JAX_TUNING_CACHE", str(tmp_path / "cache.json"))
   tuning.store_configs({"k": tuning.TuningConfig()})  # a Triton-shaped entry under the key
   with pytest.warns(UserWarning, match="ignoring autotune cache entry 'k'"):
@@ -462,6 +461,27 @@ def test_heuristic_splits_k_only_for_narrow_n():
   assert mg.heuristic(1).split_k == 1 and mg.heuristic(128).split_k == 1
   assert mg.heuristic(128, 4096).split_k == 2 and mg.heuristic(256, 4096).split_k == 1
   assert mg.heuristic(128, 28672).split_k == 1 and mg.heuristic(100, 4224).split_k == 2
+
+
+def test_nvfp4_decode_takes_one_k_tile_per_step(monkeypatch):
+  """The compile-time rule (``one_k_tile_per_step``): NVFP4 on the 16-bit MMA decodes with
+  one K tile per pipeline step where the heuristic unrolls two (M <= 16); MXFP4 and int4
+  keep the heuristic's; larger M is unchanged.  The default launch
+  still computes the reference's product (interpreter, M = 5, two K tiles)."""
+  monkeypatch.setattr(tuning, "cached_config", lambda *a, **k: None)  # no autotune entry
+  w = lambda name, **kw: mg.prepare(make(hj.QuantSpec.preset(name), 1, 256, 128, True)[0],
+                                    **kw)
+  nv, mx, i4 = w("w4a16-nvfp4"), w("w4a16-mxfp4"), w("w4a16-g128-zp")
+  assert mg.one_k_tile_per_step(nv) and not mg.one_k_tile_per_step(mx)
+  assert not mg.one_k_tile_per_step(i4)
+  for m in (1, 16):
+    assert mg.heuristic(m, 128).substeps == 2
+    assert mg.default_config(nv, m) == dataclasses.replace(mg.heuristic(m, 128), substeps=1)
+    assert mg.default_config(mx, m) == mg.heuristic(m, 128) == mg.default_config(i4, m)
+  assert mg.default_config(nv, 128) == mg.heuristic(128, 128)
+  q, x = make(hj.QuantSpec.preset("w4a16-nvfp4"), 5, 256, 128, True, seed=31)
+  y = mg.run(mg.prepare(q), x, interpret=True)
+  assert rel(y, reference.dense_reference(q, x)) <= TOL
 
 
 @pytest.mark.gpu
@@ -532,7 +552,6 @@ def test_int4_ptx_gpu(name, m, dtype, monkeypatch):
 
 def test_tuning_cache_is_consulted(tmp_path, monkeypatch):
   """An MgpuConfig in the autotune cache is the one run() uses."""
-  from humming_jax.kernels import tuning
   monkeypatch.setenv("HUMMING_JAX_TUNING_CACHE", str(tmp_path / "cache.json"))
   q, x = make(hj.QuantSpec.preset("w4a16-g128-zp"), 2, 256, 64, True, seed=7)
   key = tuning.cache_key(mg.FAMILY, q.spec.name, tuning.bucket_m(2), 64, 256,

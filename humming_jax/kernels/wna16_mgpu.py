@@ -488,13 +488,34 @@ class Tiles(NamedTuple):
 
 def default_config(params: QuantizedWeight, m: int) -> Config:
   """The launch :func:`run` takes for M rows without an explicit config: the autotune
-  cache's entry for (layout kind, M bucket, N, K, device), else :func:`heuristic`.  The
-  direct (W8A8) and fp8-MMA views tune apart (same spec, other layout)."""
+  cache's entry for (layout kind, M bucket, N, K, device), else :func:`heuristic` (NVFP4
+  with one K tile per step: :func:`one_k_tile_per_step`).  The direct (W8A8) and fp8-MMA
+  views tune apart (same spec, other layout)."""
   k, n = params.shape[-2:]
   name = (params.spec.name + (":direct" if params.codes.ndim == 2 else "")
           + (":p8" if fp8_mma(params.layout) else ""))
   key = tuning.cache_key(FAMILY, name, tuning.bucket_m(m), n, k, tuning.device_kind())
-  return tuning.cached_config(key, Config) or heuristic(m, n)
+  cached = tuning.cached_config(key, Config)
+  if cached:
+    return cached
+  config = heuristic(m, n)
+  if config.substeps > 1 and one_k_tile_per_step(params):
+    config = dataclasses.replace(config, substeps=1)
+  return config
+
+
+def one_k_tile_per_step(params: QuantizedWeight) -> bool:
+  """NVFP4 weights (fp4 with e4m3 group-16 scales) on the 16-bit MMA: one K tile per
+  pipeline step at decode too (:func:`heuristic` unrolls two at M <= 16), for compile time.
+
+  Issue 3 asks <= 2 s to compile a new (spec, shape); NVFP4 at M <= 16 took 2.32-2.34 s on
+  the H200 (session 48), the most of any format: its eight scale groups per K tile double
+  MXFP4's scale work per unrolled tile.  H100 session 50 (``probe_compile.py``,
+  ``profile_mgpu.py``; 8192^2, s / CUPTI us): two tiles -> one, M = 1 compile 1.51 -> 1.06,
+  kernel 19.1 -> 19.3; M = 16 1.66 -> 1.32, kernel 19.2 -> 19.8 (+3 %).  The other
+  formats keep two (MXFP4 M = 16 18.7 against 19.2 with one; int4 g128 zp 16.4 / 16.6)."""
+  spec = params.spec  # (NVFP4's 16-deep groups have no fp8-MMA layout: fp8_mma_reason)
+  return spec.weight_format.name == FP4 and spec.scale_dtype == "fp8_e4m3"
 
 
 def output_dtype(x: jax.Array, out_dtype=None):
