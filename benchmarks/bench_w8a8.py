@@ -213,6 +213,8 @@ def decode_study(ws, k, ms, args):
         try:
           r = bench_point(qs, prepared, x, calls=args.calls, repeats=args.repeats, **kw)
           row[f"{label}_us"], row[f"{label}_err"] = r["us"], r["rel_err"]
+          if "kernel_us" in r:  # --kernel-times: the launch-free number
+            row[f"{label}_kernel_us"], row[f"{label}_kernels"] = r["kernel_us"], r["kernels"]
         except Exception as e:  # noqa: BLE001 - report and go on
           row[f"{label}_error"] = f"{type(e).__name__}: {str(e)[:200]}"
       print(row, flush=True)

@@ -10,6 +10,11 @@
 #   nv:   after the rule (NVFP4 decodes with one K tile per step, wna16_mgpu.
 #         one_k_tile_per_step): its GPU tests, the compile split of the default against
 #         the old two tiles (sub2), and bench_dense NVFP4 / int4 at M = 1 / 16 with Humming.
+#   w8d:  W8A8 int8 at decode, the Triton W8A8 kernel against run_decode_mgpu (the
+#         W8A16 Mosaic kernel on the int8 codes) by CUPTI kernel time: session 8 kept the
+#         Mosaic route off on walls (25.3 / 25.0 against 23.1 / 25.8), host-bound numbers;
+#         H100 session 49 timed the Triton kernels at 33.5 / 34.5 us.
+#   fin:  w8d, then nv's compile split and bench_dense rows (for an H200 if one comes).
 #   ld, w4a, s3, s4, ...: sessions/gpu_session49.sh's and earlier scripts' steps.
 source "$(dirname "$0")/../gpu_env.sh"
 s_cp() {
@@ -42,9 +47,24 @@ s_nv() {
     --json "$OUT/nv_dense.json" > "$OUT/nv_dense.log" 2>&1
   echo "dense rc=$?"; grep -E "^\|" "$OUT/nv_dense.log" | tail -8
 }
+s_w8d() {
+  T ${WT:-200} python3 benchmarks/bench_w8a8.py --decode-study --kernel-times --ms 1,16 \
+    --calls 20 --repeats 2 --json "$OUT/w8d.json" > "$OUT/w8d.log" 2>&1
+  echo "w8d rc=$?"; grep -E "^\{|rror" "$OUT/w8d.log" | sed -E "s/'(triton|decode_mgpu)_kernels': \{[^}]*\}, //g" | cut -c1-330
+}
+s_fin() {
+  s_w8d
+  T ${CT:-100} python3 benchmarks/probe_compile.py --specs w4a16-nvfp4 --ms 1,16 \
+    --configs default,sub2 --repeats 2 --json "$OUT/compile_nv.json" > "$OUT/compile_nv.log" 2>&1
+  echo "compile rc=$?"; grep -E "M=|rror" "$OUT/compile_nv.log" | cut -c1-200
+  T ${BT:-150} python3 benchmarks/bench_dense.py --shapes 8192x8192 --kernel-times --calls 20 \
+    --repeats 2 --specs w4a16-nvfp4 --ms 1,16 --humming \
+    --json "$OUT/nv_dense.json" > "$OUT/nv_dense.log" 2>&1
+  echo "dense rc=$?"; grep -E "M=" "$OUT/nv_dense.log" | cut -c1-250
+}
 for s in ${@:-cp}; do
   case "$s" in
-    cp|sub|nv) step "$s"; "s_$s" ;;
+    cp|sub|nv|w8d|fin) step "$s"; "s_$s" ;;
     *) bash "$(dirname "$0")/gpu_session49.sh" "$s" ;;
   esac
 done
