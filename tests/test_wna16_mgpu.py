@@ -469,11 +469,14 @@ def test_nvfp4_decode_takes_one_k_tile_per_step(monkeypatch):
   keep the heuristic's; larger M is unchanged.  The default launch
   still computes the reference's product (interpreter, M = 5, two K tiles)."""
   monkeypatch.setattr(tuning, "cached_config", lambda *a, **k: None)  # no autotune entry
-  w = lambda name, **kw: mg.prepare(make(hj.QuantSpec.preset(name), 1, 256, 128, True)[0],
-                                    **kw)
-  nv, mx, i4 = w("w4a16-nvfp4"), w("w4a16-mxfp4"), w("w4a16-g128-zp")
+  w = lambda spec: mg.prepare(make(spec, 1, 256, 128, True)[0])
+  preset = hj.QuantSpec.preset
+  nv, mx, i4 = w(preset("w4a16-nvfp4")), w(preset("w4a16-mxfp4")), w(preset("w4a16-g128-zp"))
   assert mg.one_k_tile_per_step(nv) and not mg.one_k_tile_per_step(mx)
   assert not mg.one_k_tile_per_step(i4)
+  # e4m3 scales on 32-deep groups: MXFP4's scale work per tile, not NVFP4's (untimed)
+  assert not mg.one_k_tile_per_step(w(dataclasses.replace(preset("w4a16-nvfp4"),
+                                                          group_size=32)))
   for m in (1, 16):
     assert mg.heuristic(m, 128).substeps == 2
     assert mg.default_config(nv, m) == dataclasses.replace(mg.heuristic(m, 128), substeps=1)

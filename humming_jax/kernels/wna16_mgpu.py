@@ -505,17 +505,22 @@ def default_config(params: QuantizedWeight, m: int) -> Config:
 
 
 def one_k_tile_per_step(params: QuantizedWeight) -> bool:
-  """NVFP4 weights (fp4 with e4m3 group-16 scales) on the 16-bit MMA: one K tile per
-  pipeline step at decode too (:func:`heuristic` unrolls two at M <= 16), for compile time.
+  """NVFP4 weights (fp4 with e4m3 scales in groups of 16) on the 16-bit MMA: one K tile
+  per pipeline step at decode too (:func:`heuristic` unrolls two at M <= 16), for compile
+  time.  With one tile per step there is no next tile to overlap a WGMMA with, so
+  ``overlap_mma`` has no effect (``run`` computes ``overlap`` only for ``sub > 1``).
 
   Issue 3 asks <= 2 s to compile a new (spec, shape); NVFP4 at M <= 16 took 2.32-2.34 s on
   the H200 (session 48), the most of any format: its eight scale groups per K tile double
   MXFP4's scale work per unrolled tile.  H100 session 50 (``probe_compile.py``,
-  ``profile_mgpu.py``; 8192^2, s / CUPTI us): two tiles -> one, M = 1 compile 1.51 -> 1.06,
-  kernel 19.1 -> 19.3; M = 16 1.66 -> 1.32, kernel 19.2 -> 19.8 (+3 %).  The other
-  formats keep two (MXFP4 M = 16 18.7 against 19.2 with one; int4 g128 zp 16.4 / 16.6)."""
-  spec = params.spec  # (NVFP4's 16-deep groups have no fp8-MMA layout: fp8_mma_reason)
-  return spec.weight_format.name == FP4 and spec.scale_dtype == "fp8_e4m3"
+  ``profile_mgpu.py``; 8192^2; trace + lower + XLA compile s / CUPTI us): two tiles -> one,
+  M = 1 1.51 -> 1.06 s, kernel 19.0-19.1 -> 19.3-19.4; M = 16 1.66 -> 1.32 s, kernel
+  19.2 -> 19.8 (+3 %).  The other formats keep two (MXFP4 M = 16 18.7-18.9 against 19.2
+  with one; int4 g128 zp 16.4 / 16.6).  W4A4 NVFP4's decode runs this kernel on its
+  fake-quantized activations (``wnam_mgpu.run``) and takes the rule with it."""
+  spec = params.spec  # (16-deep groups have no fp8-MMA layout: fp8_mma_reason)
+  return (spec.weight_format.name == FP4 and spec.scale_dtype == "fp8_e4m3"
+          and spec.granularity == "group" and spec.group_size == 16)
 
 
 def output_dtype(x: jax.Array, out_dtype=None):
