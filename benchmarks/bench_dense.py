@@ -90,12 +90,12 @@ def bench_point(spec_name, k, n, m, ws, x, *, calls, repeats, check=True, config
       (lambda p, x: hj.quant_dense(p, x, backend="pallas"))
   res = {}
   x0 = common.first_input(x)
+  res["compile_s"] = common.compile_time(layer, prepared[0], x0)  # before any run of it
   if check:
     y = jax.jit(layer)(prepared[0], x0)
     ref = hj.quant_dense(qs[0], x0, backend="xla")
     res["rel_err"] = common.rel_err(y, ref)
     res["nan"] = bool(jnp.isnan(y).any())
-  res["compile_s"] = common.compile_time(layer, prepared[0], x0)
   span = {"span": True} if SPAN and CHAIN == "resident" else {}
   t = common.CHAINS[CHAIN](layer, prepared, x, calls=calls, repeats=repeats, **span)
   res.update(t)

@@ -89,12 +89,12 @@ def bench_point(qs, prepared, x, *, calls, repeats, check=True, **kw):
   n = qs[0].shape[1]
   layer = layer_fn(spec, **kw)
   res = {}
+  res["compile_s"] = common.compile_time(layer, prepared[0], x)  # before any run of it
   if check:
     y = jax.jit(layer)(prepared[0], x)
     ref = jax.jit(lambda q, x: hj.quant_dense(q, x, backend="xla"))(qs[0], x)
     res["rel_err"] = common.rel_err(y, ref)
     res["nan"] = bool(jnp.isnan(y).any())
-  res["compile_s"] = common.compile_time(layer, prepared[0], x)
   # Each layer's x through its own barrier: with one shared x XLA runs the activation
   # quantization once per call, not per layer (common.unshared; session 17).
   xs = common.unshared(x)

@@ -310,9 +310,15 @@ def kernel_times(fn, args, *, iterations: int = 5, per: int = 1) -> dict[str, fl
 
 
 def compile_time(fn, *args) -> float:
-  """Seconds to lower + compile ``jax.jit(fn)`` for these argument shapes (no run)."""
+  """Seconds from a fresh ``jax.jit(fn)`` to its first result for these arguments: trace,
+  lower, XLA compile and the first run, where the Mosaic GPU custom call compiles its
+  kernel (MLIR -> LLVM -> PTX -> SASS) and caches it for the process by the module's hash.
+  So it is a new (spec, shape)'s cost only before anything in the process ran the same
+  kernel: the benchmarks call it before the layer's first run.  (To session 49 it was
+  lower + compile of a fresh function after that run: the kernel compile was not in it,
+  benchmarks/NOTES.md session 50; probe_compile.py splits the stages.)"""
   t0 = time.perf_counter()
-  jax.jit(lambda *a: fn(*a)).lower(*args).compile()  # a fresh function: no cache hit
+  jax.block_until_ready(jax.jit(lambda *a: fn(*a))(*args))  # a fresh function
   return time.perf_counter() - t0
 
 
