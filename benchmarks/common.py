@@ -311,12 +311,11 @@ def kernel_times(fn, args, *, iterations: int = 5, per: int = 1) -> dict[str, fl
 
 def compile_time(fn, *args) -> float:
   """Seconds from a fresh ``jax.jit(fn)`` to its first result for these arguments: trace,
-  lower, XLA compile and the first run, where the Mosaic GPU custom call compiles its
-  kernel (MLIR -> LLVM -> PTX -> SASS) and caches it for the process by the module's hash.
-  So it is a new (spec, shape)'s cost only before anything in the process ran the same
-  kernel: the benchmarks call it before the layer's first run.  (To session 49 it was
-  lower + compile of a fresh function after that run: the kernel compile was not in it,
-  benchmarks/NOTES.md session 50; probe_compile.py splits the stages.)"""
+  lower, XLA compile (with jax 0.11.2 the Mosaic GPU kernels compile there too) and the
+  first run.  Called before the layer's first run, in case a jax caches kernels by module
+  hash at run time (jaxlib's custom call keeps such a cache): H100 session 50
+  (``probe_compile.py``) found the first run 1 ms and a fresh jit of an already-run layer
+  within 0.09 s of the cold one, so the lower + compile numbers to session 49 stand."""
   t0 = time.perf_counter()
   jax.block_until_ready(jax.jit(lambda *a: fn(*a))(*args))  # a fresh function
   return time.perf_counter() - t0
