@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Session 50 (2026-12-06).  Steps (carry [".whl"]):
 #   cp:   where a new (spec, shape)'s compile goes (probe_compile.py: trace / lower /
-#         compile on fresh functions), int4 g128 zp / MXFP4 / NVFP4 at M = 1 / 16 -- issue
-#         3's <= 2 s is missed by NVFP4 (2.32-2.34 s, session 48) -- and the Mosaic GPU
-#         environment switches the CUDA plugin reads (strings).
+#         compile / first run, cold and warm), int4 g128 zp / MXFP4 / NVFP4 at M = 1 / 16,
+#         the default against two K tiles per step -- issue 3's <= 2 s was missed by
+#         NVFP4 on session 48's H200 host (2.32-2.34 s) -- and the Mosaic GPU environment
+#         switches the CUDA plugin reads (strings).  Never ran (call 4 ran its probe inline).
 #   sub:  NVFP4 / MXFP4 / int4 at M = 1 / 16 with one K tile per pipeline step (sub1)
 #         against the default's two: compile (probe_compile.py) and CUPTI kernel time
 #         (profile_mgpu.py).  On the CPU, sub1 lowers NVFP4 in 0.40 s against 0.68.
@@ -15,11 +16,14 @@
 #         Mosaic route off on walls (25.3 / 25.0 against 23.1 / 25.8), host-bound numbers;
 #         H100 session 49 timed the Triton kernels at 33.5 / 34.5 us.
 #   fin:  w8d, then nv's compile split and bench_dense rows (for an H200 if one comes).
+#   t50:  the GPU tests of what came after the device time: the W8A8 int8 decode codes in
+#         one launch (test_decode_codes_gpu, test_decode_mgpu_gpu through the new route),
+#         and the one-tile NVFP4 rule's W4A4 NVFP4 decode (test_wnam_mgpu decode cases).
 #   ld, w4a, s3, s4, ...: sessions/gpu_session49.sh's and earlier scripts' steps.
 source "$(dirname "$0")/../gpu_env.sh"
 s_cp() {
   T ${CT:-200} python3 benchmarks/probe_compile.py --specs w4a16-g128-zp,w4a16-mxfp4,w4a16-nvfp4 \
-    --ms 1,16 --json "$OUT/compile.json" > "$OUT/compile.log" 2>&1
+    --ms 1,16 --configs default,sub2 --json "$OUT/compile.json" > "$OUT/compile.log" 2>&1
   echo "compile rc=$?"; grep -E "M=|rror" "$OUT/compile.log" | cut -c1-200
   for f in $(python3 -c "import jax_plugins, os; print(os.path.dirname(jax_plugins.__path__[0]))" 2>/dev/null)/jax_cuda*/*.so \
       $(python3 -c "import jaxlib, os; print(os.path.dirname(jaxlib.__file__))")/mlir/_mlir_libs/_mosaic_gpu_ext.so; do
@@ -29,7 +33,7 @@ s_cp() {
 }
 s_sub() {
   T ${CT:-200} python3 benchmarks/probe_compile.py --specs w4a16-nvfp4,w4a16-mxfp4,w4a16-g128-zp \
-    --ms 1,16 --configs default,sub1 --repeats 2 --json "$OUT/compile_sub.json" > "$OUT/compile_sub.log" 2>&1
+    --ms 1,16 --configs default,sub1 --json "$OUT/compile_sub.json" > "$OUT/compile_sub.log" 2>&1
   echo "compile rc=$?"; grep -E "M=|rror" "$OUT/compile_sub.log" | cut -c1-200
   for spec in w4a16-nvfp4 w4a16-mxfp4 w4a16-g128-zp; do
     T ${PT:-90} python3 benchmarks/profile_mgpu.py --spec $spec --ms 1,16 --configs default,sub1 \
@@ -40,7 +44,7 @@ s_sub() {
 s_nv() {
   gpu_tests ${ST:-150} "nvfp4 and (quant_dense_gpu or narrow_n_split_k_gpu)" tests/test_wna16_mgpu.py
   T ${CT:-120} python3 benchmarks/probe_compile.py --specs w4a16-nvfp4 --ms 1,16 \
-    --configs default,sub2 --repeats 2 --json "$OUT/compile_nv.json" > "$OUT/compile_nv.log" 2>&1
+    --configs default,sub2 --json "$OUT/compile_nv.json" > "$OUT/compile_nv.log" 2>&1
   echo "compile rc=$?"; grep -E "M=|rror" "$OUT/compile_nv.log" | cut -c1-200
   T ${BT:-240} python3 benchmarks/bench_dense.py --shapes 8192x8192 --kernel-times --calls 20 \
     --repeats 2 --specs w4a16-nvfp4,w4a16-g128-zp --ms 1,16 --humming \
@@ -55,16 +59,20 @@ s_w8d() {
 s_fin() {
   s_w8d
   T ${CT:-100} python3 benchmarks/probe_compile.py --specs w4a16-nvfp4 --ms 1,16 \
-    --configs default,sub2 --repeats 2 --json "$OUT/compile_nv.json" > "$OUT/compile_nv.log" 2>&1
+    --configs default,sub2 --json "$OUT/compile_nv.json" > "$OUT/compile_nv.log" 2>&1
   echo "compile rc=$?"; grep -E "M=|rror" "$OUT/compile_nv.log" | cut -c1-200
   T ${BT:-150} python3 benchmarks/bench_dense.py --shapes 8192x8192 --kernel-times --calls 20 \
     --repeats 2 --specs w4a16-nvfp4 --ms 1,16 --humming \
     --json "$OUT/nv_dense.json" > "$OUT/nv_dense.log" 2>&1
   echo "dense rc=$?"; grep -E "M=" "$OUT/nv_dense.log" | cut -c1-250
 }
+s_t50() {
+  gpu_tests ${ST:-240} "decode_codes_gpu or decode_mgpu_gpu or (nvfp4 and decode)" \
+    tests/test_act_prepass.py tests/test_w8a8_mgpu.py tests/test_wnam_mgpu.py
+}
 for s in ${@:-cp}; do
   case "$s" in
-    cp|sub|nv|w8d|fin) step "$s"; "s_$s" ;;
+    cp|sub|nv|w8d|fin|t50) step "$s"; "s_$s" ;;
     *) bash "$(dirname "$0")/gpu_session49.sh" "$s" ;;
   esac
 done
