@@ -203,53 +203,6 @@ def test_wnam_decode_takes_it_on_the_gpu_route(monkeypatch):
       lambda x: wnam_mgpu.decode_activations(x, ps))(x))
 
 
-@pytest.mark.parametrize("m,k,dtype", [(1, 8192, jnp.bfloat16), (4, 384, jnp.float16),
-                                       (12, 7168, jnp.bfloat16)])
-def test_decode_codes_are_the_prepass_codes(m, k, dtype):
-  """``decode_codes_rows`` (the W8A8 int8 decode's one launch on the Mosaic route): XLA's
-  pre-pass codes, as bf16 values, and its scales, bit for bit -- one and several rows,
-  zero / NaN / inf rows, float16 x."""
-  spec = QuantSpec.preset("w8a8-int8")
-  x = _x(max(m, 4), k, seed=m + k + 1).astype(dtype)[:m]
-  (wa, ws), _ = _both(x, spec, m, k, interpret=True)
-  ga, gs = act_prepass.decode_codes_rows(x, spec, interpret=True)
-  assert ga.dtype == jnp.bfloat16 and ga.shape == x.shape and gs.shape == (m, 1)
-  np.testing.assert_array_equal(np.asarray(gs), np.asarray(ws))  # NaN where NaN
-  ok = ~np.isnan(np.asarray(ws))[:, 0]
-  codes = np.asarray(ga, np.float32)[ok]
-  np.testing.assert_array_equal(codes, np.asarray(wa, np.float32)[ok])
-  assert np.abs(codes).max() == 127 and (codes != np.round(codes)).sum() == 0
-
-
-def test_decode_codes_refusals():
-  x = _x(4, 256, 0)
-  for spec, arr in ((QuantSpec.preset("w8a8-fp8"), x),  # fp8 codes: not this route's
-                    (QuantSpec("int8", "channel", act="int8", act_granularity="tensor",
-                               act_static=True), x),
-                    (QuantSpec.preset("w8a8-int8"), x[:, :200])):
-    assert not act_prepass.decode_codes_applies(arr, spec)
-    with pytest.raises(ValueError, match="the decode codes take dynamic per-token int8"):
-      act_prepass.decode_codes_rows(arr, spec, interpret=True)
-
-
-def test_w8a8_decode_mgpu_takes_it_on_the_gpu_route():
-  """``w8a8.run_decode_mgpu``: the one-launch codes (their kernel's name in the jaxpr) on
-  the GPU route of a per-token int8 spec; XLA's pre-pass in the interpreter and for a
-  static per-tensor spec."""
-  import humming_jax as hj
-  w = jax.random.normal(jax.random.key(0), (256, 128), jnp.float32) / 16
-  x = _x(4, 256, 2)
-  route = lambda p, **kw: str(jax.make_jaxpr(
-      lambda x: w8a8.run_decode_mgpu(p, x, **kw))(x))
-  p = w8a8.prepare(hj.quantize(w, "w8a8-int8"))
-  assert "act_decode_codes_int8" in route(p)
-  assert "act_decode_codes" not in route(p, interpret=True)
-  static = QuantSpec("int8", "channel", act="int8", act_granularity="tensor",
-                     act_static=True)
-  ps = w8a8.prepare(hj.quantize(w, static, act_scale=jnp.float32(0.05)))
-  assert "act_decode_codes" not in route(ps)
-
-
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", FAKE_SPECS)
 @pytest.mark.parametrize("m,k", [(1, 8192), (16, 8192), (16, 14336)])
@@ -274,22 +227,3 @@ def test_fake_quant_gpu(name, m, k):
   else:
     bound = np.abs(w) * 0.26 + amax / spec.act_format.max_value * 2.0 ** -6
   assert (diff <= bound).all()
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("m,k", [(1, 8192), (16, 8192), (16, 14336)])
-def test_decode_codes_gpu(m, k):
-  """On the GPU at decode shapes against XLA's pre-pass: the same scales, and at most 1e-3
-  of the codes one step apart (Triton's float32 division, as in ``test_one_pass_gpu``)."""
-  spec = QuantSpec.preset("w8a8-int8")
-  x = _x(max(m, 4), k, seed=11)[:m]
-  plan = w8a8.plan_for(spec)
-  (wa, ws), (ga, gs) = jax.jit(lambda x: (
-      w8a8.act_operands(x, spec, plan, None, rows=m, kp=k),
-      act_prepass.decode_codes_rows(x, spec)))(x)
-  assert ga.dtype == jnp.bfloat16
-  np.testing.assert_array_equal(np.asarray(gs), np.asarray(ws))
-  ok = ~np.isnan(np.asarray(ws))[:, 0]
-  diff = np.abs(np.asarray(ga, np.float32)[ok] - np.asarray(wa, np.float32)[ok])
-  assert diff.max() <= 1 and (diff != 0).mean() <= 1e-3
-

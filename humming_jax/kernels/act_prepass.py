@@ -69,7 +69,7 @@ def _chunk(kp: int) -> int:
 
 
 def _kernel(x_ref, a_ref, s_ref, *, kp: int, chunk: int, fmt: str, qmax: float,
-            held: bool, dequantize: bool = False, decode: bool = False):
+            held: bool, dequantize: bool = False):
   cols = [pl.ds(j * chunk, chunk) for j in range(kp // chunk)]
   chunks = [x_ref[:, c] for c in cols] if held else None  # one HBM read, kept
   load = (lambda j: chunks[j]) if held else (lambda j: x_ref[:, cols[j]])
@@ -77,7 +77,7 @@ def _kernel(x_ref, a_ref, s_ref, *, kp: int, chunk: int, fmt: str, qmax: float,
   for j in range(len(cols)):  # the row's amax, NaN counted as inf (either: a NaN scale)
     x = load(j).astype(jnp.float32)
     ax = jnp.where(x != x, jnp.inf, jnp.abs(x))
-    if decode:  # elementwise over the chunks, one reduction across threads
+    if dequantize:  # decode: elementwise over the chunks, one reduction across threads
       amax = ax if amax is None else jnp.maximum(amax, ax)
     else:  # prefill (2 held rows): a reduction per chunk, no accumulator registers
       m = jnp.max(ax, axis=1, keepdims=True)
@@ -97,27 +97,21 @@ def _kernel(x_ref, a_ref, s_ref, *, kp: int, chunk: int, fmt: str, qmax: float,
       dtype, maxv = FP8_CARRIERS[fmt]
       q = jnp.clip(xs, -maxv, maxv).astype(dtype)
       value = q.astype(jnp.float32)
-    # dequantize: the code times its scale (float32), rounded once to x's dtype; a float
-    # a_ref without it: the code's own value (int8 codes are exact in bf16 / fp16)
-    a_ref[:, c] = ((value * s).astype(a_ref.dtype) if dequantize
-                   else value.astype(a_ref.dtype) if a_ref.dtype != q.dtype else q)
+    # dequantize: the code times its scale (float32), rounded once to x's dtype
+    a_ref[:, c] = (value * s).astype(a_ref.dtype) if dequantize else q
 
 
 def _launch(x: jax.Array, spec: QuantSpec, block_rows: int, out_dtype, *,
-            dequantize: bool, interpret: bool, decode: bool | None = None
-            ) -> tuple[jax.Array, jax.Array]:
-  """The kernel over (M, K) x, ``block_rows`` rows per program: ((M, K) codes in
-  ``out_dtype`` (the carrier, or a float type holding their values), or with
-  ``dequantize`` the dequantized values; (M, 1) float32 scales).  ``decode`` (default:
-  ``dequantize``): the amax folded over the chunks first, one reduction per row."""
-  decode = dequantize if decode is None else decode
+            dequantize: bool, interpret: bool) -> tuple[jax.Array, jax.Array]:
+  """The kernel over (M, K) x, ``block_rows`` rows per program: ((M, K) codes, or with
+  ``dequantize`` values in ``out_dtype``; (M, 1) float32 scales)."""
   m, k = x.shape
   fmt = spec.act_format.name
   held = k <= MAX_HELD_K
   return pl.pallas_call(
       functools.partial(_kernel, kp=k, chunk=_chunk(k), fmt=fmt,
                         qmax=float(spec.act_format.max_value), held=held,
-                        dequantize=dequantize, decode=decode),
+                        dequantize=dequantize),
       out_shape=(jax.ShapeDtypeStruct((m, k), out_dtype),
                  jax.ShapeDtypeStruct((m, 1), jnp.float32)),
       grid=(pl.cdiv(m, block_rows),),
@@ -126,8 +120,7 @@ def _launch(x: jax.Array, spec: QuantSpec, block_rows: int, out_dtype, *,
                  pl.BlockSpec((block_rows, 1), lambda i: (i, 0))),
       compiler_params=plt.CompilerParams(num_warps=NUM_WARPS[held], num_stages=1),
       interpret=interpret,
-      name=(f"act_fake_quant_{fmt}" if dequantize else f"act_decode_codes_{fmt}" if decode
-            else f"act_prepass_{fmt}"),
+      name=f"act_fake_quant_{fmt}" if dequantize else f"act_prepass_{fmt}",
   )(x)
 
 
@@ -178,25 +171,3 @@ def fake_quantize_rows(x: jax.Array, spec: QuantSpec, *, interpret: bool = False
                      f"scales and bfloat16 / float16 (M, K) x with K a multiple of 128")
   a, _ = _launch(x, spec, FAKE_BLOCK_ROWS, x.dtype, dequantize=True, interpret=interpret)
   return a
-
-
-def decode_codes_applies(x: jax.Array, spec: QuantSpec) -> bool:
-  """Whether :func:`decode_codes_rows` takes ``x``: :func:`fake_quantize_applies` with
-  int8 activations."""
-  return fake_quantize_applies(x, spec) and spec.act_format.name == "int8"
-
-
-@functools.partial(jax.jit, static_argnames=("spec", "interpret"))
-def decode_codes_rows(x: jax.Array, spec: QuantSpec, *, interpret: bool = False
-                      ) -> tuple[jax.Array, jax.Array]:
-  """(M, K) 16-bit activations -> ((M, K) int8 codes as bfloat16 values, (M, 1) float32
-  scales): :func:`quantize_rows`'s codes and scales for a per-token int8 spec, one row per
-  program as :func:`fake_quantize_rows`, written as the bf16 operand of the Mosaic WnA16
-  kernel (``w8a8.run_decode_mgpu``), where XLA's pre-pass and the codes' convert took
-  three launches (H100 session 50: ~1.4 + 1.5 + 1.5 us at 8192^2)."""
-  if not decode_codes_applies(x, spec):
-    raise ValueError(f"spec {spec.name}, x {x.shape} {x.dtype}: the decode codes take "
-                     f"dynamic per-token int8 specs with float32 scales and bfloat16 / "
-                     f"float16 (M, K) x with K a multiple of 128")
-  return _launch(x, spec, FAKE_BLOCK_ROWS, jnp.bfloat16, dequantize=False, decode=True,
-                 interpret=interpret)

@@ -616,9 +616,7 @@ def gemm_8bit(x: jax.Array, params: QuantizedWeight, weights, w_scales: jax.Arra
 
 # M up to which `run` takes `run_decode_mgpu` for W8A8 int8: 0 (off).  Timed on the H200
 # in session 8 (NOTES_w8a8.md), 8192^2: 25.3 / 25.0 us at M = 1 / 16 against the Triton
-# path's 23.1 / 25.8 -- no gain, by walls (host-bound).  By CUPTI device time on an H100
-# (session 50, NOTES.md), before the one-launch codes: 30.6 / 32.5 against 33.8 / 34.9
-# per token.  Off until an H200 A/B by device time.
+# path's 23.1 / 25.8 -- no gain.
 DECODE_MGPU_MAX_M = 0
 
 
@@ -636,8 +634,7 @@ def run_decode_mgpu(params: QuantizedWeight, x: jax.Array, *, interpret: bool = 
                     config: wna16_mgpu.Config | None = None) -> jax.Array:
   """W8A8 int8 at decode on the Mosaic WnA16 kernel (Hopper, or the interpreter).
 
-  The activations are quantized as by :func:`run`'s pre-pass (on the GPU, per token: one
-  launch writing the codes as bf16, ``act_prepass.decode_codes_rows``); their int8 codes are
+  The activations are quantized by the pre-pass as in :func:`run`; their int8 codes are
   exact in bf16, and so is every int8 x int8 product in the kernel's float32 accumulator,
   so ``wna16_mgpu.run_direct`` on the stored (N, K) int8 codes computes the integer GEMM up
   to float32 summation.  The weight scale (and a per-tensor activation scale) is applied in
@@ -654,17 +651,14 @@ def run_decode_mgpu(params: QuantizedWeight, x: jax.Array, *, interpret: bool = 
     raise ValueError(f"x.dtype={x.dtype}: expected bfloat16 or float16")
   np_, kp = params.codes.shape
   m = x.shape[0]
-  # bf16 operands and output whatever x's dtype: the codes are exact in it, and before the
-  # per-token scale the sums are ~127 / amax(x) times the result (fp16 could overflow).
-  if not interpret and kp == k and act_prepass.decode_codes_applies(x, spec):
-    codes_x, sa = act_prepass.decode_codes_rows(x, spec)  # one launch, codes as bf16
-  else:  # XLA's pre-pass (the interpreter's, as act_operands says), then a convert
-    a, sa = act_operands(x, spec, plan_for(spec), params.act_scale, rows=m, kp=kp,
-                         interpret=interpret)
-    codes_x = a.astype(jnp.bfloat16)
+  a, sa = act_operands(x, spec, plan_for(spec), params.act_scale, rows=m, kp=kp,
+                       interpret=interpret)
   col = wna16._decode_scale_row(params.scales, spec)  # (1, Np) float32
   if (s2 := _global_scale(params)) is not None:
     col = col * s2
+  # bf16 operands and output whatever x's dtype: the codes are exact in it, and before the
+  # per-token scale the sums are ~127 / amax(x) times the result (fp16 could overflow).
+  codes_x = a.astype(jnp.bfloat16)
   if spec.act_granularity != "token":  # one activation scale: into the epilogue too
     y = wna16_mgpu.run_direct(params.codes, codes_x, col * sa.reshape(()), n=n,
                               bias=params.bias, interpret=interpret, config=config)
