@@ -2,10 +2,10 @@
 # Session 50 (2026-12-06): five calls, all on an H100 (benchmarks/results/2026-12-06-session50;
 # sessions/gpu_session50.sh sub / nv / w8d, probe_compile inline, gpu_session49.sh ld: 22
 # passed).  Landed: NVFP4 decodes with one K tile per step (compile, wna16_mgpu.
-# one_k_tile_per_step: GPU-tested in call 3).  Built after the device time, not GPU-run:
-# the W8A8 int8 Mosaic decode route's one-launch codes (act_prepass.decode_codes_rows;
-# the route stays off by default).  First in the next device session (carry [".whl"]):
-#   gpu_session50.sh t50 (its GPU tests), then w8d on an H200 (the Mosaic route against
+# one_k_tile_per_step: GPU-tested in call 3).  First in the next device session (carry
+# [".whl"]):
+#   gpu_session50.sh t50 (GPU tests: W4A4 NVFP4's decode under the one-tile rule, the
+#   W8A8 Mosaic decode route), then w8d on an H200 (the Mosaic route against
 #   the Triton W8A8 decode by kernel time; switch w8a8.DECODE_MGPU_MAX_M to 16 if it wins
 #   there too), then cp on an H200 (probe_compile: the compile target's host), then the
 #   queue below from session 49's second item (the issue tables s3 / s4 and w4a on an H200).

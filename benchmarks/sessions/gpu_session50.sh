@@ -16,9 +16,9 @@
 #         Mosaic route off on walls (25.3 / 25.0 against 23.1 / 25.8), host-bound numbers;
 #         H100 session 49 timed the Triton kernels at 33.5 / 34.5 us.
 #   fin:  w8d, then nv's compile split and bench_dense rows (for an H200 if one comes).
-#   t50:  the GPU tests of what came after the device time: the W8A8 int8 decode codes in
-#         one launch (test_decode_codes_gpu, test_decode_mgpu_gpu through the new route),
-#         and the one-tile NVFP4 rule's W4A4 NVFP4 decode (test_wnam_mgpu decode cases).
+#   t50:  GPU tests not run this session: the one-tile NVFP4 rule under W4A4 NVFP4's
+#         decode (test_wnam_mgpu decode cases) and the W8A8 Mosaic decode route that w8d
+#         times (test_decode_mgpu_gpu).
 #   ld, w4a, s3, s4, ...: sessions/gpu_session49.sh's and earlier scripts' steps.
 source "$(dirname "$0")/../gpu_env.sh"
 s_cp() {
@@ -67,8 +67,8 @@ s_fin() {
   echo "dense rc=$?"; grep -E "M=" "$OUT/nv_dense.log" | cut -c1-250
 }
 s_t50() {
-  gpu_tests ${ST:-240} "decode_codes_gpu or decode_mgpu_gpu or (nvfp4 and decode)" \
-    tests/test_act_prepass.py tests/test_w8a8_mgpu.py tests/test_wnam_mgpu.py
+  gpu_tests ${ST:-240} "decode_mgpu_gpu or (nvfp4 and decode)" \
+    tests/test_w8a8_mgpu.py tests/test_wnam_mgpu.py
 }
 for s in ${@:-cp}; do
   case "$s" in

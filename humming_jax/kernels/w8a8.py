@@ -616,7 +616,9 @@ def gemm_8bit(x: jax.Array, params: QuantizedWeight, weights, w_scales: jax.Arra
 
 # M up to which `run` takes `run_decode_mgpu` for W8A8 int8: 0 (off).  Timed on the H200
 # in session 8 (NOTES_w8a8.md), 8192^2: 25.3 / 25.0 us at M = 1 / 16 against the Triton
-# path's 23.1 / 25.8 -- no gain.
+# path's 23.1 / 25.8 -- no gain, by walls (host-bound).  By CUPTI device time on an H100
+# (session 50, NOTES.md): 30.6 / 32.5 against 33.8 / 34.9 per token.  Off until an H200
+# A/B by device time.
 DECODE_MGPU_MAX_M = 0
 
 
