@@ -45,6 +45,12 @@ _FP8 = {np.dtype(ml_dtypes.float8_e4m3fn): "fp8_e4m3", np.dtype(ml_dtypes.float8
 E4M3 = [ml_dtypes.float8_e4m3fn]
 
 
+def _f32(name: str, scale: np.ndarray) -> np.ndarray:
+  """A stored float scale as float32: fp32, or bf16 / fp16 widened exactly; others refused."""
+  float_scale_dtype(name, scale)
+  return scale.astype(np.float32)
+
+
 def fp8_linear(module: str, a: dict, scale_name: str, scale: np.ndarray, granularity: str,
                *, block: tuple[int, int] | None = None, act: dict | None = None,
                act_scale=None, formats=E4M3) -> dict:
@@ -104,8 +110,7 @@ def plan_hf_fp8(module: str, suffixes: set[str], qcfg: dict) -> list[Unit] | Non
 
   def build(a):
     sname = f"{module}.weight_scale_inv"
-    float_scale_dtype(sname, a[sname])  # fp32, or bf16 / fp16 widened exactly
-    return fp8_linear(module, a, sname, a[sname].astype(np.float32), "block", block=(bn, bk),
+    return fp8_linear(module, a, sname, _f32(sname, a[sname]), "block", block=(bn, bk),
                       act=dict(act="fp8_e4m3", act_granularity="group", act_group_size=bk),
                       formats=list(_FP8))
 
@@ -154,8 +159,7 @@ def _plan_per_tensor(module: str, suffixes: set[str], qcfg: dict) -> list[Unit] 
 
   def build(a):
     sname = f"{module}.weight_scale"
-    float_scale_dtype(sname, a[sname])
-    s = a[sname].astype(np.float32)
+    s = _f32(sname, a[sname])
     if s.size != 1:
       raise ValueError(f"tensor {sname!r}: shape {s.shape}, expected one value (per-tensor "
                        "fp8: quantization_config has no weight_block_size)")
@@ -163,8 +167,7 @@ def _plan_per_tensor(module: str, suffixes: set[str], qcfg: dict) -> list[Unit] 
     act_scale = None
     if scheme == "static":
       iname = f"{module}.input_scale"
-      float_scale_dtype(iname, a[iname])
-      act_scale = a[iname].astype(np.float32)
+      act_scale = _f32(iname, a[iname])
       if act_scale.size != 1:
         raise ValueError(f"tensor {iname!r}: shape {act_scale.shape}, expected one value")
       act.update(act_granularity="tensor", act_static=True)
@@ -181,9 +184,8 @@ def plan_fbgemm_fp8(module: str, suffixes: set[str], qcfg: dict) -> list[Unit] |
 
   def build(a):
     sname = f"{module}.weight_scale"
-    float_scale_dtype(sname, a[sname])  # fp32, or bf16 / fp16 widened exactly
     n = a[f"{module}.weight"].shape[0]
-    s = expect(sname, a[sname].astype(np.float32), np.float32, (n, 1))
+    s = expect(sname, _f32(sname, a[sname]), np.float32, (n, 1))
     return fp8_linear(module, a, sname, s, "channel",
                       act=dict(act="fp8_e4m3", act_granularity="token"))
 
