@@ -616,18 +616,28 @@ def quantize_activations(x: jax.Array, spec: QuantSpec,
 
 
 def kernel_activations(x: jax.Array, spec: QuantSpec, act_scale: jax.Array | None = None,
-                       *, rows: int, kp: int) -> QuantizedActivations:
+                       *, rows: int, kp: int, values_dtype=None) -> QuantizedActivations:
   """The W8A8-family pre-pass: :func:`quantize_activations`'s values, zero-padded to
   (rows, kp), for a kernel operand only -- never read back as floats in XLA.  fp8 formats
   take one convert, then the pad, then an optimization barrier, instead of the
   reference's convert, integer decode and convert back (``_round_fp8``: XLA's GPU
   pipeline folds an f32 -> fp8 -> f32 chain away; the barrier keeps any later widening
   from folding into this convert).  Same values, a fraction of the ALU work (H200 session
-  17, M = 4096 x 8192: the convert fusion took 60.7 us per layer)."""
+  17, M = 4096 x 8192: the convert fusion took 60.7 us per layer).
+
+  ``values_dtype`` (bfloat16 / float16): the same values in that dtype instead of the
+  carrier (int8 and 8-bit float codes are exact in both), rounded by the reference's
+  rules (fp8 through its integer decode, which no convert folding can skip) and written
+  once: for kernels that take 16-bit operands (``w8a8.run_decode_mgpu``), no carrier
+  array and no second convert pass."""
   x, act_scale = _check_activations(x, spec, act_scale)
   if rows < x.shape[0] or kp < x.shape[1]:
     raise ValueError(f"rows={rows}, kp={kp}: expected at least x.shape={x.shape}")
-  return _quantize_activations_jit(x, spec, act_scale, (rows, kp))
+  if values_dtype is not None:
+    values_dtype = jnp.dtype(values_dtype)
+    if values_dtype not in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)):
+      raise ValueError(f"values_dtype={values_dtype}: expected bfloat16 or float16")
+  return _quantize_activations_jit(x, spec, act_scale, (rows, kp), values_dtype)
 
 
 def _check_activations(x, spec: QuantSpec, act_scale):
@@ -647,11 +657,13 @@ def _check_activations(x, spec: QuantSpec, act_scale):
   return x, act_scale
 
 
-@functools.partial(jax.jit, static_argnums=(1, 3))
+@functools.partial(jax.jit, static_argnums=(1, 3, 4))
 def _quantize_activations_jit(x: jax.Array, spec: QuantSpec, act_scale: jax.Array | None,
-                              pad_to: tuple[int, int] | None) -> QuantizedActivations:
+                              pad_to: tuple[int, int] | None, values_dtype=None
+                              ) -> QuantizedActivations:
   # Jitted per (spec, shape) for the same reason as _quantize_arrays; inlines under jit.
-  # pad_to: kernel_activations' padded operand (fp8 through one convert).
+  # pad_to: kernel_activations' padded operand (fp8 through one convert); values_dtype:
+  # its 16-bit values instead of the carrier (every activation format is exact in both).
   fmt = spec.act_format
   m, k = x.shape
   x32 = x.astype(jnp.float32)
@@ -681,12 +693,13 @@ def _quantize_activations_jit(x: jax.Array, spec: QuantSpec, act_scale: jax.Arra
     # themselves: their rows alone come out NaN.
     s = jnp.where(jnp.any(jnp.isnan(x32)), jnp.nan, s)
   xs = x32 / jnp.repeat(jnp.repeat(s, m // s.shape[0], 0), k // s.shape[1], 1)
-  if pad_to is not None and fmt.name in FP8_CARRIERS:  # RNE convert, saturated first
+  if pad_to is not None and fmt.name in FP8_CARRIERS and values_dtype is None:  # RNE convert,
+    # saturated first
     dtype, maxv = FP8_CARRIERS[fmt.name]
     vals = _pad(jnp.clip(xs, -maxv, maxv).astype(dtype), pad_to)
     return QuantizedActivations(jax.lax.optimization_barrier(vals), s)
   vals = fmt.decode(fmt.encode(xs)) if fmt.name not in _FAST_ROUND else _FAST_ROUND[fmt.name](xs)
-  vals = vals.astype(carrier_dtype(fmt))
+  vals = vals.astype(values_dtype or carrier_dtype(fmt))
   return QuantizedActivations(vals if pad_to is None else _pad(vals, pad_to), s)
 
 

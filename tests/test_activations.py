@@ -204,3 +204,40 @@ def test_kernel_operand_values_are_the_reference(spec, sshape, tol, carrier):
   assert ("optimization_barrier" in text) == (spec.act_format.name.startswith("fp8"))
   with pytest.raises(ValueError, match=r"rows=4, kp=384: expected at least x.shape=\(8, 256\)"):
     kernel_activations(x, spec, rows=4, kp=384)
+
+
+@pytest.mark.parametrize("spec,sshape,tol,carrier", CASES, ids=[c[0].name for c in CASES])
+def test_kernel_operand_16bit_values_are_the_reference(spec, sshape, tol, carrier):
+  """``kernel_activations(values_dtype=...)`` (the operand of ``w8a8.run_decode_mgpu``):
+  the reference's values, written once in bf16 / fp16 (every carrier value is exact in
+  both) -- saturation, -0, NaN rows and a static scale included -- zero-padded."""
+  del sshape, tol, carrier
+  x = np.asarray(x_act(8, 256, 9), np.float32)
+  x[2] *= 1e4
+  x[4, :5] = -1e-30
+  x[5, 9] = np.nan
+  for act_scale in (None, jnp.float32(0.02)):
+    if act_scale is not None and spec.act_granularity == "group":
+      continue  # static scales are per tensor
+    s = spec if act_scale is None else spec.replace(act_granularity="tensor",
+                                                    act_static=True)
+    ref = jax.jit(lambda x, a: hj.quantize_activations(x, s, a))(x, act_scale)
+    want = np.asarray(ref.values, np.float32)
+    for dtype in (jnp.bfloat16, jnp.float16):
+      got = jax.jit(lambda x, a: kernel_activations(x, s, a, rows=16, kp=384,
+                                                    values_dtype=dtype))(x, act_scale)
+      assert got.values.shape == (16, 384) and got.values.dtype == dtype
+      v = np.asarray(got.values, np.float32)
+      assert not v[8:].any() and not v[:, 256:].any()  # the padding: zeros
+      nan = np.isnan(want)
+      if s.act_format.is_integer:  # int8 codes of a NaN row are arbitrary; its scale is NaN
+        nan = np.isnan(np.asarray(ref.scales)).any(axis=1)[:, None] & np.ones_like(nan)
+        assert np.isnan(v[:8, :256][nan]).all()
+      else:
+        np.testing.assert_array_equal(np.isnan(v[:8, :256]), nan)
+      np.testing.assert_array_equal(v[:8, :256][~nan], want[~nan])
+      assert (np.signbit(v[:8, :256][~nan]) == np.signbit(want[~nan])).all() or \
+          s.act_format.is_integer  # -0 kept by the float formats (int8 has no -0)
+      np.testing.assert_array_equal(np.asarray(got.scales), np.asarray(ref.scales))
+  with pytest.raises(ValueError, match="values_dtype=float32: expected bfloat16 or float16"):
+    kernel_activations(x, spec, rows=8, kp=256, values_dtype=jnp.float32)

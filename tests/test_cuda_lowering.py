@@ -161,10 +161,11 @@ def test_mgpu_decode_variants_lower_for_h200(m, cfg):
 
 
 @pytest.mark.parametrize("m", [1, 16])
-@pytest.mark.parametrize("name", ["w8a8-int8", "w8a8-int8-static"])
+@pytest.mark.parametrize("name", ["w8a8-int8", "w8a8-int8-static", "w8a8-fp8"])
 def test_w8a8_decode_mgpu_lowers_for_h200(name, m):
-  """W8A8 int8 at decode on the Mosaic WnA16 kernel, reading W8A8's (N, K) codes in place
-  (one TMA box per K tile, two per pipeline step at M <= 16)."""
+  """W8A8 int8 / fp8 at decode on the Mosaic WnA16 kernel, reading W8A8's (N, K) codes in
+  place (one TMA box per K tile, two per pipeline step at M <= 16), the per-token scales
+  in its epilogue."""
   spec = (hj.QuantSpec("int8", "channel", 0, scale_dtype="float32", act="int8",
                        act_granularity="tensor", act_static=True)
           if name.endswith("static") else hj.QuantSpec.preset(name))

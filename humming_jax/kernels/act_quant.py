@@ -26,7 +26,8 @@ def quantize(x: jax.Array, spec: QuantSpec,
 
 
 def kernel_operand(x: jax.Array, spec: QuantSpec, act_scale: jax.Array | None = None, *,
-                   rows: int, kp: int) -> QuantizedActivations:
+                   rows: int, kp: int, values_dtype=None) -> QuantizedActivations:
   """The same values zero-padded to a kernel's (rows, kp) operand, for kernels only
-  (:func:`humming_jax.quantize.kernel_activations`: fp8 through one convert)."""
-  return kernel_activations(x, spec, act_scale, rows=rows, kp=kp)
+  (:func:`humming_jax.quantize.kernel_activations`: fp8 through one convert; with
+  ``values_dtype``, the values in that 16-bit dtype)."""
+  return kernel_activations(x, spec, act_scale, rows=rows, kp=kp, values_dtype=values_dtype)

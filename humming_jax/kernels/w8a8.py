@@ -484,8 +484,8 @@ def fused_prepass_applies(x: jax.Array, spec: QuantSpec, kp: int, *,
 
 
 def act_operands(x: jax.Array, spec: QuantSpec, plan: Plan, act_scale, *, rows: int,
-                 kp: int, per_row: bool | None = None, interpret: bool = False
-                 ) -> tuple[jax.Array, jax.Array]:
+                 kp: int, per_row: bool | None = None, interpret: bool = False,
+                 values_dtype=None) -> tuple[jax.Array, jax.Array]:
   """The pre-pass: activations quantized to the carrier dtype, padded to (rows, kp), and
   their float32 scales, padded to ``rows`` (when ``per_row``; default: more than one scale
   row) by (K groups or 1) columns with 1.0.  The values feed kernel operands only
@@ -494,11 +494,15 @@ def act_operands(x: jax.Array, spec: QuantSpec, plan: Plan, act_scale, *, rows: 
   (the CPU interpreter) keeps XLA's pre-pass -- the kernel's values in the interpreter
   (on the H200 <= 1e-4 of codes may be one step apart): with the interpreted kernel ahead
   of the interpreted Mosaic GEMM, a route test hung in CI (session 18, cause not found;
-  NOTES.md v20).  The kernel's own interpreter tests call it directly."""
+  NOTES.md v20).  The kernel's own interpreter tests call it directly.  ``values_dtype``
+  (bf16 / fp16): the codes' values in that dtype, for a 16-bit-operand kernel (XLA's
+  pre-pass)."""
   m, k = x.shape
-  if per_row is not False and fused_prepass_applies(x, spec, kp, interpret=interpret):
+  if (per_row is not False and values_dtype is None
+      and fused_prepass_applies(x, spec, kp, interpret=interpret)):
     return act_prepass.quantize_rows(x, spec, rows=rows, kp=kp)
-  qa = act_quant.kernel_operand(x, spec, act_scale, rows=rows, kp=kp)
+  qa = act_quant.kernel_operand(x, spec, act_scale, rows=rows, kp=kp,
+                                values_dtype=values_dtype)
   a, sa = qa.values, qa.scales
   per_row = sa.shape[0] > 1 if per_row is None else per_row
   cols = kp // plan.a_group if plan.a_group else 1
@@ -623,29 +627,33 @@ DECODE_MGPU_MAX_M = 0
 
 
 def decode_mgpu_runs(params: QuantizedWeight) -> bool:
-  """Whether :func:`run_decode_mgpu` computes these prepared params: int8 x int8 with
-  per-channel (or tensor) weight scales and per-token (or tensor) activation scales, the
-  direct (N, K) layout, one weight matrix."""
+  """Whether :func:`run_decode_mgpu` computes these prepared params: int8 x int8 or e4m3
+  x e4m3 with per-channel (or tensor) weight scales and per-token (or tensor) activation
+  scales, the direct (N, K) layout, one weight matrix."""
   plan = plan_for(params.spec)
-  return (plan is not None and plan.direct and plan.int_compute and not plan.w_group
+  spec = params.spec
+  eight_bit = plan is not None and (plan.int_compute or (
+      spec.weight_format.name == "fp8_e4m3" and spec.act_format.name == "fp8_e4m3"))
+  return (eight_bit and plan.direct and not plan.w_group
           and not plan.a_group and params.num_experts is None
           and registry.layout_family(params.layout) == FAMILY)
 
 
 def run_decode_mgpu(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
                     config: wna16_mgpu.Config | None = None) -> jax.Array:
-  """W8A8 int8 at decode on the Mosaic WnA16 kernel (Hopper, or the interpreter).
+  """W8A8 int8 / fp8 at decode on the Mosaic WnA16 kernel (Hopper, or the interpreter).
 
-  The activations are quantized by the pre-pass as in :func:`run`; their int8 codes are
-  exact in bf16, and so is every int8 x int8 product in the kernel's float32 accumulator,
-  so ``wna16_mgpu.run_direct`` on the stored (N, K) int8 codes computes the integer GEMM up
-  to float32 summation.  The weight scale (and a per-tensor activation scale) is applied in
-  the kernel's float32 epilogue; a per-token scale and then the bias by one XLA fusion
-  after it (the kernel's bf16 output is rounded once more there)."""
+  The activations are quantized by the pre-pass as in :func:`run`; their int8 / e4m3
+  codes are exact in bf16 / fp16, and so is every product of two codes in the kernel's
+  float32 accumulator, so ``wna16_mgpu.run_direct`` on the stored (N, K) codes computes the
+  8-bit GEMM up to float32 summation.  The activation scale (per token or tensor), the
+  weight scale and the bias are applied in the kernel's float32 epilogue, and the output
+  is rounded once, to x.dtype."""
   if not decode_mgpu_runs(params):
     raise ValueError(f"spec {params.spec.name} / layout {params.layout!r}: run_decode_mgpu "
-                     f"takes int8 x int8 specs with per-channel or tensor weight scales and "
-                     f"per-token or tensor activation scales, prepared by w8a8.prepare")
+                     f"takes int8 x int8 or e4m3 x e4m3 specs with per-channel or tensor "
+                     f"weight scales and per-token or tensor activation scales, prepared "
+                     f"by w8a8.prepare")
   spec = params.spec
   k, n = params.shape
   _check_x(x, k)
@@ -653,24 +661,22 @@ def run_decode_mgpu(params: QuantizedWeight, x: jax.Array, *, interpret: bool = 
     raise ValueError(f"x.dtype={x.dtype}: expected bfloat16 or float16")
   np_, kp = params.codes.shape
   m = x.shape[0]
+  # the codes written once, as x.dtype values (no int8 / fp8 array, no convert pass)
   a, sa = act_operands(x, spec, plan_for(spec), params.act_scale, rows=m, kp=kp,
-                       interpret=interpret)
+                       interpret=interpret, values_dtype=x.dtype)
   col = wna16._decode_scale_row(params.scales, spec)  # (1, Np) float32
   if (s2 := _global_scale(params)) is not None:
     col = col * s2
-  # bf16 operands and output whatever x's dtype: the codes are exact in it, and before the
-  # per-token scale the sums are ~127 / amax(x) times the result (fp16 could overflow).
-  codes_x = a.astype(jnp.bfloat16)
-  if spec.act_granularity != "token":  # one activation scale: into the epilogue too
-    y = wna16_mgpu.run_direct(params.codes, codes_x, col * sa.reshape(()), n=n,
-                              bias=params.bias, interpret=interpret, config=config)
-    return y.astype(x.dtype)
-  y = wna16_mgpu.run_direct(params.codes, codes_x, col, n=n, interpret=interpret,
-                            config=config)
-  y = y.astype(jnp.float32) * sa[:m]
-  if params.bias is not None:
-    y = y + params.bias.astype(jnp.float32)
-  return y.astype(x.dtype)
+  row_scale = None
+  if spec.act_granularity == "token":
+    row_scale = sa[:m].reshape(m)
+  else:  # one activation scale: a factor of the column row
+    col = col * sa.reshape(())
+  # The codes in x's dtype: before the scales the sums reach ~127 * 127 * K, but they stay
+  # in the float32 accumulator until the epilogue has scaled them.
+  return wna16_mgpu.run_direct(params.codes, a, col, n=n,
+                               row_scale=row_scale, bias=params.bias, interpret=interpret,
+                               config=config)
 
 
 def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,

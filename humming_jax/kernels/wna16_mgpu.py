@@ -553,7 +553,9 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
   each scale group's float32 partial product is scaled on its own (Hopper's fp8 MMA sums
   one group at most, 32-128 K deep, in its reduced-precision accumulator), and the
   epilogue multiplies each row by its x_scale; output in ``out_dtype`` (bf16 / fp16,
-  default bf16)."""
+  default bf16).  The direct 8-bit layout (:func:`run_direct`) takes an optional
+  ``x_scale`` too: 16-bit x rows (activation codes) each multiplied by its float32 scale
+  in the same epilogue, before the column scale and the bias."""
   spec = params.spec
   grouped = tiles is not None
   if not grouped and registry.layout_family(params.layout) != FAMILY:
@@ -579,12 +581,17 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
     raise ValueError(f"x.dtype={x.dtype} with params.layout={params.layout!r}: the fp8-MMA "
                      f"layout (':p8', prepare(mma='fp8')) takes float8_e4m3fn activations "
                      f"(with x_scale), every other layout bfloat16 / float16")
-  if not fp8 and (x_scale is not None or out_dtype is not None):
-    raise ValueError(f"x_scale / out_dtype: only for float8_e4m3fn x on the fp8-MMA layout; "
-                     f"x.dtype={x.dtype} (its output takes x's dtype, no row scales)")
-  if fp8 and (x_scale is None or x_scale.shape not in ((m,), (m, 1))):
-    raise ValueError(f"x_scale: expected the ({m},) float32 row scales of the "
-                     f"float8_e4m3fn x; got "
+  if not fp8 and out_dtype is not None:
+    raise ValueError(f"out_dtype: only for float8_e4m3fn x on the fp8-MMA layout; "
+                     f"x.dtype={x.dtype} (its output takes x's dtype)")
+  if not fp8 and not direct and x_scale is not None:
+    raise ValueError(f"x_scale: only for float8_e4m3fn x on the fp8-MMA layout or the "
+                     f"direct 8-bit layout (run_direct); x.dtype={x.dtype}, "
+                     f"params.layout={params.layout!r}")
+  row_scaled = x_scale is not None  # each x row's float32 scale, in the epilogue
+  if (fp8 or row_scaled) and (x_scale is None or x_scale.shape not in ((m,), (m, 1))):
+    raise ValueError(f"x_scale: expected the ({m},) float32 row scales of "
+                     f"{'the float8_e4m3fn' if fp8 else 'this'} x; got "
                      f"{None if x_scale is None else x_scale.shape}")
   if fp8 and jnp.dtype(out_dtype or jnp.bfloat16) not in (jnp.dtype(jnp.bfloat16),
                                                           jnp.dtype(jnp.float16)):
@@ -664,8 +671,10 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
   if (rows, kp) != (m, k):
     xp = jnp.pad(xp, ((0, rows - m), (0, kp - k)))
   xs = None  # fp8: the row scales times 2**6 (the e4m3 operands hold e2m1 values * 2**-6)
-  if fp8:
-    xs = x_scale.reshape(m).astype(jnp.float32) * (1 / mgpu_convert.E4M3_FROM_E2M1)
+  if row_scaled:
+    xs = x_scale.reshape(m).astype(jnp.float32)
+    if fp8:
+      xs = xs * (1 / mgpu_convert.E4M3_FROM_E2M1)
     if single:  # the column fold's 2**-11 (its max row is an epilogue row below)
       xs = xs * (2.0 ** -mgpu_convert.FOLD_MAX_SHIFT)
     if rows != m:
@@ -690,7 +699,7 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
   # kernel time but timed 4-6 us per layer slower in the chain, so the default stays).
   after = config.scale_after_mma and gpt == 1
   overlap = after and config.overlap_mma and not zero_mma and sub > 1
-  operands = ([tiles.sched] if grouped else []) + [xp] + ([xs] if fp8 else []) + [params.codes]
+  operands = ([tiles.sched] if grouped else []) + [xp] + ([xs] if row_scaled else []) + [params.codes]
   # The fp8 route multiplies float32 partials: scale rows stay in their stored 16-bit
   # dtype (e8m0 / e4m3 as bf16, exact) or float32, not rounded to the output dtype.
   s_dtype = (cdt if not fp8 else params.scales.dtype
@@ -720,7 +729,7 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
   if interpret and share_x:  # the CPU interpreter can leave a third warpgroup thread
     wgs = divisor(min(wgs, 2), splits)  # unscheduled on a 2-core machine (NOTES.md v11)
   fp8_bytes = (dict(x_bytes=1, scale_bytes=jnp.dtype(s_dtype).itemsize, x_scales=True)
-               if fp8 else {})
+               if fp8 else dict(x_scales=True) if row_scaled else {})
   if fp8 and config.column_blocks > 1:
     raise ValueError(f"config.column_blocks={config.column_blocks}: the fp8-MMA layout "
                      f"runs one column block per CTA (expected 1)")
@@ -792,7 +801,7 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
     rest = list(refs)
     sched_gmem = rest.pop(0) if grouped else None
     x_gmem = rest.pop(0)
-    xs_gmem = rest.pop(0) if fp8 else None
+    xs_gmem = rest.pop(0) if row_scaled else None
     w_gmem = rest.pop(0)
     s_gmem = None if col else rest.pop(0)
     z_gmem = rest.pop(0) if has_zeros else None
@@ -813,7 +822,7 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
     ep_row = lambda r, g, i: (r * eg + g) * n_ep + i
 
     def tile(xs, pick):  # xs: the x rows; pick: the tile's expert's arrays (dense: same)
-      if fp8:  # the tile's row scales, for the epilogue
+      if row_scaled:  # the tile's row scales, for the epilogue
         pl.when(wg == 0)(lambda: plgpu.copy_gmem_to_smem(xs_gmem.at[xs], xs_smem, xs_bar))
       if n_ep:  # in flight during the K loop; warpgroup 0 (share_x: each) runs the epilogue
         @pl.when(wg == 0)  # (share_x: for every warpgroup; one issuer of all copies)
@@ -1089,7 +1098,7 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
               y = y + plgpu.load(red_smem.at[i], layout=_WGMMA)
             if blocks > 1:  # (the next block's warpgroups wait for it)
               pl.when(r + 1 < blocks)(lambda: plgpu.barrier_arrive(red_free))
-          if fp8:  # each x row (a column here) times its scale (split-K: on each partial)
+          if row_scaled:  # each x row (a column here) times its scale (split-K: each partial)
             plgpu.barrier_wait(xs_bar)
             y = y * lax.broadcast_in_dim(plgpu.load(xs_smem, layout=_COL), y.shape, [1])
           if blocks > 1:  # the last block's store has read the output tile
@@ -1201,7 +1210,7 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
   if interpret:
     scratch["a_smem"] = (plgpu.SMEM((wgs, BLOCK_N, bk), jnp.float8_e4m3fn, transforms=x_tf)
                          if fp8 else plgpu.SMEM((wgs, BLOCK_N, bk), cdt, transforms=a_tf))
-  if fp8:
+  if row_scaled:
     scratch.update(xs_smem=plgpu.SMEM((block_m,), jnp.float32),
                    xs_bar=plgpu.Barrier(num_arrivals=1))
   if zero_mma:
@@ -1240,20 +1249,24 @@ DIRECT_BLOCK_K = 128  # K per tile of the direct (Np, Kp) int8 layout (128-byte 
 
 
 def run_direct(codes: jax.Array, x: jax.Array, col_scale: jax.Array, *, n: int,
-               bias: jax.Array | None = None, interpret: bool = False,
-               config: Config | None = None) -> jax.Array:
-  """(M, K <= Kp) 16-bit x times int8 codes stored (Np, Kp) -- W8A8's carrier layout
-  (``w8a8.prepare``), no copy -- with a float32 (1, Np) column scale and an optional (N,)
-  bias in the float32 epilogue: ``(x @ codes[:n, :K].T) * col_scale[:n] + bias`` in
-  x.dtype.
+               row_scale: jax.Array | None = None, bias: jax.Array | None = None,
+               interpret: bool = False, config: Config | None = None) -> jax.Array:
+  """(M, K <= Kp) 16-bit x times int8 or float8_e4m3fn codes stored (Np, Kp) -- W8A8's
+  carrier layout (``w8a8.prepare``), no copy -- with a float32 (1, Np) column scale, an
+  optional (M,) float32 row scale and an optional (N,) bias in the float32 epilogue:
+  ``(x @ codes[:n, :K].T) * row_scale[:, None] * col_scale[:n] + bias`` in x.dtype.
 
-  The decode path of W8A8 int8 (``w8a8.run_decode_mgpu``): int8 activation codes are exact
-  in bf16 and products of two int8 codes are exact in the float32 WGMMA accumulator, so the
-  product is the W8A8 integer GEMM up to float32 summation; the scales stay float32."""
-  if (codes.ndim != 2 or codes.dtype != jnp.int8 or codes.shape[1] % DIRECT_BLOCK_K
+  The decode path of W8A8 int8 and fp8 (``w8a8.run_decode_mgpu``): int8 and e4m3
+  activation codes are exact in bf16 and fp16, and products of two int8 or two e4m3 codes
+  are exact in the float32 WGMMA accumulator, so the product is the W8A8 GEMM up to
+  float32 summation; the per-token and weight scales stay float32 until the one rounding
+  to x.dtype."""
+  kinds = {jnp.dtype(jnp.int8): "int8", jnp.dtype(jnp.float8_e4m3fn): "fp8_e4m3"}
+  if (codes.ndim != 2 or codes.dtype not in kinds or codes.shape[1] % DIRECT_BLOCK_K
       or codes.shape[0] % BLOCK_N):
-    raise ValueError(f"codes: expected int8 (Np, Kp) with Kp a multiple of "
-                     f"{DIRECT_BLOCK_K} and Np of {BLOCK_N}; got {codes.dtype} {codes.shape}")
+    raise ValueError(f"codes: expected int8 or float8_e4m3fn (Np, Kp) with Kp a multiple "
+                     f"of {DIRECT_BLOCK_K} and Np of {BLOCK_N}; got {codes.dtype} "
+                     f"{codes.shape}")
   np_, kp = codes.shape
   k = x.shape[-1]
   if x.ndim != 2 or not (k <= kp and n <= np_) or col_scale.shape != (1, np_):
@@ -1261,11 +1274,16 @@ def run_direct(codes: jax.Array, x: jax.Array, col_scale: jax.Array, *, n: int,
                      f"{kp}), n <= {np_}, col_scale (1, {np_})")
   if bias is not None and bias.shape != (n,):
     raise ValueError(f"bias.shape={bias.shape}: expected ({n},)")
+  m = x.shape[0]
+  if row_scale is not None and row_scale.shape not in ((m,), (m, 1)):
+    raise ValueError(f"row_scale.shape={row_scale.shape}: expected ({m},) or ({m}, 1), "
+                     f"one float32 scale per x row")
   view = QuantizedWeight(  # per channel: the column scale is the epilogue row
       codes=codes, scales=col_scale.astype(jnp.float32), zeros=None, global_scale=None,
-      bias=bias, act_scale=None, spec=QuantSpec("int8", "channel", 0), shape=(k, n),
+      bias=bias, act_scale=None, spec=QuantSpec(kinds[codes.dtype], "channel", 0),
+      shape=(k, n),
       layout=f"{FAMILY}:direct:b8:cs")
-  return run(view, x, interpret=interpret, config=config)
+  return run(view, x, interpret=interpret, config=config, x_scale=row_scale)
 
 
 def divisor(want: int, total: int) -> int:
@@ -1315,7 +1333,7 @@ def fit_stages(config: Config, block_m: int, block_k: int, bits: int, has_zeros:
                out_bytes: int = 2, scale_rows: int = 1, column_scale: bool = False,
                **fp8_bytes) -> int:
   """``config.stages``, lowered (not below 2) until the pipeline fits in shared memory
-  (``fp8_bytes``: :func:`smem_bytes`' keywords of the fp8 route)."""
+  (``fp8_bytes``: :func:`smem_bytes`' keywords of the fp8 route or of row scales)."""
   stages = config.stages
   size = lambda st: smem_bytes(block_m, st, config.substeps, block_k, bits, has_zeros,
                                out_bytes, config.warpgroups,
