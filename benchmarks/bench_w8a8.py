@@ -75,7 +75,7 @@ KERNEL_TIMES = False  # --kernel-times: also CUPTI device time per layer, by ker
 
 
 def layer_fn(spec, *, config=None, block_k=None, fuse=False, decode_mgpu=False):
-  if decode_mgpu:  # W8A8 int8 on the Mosaic WnA16 kernel (w8a8.run_decode_mgpu)
+  if decode_mgpu:  # W8A8 int8 / fp8 on the Mosaic WnA16 kernel (w8a8.run_decode_mgpu)
     return lambda p, x: w8a8.run_decode_mgpu(p, x, interpret=INTERPRET)
   if spec.act is None:
     return lambda p, x: hj.quant_dense(p, x, backend="interpret" if INTERPRET else "pallas")
@@ -200,16 +200,22 @@ def act_quant_study(ws, k, ms, args):
   return rows
 
 
+DECODE_SPECS = ("w8a8-int8", "w8a8-int8-static", "w8a8-fp8", "w8a8-fp8-static")
+
+
 def decode_study(ws, k, ms, args):
-  """W8A8 int8 at decode: the Triton W8A8 kernel (what w8a8.run takes at small M) vs
-  w8a8.run_decode_mgpu (int8 codes as bf16 operands of the Mosaic WnA16 kernel)."""
+  """W8A8 int8 / fp8 at decode: the Triton W8A8 kernel (what w8a8.run takes at small M),
+  the same with the activation quantization inside it (fuse_act_quant), and
+  w8a8.run_decode_mgpu (the 8-bit codes as 16-bit operands of the Mosaic WnA16 kernel,
+  the scales in its epilogue)."""
   rows = []
   for m in ms:
     x = jax.random.normal(jax.random.key(m), (m, k), jnp.bfloat16)
-    for name in ("w8a8-int8", "w8a8-int8-static"):
+    for name in DECODE_SPECS:
       qs, prepared = quantize_chain(name, ws, x)
       row = {"spec": name, "M": m}
-      for label, kw in (("triton", {}), ("decode_mgpu", {"decode_mgpu": True})):
+      for label, kw in (("triton", {}), ("triton_fused", {"fuse": True}),
+                        ("decode_mgpu", {"decode_mgpu": True})):
         try:
           r = bench_point(qs, prepared, x, calls=args.calls, repeats=args.repeats, **kw)
           row[f"{label}_us"], row[f"{label}_err"] = r["us"], r["rel_err"]
@@ -236,7 +242,8 @@ def main(argv=None):
   ap.add_argument("--act-quant-study", action="store_true",
                   help="only the fused-vs-pre-pass activation quantization measurement")
   ap.add_argument("--decode-study", action="store_true",
-                  help="only W8A8 int8 at decode: Triton kernel vs w8a8.run_decode_mgpu")
+                  help="only W8A8 int8 / fp8 at decode: Triton kernel (pre-pass or fused "
+                       "activation quantization) vs w8a8.run_decode_mgpu")
   ap.add_argument("--json", default=None)
   ap.add_argument("--kernel-times", action="store_true",
                   help="also the CUPTI device time per layer of every kernel it launches")
