@@ -13,7 +13,7 @@
 #   cp, sub, nv, fin, t50: sessions/gpu_session50.sh's steps.
 source "$(dirname "$0")/../gpu_env.sh"
 s_t51() {
-  gpu_tests ${ST:-300} "decode_mgpu or decode_gpu or dense_fp8_mma_gpu or dense_fp8_fold_gpu or fp8_weights_gpu" \
+  gpu_tests ${ST:-300} "${T51K:-decode_mgpu or decode_gpu or dense_fp8_mma_gpu or dense_fp8_fold_gpu or fp8_weights_gpu}" \
     tests/test_w8a8_mgpu.py tests/test_wnam_mgpu.py tests/test_wna16_mgpu.py
 }
 s_w8d() {
