@@ -283,8 +283,10 @@ def check_run_gpu(name, m):
 @pytest.mark.parametrize("m", [1, 4096])
 @pytest.mark.parametrize("name", ACT_PRESETS + sorted(STATIC))
 def test_presets_gpu(name, m):
-  """M = 1: the Triton kernel; M = 4096: the Mosaic kernel (tests/test_w8a8_mgpu.py) or,
-  for ROUTED specs, the XLA route (test_large_m_kernel_gpu runs the Triton kernel there)."""
+  """M = 1: the Mosaic WnA16 decode kernel for the specs of w8a8.decode_mgpu_runs (int8 /
+  fp8 per channel), the Triton kernel for the rest; M = 4096: the Mosaic kernel
+  (tests/test_w8a8_mgpu.py) or, for ROUTED specs, the XLA route (test_large_m_kernel_gpu
+  runs the Triton kernel there)."""
   check_run_gpu(name, m)
 
 

@@ -268,11 +268,14 @@ def test_quant_dense_entry_point_interpret(monkeypatch):
 
 def test_group_32_and_small_m_stay_elsewhere():
   """K groups smaller than one pipeline step (MX group 32, NVFP4 16) and M < MIN_M are not
-  this kernel's (Triton kernel / the XLA route)."""
+  this kernel's (Triton kernel / the XLA route; M <= w8a8.DECODE_MGPU_MAX_M: the WnA16
+  decode kernel, tests below)."""
   for name in ("w8a8-mxfp8", "w4a8-mxfp4", "w4a4-nvfp4"):
     _, _, _, _, q = make(name, 256, 128, 4, seed=4)
     assert not w8a8.mgpu_runs(hj.prepare(q, kernel="w8a8")), name
-  _, _, x, _, q = make("w8a8-int8", 256, 128, 16, seed=4)
+  m = w8a8.DECODE_MGPU_MAX_M + 8
+  assert m < wm.MIN_M
+  _, _, x, _, q = make("w8a8-int8", 256, 128, m, seed=4)
   jaxpr = str(jax.make_jaxpr(lambda p, x: w8a8.run(p, x, interpret=True))(
       hj.prepare(q, kernel="w8a8"), x))
   assert "Warpgroup" not in jaxpr and "pallas_call" in jaxpr
@@ -446,12 +449,15 @@ def test_decode_mgpu_route_and_errors(monkeypatch):
   real = w8a8.run_decode_mgpu
   monkeypatch.setattr(w8a8, "run_decode_mgpu",
                       lambda *a, **kw: calls.append(1) or real(*a, **kw))
-  w8a8.run(p, x, interpret=True)
-  assert not calls  # off until timed (DECODE_MGPU_MAX_M = 0)
-  monkeypatch.setattr(w8a8, "DECODE_MGPU_MAX_M", 16)
+  assert w8a8.DECODE_MGPU_MAX_M == 16  # on since session 51 (H100 device time)
   w8a8.run(p, x, interpret=True)
   assert calls == [1]
   w8a8.run(p, jnp.concatenate([x] * 6), interpret=True)  # M = 18 > 16: the Triton kernel
+  assert calls == [1]
+  w8a8.run(p, x, interpret=True, block_k=128)  # an explicit kernel choice: the Triton kernel
+  assert calls == [1]
+  monkeypatch.setattr(w8a8, "DECODE_MGPU_MAX_M", 0)  # off: the Triton kernel at any M
+  w8a8.run(p, x, interpret=True)
   assert calls == [1]
   _, _, xf, _, qf = make("w8a8-fp8-block", 256, 128, 3, seed=8)
   assert not w8a8.decode_mgpu_runs(w8a8.prepare(qf))  # block weight scales: not this route

@@ -10,6 +10,9 @@
 #         with the activation quantization fused, the Mosaic route (bench_w8a8.py
 #         --decode-study), 8192^2, M = 1 / 16.  Switch w8a8.DECODE_MGPU_MAX_M to 16 where
 #         the Mosaic route takes the least device time.
+#   w8r:  after the switch: w8a8.run's decode route on the GPU (test_presets_gpu at M = 1,
+#         int8 / fp8, per token and static) and bench_w8a8 int8 / fp8 at M = 1 / 16 with
+#         kernel times and Humming's CUDA-graph replay in the same process.
 #   cp, sub, nv, fin, t50: sessions/gpu_session50.sh's steps.
 source "$(dirname "$0")/../gpu_env.sh"
 s_t51() {
@@ -22,9 +25,21 @@ s_w8d() {
   echo "w8d rc=$?"
   grep -E "^\{|rror" "$OUT/w8d.log" | sed -E "s/'(triton|triton_fused|decode_mgpu)_kernels': \{[^}]*\}, //g" | cut -c1-420
 }
+s_w8r() {  # after the switch (DECODE_MGPU_MAX_M = 16): w8a8.run's own route at decode
+  T ${ST:-200} python3 -m pytest -p no:cacheprovider -o addopts= --tb=short -rA \
+    -W ignore::DeprecationWarning -m gpu -s "tests/test_w8a8.py::test_presets_gpu[w8a8-int8-1]" \
+    "tests/test_w8a8.py::test_presets_gpu[w8a8-fp8-1]" \
+    "tests/test_w8a8.py::test_presets_gpu[w8a8-int8-static-1]" \
+    "tests/test_w8a8.py::test_presets_gpu[w8a8-fp8-static-1]" > "$OUT/tests_w8r.log" 2>&1
+  echo "tests rc=$?"; grep -E "^(PASSED|FAILED|ERROR)|^E |passed|failed|rel err" "$OUT/tests_w8r.log" | tail -12
+  T ${BT:-240} python3 benchmarks/bench_w8a8.py --specs w8a8-int8,w8a8-fp8 --ms 1,16 \
+    --kernel-times --humming --no-baselines --calls 20 --repeats 2 \
+    --json "$OUT/w8r.json" > "$OUT/w8r.log" 2>&1
+  echo "bench rc=$?"; grep -E "^\||kernels=|rror" "$OUT/w8r.log" | cut -c1-300 | tail -12
+}
 for s in ${@:-t51}; do
   case "$s" in
-    t51|w8d) step "$s"; "s_$s" ;;
+    t51|w8d|w8r) step "$s"; "s_$s" ;;
     *) bash "$(dirname "$0")/gpu_session50.sh" "$s" ;;
   esac
 done

@@ -618,12 +618,14 @@ def gemm_8bit(x: jax.Array, params: QuantizedWeight, weights, w_scales: jax.Arra
   return y if (mp, np_) == (m, n) else y[:m, :n]
 
 
-# M up to which `run` takes `run_decode_mgpu` for W8A8 int8: 0 (off).  Timed on the H200
-# in session 8 (NOTES_w8a8.md), 8192^2: 25.3 / 25.0 us at M = 1 / 16 against the Triton
-# path's 23.1 / 25.8 -- no gain, by walls (host-bound).  By CUPTI device time on an H100
-# (session 50, NOTES.md): 30.6 / 32.5 against 33.8 / 34.9 per token.  Off until an H200
-# A/B by device time.
-DECODE_MGPU_MAX_M = 0
+# M up to which `run` takes `run_decode_mgpu` (W8A8 int8 / fp8, per channel x per token or
+# tensor).  Session 8 kept it off on H200 walls (host-bound: 25.3 / 25.0 against 23.1 /
+# 25.8 us).  Session 51 (NOTES.md), by CUPTI device time on two H100s, 8192^2, after the
+# per-token scale moved into the kernel's epilogue: 5-10 % less than the Triton W8A8
+# kernel at every point (int8 per token M = 1: 29.8 against 32.3 us; fp8 30.5 against
+# 33.6 at M = 16), and one output rounding (fp8: no reduced-precision fp8 MMA
+# accumulator).  Not timed on an H200.
+DECODE_MGPU_MAX_M = 16
 
 
 def decode_mgpu_runs(params: QuantizedWeight) -> bool:
