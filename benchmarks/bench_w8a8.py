@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import sys
 import time
 
@@ -214,8 +215,14 @@ def decode_study(ws, k, ms, args):
     for name in DECODE_SPECS:
       qs, prepared = quantize_chain(name, ws, x)
       row = {"spec": name, "M": m}
-      for label, kw in (("triton", {}), ("triton_fused", {"fuse": True}),
-                        ("decode_mgpu", {"decode_mgpu": True})):
+      for label, kw, env in (("triton", {}, {}), ("triton_fused", {"fuse": True}, {}),
+                             ("decode_mgpu", {"decode_mgpu": True}, {}),
+                             ("decode_mgpu_xla_prepass", {"decode_mgpu": True},
+                              {"HUMMING_JAX_DECODE_PREPASS": "0"})):
+        if args.decode_labels and label not in args.decode_labels.split(","):
+          continue
+        saved = {v: os.environ.get(v) for v in env}
+        os.environ.update(env)  # read at trace time (bench_point traces fresh functions)
         try:
           r = bench_point(qs, prepared, x, calls=args.calls, repeats=args.repeats, **kw)
           row[f"{label}_us"], row[f"{label}_err"] = r["us"], r["rel_err"]
@@ -223,6 +230,12 @@ def decode_study(ws, k, ms, args):
             row[f"{label}_kernel_us"], row[f"{label}_kernels"] = r["kernel_us"], r["kernels"]
         except Exception as e:  # noqa: BLE001 - report and go on
           row[f"{label}_error"] = f"{type(e).__name__}: {str(e)[:200]}"
+        finally:
+          for v, old in saved.items():
+            if old is None:
+              os.environ.pop(v, None)
+            else:
+              os.environ[v] = old
       print(row, flush=True)
       rows.append(row)
   return rows
@@ -244,6 +257,9 @@ def main(argv=None):
   ap.add_argument("--decode-study", action="store_true",
                   help="only W8A8 int8 / fp8 at decode: Triton kernel (pre-pass or fused "
                        "activation quantization) vs w8a8.run_decode_mgpu")
+  ap.add_argument("--decode-labels", default="",
+                  help="--decode-study: only these of triton, triton_fused, decode_mgpu, "
+                       "decode_mgpu_xla_prepass (comma-separated; default all)")
   ap.add_argument("--json", default=None)
   ap.add_argument("--kernel-times", action="store_true",
                   help="also the CUPTI device time per layer of every kernel it launches")

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from humming_jax.kernels import act_prepass, w8a8
-from humming_jax.quantize import fake_quantize_activations
+from humming_jax.quantize import fake_quantize_activations, kernel_activations
 from humming_jax.spec import QuantSpec
 
 SPECS = ["w8a8-fp8", "w8a8-int8", "w4a8-mxfp4"]
@@ -226,4 +226,93 @@ def test_fake_quant_gpu(name, m, k):
     bound = amax / 127 * 1.02
   else:
     bound = np.abs(w) * 0.26 + amax / spec.act_format.max_value * 2.0 ** -6
+  assert (diff <= bound).all()
+
+
+# ---------------------------------------------------------------------------------------
+# decode_codes_rows: W8A8's decode codes as x.dtype values (w8a8.run_decode_mgpu)
+# ---------------------------------------------------------------------------------------
+CODE_SPECS = ["w8a8-int8", "w8a8-fp8", "w4a8-e5m2act"]
+
+
+def _codes_xla(x, spec):
+  """XLA's pre-pass of the decode route: the codes as x.dtype values, (M, 1) scales."""
+  m, k = x.shape
+  qa = kernel_activations(x, spec, None, rows=m, kp=k, values_dtype=x.dtype)
+  return qa.values, qa.scales
+
+
+@pytest.mark.parametrize("name", CODE_SPECS)
+@pytest.mark.parametrize("m,k,dtype", [(1, 8192, jnp.bfloat16), (4, 384, jnp.float16),
+                                       (12, 7168, jnp.bfloat16)])
+def test_decode_codes_are_the_xla_prepass(name, m, k, dtype):
+  """``decode_codes_rows``: XLA's codes (as x.dtype values) and scales bit for bit in the
+  interpreter -- one and several rows, zero / NaN / inf rows, float16 x."""
+  spec = _spec(name)
+  x = _x(max(m, 4), k, seed=m + k + 1).astype(dtype)[:m]
+  wa, ws = _codes_xla(x, spec)
+  ga, gs = act_prepass.decode_codes_rows(x, spec, interpret=True)
+  assert ga.shape == x.shape and ga.dtype == x.dtype and gs.shape == (m, 1)
+  np.testing.assert_array_equal(np.asarray(gs), np.asarray(ws))  # NaN where NaN
+  ok = ~np.isnan(np.asarray(ws))[:, 0]  # NaN rows: the codes are not meaningful
+  g, w = np.asarray(ga, np.float32)[ok], np.asarray(wa, np.float32)[ok]
+  np.testing.assert_array_equal(g, w)
+  assert np.abs(g).max() > 1  # codes, not values times a scale
+  if spec.act == "int8":
+    assert (g == np.round(g)).all()
+
+
+def test_decode_codes_refusals():
+  x = _x(4, 256, 0)
+  static = QuantSpec("int8", "channel", act="int8", act_granularity="tensor",
+                     act_static=True)
+  for spec, arr in ((static, x), (QuantSpec.preset("w8a8-fp8"), x[:, :200])):
+    with pytest.raises(ValueError, match="the decode codes take dynamic per-token"):
+      act_prepass.decode_codes_rows(arr, spec, interpret=True)
+
+
+def test_w8a8_decode_takes_it_on_the_gpu_route(monkeypatch):
+  """``w8a8.run_decode_mgpu``: the one-launch codes (its kernel name in the jaxpr) on the
+  GPU route of a per-token spec; XLA's pre-pass in the interpreter, with
+  HUMMING_JAX_DECODE_PREPASS=0, for a static spec and where K is padded."""
+  import humming_jax as hj
+  w = jax.random.normal(jax.random.key(0), (256, 128), jnp.float32) / 16
+  x = _x(4, 256, 2)
+  p = w8a8.prepare(hj.quantize(w, "w8a8-fp8"))
+  route = lambda p, x, **kw: str(jax.make_jaxpr(
+      lambda x: w8a8.run_decode_mgpu(p, x, **kw))(x))
+  assert "act_decode_codes_fp8_e4m3" in route(p, x)
+  assert "act_decode_codes" not in route(p, x, interpret=True)
+  monkeypatch.setenv("HUMMING_JAX_DECODE_PREPASS", "0")
+  assert "act_decode_codes" not in route(p, x)
+  monkeypatch.delenv("HUMMING_JAX_DECODE_PREPASS")
+  static = QuantSpec("int8", "channel", 0, scale_dtype="float32", act="int8",
+                     act_granularity="tensor", act_static=True)
+  ps = w8a8.prepare(hj.quantize(w, static, act_scale=jnp.float32(0.05)))
+  assert "act_decode_codes" not in route(ps, x)
+  w200 = jax.random.normal(jax.random.key(1), (200, 128), jnp.float32) / 16  # K padded
+  assert "act_decode_codes" not in route(w8a8.prepare(hj.quantize(w200, "w8a8-int8")),
+                                         x[:, :200])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", CODE_SPECS)
+@pytest.mark.parametrize("m,k", [(1, 8192), (16, 8192), (16, 14336)])
+def test_decode_codes_gpu(name, m, k):
+  """On the GPU at decode shapes against XLA's pre-pass: scales bit for bit; Triton's
+  float32 division may move a value on a rounding boundary to the neighbouring code (as
+  in ``test_fake_quant_gpu``): at most 1e-3 of the codes, each one step (int8: 1; fp8: a
+  quarter of the value, or the subnormal step)."""
+  spec = _spec(name)
+  x = _x(max(m, 4), k, seed=8)[:m]
+  (wa, ws), (ga, gs) = jax.jit(lambda x: (_codes_xla(x, spec),
+                                          act_prepass.decode_codes_rows(x, spec)))(x)
+  np.testing.assert_array_equal(np.asarray(gs), np.asarray(ws))
+  ok = ~np.isnan(np.asarray(ws))[:, 0]
+  w, g = np.asarray(wa, np.float32)[ok], np.asarray(ga, np.float32)[ok]
+  diff = np.abs(g - w)
+  assert (diff != 0).mean() <= 1e-3, (diff != 0).mean()
+  bound = (1.0 if spec.act == "int8"
+           else np.abs(w) * 0.26 + 2.0 ** (1 - spec.act_format.bias
+                                           - spec.act_format.mantissa_bits))
   assert (diff <= bound).all()

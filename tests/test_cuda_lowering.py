@@ -177,6 +177,8 @@ def test_w8a8_decode_mgpu_lowers_for_h200(name, m):
   x = jax.ShapeDtypeStruct((m, 8192), jnp.bfloat16)
   text = lower_for_h200(lambda p, x: w8a8.run_decode_mgpu(p, x), p, x)
   assert "mosaic_gpu" in text  # the Mosaic kernel, not an XLA path
+  # per token: the codes from the one-launch pre-pass (act_prepass.decode_codes_rows)
+  assert ("act_decode_codes_" in text) == (not spec.act_static)
 
 
 @pytest.mark.parametrize("m", [1, 16, 128])

@@ -13,6 +13,8 @@
 #   w8r:  after the switch: w8a8.run's decode route on the GPU (test_presets_gpu at M = 1,
 #         int8 / fp8, per token and static) and bench_w8a8 int8 / fp8 at M = 1 / 16 with
 #         kernel times and Humming's CUDA-graph replay in the same process.
+#   pp:   the W8A8 decode's per-token codes from one launch (act_prepass.decode_codes_rows)
+#         where XLA's pre-pass took three: GPU tests, then the A/B in one process.
 #   cp, sub, nv, fin, t50: sessions/gpu_session50.sh's steps.
 source "$(dirname "$0")/../gpu_env.sh"
 s_t51() {
@@ -37,9 +39,19 @@ s_w8r() {  # after the switch (DECODE_MGPU_MAX_M = 16): w8a8.run's own route at 
     --json "$OUT/w8r.json" > "$OUT/w8r.log" 2>&1
   echo "bench rc=$?"; grep -E "^\||kernels=|rror" "$OUT/w8r.log" | cut -c1-300 | tail -12
 }
+s_pp() {  # the one-launch decode codes (act_prepass.decode_codes_rows): GPU tests, then
+  # the route with them against XLA's three-fusion pre-pass, one process
+  gpu_tests ${ST:-200} "decode_codes_gpu or decode_mgpu_gpu" tests/test_act_prepass.py \
+    tests/test_w8a8_mgpu.py
+  T ${WT:-200} python3 benchmarks/bench_w8a8.py --decode-study --kernel-times --ms 1,16 \
+    --decode-labels triton,decode_mgpu,decode_mgpu_xla_prepass --calls 20 --repeats 2 \
+    --json "$OUT/pp.json" > "$OUT/pp.log" 2>&1
+  echo "pp rc=$?"
+  grep -E "^\{|rror" "$OUT/pp.log" | sed -E "s/'[a-z_]+_kernels': \{[^}]*\}, //g" | cut -c1-420
+}
 for s in ${@:-t51}; do
   case "$s" in
-    t51|w8d|w8r) step "$s"; "s_$s" ;;
+    t51|w8d|w8r|pp) step "$s"; "s_$s" ;;
     *) bash "$(dirname "$0")/gpu_session50.sh" "$s" ;;
   esac
 done

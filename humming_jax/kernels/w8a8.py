@@ -663,9 +663,16 @@ def run_decode_mgpu(params: QuantizedWeight, x: jax.Array, *, interpret: bool = 
     raise ValueError(f"x.dtype={x.dtype}: expected bfloat16 or float16")
   np_, kp = params.codes.shape
   m = x.shape[0]
-  # the codes written once, as x.dtype values (no int8 / fp8 array, no convert pass)
-  a, sa = act_operands(x, spec, plan_for(spec), params.act_scale, rows=m, kp=kp,
-                       interpret=interpret, values_dtype=x.dtype)
+  # The codes written once, as x.dtype values (no int8 / fp8 array, no convert pass): on
+  # the GPU per token by one launch, else XLA's pre-pass (row amax, scale, quantize: three
+  # launches; the interpreter keeps XLA's, as act_operands says).  The W4A4 / W4A8 decode's
+  # switch (wnam_mgpu.decode_activations): HUMMING_JAX_DECODE_PREPASS=0 takes XLA's.
+  if (not interpret and tuning.env_flag("HUMMING_JAX_DECODE_PREPASS", True) and kp == k
+      and spec.act_granularity == "token" and act_prepass.fake_quantize_applies(x, spec)):
+    a, sa = act_prepass.decode_codes_rows(x, spec)
+  else:
+    a, sa = act_operands(x, spec, plan_for(spec), params.act_scale, rows=m, kp=kp,
+                         interpret=interpret, values_dtype=x.dtype)
   col = wna16._decode_scale_row(params.scales, spec)  # (1, Np) float32
   if (s2 := _global_scale(params)) is not None:
     col = col * s2
