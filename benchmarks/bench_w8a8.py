@@ -75,9 +75,18 @@ INTERPRET = False  # --interpret: a CPU smoke run of this script (tiny shapes)
 KERNEL_TIMES = False  # --kernel-times: also CUPTI device time per layer, by kernel name
 
 
-def layer_fn(spec, *, config=None, block_k=None, fuse=False, decode_mgpu=False):
+def layer_fn(spec, *, config=None, block_k=None, fuse=False, decode_mgpu=False,
+             triton=False):
   if decode_mgpu:  # W8A8 int8 / fp8 on the Mosaic WnA16 kernel (w8a8.run_decode_mgpu)
     return lambda p, x: w8a8.run_decode_mgpu(p, x, interpret=INTERPRET)
+  if triton:  # the Triton W8A8 kernel at decode: run's Mosaic decode route off
+    def layer(p, x):
+      saved, w8a8.DECODE_MGPU_MAX_M = w8a8.DECODE_MGPU_MAX_M, 0
+      try:  # (read while tracing)
+        return w8a8.run(p, x, interpret=INTERPRET)
+      finally:
+        w8a8.DECODE_MGPU_MAX_M = saved
+    return layer
   if spec.act is None:
     return lambda p, x: hj.quant_dense(p, x, backend="interpret" if INTERPRET else "pallas")
   return lambda p, x: w8a8.run(p, x, config=config, block_k=block_k, fuse_act_quant=fuse,
@@ -202,6 +211,7 @@ def act_quant_study(ws, k, ms, args):
 
 
 DECODE_SPECS = ("w8a8-int8", "w8a8-int8-static", "w8a8-fp8", "w8a8-fp8-static")
+DECODE_SPECS_ENV = "BENCH_W8A8_DECODE_SPECS"  # a comma-separated subset (device calls)
 
 
 def decode_study(ws, k, ms, args):
@@ -212,10 +222,13 @@ def decode_study(ws, k, ms, args):
   rows = []
   for m in ms:
     x = jax.random.normal(jax.random.key(m), (m, k), jnp.bfloat16)
-    for name in DECODE_SPECS:
+    for name in os.environ.get(DECODE_SPECS_ENV, ",".join(DECODE_SPECS)).split(","):
       qs, prepared = quantize_chain(name, ws, x)
       row = {"spec": name, "M": m}
-      for label, kw, env in (("triton", {}, {}), ("triton_fused", {"fuse": True}, {}),
+      # "triton": w8a8.run with its decode route off (DECODE_MGPU_MAX_M = 0), whatever the
+      # default; "decode_mgpu": the route itself
+      for label, kw, env in (("triton", {"triton": True}, {}),
+                             ("triton_fused", {"fuse": True}, {}),
                              ("decode_mgpu", {"decode_mgpu": True}, {}),
                              ("decode_mgpu_xla_prepass", {"decode_mgpu": True},
                               {"HUMMING_JAX_DECODE_PREPASS": "0"})):

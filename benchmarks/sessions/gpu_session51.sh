@@ -41,10 +41,10 @@ s_w8r() {  # after the switch (DECODE_MGPU_MAX_M = 16): w8a8.run's own route at 
 }
 s_pp() {  # the one-launch decode codes (act_prepass.decode_codes_rows): GPU tests, then
   # the route with them against XLA's three-fusion pre-pass, one process
-  gpu_tests ${ST:-200} "decode_codes_gpu or decode_mgpu_gpu" tests/test_act_prepass.py \
-    tests/test_w8a8_mgpu.py
-  T ${WT:-200} python3 benchmarks/bench_w8a8.py --decode-study --kernel-times --ms 1,16 \
-    --decode-labels triton,decode_mgpu,decode_mgpu_xla_prepass --calls 20 --repeats 2 \
+  [ -n "${NOTEST:-}" ] || gpu_tests ${ST:-200} "decode_codes_gpu or decode_mgpu_gpu" \
+    tests/test_act_prepass.py tests/test_w8a8_mgpu.py
+  T ${WT:-330} python3 benchmarks/bench_w8a8.py --decode-study --kernel-times --ms ${MS:-1,16} \
+    --decode-labels ${LB:-triton,decode_mgpu,decode_mgpu_xla_prepass} --calls 20 --repeats 2 \
     --json "$OUT/pp.json" > "$OUT/pp.log" 2>&1
   echo "pp rc=$?"
   grep -E "^\{|rror" "$OUT/pp.log" | sed -E "s/'[a-z_]+_kernels': \{[^}]*\}, //g" | cut -c1-420
