@@ -624,7 +624,8 @@ def gemm_8bit(x: jax.Array, params: QuantizedWeight, weights, w_scales: jax.Arra
 # per-token scale moved into the kernel's epilogue: 5-10 % less than the Triton W8A8
 # kernel at every point (int8 per token M = 1: 29.8 against 32.3 us; fp8 30.5 against
 # 33.6 at M = 16), and one output rounding (fp8: no reduced-precision fp8 MMA
-# accumulator).  Not timed on an H200.
+# accumulator); the one-launch per-token codes then took ~1.6 us more off (M = 1).  Not
+# timed on an H200.
 DECODE_MGPU_MAX_M = 16
 
 
