@@ -174,6 +174,23 @@ def test_activation_errors():
     hj.quantize_activations(jnp.stack([x, x]), hj.PRESETS["w8a8-int8"])
 
 
+def _operand_cases(spec, seed):
+  """(spec, x, act_scale, the reference's quantization) for the kernel-operand tests: x
+  with a row past the format's range after a small static scale (saturates), tiny
+  negatives (round to -0, fp8 code 0x80) and a NaN; the spec's dynamic scales, then a
+  static per-tensor one (group specs: dynamic only)."""
+  x = np.asarray(x_act(8, 256, seed), np.float32)
+  x[2] *= 1e4
+  x[4, :5] = -1e-30
+  x[5, 9] = np.nan
+  for act_scale in (None, jnp.float32(0.02)):
+    if act_scale is not None and spec.act_granularity == "group":
+      continue  # static scales are per tensor
+    s = spec if act_scale is None else spec.replace(act_granularity="tensor",
+                                                    act_static=True)
+    yield s, x, act_scale, jax.jit(lambda x, a: hj.quantize_activations(x, s, a))(x, act_scale)
+
+
 @pytest.mark.parametrize("spec,sshape,tol,carrier", CASES, ids=[c[0].name for c in CASES])
 def test_kernel_operand_values_are_the_reference(spec, sshape, tol, carrier):
   """``kernel_activations`` (the W8A8-family pre-pass: fp8 through one convert, the pad,
@@ -181,16 +198,7 @@ def test_kernel_operand_values_are_the_reference(spec, sshape, tol, carrier):
   NaN rows, tiny negatives (-0) and a static scale included -- zero-padded to the
   kernel's operand; for fp8 it skips the reference's integer decode."""
   del sshape, tol
-  x = np.asarray(x_act(8, 256, 7), np.float32)
-  x[2] *= 1e4  # past the format's range after a small static scale: saturates
-  x[4, :5] = -1e-30  # rounds to -0 (fp8 code 0x80)
-  x[5, 9] = np.nan
-  for act_scale in (None, jnp.float32(0.02)):
-    if act_scale is not None and spec.act_granularity == "group":
-      continue  # static scales are per tensor
-    s = spec if act_scale is None else spec.replace(act_granularity="tensor",
-                                                    act_static=True)
-    ref = jax.jit(lambda x, a: hj.quantize_activations(x, s, a))(x, act_scale)
+  for s, x, act_scale, ref in _operand_cases(spec, seed=7):
     got = jax.jit(lambda x, a: kernel_activations(x, s, a, rows=16, kp=384))(x, act_scale)
     assert got.values.shape == (16, 384) and got.values.dtype == ref.values.dtype == carrier
     view = np.int8 if carrier == jnp.int8 else np.uint8
@@ -212,16 +220,7 @@ def test_kernel_operand_16bit_values_are_the_reference(spec, sshape, tol, carrie
   the reference's values, written once in bf16 / fp16 (every carrier value is exact in
   both) -- saturation, -0, NaN rows and a static scale included -- zero-padded."""
   del sshape, tol, carrier
-  x = np.asarray(x_act(8, 256, 9), np.float32)
-  x[2] *= 1e4
-  x[4, :5] = -1e-30
-  x[5, 9] = np.nan
-  for act_scale in (None, jnp.float32(0.02)):
-    if act_scale is not None and spec.act_granularity == "group":
-      continue  # static scales are per tensor
-    s = spec if act_scale is None else spec.replace(act_granularity="tensor",
-                                                    act_static=True)
-    ref = jax.jit(lambda x, a: hj.quantize_activations(x, s, a))(x, act_scale)
+  for s, x, act_scale, ref in _operand_cases(spec, seed=9):
     want = np.asarray(ref.values, np.float32)
     for dtype in (jnp.bfloat16, jnp.float16):
       got = jax.jit(lambda x, a: kernel_activations(x, s, a, rows=16, kp=384,
