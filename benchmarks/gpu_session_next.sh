@@ -2,12 +2,15 @@
 # Session 51 (2026-12-06): four calls, each on a different H100 (benchmarks/results/
 # 2026-12-06-session51; sessions/gpu_session51.sh t51 w8d / t51 w8d cp / w8r / pp).  Landed:
 # W8A8 int8 / fp8 decode (M <= 16) on the Mosaic WnA16 kernel by default (per-token scale in
-# its epilogue, codes from one launch: GPU-tested in calls 1-4).  First in the next device
+# its epilogue: GPU-tested in calls 1-3; codes from one launch: call 4).  First in the next device
 # session (carry [".whl"]):
 #   NOTEST=1 LB=triton,decode_mgpu,decode_mgpu_xla_prepass gpu_session51.sh pp on an H200
 #   (the route against the Triton kernel, and the one-launch codes at M = 16: cut in call 4;
 #   revert DECODE_MGPU_MAX_M to 0 if the Triton kernel wins there), then gpu_session50.sh cp
 #   on an H200 (the compile target's host), then session 49's s3 / s4 / w4a (below).
+#   Also: the GPU tests of session 51's review mends (gpu_session51.sh t51 with
+#   T51K="decode_mgpu or run_direct"): the Triton comparison now forced, split-K with row
+#   scales at N = 4096 (test_decode_mgpu_split_k_gpu), never GPU-run.
 # Session 50 (2026-12-06): five calls, all on an H100 (benchmarks/results/2026-12-06-session50;
 # sessions/gpu_session50.sh sub / nv / w8d, probe_compile inline, gpu_session49.sh ld: 22
 # passed).  Landed: NVFP4 decodes with one K tile per step (compile, wna16_mgpu.

@@ -98,8 +98,9 @@ def test_presets_interpret(name):
 
 
 def test_quant_dense_interpret_entry_point():
-  """hj.quant_dense(backend='interpret') routes to this kernel (canonical params in; 8-bit
-  weights: this family is their default)."""
+  """hj.quant_dense(backend='interpret') routes to this family (canonical params in; 8-bit
+  weights: this family is their default); at M = 3 its run() takes the Mosaic decode
+  route (w8a8.run_decode_mgpu, tests/test_w8a8_mgpu.py)."""
   spec, w, x, b, q = make("w8a8-int8", 256, 64, 3)
   run = jax.jit(lambda q, x: hj.quant_dense(q, x, backend="interpret"))
   y = run(q, x.reshape(1, 3, 256))

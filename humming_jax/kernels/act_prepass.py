@@ -36,6 +36,7 @@ import numpy as np
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plt
 
+from humming_jax.kernels import tuning
 from humming_jax.quantize import FP8_CARRIERS, carrier_dtype
 from humming_jax.spec import QuantSpec
 
@@ -162,6 +163,16 @@ def fake_quantize_applies(x: jax.Array, spec: QuantSpec) -> bool:
   K a multiple of 128."""
   return (supports(spec) and x.ndim == 2 and x.shape[1] % 128 == 0
           and x.dtype in (jnp.bfloat16, jnp.float16))
+
+
+def decode_launch_applies(x: jax.Array, spec: QuantSpec, *, interpret: bool) -> bool:
+  """Whether a decode route takes its per-token activations from one launch of this
+  module (:func:`fake_quantize_rows`, :func:`decode_codes_rows`) rather than XLA's
+  pre-pass: on the GPU (the CPU interpreter keeps XLA's, as ``w8a8.act_operands`` says),
+  unless HUMMING_JAX_DECODE_PREPASS=0, for what :func:`fake_quantize_applies` takes.  The
+  callers bound the rows (decode shapes)."""
+  return (not interpret and tuning.env_flag("HUMMING_JAX_DECODE_PREPASS", True)
+          and fake_quantize_applies(x, spec))
 
 
 @functools.partial(jax.jit, static_argnames=("spec", "interpret"))

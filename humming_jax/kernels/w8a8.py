@@ -621,7 +621,7 @@ def gemm_8bit(x: jax.Array, params: QuantizedWeight, weights, w_scales: jax.Arra
 # M up to which `run` takes `run_decode_mgpu` (W8A8 int8 / fp8, per channel x per token or
 # tensor).  Session 8 kept it off on H200 walls (host-bound: 25.3 / 25.0 against 23.1 /
 # 25.8 us).  Session 51 (NOTES.md), by CUPTI device time on two H100s, 8192^2, after the
-# per-token scale moved into the kernel's epilogue: 5-10 % less than the Triton W8A8
+# per-token scale moved into the kernel's epilogue: 4.7-9.6 % less than the Triton W8A8
 # kernel at every point (int8 per token M = 1: 29.8 against 32.3 us; fp8 30.5 against
 # 33.6 at M = 16), and one output rounding (fp8: no reduced-precision fp8 MMA
 # accumulator); the one-launch per-token codes then took ~1.6 us more off (M = 1).  Not
@@ -664,12 +664,10 @@ def run_decode_mgpu(params: QuantizedWeight, x: jax.Array, *, interpret: bool = 
     raise ValueError(f"x.dtype={x.dtype}: expected bfloat16 or float16")
   np_, kp = params.codes.shape
   m = x.shape[0]
-  # The codes written once, as x.dtype values (no int8 / fp8 array, no convert pass): on
-  # the GPU per token by one launch, else XLA's pre-pass (row amax, scale, quantize: three
-  # launches; the interpreter keeps XLA's, as act_operands says).  The W4A4 / W4A8 decode's
-  # switch (wnam_mgpu.decode_activations): HUMMING_JAX_DECODE_PREPASS=0 takes XLA's.
-  if (not interpret and tuning.env_flag("HUMMING_JAX_DECODE_PREPASS", True) and kp == k
-      and spec.act_granularity == "token" and act_prepass.fake_quantize_applies(x, spec)):
+  # The codes written once, as x.dtype values (no int8 / fp8 array, no convert pass): per
+  # token on the GPU by one launch, else XLA's pre-pass (row amax, scale, quantize: three
+  # launches).  K padded: XLA's (its pad is in the same pass).
+  if kp == k and act_prepass.decode_launch_applies(x, spec, interpret=interpret):
     a, sa = act_prepass.decode_codes_rows(x, spec)
   else:
     a, sa = act_operands(x, spec, plan_for(spec), params.act_scale, rows=m, kp=kp,
@@ -702,7 +700,10 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
   instead, and M >= ``w8a8_mgpu.MIN_M`` with bf16 / fp16 activations on the specs of
   :func:`mgpu_runs` (w8a8-int8, w8a8-fp8 and their static variants, w8a8-fp8-block,
   w4a8-int8, w4a8-fp8) the Mosaic GPU kernel (:func:`run_mgpu`; Hopper or the
-  interpreter)."""
+  interpreter), and M <= ``DECODE_MGPU_MAX_M`` with 16-bit activations on the specs of
+  :func:`decode_mgpu_runs` (int8 / fp8 e4m3 with per-channel weight scales) the Mosaic
+  WnA16 decode kernel (:func:`run_decode_mgpu`; Hopper or the interpreter).  Everything
+  else runs this module's Pallas-Triton kernel."""
   spec = params.spec
   plan = plan_for(spec)
   if plan is None:

@@ -670,7 +670,9 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
   xp = x if fp8 else x.astype(cdt)
   if (rows, kp) != (m, k):
     xp = jnp.pad(xp, ((0, rows - m), (0, kp - k)))
-  xs = None  # fp8: the row scales times 2**6 (the e4m3 operands hold e2m1 values * 2**-6)
+  # The epilogue's row scales: x_scale as float32 (fp8: times 2**6, as the e4m3 operands
+  # hold e2m1 values * 2**-6; the column fold: times its 2**-11), padded to the rows read.
+  xs = None
   if row_scaled:
     xs = x_scale.reshape(m).astype(jnp.float32)
     if fp8:
@@ -728,7 +730,7 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
   wgs = divisor(config.warpgroups, splits)
   if interpret and share_x:  # the CPU interpreter can leave a third warpgroup thread
     wgs = divisor(min(wgs, 2), splits)  # unscheduled on a 2-core machine (NOTES.md v11)
-  fp8_bytes = (dict(x_bytes=1, scale_bytes=jnp.dtype(s_dtype).itemsize, x_scales=True)
+  x_side_bytes = (dict(x_bytes=1, scale_bytes=jnp.dtype(s_dtype).itemsize, x_scales=True)
                if fp8 else dict(x_scales=True) if row_scaled else {})
   if fp8 and config.column_blocks > 1:
     raise ValueError(f"config.column_blocks={config.column_blocks}: the fp8-MMA layout "
@@ -736,7 +738,7 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
   while not explicit and wgs > 1 and smem_bytes(
       block_m, min(2, steps if share_x else steps // wgs), sub, bk, bits, has_zeros,
       out_bytes, wgs, zero_mma, gpt, col, share_x, column_blocks=config.column_blocks,
-      **fp8_bytes) > SMEM_BYTES:
+      **x_side_bytes) > SMEM_BYTES:
     wgs = divisor(wgs - 1, splits)  # e.g. group 256 x 64 tokens: 4 warpgroups do not fit
   steps_w = steps if share_x else steps // wgs
   eg = wgs if share_x else 1  # warpgroups with their own epilogue (output columns)
@@ -747,7 +749,7 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
   stages = fit_stages(dataclasses.replace(config, stages=stages, substeps=sub, warpgroups=wgs,
                                           column_blocks=blocks),
                       block_m, bk, bits, has_zeros, out_bytes=out_bytes, scale_rows=gpt,
-                      column_scale=col, **fp8_bytes)
+                      column_scale=col, **x_side_bytes)
   # CTAs of adjacent column blocks sharing each x tile by TMA multicast (Config.cluster_n);
   # the interpreter copies x into each CTA whole (same values, no multicast).  As with
   # warpgroups above, the interpreter keeps at most two threads per cluster: its threads
@@ -1099,7 +1101,13 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
             if blocks > 1:  # (the next block's warpgroups wait for it)
               pl.when(r + 1 < blocks)(lambda: plgpu.barrier_arrive(red_free))
           if row_scaled:  # each x row (a column here) times its scale (split-K: each partial)
-            plgpu.barrier_wait(xs_bar)
+            # one arrival per tile: with several column blocks only the first waits (a
+            # second wait would be for a phase that never completes)
+            wait_xs = lambda: plgpu.barrier_wait(xs_bar)
+            if blocks > 1:
+              pl.when(r == 0)(wait_xs)
+            else:
+              wait_xs()
             y = y * lax.broadcast_in_dim(plgpu.load(xs_smem, layout=_COL), y.shape, [1])
           if blocks > 1:  # the last block's store has read the output tile
             if share_x and wgs > 1:  # (warpgroup 0 issued it)
@@ -1331,14 +1339,14 @@ def _ones_tile(config: Config, has_zeros: bool) -> bool:
 
 def fit_stages(config: Config, block_m: int, block_k: int, bits: int, has_zeros: bool,
                out_bytes: int = 2, scale_rows: int = 1, column_scale: bool = False,
-               **fp8_bytes) -> int:
+               **x_side_bytes) -> int:
   """``config.stages``, lowered (not below 2) until the pipeline fits in shared memory
-  (``fp8_bytes``: :func:`smem_bytes`' keywords of the fp8 route or of row scales)."""
+  (``x_side_bytes``: :func:`smem_bytes`' keywords of the fp8 route or of row scales)."""
   stages = config.stages
   size = lambda st: smem_bytes(block_m, st, config.substeps, block_k, bits, has_zeros,
                                out_bytes, config.warpgroups,
                                _ones_tile(config, has_zeros) and scale_rows == 1, scale_rows,
-                               column_scale, config.split_warpgroups == "n", **fp8_bytes,
+                               column_scale, config.split_warpgroups == "n", **x_side_bytes,
                                column_blocks=config.column_blocks)
   while stages > 2 and size(stages) > SMEM_BYTES:
     stages -= 1

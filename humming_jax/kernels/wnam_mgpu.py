@@ -205,9 +205,8 @@ def decode_activations(x: jax.Array, params: QuantizedWeight, *,
   quantize-dequantize, two launches.  H200 session 42: the one launch costs about what
   the two did (2.6-2.9 us at 8192, against session 21's ~2.9; no same-run A/B yet).  The
   CPU interpreter keeps XLA's (as ``w8a8.act_operands`` does)."""
-  if (not interpret and tuning.env_flag("HUMMING_JAX_DECODE_PREPASS", True)
-      and x.shape[0] < w8a8.FUSED_PREPASS_MIN_M
-      and act_prepass.fake_quantize_applies(x, params.spec)):
+  if (x.shape[0] < w8a8.FUSED_PREPASS_MIN_M
+      and act_prepass.decode_launch_applies(x, params.spec, interpret=interpret)):
     return act_prepass.fake_quantize_rows(x, params.spec)
   return fake_quantize_activations(x, params.spec, params.act_scale).astype(x.dtype)
 
