@@ -658,7 +658,7 @@ def test_fp8_mma_refusals():
   with pytest.raises(ValueError, match="takes float8_e4m3fn activations"):
     g16.run(g16.prepare(q16), x.astype(jnp.float8_e4m3fn), g, interpret=True,
             x_scale=jnp.ones((4,), jnp.float32))
-  with pytest.raises(ValueError, match="x_scale: only for float8_e4m3fn x on the fp8-MMA layout or the direct"):
+  with pytest.raises(ValueError, match="x_scale: only for float8_e4m3fn x on the fp8-MMA"):
     g16.run(g16.prepare(q16), x, g, interpret=True, x_scale=jnp.ones((4,), jnp.float32))
   with pytest.raises(ValueError, match="x_scale: expected the"):
     g16.run(view, x.astype(jnp.float8_e4m3fn), g, interpret=True,

@@ -701,7 +701,8 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
   # kernel time but timed 4-6 us per layer slower in the chain, so the default stays).
   after = config.scale_after_mma and gpt == 1
   overlap = after and config.overlap_mma and not zero_mma and sub > 1
-  operands = ([tiles.sched] if grouped else []) + [xp] + ([xs] if row_scaled else []) + [params.codes]
+  operands = (([tiles.sched] if grouped else []) + [xp] + ([xs] if row_scaled else [])
+              + [params.codes])
   # The fp8 route multiplies float32 partials: scale rows stay in their stored 16-bit
   # dtype (e8m0 / e4m3 as bf16, exact) or float32, not rounded to the output dtype.
   s_dtype = (cdt if not fp8 else params.scales.dtype
@@ -731,7 +732,7 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
   if interpret and share_x:  # the CPU interpreter can leave a third warpgroup thread
     wgs = divisor(min(wgs, 2), splits)  # unscheduled on a 2-core machine (NOTES.md v11)
   x_side_bytes = (dict(x_bytes=1, scale_bytes=jnp.dtype(s_dtype).itemsize, x_scales=True)
-               if fp8 else dict(x_scales=True) if row_scaled else {})
+                  if fp8 else dict(x_scales=True) if row_scaled else {})
   if fp8 and config.column_blocks > 1:
     raise ValueError(f"config.column_blocks={config.column_blocks}: the fp8-MMA layout "
                      f"runs one column block per CTA (expected 1)")
