@@ -693,8 +693,8 @@ def _quantize_activations_jit(x: jax.Array, spec: QuantSpec, act_scale: jax.Arra
     # themselves: their rows alone come out NaN.
     s = jnp.where(jnp.any(jnp.isnan(x32)), jnp.nan, s)
   xs = x32 / jnp.repeat(jnp.repeat(s, m // s.shape[0], 0), k // s.shape[1], 1)
-  if pad_to is not None and fmt.name in FP8_CARRIERS and values_dtype is None:  # RNE convert,
-    # saturated first
+  if pad_to is not None and fmt.name in FP8_CARRIERS and values_dtype is None:
+    # the carrier: one RNE convert, saturated first
     dtype, maxv = FP8_CARRIERS[fmt.name]
     vals = _pad(jnp.clip(xs, -maxv, maxv).astype(dtype), pad_to)
     return QuantizedActivations(jax.lax.optimization_barrier(vals), s)

@@ -550,20 +550,25 @@ def test_run_direct_row_scale_interpret(codes_dtype, config):
     assert (err <= ulp * 1.01 * np.abs(want) + 1e-5 * np.abs(want).max()).all(), err.max()
 
 
+def _check_decode_gpu(name, k, n, m, seed, what):
+  """run_decode_mgpu at (M, K) x (K, N) on the GPU against the reference, the float
+  product and the Triton W8A8 kernel on the same codes (one output rounding each, float32
+  sums in different orders, and Hopper's fp8 MMA accumulator for fp8)."""
+  spec, w, x, b, q = make(name, k, n, m, seed=seed)
+  p = jax.jit(lambda q: hj.prepare(q, kernel="w8a8"))(q)
+  y = jax.jit(w8a8.run_decode_mgpu)(p, x)
+  e_ref, e_float = check(name, q, w, x, b, y)
+  e_triton = rel(y, _triton_run(p, x))
+  assert e_triton <= 2e-3, (name, m, e_triton)
+  print(f"{name} M={m} {what}: rel err vs reference {e_ref:.2e}, float {e_float:.2e}, "
+        f"Triton kernel {e_triton:.2e}")
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("m", [1, 16])
 @pytest.mark.parametrize("name", DECODE)
 def test_decode_mgpu_gpu(name, m):
-  spec, w, x, b, q = make(name, 8192, 8192, m, seed=5)
-  p = jax.jit(lambda q: hj.prepare(q, kernel="w8a8"))(q)
-  y = jax.jit(w8a8.run_decode_mgpu)(p, x)
-  e_ref, e_float = check(name, q, w, x, b, y)
-  # the Triton W8A8 kernel on the same codes: one output rounding each, float32 sums in
-  # different orders (and Hopper's fp8 MMA accumulator for fp8)
-  e_triton = rel(y, _triton_run(p, x))
-  assert e_triton <= 2e-3, (name, m, e_triton)
-  print(f"{name} M={m} decode on Mosaic: rel err vs reference {e_ref:.2e}, float "
-        f"{e_float:.2e}, Triton kernel {e_triton:.2e}")
+  _check_decode_gpu(name, 8192, 8192, m, 5, "decode on Mosaic")
 
 
 @pytest.mark.gpu
@@ -575,14 +580,7 @@ def test_decode_mgpu_split_k_gpu(name, m):
   XLA's sum."""
   from humming_jax.kernels import wna16_mgpu
   assert wna16_mgpu.heuristic(m, 4096).split_k == 2
-  spec, w, x, b, q = make(name, 14336, 4096, m, seed=7)
-  p = jax.jit(lambda q: hj.prepare(q, kernel="w8a8"))(q)
-  y = jax.jit(w8a8.run_decode_mgpu)(p, x)
-  e_ref, e_float = check(name, q, w, x, b, y)
-  e_triton = rel(y, _triton_run(p, x))
-  assert e_triton <= 2e-3, (name, m, e_triton)
-  print(f"{name} M={m} 14336 -> 4096 decode on Mosaic (split-K): rel err vs reference "
-        f"{e_ref:.2e}, float {e_float:.2e}, Triton kernel {e_triton:.2e}")
+  _check_decode_gpu(name, 14336, 4096, m, 7, "14336 -> 4096 decode on Mosaic (split-K)")
 
 
 @pytest.mark.gpu

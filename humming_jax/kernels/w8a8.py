@@ -677,7 +677,7 @@ def run_decode_mgpu(params: QuantizedWeight, x: jax.Array, *, interpret: bool = 
     col = col * s2
   row_scale = None
   if spec.act_granularity == "token":
-    row_scale = sa[:m].reshape(m)
+    row_scale = sa.reshape(m)  # (M, 1): the pre-pass ran on the M rows, unpadded
   else:  # one activation scale: a factor of the column row
     col = col * sa.reshape(())
   # The codes in x's dtype: before the scales the sums reach ~127 * 127 * K, but they stay
