@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from humming_jax.kernels import act_prepass, w8a8
-from humming_jax.quantize import fake_quantize_activations, kernel_activations
+from humming_jax.quantize import carrier_dtype, fake_quantize_activations, kernel_activations
 from humming_jax.spec import QuantSpec
 
 SPECS = ["w8a8-fp8", "w8a8-int8", "w4a8-mxfp4"]
@@ -230,29 +230,36 @@ def test_fake_quant_gpu(name, m, k):
 
 
 # ---------------------------------------------------------------------------------------
-# decode_codes_rows: W8A8's decode codes as x.dtype values (w8a8.run_decode_mgpu)
+# decode_codes_rows: W8A8's decode codes, as x.dtype values or in the 8-bit carrier
+# (w8a8.run_decode_mgpu)
 # ---------------------------------------------------------------------------------------
 CODE_SPECS = ["w8a8-int8", "w8a8-fp8", "w4a8-e5m2act"]
 
 
-def _codes_xla(x, spec):
-  """XLA's pre-pass of the decode route: the codes as x.dtype values, (M, 1) scales."""
+def _codes_xla(x, spec, carrier=False):
+  """XLA's pre-pass of the decode route: the codes as x.dtype values (or ``carrier``: in
+  the spec's 8-bit carrier), (M, 1) scales."""
   m, k = x.shape
-  qa = kernel_activations(x, spec, None, rows=m, kp=k, values_dtype=x.dtype)
+  qa = kernel_activations(x, spec, None, rows=m, kp=k,
+                          values_dtype=None if carrier else x.dtype)
   return qa.values, qa.scales
 
 
+@pytest.mark.parametrize("carrier", [False, True])
 @pytest.mark.parametrize("name", CODE_SPECS)
 @pytest.mark.parametrize("m,k,dtype", [(1, 8192, jnp.bfloat16), (4, 384, jnp.float16),
                                        (12, 7168, jnp.bfloat16)])
-def test_decode_codes_are_the_xla_prepass(name, m, k, dtype):
-  """``decode_codes_rows``: XLA's codes (as x.dtype values) and scales bit for bit in the
-  interpreter -- one and several rows, zero / NaN / inf rows, float16 x."""
+def test_decode_codes_are_the_xla_prepass(name, m, k, dtype, carrier):
+  """``decode_codes_rows``: XLA's codes (as x.dtype values, or in the carrier) and scales
+  bit for bit in the interpreter -- one and several rows, zero / NaN / inf rows, float16
+  x."""
   spec = _spec(name)
   x = _x(max(m, 4), k, seed=m + k + 1).astype(dtype)[:m]
-  wa, ws = _codes_xla(x, spec)
-  ga, gs = act_prepass.decode_codes_rows(x, spec, interpret=True)
-  assert ga.shape == x.shape and ga.dtype == x.dtype and gs.shape == (m, 1)
+  wa, ws = _codes_xla(x, spec, carrier)
+  codes_dtype = carrier_dtype(spec.act_format) if carrier else None
+  ga, gs = act_prepass.decode_codes_rows(x, spec, codes_dtype=codes_dtype, interpret=True)
+  assert ga.shape == x.shape and gs.shape == (m, 1)
+  assert ga.dtype == (jnp.dtype(codes_dtype) if carrier else x.dtype) == wa.dtype
   np.testing.assert_array_equal(np.asarray(gs), np.asarray(ws))  # NaN where NaN
   ok = ~np.isnan(np.asarray(ws))[:, 0]  # NaN rows: the codes are not meaningful
   g, w = np.asarray(ga, np.float32)[ok], np.asarray(wa, np.float32)[ok]
@@ -269,6 +276,10 @@ def test_decode_codes_refusals():
   for spec, arr in ((static, x), (QuantSpec.preset("w8a8-fp8"), x[:, :200])):
     with pytest.raises(ValueError, match="the decode codes take dynamic per-token"):
       act_prepass.decode_codes_rows(arr, spec, interpret=True)
+  with pytest.raises(ValueError, match="codes_dtype=float16: expected the spec's carrier "
+                                       "int8 or x.dtype bfloat16"):
+    act_prepass.decode_codes_rows(x, QuantSpec.preset("w8a8-int8"), codes_dtype=jnp.float16,
+                                  interpret=True)
 
 
 def test_w8a8_decode_takes_it_on_the_gpu_route(monkeypatch):
@@ -296,17 +307,21 @@ def test_w8a8_decode_takes_it_on_the_gpu_route(monkeypatch):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("carrier", [False, True])
 @pytest.mark.parametrize("name", CODE_SPECS)
 @pytest.mark.parametrize("m,k", [(1, 8192), (16, 8192), (16, 14336)])
-def test_decode_codes_gpu(name, m, k):
-  """On the GPU at decode shapes against XLA's pre-pass: scales bit for bit; Triton's
-  float32 division may move a value on a rounding boundary to the neighbouring code (as
-  in ``test_fake_quant_gpu``): at most 1e-3 of the codes, each one step (int8: 1; fp8: a
-  quarter of the value, or the subnormal step)."""
+def test_decode_codes_gpu(name, m, k, carrier):
+  """On the GPU at decode shapes against XLA's pre-pass (16-bit values or the 8-bit
+  carrier): scales bit for bit; Triton's float32 division may move a value on a rounding
+  boundary to the neighbouring code (as in ``test_fake_quant_gpu``): at most 1e-3 of the
+  codes, each one step (int8: 1; fp8: a quarter of the value, or the subnormal step)."""
   spec = _spec(name)
   x = _x(max(m, 4), k, seed=8)[:m]
-  (wa, ws), (ga, gs) = jax.jit(lambda x: (_codes_xla(x, spec),
-                                          act_prepass.decode_codes_rows(x, spec)))(x)
+  codes_dtype = carrier_dtype(spec.act_format) if carrier else None
+  (wa, ws), (ga, gs) = jax.jit(lambda x: (
+      _codes_xla(x, spec, carrier),
+      act_prepass.decode_codes_rows(x, spec, codes_dtype=codes_dtype)))(x)
+  assert ga.dtype == wa.dtype
   np.testing.assert_array_equal(np.asarray(gs), np.asarray(ws))
   ok = ~np.isnan(np.asarray(ws))[:, 0]
   w, g = np.asarray(wa, np.float32)[ok], np.asarray(ga, np.float32)[ok]

@@ -412,7 +412,7 @@ DECODE = ["w8a8-int8", "w8a8-int8-static", "w8a8-fp8", "w8a8-fp8-static"]
 @pytest.mark.parametrize("name", DECODE)
 @pytest.mark.parametrize("m,k,n,bias", [(1, 384, 200, True), (5, 512, 128, False),
                                         (16, 256, 320, True)])
-def test_decode_mgpu_interpret(name, m, k, n, bias):
+def test_decode_mgpu_interpret(name, m, k, n, bias, monkeypatch):
   spec, w, x, b, q = make(name, k, n, m, seed=7, bias=bias)
   p = w8a8.prepare(q)
   assert w8a8.decode_mgpu_runs(p)
@@ -422,6 +422,10 @@ def test_decode_mgpu_interpret(name, m, k, n, bias):
   # like it (the two differ in float32 summation order only: equal here on the CPU)
   y_triton = _triton_run(p, x, interpret=True)
   assert rel(y, y_triton) <= 1e-3
+  # the 16-bit-operand product (HUMMING_JAX_DECODE_MMA8=0): the same sums
+  monkeypatch.setenv("HUMMING_JAX_DECODE_MMA8", "0")
+  y16 = jax.jit(lambda p, x: w8a8.run_decode_mgpu(p, x, interpret=True))(p, x)
+  assert rel(y16, y) <= 1e-3
 
 
 def _triton_run(p, x, **kw):
@@ -506,6 +510,16 @@ def test_run_direct_argument_errors():
                           interpret=True)
   with pytest.raises(ValueError, match=r"row_scale.shape=\(2,\): expected \(1,\)"):
     wna16_mgpu.run_direct(codes, x, col, n=128, row_scale=jnp.ones((2,)), interpret=True)
+  # 8-bit x: the weights' own dtype only; out_dtype only for 8-bit x, and 16-bit
+  with pytest.raises(ValueError, match="8-bit codes of the weights' dtype"):
+    wna16_mgpu.run_direct(codes, x.astype(jnp.float8_e4m3fn), col, n=128, interpret=True)
+  with pytest.raises(ValueError, match="x.dtype=float32: the direct layout takes"):
+    wna16_mgpu.run_direct(codes, x.astype(jnp.float32), col, n=128, interpret=True)
+  with pytest.raises(ValueError, match="out_dtype: only for 8-bit x"):
+    wna16_mgpu.run_direct(codes, x, col, n=128, out_dtype=jnp.float16, interpret=True)
+  with pytest.raises(ValueError, match="out_dtype=float32: expected bfloat16 or float16"):
+    wna16_mgpu.run_direct(codes, x.astype(jnp.int8), col, n=128, out_dtype=jnp.float32,
+                          interpret=True)
 
 
 @pytest.mark.parametrize("codes_dtype,config", [
@@ -538,10 +552,13 @@ def test_run_direct_row_scale_interpret(codes_dtype, config):
   bias = jnp.asarray(rng.normal(size=(n,)), jnp.float32)
   want = ((xc @ np.asarray(codes, np.float32).T) * np.asarray(row)[:, None]
           * np.asarray(col) + np.asarray(bias))
-  for dtype in (jnp.bfloat16, jnp.float16):
+  # 16-bit x (the codes' values), or the codes themselves (8-bit WGMMA, out_dtype)
+  for dtype, x_dtype in ((jnp.bfloat16, jnp.bfloat16), (jnp.float16, jnp.float16),
+                         (jnp.bfloat16, codes_dtype), (jnp.float16, codes_dtype)):
+    out_dtype = None if x_dtype == dtype else dtype
     y = jax.jit(lambda c, x, s, r, b: wna16_mgpu.run_direct(
-        c, x, s, n=n, row_scale=r, bias=b, interpret=True, config=cfg))(
-            codes, jnp.asarray(xc, dtype), col, row, bias)
+        c, x, s, n=n, row_scale=r, bias=b, interpret=True, config=cfg,
+        out_dtype=out_dtype))(codes, jnp.asarray(xc, x_dtype), col, row, bias)
     assert y.dtype == dtype and y.shape == (m, n)
     # one rounding to the output dtype: within half an ulp (bf16 2**-8, fp16 2**-11) of
     # |want|, plus float32 summation noise near zero
@@ -565,10 +582,13 @@ def _check_decode_gpu(name, k, n, m, seed, what):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("mma8", ["1", "0"])
 @pytest.mark.parametrize("m", [1, 16])
 @pytest.mark.parametrize("name", DECODE)
-def test_decode_mgpu_gpu(name, m):
-  _check_decode_gpu(name, 8192, 8192, m, 5, "decode on Mosaic")
+def test_decode_mgpu_gpu(name, m, mma8, monkeypatch):
+  """The 8-bit WGMMA (default) and the 16-bit-operand product."""
+  monkeypatch.setenv("HUMMING_JAX_DECODE_MMA8", mma8)
+  _check_decode_gpu(name, 8192, 8192, m, 5, f"decode on Mosaic (mma8={mma8})")
 
 
 @pytest.mark.gpu

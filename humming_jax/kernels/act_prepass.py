@@ -3,7 +3,8 @@ W8A8 family's 8-bit GEMMs at prefill on the GPU (:func:`quantize_rows`: codes an
 ``w8a8.act_operands`` when ``FUSED_PREPASS``; the CPU interpreter keeps XLA's pre-pass
 there), for the W4A8 decode on the WnA16 kernel (:func:`fake_quantize_rows`: the
 quantize-dequantize in x's dtype, ``wnam_mgpu.decode_activations``) and for the W8A8
-decode on it (:func:`decode_codes_rows`: the codes as x.dtype values).
+decode on it (:func:`decode_codes_rows`: the codes in the 8-bit carrier, or as x.dtype
+values).
 
 XLA makes the pre-pass a row reduction (amax) that reads x, a small select, then the
 scale-divide-convert that reads x again and writes the carrier codes.  H200 session 18,
@@ -192,17 +193,24 @@ def fake_quantize_rows(x: jax.Array, spec: QuantSpec, *, interpret: bool = False
   return a
 
 
-@functools.partial(jax.jit, static_argnames=("spec", "interpret"))
-def decode_codes_rows(x: jax.Array, spec: QuantSpec, *, interpret: bool = False
-                      ) -> tuple[jax.Array, jax.Array]:
-  """(M, K) 16-bit activations -> ((M, K) codes as x.dtype values, (M, 1) float32 scales):
-  :func:`quantize_rows`' codes and scales for a per-token spec, one row per program as
-  :func:`fake_quantize_rows`, written as the 16-bit operand of the Mosaic WnA16 kernel
+@functools.partial(jax.jit, static_argnames=("spec", "codes_dtype", "interpret"))
+def decode_codes_rows(x: jax.Array, spec: QuantSpec, *, codes_dtype=None,
+                      interpret: bool = False) -> tuple[jax.Array, jax.Array]:
+  """(M, K) 16-bit activations -> ((M, K) codes, (M, 1) float32 scales): :func:`quantize_
+  rows`' codes and scales for a per-token spec, one row per program as
+  :func:`fake_quantize_rows`, for the Mosaic WnA16 kernel's W8A8 decode
   (``w8a8.run_decode_mgpu``), where XLA's pre-pass takes three launches (row amax, scale,
-  quantize: ~1.4 + 1.2 + 1.5 us at 8192^2 on an H100, session 51)."""
+  quantize: ~1.4 + 1.2 + 1.5 us at 8192^2 on an H100, session 51).  ``codes_dtype``: the
+  spec's 8-bit carrier (its 8-bit WGMMA operand) or x.dtype (default: the codes' values
+  as 16-bit operands)."""
   if not fake_quantize_applies(x, spec):
     raise ValueError(f"spec {spec.name}, x {x.shape} {x.dtype}: the decode codes take "
                      f"dynamic per-token fp8 / int8 specs with float32 scales and bfloat16 "
                      f"/ float16 (M, K) x with K a multiple of 128")
-  return _launch(x, spec, FAKE_BLOCK_ROWS, x.dtype, dequantize=False, decode=True,
+  carrier = jnp.dtype(carrier_dtype(spec.act_format))
+  codes_dtype = x.dtype if codes_dtype is None else jnp.dtype(codes_dtype)
+  if codes_dtype not in (carrier, x.dtype):
+    raise ValueError(f"codes_dtype={codes_dtype}: expected the spec's carrier {carrier} or "
+                     f"x.dtype {x.dtype}")
+  return _launch(x, spec, FAKE_BLOCK_ROWS, codes_dtype, dequantize=False, decode=True,
                  interpret=interpret)

@@ -627,6 +627,16 @@ def gemm_8bit(x: jax.Array, params: QuantizedWeight, weights, w_scales: jax.Arra
 # accumulator); the one-launch per-token codes then took ~1.6 us more off (M = 1).  Not
 # timed on an H200.
 DECODE_MGPU_MAX_M = 16
+# run_decode_mgpu's product: an 8-bit WGMMA on the activation codes and the stored codes
+# straight from shared memory (True), or the codes as 16-bit operands, each weight
+# converted in registers (False; HUMMING_JAX_DECODE_MMA8=0 at trace time).  Session 52
+# (NOTES.md), CUPTI device time per 8192^2 layer on two H100s, one process each: the
+# GEMM kernel 23.8-24.8 us against 25.2-26.8 (int8 / fp8, M = 1 / 16, per token and
+# static), the layer 26.3-27.4 against 27.6-29.6 (Triton W8A8: 32.5-33.7).  Error against
+# the reference: int8 unchanged (exact int32 sums); fp8 6.7e-4-7.3e-4 where the 16-bit
+# product had 8.6e-5 (Hopper's fp8 accumulator within each 128-deep K tile; the prefill
+# fp8 kernel sums all of K in it: 3e-3).  Not timed on an H200.
+DECODE_MMA8 = True
 
 
 def decode_mgpu_runs(params: QuantizedWeight) -> bool:
@@ -646,12 +656,15 @@ def run_decode_mgpu(params: QuantizedWeight, x: jax.Array, *, interpret: bool = 
                     config: wna16_mgpu.Config | None = None) -> jax.Array:
   """W8A8 int8 / fp8 at decode on the Mosaic WnA16 kernel (Hopper, or the interpreter).
 
-  The activations are quantized by the pre-pass as in :func:`run`; their int8 / e4m3
-  codes are exact in bf16 / fp16, and so is every product of two codes in the kernel's
-  float32 accumulator, so ``wna16_mgpu.run_direct`` on the stored (N, K) codes computes the
-  8-bit GEMM up to float32 summation.  The activation scale (per token or tensor), the
-  weight scale and the bias are applied in the kernel's float32 epilogue, and the output
-  is rounded once, to x.dtype."""
+  The activations are quantized by the pre-pass as in :func:`run`, and
+  ``wna16_mgpu.run_direct`` multiplies their codes with the stored (N, K) codes: by
+  default (:data:`DECODE_MMA8`) as an 8-bit WGMMA on both operands as they sit in shared
+  memory (int8: exact int32 sums; e4m3: each 128-deep K tile promoted to float32), or
+  with ``HUMMING_JAX_DECODE_MMA8=0`` as 16-bit operands (the codes are exact in bf16 /
+  fp16, the products exact in float32), each weight converted in registers.  Either way
+  it is the 8-bit GEMM up to float32 summation.  The activation scale (per token or
+  tensor), the weight scale and the bias are applied in the kernel's float32 epilogue,
+  and the output is rounded once, to x.dtype."""
   if not decode_mgpu_runs(params):
     raise ValueError(f"spec {params.spec.name} / layout {params.layout!r}: run_decode_mgpu "
                      f"takes int8 x int8 or e4m3 x e4m3 specs with per-channel or tensor "
@@ -664,14 +677,16 @@ def run_decode_mgpu(params: QuantizedWeight, x: jax.Array, *, interpret: bool = 
     raise ValueError(f"x.dtype={x.dtype}: expected bfloat16 or float16")
   np_, kp = params.codes.shape
   m = x.shape[0]
-  # The codes written once, as x.dtype values (no int8 / fp8 array, no convert pass): per
-  # token on the GPU by one launch, else XLA's pre-pass (row amax, scale, quantize: three
-  # launches).  K padded: XLA's (its pad is in the same pass).
+  mma8 = tuning.env_flag("HUMMING_JAX_DECODE_MMA8", DECODE_MMA8)
+  # The codes written once, as the 8-bit carrier (mma8) or as x.dtype values (no convert
+  # pass): per token on the GPU by one launch, else XLA's pre-pass (row amax, scale,
+  # quantize: three launches).  K padded: XLA's (its pad is in the same pass).
+  codes_dtype = params.codes.dtype if mma8 else x.dtype
   if kp == k and act_prepass.decode_launch_applies(x, spec, interpret=interpret):
-    a, sa = act_prepass.decode_codes_rows(x, spec)
+    a, sa = act_prepass.decode_codes_rows(x, spec, codes_dtype=codes_dtype)
   else:
     a, sa = act_operands(x, spec, plan_for(spec), params.act_scale, rows=m, kp=kp,
-                         interpret=interpret, values_dtype=x.dtype)
+                         interpret=interpret, values_dtype=None if mma8 else x.dtype)
   col = wna16._decode_scale_row(params.scales, spec)  # (1, Np) float32
   if (s2 := _global_scale(params)) is not None:
     col = col * s2
@@ -684,7 +699,7 @@ def run_decode_mgpu(params: QuantizedWeight, x: jax.Array, *, interpret: bool = 
   # in the float32 accumulator until the epilogue has scaled them.
   return wna16_mgpu.run_direct(params.codes, a, col, n=n,
                                row_scale=row_scale, bias=params.bias, interpret=interpret,
-                               config=config)
+                               config=config, out_dtype=x.dtype if mma8 else None)
 
 
 def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,

@@ -524,9 +524,11 @@ def one_k_tile_per_step(params: QuantizedWeight) -> bool:
 
 
 def output_dtype(x: jax.Array, out_dtype=None):
-  """The output dtype of :func:`run` for ``x``: x's own, or for float8_e4m3fn x (the
-  fp8-MMA layout) ``out_dtype`` (default bfloat16)."""
-  return jnp.dtype(out_dtype or jnp.bfloat16) if x.dtype == jnp.float8_e4m3fn else x.dtype
+  """The output dtype of :func:`run` for ``x``: x's own, or for 8-bit x (float8_e4m3fn on
+  the fp8-MMA layout; int8 / e4m3 codes on the direct layout) ``out_dtype`` (default
+  bfloat16)."""
+  eight_bit = x.dtype in (jnp.dtype(jnp.float8_e4m3fn), jnp.dtype(jnp.int8))
+  return jnp.dtype(out_dtype or jnp.bfloat16) if eight_bit else x.dtype
 
 
 def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
@@ -554,8 +556,10 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
   one group at most, 32-128 K deep, in its reduced-precision accumulator), and the
   epilogue multiplies each row by its x_scale; output in ``out_dtype`` (bf16 / fp16,
   default bf16).  The direct 8-bit layout (:func:`run_direct`) takes an optional
-  ``x_scale`` too: 16-bit x rows (activation codes) each multiplied by its float32 scale
-  in the same epilogue, before the column scale and the bias."""
+  ``x_scale`` too: x rows (activation codes) each multiplied by its float32 scale in the
+  same epilogue, before the column scale and the bias; x there is 16-bit (the codes'
+  values, converted weights in registers) or 8-bit codes of the weights' dtype (an 8-bit
+  WGMMA on both operands in shared memory, output ``out_dtype``)."""
   spec = params.spec
   grouped = tiles is not None
   if not grouped and registry.layout_family(params.layout) != FAMILY:
@@ -576,14 +580,20 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
   m = x.shape[0]
   if m == 0:
     return jnp.zeros((0, n), output_dtype(x, out_dtype))
-  fp8 = x.dtype == jnp.float8_e4m3fn  # fp8 activations on the fp8-MMA layout
+  # 8-bit x codes of the direct layout's own dtype: both WGMMA operands straight from
+  # shared memory, no conversion in the K loop (run_direct)
+  mma8 = direct and x.dtype == params.codes.dtype
+  if direct and not mma8 and x.dtype not in (jnp.bfloat16, jnp.float16):
+    raise ValueError(f"x.dtype={x.dtype}: the direct layout takes bfloat16 / float16 x or "
+                     f"8-bit codes of the weights' dtype ({params.codes.dtype})")
+  fp8 = x.dtype == jnp.float8_e4m3fn and not direct  # fp8 activations, fp8-MMA layout
   if fp8 != fp8_mma(params.layout):
     raise ValueError(f"x.dtype={x.dtype} with params.layout={params.layout!r}: the fp8-MMA "
                      f"layout (':p8', prepare(mma='fp8')) takes float8_e4m3fn activations "
                      f"(with x_scale), every other layout bfloat16 / float16")
-  if not fp8 and out_dtype is not None:
-    raise ValueError(f"out_dtype: only for float8_e4m3fn x on the fp8-MMA layout; "
-                     f"x.dtype={x.dtype} (its output takes x's dtype)")
+  if not (fp8 or mma8) and out_dtype is not None:
+    raise ValueError(f"out_dtype: only for 8-bit x (the fp8-MMA layout, or the direct "
+                     f"layout's codes); x.dtype={x.dtype} (its output takes x's dtype)")
   if not fp8 and not direct and x_scale is not None:
     raise ValueError(f"x_scale: only for float8_e4m3fn x on the fp8-MMA layout or the "
                      f"direct 8-bit layout (run_direct); x.dtype={x.dtype}, "
@@ -593,9 +603,9 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
     raise ValueError(f"x_scale: expected the ({m},) float32 row scales of "
                      f"{'the float8_e4m3fn' if fp8 else 'this'} x; got "
                      f"{None if x_scale is None else x_scale.shape}")
-  if fp8 and jnp.dtype(out_dtype or jnp.bfloat16) not in (jnp.dtype(jnp.bfloat16),
-                                                          jnp.dtype(jnp.float16)):
-    raise ValueError(f"out_dtype={out_dtype}: expected bfloat16 or float16")
+  if (fp8 or mma8) and jnp.dtype(out_dtype or jnp.bfloat16) not in (
+      jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)):
+    raise ValueError(f"out_dtype={jnp.dtype(out_dtype)}: expected bfloat16 or float16")
   want_base = params.scales.shape[:-2] + (1, params.scales.shape[-1])
   if params.fold_base is not None and (params.fold_base.shape != want_base
                                        or params.fold_base.dtype != jnp.float32):
@@ -644,14 +654,13 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
     raise ValueError(f"float8_e4m3fn x: M={m} >= dequant_gemm_min_m="
                      f"{config.dequant_gemm_min_m}; the fp8-MMA layout's dense path is the "
                      f"decode kernel")
-  if not grouped and not fp8 and (m >= config.dequant_gemm_min_m
-                                  or x.dtype not in (jnp.bfloat16, jnp.float16)):
-    if direct:
-      raise ValueError(f"run_direct: M={m} >= dequant_gemm_min_m="
-                       f"{config.dequant_gemm_min_m} or x.dtype={x.dtype} (expected "
-                       f"bfloat16 / float16): the direct layout is for the decode kernel")
+  if direct and m >= config.dequant_gemm_min_m:
+    raise ValueError(f"run_direct: M={m} >= dequant_gemm_min_m={config.dequant_gemm_min_m}: "
+                     f"the direct layout is for the decode kernel")
+  if not grouped and not fp8 and not direct and (
+      m >= config.dequant_gemm_min_m or x.dtype not in (jnp.bfloat16, jnp.float16)):
     return dequant_gemm(params, x)
-  if not fp8 and x.dtype not in (jnp.bfloat16, jnp.float16):
+  if not (fp8 or mma8) and x.dtype not in (jnp.bfloat16, jnp.float16):
     raise ValueError(f"x.dtype={x.dtype}: the grouped Mosaic kernel takes bfloat16 / float16")
   cdt = output_dtype(x, out_dtype)
   sub = divisor(config.substeps, k_tiles)
@@ -667,7 +676,8 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
     # padded: rare, and the zero columns must meet zero codes.)
     # Mosaic's TMA needs the row count below its 8-row tiling or a multiple of it.
     rows = m if config.unpadded_rows and (m < 8 or m % 8 == 0) else mp
-  xp = x if fp8 else x.astype(cdt)
+  xp = x if fp8 or mma8 else x.astype(cdt)
+  mma8_int = mma8 and x.dtype == jnp.int8  # (mma8 e4m3: per-tile float32 promotion)
   if (rows, kp) != (m, k):
     xp = jnp.pad(xp, ((0, rows - m), (0, kp - k)))
   # The epilogue's row scales: x_scale as float32 (fp8: times 2**6, as the e4m3 operands
@@ -732,7 +742,8 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
   if interpret and share_x:  # the CPU interpreter can leave a third warpgroup thread
     wgs = divisor(min(wgs, 2), splits)  # unscheduled on a 2-core machine (NOTES.md v11)
   x_side_bytes = (dict(x_bytes=1, scale_bytes=jnp.dtype(s_dtype).itemsize, x_scales=True)
-                  if fp8 else dict(x_scales=True) if row_scaled else {})
+                  if fp8 else dict(x_bytes=1, x_scales=row_scaled) if mma8
+                  else dict(x_scales=True) if row_scaled else {})
   if fp8 and config.column_blocks > 1:
     raise ValueError(f"config.column_blocks={config.column_blocks}: the fp8-MMA layout "
                      f"runs one column block per CTA (expected 1)")
@@ -792,7 +803,7 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
   # fp8 x: 32-byte swizzle, so each 32-deep K step of a tile is a whole swizzle tile (the
   # B operand of one fp8 WGMMA beside its (64, 32) register A operand).
   x_tf = ((plgpu.TilingTransform((8, 32)), plgpu.SwizzleTransform(32)) if fp8
-          else _swizzled(sub * bk, 16, "x"))
+          else _swizzled(sub * bk, 8 if mma8 else 16, "x"))
   w_tf = _swizzled(bk, bits, "w")
   a_tf = _swizzled(bk, 16, "a")
   r_tf = _swizzled(block_m, 32, "r")
@@ -928,6 +939,8 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
           return part if col else part * bcast(row(s_buf, j).astype(jnp.float32), part.shape)
 
         acc_t = plgpu.ACC((BLOCK_N, block_m), jnp.float32)
+        if mma8:
+          return mma8_tiles(slot, x_smem, acc_t, total, acc_ref)
         if fp8:
           return fp8_tiles(slot, x_smem, lambda j, i: row(s_buf, j, i), bcast, acc_t, total,
                            acc_ref, top_row)
@@ -966,6 +979,29 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
             part = part - bcast(row(z_buf, j).astype(jnp.float32), part.shape) * xsum
           total = total + scaled(part, j)
         plgpu.wgmma_wait(0)  # the slot may be refilled next
+        return total
+
+      def mma8_tiles(slot, x_smem, acc_t, total, acc_ref):
+        # The direct layout's (64, bk) 8-bit K-major code tiles are the WGMMA A operand as
+        # stored, the 8-bit x tile (read transposed: K-major) the B operand: nothing is
+        # converted per weight.  int8: every K tile into the int32 accumulator (exact);
+        # e4m3: each K tile's product (128 deep) promoted to the float32 running sum, as
+        # Hopper's fp8 WGMMA accumulates in fewer bits than float32.
+        operands = [(w_buf.at[wg, slot, j], x_smem.at[:, pl.ds(j * bk, bk)].T)
+                    for j in range(sub)]
+        if mma8_int:
+          for w, x_t in operands:
+            plgpu.wgmma(acc_ref, w, x_t)
+          plgpu.wgmma_wait(0)  # the slot may be refilled next
+          return total
+
+        def tiles_product(*part_refs):
+          for part_ref, (w, x_t) in zip(part_refs, operands):
+            plgpu.wgmma(part_ref, w, x_t)
+          plgpu.wgmma_wait(0)
+          return [part_ref[...] for part_ref in part_refs]
+        for part in pl.run_scoped(tiles_product, *[acc_t] * sub):
+          total = total + part
         return total
 
       def fp8_tiles(slot, x_smem, scale_row, bcast, acc_t, total, acc_ref, top_row):
@@ -1075,15 +1111,16 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
           return total
 
         total = None  # the running sum lives in acc_ref, or (after, per-group fp8) in registers:
-        in_registers = after or (fp8 and not single)
+        in_registers = (not mma8_int if mma8 else after or (fp8 and not single))
         if in_registers:
           total = plgpu.layout_cast(jnp.zeros((BLOCK_N, block_m), jnp.float32), _WGMMA)
         total = lax.fori_loop(0, steps_w, body, total)
-        return total if in_registers else acc_ref[...]
+        return total if in_registers else acc_ref[...].astype(jnp.float32)
 
       def column_block(r):  # K loop, warpgroup reduction, epilogue and store of block r
         acc = pl.run_scoped(lambda acc_ref: scoped(acc_ref, r),
-                            plgpu.ACC((BLOCK_N, block_m), jnp.float32))
+                            plgpu.ACC((BLOCK_N, block_m),
+                                      jnp.int32 if mma8_int else jnp.float32))
         if wgs > 1 and not share_x:  # partial sums of warpgroups 1.. -> SMEM -> warpgroup 0
           @pl.when(wg > 0)
           def _():
@@ -1216,7 +1253,7 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
     if np_ != n:
       bias = jnp.pad(bias, [(0, 0)] * (bias.ndim - 1) + [(0, np_ - n)])
     operands.append(bias.reshape(*bias.shape[:-1], 1, np_))
-  if interpret:
+  if interpret and not mma8:  # (mma8: both operands are in SMEM already)
     scratch["a_smem"] = (plgpu.SMEM((wgs, BLOCK_N, bk), jnp.float8_e4m3fn, transforms=x_tf)
                          if fp8 else plgpu.SMEM((wgs, BLOCK_N, bk), cdt, transforms=a_tf))
   if row_scaled:
@@ -1259,17 +1296,23 @@ DIRECT_BLOCK_K = 128  # K per tile of the direct (Np, Kp) int8 layout (128-byte 
 
 def run_direct(codes: jax.Array, x: jax.Array, col_scale: jax.Array, *, n: int,
                row_scale: jax.Array | None = None, bias: jax.Array | None = None,
-               interpret: bool = False, config: Config | None = None) -> jax.Array:
-  """(M, K <= Kp) 16-bit x times int8 or float8_e4m3fn codes stored (Np, Kp) -- W8A8's
-  carrier layout (``w8a8.prepare``), no copy -- with a float32 (1, Np) column scale, an
-  optional (M,) float32 row scale and an optional (N,) bias in the float32 epilogue:
-  ``(x @ codes[:n, :K].T) * row_scale[:, None] * col_scale[:n] + bias`` in x.dtype.
+               interpret: bool = False, config: Config | None = None,
+               out_dtype=None) -> jax.Array:
+  """(M, K <= Kp) x times int8 or float8_e4m3fn codes stored (Np, Kp) -- W8A8's carrier
+  layout (``w8a8.prepare``), no copy -- with a float32 (1, Np) column scale, an optional
+  (M,) float32 row scale and an optional (N,) bias in the float32 epilogue:
+  ``(x @ codes[:n, :K].T) * row_scale[:, None] * col_scale[:n] + bias``.
 
-  The decode path of W8A8 int8 and fp8 (``w8a8.run_decode_mgpu``): int8 and e4m3
-  activation codes are exact in bf16 and fp16, and products of two int8 or two e4m3 codes
-  are exact in the float32 WGMMA accumulator, so the product is the W8A8 GEMM up to
-  float32 summation; the per-token and weight scales stay float32 until the one rounding
-  to x.dtype."""
+  The decode path of W8A8 int8 and fp8 (``w8a8.run_decode_mgpu``).  x is either
+  - activation codes of the weights' own dtype (int8 or e4m3): an 8-bit WGMMA on both
+    operands as they sit in shared memory, no conversion per weight (int8: exact int32
+    sums; e4m3: each 128-deep K tile promoted to float32); output ``out_dtype`` (bf16 /
+    fp16, default bf16); or
+  - 16-bit x (bf16 / fp16; e.g. activation codes held as 16-bit values, which int8 and
+    e4m3 codes are exactly): the codes converted to x.dtype in registers, products exact
+    in the float32 accumulator; output in x.dtype.
+  Either way the product is the W8A8 GEMM up to float32 summation, and the per-token and
+  weight scales stay float32 until the one rounding to the output dtype."""
   kinds = {jnp.dtype(jnp.int8): "int8", jnp.dtype(jnp.float8_e4m3fn): "fp8_e4m3"}
   if (codes.ndim != 2 or codes.dtype not in kinds or codes.shape[1] % DIRECT_BLOCK_K
       or codes.shape[0] % BLOCK_N):
@@ -1292,7 +1335,8 @@ def run_direct(codes: jax.Array, x: jax.Array, col_scale: jax.Array, *, n: int,
       bias=bias, act_scale=None, spec=QuantSpec(kinds[codes.dtype], "channel", 0),
       shape=(k, n),
       layout=f"{FAMILY}:direct:b8:cs")
-  return run(view, x, interpret=interpret, config=config, x_scale=row_scale)
+  return run(view, x, interpret=interpret, config=config, x_scale=row_scale,
+             out_dtype=out_dtype)
 
 
 def divisor(want: int, total: int) -> int:
