@@ -231,7 +231,10 @@ def decode_study(ws, k, ms, args):
                              ("triton_fused", {"fuse": True}, {}),
                              ("decode_mgpu", {"decode_mgpu": True}, {}),
                              ("decode_mgpu_xla_prepass", {"decode_mgpu": True},
-                              {"HUMMING_JAX_DECODE_PREPASS": "0"})):
+                              {"HUMMING_JAX_DECODE_PREPASS": "0"}),
+                             # the codes as 16-bit operands (session 51's product)
+                             ("decode_mgpu_16bit", {"decode_mgpu": True},
+                              {"HUMMING_JAX_DECODE_MMA8": "0"})):
         if args.decode_labels and label not in args.decode_labels.split(","):
           continue
         saved = {v: os.environ.get(v) for v in env}
@@ -272,7 +275,7 @@ def main(argv=None):
                        "activation quantization) vs w8a8.run_decode_mgpu")
   ap.add_argument("--decode-labels", default="",
                   help="--decode-study: only these of triton, triton_fused, decode_mgpu, "
-                       "decode_mgpu_xla_prepass (comma-separated; default all)")
+                       "decode_mgpu_xla_prepass, decode_mgpu_16bit (comma-separated; default all)")
   ap.add_argument("--json", default=None)
   ap.add_argument("--kernel-times", action="store_true",
                   help="also the CUPTI device time per layer of every kernel it launches")
