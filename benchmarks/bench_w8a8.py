@@ -217,8 +217,9 @@ DECODE_SPECS_ENV = "BENCH_W8A8_DECODE_SPECS"  # a comma-separated subset (device
 def decode_study(ws, k, ms, args):
   """W8A8 int8 / fp8 at decode: the Triton W8A8 kernel (what w8a8.run takes at small M),
   the same with the activation quantization inside it (fuse_act_quant), and
-  w8a8.run_decode_mgpu (the 8-bit codes as 16-bit operands of the Mosaic WnA16 kernel,
-  the scales in its epilogue)."""
+  w8a8.run_decode_mgpu (the Mosaic WnA16 kernel on the 8-bit codes, the scales in its
+  epilogue) with its one-launch codes, with XLA's pre-pass, and with the codes as 16-bit
+  operands (session 51's product)."""
   rows = []
   for m in ms:
     x = jax.random.normal(jax.random.key(m), (m, k), jnp.bfloat16)

@@ -402,9 +402,10 @@ def test_unpack_words_first_is_bit_identical(name, shape):
 
 
 # ---------------------------------------------------------------------------------------
-# W8A8 int8 / fp8 at decode on the Mosaic WnA16 kernel (w8a8.run_decode_mgpu; off in run()
-# until timed): int8 / e4m3 activation codes as exact 16-bit operands, the stored (N, K)
-# codes read as is, the activation and weight scales in the kernel's epilogue.
+# W8A8 int8 / fp8 at decode on the Mosaic WnA16 kernel (w8a8.run_decode_mgpu; run() takes
+# it at M <= 16): int8 / e4m3 activation codes on an 8-bit WGMMA (w8a8.DECODE_MMA8) or as
+# exact 16-bit operands, the stored (N, K) codes read as is, the activation and weight
+# scales in the kernel's epilogue.
 # ---------------------------------------------------------------------------------------
 DECODE = ["w8a8-int8", "w8a8-int8-static", "w8a8-fp8", "w8a8-fp8-static"]
 
@@ -422,9 +423,17 @@ def test_decode_mgpu_interpret(name, m, k, n, bias, monkeypatch):
   # like it (the two differ in float32 summation order only: equal here on the CPU)
   y_triton = _triton_run(p, x, interpret=True)
   assert rel(y, y_triton) <= 1e-3
-  # the 16-bit-operand product (HUMMING_JAX_DECODE_MMA8=0): the same sums
+  # which x each product hands the kernel: the 8-bit codes (default), or 16-bit values
+  # (HUMMING_JAX_DECODE_MMA8=0); the same sums
+  from humming_jax.kernels import wna16_mgpu
+  seen = []
+  real = wna16_mgpu.run_direct
+  monkeypatch.setattr(wna16_mgpu, "run_direct",
+                      lambda codes, a, *r, **kw: seen.append(a.dtype) or real(codes, a, *r, **kw))
+  jax.jit(lambda p, x: w8a8.run_decode_mgpu(p, x, interpret=True))(p, x)
   monkeypatch.setenv("HUMMING_JAX_DECODE_MMA8", "0")
   y16 = jax.jit(lambda p, x: w8a8.run_decode_mgpu(p, x, interpret=True))(p, x)
+  assert seen == [p.codes.dtype, x.dtype]
   assert rel(y16, y) <= 1e-3
 
 
@@ -573,7 +582,9 @@ def _check_decode_gpu(name, k, n, m, seed, what):
   sums in different orders, and Hopper's fp8 MMA accumulator for fp8)."""
   spec, w, x, b, q = make(name, k, n, m, seed=seed)
   p = jax.jit(lambda q: hj.prepare(q, kernel="w8a8"))(q)
-  y = jax.jit(w8a8.run_decode_mgpu)(p, x)
+  # a fresh function per call: HUMMING_JAX_DECODE_MMA8 is read while tracing, and
+  # jax.jit(w8a8.run_decode_mgpu) would reuse another case's trace
+  y = jax.jit(lambda p, x: w8a8.run_decode_mgpu(p, x))(p, x)
   e_ref, e_float = check(name, q, w, x, b, y)
   e_triton = rel(y, _triton_run(p, x))
   assert e_triton <= 2e-3, (name, m, e_triton)
@@ -618,3 +629,32 @@ def test_decode_mgpu_fp16_gpu(name):
   assert e_ref <= 5e-3, (name, e_ref)
   print(f"{name} M=16 fp16 decode on Mosaic: rel err vs its bf16 run {e:.2e}, vs the fp16 "
         f"reference {e_ref:.2e}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", [40, 56])
+@pytest.mark.parametrize("codes_dtype", [jnp.int8, jnp.float8_e4m3fn])
+def test_run_direct_8bit_x_wide_gpu(codes_dtype, m):
+  """8-bit x at M = 40 / 56 (run_direct takes any M below dequant_gemm_min_m): the int8
+  WGMMA has no N of 40 or 56 (past 32 its widths are multiples of 16), so its token tile
+  is rounded up to 48 / 64 rows (zeros read past M); e4m3 takes N = 40 / 56 as is.
+  Against the float32 product of the same codes and scales, rounded once to bf16."""
+  from humming_jax.kernels import wna16_mgpu
+  rng = np.random.default_rng(m)
+  k, n = 1024, 256
+  if codes_dtype == jnp.int8:
+    codes = jnp.asarray(rng.integers(-127, 128, (n, k)), jnp.int8)
+    xc = jnp.asarray(rng.integers(-127, 128, (m, k)), jnp.int8)
+  else:
+    codes = jnp.asarray(rng.normal(size=(n, k)) * 40, jnp.float8_e4m3fn)
+    xc = jnp.asarray(rng.normal(size=(m, k)) * 40, jnp.float8_e4m3fn)
+  col = jnp.asarray(rng.uniform(0.5, 2.0, (1, n)) * 1e-3, jnp.float32)
+  row = jnp.asarray(rng.uniform(0.5, 2.0, (m,)) * 1e-2, jnp.float32)
+  y = jax.jit(lambda c, x, s, r: wna16_mgpu.run_direct(c, x, s, n=n, row_scale=r,
+                                                       out_dtype=jnp.bfloat16))(
+      codes, xc, col, row)
+  want = ((np.asarray(xc, np.float32) @ np.asarray(codes, np.float32).T)
+          * np.asarray(row)[:, None] * np.asarray(col))
+  assert y.shape == (m, n) and y.dtype == jnp.bfloat16
+  e = rel(y, jnp.asarray(want))
+  assert e <= (4e-3 if codes_dtype == jnp.int8 else 1e-2), e  # bf16 rounding (+ fp8 MMA)

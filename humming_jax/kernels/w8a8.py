@@ -623,9 +623,8 @@ def gemm_8bit(x: jax.Array, params: QuantizedWeight, weights, w_scales: jax.Arra
 # 25.8 us).  Session 51 (NOTES.md), by CUPTI device time on two H100s, 8192^2, after the
 # per-token scale moved into the kernel's epilogue: 4.7-9.6 % less than the Triton W8A8
 # kernel at every point (int8 per token M = 1: 29.8 against 32.3 us; fp8 30.5 against
-# 33.6 at M = 16), and one output rounding (fp8: no reduced-precision fp8 MMA
-# accumulator); the one-launch per-token codes then took ~1.6 us more off (M = 1).  Not
-# timed on an H200.
+# 33.6 at M = 16), and one output rounding; the one-launch per-token codes then took ~1.6
+# us more off (M = 1).  Not timed on an H200.  (Its product since session 52: DECODE_MMA8.)
 DECODE_MGPU_MAX_M = 16
 # run_decode_mgpu's product: an 8-bit WGMMA on the activation codes and the stored codes
 # straight from shared memory (True), or the codes as 16-bit operands, each weight
@@ -633,9 +632,10 @@ DECODE_MGPU_MAX_M = 16
 # (NOTES.md), CUPTI device time per 8192^2 layer on two H100s, one process each: the
 # GEMM kernel 23.8-24.8 us against 25.2-26.8 (int8 / fp8, M = 1 / 16, per token and
 # static), the layer 26.3-27.4 against 27.6-29.6 (Triton W8A8: 32.5-33.7).  Error against
-# the reference: int8 unchanged (exact int32 sums); fp8 6.7e-4-7.3e-4 where the 16-bit
-# product had 8.6e-5 (Hopper's fp8 accumulator within each 128-deep K tile; the prefill
-# fp8 kernel sums all of K in it: 3e-3).  Not timed on an H200.
+# the reference: int8 unchanged; fp8 6.7e-4-7.3e-4 where the 16-bit product had
+# <= 8.6e-5 (Hopper's fp8 accumulator within each 128-deep K tile; the prefill
+# fp8 kernel sums all of K in it: 3e-3).  H200 (one process): GEMM 17.9-18.4 us against
+# 19.3-20.4, layer 20.2-21.0 against 21.8-23.2 (Triton 25.5-26.5).
 DECODE_MMA8 = True
 
 
@@ -659,7 +659,7 @@ def run_decode_mgpu(params: QuantizedWeight, x: jax.Array, *, interpret: bool = 
   The activations are quantized by the pre-pass as in :func:`run`, and
   ``wna16_mgpu.run_direct`` multiplies their codes with the stored (N, K) codes: by
   default (:data:`DECODE_MMA8`) as an 8-bit WGMMA on both operands as they sit in shared
-  memory (int8: exact int32 sums; e4m3: each 128-deep K tile promoted to float32), or
+  memory (int8: int32 sums; e4m3: each 128-deep K tile promoted to float32), or
   with ``HUMMING_JAX_DECODE_MMA8=0`` as 16-bit operands (the codes are exact in bf16 /
   fp16, the products exact in float32), each weight converted in registers.  Either way
   it is the 8-bit GEMM up to float32 summation.  The activation scale (per token or
@@ -695,8 +695,8 @@ def run_decode_mgpu(params: QuantizedWeight, x: jax.Array, *, interpret: bool = 
     row_scale = sa.reshape(m)  # (M, 1): the pre-pass ran on the M rows, unpadded
   else:  # one activation scale: a factor of the column row
     col = col * sa.reshape(())
-  # The codes in x's dtype: before the scales the sums reach ~127 * 127 * K, but they stay
-  # in the float32 accumulator until the epilogue has scaled them.
+  # Before the scales the sums reach ~127 * 127 * K; they stay in the int32 / float32
+  # accumulators until the epilogue has scaled them (so 16-bit codes cannot overflow fp16).
   return wna16_mgpu.run_direct(params.codes, a, col, n=n,
                                row_scale=row_scale, bias=params.bias, interpret=interpret,
                                config=config, out_dtype=x.dtype if mma8 else None)

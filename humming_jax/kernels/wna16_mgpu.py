@@ -583,6 +583,7 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
   # 8-bit x codes of the direct layout's own dtype: both WGMMA operands straight from
   # shared memory, no conversion in the K loop (run_direct)
   mma8 = direct and x.dtype == params.codes.dtype
+  mma8_int = mma8 and x.dtype == jnp.int8  # (mma8 e4m3: per-tile float32 promotion)
   if direct and not mma8 and x.dtype not in (jnp.bfloat16, jnp.float16):
     raise ValueError(f"x.dtype={x.dtype}: the direct layout takes bfloat16 / float16 x or "
                      f"8-bit codes of the weights' dtype ({params.codes.dtype})")
@@ -670,6 +671,8 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
     rows = -(-m // 8) * 8  # TMA: rows past M read as zeros (a multiple of 8 for Mosaic)
   else:
     block_m = min(config.block_m, max(8, -(-m // 8) * 8))
+    if mma8_int and block_m > 32:  # s8 WGMMA widths past 32 are multiples of 16 (PTX)
+      block_m = -(-block_m // 16) * 16
     mp = -(-m // block_m) * block_m
     # unpadded_rows: token rows past M are not padded; TMA reads them as zeros and clips
     # them on the store, so decode runs no pad / slice op beside the kernel.  (K is
@@ -677,7 +680,6 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
     # Mosaic's TMA needs the row count below its 8-row tiling or a multiple of it.
     rows = m if config.unpadded_rows and (m < 8 or m % 8 == 0) else mp
   xp = x if fp8 or mma8 else x.astype(cdt)
-  mma8_int = mma8 and x.dtype == jnp.int8  # (mma8 e4m3: per-tile float32 promotion)
   if (rows, kp) != (m, k):
     xp = jnp.pad(xp, ((0, rows - m), (0, kp - k)))
   # The epilogue's row scales: x_scale as float32 (fp8: times 2**6, as the e4m3 operands
@@ -984,7 +986,8 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
       def mma8_tiles(slot, x_smem, acc_t, total, acc_ref):
         # The direct layout's (64, bk) 8-bit K-major code tiles are the WGMMA A operand as
         # stored, the 8-bit x tile (read transposed: K-major) the B operand: nothing is
-        # converted per weight.  int8: every K tile into the int32 accumulator (exact);
+        # converted per weight.  int8: every K tile into the int32 accumulator (exact over
+        # the warpgroup's K range; warpgroups and grid K splits then add in float32);
         # e4m3: each K tile's product (128 deep) promoted to the float32 running sum, as
         # Hopper's fp8 WGMMA accumulates in fewer bits than float32.
         operands = [(w_buf.at[wg, slot, j], x_smem.at[:, pl.ds(j * bk, bk)].T)
@@ -1305,9 +1308,9 @@ def run_direct(codes: jax.Array, x: jax.Array, col_scale: jax.Array, *, n: int,
 
   The decode path of W8A8 int8 and fp8 (``w8a8.run_decode_mgpu``).  x is either
   - activation codes of the weights' own dtype (int8 or e4m3): an 8-bit WGMMA on both
-    operands as they sit in shared memory, no conversion per weight (int8: exact int32
-    sums; e4m3: each 128-deep K tile promoted to float32); output ``out_dtype`` (bf16 /
-    fp16, default bf16); or
+    operands as they sit in shared memory, no conversion per weight (int8: int32 sums
+    over each warpgroup's K range, added in float32; e4m3: each 128-deep K tile promoted
+    to float32); output ``out_dtype`` (bf16 / fp16, default bf16); or
   - 16-bit x (bf16 / fp16; e.g. activation codes held as 16-bit values, which int8 and
     e4m3 codes are exactly): the codes converted to x.dtype in registers, products exact
     in the float32 accumulator; output in x.dtype.
