@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# Session 52 (2026-12-06): three calls, each on an H100 (benchmarks/results/2026-12-06-
-# session52; gpu_session51.sh t51 + pp, sessions/gpu_session52.sh t52 m8 h8 twice).  Landed:
-# the W8A8 decode's product on an 8-bit WGMMA with both operands from shared memory
-# (w8a8.DECODE_MMA8; GPU-tested in calls 2-3).  First in the next device session (carry
-# [".whl"]), on an H200 if one comes (the issue 4 target is an H200 number):
-#   BENCH_W8A8_DECODE_SPECS=w8a8-int8,w8a8-fp8 gpu_session52.sh m8 h8 (the route against
-#   the 16-bit product and the Triton kernel, then against Humming), then gpu_session50.sh
-#   cp (compile on the target's host), then the queue below from session 51's list.
+# Session 52 (2026-12-06): five calls, 1-3 on H100s, 4-5 on an H200 (benchmarks/results/
+# 2026-12-06-session52; gpu_session51.sh t51 + pp, sessions/gpu_session52.sh t52 m8 h8
+# (twice), t52 m8 h8 cp, bench_dense issue 3 decode rows).  Landed: the W8A8 decode's
+# product on an 8-bit WGMMA with both operands from shared memory (w8a8.DECODE_MMA8;
+# GPU-tested on both cards; H200 layer 20.1-21.0 us against <= 20).  First in the next
+# device session, on an H200 (carry [".whl"]; old/ as gpu_session48.sh w4a says):
+#   gpu_session47.sh s3 / s4 (the issue tables: call 5 ran only int4 / NVFP4 at M = 1 /
+#   16), gpu_session48.sh w4a, then session 46's list below.
 # Session 51 (2026-12-06): four calls, each on a different H100 (benchmarks/results/
 # 2026-12-06-session51; sessions/gpu_session51.sh t51 w8d / t51 w8d cp / w8r / pp).  Landed:
 # W8A8 int8 / fp8 decode (M <= 16) on the Mosaic WnA16 kernel by default (per-token scale in
