@@ -50,7 +50,8 @@ from humming_jax.kernels import act_prepass, act_quant, launch, registry, tuning
 from humming_jax.kernels import wna16_mgpu
 from humming_jax.kernels import layout as lay
 from humming_jax.formats import get_format
-from humming_jax.quantize import QuantizedWeight, expand_scales, scale_block, unpacked_codes
+from humming_jax.quantize import (QuantizedWeight, carrier_dtype, expand_scales, scale_block,
+                                  unpacked_codes)
 from humming_jax.spec import QuantSpec
 
 FAMILY = "w8a8"
@@ -639,14 +640,20 @@ DECODE_MGPU_MAX_M = 16
 DECODE_MMA8 = True
 
 
+def _decode_carrier(spec: QuantSpec):
+  """The 8-bit dtype of the decode route's activation codes (int8 or e4m3), else None."""
+  carrier = jnp.dtype(carrier_dtype(spec.act_format))
+  return carrier if carrier in (jnp.dtype(jnp.int8), jnp.dtype(jnp.float8_e4m3fn)) else None
+
+
 def decode_mgpu_runs(params: QuantizedWeight) -> bool:
   """Whether :func:`run_decode_mgpu` computes these prepared params: int8 x int8 or e4m3
   x e4m3 with per-channel (or tensor) weight scales and per-token (or tensor) activation
   scales, the direct (N, K) layout, one weight matrix."""
   plan = plan_for(params.spec)
-  spec = params.spec
-  eight_bit = plan is not None and (plan.int_compute or (
-      spec.weight_format.name == "fp8_e4m3" and spec.act_format.name == "fp8_e4m3"))
+  # the stored codes are the activations' own carrier (int8 x int8, e4m3 x e4m3): the
+  # kernel's 8-bit WGMMA, or 16-bit operands exact for both
+  eight_bit = plan is not None and params.codes.dtype == _decode_carrier(params.spec)
   return (eight_bit and plan.direct and not plan.w_group
           and not plan.a_group and params.num_experts is None
           and registry.layout_family(params.layout) == FAMILY)
@@ -681,7 +688,7 @@ def run_decode_mgpu(params: QuantizedWeight, x: jax.Array, *, interpret: bool = 
   # The codes written once, as the 8-bit carrier (mma8) or as x.dtype values (no convert
   # pass): per token on the GPU by one launch, else XLA's pre-pass (row amax, scale,
   # quantize: three launches).  K padded: XLA's (its pad is in the same pass).
-  codes_dtype = params.codes.dtype if mma8 else x.dtype
+  codes_dtype = _decode_carrier(spec) if mma8 else x.dtype  # (= params.codes.dtype)
   if kp == k and act_prepass.decode_launch_applies(x, spec, interpret=interpret):
     a, sa = act_prepass.decode_codes_rows(x, spec, codes_dtype=codes_dtype)
   else:
