@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+import re
 import sys
 import time
 
@@ -27,7 +28,7 @@ import numpy as np
 sys.path.insert(0, __file__.rsplit("/", 2)[0])
 import humming_jax as hj  # noqa: E402
 from benchmarks import common  # noqa: E402
-from humming_jax.kernels import act_quant, tuning, w8a8  # noqa: E402
+from humming_jax.kernels import act_quant, tuning, w8a8, wna16_mgpu  # noqa: E402
 
 SPECS = ("w8a8-int8,w8a8-fp8,w8a8-int8-static,w8a8-fp8-block,w8a8-mxfp8,w4a8-int8,"
          "w4a8-fp8,w4a8-mxfp4,w4a4-nvfp4,w4a4-mxfp4,w4a16-g128,w4a16-mxfp4")
@@ -78,7 +79,7 @@ KERNEL_TIMES = False  # --kernel-times: also CUPTI device time per layer, by ker
 def layer_fn(spec, *, config=None, block_k=None, fuse=False, decode_mgpu=False,
              triton=False):
   if decode_mgpu:  # W8A8 int8 / fp8 on the Mosaic WnA16 kernel (w8a8.run_decode_mgpu)
-    return lambda p, x: w8a8.run_decode_mgpu(p, x, interpret=INTERPRET)
+    return lambda p, x: w8a8.run_decode_mgpu(p, x, interpret=INTERPRET, config=config)
   if triton:  # the Triton W8A8 kernel at decode: run's Mosaic decode route off
     def layer(p, x):
       saved, w8a8.DECODE_MGPU_MAX_M = w8a8.DECODE_MGPU_MAX_M, 0
@@ -214,6 +215,28 @@ DECODE_SPECS = ("w8a8-int8", "w8a8-int8-static", "w8a8-fp8", "w8a8-fp8-static")
 DECODE_SPECS_ENV = "BENCH_W8A8_DECODE_SPECS"  # a comma-separated subset (device calls)
 
 
+def _prepass_variants(labels: str):
+  """``decode_mgpu_s<S>[w<W>]`` labels: the decode route with its one-launch codes split
+  over S programs per row (HUMMING_JAX_PREPASS_SPLITS), W warps each
+  (HUMMING_JAX_PREPASS_WARPS); ``decode_mgpu_c<stages>x<substeps>x<warpgroups>``: the
+  route on that Mosaic launch (explicit: its warpgroups are not lowered to fit)."""
+  out = []
+  for label in filter(None, labels.split(",")):
+    cfg = re.fullmatch(r"decode_mgpu_c(\d+)x(\d+)x(\d+)", label)
+    if cfg:  # the Mosaic launch: stages x substeps x warpgroups (the heuristic's others)
+      base = wna16_mgpu.heuristic(1)
+      config = dataclasses.replace(base, stages=int(cfg[1]), substeps=int(cfg[2]),
+                                   warpgroups=int(cfg[3]))
+      out.append((label, {"decode_mgpu": True, "config": config}, {}))
+    hit = re.fullmatch(r"decode_mgpu_s(\d+)(?:w(\d+))?", label)
+    if hit:
+      env = {"HUMMING_JAX_PREPASS_SPLITS": hit[1]}
+      if hit[2]:
+        env["HUMMING_JAX_PREPASS_WARPS"] = hit[2]
+      out.append((label, {"decode_mgpu": True}, env))
+  return out
+
+
 def decode_study(ws, k, ms, args):
   """W8A8 int8 / fp8 at decode: the Triton W8A8 kernel (what w8a8.run takes at small M),
   the same with the activation quantization inside it (fuse_act_quant), and
@@ -228,7 +251,8 @@ def decode_study(ws, k, ms, args):
       row = {"spec": name, "M": m}
       # "triton": w8a8.run with its decode route off (DECODE_MGPU_MAX_M = 0), whatever the
       # default; "decode_mgpu": the route itself
-      for label, kw, env in (("triton", {"triton": True}, {}),
+      for label, kw, env in (*_prepass_variants(args.decode_labels),
+                             ("triton", {"triton": True}, {}),
                              ("triton_fused", {"fuse": True}, {}),
                              ("decode_mgpu", {"decode_mgpu": True}, {}),
                              ("decode_mgpu_xla_prepass", {"decode_mgpu": True},

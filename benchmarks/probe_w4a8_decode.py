@@ -2,6 +2,8 @@
 name of ``hj.quant_dense`` on prepared params, 8192^2, 8 distinct layers per call (their
 sum / 8), for each spec and M, beside the same weights as W4A16.  Environment variables
 (HUMMING_JAX_DECODE_PREPASS, HUMMING_JAX_PERMUTE_K) pick the form; run it once per form.
+``--variants s1,s4,s8w8``: the one-launch pre-pass split over S programs per row with W
+warps each (act_prepass.decode_splits), one process.
 
   PYTHONPATH=. python3 benchmarks/probe_w4a8_decode.py --specs w4a8-fp8,w4a8-mxfp4 --ms 1,16
 """
@@ -9,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 
 import jax
@@ -28,6 +31,7 @@ def main():
   ap.add_argument("--ms", default="1,16")
   ap.add_argument("--n", type=int, default=8192)
   ap.add_argument("--k", type=int, default=8192)
+  ap.add_argument("--variants", default="", help="s<S>[w<W>],...: pre-pass splits / warps")
   args = ap.parse_args()
   env = {v: os.environ.get(v, "") for v in ("HUMMING_JAX_DECODE_PREPASS", "HUMMING_JAX_PERMUTE_K")}
   print("#", common.device_info(), env, flush=True)
@@ -40,12 +44,21 @@ def main():
     for m in map(int, args.ms.split(",")):
       xs = [jax.random.normal(jax.random.key(m + i), (m, args.k), jnp.bfloat16)
             for i in range(LAYERS)]
-      fn = jax.jit(lambda ps, xs: [hj.quant_dense(p, x) for p, x in zip(ps, xs)])
-      jax.block_until_ready(fn(ps, xs))
-      times = common.kernel_times(fn, (ps, xs), per=LAYERS)
-      total = sum(times.values())
-      parts = ", ".join(f"{k} {v:.2f}" for k, v in sorted(times.items(), key=lambda t: -t[1]))
-      print(f"{name} M={m}: kernels {total:.2f} us per layer: {parts}", flush=True)
+      for variant in args.variants.split(",") if args.variants else [""]:
+        hit = re.fullmatch(r"s(\d+)(?:w(\d+))?", variant) if variant else None
+        if variant and not hit:
+          raise SystemExit(f"--variants: {variant!r} is not s<S>[w<W>]")
+        os.environ["HUMMING_JAX_PREPASS_SPLITS"] = hit[1] if hit else ""
+        os.environ["HUMMING_JAX_PREPASS_WARPS"] = (hit[2] or "") if hit else ""
+        # a fresh function per variant: the switches are read while tracing
+        fn = jax.jit(lambda ps, xs: [hj.quant_dense(p, x) for p, x in zip(ps, xs)])
+        jax.block_until_ready(fn(ps, xs))
+        times = common.kernel_times(fn, (ps, xs), per=LAYERS)
+        total = sum(times.values())
+        parts = ", ".join(f"{k} {v:.2f}"
+                          for k, v in sorted(times.items(), key=lambda t: -t[1]))
+        print(f"{name} M={m} {variant}: kernels {total:.2f} us per layer: {parts}",
+              flush=True)
 
 
 if __name__ == "__main__":

@@ -2,6 +2,8 @@
 (``w8a8.act_operands``'s two fusions), in the interpreter and on the H200."""
 from __future__ import annotations
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -269,6 +271,58 @@ def test_decode_codes_are_the_xla_prepass(name, m, k, dtype, carrier):
     assert (g == np.round(g)).all()
 
 
+@pytest.mark.parametrize("splits", [2, 8])
+@pytest.mark.parametrize("m,k", [(1, 8192), (3, 7168)])
+def test_split_rows_are_the_same(splits, m, k):
+  """Rows split over ``splits`` programs (each reads the whole row for the amax and
+  converts 1/splits of it): XLA's codes and scales (int8 in the carrier, fp8 as 16-bit
+  values) and fake quantization bit for bit, as with one program per row; the 7168-column
+  rows split into 896-column parts (chunks of 128)."""
+  x = _x(max(m, 4), k, seed=splits + k)[:m]
+  for name, carrier in (("w8a8-int8", True), ("w8a8-fp8", False)):
+    spec = _spec(name)
+    wa, ws = _codes_xla(x, spec, carrier)
+    codes_dtype = carrier_dtype(spec.act_format) if carrier else None
+    ga, gs = act_prepass.decode_codes_rows(x, spec, codes_dtype=codes_dtype,
+                                           interpret=True, splits=splits)
+    np.testing.assert_array_equal(np.asarray(gs), np.asarray(ws))
+    ok = ~np.isnan(np.asarray(ws))[:, 0]
+    g, w = np.asarray(ga, np.float32)[ok], np.asarray(wa, np.float32)[ok]
+    np.testing.assert_array_equal(g, w)
+    assert np.abs(g).max() > 1
+  spec = _spec("w4a8-e5m2act")
+  got = act_prepass.fake_quantize_rows(x, spec, interpret=True, splits=splits)
+  np.testing.assert_array_equal(np.asarray(got, np.float32),
+                                np.asarray(_fake_xla(x, spec), np.float32))
+
+
+def test_decode_splits_rule(monkeypatch):
+  """The default programs per row (``DECODE_SPLITS``, or HUMMING_JAX_PREPASS_SPLITS)
+  halve until the parts are multiples of 128 columns; the override reaches a fresh trace
+  of the jitted launch (it is resolved outside it); bad values are refused by name."""
+  monkeypatch.delenv(act_prepass.SPLITS_ENV, raising=False)
+  assert act_prepass.decode_splits(8192) == act_prepass.DECODE_SPLITS
+  monkeypatch.setenv(act_prepass.SPLITS_ENV, "8")
+  assert act_prepass.decode_splits(8192) == 8
+  assert act_prepass.decode_splits(384) == 1  # 384 = 3 x 128
+  assert act_prepass.decode_splits(768) == 2
+  x = _x(4, 1024, 3)[:2]
+  spec = QuantSpec.preset("w8a8-int8")
+  grid = lambda: re.findall(r"grid=\(([0-9, ]+)\)", str(jax.make_jaxpr(
+      lambda x: act_prepass.decode_codes_rows(x, spec, interpret=True))(x)))
+  assert grid() == ["2, 8"]
+  monkeypatch.setenv(act_prepass.SPLITS_ENV, "1")
+  assert grid() == ["2, 1"]
+  monkeypatch.setenv(act_prepass.SPLITS_ENV, "3")
+  with pytest.raises(ValueError, match="HUMMING_JAX_PREPASS_SPLITS=3: expected a power of "
+                                       "two"):
+    act_prepass.decode_splits(8192)
+  monkeypatch.delenv(act_prepass.SPLITS_ENV)
+  with pytest.raises(ValueError, match=r"splits=4: expected a power of two dividing "
+                                       r"K=384 into parts of a multiple of 128"):
+    act_prepass.decode_codes_rows(_x(4, 384, 1), spec, interpret=True, splits=4)
+
+
 def test_decode_codes_refusals():
   x = _x(4, 256, 0)
   static = QuantSpec("int8", "channel", act="int8", act_granularity="tensor",
@@ -331,3 +385,29 @@ def test_decode_codes_gpu(name, m, k, carrier):
            else np.abs(w) * 0.26 + 2.0 ** (1 - spec.act_format.bias
                                            - spec.act_format.mantissa_bits))
   assert (diff <= bound).all()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("splits", [2, 4, 8])
+@pytest.mark.parametrize("m,k", [(1, 8192), (16, 8192), (16, 14336)])
+def test_split_rows_gpu(splits, m, k):
+  """On the GPU, rows split over ``splits`` programs give the one-program launch's codes,
+  scales and fake-quantized values bit for bit (the same float32 arithmetic per value and
+  the same amax), for int8 in the carrier, fp8 as 16-bit values and W4A8's fake
+  quantization; and XLA's scales."""
+  x = _x(max(m, 4), k, seed=9)[:m]
+  for name, carrier in (("w8a8-int8", True), ("w8a8-fp8", False)):
+    spec = _spec(name)
+    codes_dtype = carrier_dtype(spec.act_format) if carrier else None
+    (ws_xla, (a1, s1), (a2, s2)) = jax.jit(lambda x: (
+        _codes_xla(x, spec, carrier)[1],
+        act_prepass.decode_codes_rows(x, spec, codes_dtype=codes_dtype, splits=1),
+        act_prepass.decode_codes_rows(x, spec, codes_dtype=codes_dtype, splits=splits)))(x)
+    np.testing.assert_array_equal(np.asarray(s2), np.asarray(ws_xla))
+    np.testing.assert_array_equal(np.asarray(s2), np.asarray(s1))
+    np.testing.assert_array_equal(np.asarray(a2, np.float32), np.asarray(a1, np.float32))
+    assert np.abs(np.asarray(a2, np.float32)[np.isfinite(np.asarray(s2))[:, 0]]).max() > 1
+  spec = _spec("w4a8-mxfp4")  # fp8 activations
+  f1, f2 = jax.jit(lambda x: (act_prepass.fake_quantize_rows(x, spec, splits=1),
+                              act_prepass.fake_quantize_rows(x, spec, splits=splits)))(x)
+  np.testing.assert_array_equal(np.asarray(f2, np.float32), np.asarray(f1, np.float32))

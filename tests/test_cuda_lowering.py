@@ -305,6 +305,22 @@ def test_decode_fake_quant_lowers_for_h200(name, m, k):
   assert f"act_fake_quant_{spec.act_format.name}" in text and "mosaic_gpu" in text
 
 
+@pytest.mark.parametrize("splits", [2, 8])
+@pytest.mark.parametrize("m,k", [(1, 8192), (16, 14336)])
+def test_split_decode_prepass_lowers_for_h200(splits, m, k):
+  """The decode pre-pass with each row split over several programs (act_prepass.
+  decode_splits): the W8A8 codes in the carrier and W4A8's fake quantization."""
+  from humming_jax.kernels import act_prepass
+  x = jax.ShapeDtypeStruct((m, k), jnp.bfloat16)
+  spec = hj.QuantSpec.preset("w8a8-int8")
+  text = lower_for_h200(lambda x: act_prepass.decode_codes_rows(
+      x, spec, codes_dtype=jnp.int8, splits=splits), x)
+  assert "act_decode_codes_int8" in text
+  spec = hj.QuantSpec.preset("w4a8-mxfp4")
+  text = lower_for_h200(lambda x: act_prepass.fake_quantize_rows(x, spec, splits=splits), x)
+  assert "act_fake_quant_fp8_e4m3" in text
+
+
 def test_prefill_with_the_one_pass_prepass_lowers_for_h200(monkeypatch):
   """The W4A8 MXFP4 prefill route with FUSED_PREPASS on (the kernel before the Mosaic
   GEMM)."""

@@ -13,11 +13,12 @@ M = 4096, K = 8192 (64 MB of bf16 x): 17.2 + 1.5 + 41.8 us per layer with one fp
 ``MAX_HELD_K`` columns it loads them once, in K chunks held in registers, for the amax and
 then the codes: HBM sees x once and the codes once (32.8 us, 3.07 TB/s).  Wider rows are
 read a second time, from L2 (K = 14336: 64.0 us).  Variants: ``benchmarks/
-probe_act_prepass.py``, NOTES.md v20.  The decode form (one row per program) folds its
-chunks elementwise and reduces across threads once per row, NaN counted as inf: H200
-session 46, K = 8192, M = 1 / 16, fp8: 2.58 / 2.70 us against 2.93 / 2.98 with a
-reduction per chunk and a second one for NaN / inf (the same call,
-``benchmarks/probe_w4a8_decode.py``).
+probe_act_prepass.py``, NOTES.md v20.  The decode form folds its chunks elementwise and
+reduces across threads once per row, NaN counted as inf: H200 session 46, K = 8192,
+M = 1 / 16, fp8: 2.58 / 2.70 us against 2.93 / 2.98 with a reduction per chunk and a
+second one for NaN / inf (the same call, ``benchmarks/probe_w4a8_decode.py``); since
+session 53 each row is split over ``DECODE_SPLITS`` programs of ``DECODE_WARPS`` warps
+(each reads the row whole for its amax and converts its part): ~0.5-0.7 us less.
 
 The semantics are ``quantize_activations``'s for per-token float32 scales: scale =
 amax / qmax (1 where the row is all zero), NaN where the row holds NaN / inf, values
@@ -71,8 +72,11 @@ def _chunk(kp: int) -> int:
   return c
 
 
-def _kernel(x_ref, a_ref, s_ref, *, kp: int, chunk: int, fmt: str, qmax: float,
-            held: bool, dequantize: bool = False, decode: bool = False):
+def _kernel(x_ref, *refs, kp: int, chunk: int, fmt: str, qmax: float, held: bool,
+            dequantize: bool = False, decode: bool = False, part: int = 0):
+  # part: the columns of x this program converts (its split of the row: xp_ref), or 0
+  # (the whole row, x_ref); the amax always reads the whole row
+  xp_ref, a_ref, s_ref = refs if part else (x_ref, *refs)
   cols = [pl.ds(j * chunk, chunk) for j in range(kp // chunk)]
   chunks = [x_ref[:, c] for c in cols] if held else None  # one HBM read, kept
   load = (lambda j: chunks[j]) if held else (lambda j: x_ref[:, cols[j]])
@@ -89,7 +93,11 @@ def _kernel(x_ref, a_ref, s_ref, *, kp: int, chunk: int, fmt: str, qmax: float,
   bad = amax == jnp.inf
   s = jnp.where(amax > 0, amax / qmax, 1.0)
   s = jnp.where(bad, jnp.nan, s)
-  s_ref[...] = s
+  s_ref[...] = s  # (every split of a row writes the same scale)
+  if part:  # this program's columns, read again (from L1 / L2)
+    pc = _chunk(part)
+    pcols = [pl.ds(j * pc, pc) for j in range(part // pc)]
+    cols, load = pcols, lambda j: xp_ref[:, pcols[j]]
   for j, c in enumerate(cols):  # scale, saturate, round, store
     xs = load(j).astype(jnp.float32) / s
     if fmt == "int8":
@@ -107,31 +115,69 @@ def _kernel(x_ref, a_ref, s_ref, *, kp: int, chunk: int, fmt: str, qmax: float,
 
 
 def _launch(x: jax.Array, spec: QuantSpec, block_rows: int, out_dtype, *,
-            dequantize: bool, interpret: bool, decode: bool | None = None
-            ) -> tuple[jax.Array, jax.Array]:
+            dequantize: bool, interpret: bool, decode: bool | None = None,
+            splits: int = 1, warps: int | None = None) -> tuple[jax.Array, jax.Array]:
   """The kernel over (M, K) x, ``block_rows`` rows per program: ((M, K) codes in
   ``out_dtype`` (the carrier, or a 16-bit float holding their values), or with
   ``dequantize`` the dequantized values; (M, 1) float32 scales).  ``decode`` (default:
-  ``dequantize``): the amax folded over the chunks first, one reduction per row."""
+  ``dequantize``): the amax folded over the chunks first, one reduction per row.
+  ``splits``: programs per row (decode; :func:`decode_splits`), each converting 1/splits
+  of the row's columns; ``warps``: per program (default ``NUM_WARPS``)."""
   decode = dequantize if decode is None else decode
   m, k = x.shape
   fmt = spec.act_format.name
   held = k <= MAX_HELD_K
+  if splits > 1 and (not decode or k % (128 * splits)):
+    raise ValueError(f"splits={splits}: the decode form splits rows into parts of a "
+                     f"multiple of 128 columns (K={k}, decode={decode})")
+  part = k // splits if splits > 1 else 0
+  row = lambda i, j: (i, 0)
+  in_specs = [pl.BlockSpec((block_rows, k), row)]
+  operands = [x]
+  if part:  # the program's split of the row, beside the whole row (its amax)
+    in_specs.append(pl.BlockSpec((block_rows, part), lambda i, j: (i, j)))
+    operands.append(x)
+  warps = warps or NUM_WARPS[held]
   return pl.pallas_call(
       functools.partial(_kernel, kp=k, chunk=_chunk(k), fmt=fmt,
                         qmax=float(spec.act_format.max_value), held=held,
-                        dequantize=dequantize, decode=decode),
+                        dequantize=dequantize, decode=decode, part=part),
       out_shape=(jax.ShapeDtypeStruct((m, k), out_dtype),
                  jax.ShapeDtypeStruct((m, 1), jnp.float32)),
-      grid=(pl.cdiv(m, block_rows),),
-      in_specs=[pl.BlockSpec((block_rows, k), lambda i: (i, 0))],
-      out_specs=(pl.BlockSpec((block_rows, k), lambda i: (i, 0)),
-                 pl.BlockSpec((block_rows, 1), lambda i: (i, 0))),
-      compiler_params=plt.CompilerParams(num_warps=NUM_WARPS[held], num_stages=1),
+      grid=(pl.cdiv(m, block_rows), splits),
+      in_specs=in_specs,
+      out_specs=(pl.BlockSpec((block_rows, part or k), lambda i, j: (i, j)),
+                 pl.BlockSpec((block_rows, 1), row)),
+      compiler_params=plt.CompilerParams(num_warps=warps, num_stages=1),
       interpret=interpret,
       name=(f"act_fake_quant_{fmt}" if dequantize else f"act_decode_codes_{fmt}" if decode
             else f"act_prepass_{fmt}"),
-  )(x)
+  )(*operands)
+
+
+# The decode form's programs per row (a power of two; fewer where K does not split into
+# 128-column parts) and warps per program.  One program of 4 warps per row was latency
+# bound: 64 values per thread through the amax, then through the divide and the store.
+# With S programs per row each still reads the whole row for the amax (from L2 after the
+# first) and converts 1/S of it.  H100 session 53, K = 8192, CUPTI us of the pre-pass
+# (W8A8 int8 codes / fp8 codes / W4A8 fp8 fake quantization, M = 1; M = 16 int8 / fp8):
+# 1 x 4 warps 2.49 / 2.38 / 2.62; 2.62 / 2.48 -> 4 x 8 warps 1.95 / 1.96 / 1.93;
+# 2.07 / 2.08 (4 x 16: within 0.05 of it; 8 x 8 and 16 x 8 lose at M = 16: 2.2-2.6).
+DECODE_SPLITS = 4
+DECODE_WARPS = 8
+SPLITS_ENV = "HUMMING_JAX_PREPASS_SPLITS"  # overrides for device A/Bs
+WARPS_ENV = "HUMMING_JAX_PREPASS_WARPS"
+
+
+def decode_splits(k: int) -> int:
+  """Programs per row of the decode form for K columns: ``DECODE_SPLITS`` (or
+  HUMMING_JAX_PREPASS_SPLITS), halved until each part is a multiple of 128 columns."""
+  s = tuning.env_int(SPLITS_ENV, DECODE_SPLITS)
+  if s < 1 or s & (s - 1):
+    raise ValueError(f"{SPLITS_ENV}={s}: expected a power of two >= 1")
+  while s > 1 and k % (128 * s):
+    s //= 2
+  return s
 
 
 @functools.partial(jax.jit, static_argnames=("spec", "rows", "kp", "interpret"))
@@ -176,28 +222,35 @@ def decode_launch_applies(x: jax.Array, spec: QuantSpec, *, interpret: bool) -> 
           and fake_quantize_applies(x, spec))
 
 
-@functools.partial(jax.jit, static_argnames=("spec", "interpret"))
-def fake_quantize_rows(x: jax.Array, spec: QuantSpec, *, interpret: bool = False
-                       ) -> jax.Array:
+def fake_quantize_rows(x: jax.Array, spec: QuantSpec, *, interpret: bool = False,
+                       splits: int | None = None) -> jax.Array:
   """(M, K) 16-bit activations -> what the W4A8 decode multiplies: each row quantized as
   a per-token ``spec`` says (the same scale and codes as :func:`quantize_rows`) and
   dequantized, code x scale in float32 rounded once to x.dtype -- the values of
   ``quantize.fake_quantize_activations(x, spec).astype(x.dtype)`` in one launch, where
   XLA runs a row reduction and then the quantize-dequantize (two launches per layer at
-  decode).  One program per row, no padding."""
+  decode).  ``splits`` programs per row (default :func:`decode_splits`), no padding."""
   if not fake_quantize_applies(x, spec):
     raise ValueError(f"spec {spec.name}, x {x.shape} {x.dtype}: the one-pass fake "
                      f"quantization takes dynamic per-token fp8 / int8 specs with float32 "
                      f"scales and bfloat16 / float16 (M, K) x with K a multiple of 128")
-  a, _ = _launch(x, spec, FAKE_BLOCK_ROWS, x.dtype, dequantize=True, interpret=interpret)
+  return _fake_quantize_rows(x, spec, interpret=interpret,
+                             splits=_resolve_splits(splits, x.shape[1]),
+                             warps=tuning.env_int(WARPS_ENV, DECODE_WARPS))
+
+
+@functools.partial(jax.jit, static_argnames=("spec", "interpret", "splits", "warps"))
+def _fake_quantize_rows(x, spec, *, interpret, splits, warps):
+  a, _ = _launch(x, spec, FAKE_BLOCK_ROWS, x.dtype, dequantize=True, interpret=interpret,
+                 splits=splits, warps=warps)
   return a
 
 
-@functools.partial(jax.jit, static_argnames=("spec", "codes_dtype", "interpret"))
 def decode_codes_rows(x: jax.Array, spec: QuantSpec, *, codes_dtype=None,
-                      interpret: bool = False) -> tuple[jax.Array, jax.Array]:
+                      interpret: bool = False, splits: int | None = None
+                      ) -> tuple[jax.Array, jax.Array]:
   """(M, K) 16-bit activations -> ((M, K) codes, (M, 1) float32 scales): :func:`quantize_
-  rows`' codes and scales for a per-token spec, one row per program as
+  rows`' codes and scales for a per-token spec, ``splits`` programs per row as
   :func:`fake_quantize_rows`, for the Mosaic WnA16 kernel's W8A8 decode
   (``w8a8.run_decode_mgpu``), where XLA's pre-pass takes three launches (row amax, scale,
   quantize: ~1.4 + 1.2 + 1.5 us at 8192^2 on an H100, session 51).  ``codes_dtype``: the
@@ -212,5 +265,25 @@ def decode_codes_rows(x: jax.Array, spec: QuantSpec, *, codes_dtype=None,
   if codes_dtype not in (carrier, x.dtype):
     raise ValueError(f"codes_dtype={codes_dtype}: expected the spec's carrier {carrier} or "
                      f"x.dtype {x.dtype}")
+  return _decode_codes_rows(x, spec, codes_dtype=codes_dtype, interpret=interpret,
+                            splits=_resolve_splits(splits, x.shape[1]),
+                            warps=tuning.env_int(WARPS_ENV, DECODE_WARPS))
+
+
+@functools.partial(jax.jit, static_argnames=("spec", "codes_dtype", "interpret", "splits",
+                                             "warps"))
+def _decode_codes_rows(x, spec, *, codes_dtype, interpret, splits, warps):
   return _launch(x, spec, FAKE_BLOCK_ROWS, codes_dtype, dequantize=False, decode=True,
-                 interpret=interpret)
+                 interpret=interpret, splits=splits, warps=warps)
+
+
+def _resolve_splits(splits: int | None, k: int) -> int:
+  """``splits`` checked (a power of two whose parts of K are multiples of 128), or
+  :func:`decode_splits`' for K; resolved outside the jitted launch, so an environment
+  override reaches the next trace."""
+  if splits is None:
+    return decode_splits(k)
+  if splits < 1 or splits & (splits - 1) or k % (128 * splits):
+    raise ValueError(f"splits={splits}: expected a power of two dividing K={k} into "
+                     f"parts of a multiple of 128 columns")
+  return splits

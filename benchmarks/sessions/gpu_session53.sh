@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Session 53 (2026-12-06).  Steps (carry [".whl"]):
+#   t53:  GPU tests of the decode pre-pass split over several programs per row
+#         (act_prepass.decode_splits) and the existing one-launch pre-pass tests.
+#   p53:  W8A8 decode (bench_w8a8.py --decode-study, CUPTI kernel time, one process): the
+#         one-launch codes with S programs per row / W warps (decode_mgpu_s<S>[w<W>]).
+#   q53:  W4A8 decode (probe_w4a8_decode.py, one process): the same pre-pass variants.
+#   c53:  W8A8 decode on other Mosaic launches (decode_mgpu_c<stages>x<substeps>x<wgs>).
+#   r53:  the decode route GPU tests with the default the A/B picked.
+#   h8, m8, t52: gpu_session52.sh's.
+source "$(dirname "$0")/../gpu_env.sh"
+s_t53() {
+  gpu_tests ${ST:-300} "${T53K:-split or decode_codes_gpu or fake_quant_gpu}" \
+    tests/test_act_prepass.py
+}
+s_p53() {
+  BENCH_W8A8_DECODE_SPECS=${DS:-w8a8-int8,w8a8-fp8} T ${WT:-400} python3 benchmarks/bench_w8a8.py \
+    --decode-study --kernel-times --ms ${MS:-1,16} --calls 20 --repeats 2 \
+    --decode-labels ${LB:-decode_mgpu,decode_mgpu_s2,decode_mgpu_s4,decode_mgpu_s8,decode_mgpu_s1w8,decode_mgpu_s4w8} \
+    --json "$OUT/p53.json" > "$OUT/p53.log" 2>&1
+  echo "p53 rc=$?"
+  grep -E "^\{|rror" "$OUT/p53.log" | sed -E "s/'[a-z_0-9]+_kernels': \{[^}]*\}, //g" | cut -c1-900
+}
+s_q53() {
+  T ${QT:-240} python3 benchmarks/probe_w4a8_decode.py --specs ${QS:-w4a8-fp8,w4a8-mxfp4} \
+    --ms ${MS:-1,16} --variants ${QV:-s1,s2,s4,s8,s1w8,s4w8} > "$OUT/q53.log" 2>&1
+  echo "q53 rc=$?"; grep -E "kernels|rror" "$OUT/q53.log" | cut -c1-300
+}
+s_c53() {
+  BENCH_W8A8_DECODE_SPECS=${DS:-w8a8-int8,w8a8-fp8} T ${WT:-400} python3 benchmarks/bench_w8a8.py \
+    --decode-study --kernel-times --ms ${MS:-1,16} --calls 20 --repeats 2 \
+    --decode-labels ${LC:-decode_mgpu,decode_mgpu_c5x1x4,decode_mgpu_c4x2x2,decode_mgpu_c8x1x2,decode_mgpu_c8x2x1,decode_mgpu_c12x1x1} \
+    --json "$OUT/c53.json" > "$OUT/c53.log" 2>&1
+  echo "c53 rc=$?"
+  grep -E "^\{|rror" "$OUT/c53.log" | sed -E "s/'[a-z_0-9]+_kernels': \{[^}]*\}, //g" | cut -c1-900
+}
+s_r53() {
+  gpu_tests ${ST:-300} "${R53K:-decode_mgpu or decode_codes_gpu or fake_quant_gpu or split or decode_gpu}" \
+    tests/test_act_prepass.py tests/test_w8a8_mgpu.py tests/test_wnam_mgpu.py
+}
+for s in ${@:-t53}; do
+  case "$s" in
+    t53|p53|q53|c53|r53) step "$s"; "s_$s" ;;
+    *) bash "$(dirname "$0")/gpu_session52.sh" "$s" ;;
+  esac
+done
