@@ -301,7 +301,17 @@ def test_decode_splits_rule(monkeypatch):
   halve until the parts are multiples of 128 columns; the override reaches a fresh trace
   of the jitted launch (it is resolved outside it); bad values are refused by name."""
   monkeypatch.delenv(act_prepass.SPLITS_ENV, raising=False)
+  monkeypatch.delenv(act_prepass.WARPS_ENV, raising=False)
   assert act_prepass.decode_splits(8192) == act_prepass.DECODE_SPLITS
+  top = act_prepass.SPLIT_MAX_M  # the split form's timed rows; past them one 4-warp program
+  assert act_prepass.decode_splits(8192, top) == act_prepass.DECODE_SPLITS
+  assert act_prepass.decode_warps(top) == act_prepass.DECODE_WARPS
+  assert act_prepass.decode_splits(8192, top + 1) == 1
+  assert act_prepass.decode_warps(top + 1) == 0  # NUM_WARPS' rule
+  big = _x(top + 1, 1024, 5)
+  assert re.findall(r"grid=\(([0-9, ]+)\)", str(jax.make_jaxpr(
+      lambda x: act_prepass.decode_codes_rows(x, QuantSpec.preset("w8a8-int8"),
+                                              interpret=True))(big))) == [f"{top + 1}, 1"]
   monkeypatch.setenv(act_prepass.SPLITS_ENV, "8")
   assert act_prepass.decode_splits(8192) == 8
   assert act_prepass.decode_splits(384) == 1  # 384 = 3 x 128

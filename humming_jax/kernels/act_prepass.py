@@ -163,21 +163,31 @@ def _launch(x: jax.Array, spec: QuantSpec, block_rows: int, out_dtype, *,
 # (W8A8 int8 codes / fp8 codes / W4A8 fp8 fake quantization, M = 1; M = 16 int8 / fp8):
 # 1 x 4 warps 2.49 / 2.38 / 2.62; 2.62 / 2.48 -> 4 x 8 warps 1.95 / 1.96 / 1.93;
 # 2.07 / 2.08 (4 x 16: within 0.05 of it; 8 x 8 and 16 x 8 lose at M = 16: 2.2-2.6).
+# Timed at M = 1 / 16 only: more rows (W4A8's decode route takes up to 511, MoE tiles)
+# keep one program of NUM_WARPS per row, where S programs would re-read S times the rows.
 DECODE_SPLITS = 4
 DECODE_WARPS = 8
-SPLITS_ENV = "HUMMING_JAX_PREPASS_SPLITS"  # overrides for device A/Bs
+SPLIT_MAX_M = 16
+SPLITS_ENV = "HUMMING_JAX_PREPASS_SPLITS"  # overrides for device A/Bs (every M)
 WARPS_ENV = "HUMMING_JAX_PREPASS_WARPS"
 
 
-def decode_splits(k: int) -> int:
-  """Programs per row of the decode form for K columns: ``DECODE_SPLITS`` (or
-  HUMMING_JAX_PREPASS_SPLITS), halved until each part is a multiple of 128 columns."""
-  s = tuning.env_int(SPLITS_ENV, DECODE_SPLITS)
+def decode_splits(k: int, m: int = 1) -> int:
+  """Programs per row of the decode form for (M, K) x: ``DECODE_SPLITS`` up to
+  ``SPLIT_MAX_M`` rows, else 1 (or HUMMING_JAX_PREPASS_SPLITS), halved until each part is
+  a multiple of 128 columns."""
+  s = tuning.env_int(SPLITS_ENV, DECODE_SPLITS if m <= SPLIT_MAX_M else 1)
   if s < 1 or s & (s - 1):
     raise ValueError(f"{SPLITS_ENV}={s}: expected a power of two >= 1")
   while s > 1 and k % (128 * s):
     s //= 2
   return s
+
+
+def decode_warps(m: int) -> int:
+  """Warps per program of the decode form for M rows: ``DECODE_WARPS`` up to
+  ``SPLIT_MAX_M`` rows (or HUMMING_JAX_PREPASS_WARPS), else 0: ``NUM_WARPS``' rule."""
+  return tuning.env_int(WARPS_ENV, DECODE_WARPS if m <= SPLIT_MAX_M else 0)
 
 
 @functools.partial(jax.jit, static_argnames=("spec", "rows", "kp", "interpret"))
@@ -235,8 +245,8 @@ def fake_quantize_rows(x: jax.Array, spec: QuantSpec, *, interpret: bool = False
                      f"quantization takes dynamic per-token fp8 / int8 specs with float32 "
                      f"scales and bfloat16 / float16 (M, K) x with K a multiple of 128")
   return _fake_quantize_rows(x, spec, interpret=interpret,
-                             splits=_resolve_splits(splits, x.shape[1]),
-                             warps=tuning.env_int(WARPS_ENV, DECODE_WARPS))
+                             splits=_resolve_splits(splits, *x.shape),
+                             warps=decode_warps(x.shape[0]))
 
 
 @functools.partial(jax.jit, static_argnames=("spec", "interpret", "splits", "warps"))
@@ -266,8 +276,8 @@ def decode_codes_rows(x: jax.Array, spec: QuantSpec, *, codes_dtype=None,
     raise ValueError(f"codes_dtype={codes_dtype}: expected the spec's carrier {carrier} or "
                      f"x.dtype {x.dtype}")
   return _decode_codes_rows(x, spec, codes_dtype=codes_dtype, interpret=interpret,
-                            splits=_resolve_splits(splits, x.shape[1]),
-                            warps=tuning.env_int(WARPS_ENV, DECODE_WARPS))
+                            splits=_resolve_splits(splits, *x.shape),
+                            warps=decode_warps(x.shape[0]))
 
 
 @functools.partial(jax.jit, static_argnames=("spec", "codes_dtype", "interpret", "splits",
@@ -277,12 +287,12 @@ def _decode_codes_rows(x, spec, *, codes_dtype, interpret, splits, warps):
                  interpret=interpret, splits=splits, warps=warps)
 
 
-def _resolve_splits(splits: int | None, k: int) -> int:
+def _resolve_splits(splits: int | None, m: int, k: int) -> int:
   """``splits`` checked (a power of two whose parts of K are multiples of 128), or
-  :func:`decode_splits`' for K; resolved outside the jitted launch, so an environment
+  :func:`decode_splits`' for (M, K); resolved outside the jitted launch, so an environment
   override reaches the next trace."""
   if splits is None:
-    return decode_splits(k)
+    return decode_splits(k, m)
   if splits < 1 or splits & (splits - 1) or k % (128 * splits):
     raise ValueError(f"splits={splits}: expected a power of two dividing K={k} into "
                      f"parts of a multiple of 128 columns")
