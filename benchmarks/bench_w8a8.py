@@ -234,6 +234,9 @@ def _prepass_variants(labels: str):
       if hit[2]:
         env["HUMMING_JAX_PREPASS_WARPS"] = hit[2]
       out.append((label, {"decode_mgpu": True}, env))
+    elif not cfg and label.startswith(("decode_mgpu_s", "decode_mgpu_c")):
+      raise SystemExit(f"--decode-labels: {label!r} is neither decode_mgpu_s<S>[w<W>] nor "
+                       f"decode_mgpu_c<stages>x<substeps>x<warpgroups>")
   return out
 
 
@@ -300,7 +303,9 @@ def main(argv=None):
                        "activation quantization) vs w8a8.run_decode_mgpu")
   ap.add_argument("--decode-labels", default="",
                   help="--decode-study: only these of triton, triton_fused, decode_mgpu, "
-                       "decode_mgpu_xla_prepass, decode_mgpu_16bit (comma-separated; default all)")
+                       "decode_mgpu_xla_prepass, decode_mgpu_16bit (comma-separated; default all), "
+                       "plus decode_mgpu_s<S>[w<W>] (pre-pass programs / warps per row) and "
+                       "decode_mgpu_c<stages>x<substeps>x<warpgroups> (the Mosaic launch)")
   ap.add_argument("--json", default=None)
   ap.add_argument("--kernel-times", action="store_true",
                   help="also the CUPTI device time per layer of every kernel it launches")

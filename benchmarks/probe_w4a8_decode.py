@@ -2,8 +2,9 @@
 name of ``hj.quant_dense`` on prepared params, 8192^2, 8 distinct layers per call (their
 sum / 8), for each spec and M, beside the same weights as W4A16.  Environment variables
 (HUMMING_JAX_DECODE_PREPASS, HUMMING_JAX_PERMUTE_K) pick the form; run it once per form.
-``--variants s1,s4,s8w8``: the one-launch pre-pass split over S programs per row with W
-warps each (act_prepass.decode_splits), one process.
+``--variants s1w4,s4w8``: the one-launch pre-pass split over S programs per row with W
+warps each (act_prepass.decode_splits; without w<W> the default warps: DECODE_WARPS at
+M <= 16 since session 53), one process.
 
   PYTHONPATH=. python3 benchmarks/probe_w4a8_decode.py --specs w4a8-fp8,w4a8-mxfp4 --ms 1,16
 """
@@ -33,7 +34,9 @@ def main():
   ap.add_argument("--k", type=int, default=8192)
   ap.add_argument("--variants", default="", help="s<S>[w<W>],...: pre-pass splits / warps")
   args = ap.parse_args()
-  env = {v: os.environ.get(v, "") for v in ("HUMMING_JAX_DECODE_PREPASS", "HUMMING_JAX_PERMUTE_K")}
+  env = {v: os.environ.get(v, "") for v in ("HUMMING_JAX_DECODE_PREPASS", "HUMMING_JAX_PERMUTE_K",
+                                             "HUMMING_JAX_PREPASS_SPLITS",
+                                             "HUMMING_JAX_PREPASS_WARPS")}
   print("#", common.device_info(), env, flush=True)
   for name in args.specs.split(","):
     spec = hj.QuantSpec.preset(name)
@@ -45,11 +48,12 @@ def main():
       xs = [jax.random.normal(jax.random.key(m + i), (m, args.k), jnp.bfloat16)
             for i in range(LAYERS)]
       for variant in args.variants.split(",") if args.variants else [""]:
-        hit = re.fullmatch(r"s(\d+)(?:w(\d+))?", variant) if variant else None
-        if variant and not hit:
-          raise SystemExit(f"--variants: {variant!r} is not s<S>[w<W>]")
-        os.environ["HUMMING_JAX_PREPASS_SPLITS"] = hit[1] if hit else ""
-        os.environ["HUMMING_JAX_PREPASS_WARPS"] = (hit[2] or "") if hit else ""
+        if variant:  # (no --variants: the environment as given)
+          hit = re.fullmatch(r"s(\d+)(?:w(\d+))?", variant)
+          if not hit:
+            raise SystemExit(f"--variants: {variant!r} is not s<S>[w<W>]")
+          os.environ["HUMMING_JAX_PREPASS_SPLITS"] = hit[1]
+          os.environ["HUMMING_JAX_PREPASS_WARPS"] = hit[2] or ""  # "": the default
         # a fresh function per variant: the switches are read while tracing
         fn = jax.jit(lambda ps, xs: [hj.quant_dense(p, x) for p, x in zip(ps, xs)])
         jax.block_until_ready(fn(ps, xs))

@@ -272,12 +272,13 @@ def test_decode_codes_are_the_xla_prepass(name, m, k, dtype, carrier):
 
 
 @pytest.mark.parametrize("splits", [2, 8])
-@pytest.mark.parametrize("m,k", [(1, 8192), (3, 7168)])
+@pytest.mark.parametrize("m,k", [(1, 8192), (3, 7168), (2, 9216)])
 def test_split_rows_are_the_same(splits, m, k):
   """Rows split over ``splits`` programs (each reads the whole row for the amax and
   converts 1/splits of it): XLA's codes and scales (int8 in the carrier, fp8 as 16-bit
   values) and fake quantization bit for bit, as with one program per row; the 7168-column
-  rows split into 896-column parts (chunks of 128)."""
+  rows split into 896-column parts (chunks of 128); 9216 columns are past MAX_HELD_K (the
+  amax re-reads its chunks)."""
   x = _x(max(m, 4), k, seed=splits + k)[:m]
   for name, carrier in (("w8a8-int8", True), ("w8a8-fp8", False)):
     spec = _spec(name)
@@ -308,6 +309,7 @@ def test_decode_splits_rule(monkeypatch):
   assert act_prepass.decode_warps(top) == act_prepass.DECODE_WARPS
   assert act_prepass.decode_splits(8192, top + 1) == 1
   assert act_prepass.decode_warps(top + 1) == 0  # NUM_WARPS' rule
+  assert act_prepass.decode_warps(top + 1, splits=4) == act_prepass.DECODE_WARPS
   big = _x(top + 1, 1024, 5)
   assert re.findall(r"grid=\(([0-9, ]+)\)", str(jax.make_jaxpr(
       lambda x: act_prepass.decode_codes_rows(x, QuantSpec.preset("w8a8-int8"),
@@ -318,11 +320,17 @@ def test_decode_splits_rule(monkeypatch):
   assert act_prepass.decode_splits(768) == 2
   x = _x(4, 1024, 3)[:2]
   spec = QuantSpec.preset("w8a8-int8")
-  grid = lambda: re.findall(r"grid=\(([0-9, ]+)\)", str(jax.make_jaxpr(
-      lambda x: act_prepass.decode_codes_rows(x, spec, interpret=True))(x)))
-  assert grid() == ["2, 8"]
+  launch = lambda: re.findall(r"grid=\(([0-9, ]+)\)|num_warps=([0-9]+)", str(
+      jax.make_jaxpr(lambda x: act_prepass.decode_codes_rows(x, spec, interpret=True))(x)))
+  assert sorted(launch()) == [("", str(act_prepass.DECODE_WARPS)), ("2, 8", "")]
   monkeypatch.setenv(act_prepass.SPLITS_ENV, "1")
-  assert grid() == ["2, 1"]
+  monkeypatch.setenv(act_prepass.WARPS_ENV, "16")
+  assert sorted(launch()) == [("", "16"), ("2, 1", "")]  # both reach a fresh trace
+  monkeypatch.setenv(act_prepass.WARPS_ENV, "6")
+  with pytest.raises(ValueError, match="HUMMING_JAX_PREPASS_WARPS=6: expected 0 .the "
+                                       "default rule. or a power of two up to 32"):
+    act_prepass.decode_warps(1)
+  monkeypatch.delenv(act_prepass.WARPS_ENV)
   monkeypatch.setenv(act_prepass.SPLITS_ENV, "3")
   with pytest.raises(ValueError, match="HUMMING_JAX_PREPASS_SPLITS=3: expected a power of "
                                        "two"):

@@ -313,9 +313,10 @@ def test_split_decode_prepass_lowers_for_h200(splits, m, k):
   from humming_jax.kernels import act_prepass
   x = jax.ShapeDtypeStruct((m, k), jnp.bfloat16)
   spec = hj.QuantSpec.preset("w8a8-int8")
-  text = lower_for_h200(lambda x: act_prepass.decode_codes_rows(
-      x, spec, codes_dtype=jnp.int8, splits=splits), x)
+  fn = lambda x: act_prepass.decode_codes_rows(x, spec, codes_dtype=jnp.int8, splits=splits)
+  text = lower_for_h200(fn, x)
   assert "act_decode_codes_int8" in text
+  assert f"grid=({m}, {splits})" in str(jax.make_jaxpr(fn)(x))  # the grid lowered
   spec = hj.QuantSpec.preset("w4a8-mxfp4")
   text = lower_for_h200(lambda x: act_prepass.fake_quantize_rows(x, spec, splits=splits), x)
   assert "act_fake_quant_fp8_e4m3" in text

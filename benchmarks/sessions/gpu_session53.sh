@@ -4,6 +4,8 @@
 #         (act_prepass.decode_splits) and the existing one-launch pre-pass tests.
 #   p53:  W8A8 decode (bench_w8a8.py --decode-study, CUPTI kernel time, one process): the
 #         one-launch codes with S programs per row / W warps (decode_mgpu_s<S>[w<W>]).
+#         Calls 1-2 ran before DECODE_WARPS = 8: their s<S> labels without w<W> meant 4
+#         warps (now 8 at M <= 16); the defaults here name the warps (s1w4: the old form).
 #   q53:  W4A8 decode (probe_w4a8_decode.py, one process): the same pre-pass variants.
 #   c53:  W8A8 decode on other Mosaic launches (decode_mgpu_c<stages>x<substeps>x<wgs>).
 #   r53:  the decode route GPU tests with the default the A/B picked.
@@ -16,14 +18,14 @@ s_t53() {
 s_p53() {
   BENCH_W8A8_DECODE_SPECS=${DS:-w8a8-int8,w8a8-fp8} T ${WT:-400} python3 benchmarks/bench_w8a8.py \
     --decode-study --kernel-times --ms ${MS:-1,16} --calls 20 --repeats 2 \
-    --decode-labels ${LB:-decode_mgpu,decode_mgpu_s2,decode_mgpu_s4,decode_mgpu_s8,decode_mgpu_s1w8,decode_mgpu_s4w8} \
+    --decode-labels ${LB:-decode_mgpu,decode_mgpu_s1w4,decode_mgpu_s2w8,decode_mgpu_s4w16,decode_mgpu_s8w8} \
     --json "$OUT/p53.json" > "$OUT/p53.log" 2>&1
   echo "p53 rc=$?"
   grep -E "^\{|rror" "$OUT/p53.log" | sed -E "s/'[a-z_0-9]+_kernels': \{[^}]*\}, //g" | cut -c1-900
 }
 s_q53() {
   T ${QT:-240} python3 benchmarks/probe_w4a8_decode.py --specs ${QS:-w4a8-fp8,w4a8-mxfp4} \
-    --ms ${MS:-1,16} --variants ${QV:-s1,s2,s4,s8,s1w8,s4w8} > "$OUT/q53.log" 2>&1
+    --ms ${MS:-1,16} --variants ${QV:-s1w4,s2w8,s4w8,s4w16,s8w8} > "$OUT/q53.log" 2>&1
   echo "q53 rc=$?"; grep -E "kernels|rror" "$OUT/q53.log" | cut -c1-300
 }
 s_c53() {

@@ -17,8 +17,9 @@ probe_act_prepass.py``, NOTES.md v20.  The decode form folds its chunks elementw
 reduces across threads once per row, NaN counted as inf: H200 session 46, K = 8192,
 M = 1 / 16, fp8: 2.58 / 2.70 us against 2.93 / 2.98 with a reduction per chunk and a
 second one for NaN / inf (the same call, ``benchmarks/probe_w4a8_decode.py``); since
-session 53 each row is split over ``DECODE_SPLITS`` programs of ``DECODE_WARPS`` warps
-(each reads the row whole for its amax and converts its part): ~0.5-0.7 us less.
+session 53 each row of up to ``SPLIT_MAX_M`` rows is split over ``DECODE_SPLITS``
+programs of ``DECODE_WARPS`` warps (each reads the row whole for its amax and converts its
+part): 0.40-0.79 us less on H100s.
 
 The semantics are ``quantize_activations``'s for per-token float32 scales: scale =
 amax / qmax (1 where the row is all zero), NaN where the row holds NaN / inf, values
@@ -122,14 +123,18 @@ def _launch(x: jax.Array, spec: QuantSpec, block_rows: int, out_dtype, *,
   ``dequantize`` the dequantized values; (M, 1) float32 scales).  ``decode`` (default:
   ``dequantize``): the amax folded over the chunks first, one reduction per row.
   ``splits``: programs per row (decode; :func:`decode_splits`), each converting 1/splits
-  of the row's columns; ``warps``: per program (default ``NUM_WARPS``)."""
+  of the row's columns; ``warps``: per program (None or 0: ``NUM_WARPS``' rule; the
+  decode entry points pass :func:`decode_warps`)."""
   decode = dequantize if decode is None else decode
   m, k = x.shape
   fmt = spec.act_format.name
   held = k <= MAX_HELD_K
-  if splits > 1 and (not decode or k % (128 * splits)):
+  if splits > 1 and not decode:
+    raise ValueError(f"splits={splits}: expected 1 for the prefill form (only the decode "
+                     f"form splits rows)")
+  if splits > 1 and k % (128 * splits):
     raise ValueError(f"splits={splits}: the decode form splits rows into parts of a "
-                     f"multiple of 128 columns (K={k}, decode={decode})")
+                     f"multiple of 128 columns (K={k})")
   part = k // splits if splits > 1 else 0
   row = lambda i, j: (i, 0)
   in_specs = [pl.BlockSpec((block_rows, k), row)]
@@ -164,11 +169,13 @@ def _launch(x: jax.Array, spec: QuantSpec, block_rows: int, out_dtype, *,
 # 1 x 4 warps 2.49 / 2.38 / 2.62; 2.62 / 2.48 -> 4 x 8 warps 1.95 / 1.96 / 1.93;
 # 2.07 / 2.08 (4 x 16: within 0.05 of it; 8 x 8 and 16 x 8 lose at M = 16: 2.2-2.6).
 # Timed at M = 1 / 16 only: more rows (W4A8's decode route takes up to 511, MoE tiles)
-# keep one program of NUM_WARPS per row, where S programs would re-read S times the rows.
+# keep one program per row with NUM_WARPS' warps (4, or 8 where K > MAX_HELD_K), where S
+# programs would read the rows S times.
 DECODE_SPLITS = 4
 DECODE_WARPS = 8
 SPLIT_MAX_M = 16
-SPLITS_ENV = "HUMMING_JAX_PREPASS_SPLITS"  # overrides for device A/Bs (every M)
+# Overrides for device A/Bs, at every M (split programs default to DECODE_WARPS warps)
+SPLITS_ENV = "HUMMING_JAX_PREPASS_SPLITS"
 WARPS_ENV = "HUMMING_JAX_PREPASS_WARPS"
 
 
@@ -184,10 +191,15 @@ def decode_splits(k: int, m: int = 1) -> int:
   return s
 
 
-def decode_warps(m: int) -> int:
-  """Warps per program of the decode form for M rows: ``DECODE_WARPS`` up to
-  ``SPLIT_MAX_M`` rows (or HUMMING_JAX_PREPASS_WARPS), else 0: ``NUM_WARPS``' rule."""
-  return tuning.env_int(WARPS_ENV, DECODE_WARPS if m <= SPLIT_MAX_M else 0)
+def decode_warps(m: int, splits: int = 1) -> int:
+  """Warps per program of the decode form for M rows split over ``splits`` programs:
+  ``DECODE_WARPS`` up to ``SPLIT_MAX_M`` rows or wherever rows are split, else 0
+  (``NUM_WARPS``' rule); HUMMING_JAX_PREPASS_WARPS (a power of two) overrides."""
+  w = tuning.env_int(WARPS_ENV, DECODE_WARPS if m <= SPLIT_MAX_M or splits > 1 else 0)
+  if w & (w - 1) or w > 32:
+    raise ValueError(f"{WARPS_ENV}={w}: expected 0 (the default rule) or a power of two "
+                     f"up to 32")
+  return w
 
 
 @functools.partial(jax.jit, static_argnames=("spec", "rows", "kp", "interpret"))
@@ -211,7 +223,8 @@ def quantize_rows(x: jax.Array, spec: QuantSpec, *, rows: int, kp: int,
   return a[:rows], s[:rows]
 
 
-# Rows per program of fake_quantize_rows (decode: a program per token row, no padding).
+# Rows per program of the decode form (fake_quantize_rows, decode_codes_rows: one token
+# row, split over decode_splits programs; no padding).
 FAKE_BLOCK_ROWS = 1
 
 
@@ -244,9 +257,9 @@ def fake_quantize_rows(x: jax.Array, spec: QuantSpec, *, interpret: bool = False
     raise ValueError(f"spec {spec.name}, x {x.shape} {x.dtype}: the one-pass fake "
                      f"quantization takes dynamic per-token fp8 / int8 specs with float32 "
                      f"scales and bfloat16 / float16 (M, K) x with K a multiple of 128")
-  return _fake_quantize_rows(x, spec, interpret=interpret,
-                             splits=_resolve_splits(splits, *x.shape),
-                             warps=decode_warps(x.shape[0]))
+  splits = _resolve_splits(splits, *x.shape)
+  return _fake_quantize_rows(x, spec, interpret=interpret, splits=splits,
+                             warps=decode_warps(x.shape[0], splits))
 
 
 @functools.partial(jax.jit, static_argnames=("spec", "interpret", "splits", "warps"))
@@ -275,9 +288,9 @@ def decode_codes_rows(x: jax.Array, spec: QuantSpec, *, codes_dtype=None,
   if codes_dtype not in (carrier, x.dtype):
     raise ValueError(f"codes_dtype={codes_dtype}: expected the spec's carrier {carrier} or "
                      f"x.dtype {x.dtype}")
+  splits = _resolve_splits(splits, *x.shape)
   return _decode_codes_rows(x, spec, codes_dtype=codes_dtype, interpret=interpret,
-                            splits=_resolve_splits(splits, *x.shape),
-                            warps=decode_warps(x.shape[0]))
+                            splits=splits, warps=decode_warps(x.shape[0], splits))
 
 
 @functools.partial(jax.jit, static_argnames=("spec", "codes_dtype", "interpret", "splits",
