@@ -205,7 +205,7 @@ def decode_activations(x: jax.Array, params: QuantizedWeight, *,
   quantize-dequantize, two launches.  H200 session 42: the one launch costs about what
   the two did (2.6-2.9 us at 8192, against session 21's ~2.9; no same-run A/B); since
   session 53 rows split over four programs at M <= 16 (``act_prepass.decode_splits``):
-  1.85-2.1 us on H100s, 0.5-0.8 below the one-program form in the same process.  The
+  1.85-2.1 us on H100s, 0.6-0.8 below the one-program form in the same process.  The
   CPU interpreter keeps XLA's (as ``w8a8.act_operands`` does)."""
   if (x.shape[0] < w8a8.FUSED_PREPASS_MIN_M
       and act_prepass.decode_launch_applies(x, params.spec, interpret=interpret)):
