@@ -71,7 +71,7 @@ def quantized_layers(spec_name, ws):
   if key not in _QUANT_CACHE:
     _QUANT_CACHE.clear()  # one weight set at a time: keep device memory bounded
     name, _, family = spec_name.partition("@")  # <preset>@<kernel family>: hj.prepare's
-    spec = hj.QuantSpec.preset(name) if name in hj.PRESETS else name  # kernel= choice
+    spec = common.spec_arg(name)  # (family: hj.prepare's kernel= choice)
     quant = jax.jit(hj.quantize, static_argnums=1)
     qs = [quant(w, spec) for w in ws]
     prep = jax.jit(lambda q: hj.prepare(q, kernel=family or None))
@@ -107,6 +107,8 @@ def bench_point(spec_name, k, n, m, ws, x, *, calls, repeats, check=True, config
   nbytes = weight_bytes(qs[0])
   res["weight_bytes"] = nbytes
   res["tbps"] = nbytes / (t["us"] * 1e-6) / 1e12
+  if "kernel_us" in res:  # the effective rate by device time (issue 3's A16 formats)
+    res["kernel_tbps"] = nbytes / (res["kernel_us"] * 1e-6) / 1e12
   res["tflops"] = 2 * m * n * k / (t["us"] * 1e-6) / 1e12
   return res, qs
 
@@ -239,7 +241,7 @@ def prepass_kernel_applies(spec_name: str, m: int) -> bool:
   """The spec's prefill pre-pass can take the one-pass kernel at this M (so an
   ``+xla-prepass`` row differs from the default)."""
   from humming_jax.kernels import act_prepass, w8a8  # noqa: PLC0415
-  spec = hj.QuantSpec.preset(spec_name)
+  spec = common.spec_arg(spec_name)
   return act_prepass.supports(spec) and m >= w8a8.FUSED_PREPASS_MIN_M
 
 
@@ -280,7 +282,8 @@ def print_row(r, flush=False):
     print(f"{r['shape']:<18} M={r['M']:<5} {r['spec']:<16} ERROR {r['error']}", flush=flush)
     return
   h = r.get("humming_us")
-  kern = f"kernels={r['kernel_us']:.1f}  " if "kernel_us" in r else ""
+  kern = (f"kernels={r['kernel_us']:.1f} ({r['kernel_tbps']:.2f} TB/s)  "
+          if "kernel_us" in r else "")
   kern += f"span={r['span_us']:.1f}  " if "span_us" in r else ""
   print(f"{r['shape']:<18} M={r['M']:<5} {r['spec']:<16} {r['us']:8.1f} us  {kern}"
         f"{r['tbps']:5.2f} TB/s {r['tflops']:6.1f} TF/s  err={r.get('rel_err', 0):.1e}  "

@@ -22,6 +22,36 @@ import numpy as np
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
+def spec_arg(name: str):
+  """A benchmark's spec argument: a preset name (``w4a16-g128``), else
+  ``<weight>:<granularity>[:zp][:<scale_dtype>]`` with granularity ``g<size>``, ``ch``
+  or ``t`` (``int3:g128``, ``uint3:g128:zp``, ``fp8_e5m2:ch``) for the formats no preset
+  names."""
+  from humming_jax.spec import PRESETS, SCALE_DTYPES, QuantSpec  # noqa: PLC0415
+  if name in PRESETS:
+    return PRESETS[name]
+  weight, _, rest = name.partition(":")
+  parts = rest.split(":") if rest else []
+  if not parts:
+    raise ValueError(f"spec {name!r}: expected a preset ({sorted(PRESETS)}) or "
+                     f"<weight>:<g<size>|ch|t>[:zp][:<scale_dtype>]")
+  gran, kw = parts[0], {}
+  if gran.startswith("g") and gran[1:].isdecimal():
+    kw.update(granularity="group", group_size=int(gran[1:]))
+  elif gran in ("ch", "t"):
+    kw.update(granularity="channel" if gran == "ch" else "tensor")
+  else:
+    raise ValueError(f"spec {name!r}: granularity {gran!r}: expected g<size>, ch or t")
+  for extra in parts[1:]:
+    if extra == "zp":
+      kw["zero_point"] = True
+    elif extra in SCALE_DTYPES:
+      kw["scale_dtype"] = extra
+    else:
+      raise ValueError(f"spec {name!r}: {extra!r}: expected zp or one of {SCALE_DTYPES}")
+  return QuantSpec(weight, **kw)
+
+
 @jax.tree_util.register_pytree_node_class
 class Unshared:
   """A chain input (an array or a pytree, e.g. MoE's (x, group_sizes)) that every layer
