@@ -107,7 +107,7 @@ def bench_point(spec_name, k, n, m, ws, x, *, calls, repeats, check=True, config
   nbytes = weight_bytes(qs[0])
   res["weight_bytes"] = nbytes
   res["tbps"] = nbytes / (t["us"] * 1e-6) / 1e12
-  if "kernel_us" in res:  # the effective rate by device time (issue 3's A16 formats)
+  if res.get("kernel_us"):  # the effective rate by device time (issue 3's A16 formats)
     res["kernel_tbps"] = nbytes / (res["kernel_us"] * 1e-6) / 1e12
   res["tflops"] = 2 * m * n * k / (t["us"] * 1e-6) / 1e12
   return res, qs
@@ -241,7 +241,7 @@ def prepass_kernel_applies(spec_name: str, m: int) -> bool:
   """The spec's prefill pre-pass can take the one-pass kernel at this M (so an
   ``+xla-prepass`` row differs from the default)."""
   from humming_jax.kernels import act_prepass, w8a8  # noqa: PLC0415
-  spec = common.spec_arg(spec_name)
+  spec = common.spec_arg(spec_name.partition("@")[0])
   return act_prepass.supports(spec) and m >= w8a8.FUSED_PREPASS_MIN_M
 
 
@@ -282,8 +282,8 @@ def print_row(r, flush=False):
     print(f"{r['shape']:<18} M={r['M']:<5} {r['spec']:<16} ERROR {r['error']}", flush=flush)
     return
   h = r.get("humming_us")
-  kern = (f"kernels={r['kernel_us']:.1f} ({r['kernel_tbps']:.2f} TB/s)  "
-          if "kernel_us" in r else "")
+  kern = f"kernels={r['kernel_us']:.1f}  " if "kernel_us" in r else ""
+  kern += f"({r['kernel_tbps']:.2f} TB/s)  " if "kernel_tbps" in r else ""
   kern += f"span={r['span_us']:.1f}  " if "span_us" in r else ""
   print(f"{r['shape']:<18} M={r['M']:<5} {r['spec']:<16} {r['us']:8.1f} us  {kern}"
         f"{r['tbps']:5.2f} TB/s {r['tflops']:6.1f} TF/s  err={r.get('rel_err', 0):.1e}  "

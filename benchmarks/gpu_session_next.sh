@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
-# Session 53 (2026-12-06): four calls, all on H100s though an H200 was asked for
+# Session 53 (2026-12-06): five calls, all on H100s though an H200 was asked for
 # (benchmarks/results/2026-12-06-session53; sessions/gpu_session53.sh t53 p53 q53 / q53 c53
-# / r53 q53 + gpu_session52.sh h8 / h8 q53).  Landed: the decode pre-pass split over four
-# programs of eight warps per row (act_prepass.decode_splits; GPU-tested, 75 passed).
+# / r53 q53 + gpu_session52.sh h8 / h8 q53 / the final tree's tests).  Landed: the decode
+# pre-pass split over four programs of eight warps per row at M <= 16 (act_prepass.
+# decode_splits; GPU-tested: 75 passed, the final tree 53 passed).
 # First in the next device session, on an H200 (carry [".whl"]):
 #   gpu_session52.sh h8, then QV=s1w4,s4w8 gpu_session53.sh q53 (W8A8 decode against
 #   <= 20 us and W4A8 with the new pre-pass: predicted 19.6-20.0 at M = 1, 20.3-20.6 at
 #   M = 16), then gpu_session53.sh af (issue 3's "every other A16 format >= 2.2 TB/s":
-#   the Pallas-Triton formats int1-3, 5-7, fp6, e5m2 never timed), then session 52's list.
+#   the Pallas-Triton formats uint1, int2-3, int5-7, fp6, e5m2 never timed), then session
+#   52's list.
 # Session 52 (2026-12-06): five calls, 1-3 on H100s, 4-5 on an H200 (benchmarks/results/
 # 2026-12-06-session52; gpu_session51.sh t51 + pp, sessions/gpu_session52.sh t52 m8 h8
 # (twice), t52 m8 h8 cp, bench_dense issue 3 decode rows).  Landed: the W8A8 decode's

@@ -20,6 +20,13 @@ in the Mosaic GPU interpreter (plgpu.InterpretGPUParams) against numpy: amax exa
 bit-equal, s exact, y == (codes @ w^T) * s exactly.  Stage 1 also tries other reduction
 forms to record which lower.  Prints PASS / FAIL per check; exits 0 either way.
 
+What it shows and what not: the pieces at K = 1024, with the whole row resident (every
+chunk in SMEM and in registers, a (block_m, K) code tile); the streamed form a K = 8192
+kernel needs (an amax pass, then per-step quantization) is not built here.  Lowering stops
+before ptxas (register pressure untested), the interpreter ignores layouts, and the
+``threads=2`` variants run the same work in both warpgroups (they show it lowers, not
+that warpgroups synchronise).
+
   python benchmarks/probe_inkernel_quant.py
 """
 from __future__ import annotations
@@ -112,7 +119,7 @@ def build(stage, bm, form="rows", threads=1, interpret=False, x_swizzled=False):
         t = jnp.clip(v / sb, -128.0, 127.0) + RNE_MAGIC
         q = (lax.bitcast_convert_type(t, jnp.int32) - MAGIC_BITS).astype(jnp.int8)
         x8_smem.at[:, pl.ds(c * CH, CH)][...] = q
-    plgpu.commit_smem()  # generic-proxy SMEM writes -> TMA / WGMMA, and across warps
+    plgpu.commit_smem()  # generic-proxy SMEM writes -> TMA / WGMMA (within the warpgroup)
     if stage >= 3:
       plgpu.barrier_wait(w_bar)
 
@@ -196,7 +203,6 @@ def lowers(stage, m, **kw):
   x = jax.ShapeDtypeStruct((m, K), jnp.bfloat16)
   w = jax.ShapeDtypeStruct((N, K), jnp.int8)
   text = lower_for_h200(padded_call(stage, m, **kw), x, w)
-  assert "custom_call" in text, "no kernel launch in the lowered module"
   return f"{len(text)} chars"
 
 

@@ -11,8 +11,11 @@
 #   r53:  the decode route GPU tests with the default the A/B picked.
 #   af:   issue 3's "every other A16 format at M <= 16: >= 2.2 TB/s effective" (codes +
 #         scales + zero points over the layer's time; bench_dense.py's TB/s column and
-#         --kernel-times), the formats no preset names through common.spec_arg: never
-#         timed on the Pallas-Triton wna16 kernel (int1-3, 5-7, fp6, e5m2).  Not run yet.
+#         --kernel-times), the formats no preset names through common.spec_arg: on the
+#         Pallas-Triton wna16 kernel, never timed, uint1 / int2 / uint2 / int3 / uint3 /
+#         int5-7 / uint5 / fp6 e2m3 (MXFP6) and e3m2 / fp8 e5m2; beside them MXFP8 weight-
+#         only (fp8_e4m3 g32 e8m0, the Mosaic kernel) and four Mosaic presets.  One run and
+#         one JSON per M.  Not run yet.
 #   h8, m8, t52: gpu_session52.sh's.
 source "$(dirname "$0")/../gpu_env.sh"
 s_t53() {
@@ -44,14 +47,18 @@ s_r53() {
   gpu_tests ${ST:-300} "${R53K:-decode_mgpu or decode_codes_gpu or fake_quant_gpu or split or decode_gpu}" \
     tests/test_act_prepass.py tests/test_w8a8_mgpu.py tests/test_wnam_mgpu.py
 }
-AF_SPECS="int2:g128,uint2:g128:zp,int3:g128,uint3:g128:zp,int5:g128,int6:g128,int7:g128"
+AF_SPECS="uint1:g128:zp,int2:g128,uint2:g128:zp,int3:g128,uint3:g128:zp,int5:g128,uint5:g128:zp"
+AF_SPECS+=",int6:g128,int7:g128"
 AF_SPECS+=",fp6_e2m3:g32:e8m0,fp6_e3m2:g128,fp8_e5m2:ch,fp8_e4m3:g32:e8m0"
 AF_SPECS+=",w4a16-ch,w4a16-mxint4,w8a16,w8a16-fp8"
 s_af() {
-  T ${AT:-540} python3 benchmarks/bench_dense.py --specs ${AF:-$AF_SPECS} --ms ${MS:-1,16} \
-    --kernel-times --no-baselines --calls 20 --repeats 2 --json "$OUT/af.json" \
-    > "$OUT/af.log" 2>&1
-  echo "af rc=$?"; grep -E "kernels=|rror" "$OUT/af.log" | cut -c1-200 | tail -40
+  local m
+  for m in ${MS:-1 16}; do
+    T ${AT:-270} python3 benchmarks/bench_dense.py --specs ${AF:-$AF_SPECS} --ms $m \
+      --kernel-times --no-baselines --calls 20 --repeats 2 --json "$OUT/af_m$m.json" \
+      > "$OUT/af_m$m.log" 2>&1
+    echo "af M=$m rc=$?"; grep -E "kernels=|rror" "$OUT/af_m$m.log" | cut -c1-200 | tail -20
+  done
 }
 for s in ${@:-t53}; do
   case "$s" in
