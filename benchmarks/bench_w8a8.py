@@ -228,11 +228,8 @@ def _prepass_variants(labels: str):
       config = dataclasses.replace(base, stages=int(cfg[1]), substeps=int(cfg[2]),
                                    warpgroups=int(cfg[3]))
       out.append((label, {"decode_mgpu": True, "config": config}, {}))
-    hit = re.fullmatch(r"decode_mgpu_s(\d+)(?:w(\d+))?", label)
-    if hit:
-      env = {"HUMMING_JAX_PREPASS_SPLITS": hit[1]}
-      if hit[2]:
-        env["HUMMING_JAX_PREPASS_WARPS"] = hit[2]
+    env = common.prepass_variant_env(label.removeprefix("decode_mgpu_"))
+    if env:
       out.append((label, {"decode_mgpu": True}, env))
     elif not cfg and label.startswith(("decode_mgpu_s", "decode_mgpu_c")):
       raise SystemExit(f"--decode-labels: {label!r} is neither decode_mgpu_s<S>[w<W>] nor "

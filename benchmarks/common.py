@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -20,6 +21,17 @@ import jax.numpy as jnp
 import numpy as np
 
 RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def prepass_variant_env(variant: str) -> dict[str, str] | None:
+  """``s<S>[w<W>]``: the decode pre-pass split over S programs per row, W warps each
+  (act_prepass.decode_splits / decode_warps), as the environment those switches read at
+  trace time (no w<W>: "", the default warps); None for any other string."""
+  from humming_jax.kernels import act_prepass  # noqa: PLC0415
+  hit = re.fullmatch(r"s(\d+)(?:w(\d+))?", variant)
+  if not hit:
+    return None
+  return {act_prepass.SPLITS_ENV: hit[1], act_prepass.WARPS_ENV: hit[2] or ""}
 
 
 def spec_arg(name: str):

@@ -40,9 +40,11 @@ from jax.experimental import pallas as pl
 from jax.experimental.mosaic.gpu import fragmented_array as mfa
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
+from humming_jax.kernels import act_prepass, wna16_mgpu
+
 K, CH, BK, N = 1024, 256, 128, 64  # K, x chunk per TMA, WGMMA K tile, weight rows (A M)
-RNE_MAGIC = 12582912.0  # 1.5 * 2**23, as kernels/act_prepass.py
-MAGIC_BITS = int(np.float32(RNE_MAGIC).view(np.int32))
+# the pre-pass's round-to-nearest-even by the float's bits (one definition of it)
+RNE_MAGIC, MAGIC_BITS = act_prepass._RNE_MAGIC, act_prepass._MAGIC_BITS  # noqa: SLF001
 # XLA (hence the interpreter and quantize_activations under jit) rewrites amax / 127 as
 # amax * float32(1 / 127), 1 ulp off the true quotient in ~4 % of rows; a GPU divf would
 # not.  The kernel multiplies by the reciprocal explicitly, so every backend agrees.
@@ -68,9 +70,8 @@ def rows_layout(cols):
                             vector_dim=-1)
 
 
-def swizzled(cols, bits):  # as wna16_mgpu._swizzled
-  sw = plgpu.find_swizzle(cols * bits)
-  return (plgpu.TilingTransform((8, sw * 8 // bits)), plgpu.SwizzleTransform(sw))
+def swizzled(cols, bits):  # the kernel's own transforms for a tile of that width
+  return wna16_mgpu._swizzled(cols, bits, "probe tile")  # noqa: SLF001
 
 
 def build(stage, bm, form="rows", threads=1, interpret=False, x_swizzled=False):

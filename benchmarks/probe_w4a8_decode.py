@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import sys
 
 import jax
@@ -49,11 +48,10 @@ def main():
             for i in range(LAYERS)]
       for variant in args.variants.split(",") if args.variants else [""]:
         if variant:  # (no --variants: the environment as given)
-          hit = re.fullmatch(r"s(\d+)(?:w(\d+))?", variant)
-          if not hit:
+          env = common.prepass_variant_env(variant)
+          if env is None:
             raise SystemExit(f"--variants: {variant!r} is not s<S>[w<W>]")
-          os.environ["HUMMING_JAX_PREPASS_SPLITS"] = hit[1]
-          os.environ["HUMMING_JAX_PREPASS_WARPS"] = hit[2] or ""  # "": the default
+          os.environ.update(env)
         # a fresh function per variant: the switches are read while tracing
         fn = jax.jit(lambda ps, xs: [hj.quant_dense(p, x) for p, x in zip(ps, xs)])
         jax.block_until_ready(fn(ps, xs))
