@@ -22,6 +22,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 import humming_jax as hj
+from humming_jax import packing
 from humming_jax.kernels import reference, registry, tuning, wna16_mgpu as mg
 from conftest import interpret_clusters
 
@@ -122,6 +123,22 @@ CASES = [  # (spec, M, K, N, bias, config)
     (hj.QuantSpec("fp4_e2m1", "channel", 0), 9, 320, 64, True, mg.Config(64, 2, 1)),  # K pad
     (hj.QuantSpec("fp4_e2m1", "group", 64, scale_dtype="e8m0"), 24, 512, 128, True,
      mg.heuristic(24)),  # one row per tile: scale after the MMA
+    # formats in a wider carrier (mg.carried: 1-3 bits as int4, 5-7 as int8, fp6 as e4m3)
+    # and fp8 e5m2 (session 54), on the 4- and 8-bit formats' routes
+    (hj.QuantSpec("int3", "group", 128), 1, 512, 128, True, mg.heuristic(1)),
+    (hj.QuantSpec("uint3", "group", 64, zero_point=True), 7, 256, 64, False,
+     mg.Config(64, 2, 1)),
+    (hj.QuantSpec("int2", "channel", 0), 16, 384, 64, True, mg.Config(64, 2, 1)),
+    (hj.QuantSpec("uint1", "group", 32, zero_point=True), 3, 256, 64, False,
+     mg.Config(64, 2, 1)),  # several zero rows per tile: Mosaic's conversion
+    (hj.QuantSpec("int6", "group", 128), 5, 512, 128, True, mg.Config(64, 2, 1,
+                                                                     warpgroups=2)),
+    (hj.QuantSpec("uint5", "channel", 0, zero_point=True), 2, 320, 136, True,
+     mg.Config(64, 2, 1)),  # K and N pad
+    (hj.QuantSpec("fp6_e2m3", "group", 32, scale_dtype="e8m0"), 9, 256, 64, False,
+     mg.Config(64, 2, 1)),
+    (hj.QuantSpec("fp6_e3m2", "group", 128), 4, 512, 64, True, mg.heuristic(4)),
+    (hj.QuantSpec("fp8_e5m2", "channel", 0), 3, 384, 200, True, mg.Config(64, 2, 1)),
 ]
 
 
@@ -270,6 +287,45 @@ def test_dequant_gemm_output_gpu(m, k, n, dtype):
   assert e <= 4e-3
 
 
+CARRIED = [hj.QuantSpec(w, "group", 32, zero_point=w.startswith("u"))
+           for w in ("int1", "uint1", "int2", "uint2", "int3", "uint3", "int5", "uint5",
+                     "int6", "uint6", "int7", "uint7", "fp6_e2m3", "fp6_e3m2")]
+
+
+def test_carried_codes_round_trip_every_code():
+  """Every code of every carried format (and of fp8 e5m2) through prepare and back, bit
+  for bit (fp6's -0 included), and the layout's dequantization equal to the canonical
+  one (e5m2's inf and NaN codes too)."""
+  for spec in CARRIED + [hj.QuantSpec("fp8_e5m2", "group", 32)]:
+    bits = spec.weight_bits
+    assert mg.runs(spec) and mg.carried(spec) == (bits != 8), spec.name
+    q = hj.quantize(normal(jax.random.key(1), (256, 64)), spec)
+    codes = (np.arange(256 * 64).reshape(256, 64) * 7 % (1 << bits)).astype(np.uint8)
+    q = q.replace(codes=packing.pack_codes(jnp.asarray(codes), bits))
+    p = mg.prepare(q)
+    assert p.layout.startswith(f"{mg.FAMILY}:b{mg.code_bits(spec)}:"), (spec.name, p.layout)
+    np.testing.assert_array_equal(np.asarray(mg.to_canonical(p).codes), np.asarray(q.codes),
+                                  err_msg=spec.name)
+    np.testing.assert_array_equal(np.asarray(hj.dequantize(p)), np.asarray(hj.dequantize(q)),
+                                  err_msg=spec.name)
+
+
+def test_carried_formats_are_opt_in_until_timed(monkeypatch):
+  """The carried formats run here when prepared for this kernel; quant_dense's default
+  stays the Pallas-Triton kernel unless mg.CARRIERS_BY_DEFAULT (set once GPU-timed)."""
+  spec = hj.QuantSpec("int3", "group", 128)
+  q, x = make(spec, 3, 256, 64, True, seed=5)
+  assert registry.find(spec).name == "wna16"
+  p = hj.prepare(q, kernel=mg.FAMILY)
+  assert p.layout.startswith(f"{mg.FAMILY}:b4:") and p.codes.dtype == jnp.int4
+  y = hj.quant_dense(p, x, backend="interpret")
+  assert rel(y, reference.dense_reference(q, x)) <= TOL
+  monkeypatch.setattr(mg, "CARRIERS_BY_DEFAULT", True)
+  assert registry.find(spec).name == mg.FAMILY
+  # the grouped and W4A8 views of the layout keep the 4- and 8-bit formats
+  assert "weight='int3'" in mg.unsupported_reason(spec)
+
+
 def test_registry_routes_int4_int8_fp4_fp8_here_and_others_to_triton():
   for name in ("w4a16-g128-zp", "w4a16-mxfp4", "w4a16-nvfp4", "w4a16-mxint4", "w8a16",
                "w8a16-fp8"):
@@ -388,9 +444,9 @@ def test_group256_decode_heuristic_adapts_warpgroups(m):
 
 @pytest.mark.parametrize("spec,field", [
     (hj.QuantSpec("int4", "group", 48), "group_size=48"),
-    (hj.QuantSpec("fp6_e2m3", "group", 32), "weight='fp6_e2m3'"),
+    (hj.QuantSpec("fp6_e2m3", "group", 48), "group_size=48"),
     (hj.QuantSpec("int4", "group", 192), "group_size=192"),
-    (hj.QuantSpec("int3", "group", 128), "weight='int3'"),
+    (hj.QuantSpec("int3", "tensor", 0), "granularity='tensor'"),
     (hj.QuantSpec("int4", "tensor", 0), "granularity='tensor'"),
     (hj.QuantSpec.preset("w8a8-int8"), "act='int8'"),
 ])
@@ -435,6 +491,26 @@ def test_quant_dense_gpu(name, m):
   y = jax.jit(lambda p, x: hj.quant_dense(p, x, backend="pallas"))(p, x)
   e = rel(y, jax.jit(reference.dense_reference)(q, x))
   print(f"{name} M={m}: rel err {e:.2e}")
+  assert e <= TOL
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", [1, 16, 128])
+@pytest.mark.parametrize("spec", [
+    hj.QuantSpec("int3", "group", 128), hj.QuantSpec("uint3", "group", 128, zero_point=True),
+    hj.QuantSpec("int2", "group", 128), hj.QuantSpec("uint1", "group", 128, zero_point=True),
+    hj.QuantSpec("uint2", "group", 32, zero_point=True), hj.QuantSpec("int6", "group", 128),
+    hj.QuantSpec("uint5", "channel", 0, zero_point=True),
+    hj.QuantSpec("fp6_e2m3", "group", 32, scale_dtype="e8m0"),
+    hj.QuantSpec("fp6_e3m2", "group", 128), hj.QuantSpec("fp8_e5m2", "channel", 0)],
+    ids=lambda s: s.name)
+def test_carried_formats_gpu(spec, m):
+  """The carried formats and fp8 e5m2 on the GPU kernel (prepared for it by name)."""
+  q, x = make(spec, m, 8192, 8192, True, seed=6)
+  p = jax.jit(lambda q: hj.prepare(q, kernel=mg.FAMILY))(q)
+  y = jax.jit(lambda p, x: hj.quant_dense(p, x, backend="pallas"))(p, x)
+  e = rel(y, jax.jit(reference.dense_reference)(q, x))
+  print(f"{spec.name} M={m}: rel err {e:.2e}")
   assert e <= TOL
 
 

@@ -649,11 +649,12 @@ def e2m1_to_e4m3_folded_interpret(codes: jax.Array, raises: jax.Array, group: in
   return jnp.where(r >= 0, vals, 0.0).astype(jnp.float8_e4m3fn)
 
 
-def e4m3_to_float(codes, dtype):
-  """float8_e4m3fn registers (a Mosaic fragmented array, or a jnp array in the
-  interpreter) -> ``dtype``.  Hopper's ``cvt`` converts e4m3 pairs to f16 only (this
-  ptxas has no e4m3 -> bf16: tests/test_cuda_lowering.py), so bf16 goes through f16;
-  exact either way (e4m3 values, 3 mantissa bits, 2**-9 .. 448, fit both)."""
+def fp8_to_float(codes, dtype):
+  """float8_e4m3fn / float8_e5m2 registers (a Mosaic fragmented array, or a jnp array in
+  the interpreter) -> ``dtype``.  Hopper's ``cvt`` converts e4m3 / e5m2 pairs to f16 only
+  (this ptxas has no e4m3 -> bf16: tests/test_cuda_lowering.py), so bf16 goes through
+  f16; exact either way (e4m3 values, 3 mantissa bits, 2**-9 .. 448; e5m2 values, 2
+  mantissa bits, 2**-16 .. 57344, inf and NaN: fit both)."""
   if jnp.dtype(dtype) == jnp.dtype(jnp.float16):
     return codes.astype(jnp.float16)
   return codes.astype(jnp.float16).astype(dtype)

@@ -83,6 +83,33 @@ Config = tuning.MgpuConfig  # frozen; lives with the other configs in tuning.py
 
 FP4 = "fp4_e2m1"
 FP8 = "fp8_e4m3"  # stored as jnp.float8_e4m3fn codes; converted in registers (cvt)
+FP8_E5M2 = "fp8_e5m2"  # stored as jnp.float8_e5m2 codes; the same cvt (e5m2 -> f16)
+# fp6 codes are stored re-encoded as e4m3 (every fp6 e2m3 / e3m2 value is an e4m3 number:
+# 2 or 3 exponent bits, at most 3 mantissa bits, |x| <= 28 < 448) and take FP8's route.
+FP6 = ("fp6_e2m3", "fp6_e3m2")
+# The float code dtypes of the layout (integers and fp4: _CODE_DTYPE by code_bits).
+_FLOAT_CODE_DTYPE = {FP8: jnp.float8_e4m3fn, FP8_E5M2: jnp.float8_e5m2,
+                     **{name: jnp.float8_e4m3fn for name in FP6}}
+
+
+def code_bits(spec: QuantSpec) -> int:
+  """Bits per stored code of this layout: 4 for fp4 and for integers of 1-4 bits, 8 for
+  integers of 5-8 bits and the fp6 / fp8 formats.  Integers narrower than their carrier
+  are sign-extended (uint: minus 2**(b-1), as the 4- and 8-bit ones), so the carrier's
+  conversion gives each code's exact value; :func:`carried` says which specs those are."""
+  w = spec.weight_format
+  if w.kind in ("int", "uint"):
+    return 4 if w.bits <= 4 else 8
+  return 4 if w.name == FP4 else 8
+
+
+def carried(spec: QuantSpec) -> bool:
+  """Whether the layout stores ``spec``'s codes in a wider carrier than the format
+  (int1-3 / uint1-3 as 4-bit, int5-7 / uint5-7 as 8-bit, fp6 as e4m3 bytes).  The GPU
+  then reads carrier bytes, not the format's packed bits: prepared params take
+  ``code_bits / weight_bits`` times the canonical codes' memory (int3: 4/3, int2: 2x,
+  fp6: 4/3) -- the price of running on this kernel's conversions (NOTES.md, session 54)."""
+  return code_bits(spec) != spec.weight_bits
 
 
 def block_k_for(spec: QuantSpec) -> int:
@@ -105,9 +132,23 @@ def hopper_or_interpreter() -> bool:
   return tuning.is_hopper()
 
 
+# The formats this layout takes since session 54 (unsupported_reason's ``carriers``: the
+# carried integers and fp6, fp8 e5m2) are ``hj.quant_dense``'s default here only once timed
+# against the Pallas-Triton kernel on the GPU (issue 3: the lowering per kernel by
+# measurement); until then ``hj.prepare(q, kernel="wna16_mgpu")`` picks this kernel for them.
+CARRIERS_BY_DEFAULT = False
+
+
+def _priority(spec: QuantSpec, shape) -> int | None:
+  """The registry's rank of ``spec`` here: 1 (over the Pallas-Triton kernel's 0), None
+  (never the default) for the carrier formats unless :data:`CARRIERS_BY_DEFAULT`."""
+  return 1 if CARRIERS_BY_DEFAULT or unsupported_reason(spec) is None else None
+
+
 def supports(spec: QuantSpec) -> bool:
-  """What ``hj.quant_dense`` routes here (registry): every spec of :func:`runs` (4- and
-  8-bit integer, fp4, fp8 e4m3), on a Hopper GPU or in the interpreter.  W8A16 moved here
+  """What this kernel runs on the device (registry): every spec of :func:`runs` (integers,
+  fp4, fp6, fp8), on a Hopper GPU or in the interpreter; ``hj.quant_dense`` routes here by
+  default the 4- and 8-bit integers, fp4 and fp8 e4m3 (:func:`_priority`).  W8A16 moved here
   from the Triton kernel when measured (NOTES.md v9, 8192^2 int8 per channel, CUPTI: 19.8 / 20.6 us
   at M = 1 / 16 here vs 24-28 us for the Triton kernel), and fp8 e4m3 weights when
   measured (session 8, 8192^2 per channel, chain of 8: 26.5 / 28.1 us per layer at
@@ -121,12 +162,19 @@ GROUP_SIZES = (16, 32, 64, 128, 256)
 SCALE_DTYPES = ("bfloat16", "float16", "float32", "e8m0", "fp8_e4m3")
 
 
-def unsupported_reason(spec: QuantSpec) -> str | None:
-  """Why this kernel cannot compute ``spec`` (None: it can)."""
+def unsupported_reason(spec: QuantSpec, *, carriers: bool = False) -> str | None:
+  """Why this kernel cannot compute ``spec`` (None: it can).  ``carriers``: also the
+  formats the dense layout stores in a wider carrier or converts as fp8 (:func:`carried`:
+  int1-8 / uint1-8, fp6, fp8 e5m2); the grouped and W4A8 / W4A4 views of the layout
+  take the 4- and 8-bit formats only."""
   w = spec.weight_format
   if spec.act is not None:
     return f"act={spec.act!r}: weight-only kernel, expected act=None"
-  if not ((w.kind in ("int", "uint") and w.bits in (4, 8)) or w.name in (FP4, FP8)):
+  if carriers and not (w.kind in ("int", "uint") or w.name in (FP4, FP8, FP8_E5M2) + FP6):
+    return (f"weight={spec.weight!r}: expected an int1-8 / uint1-8, fp4_e2m1, fp6 or fp8 "
+            f"format")
+  if not carriers and not ((w.kind in ("int", "uint") and w.bits in (4, 8))
+                           or w.name in (FP4, FP8)):
     return f"weight={spec.weight!r}: expected int4, uint4, int8, uint8, fp4_e2m1 or fp8_e4m3"
   if spec.scale_dtype not in SCALE_DTYPES:
     return f"scale_dtype={spec.scale_dtype!r}: expected one of {SCALE_DTYPES}"
@@ -138,10 +186,11 @@ def unsupported_reason(spec: QuantSpec) -> str | None:
 
 
 def runs(spec: QuantSpec) -> bool:
-  """Whether this kernel computes ``spec`` (any GPU check aside): int4 / int8 (signed) or
-  uint4 / uint8 with zero point, or fp4 e2m1; group 16 ... 256 or per channel; 16-bit,
-  fp32, e8m0 or e4m3 (with a global scale) scales; weight-only."""
-  return unsupported_reason(spec) is None
+  """Whether this kernel computes ``spec`` (any GPU check aside): int1-8 (signed) or
+  uint1-8 with zero point (1-3 / 5-7 bits in a 4- / 8-bit carrier: :func:`carried`), fp4
+  e2m1, fp6 (as e4m3), fp8 e4m3 / e5m2; group 16 ... 256 or per channel; 16-bit, fp32,
+  e8m0 or e4m3 (with a global scale) scales; weight-only."""
+  return unsupported_reason(spec, carriers=True) is None
 
 
 # ----------------------------------------------------------------------------------------
@@ -154,7 +203,7 @@ def permutes(spec: QuantSpec) -> bool:
   K tile or none (smaller groups with zero points take Mosaic's conversion) -- unless
   HUMMING_JAX_PERMUTE_K=0 (every spec: the K order, e.g. for a jax whose Mosaic GPU lays
   the int4 registers out otherwise) or HUMMING_JAX_INT4_PTX=0 (int4) turns it off."""
-  if (spec.weight_bits != 4 or unsupported_reason(spec) is not None
+  if (code_bits(spec) != 4 or not runs(spec)
       or not tuning.env_flag("HUMMING_JAX_PERMUTE_K", True)):
     return False
   return (spec.weight_format.name == FP4 or Config().int4_ptx) and _converts_in_place(spec)
@@ -365,20 +414,24 @@ def prepare(params: QuantizedWeight, *, permute: bool | None = None,
   per-column base as ``fold_base`` (layout suffix ":sf", :func:`_folds_scales`): the bf16
   kernel folds each group scale into the conversion's multiply.  Scales stay as above."""
   spec = params.spec
-  if (why := unsupported_reason(spec)) is not None:
+  if (why := unsupported_reason(spec, carriers=True)) is not None:
     raise ValueError(f"spec {spec.name}: not supported by the {FAMILY} kernel ({why})")
   if params.num_experts is not None:
     raise ValueError("stacked experts: use the grouped (MoE) kernels")
   k, n = params.shape
-  bits = spec.weight_bits
+  bits = code_bits(spec)  # the carrier's (carried) or the format's
   bk = block_k_for(spec)
   kp, np_ = -(-k // bk) * bk, -(-n // BLOCK_N) * BLOCK_N
   codes = unpacked_codes(params).astype(jnp.int32)  # raw b-bit patterns
-  offset = (1 << (bits - 1)) if spec.weight_format.kind == "uint" else 0
-  half = 1 << (bits - 1)
+  fmt = spec.weight_format
+  if fmt.name in FP6:  # the e4m3 byte of each value (exact), -0 kept
+    codes = _fp6_as_e4m3(codes, fmt)
+  wide = 8 if fmt.name in FP6 else fmt.bits  # bits of the patterns in `codes` now
+  offset = (1 << (wide - 1)) if fmt.kind == "uint" else 0
+  half = 1 << (wide - 1)
   # Signed value in [-2**(b-1), 2**(b-1)): uint minus the offset, or the int's sign
   # extension -- explicit, not left to a narrowing cast's wrap-around.
-  codes = codes - offset if offset else ((codes + half) & ((1 << bits) - 1)) - half
+  codes = codes - offset if offset else ((codes + half) & ((1 << wide) - 1)) - half
   codes = jnp.pad(codes.T, ((0, np_ - n), (0, kp - k)))
   codes = codes.reshape(np_, kp // bk, bk).transpose(1, 0, 2)
   s = params.scales
@@ -417,8 +470,8 @@ def prepare(params: QuantizedWeight, *, permute: bool | None = None,
   if mma == "fp8":
     codes = mgpu_convert.p8_store(codes)
   codes = codes.astype(_CODE_DTYPE[bits])
-  if spec.weight_format.name == FP8:  # the same byte, typed for the in-register cvt
-    codes = jax.lax.bitcast_convert_type(codes, jnp.float8_e4m3fn)
+  if fmt.name in _FLOAT_CODE_DTYPE:  # the same byte, typed for the in-register cvt
+    codes = jax.lax.bitcast_convert_type(codes, _FLOAT_CODE_DTYPE[fmt.name])
   fold = _folds_scales(spec, mma, permute)
   layout = (f"{FAMILY}:b{bits}:bk{bk}" + (":cs" if column_scaled(spec) else "")
             + (":pk" if permute else "") + (":p8" if mma == "fp8" else "")
@@ -437,19 +490,38 @@ def column_scaled(spec: QuantSpec) -> bool:
   return spec.granularity == "channel"
 
 
+def _fp6_as_e4m3(codes: jax.Array, fmt) -> jax.Array:
+  """fp6 bit patterns -> the e4m3 bytes of the same values (int32): exact, as every fp6
+  value is an e4m3 number; -0 (0x20) becomes e4m3's -0 (0x80)."""
+  e4m3 = fmt.decode(codes, check_nan=False).astype(jnp.float8_e4m3fn)
+  return jax.lax.bitcast_convert_type(e4m3, jnp.uint8).astype(jnp.int32)
+
+
+def _e4m3_as_fp6(codes: jax.Array, fmt) -> jax.Array:
+  """Inverse of :func:`_fp6_as_e4m3` (int8 e4m3 bytes -> int32 fp6 patterns), the sign of
+  -0 kept (``encode`` gives +0 for it)."""
+  vals = jax.lax.bitcast_convert_type(codes.astype(jnp.int8), jnp.float8_e4m3fn
+                                      ).astype(jnp.float32)
+  sign = jnp.signbit(vals).astype(jnp.int32) << (fmt.bits - 1)
+  return fmt.encode(vals).astype(jnp.int32) | sign
+
+
 def to_canonical(prepared: QuantizedWeight) -> QuantizedWeight:
   """Inverse of :func:`prepare` (bit-exact)."""
   spec = prepared.spec
   k, n = prepared.shape
   bits = spec.weight_bits
-  offset = (1 << (bits - 1)) if spec.weight_format.kind == "uint" else 0
+  fmt = spec.weight_format
+  offset = (1 << (bits - 1)) if fmt.kind == "uint" else 0
   t, np_, bk = prepared.codes.shape
   codes = logical_codes(prepared)
-  if codes.dtype == jnp.float8_e4m3fn:
+  if jnp.issubdtype(codes.dtype, jnp.floating):  # fp8 codes: their bytes
     codes = jax.lax.bitcast_convert_type(codes, jnp.int8)
   codes = codes.transpose(1, 0, 2).reshape(np_, t * bk)
-  codes = (codes[:n, :k].astype(jnp.int32).T + offset)
-  codes = (codes & ((1 << bits) - 1)).astype(jnp.uint8)
+  codes = codes[:n, :k].astype(jnp.int32).T
+  if fmt.name in FP6:
+    codes = _e4m3_as_fp6(codes, fmt)
+  codes = ((codes + offset) & ((1 << bits) - 1)).astype(jnp.uint8)
   gk, _ = scale_block(spec, k, n)
   s = prepared.scales[:k // gk if spec.granularity == "group" else 1, :n]
   s = store_scale(s.astype(jnp.float32), spec.scale_dtype)  # exact: values came from it
@@ -576,7 +648,7 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
   else:
     k_tiles, np_, bk = params.codes.shape[-3:]
     kp = k_tiles * bk
-  bits = spec.weight_bits
+  bits = code_bits(spec)  # (carried formats: the carrier's)
   m = x.shape[0]
   if m == 0:
     return jnp.zeros((0, n), output_dtype(x, out_dtype))
@@ -696,7 +768,7 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
   has_zeros = params.zeros is not None
   gpt = bk // scale_k(spec)  # scale (and zero) rows per K tile
   fp4 = spec.weight_format.name == FP4
-  fp8_codes = spec.weight_format.name == FP8
+  fp8_codes = spec.weight_format.name in _FLOAT_CODE_DTYPE  # e4m3 / e5m2 codes (fp6 as e4m3)
   col = column_scaled(spec)  # the scale is an epilogue row, not a row per K tile
   if col and params.scales.shape[-2:] != (1, np_):
     raise ValueError(f"params.scales.shape={params.scales.shape}: expected a (1, {np_}) "
@@ -915,7 +987,7 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
           elif fp4:
             w = mgpu_convert.to_float_interpret(plgpu.layout_cast(w, _WGMMA), cdt)
           elif fp8_codes:
-            w = mgpu_convert.e4m3_to_float(plgpu.layout_cast(w, _WGMMA), cdt)
+            w = mgpu_convert.fp8_to_float(plgpu.layout_cast(w, _WGMMA), cdt)
           elif int4_ptx:  # c - z in one PTX block per pair: z folded into the magic offset
             off = None
             if has_zeros:
@@ -1552,7 +1624,7 @@ def dequant_gemm(params: QuantizedWeight, x: jax.Array) -> jax.Array:
 
 KERNEL = registry.register(registry.DenseKernel(
     name=FAMILY, layout=FAMILY, codes_ndim=3, supports=supports, prepare=prepare,
-    to_canonical=to_canonical, run=run, priority=1,
+    to_canonical=to_canonical, run=run, priority=1, priority_for=_priority,
     # float32, then one rounding (registry.dequantize's contract): the 16-bit form above
     # rounds the scales to dtype first, as the kernel does, not as the canonical values
     dequantize=lambda params, dtype: dequantize_prepared(params, jnp.float32).astype(dtype)))

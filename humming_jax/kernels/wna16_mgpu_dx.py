@@ -108,7 +108,7 @@ def unsupported_reason(params: QuantizedWeight, dy: jax.Array,
   if dy.ndim != 2 or dy.shape[1] != n:
     return f"dy.shape={dy.shape}: expected (M, N={n})"
   t, np_, bk = params.codes.shape[-3:]
-  bits = params.spec.weight_bits
+  bits = wna16_mgpu.code_bits(params.spec)  # the stored codes' (carried formats: wider)
   if bk * bits // 32 < 16:
     return (f"K tile bk={bk} of {bits}-bit codes (groups of {bk}): {bk * bits // 32} words "
             f"per tile row, the dot needs 16 output columns per plane")
@@ -310,7 +310,7 @@ def run(params: QuantizedWeight, dy: jax.Array, group_sizes: jax.Array | None = 
   experts = params.num_experts
   k, n = params.shape[-2:]
   t, np_, bk = params.codes.shape[-3:]
-  bits = spec.weight_bits
+  bits = wna16_mgpu.code_bits(spec)
   per = 32 // bits
   words = bk // per
   m = dy.shape[0]
@@ -369,8 +369,8 @@ def run(params: QuantizedWeight, dy: jax.Array, group_sizes: jax.Array | None = 
     operands.insert(0, gs)
     in_specs.insert(0, pl.BlockSpec(gs.shape, lambda i, kt, sp: (0,)))
     grouped = dict(m=m, experts=experts)
-  fmt = (spec.weight_format if spec.weight_format.kind != "uint"
-         else formats.get_format(f"int{bits}"))  # stored as signed codes (prepare)
+  fmt = (formats.get_format(f"int{bits}") if spec.weight_format.kind in ("int", "uint")
+         else spec.weight_format)  # stored as signed codes of the carrier (prepare)
   kernel = functools.partial(
       _kernel, fmt=fmt, bits=bits, order=order, hc=hc, plane_h=plane_h, has_zeros=has_zeros,
       has_global=has_global, column=column, chunks=per_split, block_n=block_n,
