@@ -42,6 +42,9 @@ def close_to_reference(got, want):
     ("w4a16-ch", 7, 200, 136),        # per channel (column row), K and N padded
     ("w8a16", 100, 256, 128),         # int8 per channel, two row blocks of 64
     ("w4a8-fp8", 16, 256, 128),       # the W4A8 view of the layout (wnam_mgpu)
+    # carried formats (wna16_mgpu.carried): uint3 in the int4 carrier, int6 in int8
+    (hj.QuantSpec("uint3", "group", 128, zero_point=True), 5, 256, 128),
+    (hj.QuantSpec("int6", "channel", 0), 3, 256, 64),
 ])
 def test_dx_matches_reference_interpret(spec, m, k, n):
   p = prepared(spec, k, n)
