@@ -312,16 +312,19 @@ def test_carried_codes_round_trip_every_code():
 
 def test_carried_formats_are_opt_in_until_timed(monkeypatch):
   """The carried formats run here when prepared for this kernel; quant_dense's default
-  stays the Pallas-Triton kernel unless mg.CARRIERS_BY_DEFAULT (set once GPU-timed)."""
+  stays the Pallas-Triton kernel for those not in mg.CARRIED_BY_DEFAULT (the formats timed
+  faster here on the GPU)."""
   spec = hj.QuantSpec("int3", "group", 128)
   q, x = make(spec, 3, 256, 64, True, seed=5)
+  monkeypatch.setattr(mg, "CARRIED_BY_DEFAULT", frozenset())
   assert registry.find(spec).name == "wna16"
   p = hj.prepare(q, kernel=mg.FAMILY)
   assert p.layout.startswith(f"{mg.FAMILY}:b4:") and p.codes.dtype == jnp.int4
   y = hj.quant_dense(p, x, backend="interpret")
   assert rel(y, reference.dense_reference(q, x)) <= TOL
-  monkeypatch.setattr(mg, "CARRIERS_BY_DEFAULT", True)
+  monkeypatch.setattr(mg, "CARRIED_BY_DEFAULT", frozenset({"int3"}))
   assert registry.find(spec).name == mg.FAMILY
+  assert registry.find(hj.QuantSpec("int2", "group", 128)).name == "wna16"
   # the grouped and W4A8 views of the layout keep the 4- and 8-bit formats
   assert "weight='int3'" in mg.unsupported_reason(spec)
 

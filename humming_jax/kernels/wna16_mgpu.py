@@ -134,15 +134,18 @@ def hopper_or_interpreter() -> bool:
 
 # The formats this layout takes since session 54 (unsupported_reason's ``carriers``: the
 # carried integers and fp6, fp8 e5m2) are ``hj.quant_dense``'s default here only once timed
-# against the Pallas-Triton kernel on the GPU (issue 3: the lowering per kernel by
-# measurement); until then ``hj.prepare(q, kernel="wna16_mgpu")`` picks this kernel for them.
-CARRIERS_BY_DEFAULT = False
+# faster than the Pallas-Triton kernel on the GPU (issue 3: the lowering per kernel by
+# measurement): the weight formats named here.  The others run here when prepared by name,
+# ``hj.prepare(q, kernel="wna16_mgpu")``; ``kernel="wna16"`` keeps any format's packed bits.
+CARRIED_BY_DEFAULT: frozenset[str] = frozenset()
 
 
 def _priority(spec: QuantSpec, shape) -> int | None:
-  """The registry's rank of ``spec`` here: 1 (over the Pallas-Triton kernel's 0), None
-  (never the default) for the carrier formats unless :data:`CARRIERS_BY_DEFAULT`."""
-  return 1 if CARRIERS_BY_DEFAULT or unsupported_reason(spec) is None else None
+  """The registry's rank of ``spec`` here: 1 (over the Pallas-Triton kernel's 0); None
+  (never the default) for the carrier formats not in :data:`CARRIED_BY_DEFAULT`."""
+  default = (unsupported_reason(spec) is None
+             or spec.weight_format.name in CARRIED_BY_DEFAULT)
+  return 1 if default else None
 
 
 def supports(spec: QuantSpec) -> bool:
