@@ -296,16 +296,21 @@ def test_carried_codes_round_trip_every_code():
   """Every code of every carried format (and of fp8 e5m2) through prepare and back, bit
   for bit (fp6's -0 included), and the layout's dequantization equal to the canonical
   one (e5m2's inf and NaN codes too)."""
-  for spec in CARRIED + [hj.QuantSpec("fp8_e5m2", "group", 32)]:
+  k, n = 320, 136  # K and N padded in the layout
+  for spec in CARRIED + [hj.QuantSpec("fp8_e5m2", "group", 32),
+                         hj.QuantSpec("uint3", "group", 64, zero_point=True)]:  # ":pk"
     bits = spec.weight_bits
     assert mg.runs(spec) and mg.carried(spec) == (bits != 8), spec.name
-    q = hj.quantize(normal(jax.random.key(1), (256, 64)), spec)
-    codes = (np.arange(256 * 64).reshape(256, 64) * 7 % (1 << bits)).astype(np.uint8)
+    q = hj.quantize(normal(jax.random.key(1), (k, n)), spec)
+    codes = (np.arange(k * n).reshape(k, n) * 7 % (1 << bits)).astype(np.uint8)
     q = q.replace(codes=packing.pack_codes(jnp.asarray(codes), bits))
     p = mg.prepare(q)
     assert p.layout.startswith(f"{mg.FAMILY}:b{mg.code_bits(spec)}:"), (spec.name, p.layout)
-    np.testing.assert_array_equal(np.asarray(mg.to_canonical(p).codes), np.asarray(q.codes),
-                                  err_msg=spec.name)
+    c = mg.to_canonical(p)
+    np.testing.assert_array_equal(np.asarray(c.codes), np.asarray(q.codes), err_msg=spec.name)
+    if q.zeros is not None:
+      np.testing.assert_array_equal(np.asarray(c.zeros), np.asarray(q.zeros),
+                                    err_msg=spec.name)
     np.testing.assert_array_equal(np.asarray(hj.dequantize(p)), np.asarray(hj.dequantize(q)),
                                   err_msg=spec.name)
 
@@ -325,8 +330,17 @@ def test_carried_formats_are_opt_in_until_timed(monkeypatch):
   monkeypatch.setattr(mg, "CARRIED_BY_DEFAULT", frozenset({"int3"}))
   assert registry.find(spec).name == mg.FAMILY
   assert registry.find(hj.QuantSpec("int2", "group", 128)).name == "wna16"
-  # the grouped and W4A8 views of the layout keep the 4- and 8-bit formats
-  assert "weight='int3'" in mg.unsupported_reason(spec)
+  # the grouped and W4A8 views of the layout keep the 4- and 8-bit formats: their routes
+  # for carried formats are the Pallas-Triton families, as before, and prepare there
+  assert "weight='int3'" in mg.unsupported_reason(spec) and not mg.supports(spec)
+  assert registry.find(spec, grouped=True, shape=(8, 256, 64)).name == "grouped_wna16"
+  assert registry.find(hj.QuantSpec("int3", "group", 128, act="int8")).name == "w8a8"
+  assert registry.find(hj.QuantSpec("int3", "group", 128, act="int8"), grouped=True,
+                       shape=(8, 256, 64)).name == "grouped_w8a8"
+  stack = hj.quantize(normal(jax.random.key(2), (2, 256, 64)), spec)
+  assert hj.prepare(stack, grouped=True).layout.startswith("grouped_wna16:")
+  from humming_jax import moe
+  assert moe.layer_kernel(stack, stack) is None
 
 
 def test_registry_routes_int4_int8_fp4_fp8_here_and_others_to_triton():

@@ -45,7 +45,7 @@ def close_to_reference(got, want):
     # carried formats (wna16_mgpu.carried): uint3 in the int4 carrier, int6 in int8
     (hj.QuantSpec("uint3", "group", 128, zero_point=True), 5, 256, 128),
     (hj.QuantSpec("int6", "channel", 0), 3, 256, 64),
-])
+], ids=lambda v: getattr(v, "name", str(v)))
 def test_dx_matches_reference_interpret(spec, m, k, n):
   p = prepared(spec, k, n)
   dy = jax.random.normal(jax.random.key(1), (m, n), jnp.bfloat16)
@@ -53,6 +53,10 @@ def test_dx_matches_reference_interpret(spec, m, k, n):
   got = dxk.run(p, dy, interpret=True)
   assert got.shape == (m, k) and got.dtype == jnp.bfloat16
   close_to_reference(got, dxk.reference(p, dy))
+  if not isinstance(spec, str):  # carried layouts: against the canonical weights too
+    w = hj.dequantize(hj.quantize(jax.random.normal(jax.random.key(0), (k, n)), spec))
+    close_to_reference(got, (dy.astype(jnp.float32) @ w.astype(jnp.bfloat16).T.astype(
+        jnp.float32)).astype(jnp.bfloat16))
 
 
 @pytest.mark.parametrize("spec,k,layout", [

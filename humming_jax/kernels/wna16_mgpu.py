@@ -3,7 +3,10 @@
 ``y = x @ W_deq + bias`` for int4 / int8 weights (symmetric, or unsigned with a zero point),
 fp4 e2m1 weights (MXFP4, NVFP4: e8m0 / e4m3 group scales, fp32 global scale) and fp8 e4m3
 weights (converted e4m3 -> f16 [-> bf16] in registers; routed here since session 8), with
-group (16 ... 256) or per-channel scales and bf16 / fp16 activations.
+group (16 ... 256) or per-channel scales and bf16 / fp16 activations.  Since session 54 the
+layout also carries the other integer widths, fp6 and fp8 e5m2 on those conversions
+(:func:`code_bits`, :func:`carried`: 1-3 bits as int4, 5-7 as int8, fp6 as e4m3 bytes,
+e5m2 by its own cvt), the default route for the formats in :data:`CARRIED_BY_DEFAULT`.
 
 Why a second WnA16 kernel (benchmarks/NOTES.md, "v4"): in Pallas-Triton the dequantized
 tile has to be written to shared memory to become an MMA operand, and int4 -> bf16 is a
@@ -48,7 +51,8 @@ slower in session 13, v15).
 From M = ``dequant_gemm_min_m`` (compute bound) the weights are dequantized by one XLA
 fusion from this layout and XLA's GEMM runs (measured faster there; NOTES.md v4).
 The XLA reference beside it is kernels/reference.py::dense_reference; the Pallas-Triton
-kernel (wna16.py) runs every format this one does not.
+kernel (wna16.py) runs every format this one does not, and by default the carried ones
+not in CARRIED_BY_DEFAULT.
 """
 from __future__ import annotations
 
@@ -142,20 +146,29 @@ CARRIED_BY_DEFAULT: frozenset[str] = frozenset()
 
 def _priority(spec: QuantSpec, shape) -> int | None:
   """The registry's rank of ``spec`` here: 1 (over the Pallas-Triton kernel's 0); None
-  (never the default) for the carrier formats not in :data:`CARRIED_BY_DEFAULT`."""
+  (never the default) for the formats of :func:`supports_carried` beyond :func:`supports`
+  (the carried ones and fp8 e5m2, which is not carried) not in :data:`CARRIED_BY_DEFAULT`."""
   default = (unsupported_reason(spec) is None
              or spec.weight_format.name in CARRIED_BY_DEFAULT)
   return 1 if default else None
 
 
 def supports(spec: QuantSpec) -> bool:
-  """What this kernel runs on the device (registry): every spec of :func:`runs` (integers,
-  fp4, fp6, fp8), on a Hopper GPU or in the interpreter; ``hj.quant_dense`` routes here by
-  default the 4- and 8-bit integers, fp4 and fp8 e4m3 (:func:`_priority`).  W8A16 moved here
+  """The 4- and 8-bit formats of this kernel (int4 / int8, uint4 / uint8 with zero point,
+  fp4, fp8 e4m3: ``unsupported_reason(spec) is None``), on a Hopper GPU or in the
+  interpreter: what the grouped (MoE) and W4A8 / W4A4 views of the layout build on, and
+  ``hj.quant_dense``'s default route here.  W8A16 moved here
   from the Triton kernel when measured (NOTES.md v9, 8192^2 int8 per channel, CUPTI: 19.8 / 20.6 us
   at M = 1 / 16 here vs 24-28 us for the Triton kernel), and fp8 e4m3 weights when
   measured (session 8, 8192^2 per channel, chain of 8: 26.5 / 28.1 us per layer at
   M = 1 / 16 here vs 33.0 on the Triton kernel)."""
+  return unsupported_reason(spec) is None and hopper_or_interpreter()
+
+
+def supports_carried(spec: QuantSpec) -> bool:
+  """What the dense family runs (its registry entry): every spec of :func:`runs`, the
+  carried formats and fp8 e5m2 too, on a Hopper GPU or in the interpreter; those are its
+  default route only when in :data:`CARRIED_BY_DEFAULT` (:func:`_priority`)."""
   return runs(spec) and hopper_or_interpreter()
 
 
@@ -174,8 +187,8 @@ def unsupported_reason(spec: QuantSpec, *, carriers: bool = False) -> str | None
   if spec.act is not None:
     return f"act={spec.act!r}: weight-only kernel, expected act=None"
   if carriers and not (w.kind in ("int", "uint") or w.name in (FP4, FP8, FP8_E5M2) + FP6):
-    return (f"weight={spec.weight!r}: expected an int1-8 / uint1-8, fp4_e2m1, fp6 or fp8 "
-            f"format")
+    return (f"weight={spec.weight!r}: expected int1-int8, uint1-uint8, fp4_e2m1, fp6_e2m3, "
+            f"fp6_e3m2, fp8_e4m3 or fp8_e5m2")
   if not carriers and not ((w.kind in ("int", "uint") and w.bits in (4, 8))
                            or w.name in (FP4, FP8)):
     return f"weight={spec.weight!r}: expected int4, uint4, int8, uint8, fp4_e2m1 or fp8_e4m3"
@@ -399,8 +412,9 @@ def fp8_mma_reason(spec: QuantSpec) -> str | None:
 def prepare(params: QuantizedWeight, *, permute: bool | None = None,
             mma: str = "bf16") -> QuantizedWeight:
   """Canonical params -> (Kp / block_k, Np, block_k) signed codes (uint codes minus
-  2**(b-1); fp4: the e2m1 bit pattern as a two's-complement nibble) in jnp.int4 / int8,
-  scales (their own dtype; e8m0 and e4m3 as bf16, exact) and zero points (minus the
+  2**(b-1); fp4: the e2m1 bit pattern as a two's-complement nibble) in jnp.int4 / int8
+  (:func:`code_bits`: 1-4-bit integers and fp4 as int4, 5-8-bit as int8), fp8 codes as
+  jnp.float8_e4m3fn / float8_e5m2 (fp6 as the e4m3 bytes of its values), scales (their own dtype; e8m0 and e4m3 as bf16, exact) and zero points (minus the
   same offset, bf16: small integers, exact) as (Kp / group, Np) rows, the global scale
   as a float32 (1, Np) row for the epilogue.  Lossless (:func:`to_canonical`).
 
@@ -1626,7 +1640,7 @@ def dequant_gemm(params: QuantizedWeight, x: jax.Array) -> jax.Array:
 
 
 KERNEL = registry.register(registry.DenseKernel(
-    name=FAMILY, layout=FAMILY, codes_ndim=3, supports=supports, prepare=prepare,
+    name=FAMILY, layout=FAMILY, codes_ndim=3, supports=supports_carried, prepare=prepare,
     to_canonical=to_canonical, run=run, priority=1, priority_for=_priority,
     # float32, then one rounding (registry.dequantize's contract): the 16-bit form above
     # rounds the scales to dtype first, as the kernel does, not as the canonical values
