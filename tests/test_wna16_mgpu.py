@@ -315,12 +315,14 @@ def test_carried_codes_round_trip_every_code():
                                   err_msg=spec.name)
 
 
-def test_carried_formats_are_opt_in_until_timed(monkeypatch):
+def test_carried_formats_default_route(monkeypatch):
   """The carried formats run here when prepared for this kernel; quant_dense's default
   stays the Pallas-Triton kernel for those not in mg.CARRIED_BY_DEFAULT (the formats timed
   faster here on the GPU)."""
   spec = hj.QuantSpec("int3", "group", 128)
   q, x = make(spec, 3, 256, 64, True, seed=5)
+  assert registry.find(spec).name == mg.FAMILY  # timed faster here (session 54)
+  assert registry.find(hj.QuantSpec("int2", "group", 128)).name == "wna16"  # 2x memory
   monkeypatch.setattr(mg, "CARRIED_BY_DEFAULT", frozenset())
   assert registry.find(spec).name == "wna16"
   p = hj.prepare(q, kernel=mg.FAMILY)
@@ -348,8 +350,11 @@ def test_registry_routes_int4_int8_fp4_fp8_here_and_others_to_triton():
                "w8a16-fp8"):
     assert registry.find(hj.QuantSpec.preset(name)).name == mg.FAMILY, name
   assert registry.find(hj.QuantSpec("uint8", "channel", 0, zero_point=True)).name == mg.FAMILY
-  for spec in (hj.QuantSpec("fp8_e5m2", "channel", 0), hj.QuantSpec("int4", "group", 48),
-               hj.QuantSpec("fp6_e2m3", "group", 32), hj.QuantSpec("int3", "group", 128)):
+  for spec in (hj.QuantSpec("fp8_e5m2", "channel", 0), hj.QuantSpec("fp6_e2m3", "group", 32),
+               hj.QuantSpec("int3", "group", 128)):  # carried (session 54)
+    assert registry.find(spec).name == mg.FAMILY, spec.name
+  for spec in (hj.QuantSpec("int4", "group", 48), hj.QuantSpec("int2", "group", 128),
+               hj.QuantSpec("int4", "block", 128, block_n=128)):
     assert registry.find(spec).name == "wna16", spec.name
   q, x = make(hj.QuantSpec.preset("w4a16-g128-zp"), 3, 256, 64, True, seed=3)
   p = hj.prepare(q)
@@ -509,6 +514,20 @@ def test_quant_dense_gpu(name, m):
   e = rel(y, jax.jit(reference.dense_reference)(q, x))
   print(f"{name} M={m}: rel err {e:.2e}")
   assert e <= TOL
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("spec", [hj.QuantSpec("int3", "group", 128),
+                                  hj.QuantSpec("fp6_e2m3", "group", 32, scale_dtype="e8m0"),
+                                  hj.QuantSpec("int2", "group", 128)], ids=lambda s: s.name)
+def test_carried_default_route_gpu(spec):
+  """quant_dense's default route for canonical params: the carrier for the formats of
+  CARRIED_BY_DEFAULT (int3, MXFP6), the packed Pallas-Triton kernel for int2."""
+  q, x = make(spec, 1, 8192, 8192, True, seed=7)
+  want = mg.FAMILY if spec.weight in mg.CARRIED_BY_DEFAULT else "wna16"
+  assert registry.find(spec, shape=q.shape).name == want
+  y = jax.jit(lambda q, x: hj.quant_dense(q, x, backend="pallas"))(q, x)
+  assert rel(y, jax.jit(reference.dense_reference)(q, x)) <= TOL
 
 
 @pytest.mark.gpu

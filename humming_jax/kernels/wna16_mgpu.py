@@ -137,11 +137,20 @@ def hopper_or_interpreter() -> bool:
 
 
 # The formats this layout takes since session 54 (unsupported_reason's ``carriers``: the
-# carried integers and fp6, fp8 e5m2) are ``hj.quant_dense``'s default here only once timed
+# carried integers and fp6, fp8 e5m2) are ``hj.quant_dense``'s default here when timed
 # faster than the Pallas-Triton kernel on the GPU (issue 3: the lowering per kernel by
-# measurement): the weight formats named here.  The others run here when prepared by name,
-# ``hj.prepare(q, kernel="wna16_mgpu")``; ``kernel="wna16"`` keeps any format's packed bits.
-CARRIED_BY_DEFAULT: frozenset[str] = frozenset()
+# measurement) and their carrier costs under twice the codes' memory.  H100 session 54
+# (probe_carried.py, 8192^2, CUPTI us per layer at M = 1, Triton -> here): int3 g128 54.6 ->
+# 16.5, uint3 g128 zp 55.4 -> 17.0, int5 59.4 -> 26.1, int6 50.2 -> 26.2, uint6 g32 zp
+# 54.4 -> 29.0, int7 80.1 -> 26.1, MXFP6 e2m3 60.7 -> 27.0, fp6 e3m2 g128 68.4 -> 25.7,
+# e5m2 per channel 32.3 -> 25.1 (M = 16 alike; uint5 / uint7 take uint6's route).
+# int2 31.9 -> 16.4 and uint1 43.5 -> 17.2 are faster here too, but their carrier holds
+# 2x / 4x the codes' bytes (int4's memory): a 1- or 2-bit format chosen to save memory
+# keeps its packed bits by default, and runs here when prepared by name,
+# ``hj.prepare(q, kernel="wna16_mgpu")``; ``kernel="wna16"`` keeps any format's bits.
+CARRIED_BY_DEFAULT: frozenset[str] = frozenset({
+    "int3", "uint3", "int5", "uint5", "int6", "uint6", "int7", "uint7", "fp6_e2m3",
+    "fp6_e3m2", "fp8_e5m2"})
 
 
 def _priority(spec: QuantSpec, shape) -> int | None:
