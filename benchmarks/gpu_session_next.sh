@@ -1,4 +1,16 @@
 #!/usr/bin/env bash
+# Session 54 (2026-12-06): two calls, both on H100s (five starts for an H200 were refused;
+# benchmarks/results/2026-12-06-session54; sessions/gpu_session54.sh t54 ab54 / p54).
+# Landed: the other A16 formats (int1-3 / uint1-3, int5-7 / uint5-7, fp6, fp8 e5m2) on the
+# Mosaic WnA16 kernel in a wider carrier (wna16_mgpu.code_bits; GPU-tested: 30 passed),
+# quant_dense's default for those under twice the codes' memory (CARRIED_BY_DEFAULT, H100:
+# 1.2-3.3x the Pallas-Triton kernel).  First in the next device session, on an H200
+# (carry [".whl"]):
+#   gpu_session54.sh p54 (issue 3's ">= 2.2 TB/s" for these formats is an H200 number:
+#   predicted ~2.5 for 6 bits / fp6, ~2.1 int5, ~1.7 for 3 bits), with the default
+#   route's GPU test (T54K=carried_default_route_gpu gpu_session54.sh t54, never run);
+#   then session 53's list below (gpu_session52.sh h8, QV=s1w4,s4w8 gpu_session53.sh q53;
+#   its `af` step is superseded by p54).
 # Session 53 (2026-12-06): five calls, all on H100s though an H200 was asked for
 # (benchmarks/results/2026-12-06-session53; sessions/gpu_session53.sh t53 p53 q53 / q53 c53
 # / r53 q53 + gpu_session52.sh h8 / h8 q53 / the final tree's tests).  Landed: the decode
