@@ -306,6 +306,8 @@ def test_carried_codes_round_trip_every_code():
     q = q.replace(codes=packing.pack_codes(jnp.asarray(codes), bits))
     p = mg.prepare(q)
     assert p.layout.startswith(f"{mg.FAMILY}:b{mg.code_bits(spec)}:"), (spec.name, p.layout)
+    if spec.group_size == 64:  # the uint3 case: int4's permuted (":pk") order
+      assert mg.k_permuted(p.layout), p.layout
     c = mg.to_canonical(p)
     np.testing.assert_array_equal(np.asarray(c.codes), np.asarray(q.codes), err_msg=spec.name)
     if q.zeros is not None:
@@ -524,8 +526,9 @@ def test_carried_default_route_gpu(spec):
   """quant_dense's default route for canonical params: the carrier for the formats of
   CARRIED_BY_DEFAULT (int3, MXFP6), the packed Pallas-Triton kernel for int2."""
   q, x = make(spec, 1, 8192, 8192, True, seed=7)
-  want = mg.FAMILY if spec.weight in mg.CARRIED_BY_DEFAULT else "wna16"
+  want = mg.FAMILY if spec.weight_format.name in mg.CARRIED_BY_DEFAULT else "wna16"
   assert registry.find(spec, shape=q.shape).name == want
+  assert registry.layout_family(jax.jit(hj.prepare)(q).layout) == want
   y = jax.jit(lambda q, x: hj.quant_dense(q, x, backend="pallas"))(q, x)
   assert rel(y, jax.jit(reference.dense_reference)(q, x)) <= TOL
 

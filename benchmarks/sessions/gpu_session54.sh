@@ -24,7 +24,7 @@ s_ab54() {
   for m in ${MS:-1 16}; do
     T ${AT:-280} python3 benchmarks/bench_dense.py --specs "$specs" --ms $m \
       --kernel-times --no-baselines --calls ${CALLS:-10} --repeats 2 \
-      --json "$OUT/ab54_m$m.json" > "$OUT/ab54_m$m.log" 2>&1
+      --json "ab54_m$m.json" > "$OUT/ab54_m$m.log" 2>&1
     echo "ab54 M=$m rc=$?"; grep -E "kernels=|rror" "$OUT/ab54_m$m.log" | cut -c1-220 | tail -30
   done
 }

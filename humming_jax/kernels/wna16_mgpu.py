@@ -143,7 +143,10 @@ def hopper_or_interpreter() -> bool:
 # (probe_carried.py, 8192^2, CUPTI us per layer at M = 1, Triton -> here): int3 g128 54.6 ->
 # 16.5, uint3 g128 zp 55.4 -> 17.0, int5 59.4 -> 26.1, int6 50.2 -> 26.2, uint6 g32 zp
 # 54.4 -> 29.0, int7 80.1 -> 26.1, MXFP6 e2m3 60.7 -> 27.0, fp6 e3m2 g128 68.4 -> 25.7,
-# e5m2 per channel 32.3 -> 25.1 (M = 16 alike; uint5 / uint7 take uint6's route).
+# e5m2 per channel 32.3 -> 25.1 (M = 16 alike).  Each format was timed in one configuration;
+# not timed, assumed alike: uint5 / uint7 (uint6's route), other group sizes / zero points /
+# scale dtypes, M >= 128 (128-row tiles; XLA's dequantization from M = 512) and the dx
+# kernel on these layouts.  fp8 e5m2 is not carried (its own 8 bits) but new here too.
 # int2 31.9 -> 16.4 and uint1 43.5 -> 17.2 are faster here too, but their carrier holds
 # 2x / 4x the codes' bytes (int4's memory): a 1- or 2-bit format chosen to save memory
 # keeps its packed bits by default, and runs here when prepared by name,
@@ -153,20 +156,24 @@ CARRIED_BY_DEFAULT: frozenset[str] = frozenset({
     "fp6_e3m2", "fp8_e5m2"})
 
 
+_PRIORITY = 1  # over the Pallas-Triton kernel's 0
+
+
 def _priority(spec: QuantSpec, shape) -> int | None:
   """The registry's rank of ``spec`` here: 1 (over the Pallas-Triton kernel's 0); None
   (never the default) for the formats of :func:`supports_carried` beyond :func:`supports`
   (the carried ones and fp8 e5m2, which is not carried) not in :data:`CARRIED_BY_DEFAULT`."""
   default = (unsupported_reason(spec) is None
              or spec.weight_format.name in CARRIED_BY_DEFAULT)
-  return 1 if default else None
+  return _PRIORITY if default else None
 
 
 def supports(spec: QuantSpec) -> bool:
   """The 4- and 8-bit formats of this kernel (int4 / int8, uint4 / uint8 with zero point,
   fp4, fp8 e4m3: ``unsupported_reason(spec) is None``), on a Hopper GPU or in the
-  interpreter: what the grouped (MoE) and W4A8 / W4A4 views of the layout build on, and
-  ``hj.quant_dense``'s default route here.  W8A16 moved here
+  interpreter: what the grouped (MoE) and W4A8 / W4A4 views of the layout build on.  The
+  dense registry entry takes :func:`supports_carried` (these and the carried formats) and
+  ranks these first (:func:`_priority`).  W8A16 moved here
   from the Triton kernel when measured (NOTES.md v9, 8192^2 int8 per channel, CUPTI: 19.8 / 20.6 us
   at M = 1 / 16 here vs 24-28 us for the Triton kernel), and fp8 e4m3 weights when
   measured (session 8, 8192^2 per channel, chain of 8: 26.5 / 28.1 us per layer at
@@ -423,9 +430,10 @@ def prepare(params: QuantizedWeight, *, permute: bool | None = None,
   """Canonical params -> (Kp / block_k, Np, block_k) signed codes (uint codes minus
   2**(b-1); fp4: the e2m1 bit pattern as a two's-complement nibble) in jnp.int4 / int8
   (:func:`code_bits`: 1-4-bit integers and fp4 as int4, 5-8-bit as int8), fp8 codes as
-  jnp.float8_e4m3fn / float8_e5m2 (fp6 as the e4m3 bytes of its values), scales (their own dtype; e8m0 and e4m3 as bf16, exact) and zero points (minus the
-  same offset, bf16: small integers, exact) as (Kp / group, Np) rows, the global scale
-  as a float32 (1, Np) row for the epilogue.  Lossless (:func:`to_canonical`).
+  jnp.float8_e4m3fn / float8_e5m2 (fp6 as the e4m3 bytes of its values), scales (their
+  own dtype; e8m0 and e4m3 as bf16, exact) and zero points (minus the same offset, bf16:
+  small integers, exact) as (Kp / group, Np) rows, the global scale as a float32 (1, Np)
+  row for the epilogue.  Lossless (:func:`to_canonical`).
 
   ``permute`` (default :func:`permutes`): 4-bit codes in the permuted K order within each
   run of 32 (``mgpu_convert.permute_k``), which the GPU kernel converts without a register
@@ -452,12 +460,12 @@ def prepare(params: QuantizedWeight, *, permute: bool | None = None,
   fmt = spec.weight_format
   if fmt.name in FP6:  # the e4m3 byte of each value (exact), -0 kept
     codes = _fp6_as_e4m3(codes, fmt)
-  wide = 8 if fmt.name in FP6 else fmt.bits  # bits of the patterns in `codes` now
-  offset = (1 << (wide - 1)) if fmt.kind == "uint" else 0
-  half = 1 << (wide - 1)
+  pattern_bits = 8 if fmt.name in FP6 else fmt.bits  # of the patterns in `codes` now
+  offset = (1 << (pattern_bits - 1)) if fmt.kind == "uint" else 0
+  half = 1 << (pattern_bits - 1)
   # Signed value in [-2**(b-1), 2**(b-1)): uint minus the offset, or the int's sign
   # extension -- explicit, not left to a narrowing cast's wrap-around.
-  codes = codes - offset if offset else ((codes + half) & ((1 << wide) - 1)) - half
+  codes = codes - offset if offset else ((codes + half) & ((1 << pattern_bits) - 1)) - half
   codes = jnp.pad(codes.T, ((0, np_ - n), (0, kp - k)))
   codes = codes.reshape(np_, kp // bk, bk).transpose(1, 0, 2)
   s = params.scales
@@ -1650,7 +1658,7 @@ def dequant_gemm(params: QuantizedWeight, x: jax.Array) -> jax.Array:
 
 KERNEL = registry.register(registry.DenseKernel(
     name=FAMILY, layout=FAMILY, codes_ndim=3, supports=supports_carried, prepare=prepare,
-    to_canonical=to_canonical, run=run, priority=1, priority_for=_priority,
+    to_canonical=to_canonical, run=run, priority=_PRIORITY, priority_for=_priority,
     # float32, then one rounding (registry.dequantize's contract): the 16-bit form above
     # rounds the scales to dtype first, as the kernel does, not as the canonical values
     dequantize=lambda params, dtype: dequantize_prepared(params, jnp.float32).astype(dtype)))
