@@ -10,7 +10,8 @@
 #         scales + zero points over the layer's kernel time), int4 g128 beside them.
 #         Call 1 (H100) cut it after int2 at each M: ~60 s per point through bench_dense.
 #   p54:  the same A/B through benchmarks/probe_carried.py (CUPTI only, both M on one
-#         prepared set, a timestamp per point): what call 2 ran.
+#         prepared set, a timestamp per point): what call 2 ran; since then int4 g128 first,
+#         the same-process anchor of the 4-bit carrier.
 #   h8, q53, af...: the earlier sessions' steps (gpu_session53.sh).
 source "$(dirname "$0")/../gpu_env.sh"
 s_t54() {
@@ -28,7 +29,7 @@ s_ab54() {
     echo "ab54 M=$m rc=$?"; grep -E "kernels=|rror" "$OUT/ab54_m$m.log" | cut -c1-220 | tail -30
   done
 }
-P54_FORMATS="int3:g128,fp6_e2m3:g32:e8m0,fp8_e5m2:ch,int6:g128,int5:g128,uint3:g128:zp"
+P54_FORMATS="w4a16-g128,int3:g128,fp6_e2m3:g32:e8m0,fp8_e5m2:ch,int6:g128,int5:g128,uint3:g128:zp"
 P54_FORMATS+=",fp6_e3m2:g128,int7:g128,uint6:g32:zp,uint1:g128:zp,int2:g128"
 s_p54() {
   T ${PT:-420} python3 benchmarks/probe_carried.py --formats ${PF:-$P54_FORMATS} \
