@@ -132,9 +132,7 @@ def _launch(x: jax.Array, spec: QuantSpec, block_rows: int, out_dtype, *,
   if splits > 1 and not decode:
     raise ValueError(f"splits={splits}: expected 1 for the prefill form (only the decode "
                      f"form splits rows)")
-  if splits > 1 and k % (128 * splits):
-    raise ValueError(f"splits={splits}: the decode form splits rows into parts of a "
-                     f"multiple of 128 columns (K={k})")
+  _check_splits(splits, k)
   part = k // splits if splits > 1 else 0
   row = lambda i, j: (i, 0)
   in_specs = [pl.BlockSpec((block_rows, k), row)]
@@ -306,7 +304,13 @@ def _resolve_splits(splits: int | None, m: int, k: int) -> int:
   override reaches the next trace."""
   if splits is None:
     return decode_splits(k, m)
+  _check_splits(splits, k)
+  return splits
+
+
+def _check_splits(splits: int, k: int) -> None:
+  """The decode form's rule for programs per row: a power of two dividing K into parts
+  of a multiple of 128 columns."""
   if splits < 1 or splits & (splits - 1) or k % (128 * splits):
     raise ValueError(f"splits={splits}: expected a power of two dividing K={k} into "
                      f"parts of a multiple of 128 columns")
-  return splits

@@ -67,8 +67,8 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from humming_jax import packing
-from humming_jax.quantize import (E8M0, QuantizedWeight, expand_scales, scale_block,
-                                  store_scale, unpacked_codes)
+from humming_jax.quantize import (E8M0, QuantizedWeight, carrier_dtype, expand_scales,
+                                  scale_block, store_scale, unpacked_codes)
 from humming_jax.kernels import launch, mgpu_convert, registry, tuning
 from humming_jax.spec import QuantSpec
 
@@ -87,13 +87,16 @@ Config = tuning.MgpuConfig  # frozen; lives with the other configs in tuning.py
 
 FP4 = "fp4_e2m1"
 FP8 = "fp8_e4m3"  # stored as jnp.float8_e4m3fn codes; converted in registers (cvt)
-FP8_E5M2 = "fp8_e5m2"  # stored as jnp.float8_e5m2 codes; the same cvt (e5m2 -> f16)
 # fp6 codes are stored re-encoded as e4m3 (every fp6 e2m3 / e3m2 value is an e4m3 number:
 # 2 or 3 exponent bits, at most 3 mantissa bits, |x| <= 28 < 448) and take FP8's route.
 FP6 = ("fp6_e2m3", "fp6_e3m2")
-# The float code dtypes of the layout (integers and fp4: _CODE_DTYPE by code_bits).
-_FLOAT_CODE_DTYPE = {FP8: jnp.float8_e4m3fn, FP8_E5M2: jnp.float8_e5m2,
-                     **{name: jnp.float8_e4m3fn for name in FP6}}
+
+
+def fp8_code_dtype(fmt):
+  """The fp8 dtype this layout stores a 6- or 8-bit float format's codes in
+  (``quantize.carrier_dtype``: e4m3 / e5m2 as themselves, fp6 as e4m3), converted in
+  registers by Hopper's cvt to f16; None for integers and fp4 (``_CODE_DTYPE``)."""
+  return carrier_dtype(fmt) if fmt.is_float and fmt.bits > 4 else None
 
 
 def code_bits(spec: QuantSpec) -> int:
@@ -202,7 +205,7 @@ def unsupported_reason(spec: QuantSpec, *, carriers: bool = False) -> str | None
   w = spec.weight_format
   if spec.act is not None:
     return f"act={spec.act!r}: weight-only kernel, expected act=None"
-  if carriers and not (w.kind in ("int", "uint") or w.name in (FP4, FP8, FP8_E5M2) + FP6):
+  if carriers and not (w.is_integer or w.is_float):  # (formats.py: every int, fp4 / 6 / 8)
     return (f"weight={spec.weight!r}: expected int1-int8, uint1-uint8, fp4_e2m1, fp6_e2m3, "
             f"fp6_e3m2, fp8_e4m3 or fp8_e5m2")
   if not carriers and not ((w.kind in ("int", "uint") and w.bits in (4, 8))
@@ -459,7 +462,7 @@ def prepare(params: QuantizedWeight, *, permute: bool | None = None,
   codes = unpacked_codes(params).astype(jnp.int32)  # raw b-bit patterns
   fmt = spec.weight_format
   if fmt.name in FP6:  # the e4m3 byte of each value (exact), -0 kept
-    codes = _fp6_as_e4m3(codes, fmt)
+    codes = _fp6_as_e4m3(codes, fmt, fp8_code_dtype(fmt))
   pattern_bits = 8 if fmt.name in FP6 else fmt.bits  # of the patterns in `codes` now
   offset = (1 << (pattern_bits - 1)) if fmt.kind == "uint" else 0
   half = 1 << (pattern_bits - 1)
@@ -504,8 +507,8 @@ def prepare(params: QuantizedWeight, *, permute: bool | None = None,
   if mma == "fp8":
     codes = mgpu_convert.p8_store(codes)
   codes = codes.astype(_CODE_DTYPE[bits])
-  if fmt.name in _FLOAT_CODE_DTYPE:  # the same byte, typed for the in-register cvt
-    codes = jax.lax.bitcast_convert_type(codes, _FLOAT_CODE_DTYPE[fmt.name])
+  if fp8_code_dtype(fmt) is not None:  # the same byte, typed for the in-register cvt
+    codes = jax.lax.bitcast_convert_type(codes, fp8_code_dtype(fmt))
   fold = _folds_scales(spec, mma, permute)
   layout = (f"{FAMILY}:b{bits}:bk{bk}" + (":cs" if column_scaled(spec) else "")
             + (":pk" if permute else "") + (":p8" if mma == "fp8" else "")
@@ -524,18 +527,17 @@ def column_scaled(spec: QuantSpec) -> bool:
   return spec.granularity == "channel"
 
 
-def _fp6_as_e4m3(codes: jax.Array, fmt) -> jax.Array:
-  """fp6 bit patterns -> the e4m3 bytes of the same values (int32): exact, as every fp6
-  value is an e4m3 number; -0 (0x20) becomes e4m3's -0 (0x80)."""
-  e4m3 = fmt.decode(codes, check_nan=False).astype(jnp.float8_e4m3fn)
-  return jax.lax.bitcast_convert_type(e4m3, jnp.uint8).astype(jnp.int32)
+def _fp6_as_e4m3(codes: jax.Array, fmt, e4m3) -> jax.Array:
+  """fp6 bit patterns -> the ``e4m3`` bytes of the same values (int32): exact, as every
+  fp6 value is an e4m3 number; -0 (0x20) becomes e4m3's -0 (0x80)."""
+  vals = fmt.decode(codes, check_nan=False).astype(e4m3)
+  return jax.lax.bitcast_convert_type(vals, jnp.uint8).astype(jnp.int32)
 
 
-def _e4m3_as_fp6(codes: jax.Array, fmt) -> jax.Array:
-  """Inverse of :func:`_fp6_as_e4m3` (int8 e4m3 bytes -> int32 fp6 patterns), the sign of
-  -0 kept (``encode`` gives +0 for it)."""
-  vals = jax.lax.bitcast_convert_type(codes.astype(jnp.int8), jnp.float8_e4m3fn
-                                      ).astype(jnp.float32)
+def _e4m3_as_fp6(codes: jax.Array, fmt, e4m3) -> jax.Array:
+  """Inverse of :func:`_fp6_as_e4m3` (int8 ``e4m3`` bytes -> int32 fp6 patterns), the
+  sign of -0 kept (``encode`` gives +0 for it)."""
+  vals = jax.lax.bitcast_convert_type(codes.astype(jnp.int8), e4m3).astype(jnp.float32)
   sign = jnp.signbit(vals).astype(jnp.int32) << (fmt.bits - 1)
   return fmt.encode(vals).astype(jnp.int32) | sign
 
@@ -554,7 +556,7 @@ def to_canonical(prepared: QuantizedWeight) -> QuantizedWeight:
   codes = codes.transpose(1, 0, 2).reshape(np_, t * bk)
   codes = codes[:n, :k].astype(jnp.int32).T
   if fmt.name in FP6:
-    codes = _e4m3_as_fp6(codes, fmt)
+    codes = _e4m3_as_fp6(codes, fmt, fp8_code_dtype(fmt))
   codes = ((codes + offset) & ((1 << bits) - 1)).astype(jnp.uint8)
   gk, _ = scale_block(spec, k, n)
   s = prepared.scales[:k // gk if spec.granularity == "group" else 1, :n]
@@ -802,7 +804,7 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
   has_zeros = params.zeros is not None
   gpt = bk // scale_k(spec)  # scale (and zero) rows per K tile
   fp4 = spec.weight_format.name == FP4
-  fp8_codes = spec.weight_format.name in _FLOAT_CODE_DTYPE  # e4m3 / e5m2 codes (fp6 as e4m3)
+  fp8_codes = fp8_code_dtype(spec.weight_format) is not None  # e4m3 / e5m2 (fp6 as e4m3)
   col = column_scaled(spec)  # the scale is an epilogue row, not a row per K tile
   if col and params.scales.shape[-2:] != (1, np_):
     raise ValueError(f"params.scales.shape={params.scales.shape}: expected a (1, {np_}) "
