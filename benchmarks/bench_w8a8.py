@@ -255,6 +255,11 @@ def decode_study(ws, k, ms, args):
                              ("triton", {"triton": True}, {}),
                              ("triton_fused", {"fuse": True}, {}),
                              ("decode_mgpu", {"decode_mgpu": True}, {}),
+                             # int8 x quantized inside the GEMM kernel / by the pre-pass
+                             ("decode_mgpu_qx", {"decode_mgpu": True},
+                              {"HUMMING_JAX_DECODE_QUANTIZE_X": "1"}),
+                             ("decode_mgpu_pp", {"decode_mgpu": True},
+                              {"HUMMING_JAX_DECODE_QUANTIZE_X": "0"}),
                              ("decode_mgpu_xla_prepass", {"decode_mgpu": True},
                               {"HUMMING_JAX_DECODE_PREPASS": "0"}),
                              # the codes as 16-bit operands (session 51's product)

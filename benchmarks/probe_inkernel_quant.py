@@ -44,7 +44,7 @@ from humming_jax.kernels import act_prepass, wna16_mgpu
 
 K, CH, BK, N = 1024, 256, 128, 64  # K, x chunk per TMA, WGMMA K tile, weight rows (A M)
 # the pre-pass's round-to-nearest-even by the float's bits (one definition of it)
-RNE_MAGIC, MAGIC_BITS = act_prepass._RNE_MAGIC, act_prepass._MAGIC_BITS  # noqa: SLF001
+RNE_MAGIC, MAGIC_BITS = act_prepass.RNE_MAGIC, act_prepass.MAGIC_BITS
 # XLA (hence the interpreter and quantize_activations under jit) rewrites amax / 127 as
 # amax * float32(1 / 127), 1 ulp off the true quotient in ~4 % of rows; a GPU divf would
 # not.  The kernel multiplies by the reciprocal explicitly, so every backend agrees.

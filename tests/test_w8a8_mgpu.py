@@ -576,6 +576,153 @@ def test_run_direct_row_scale_interpret(codes_dtype, config):
     assert (err <= ulp * 1.01 * np.abs(want) + 1e-5 * np.abs(want).max()).all(), err.max()
 
 
+
+def _quantize_x_inputs(m, k, n, seed, dtype=jnp.bfloat16):
+  """Rows with an exp-normal spread of magnitudes, one all zero (its scale 1), bf16 values
+  at exact ties of x / s (x = amax * j / 254: round half to even, where XLA's x * (1 / s)
+  and a true division part), int8 weight codes, column scales and a bias."""
+  kx, ks, kw, kc, kb = jax.random.split(jax.random.key(seed), 5)
+  x = normal(kx, (m, k)) * jnp.exp(normal(ks, (m, 1)))
+  if m > 2:
+    x = x.at[1].set(0.0)
+  x = x.at[0, 1:4].set(x[0, 0] * jnp.array([0.5, -0.25, 0.75])).astype(dtype)
+  codes = jax.random.randint(kw, (n, k), -128, 128, jnp.int32).astype(jnp.int8)
+  col = jax.random.uniform(kc, (1, n), jnp.float32, 1e-3, 1e-2)
+  return x, codes, col, normal(kb, (n,))
+
+
+def _prepass_direct(codes, x, col, n, bias, **kw):
+  """run_direct on the reference's codes and scales (quantize_activations, XLA)."""
+  from humming_jax.kernels import wna16_mgpu
+  from humming_jax.quantize import quantize_activations
+  a, s = quantize_activations(x, hj.PRESETS["w8a8-int8"])
+  return wna16_mgpu.run_direct(codes, a, col, n=n, row_scale=s.reshape(-1), bias=bias,
+                               out_dtype=x.dtype, **kw)
+
+
+@pytest.mark.parametrize("m,k,n,cfg", [
+    # one token: the row view (each warpgroup's share of the row in one TMA)
+    (1, 1024, 128, dict(stages=2, warpgroups=1)),
+    (1, 2048, 128, dict(stages=2, warpgroups=2)),  # two warpgroups' maxima
+    (2, 1024, 128, dict(stages=2, warpgroups=1)),  # 4 chunks through 2 slots: refills
+    (5, 2048, 128, dict(stages=2, warpgroups=1)),  # rows 4..7 of the 8-row tile
+    (16, 1024, 192, dict(stages=2, warpgroups=2)),  # the warpgroups' maxima meet in SMEM
+    (3, 1536, 128, dict(stages=3, warpgroups=1)),  # a chunk count not a multiple of slots
+    # grid split-K: each CTA reads the whole rows for the amax, multiplies half of K
+    (8, 1024, 128, dict(stages=2, warpgroups=1, split_k=2)),
+    (4, 1024, 256, dict(stages=2, warpgroups=1, column_blocks=2)),  # two column blocks
+])
+def test_run_direct_quantize_x_interpret(m, k, n, cfg):
+  """x quantized per token to int8 inside the kernel: bit for bit the output of the same
+  kernel on quantize_activations' codes and scales (ties, an all-zero row, split-K, two
+  warpgroups, column blocks, chunk refills), bias fused."""
+  from humming_jax.kernels import wna16_mgpu
+  config = wna16_mgpu.Config(8, substeps=2, unpadded_rows=True, **cfg)
+  x, codes, col, bias = _quantize_x_inputs(m, k, n, seed=m + k)
+  y = jax.jit(lambda c, x, s, b: wna16_mgpu.run_direct(
+      c, x, s, n=n, bias=b, interpret=True, config=config, quantize_x=True))(
+      codes, x, col, bias)
+  want = _prepass_direct(codes, x, col, n, bias, interpret=True, config=config)
+  assert y.dtype == x.dtype and y.shape == (m, n)
+  np.testing.assert_array_equal(np.asarray(y, np.float32), np.asarray(want, np.float32))
+  assert float(jnp.abs(y.astype(jnp.float32)).max()) > 0
+
+
+def test_run_direct_quantize_x_nan_and_fp16():
+  """A row holding NaN / inf comes out NaN (its scale is NaN, as the reference's), the
+  other rows unchanged; fp16 x (the output in fp16) matches the pre-pass path too; one
+  token (the row view) likewise."""
+  from humming_jax.kernels import wna16_mgpu
+  config = wna16_mgpu.Config(8, stages=2, substeps=2, warpgroups=1, unpadded_rows=True)
+  x1, codes1, col1, bias1 = _quantize_x_inputs(1, 512, 128, seed=2)
+  run1 = lambda x: wna16_mgpu.run_direct(codes1, x, col1, n=128, bias=bias1, interpret=True,
+                                         config=config, quantize_x=True)
+  np.testing.assert_array_equal(
+      np.asarray(run1(x1), np.float32),
+      np.asarray(_prepass_direct(codes1, x1, col1, 128, bias1, interpret=True, config=config),
+                 np.float32))
+  assert bool(jnp.isnan(run1(x1.at[0, 300].set(jnp.inf))).all())
+  x, codes, col, bias = _quantize_x_inputs(4, 512, 128, seed=3, dtype=jnp.float16)
+  run = lambda x: wna16_mgpu.run_direct(codes, x, col, n=128, bias=bias, interpret=True,
+                                        config=config, quantize_x=True)
+  y = run(x)
+  np.testing.assert_array_equal(
+      np.asarray(y, np.float32),
+      np.asarray(_prepass_direct(codes, x, col, 128, bias, interpret=True, config=config),
+                 np.float32))
+  bad = run(x.at[2, 7].set(jnp.nan).at[3, 0].set(jnp.inf))
+  assert bool(jnp.isnan(bad[2:]).all()) and not bool(jnp.isnan(bad[:2]).any())
+  np.testing.assert_array_equal(np.asarray(bad[:2], np.float32), np.asarray(y[:2], np.float32))
+
+
+def test_run_decode_mgpu_quantize_x_interpret(monkeypatch):
+  """w8a8.run_decode_mgpu with the quantization in the kernel equals the pre-pass route
+  (XLA's codes in the interpreter) on a w8a8-int8 layer; other specs keep the pre-pass."""
+  from humming_jax.kernels import wna16_mgpu
+  config = wna16_mgpu.Config(8, stages=2, substeps=2, warpgroups=2, unpadded_rows=True)
+  spec, w, x, b, q = make("w8a8-int8", 1024, 192, 3, seed=4)
+  p = hj.prepare(q, kernel="w8a8")
+  assert w8a8.quantizes_x_in_kernel(spec, p.codes.shape[1], config)
+  for other in ("w8a8-int8-static", "w8a8-fp8"):
+    assert not w8a8.quantizes_x_in_kernel(make(other, 256, 64, 1)[0], 1024)
+  assert not w8a8.quantizes_x_in_kernel(spec, 1024, dataclasses.replace(config, substeps=1))
+  assert not w8a8.quantizes_x_in_kernel(spec, 1152)  # K tiles of 128 in odd count
+  run = lambda flag: jax.jit(lambda p, x: w8a8.run_decode_mgpu(
+      p, x, interpret=True, config=config, quantize_x=flag))(p, x)
+  calls, real = [], wna16_mgpu.run_direct
+  monkeypatch.setattr(wna16_mgpu, "run_direct",
+                      lambda *a, **kw: (calls.append(kw.get("quantize_x", False)),
+                                        real(*a, **kw))[1])
+  x1 = x[:1]  # the default: on the GPU at one token; the interpreter keeps XLA's pre-pass
+  jax.jit(lambda p, x: w8a8.run_decode_mgpu(p, x, interpret=True, config=config))(p, x1)
+  monkeypatch.setenv("HUMMING_JAX_DECODE_QUANTIZE_X", "1")
+  jax.jit(lambda p, x: w8a8.run_decode_mgpu(p, x, interpret=True, config=config))(p, x1)
+  assert calls == [False, True], calls
+  monkeypatch.delenv("HUMMING_JAX_DECODE_QUANTIZE_X")
+  y = run(True)
+  np.testing.assert_array_equal(np.asarray(y, np.float32), np.asarray(run(False), np.float32))
+  assert rel(y, reference.dense_reference(q, x)) <= 1e-2
+
+
+def test_run_direct_quantize_x_errors():
+  from humming_jax.kernels import wna16_mgpu
+  x, codes, col, _ = _quantize_x_inputs(2, 512, 128, seed=1)
+  with pytest.raises(ValueError, match="quantize_x=True: needs the direct int8 layout"):
+    wna16_mgpu.run_direct(codes.astype(jnp.float8_e4m3fn), x, col, n=128, interpret=True,
+                          quantize_x=True)
+  with pytest.raises(ValueError, match="quantize_x=True: needs the direct int8 layout"):
+    wna16_mgpu.run_direct(codes, x, col, n=128, row_scale=jnp.ones((2,)), interpret=True,
+                          quantize_x=True)
+  with pytest.raises(ValueError, match="multiple of 256 columns"):
+    wna16_mgpu.run_direct(codes, x, col, n=128, interpret=True, quantize_x=True,
+                          config=wna16_mgpu.Config(8, stages=2, substeps=1, warpgroups=1))
+  with pytest.raises(ValueError, match="warpgroups split K only"):
+    wna16_mgpu.run_direct(codes, x, col, n=128, interpret=True, quantize_x=True,
+                          config=wna16_mgpu.Config(8, stages=2, substeps=2, warpgroups=2,
+                                                   split_warpgroups="n"))
+
+
+@pytest.mark.parametrize("m", [16, 1])
+def test_shared_memory_estimate_with_quantize_x(m, monkeypatch):
+  """quantize_x's buffers (a 16-bit x tile per slot, the code tiles, the amax pass's
+  barriers, the warpgroups' maxima; one token: the row view) are counted: Mosaic's count
+  or up to 2 KB above."""
+  import re
+  from humming_jax.kernels import wna16_mgpu as mg
+  monkeypatch.setattr(mg, "SMEM_BYTES", 10**7)
+  cfg = mg.Config(64, 4, 2, warpgroups=4, unpadded_rows=m == 1)  # (one row: the view)
+  x = jax.ShapeDtypeStruct((m, 8192), jnp.bfloat16)
+  codes = jax.ShapeDtypeStruct((256, 8192), jnp.int8)
+  col = jax.ShapeDtypeStruct((1, 256), jnp.float32)
+  with pytest.raises(Exception, match="exceeds available shared memory") as err:
+    jax.jit(lambda c, x, s: mg.run_direct(c, x, s, n=256, config=cfg, quantize_x=True)).trace(
+        codes, x, col).lower(lowering_platforms=("cuda",))
+  count = int(re.search(r"smem_bytes=(\d+)", str(err.value)).group(1))
+  est = mg.smem_bytes(max(m, 8), 4, 2, 128, 8, False, 2, 4, False, 1, True, x_scales=True,
+                      x_codes=True, x_row_bytes=2 * 8192 if m == 1 else 0)
+  assert 0 <= est - count < 2048, (est, count)
+
+
 def _check_decode_gpu(name, k, n, m, seed, what):
   """run_decode_mgpu at (M, K) x (K, N) on the GPU against the reference, the float
   product and the Triton W8A8 kernel on the same codes (one output rounding each, float32
@@ -601,6 +748,47 @@ def test_decode_mgpu_gpu(name, m, mma8, monkeypatch):
   monkeypatch.setenv("HUMMING_JAX_DECODE_MMA8", mma8)
   _check_decode_gpu(name, 8192, 8192, m, 5, f"decode on Mosaic (mma8={mma8})")
 
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", [1, 5, 16])
+@pytest.mark.parametrize("k,n", [(8192, 8192), (14336, 4096)])
+def test_run_direct_quantize_x_gpu(m, k, n):
+  """The in-kernel int8 quantization on the H200's default launch (four warpgroups; the
+  narrow layer's grid split-K) against the same kernel on XLA's codes and scales: the
+  codes are the reference's (x * (1 / s), rounded half to even), so outputs agree but
+  for float32 summation order; a NaN row stays NaN."""
+  from humming_jax.kernels import wna16_mgpu
+  x, codes, col, bias = _quantize_x_inputs(m, k, n, seed=m)
+  run = jax.jit(lambda c, x, s, b: wna16_mgpu.run_direct(c, x, s, n=n, bias=b,
+                                                          quantize_x=True))
+  y = run(codes, x, col, bias)
+  want = jax.jit(lambda c, x, s, b: _prepass_direct(c, x, s, n, b))(codes, x, col, bias)
+  yf, wf = np.asarray(y, np.float32), np.asarray(want, np.float32)
+  same = float((yf == wf).mean())
+  e = rel(y, want)
+  print(f"quantize_x M={m} {k}->{n}: rel err vs the pre-pass codes {e:.2e}, "
+        f"{same:.4f} of outputs bit-equal")
+  assert e <= 1e-3 and same >= 0.99, (e, same)
+  bad = run(codes, x.at[m - 1, 5].set(jnp.nan), col, bias)
+  assert bool(jnp.isnan(bad[m - 1]).all())
+  if m > 1:
+    np.testing.assert_array_equal(np.asarray(bad[:m - 1], np.float32), yf[:m - 1])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", [1, 16])
+@pytest.mark.parametrize("k,n", [(8192, 8192), (14336, 4096)])
+def test_decode_quantize_x_gpu(k, n, m, monkeypatch):
+  """w8a8-int8's decode route with the activations quantized in the kernel, against the
+  reference, the float product and the Triton W8A8 kernel."""
+  from humming_jax.kernels import wna16_mgpu
+  monkeypatch.setenv("HUMMING_JAX_DECODE_QUANTIZE_X", "1")
+  calls, real = [], wna16_mgpu.run_direct
+  monkeypatch.setattr(wna16_mgpu, "run_direct",
+                      lambda *a, **kw: (calls.append(kw.get("quantize_x")), real(*a, **kw))[1])
+  _check_decode_gpu("w8a8-int8", k, n, m, 9, f"{k}->{n} decode, x quantized in the kernel")
+  assert calls and all(calls), calls  # the route ran the in-kernel quantization
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("m", [1, 16])

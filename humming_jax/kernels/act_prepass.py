@@ -55,8 +55,8 @@ NUM_WARPS = {True: 4, False: 8}  # by whether the rows are held
 # 1.5 * 2**23: t + magic, for |t| <= 2**22, is rounded to an integer (to even) that sits
 # in the float's low mantissa bits, so bits(t + magic) - bits(magic) is round(t).  Read
 # through the bits, which XLA (the interpreter) cannot fold as it folds (t + c) - c.
-_RNE_MAGIC = 12582912.0
-_MAGIC_BITS = int(np.float32(_RNE_MAGIC).view(np.int32))
+RNE_MAGIC = 12582912.0
+MAGIC_BITS = int(np.float32(RNE_MAGIC).view(np.int32))
 
 
 def supports(spec: QuantSpec) -> bool:
@@ -102,8 +102,8 @@ def _kernel(x_ref, *refs, kp: int, chunk: int, fmt: str, qmax: float, held: bool
   for j, c in enumerate(cols):  # scale, saturate, round, store
     xs = load(j).astype(jnp.float32) / s
     if fmt == "int8":
-      t = jnp.clip(xs, -128.0, 127.0) + _RNE_MAGIC
-      r = jax.lax.bitcast_convert_type(t, jnp.int32) - _MAGIC_BITS
+      t = jnp.clip(xs, -128.0, 127.0) + RNE_MAGIC
+      r = jax.lax.bitcast_convert_type(t, jnp.int32) - MAGIC_BITS
       q, value = r.astype(jnp.int8), r.astype(jnp.float32)
     else:
       dtype, maxv = FP8_CARRIERS[fmt]

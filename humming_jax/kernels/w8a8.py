@@ -638,6 +638,29 @@ DECODE_MGPU_MAX_M = 16
 # fp8 kernel sums all of K in it: 3e-3).  H200 (one process): GEMM 17.9-18.4 us against
 # 19.3-20.4, layer 20.2-21.0 against 21.8-23.2 (Triton 25.5-26.5).
 DECODE_MMA8 = True
+# int8 per-token activations quantized inside the decode kernel (wna16_mgpu.run's
+# quantize_x: each CTA reads the rows for their amax, then converts each x tile to codes)
+# instead of the pre-pass launch (act_prepass), on the GPU up to this many rows.
+# Session 55 (NOTES.md), CUPTI kernel time per layer on an H100, one process each: one
+# token (each warpgroup's share of the row in one TMA, in flight beside the first
+# stages) 24.5 us against 25.7-25.9 with the pre-pass at 8192^2, 23.8-23.9 against
+# 26.3-26.5 at 14336 -> 4096; 16 rows (the rows streamed through the x slots before the
+# pipeline's x tiles) 31.4-31.5 against 26.7, 34.9-35.1 against 27.2-27.3: off there.
+# HUMMING_JAX_DECODE_QUANTIZE_X=1 / 0 at trace time (or run_decode_mgpu's quantize_x)
+# forces it on (any M the route takes) or off; the interpreter keeps XLA's pre-pass by
+# default, as for the pre-pass launch.
+DECODE_QUANTIZE_X_MAX_M = 1
+
+
+def quantizes_x_in_kernel(spec: QuantSpec, kp: int,
+                          config: wna16_mgpu.Config | None = None) -> bool:
+  """Whether the decode kernel can quantize this spec's activations itself: dynamic
+  per-token int8 with float32 scales, x tiles of 256 columns (the padded K a multiple of
+  256 and two 128-deep K tiles per pipeline step), the warpgroups splitting K."""
+  substeps = 2 if config is None else config.substeps
+  return (act_prepass.supports(spec) and spec.act_format.name == "int8"
+          and kp % 256 == 0 and substeps >= 2
+          and (config is None or config.split_warpgroups != "n"))
 
 
 def _decode_carrier(spec: QuantSpec):
@@ -660,7 +683,8 @@ def decode_mgpu_runs(params: QuantizedWeight) -> bool:
 
 
 def run_decode_mgpu(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
-                    config: wna16_mgpu.Config | None = None) -> jax.Array:
+                    config: wna16_mgpu.Config | None = None,
+                    quantize_x: bool | None = None) -> jax.Array:
   """W8A8 int8 / fp8 at decode on the Mosaic WnA16 kernel (Hopper, or the interpreter).
 
   The activations are quantized by the pre-pass as in :func:`run`, and
@@ -671,7 +695,13 @@ def run_decode_mgpu(params: QuantizedWeight, x: jax.Array, *, interpret: bool = 
   fp16, the products exact in float32), each weight converted in registers.  Either way
   it is the 8-bit GEMM up to float32 summation.  The activation scale (per token or
   tensor), the weight scale and the bias are applied in the kernel's float32 epilogue,
-  and the output is rounded once, to x.dtype."""
+  and the output is rounded once, to x.dtype.
+
+  ``quantize_x``: int8 per-token activations quantized inside the GEMM kernel (no
+  pre-pass launch) where :func:`quantizes_x_in_kernel` allows, the codes and scales of
+  ``quantize_activations`` (bit for bit in the interpreter); elsewhere the pre-pass as
+  above.  Default: HUMMING_JAX_DECODE_QUANTIZE_X if set, else on the GPU up to
+  :data:`DECODE_QUANTIZE_X_MAX_M` rows."""
   if not decode_mgpu_runs(params):
     raise ValueError(f"spec {params.spec.name} / layout {params.layout!r}: run_decode_mgpu "
                      f"takes int8 x int8 or e4m3 x e4m3 specs with per-channel or tensor "
@@ -689,14 +719,21 @@ def run_decode_mgpu(params: QuantizedWeight, x: jax.Array, *, interpret: bool = 
   # pass): per token on the GPU by one launch, else XLA's pre-pass (row amax, scale,
   # quantize: three launches).  K padded: XLA's (its pad is in the same pass).
   codes_dtype = _decode_carrier(spec) if mma8 else x.dtype  # (= params.codes.dtype)
+  if quantize_x is None:
+    quantize_x = tuning.env_flag("HUMMING_JAX_DECODE_QUANTIZE_X",
+                                 not interpret and m <= DECODE_QUANTIZE_X_MAX_M)
+  col = wna16._decode_scale_row(params.scales, spec)  # (1, Np) float32
+  if (s2 := _global_scale(params)) is not None:
+    col = col * s2
+  if quantize_x and mma8 and quantizes_x_in_kernel(spec, kp, config):
+    return wna16_mgpu.run_direct(params.codes, x, col, n=n, bias=params.bias,
+                                 interpret=interpret, config=config, out_dtype=x.dtype,
+                                 quantize_x=True)
   if kp == k and act_prepass.decode_launch_applies(x, spec, interpret=interpret):
     a, sa = act_prepass.decode_codes_rows(x, spec, codes_dtype=codes_dtype)
   else:
     a, sa = act_operands(x, spec, plan_for(spec), params.act_scale, rows=m, kp=kp,
                          interpret=interpret, values_dtype=None if mma8 else x.dtype)
-  col = wna16._decode_scale_row(params.scales, spec)  # (1, Np) float32
-  if (s2 := _global_scale(params)) is not None:
-    col = col * s2
   row_scale = None
   if spec.act_granularity == "token":
     row_scale = sa.reshape(m)  # (M, 1): the pre-pass ran on the M rows, unpadded

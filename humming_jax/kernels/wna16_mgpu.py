@@ -62,6 +62,7 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
@@ -69,7 +70,7 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 from humming_jax import packing
 from humming_jax.quantize import (E8M0, QuantizedWeight, carrier_dtype, expand_scales,
                                   scale_block, store_scale, unpacked_codes)
-from humming_jax.kernels import launch, mgpu_convert, registry, tuning
+from humming_jax.kernels import act_prepass, launch, mgpu_convert, registry, tuning
 from humming_jax.spec import QuantSpec
 
 FAMILY = "wna16_mgpu"
@@ -80,6 +81,17 @@ _COL = plgpu.Layout.WGMMA.reduce(0)
 _TRANSPOSED = plgpu.Layout.WGMMA_TRANSPOSED
 _UPCAST = {4: plgpu.Layout.WGMMA_UPCAST_4X, 8: plgpu.Layout.WGMMA_UPCAST_2X}
 _CODE_DTYPE = {4: jnp.int4, 8: jnp.int8}
+# quantize_activations' int8 per-token scale, amax / 127, in the form XLA gives it (its
+# simplifier multiplies by the float32 reciprocal; a GPU division is 1 ulp off in ~4 % of
+# rows: benchmarks/probe_inkernel_quant.py)
+ACT_INT8_INV_QMAX = float(np.float32(1 / 127))
+
+
+# A (rows, 256 k) x tile (k >= 1) in registers: warp w holds rows w, w + 4, ..., lane l the
+# 8 contiguous values 8l .. 8l + 7 of each 256 columns (16-byte loads).  A row's reduction
+# stays inside one warp, and the reduced (rows,) layout broadcasts back (quantize_x).
+_X_ROWS = plgpu.Layout.TILED(plgpu.Tiling(((4, 256), (8,))), warp_dims=(-3,),
+                             lane_dims=(-2,), vector_dim=-1)
 
 
 Config = tuning.MgpuConfig  # frozen; lives with the other configs in tuning.py
@@ -641,7 +653,8 @@ def output_dtype(x: jax.Array, out_dtype=None):
 
 def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
         config: Config | None = None, tiles: Tiles | None = None,
-        x_scale: jax.Array | None = None, out_dtype=None) -> jax.Array:
+        x_scale: jax.Array | None = None, out_dtype=None,
+        quantize_x: bool = False) -> jax.Array:
   """(M, K) bf16/fp16 activations x prepared params -> (M, N) in x.dtype.
 
   The weights are dequantized in the activation dtype: with fp16 activations, weights
@@ -667,7 +680,15 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
   ``x_scale`` too: x rows (activation codes) each multiplied by its float32 scale in the
   same epilogue, before the column scale and the bias; x there is 16-bit (the codes'
   values, converted weights in registers) or 8-bit codes of the weights' dtype (an 8-bit
-  WGMMA on both operands in shared memory, output ``out_dtype``)."""
+  WGMMA on both operands in shared memory, output ``out_dtype``).
+
+  ``quantize_x`` (the direct int8 layout, 16-bit x, one CTA's warpgroups splitting K): x
+  quantized per token to int8 inside the kernel, as ``quantize_activations`` does for a
+  dynamic per-token int8 spec (scale amax / 127 in float32, 1 for an all-zero row, NaN
+  for a row holding NaN / inf; codes x / scale saturated and rounded to nearest even),
+  then the 8-bit WGMMA of the codes: W8A8 int8 at decode without a pre-pass launch.  Each
+  CTA first reads the whole rows once for their amax (its warpgroups a quarter each,
+  while the first weight stages are in flight), then converts each x tile as it arrives."""
   spec = params.spec
   grouped = tiles is not None
   if not grouped and registry.layout_family(params.layout) != FAMILY:
@@ -690,8 +711,13 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
     return jnp.zeros((0, n), output_dtype(x, out_dtype))
   # 8-bit x codes of the direct layout's own dtype: both WGMMA operands straight from
   # shared memory, no conversion in the K loop (run_direct)
-  mma8 = direct and x.dtype == params.codes.dtype
-  mma8_int = mma8 and x.dtype == jnp.int8  # (mma8 e4m3: per-tile float32 promotion)
+  if quantize_x and not (direct and params.codes.dtype == jnp.int8 and x_scale is None
+                         and x.dtype in (jnp.bfloat16, jnp.float16)):
+    raise ValueError(f"quantize_x=True: needs the direct int8 layout (codes "
+                     f"{params.codes.dtype}, {params.codes.ndim}-D), bfloat16 / float16 x "
+                     f"(got {x.dtype}) and no x_scale (the kernel computes it)")
+  mma8 = direct and (x.dtype == params.codes.dtype or quantize_x)
+  mma8_int = mma8 and params.codes.dtype == jnp.int8  # (e4m3: per-tile float32 promotion)
   if direct and not mma8 and x.dtype not in (jnp.bfloat16, jnp.float16):
     raise ValueError(f"x.dtype={x.dtype}: the direct layout takes bfloat16 / float16 x or "
                      f"8-bit codes of the weights' dtype ({params.codes.dtype})")
@@ -707,11 +733,12 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
     raise ValueError(f"x_scale: only for float8_e4m3fn x on the fp8-MMA layout or the "
                      f"direct 8-bit layout (run_direct); x.dtype={x.dtype}, "
                      f"params.layout={params.layout!r}")
-  row_scaled = x_scale is not None  # each x row's float32 scale, in the epilogue
-  if (fp8 or row_scaled) and (x_scale is None or x_scale.shape not in ((m,), (m, 1))):
+  xs_in = x_scale is not None  # each x row's float32 scale (given), in the epilogue
+  if (fp8 or xs_in) and (x_scale is None or x_scale.shape not in ((m,), (m, 1))):
     raise ValueError(f"x_scale: expected the ({m},) float32 row scales of "
                      f"{'the float8_e4m3fn' if fp8 else 'this'} x; got "
                      f"{None if x_scale is None else x_scale.shape}")
+  row_scaled = xs_in or quantize_x  # (quantize_x: the scales computed in the kernel)
   if (fp8 or mma8) and jnp.dtype(out_dtype or jnp.bfloat16) not in (
       jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)):
     raise ValueError(f"out_dtype={jnp.dtype(out_dtype)}: expected bfloat16 or float16")
@@ -793,7 +820,7 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
   # The epilogue's row scales: x_scale as float32 (fp8: times 2**6, as the e4m3 operands
   # hold e2m1 values * 2**-6; the column fold: times its 2**-11), padded to the rows read.
   xs = None
-  if row_scaled:
+  if xs_in:
     xs = x_scale.reshape(m).astype(jnp.float32)
     if fp8:
       xs = xs * (1 / mgpu_convert.E4M3_FROM_E2M1)
@@ -821,7 +848,12 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
   # kernel time but timed 4-6 us per layer slower in the chain, so the default stays).
   after = config.scale_after_mma and gpt == 1
   overlap = after and config.overlap_mma and not zero_mma and sub > 1
-  operands = (([tiles.sched] if grouped else []) + [xp] + ([xs] if row_scaled else [])
+  # quantize_x at one token: the row also as (Kp / 256, 256) (a free reshape), so each
+  # warpgroup's share of it is one TMA into its own buffer, in flight beside the first
+  # stages (rather than chunk by chunk through its x slots before they are filled)
+  row_view = quantize_x and rows == 1 and kp // 256 <= 256  # (a TMA box: <= 256 rows)
+  operands = (([tiles.sched] if grouped else []) + [xp]
+              + ([xp.reshape(kp // 256, 256)] if row_view else []) + ([xs] if xs_in else [])
               + [params.codes])
   # The fp8 route multiplies float32 partials: scale rows stay in their stored 16-bit
   # dtype (e8m0 / e4m3 as bf16, exact) or float32, not rounded to the output dtype.
@@ -847,12 +879,24 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
   # Warpgroups split K (each streams steps_w of the steps into its own buffers) or, with
   # share_x, N (each its own 64 columns over every step, one x tile shared in SMEM).
   share_x = config.split_warpgroups == "n"
+  if quantize_x and (sub * bk) % 256:
+    raise ValueError(f"quantize_x=True: the x tile of a pipeline step (substeps {sub} x "
+                     f"{bk} columns) must be a multiple of 256 columns; got {sub * bk}")
+  if quantize_x and (grouped or share_x):
+    raise ValueError(f"quantize_x=True: dense launches whose warpgroups split K only (each "
+                     f"converts its own x tiles); got split_warpgroups="
+                     f"{config.split_warpgroups!r}{', grouped tiles' if grouped else ''}")
   splits = np_ // BLOCK_N if share_x else steps  # what the warpgroups divide
   wgs = divisor(config.warpgroups, splits)
   if interpret and share_x:  # the CPU interpreter can leave a third warpgroup thread
     wgs = divisor(min(wgs, 2), splits)  # unscheduled on a 2-core machine (NOTES.md v11)
   x_side_bytes = (dict(x_bytes=1, scale_bytes=jnp.dtype(s_dtype).itemsize, x_scales=True)
-                  if fp8 else dict(x_bytes=1, x_scales=row_scaled) if mma8
+                  if fp8 else dict(x_scales=True, x_codes=True, x_row_bytes=row_view * (
+                      # the row view: k_steps rows of 256 values and a float32 max each,
+                      # padded to 8 rows per warpgroup (at most 7 more each)
+                      (k_steps + 7 * config.warpgroups) * (sub * bk * xp.dtype.itemsize + 4)))
+                  if quantize_x
+                  else dict(x_bytes=1, x_scales=row_scaled) if mma8
                   else dict(x_scales=True) if row_scaled else {})
   if fp8 and config.column_blocks > 1:
     raise ValueError(f"config.column_blocks={config.column_blocks}: the fp8-MMA layout "
@@ -913,7 +957,8 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
   # fp8 x: 32-byte swizzle, so each 32-deep K step of a tile is a whole swizzle tile (the
   # B operand of one fp8 WGMMA beside its (64, 32) register A operand).
   x_tf = ((plgpu.TilingTransform((8, 32)), plgpu.SwizzleTransform(32)) if fp8
-          else _swizzled(sub * bk, 8 if mma8 else 16, "x"))
+          else _swizzled(sub * bk, 8 if mma8 and not quantize_x else 16, "x"))
+  xq_tf = _swizzled(sub * bk, 8, "x codes")  # quantize_x: the int8 B operand tile
   w_tf = _swizzled(bk, bits, "w")
   a_tf = _swizzled(bk, 16, "a")
   r_tf = _swizzled(block_m, 32, "r")
@@ -921,11 +966,14 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
 
   def kernel(*refs, x_buf, w_buf, bars, o_smem, s_buf=None, z_buf=None, red_smem=None,
              red_bar=None, ep_smem=None, ep_barrier=None, a_smem=None, ones_smem=None,
-             free=None, out_bar=None, xs_smem=None, xs_bar=None, o_free=None, red_free=None):
+             free=None, out_bar=None, xs_smem=None, xs_bar=None, o_free=None, red_free=None,
+             xq_smem=None, amax_smem=None, amax_bar=None, xa_bars=None, xa_smem=None,
+             xa_red=None):
     rest = list(refs)
     sched_gmem = rest.pop(0) if grouped else None
     x_gmem = rest.pop(0)
-    xs_gmem = rest.pop(0) if row_scaled else None
+    xv_gmem = rest.pop(0) if row_view else None
+    xs_gmem = rest.pop(0) if xs_in else None
     w_gmem = rest.pop(0)
     s_gmem = None if col else rest.pop(0)
     z_gmem = rest.pop(0) if has_zeros else None
@@ -946,7 +994,7 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
     ep_row = lambda r, g, i: (r * eg + g) * n_ep + i
 
     def tile(xs, pick):  # xs: the x rows; pick: the tile's expert's arrays (dense: same)
-      if row_scaled:  # the tile's row scales, for the epilogue
+      if xs_in:  # the tile's row scales, for the epilogue
         pl.when(wg == 0)(lambda: plgpu.copy_gmem_to_smem(xs_gmem.at[xs], xs_smem, xs_bar))
       if n_ep:  # in flight during the K loop; warpgroup 0 (share_x: each) runs the epilogue
         @pl.when(wg == 0)  # (share_x: for every warpgroup; one issuer of all copies)
@@ -974,14 +1022,18 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
         if has_zeros:
           plgpu.copy_gmem_to_smem(pick(z_gmem).at[rows, ng], z_buf.at[g, slot], bar)
 
-      def fetch(step, slot):  # step: counted over the CTA's column blocks
+      def fetch(step, slot, part="all"):  # step: counted over the CTA's column blocks
+        # part: "w" the weight side only, "x" the x tile only (quantize_x's first stages:
+        # their weights in flight during the amax pass, which has the x slots meanwhile)
         r, step = divmod(step, steps_w) if blocks > 1 else (0, step)
         t = first_tile + step * sub
         x_src = x_gmem.at[xs, pl.ds(t * bk, sub * bk)]
         if not share_x:
           bar = bars.at[wg * stages + slot]
-          plgpu.copy_gmem_to_smem(x_src, x_buf.at[wg, slot], bar)
-          fetch_one(t, slot, wg, cols(0, r), bar)
+          if part != "w":
+            plgpu.copy_gmem_to_smem(x_src, x_buf.at[wg, slot], bar)
+          if part != "x":
+            fetch_one(t, slot, wg, cols(0, r), bar)
           return
 
         @pl.when(wg == 0)
@@ -1091,7 +1143,91 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
         plgpu.wgmma_wait(0)  # the slot may be refilled next
         return total
 
+      x_rows_inv = None  # quantize_x: 1 / the (block_m,) row scales, _X_ROWS-reduced (start)
+
+      per_wg = k_steps // wgs  # quantize_x: each warpgroup's chunks of 256 columns
+
+      def issue_row_view():  # one token: this warpgroup's 1/wgs of the row, one TMA
+        plgpu.copy_gmem_to_smem(xv_gmem.at[pl.ds(wg * per_wg, per_wg)],
+                                xa_smem.at[wg, pl.ds(0, per_wg)], xa_bars.at[wg])
+
+      def row_view_amax():  # every value of the view's rows is the token's
+        # Each view row's max inside its warp (_X_ROWS), the rows' maxima through SMEM
+        # (a reduction across warps: a full-array jnp.max gave each warp its own on the
+        # H100), every warpgroup's read back as scalars by every thread.
+        plgpu.barrier_wait(xa_bars.at[wg])
+        v = plgpu.load(xa_smem.at[wg], layout=_X_ROWS).astype(jnp.float32)
+        xa_red.at[wg][...] = jnp.max(jnp.where(v != v, jnp.inf, jnp.abs(v)), axis=1)
+        plgpu.commit_smem()
+        if wgs > 1:
+          plgpu.barrier_arrive(amax_bar)
+          plgpu.barrier_wait(amax_bar)
+        a = None  # (rows past per_wg are the buffer's padding: not read)
+        for g in range(wgs) if wgs > 1 else [wg]:
+          for i in range(per_wg):
+            a = xa_red[g, i] if a is None else jnp.maximum(a, xa_red[g, i])
+        return plgpu.layout_cast(jnp.full((block_m,), a, jnp.float32), _X_ROWS.reduce(1))
+
+      def quantize_scales():
+        # Each warpgroup reads 1/wgs of the whole rows (every grid K split's too: the scale
+        # is the row's): one token from the row view in flight since start(), else through
+        # its x slots (the weight stages in flight meanwhile, the x tiles after), keeping
+        # |x| elementwise (NaN as inf), then one reduction per row; the warpgroups' maxima
+        # meet in SMEM.
+        nonlocal x_rows_inv
+        rows_l = _X_ROWS
+        amax = row_view_amax() if row_view else streamed_amax(rows_l)
+        if wgs > 1 and not row_view:  # (the row view's maxima met already)
+          amax_smem.at[wg][...] = amax
+          plgpu.barrier_arrive(amax_bar)
+          plgpu.barrier_wait(amax_bar)
+          for g in range(wgs):
+            amax = jnp.maximum(amax, plgpu.load(amax_smem.at[g], layout=rows_l.reduce(1)))
+        # quantize_activations' scale: amax * float32(1 / 127) is XLA's form of amax / 127
+        s = jnp.where(amax > 0, amax * ACT_INT8_INV_QMAX, 1.0)
+        s = jnp.where(amax == jnp.inf, jnp.nan, s)
+        # XLA computes the reference's x / s as x * (1 / s) (a division by a broadcast),
+        # which rounds ties (x / s = k + 1/2 exactly: common in bf16) differently
+        x_rows_inv = 1.0 / s
+
+        @pl.when(wg == 0)
+        def _():  # the epilogue's row scales (read after this warpgroup's next commit)
+          xs_smem[...] = s
+
+      def streamed_amax(rows_l):
+        chunk_bar = lambda c: xa_bars.at[wg * stages + lax.rem(c, stages)]
+
+        def issue(c):
+          t = (wg * per_wg + c) * sub
+          plgpu.copy_gmem_to_smem(x_gmem.at[xs, pl.ds(t * bk, sub * bk)],
+                                  x_buf.at[wg, lax.rem(c, stages)], chunk_bar(c))
+        for c in range(min(stages, per_wg)):
+          issue(c)
+
+        def body(c, amax):
+          plgpu.barrier_wait(chunk_bar(c))
+          v = plgpu.load(x_buf.at[wg, lax.rem(c, stages)], layout=rows_l).astype(jnp.float32)
+          plgpu.commit_smem()  # every thread has read the slot before it is refilled
+          pl.when(c + stages < per_wg)(lambda: issue(c + stages))
+          return jnp.maximum(amax, jnp.where(v != v, jnp.inf, jnp.abs(v)))
+        amax = lax.fori_loop(0, per_wg, body, plgpu.layout_cast(
+            jnp.zeros((block_m, sub * bk), jnp.float32), rows_l))
+        return jnp.max(amax, axis=1)
+
+      def quantized_x(x_smem):  # this slot's x tile -> int8 codes in this warpgroup's tile
+        rows_l = _X_ROWS
+        v = plgpu.load(x_smem, layout=rows_l).astype(jnp.float32)
+        t = jnp.clip(v * lax.broadcast_in_dim(x_rows_inv, v.shape, [0]), -128.0, 127.0)
+        # round half to even by the float's bits (act_prepass's form)
+        q = (lax.bitcast_convert_type(t + act_prepass.RNE_MAGIC, jnp.int32)
+             - act_prepass.MAGIC_BITS)
+        xq_smem.at[wg][...] = q.astype(jnp.int8)
+        plgpu.commit_smem()  # generic-proxy stores -> the WGMMA's reads
+        return xq_smem.at[wg]
+
       def mma8_tiles(slot, x_smem, acc_t, total, acc_ref):
+        if quantize_x:
+          x_smem = quantized_x(x_smem)
         # The direct layout's (64, bk) 8-bit K-major code tiles are the WGMMA A operand as
         # stored, the 8-bit x tile (read transposed: K-major) the B operand: nothing is
         # converted per weight.  int8: every K tile into the int32 accumulator (exact over
@@ -1193,8 +1329,20 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
         if zero_mma:  # the constant all-ones WGMMA A operand of the x sums
           ones_smem.at[wg][...] = jnp.ones((BLOCK_N, bk), cdt)
           plgpu.commit_smem()
-        for st in range(stages):  # (single: in flight while the column maxima arrive)
-          fetch(st, st)
+        if quantize_x and row_view:  # the row in flight beside the first stages
+          issue_row_view()
+          for st in range(stages):
+            fetch(st, st)
+          quantize_scales()
+        elif quantize_x:  # the first stages' weights stream in while the rows' amax is read
+          for st in range(stages):
+            fetch(st, st, part="w")
+          quantize_scales()
+          for st in range(stages):
+            fetch(st, st, part="x")
+        else:
+          for st in range(stages):  # (single: in flight while the column maxima arrive)
+            fetch(st, st)
         if single or sf:  # the columns' largest group scales / fold bases, before the
           plgpu.barrier_wait(own(ep_barrier, e))  # first K tile
 
@@ -1252,7 +1400,7 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
           if row_scaled:  # each x row (a column here) times its scale (split-K: each partial)
             # one arrival per tile: with several column blocks only the first waits (a
             # second wait would be for a phase that never completes)
-            wait_xs = lambda: plgpu.barrier_wait(xs_bar)
+            wait_xs = lambda: plgpu.barrier_wait(xs_bar) if xs_in else None
             if blocks > 1:
               pl.when(r == 0)(wait_xs)
             else:
@@ -1368,8 +1516,20 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
     scratch["a_smem"] = (plgpu.SMEM((wgs, BLOCK_N, bk), jnp.float8_e4m3fn, transforms=x_tf)
                          if fp8 else plgpu.SMEM((wgs, BLOCK_N, bk), cdt, transforms=a_tf))
   if row_scaled:
-    scratch.update(xs_smem=plgpu.SMEM((block_m,), jnp.float32),
-                   xs_bar=plgpu.Barrier(num_arrivals=1))
+    scratch["xs_smem"] = plgpu.SMEM((block_m,), jnp.float32)
+  if xs_in:
+    scratch["xs_bar"] = plgpu.Barrier(num_arrivals=1)
+  if quantize_x:  # the codes tile, the amax pass's barriers, the warpgroups' maxima
+    scratch.update(xq_smem=plgpu.SMEM((wgs, block_m, sub * bk), jnp.int8, transforms=xq_tf),
+                   xa_bars=plgpu.Barrier(num_arrivals=1, num_barriers=wgs * stages))
+    view_rows = -(-(k_steps // wgs) // 8) * 8  # (whole 8-row groups for the _X_ROWS load)
+    if row_view:  # each warpgroup's share of the row and its rows' maxima
+      scratch.update(xa_smem=plgpu.SMEM((wgs, view_rows, sub * bk), xp.dtype),
+                     xa_red=plgpu.SMEM((wgs, view_rows), jnp.float32))
+    if wgs > 1:
+      scratch["amax_bar"] = plgpu.Barrier(num_arrivals=wgs)
+    if wgs > 1 and not row_view:
+      scratch["amax_smem"] = plgpu.SMEM((wgs, block_m), jnp.float32)
   if zero_mma:
     scratch["ones_smem"] = plgpu.SMEM((wgs, BLOCK_N, bk), cdt, transforms=a_tf)
   out = plgpu.kernel(
@@ -1408,7 +1568,7 @@ DIRECT_BLOCK_K = 128  # K per tile of the direct (Np, Kp) int8 layout (128-byte 
 def run_direct(codes: jax.Array, x: jax.Array, col_scale: jax.Array, *, n: int,
                row_scale: jax.Array | None = None, bias: jax.Array | None = None,
                interpret: bool = False, config: Config | None = None,
-               out_dtype=None) -> jax.Array:
+               out_dtype=None, quantize_x: bool = False) -> jax.Array:
   """(M, K <= Kp) x times int8 or float8_e4m3fn codes stored (Np, Kp) -- W8A8's carrier
   layout (``w8a8.prepare``), no copy -- with a float32 (1, Np) column scale, an optional
   (M,) float32 row scale and an optional (N,) bias in the float32 epilogue:
@@ -1422,6 +1582,8 @@ def run_direct(codes: jax.Array, x: jax.Array, col_scale: jax.Array, *, n: int,
   - 16-bit x (bf16 / fp16; e.g. activation codes held as 16-bit values, which int8 and
     e4m3 codes are exactly): the codes converted to x.dtype in registers, products exact
     in the float32 accumulator; output in x.dtype.
+  - 16-bit x with ``quantize_x`` (int8 codes, no ``row_scale``): x quantized per token to
+    int8 inside the kernel (``run(quantize_x=True)``), then the 8-bit WGMMA as above.
   Either way the product is the W8A8 GEMM up to float32 summation, and the per-token and
   weight scales stay float32 until the one rounding to the output dtype."""
   kinds = {jnp.dtype(jnp.int8): "int8", jnp.dtype(jnp.float8_e4m3fn): "fp8_e4m3"}
@@ -1447,7 +1609,7 @@ def run_direct(codes: jax.Array, x: jax.Array, col_scale: jax.Array, *, n: int,
       shape=(k, n),
       layout=f"{FAMILY}:direct:b8:cs")
   return run(view, x, interpret=interpret, config=config, x_scale=row_scale,
-             out_dtype=out_dtype)
+             out_dtype=out_dtype, quantize_x=quantize_x)
 
 
 def divisor(want: int, total: int) -> int:
@@ -1463,7 +1625,8 @@ def smem_bytes(block_m: int, stages: int, substeps: int, block_k: int, bits: int
                has_zeros: bool, out_bytes: int = 2, warpgroups: int = 1,
                ones_tile: bool = False, scale_rows: int = 1,
                column_scale: bool = False, share_x: bool = False, *, x_bytes: int = 2,
-               scale_bytes: int = 2, x_scales: bool = False, column_blocks: int = 1) -> int:
+               scale_bytes: int = 2, x_scales: bool = False, column_blocks: int = 1,
+               x_codes: bool = False, x_row_bytes: int = 0) -> int:
   """Shared memory the kernel allocates: each scratch buffer rounded up to Mosaic's 1 KB
   alignment (checked against Mosaic's count in tests/test_wna16_mgpu.py).
   ``scale_rows``: scale (and zero) rows per K tile; ``column_scale``: no scale rows (the
@@ -1472,7 +1635,10 @@ def smem_bytes(block_m: int, stages: int, substeps: int, block_k: int, bits: int
   The fp8 route: ``x_bytes`` 1, ``scale_bytes`` of its scale rows, ``x_scales`` (the
   tile's row scales and their barrier).  ``column_blocks``: the epilogue rows of that many
   column blocks (MgpuConfig.column_blocks) and the barrier that releases the output tile or
-  the warpgroups' partials between blocks (counted whether or not warpgroups need it)."""
+  the warpgroups' partials between blocks (counted whether or not warpgroups need it).
+  ``x_codes`` (``run(quantize_x=True)``): each warpgroup's int8 x code tile, the amax
+  pass's barriers, the warpgroups' row maxima and their barrier; ``x_row_bytes`` its one-
+  token row view."""
   kb = tuning.smem_round
   slots = warpgroups * stages * substeps
   rows = (kb(slots * scale_rows * BLOCK_N * scale_bytes) * (not column_scale)
@@ -1485,6 +1651,11 @@ def smem_bytes(block_m: int, stages: int, substeps: int, block_k: int, bits: int
           + kb(eg * block_m * BLOCK_N * out_bytes)
           + kb(column_blocks * eg * 3 * BLOCK_N * 4) + 8 * (column_blocks > 1)
           + (kb(warpgroups * BLOCK_N * block_k * 2) if ones_tile else 0)
+          # quantize_x: code tiles, amax-pass barriers, [maxima + barrier], and 2 KB that
+          # Mosaic allocates for the row reduction (its count on the CPU lowering)
+          + (kb(warpgroups * block_m * block_k * substeps) + 8 * warpgroups * stages
+             + (kb(warpgroups * block_m * 4) + 8) * (warpgroups > 1) + 2048 + kb(x_row_bytes)
+             if x_codes else 0)
           # mbarriers: pipeline (+ slot release), reduction, epilogue
           + 8 * (2 * stages + eg + 1 if share_x else warpgroups * stages + 2))
 
