@@ -577,16 +577,19 @@ def test_run_direct_row_scale_interpret(codes_dtype, config):
 
 
 
-def _quantize_x_inputs(m, k, n, seed, dtype=jnp.bfloat16):
+def _quantize_x_inputs(m, k, n, seed, dtype=jnp.bfloat16, codes_dtype=jnp.int8):
   """Rows with an exp-normal spread of magnitudes, one all zero (its scale 1), bf16 values
   at exact ties of x / s (x = amax * j / 254: round half to even, where XLA's x * (1 / s)
-  and a true division part), int8 weight codes, column scales and a bias."""
+  and a true division part), int8 (or e4m3) weight codes, column scales and a bias."""
   kx, ks, kw, kc, kb = jax.random.split(jax.random.key(seed), 5)
   x = normal(kx, (m, k)) * jnp.exp(normal(ks, (m, 1)))
   if m > 2:
     x = x.at[1].set(0.0)
   x = x.at[0, 1:4].set(x[0, 0] * jnp.array([0.5, -0.25, 0.75])).astype(dtype)
-  codes = jax.random.randint(kw, (n, k), -128, 128, jnp.int32).astype(jnp.int8)
+  if codes_dtype == jnp.int8:
+    codes = jax.random.randint(kw, (n, k), -128, 128, jnp.int32).astype(jnp.int8)
+  else:
+    codes = (normal(kw, (n, k)) * 40).astype(codes_dtype)
   col = jax.random.uniform(kc, (1, n), jnp.float32, 1e-3, 1e-2)
   return x, codes, col, normal(kb, (n,))
 
@@ -595,11 +598,13 @@ def _prepass_direct(codes, x, col, n, bias, **kw):
   """run_direct on the reference's codes and scales (quantize_activations, XLA)."""
   from humming_jax.kernels import wna16_mgpu
   from humming_jax.quantize import quantize_activations
-  a, s = quantize_activations(x, hj.PRESETS["w8a8-int8"])
+  name = "w8a8-int8" if codes.dtype == jnp.int8 else "w8a8-fp8"
+  a, s = quantize_activations(x, hj.PRESETS[name])
   return wna16_mgpu.run_direct(codes, a, col, n=n, row_scale=s.reshape(-1), bias=bias,
                                out_dtype=x.dtype, **kw)
 
 
+@pytest.mark.parametrize("codes_dtype", [jnp.int8, jnp.float8_e4m3fn])
 @pytest.mark.parametrize("m,k,n,cfg", [
     # one token: the row view (each warpgroup's share of the row in one TMA)
     (1, 1024, 128, dict(stages=2, warpgroups=1)),
@@ -612,13 +617,13 @@ def _prepass_direct(codes, x, col, n, bias, **kw):
     (8, 1024, 128, dict(stages=2, warpgroups=1, split_k=2)),
     (4, 1024, 256, dict(stages=2, warpgroups=1, column_blocks=2)),  # two column blocks
 ])
-def test_run_direct_quantize_x_interpret(m, k, n, cfg):
-  """x quantized per token to int8 inside the kernel: bit for bit the output of the same
-  kernel on quantize_activations' codes and scales (ties, an all-zero row, split-K, two
-  warpgroups, column blocks, chunk refills), bias fused."""
+def test_run_direct_quantize_x_interpret(m, k, n, cfg, codes_dtype):
+  """x quantized per token to int8 / e4m3 inside the kernel: bit for bit the output of
+  the same kernel on quantize_activations' codes and scales (ties, an all-zero row,
+  split-K, two warpgroups, column blocks, chunk refills), bias fused."""
   from humming_jax.kernels import wna16_mgpu
   config = wna16_mgpu.Config(8, substeps=2, unpadded_rows=True, **cfg)
-  x, codes, col, bias = _quantize_x_inputs(m, k, n, seed=m + k)
+  x, codes, col, bias = _quantize_x_inputs(m, k, n, seed=m + k, codes_dtype=codes_dtype)
   y = jax.jit(lambda c, x, s, b: wna16_mgpu.run_direct(
       c, x, s, n=n, bias=b, interpret=True, config=config, quantize_x=True))(
       codes, x, col, bias)
@@ -663,7 +668,8 @@ def test_run_decode_mgpu_quantize_x_interpret(monkeypatch):
   spec, w, x, b, q = make("w8a8-int8", 1024, 192, 3, seed=4)
   p = hj.prepare(q, kernel="w8a8")
   assert w8a8.quantizes_x_in_kernel(spec, p.codes.shape[1], config)
-  for other in ("w8a8-int8-static", "w8a8-fp8"):
+  assert w8a8.quantizes_x_in_kernel(hj.PRESETS["w8a8-fp8"], 1024)
+  for other in ("w8a8-int8-static", "w8a8-fp8-static"):
     assert not w8a8.quantizes_x_in_kernel(make(other, 256, 64, 1)[0], 1024)
   assert not w8a8.quantizes_x_in_kernel(spec, 1024, dataclasses.replace(config, substeps=1))
   assert not w8a8.quantizes_x_in_kernel(spec, 1152)  # K tiles of 128 in odd count
@@ -687,10 +693,10 @@ def test_run_decode_mgpu_quantize_x_interpret(monkeypatch):
 def test_run_direct_quantize_x_errors():
   from humming_jax.kernels import wna16_mgpu
   x, codes, col, _ = _quantize_x_inputs(2, 512, 128, seed=1)
-  with pytest.raises(ValueError, match="quantize_x=True: needs the direct int8 layout"):
-    wna16_mgpu.run_direct(codes.astype(jnp.float8_e4m3fn), x, col, n=128, interpret=True,
+  with pytest.raises(ValueError, match="quantize_x=True: needs the direct int8 / e4m3"):
+    wna16_mgpu.run_direct(codes, x.astype(jnp.float32), col, n=128, interpret=True,
                           quantize_x=True)
-  with pytest.raises(ValueError, match="quantize_x=True: needs the direct int8 layout"):
+  with pytest.raises(ValueError, match="quantize_x=True: needs the direct int8 / e4m3"):
     wna16_mgpu.run_direct(codes, x, col, n=128, row_scale=jnp.ones((2,)), interpret=True,
                           quantize_x=True)
   with pytest.raises(ValueError, match="multiple of 256 columns"):
@@ -751,15 +757,16 @@ def test_decode_mgpu_gpu(name, m, mma8, monkeypatch):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("codes_dtype", [jnp.int8, jnp.float8_e4m3fn])
 @pytest.mark.parametrize("m", [1, 5, 16])
 @pytest.mark.parametrize("k,n", [(8192, 8192), (14336, 4096)])
-def test_run_direct_quantize_x_gpu(m, k, n):
+def test_run_direct_quantize_x_gpu(m, k, n, codes_dtype):
   """The in-kernel int8 quantization on the H200's default launch (four warpgroups; the
   narrow layer's grid split-K) against the same kernel on XLA's codes and scales: the
   codes are the reference's (x * (1 / s), rounded half to even), so outputs agree but
   for float32 summation order; a NaN row stays NaN."""
   from humming_jax.kernels import wna16_mgpu
-  x, codes, col, bias = _quantize_x_inputs(m, k, n, seed=m)
+  x, codes, col, bias = _quantize_x_inputs(m, k, n, seed=m, codes_dtype=codes_dtype)
   run = jax.jit(lambda c, x, s, b: wna16_mgpu.run_direct(c, x, s, n=n, bias=b,
                                                           quantize_x=True))
   y = run(codes, x, col, bias)
@@ -767,7 +774,7 @@ def test_run_direct_quantize_x_gpu(m, k, n):
   yf, wf = np.asarray(y, np.float32), np.asarray(want, np.float32)
   same = float((yf == wf).mean())
   e = rel(y, want)
-  print(f"quantize_x M={m} {k}->{n}: rel err vs the pre-pass codes {e:.2e}, "
+  print(f"quantize_x {jnp.dtype(codes_dtype).name} M={m} {k}->{n}: rel err vs the pre-pass codes {e:.2e}, "
         f"{same:.4f} of outputs bit-equal")
   assert e <= 1e-3 and same >= 0.99, (e, same)
   bad = run(codes, x.at[m - 1, 5].set(jnp.nan), col, bias)
@@ -777,17 +784,18 @@ def test_run_direct_quantize_x_gpu(m, k, n):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("name", ["w8a8-int8", "w8a8-fp8"])
 @pytest.mark.parametrize("m", [1, 16])
 @pytest.mark.parametrize("k,n", [(8192, 8192), (14336, 4096)])
-def test_decode_quantize_x_gpu(k, n, m, monkeypatch):
-  """w8a8-int8's decode route with the activations quantized in the kernel, against the
+def test_decode_quantize_x_gpu(k, n, m, name, monkeypatch):
+  """w8a8-int8 / fp8's decode route with the activations quantized in the kernel, against the
   reference, the float product and the Triton W8A8 kernel."""
   from humming_jax.kernels import wna16_mgpu
   monkeypatch.setenv("HUMMING_JAX_DECODE_QUANTIZE_X", "1")
   calls, real = [], wna16_mgpu.run_direct
   monkeypatch.setattr(wna16_mgpu, "run_direct",
                       lambda *a, **kw: (calls.append(kw.get("quantize_x")), real(*a, **kw))[1])
-  _check_decode_gpu("w8a8-int8", k, n, m, 9, f"{k}->{n} decode, x quantized in the kernel")
+  _check_decode_gpu(name, k, n, m, 9, f"{k}->{n} decode, x quantized in the kernel")
   assert calls and all(calls), calls  # the route ran the in-kernel quantization
 
 @pytest.mark.gpu

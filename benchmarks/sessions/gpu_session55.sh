@@ -4,7 +4,7 @@
 #         quantize_x: run_direct against the same kernel on XLA's codes, NaN rows, the
 #         w8a8-int8 decode route against reference / float / Triton at 8192^2 and
 #         14336 -> 4096) and session 54's untested default route of the carried formats.
-#   q55:  W8A8 int8 decode, x quantized in the kernel (decode_mgpu_qx) against the
+#   q55:  W8A8 int8 / fp8 decode, x quantized in the kernel (decode_mgpu_qx) against the
 #         pre-pass launch (decode_mgpu_pp), one process per shape, CUPTI kernel time per
 #         layer (bench_w8a8.py --decode-study --kernel-times), M = 1 / 16.
 #   h8, p54, q53, ...: the earlier sessions' steps.
@@ -16,7 +16,7 @@ s_t55() {
 s_q55() {
   local shape
   for shape in ${SHAPES:-8192x8192 14336x4096}; do
-    BENCH_W8A8_DECODE_SPECS=w8a8-int8 T ${QT:-240} python3 benchmarks/bench_w8a8.py \
+    BENCH_W8A8_DECODE_SPECS=${QS:-w8a8-int8,w8a8-fp8} T ${QT:-240} python3 benchmarks/bench_w8a8.py \
       --decode-study --kernel-times --ms ${MS:-1,16} --calls 20 --repeats 2 --shape $shape \
       --decode-labels ${QL:-decode_mgpu_qx,decode_mgpu_pp} \
       --json "$OUT/q55_$shape.json" > "$OUT/q55_$shape.log" 2>&1

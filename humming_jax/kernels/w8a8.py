@@ -638,14 +638,15 @@ DECODE_MGPU_MAX_M = 16
 # fp8 kernel sums all of K in it: 3e-3).  H200 (one process): GEMM 17.9-18.4 us against
 # 19.3-20.4, layer 20.2-21.0 against 21.8-23.2 (Triton 25.5-26.5).
 DECODE_MMA8 = True
-# int8 per-token activations quantized inside the decode kernel (wna16_mgpu.run's
+# int8 / e4m3 per-token activations quantized inside the decode kernel (wna16_mgpu.run's
 # quantize_x: each CTA reads the rows for their amax, then converts each x tile to codes)
 # instead of the pre-pass launch (act_prepass), on the GPU up to this many rows.
-# Session 55 (NOTES.md), CUPTI kernel time per layer on an H100, one process each: one
-# token (each warpgroup's share of the row in one TMA, in flight beside the first
-# stages) 24.5 us against 25.7-25.9 with the pre-pass at 8192^2, 23.8-23.9 against
-# 26.3-26.5 at 14336 -> 4096; 16 rows (the rows streamed through the x slots before the
-# pipeline's x tiles) 31.4-31.5 against 26.7, 34.9-35.1 against 27.2-27.3: off there.
+# Session 55 (NOTES.md), CUPTI kernel time per layer on H100s, both forms in one process:
+# one token (each warpgroup's share of the row in one TMA, in flight beside the first
+# stages) int8 24.5 / 25.4 us against 25.7-26.6 with the pre-pass at 8192^2 and 23.8-24.5
+# against 26.3-27.0 at 14336 -> 4096, fp8 25.3 against 26.9 and 24.4 against 26.9; 16
+# rows (the rows streamed through the x slots before the pipeline's x tiles) int8
+# 31.4-31.5 against 26.7 and 34.9-35.1 against 27.2-27.3: off there.
 # HUMMING_JAX_DECODE_QUANTIZE_X=1 / 0 at trace time (or run_decode_mgpu's quantize_x)
 # forces it on (any M the route takes) or off; the interpreter keeps XLA's pre-pass by
 # default, as for the pre-pass launch.
@@ -655,10 +656,11 @@ DECODE_QUANTIZE_X_MAX_M = 1
 def quantizes_x_in_kernel(spec: QuantSpec, kp: int,
                           config: wna16_mgpu.Config | None = None) -> bool:
   """Whether the decode kernel can quantize this spec's activations itself: dynamic
-  per-token int8 with float32 scales, x tiles of 256 columns (the padded K a multiple of
-  256 and two 128-deep K tiles per pipeline step), the warpgroups splitting K."""
+  per-token int8 or fp8 e4m3 with float32 scales, x tiles of 256 columns (the padded K a
+  multiple of 256 and two 128-deep K tiles per pipeline step), the warpgroups splitting
+  K."""
   substeps = 2 if config is None else config.substeps
-  return (act_prepass.supports(spec) and spec.act_format.name == "int8"
+  return (act_prepass.supports(spec) and spec.act_format.name in ("int8", "fp8_e4m3")
           and kp % 256 == 0 and substeps >= 2
           and (config is None or config.split_warpgroups != "n"))
 
@@ -697,7 +699,7 @@ def run_decode_mgpu(params: QuantizedWeight, x: jax.Array, *, interpret: bool = 
   tensor), the weight scale and the bias are applied in the kernel's float32 epilogue,
   and the output is rounded once, to x.dtype.
 
-  ``quantize_x``: int8 per-token activations quantized inside the GEMM kernel (no
+  ``quantize_x``: int8 / e4m3 per-token activations quantized inside the GEMM kernel (no
   pre-pass launch) where :func:`quantizes_x_in_kernel` allows, the codes and scales of
   ``quantize_activations`` (bit for bit in the interpreter); elsewhere the pre-pass as
   above.  Default: HUMMING_JAX_DECODE_QUANTIZE_X if set, else on the GPU up to

@@ -81,10 +81,11 @@ _COL = plgpu.Layout.WGMMA.reduce(0)
 _TRANSPOSED = plgpu.Layout.WGMMA_TRANSPOSED
 _UPCAST = {4: plgpu.Layout.WGMMA_UPCAST_4X, 8: plgpu.Layout.WGMMA_UPCAST_2X}
 _CODE_DTYPE = {4: jnp.int4, 8: jnp.int8}
-# quantize_activations' int8 per-token scale, amax / 127, in the form XLA gives it (its
-# simplifier multiplies by the float32 reciprocal; a GPU division is 1 ulp off in ~4 % of
-# rows: benchmarks/probe_inkernel_quant.py)
-ACT_INT8_INV_QMAX = float(np.float32(1 / 127))
+# quantize_activations' per-token scale, amax / qmax (int8 127, e4m3 448), in the form XLA
+# gives it (its simplifier multiplies by the float32 reciprocal; a GPU division is 1 ulp
+# off in ~4 % of rows: benchmarks/probe_inkernel_quant.py), by the codes' dtype
+ACT_INV_QMAX = {jnp.dtype(jnp.int8): float(np.float32(1 / 127)),
+                jnp.dtype(jnp.float8_e4m3fn): float(np.float32(1 / 448))}
 
 
 # A (rows, 256 k) x tile (k >= 1) in registers: warp w holds rows w, w + 4, ..., lane l the
@@ -682,13 +683,15 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
   values, converted weights in registers) or 8-bit codes of the weights' dtype (an 8-bit
   WGMMA on both operands in shared memory, output ``out_dtype``).
 
-  ``quantize_x`` (the direct int8 layout, 16-bit x, one CTA's warpgroups splitting K): x
-  quantized per token to int8 inside the kernel, as ``quantize_activations`` does for a
-  dynamic per-token int8 spec (scale amax / 127 in float32, 1 for an all-zero row, NaN
-  for a row holding NaN / inf; codes x / scale saturated and rounded to nearest even),
-  then the 8-bit WGMMA of the codes: W8A8 int8 at decode without a pre-pass launch.  Each
-  CTA first reads the whole rows once for their amax (its warpgroups a quarter each,
-  while the first weight stages are in flight), then converts each x tile as it arrives."""
+  ``quantize_x`` (the direct int8 / e4m3 layout, 16-bit x, one CTA's warpgroups
+  splitting K): x quantized per token to the codes' dtype inside the kernel, as
+  ``quantize_activations`` does for a dynamic per-token int8 / fp8 e4m3 spec (scale
+  amax / 127 or / 448 in float32, 1 for an all-zero row, NaN for a row holding NaN /
+  inf; codes x / scale saturated and rounded to nearest even), then the 8-bit WGMMA of
+  the codes: W8A8 at decode without a pre-pass launch.  Each CTA first reads the whole
+  rows for their amax (its warpgroups a share each; one token: one TMA each, in flight
+  beside the first stages; more rows: streamed through the x slots), then converts each
+  x tile as it arrives."""
   spec = params.spec
   grouped = tiles is not None
   if not grouped and registry.layout_family(params.layout) != FAMILY:
@@ -711,9 +714,9 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
     return jnp.zeros((0, n), output_dtype(x, out_dtype))
   # 8-bit x codes of the direct layout's own dtype: both WGMMA operands straight from
   # shared memory, no conversion in the K loop (run_direct)
-  if quantize_x and not (direct and params.codes.dtype == jnp.int8 and x_scale is None
+  if quantize_x and not (direct and params.codes.dtype in ACT_INV_QMAX and x_scale is None
                          and x.dtype in (jnp.bfloat16, jnp.float16)):
-    raise ValueError(f"quantize_x=True: needs the direct int8 layout (codes "
+    raise ValueError(f"quantize_x=True: needs the direct int8 / e4m3 layout (codes "
                      f"{params.codes.dtype}, {params.codes.ndim}-D), bfloat16 / float16 x "
                      f"(got {x.dtype}) and no x_scale (the kernel computes it)")
   mma8 = direct and (x.dtype == params.codes.dtype or quantize_x)
@@ -958,7 +961,7 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
   # B operand of one fp8 WGMMA beside its (64, 32) register A operand).
   x_tf = ((plgpu.TilingTransform((8, 32)), plgpu.SwizzleTransform(32)) if fp8
           else _swizzled(sub * bk, 8 if mma8 and not quantize_x else 16, "x"))
-  xq_tf = _swizzled(sub * bk, 8, "x codes")  # quantize_x: the int8 B operand tile
+  xq_tf = _swizzled(sub * bk, 8, "x codes")  # quantize_x: the 8-bit B operand tile
   w_tf = _swizzled(bk, bits, "w")
   a_tf = _swizzled(bk, 16, "a")
   r_tf = _swizzled(block_m, 32, "r")
@@ -1184,7 +1187,7 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
           for g in range(wgs):
             amax = jnp.maximum(amax, plgpu.load(amax_smem.at[g], layout=rows_l.reduce(1)))
         # quantize_activations' scale: amax * float32(1 / 127) is XLA's form of amax / 127
-        s = jnp.where(amax > 0, amax * ACT_INT8_INV_QMAX, 1.0)
+        s = jnp.where(amax > 0, amax * ACT_INV_QMAX[jnp.dtype(params.codes.dtype)], 1.0)
         s = jnp.where(amax == jnp.inf, jnp.nan, s)
         # XLA computes the reference's x / s as x * (1 / s) (a division by a broadcast),
         # which rounds ties (x / s = k + 1/2 exactly: common in bf16) differently
@@ -1214,14 +1217,17 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
             jnp.zeros((block_m, sub * bk), jnp.float32), rows_l))
         return jnp.max(amax, axis=1)
 
-      def quantized_x(x_smem):  # this slot's x tile -> int8 codes in this warpgroup's tile
+      def quantized_x(x_smem):  # this slot's x tile -> 8-bit codes in this warpgroup's tile
         rows_l = _X_ROWS
         v = plgpu.load(x_smem, layout=rows_l).astype(jnp.float32)
-        t = jnp.clip(v * lax.broadcast_in_dim(x_rows_inv, v.shape, [0]), -128.0, 127.0)
-        # round half to even by the float's bits (act_prepass's form)
-        q = (lax.bitcast_convert_type(t + act_prepass.RNE_MAGIC, jnp.int32)
-             - act_prepass.MAGIC_BITS)
-        xq_smem.at[wg][...] = q.astype(jnp.int8)
+        v = v * lax.broadcast_in_dim(x_rows_inv, v.shape, [0])
+        if mma8_int:  # round half to even by the float's bits (act_prepass's form)
+          t = jnp.clip(v, -128.0, 127.0)
+          q = (lax.bitcast_convert_type(t + act_prepass.RNE_MAGIC, jnp.int32)
+               - act_prepass.MAGIC_BITS).astype(jnp.int8)
+        else:  # e4m3: saturated, then one round-to-nearest-even convert (Hopper's cvt)
+          q = jnp.clip(v, -448.0, 448.0).astype(jnp.float8_e4m3fn)
+        xq_smem.at[wg][...] = q
         plgpu.commit_smem()  # generic-proxy stores -> the WGMMA's reads
         return xq_smem.at[wg]
 
@@ -1520,7 +1526,8 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
   if xs_in:
     scratch["xs_bar"] = plgpu.Barrier(num_arrivals=1)
   if quantize_x:  # the codes tile, the amax pass's barriers, the warpgroups' maxima
-    scratch.update(xq_smem=plgpu.SMEM((wgs, block_m, sub * bk), jnp.int8, transforms=xq_tf),
+    scratch.update(xq_smem=plgpu.SMEM((wgs, block_m, sub * bk), params.codes.dtype,
+                                      transforms=xq_tf),
                    xa_bars=plgpu.Barrier(num_arrivals=1, num_barriers=wgs * stages))
     view_rows = -(-(k_steps // wgs) // 8) * 8  # (whole 8-row groups for the _X_ROWS load)
     if row_view:  # each warpgroup's share of the row and its rows' maxima
@@ -1582,8 +1589,8 @@ def run_direct(codes: jax.Array, x: jax.Array, col_scale: jax.Array, *, n: int,
   - 16-bit x (bf16 / fp16; e.g. activation codes held as 16-bit values, which int8 and
     e4m3 codes are exactly): the codes converted to x.dtype in registers, products exact
     in the float32 accumulator; output in x.dtype.
-  - 16-bit x with ``quantize_x`` (int8 codes, no ``row_scale``): x quantized per token to
-    int8 inside the kernel (``run(quantize_x=True)``), then the 8-bit WGMMA as above.
+  - 16-bit x with ``quantize_x`` (no ``row_scale``): x quantized per token to the codes'
+    dtype inside the kernel (``run(quantize_x=True)``), then the 8-bit WGMMA as above.
   Either way the product is the W8A8 GEMM up to float32 summation, and the per-token and
   weight scales stay float32 until the one rounding to the output dtype."""
   kinds = {jnp.dtype(jnp.int8): "int8", jnp.dtype(jnp.float8_e4m3fn): "fp8_e4m3"}
@@ -1636,7 +1643,7 @@ def smem_bytes(block_m: int, stages: int, substeps: int, block_k: int, bits: int
   tile's row scales and their barrier).  ``column_blocks``: the epilogue rows of that many
   column blocks (MgpuConfig.column_blocks) and the barrier that releases the output tile or
   the warpgroups' partials between blocks (counted whether or not warpgroups need it).
-  ``x_codes`` (``run(quantize_x=True)``): each warpgroup's int8 x code tile, the amax
+  ``x_codes`` (``run(quantize_x=True)``): each warpgroup's 8-bit x code tile, the amax
   pass's barriers, the warpgroups' row maxima and their barrier; ``x_row_bytes`` its one-
   token row view."""
   kb = tuning.smem_round
