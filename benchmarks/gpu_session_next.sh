@@ -1,4 +1,12 @@
 #!/usr/bin/env bash
+# Session 55 (2026-12-06): four calls, all on H100s (one start for an H200 failed;
+# benchmarks/results/2026-12-06-session55; sessions/gpu_session55.sh t55 q55 h8, t55 q55 x3).
+# Landed: W8A8 int8 / fp8 decode quantizing its own activations inside the Mosaic kernel
+# at one token (wna16_mgpu.run quantize_x, w8a8.DECODE_QUANTIZE_X_MAX_M; GPU-tested: 20
+# passed; -1.2 to -2.5 us per layer on H100s); session 54's carried default route
+# GPU-tested (3 passed).  First in the next device session, on an H200 (carry [".whl"]):
+#   gpu_session55.sh q55 h8 (W8A8 M = 1 against issue 4's <= 20: predicted 18.3-18.8),
+#   then gpu_session54.sh p54 and QV=s1w4,s4w8 gpu_session53.sh q53, then the lists below.
 # Session 54 (2026-12-06): two calls, both on H100s (five starts for an H200 were refused;
 # benchmarks/results/2026-12-06-session54; sessions/gpu_session54.sh t54 ab54 / p54).
 # Landed: the other A16 formats (int1-3 / uint1-3, int5-7 / uint5-7, fp6, fp8 e5m2) on the
