@@ -255,7 +255,7 @@ def decode_study(ws, k, ms, args):
                              ("triton", {"triton": True}, {}),
                              ("triton_fused", {"fuse": True}, {}),
                              ("decode_mgpu", {"decode_mgpu": True}, {}),
-                             # int8 x quantized inside the GEMM kernel / by the pre-pass
+                             # int8 / e4m3 x quantized inside the GEMM kernel / by the pre-pass
                              ("decode_mgpu_qx", {"decode_mgpu": True},
                               {"HUMMING_JAX_DECODE_QUANTIZE_X": "1"}),
                              ("decode_mgpu_pp", {"decode_mgpu": True},

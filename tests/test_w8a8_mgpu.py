@@ -578,14 +578,17 @@ def test_run_direct_row_scale_interpret(codes_dtype, config):
 
 
 def _quantize_x_inputs(m, k, n, seed, dtype=jnp.bfloat16, codes_dtype=jnp.int8):
-  """Rows with an exp-normal spread of magnitudes, one all zero (its scale 1), bf16 values
-  at exact ties of x / s (x = amax * j / 254: round half to even, where XLA's x * (1 / s)
-  and a true division part), int8 (or e4m3) weight codes, column scales and a bias."""
+  """Rows with an exp-normal spread of magnitudes, one all zero (its scale 1), int8 (or
+  e4m3) weight codes, column scales and a bias.  Row 0 has amax 127, so its int8 scale
+  is 1 and x / s hits exact ties (0.5, 1.5, 2.5, -2.5, 126.5: round half to even, where
+  XLA's x * (1 / s) and a true division can part)."""
   kx, ks, kw, kc, kb = jax.random.split(jax.random.key(seed), 5)
   x = normal(kx, (m, k)) * jnp.exp(normal(ks, (m, 1)))
   if m > 2:
     x = x.at[1].set(0.0)
-  x = x.at[0, 1:4].set(x[0, 0] * jnp.array([0.5, -0.25, 0.75])).astype(dtype)
+  row0 = jnp.clip(normal(ks, (k,)) * 30, -100, 100)
+  row0 = row0.at[:7].set(jnp.array([127.0, 0.5, 1.5, 2.5, -2.5, -0.5, 126.5]))
+  x = x.at[0].set(row0).astype(dtype)
   if codes_dtype == jnp.int8:
     codes = jax.random.randint(kw, (n, k), -128, 128, jnp.int32).astype(jnp.int8)
   else:
@@ -639,14 +642,15 @@ def test_run_direct_quantize_x_nan_and_fp16():
   token (the row view) likewise."""
   from humming_jax.kernels import wna16_mgpu
   config = wna16_mgpu.Config(8, stages=2, substeps=2, warpgroups=1, unpadded_rows=True)
-  x1, codes1, col1, bias1 = _quantize_x_inputs(1, 512, 128, seed=2)
-  run1 = lambda x: wna16_mgpu.run_direct(codes1, x, col1, n=128, bias=bias1, interpret=True,
-                                         config=config, quantize_x=True)
-  np.testing.assert_array_equal(
-      np.asarray(run1(x1), np.float32),
-      np.asarray(_prepass_direct(codes1, x1, col1, 128, bias1, interpret=True, config=config),
-                 np.float32))
-  assert bool(jnp.isnan(run1(x1.at[0, 300].set(jnp.inf))).all())
+  for dtype in (jnp.bfloat16, jnp.float16):
+    x1, codes1, col1, bias1 = _quantize_x_inputs(1, 512, 128, seed=2, dtype=dtype)
+    run1 = lambda x: wna16_mgpu.run_direct(codes1, x, col1, n=128, bias=bias1,
+                                           interpret=True, config=config, quantize_x=True)
+    np.testing.assert_array_equal(
+        np.asarray(run1(x1), np.float32),
+        np.asarray(_prepass_direct(codes1, x1, col1, 128, bias1, interpret=True,
+                                   config=config), np.float32))
+    assert bool(jnp.isnan(run1(x1.at[0, 300].set(jnp.inf))).all())
   x, codes, col, bias = _quantize_x_inputs(4, 512, 128, seed=3, dtype=jnp.float16)
   run = lambda x: wna16_mgpu.run_direct(codes, x, col, n=128, bias=bias, interpret=True,
                                         config=config, quantize_x=True)
@@ -662,7 +666,9 @@ def test_run_direct_quantize_x_nan_and_fp16():
 
 def test_run_decode_mgpu_quantize_x_interpret(monkeypatch):
   """w8a8.run_decode_mgpu with the quantization in the kernel equals the pre-pass route
-  (XLA's codes in the interpreter) on a w8a8-int8 layer; other specs keep the pre-pass."""
+  (XLA's codes in the interpreter) on a w8a8-int8 layer; which specs and configs can take
+  it (static activation scales, steps of one 128-deep K tile, an odd K-tile count cannot);
+  the default (GPU only) and the environment switch."""
   from humming_jax.kernels import wna16_mgpu
   config = wna16_mgpu.Config(8, stages=2, substeps=2, warpgroups=2, unpadded_rows=True)
   spec, w, x, b, q = make("w8a8-int8", 1024, 192, 3, seed=4)
@@ -672,6 +678,9 @@ def test_run_decode_mgpu_quantize_x_interpret(monkeypatch):
   for other in ("w8a8-int8-static", "w8a8-fp8-static"):
     assert not w8a8.quantizes_x_in_kernel(make(other, 256, 64, 1)[0], 1024)
   assert not w8a8.quantizes_x_in_kernel(spec, 1024, dataclasses.replace(config, substeps=1))
+  # substeps 3 over 8 K tiles: steps of 2 (what divides them); over 6: steps of 3 (384)
+  assert w8a8.quantizes_x_in_kernel(spec, 1024, dataclasses.replace(config, substeps=3))
+  assert not w8a8.quantizes_x_in_kernel(spec, 768, dataclasses.replace(config, substeps=3))
   assert not w8a8.quantizes_x_in_kernel(spec, 1152)  # K tiles of 128 in odd count
   run = lambda flag: jax.jit(lambda p, x: w8a8.run_decode_mgpu(
       p, x, interpret=True, config=config, quantize_x=flag))(p, x)
@@ -725,7 +734,7 @@ def test_shared_memory_estimate_with_quantize_x(m, monkeypatch):
         codes, x, col).lower(lowering_platforms=("cuda",))
   count = int(re.search(r"smem_bytes=(\d+)", str(err.value)).group(1))
   est = mg.smem_bytes(max(m, 8), 4, 2, 128, 8, False, 2, 4, False, 1, True, x_scales=True,
-                      x_codes=True, x_row_bytes=2 * 8192 if m == 1 else 0)
+                      x_codes=True, x_row_view_k=8192 if m == 1 else 0)
   assert 0 <= est - count < 2048, (est, count)
 
 
@@ -761,8 +770,8 @@ def test_decode_mgpu_gpu(name, m, mma8, monkeypatch):
 @pytest.mark.parametrize("m", [1, 5, 16])
 @pytest.mark.parametrize("k,n", [(8192, 8192), (14336, 4096)])
 def test_run_direct_quantize_x_gpu(m, k, n, codes_dtype):
-  """The in-kernel int8 quantization on the H200's default launch (four warpgroups; the
-  narrow layer's grid split-K) against the same kernel on XLA's codes and scales: the
+  """The in-kernel int8 / e4m3 quantization on the GPU's default launch (four warpgroups;
+  the narrow layer's grid split-K) against the same kernel on XLA's codes and scales: the
   codes are the reference's (x * (1 / s), rounded half to even), so outputs agree but
   for float32 summation order; a NaN row stays NaN."""
   from humming_jax.kernels import wna16_mgpu

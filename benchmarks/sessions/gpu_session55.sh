@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Session 55 (2026-12-06).  Steps (carry [".whl"]):
-#   t55:  GPU tests of the in-kernel int8 activation quantization (wna16_mgpu.run's
+#   t55:  GPU tests of the in-kernel int8 / e4m3 activation quantization (wna16_mgpu.run's
 #         quantize_x: run_direct against the same kernel on XLA's codes, NaN rows, the
 #         w8a8-int8 decode route against reference / float / Triton at 8192^2 and
 #         14336 -> 4096) and session 54's untested default route of the carried formats.

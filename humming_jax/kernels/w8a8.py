@@ -657,11 +657,14 @@ def quantizes_x_in_kernel(spec: QuantSpec, kp: int,
                           config: wna16_mgpu.Config | None = None) -> bool:
   """Whether the decode kernel can quantize this spec's activations itself: dynamic
   per-token int8 or fp8 e4m3 with float32 scales, x tiles of 256 columns (the padded K a
-  multiple of 256 and two 128-deep K tiles per pipeline step), the warpgroups splitting
-  K."""
-  substeps = 2 if config is None else config.substeps
+  multiple of 256, pipeline steps of a multiple of 256 columns), the warpgroups
+  splitting K."""
+  # (run itself takes two K tiles per step for a config it resolves; an explicit one's
+  # step is what divides the K tiles)
+  sub = 2 if config is None else wna16_mgpu.divisor(config.substeps,
+                                                     kp // wna16_mgpu.DIRECT_BLOCK_K)
   return (act_prepass.supports(spec) and spec.act_format.name in ("int8", "fp8_e4m3")
-          and kp % 256 == 0 and substeps >= 2
+          and kp % 256 == 0 and (sub * wna16_mgpu.DIRECT_BLOCK_K) % 256 == 0
           and (config is None or config.split_warpgroups != "n"))
 
 
@@ -703,7 +706,7 @@ def run_decode_mgpu(params: QuantizedWeight, x: jax.Array, *, interpret: bool = 
   pre-pass launch) where :func:`quantizes_x_in_kernel` allows, the codes and scales of
   ``quantize_activations`` (bit for bit in the interpreter); elsewhere the pre-pass as
   above.  Default: HUMMING_JAX_DECODE_QUANTIZE_X if set, else on the GPU up to
-  :data:`DECODE_QUANTIZE_X_MAX_M` rows."""
+  :data:`DECODE_QUANTIZE_X_MAX_M` rows and K up to ``wna16_mgpu.ROW_VIEW_MAX_K``."""
   if not decode_mgpu_runs(params):
     raise ValueError(f"spec {params.spec.name} / layout {params.layout!r}: run_decode_mgpu "
                      f"takes int8 x int8 or e4m3 x e4m3 specs with per-channel or tensor "
@@ -722,8 +725,9 @@ def run_decode_mgpu(params: QuantizedWeight, x: jax.Array, *, interpret: bool = 
   # quantize: three launches).  K padded: XLA's (its pad is in the same pass).
   codes_dtype = _decode_carrier(spec) if mma8 else x.dtype  # (= params.codes.dtype)
   if quantize_x is None:
-    quantize_x = tuning.env_flag("HUMMING_JAX_DECODE_QUANTIZE_X",
-                                 not interpret and m <= DECODE_QUANTIZE_X_MAX_M)
+    quantize_x = tuning.env_flag(  # (the one-token form reads the row whole: its K bound)
+        "HUMMING_JAX_DECODE_QUANTIZE_X",
+        not interpret and m <= DECODE_QUANTIZE_X_MAX_M and kp <= wna16_mgpu.ROW_VIEW_MAX_K)
   col = wna16._decode_scale_row(params.scales, spec)  # (1, Np) float32
   if (s2 := _global_scale(params)) is not None:
     col = col * s2

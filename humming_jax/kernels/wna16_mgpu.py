@@ -753,6 +753,8 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
                      f"{params.fold_base.dtype}{list(params.fold_base.shape)}")
   explicit = config is not None  # checked as given; cached / heuristic ones adapt
   config = config or default_config(params, m)
+  if quantize_x and not explicit and config.substeps < 2:  # its x tiles: 256 columns
+    config = dataclasses.replace(config, substeps=2)
   permuted = k_permuted(params.layout)
   if fp8:  # its own route (fp8_tiles below); none of the 16-bit conversion flags
     config = dataclasses.replace(config, scale_after_mma=False, zero_point_mma=False,
@@ -854,7 +856,7 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
   # quantize_x at one token: the row also as (Kp / 256, 256) (a free reshape), so each
   # warpgroup's share of it is one TMA into its own buffer, in flight beside the first
   # stages (rather than chunk by chunk through its x slots before they are filled)
-  row_view = quantize_x and rows == 1 and kp // 256 <= 256  # (a TMA box: <= 256 rows)
+  row_view = quantize_x and rows == 1 and sub * bk == 256 and kp <= ROW_VIEW_MAX_K
   operands = (([tiles.sched] if grouped else []) + [xp]
               + ([xp.reshape(kp // 256, 256)] if row_view else []) + ([xs] if xs_in else [])
               + [params.codes])
@@ -894,10 +896,7 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
   if interpret and share_x:  # the CPU interpreter can leave a third warpgroup thread
     wgs = divisor(min(wgs, 2), splits)  # unscheduled on a 2-core machine (NOTES.md v11)
   x_side_bytes = (dict(x_bytes=1, scale_bytes=jnp.dtype(s_dtype).itemsize, x_scales=True)
-                  if fp8 else dict(x_scales=True, x_codes=True, x_row_bytes=row_view * (
-                      # the row view: k_steps rows of 256 values and a float32 max each,
-                      # padded to 8 rows per warpgroup (at most 7 more each)
-                      (k_steps + 7 * config.warpgroups) * (sub * bk * xp.dtype.itemsize + 4)))
+                  if fp8 else dict(x_scales=True, x_codes=True, x_row_view_k=kp * row_view)
                   if quantize_x
                   else dict(x_bytes=1, x_scales=row_scaled) if mma8
                   else dict(x_scales=True) if row_scaled else {})
@@ -1529,7 +1528,7 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
     scratch.update(xq_smem=plgpu.SMEM((wgs, block_m, sub * bk), params.codes.dtype,
                                       transforms=xq_tf),
                    xa_bars=plgpu.Barrier(num_arrivals=1, num_barriers=wgs * stages))
-    view_rows = -(-(k_steps // wgs) // 8) * 8  # (whole 8-row groups for the _X_ROWS load)
+    view_rows = -(-(k_steps // wgs) // 8) * 8  # (whole 8-row groups: smem_bytes counts them)
     if row_view:  # each warpgroup's share of the row and its rows' maxima
       scratch.update(xa_smem=plgpu.SMEM((wgs, view_rows, sub * bk), xp.dtype),
                      xa_red=plgpu.SMEM((wgs, view_rows), jnp.float32))
@@ -1570,6 +1569,9 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
 
 
 DIRECT_BLOCK_K = 128  # K per tile of the direct (Np, Kp) int8 layout (128-byte rows)
+# run(quantize_x=True) at one token reads the row as (Kp / 256, 256) into shared memory
+# (2 Kp bytes) up to this K (timed to 14336, session 55); wider rows are streamed.
+ROW_VIEW_MAX_K = 16384
 
 
 def run_direct(codes: jax.Array, x: jax.Array, col_scale: jax.Array, *, n: int,
@@ -1633,7 +1635,7 @@ def smem_bytes(block_m: int, stages: int, substeps: int, block_k: int, bits: int
                ones_tile: bool = False, scale_rows: int = 1,
                column_scale: bool = False, share_x: bool = False, *, x_bytes: int = 2,
                scale_bytes: int = 2, x_scales: bool = False, column_blocks: int = 1,
-               x_codes: bool = False, x_row_bytes: int = 0) -> int:
+               x_codes: bool = False, x_row_view_k: int = 0) -> int:
   """Shared memory the kernel allocates: each scratch buffer rounded up to Mosaic's 1 KB
   alignment (checked against Mosaic's count in tests/test_wna16_mgpu.py).
   ``scale_rows``: scale (and zero) rows per K tile; ``column_scale``: no scale rows (the
@@ -1644,10 +1646,12 @@ def smem_bytes(block_m: int, stages: int, substeps: int, block_k: int, bits: int
   column blocks (MgpuConfig.column_blocks) and the barrier that releases the output tile or
   the warpgroups' partials between blocks (counted whether or not warpgroups need it).
   ``x_codes`` (``run(quantize_x=True)``): each warpgroup's 8-bit x code tile, the amax
-  pass's barriers, the warpgroups' row maxima and their barrier; ``x_row_bytes`` its one-
-  token row view."""
+  pass's barriers, the warpgroups' row maxima and their barrier; ``x_row_view_k``: the
+  padded K of its one-token row view (each warpgroup's share of the row in 8-row groups
+  of 256 bf16 / fp16 values, and a float32 maximum per row), 0 without it."""
   kb = tuning.smem_round
   slots = warpgroups * stages * substeps
+  view_rows = -(-(x_row_view_k // 256 // warpgroups) // 8) * 8  # (per warpgroup)
   rows = (kb(slots * scale_rows * BLOCK_N * scale_bytes) * (not column_scale)
           + kb(slots * scale_rows * BLOCK_N * 2) * has_zeros)
   x_slots = stages * substeps if share_x else slots
@@ -1661,7 +1665,9 @@ def smem_bytes(block_m: int, stages: int, substeps: int, block_k: int, bits: int
           # quantize_x: code tiles, amax-pass barriers, [maxima + barrier], and 2 KB that
           # Mosaic allocates for the row reduction (its count on the CPU lowering)
           + (kb(warpgroups * block_m * block_k * substeps) + 8 * warpgroups * stages
-             + (kb(warpgroups * block_m * 4) + 8) * (warpgroups > 1) + 2048 + kb(x_row_bytes)
+             + 8 * (warpgroups > 1) + 2048
+             + (kb(warpgroups * view_rows * 256 * 2) + kb(warpgroups * view_rows * 4)
+                if x_row_view_k else kb(warpgroups * block_m * 4) * (warpgroups > 1))
              if x_codes else 0)
           # mbarriers: pipeline (+ slot release), reduction, epilogue
           + 8 * (2 * stages + eg + 1 if share_x else warpgroups * stages + 2))
