@@ -1185,7 +1185,7 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
           plgpu.barrier_wait(amax_bar)
           for g in range(wgs):
             amax = jnp.maximum(amax, plgpu.load(amax_smem.at[g], layout=rows_l.reduce(1)))
-        # quantize_activations' scale: amax * float32(1 / 127) is XLA's form of amax / 127
+        # quantize_activations' scale: amax * float32(1 / qmax) is XLA's form of amax / qmax
         s = jnp.where(amax > 0, amax * ACT_INV_QMAX[jnp.dtype(params.codes.dtype)], 1.0)
         s = jnp.where(amax == jnp.inf, jnp.nan, s)
         # XLA computes the reference's x / s as x * (1 / s) (a division by a broadcast),
