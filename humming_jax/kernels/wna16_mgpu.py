@@ -68,6 +68,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from humming_jax import packing
+from humming_jax.formats import get_format
 from humming_jax.quantize import (E8M0, QuantizedWeight, carrier_dtype, expand_scales,
                                   scale_block, store_scale, unpacked_codes)
 from humming_jax.kernels import act_prepass, launch, mgpu_convert, registry, tuning
@@ -81,11 +82,9 @@ _COL = plgpu.Layout.WGMMA.reduce(0)
 _TRANSPOSED = plgpu.Layout.WGMMA_TRANSPOSED
 _UPCAST = {4: plgpu.Layout.WGMMA_UPCAST_4X, 8: plgpu.Layout.WGMMA_UPCAST_2X}
 _CODE_DTYPE = {4: jnp.int4, 8: jnp.int8}
-# quantize_activations' per-token scale, amax / qmax (int8 127, e4m3 448), in the form XLA
-# gives it (its simplifier multiplies by the float32 reciprocal; a GPU division is 1 ulp
-# off in ~4 % of rows: benchmarks/probe_inkernel_quant.py), by the codes' dtype
-ACT_INV_QMAX = {jnp.dtype(jnp.int8): float(np.float32(1 / 127)),
-                jnp.dtype(jnp.float8_e4m3fn): float(np.float32(1 / 448))}
+# quantize_x: the activation format whose codes each direct-layout dtype carries (its
+# range from formats.py, its scale amax / max_value as quantize_activations computes it)
+ACT_FORMATS = {jnp.dtype(jnp.int8): "int8", jnp.dtype(jnp.float8_e4m3fn): "fp8_e4m3"}
 
 
 # A (rows, 256 k) x tile (k >= 1) in registers: warp w holds rows w, w + 4, ..., lane l the
@@ -475,7 +474,7 @@ def prepare(params: QuantizedWeight, *, permute: bool | None = None,
   codes = unpacked_codes(params).astype(jnp.int32)  # raw b-bit patterns
   fmt = spec.weight_format
   if fmt.name in FP6:  # the e4m3 byte of each value (exact), -0 kept
-    codes = _fp6_as_e4m3(codes, fmt, fp8_code_dtype(fmt))
+    codes = _fp6_as_e4m3(codes, fmt)
   pattern_bits = 8 if fmt.name in FP6 else fmt.bits  # of the patterns in `codes` now
   offset = (1 << (pattern_bits - 1)) if fmt.kind == "uint" else 0
   half = 1 << (pattern_bits - 1)
@@ -540,17 +539,18 @@ def column_scaled(spec: QuantSpec) -> bool:
   return spec.granularity == "channel"
 
 
-def _fp6_as_e4m3(codes: jax.Array, fmt, e4m3) -> jax.Array:
-  """fp6 bit patterns -> the ``e4m3`` bytes of the same values (int32): exact, as every
-  fp6 value is an e4m3 number; -0 (0x20) becomes e4m3's -0 (0x80)."""
-  vals = fmt.decode(codes, check_nan=False).astype(e4m3)
+def _fp6_as_e4m3(codes: jax.Array, fmt) -> jax.Array:
+  """fp6 bit patterns -> the e4m3 bytes (:func:`fp8_code_dtype`) of the same values
+  (int32): exact, as every fp6 value is an e4m3 number; -0 (0x20) becomes e4m3's -0 (0x80)."""
+  vals = fmt.decode(codes, check_nan=False).astype(fp8_code_dtype(fmt))
   return jax.lax.bitcast_convert_type(vals, jnp.uint8).astype(jnp.int32)
 
 
-def _e4m3_as_fp6(codes: jax.Array, fmt, e4m3) -> jax.Array:
-  """Inverse of :func:`_fp6_as_e4m3` (int8 ``e4m3`` bytes -> int32 fp6 patterns), the
-  sign of -0 kept (``encode`` gives +0 for it)."""
-  vals = jax.lax.bitcast_convert_type(codes.astype(jnp.int8), e4m3).astype(jnp.float32)
+def _e4m3_as_fp6(codes: jax.Array, fmt) -> jax.Array:
+  """Inverse of :func:`_fp6_as_e4m3` (int8 e4m3 bytes -> int32 fp6 patterns), the sign
+  of -0 kept (``encode`` gives +0 for it)."""
+  vals = jax.lax.bitcast_convert_type(codes.astype(jnp.int8),
+                                      fp8_code_dtype(fmt)).astype(jnp.float32)
   sign = jnp.signbit(vals).astype(jnp.int32) << (fmt.bits - 1)
   return fmt.encode(vals).astype(jnp.int32) | sign
 
@@ -569,7 +569,7 @@ def to_canonical(prepared: QuantizedWeight) -> QuantizedWeight:
   codes = codes.transpose(1, 0, 2).reshape(np_, t * bk)
   codes = codes[:n, :k].astype(jnp.int32).T
   if fmt.name in FP6:
-    codes = _e4m3_as_fp6(codes, fmt, fp8_code_dtype(fmt))
+    codes = _e4m3_as_fp6(codes, fmt)
   codes = ((codes + offset) & ((1 << bits) - 1)).astype(jnp.uint8)
   gk, _ = scale_block(spec, k, n)
   s = prepared.scales[:k // gk if spec.granularity == "group" else 1, :n]
@@ -714,11 +714,12 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
     return jnp.zeros((0, n), output_dtype(x, out_dtype))
   # 8-bit x codes of the direct layout's own dtype: both WGMMA operands straight from
   # shared memory, no conversion in the K loop (run_direct)
-  if quantize_x and not (direct and params.codes.dtype in ACT_INV_QMAX and x_scale is None
+  if quantize_x and not (direct and params.codes.dtype in ACT_FORMATS and x_scale is None
                          and x.dtype in (jnp.bfloat16, jnp.float16)):
     raise ValueError(f"quantize_x=True: needs the direct int8 / e4m3 layout (codes "
                      f"{params.codes.dtype}, {params.codes.ndim}-D), bfloat16 / float16 x "
                      f"(got {x.dtype}) and no x_scale (the kernel computes it)")
+  act_fmt = get_format(ACT_FORMATS[jnp.dtype(params.codes.dtype)]) if quantize_x else None
   mma8 = direct and (x.dtype == params.codes.dtype or quantize_x)
   mma8_int = mma8 and params.codes.dtype == jnp.int8  # (e4m3: per-tile float32 promotion)
   if direct and not mma8 and x.dtype not in (jnp.bfloat16, jnp.float16):
@@ -1177,16 +1178,17 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
         # |x| elementwise (NaN as inf), then one reduction per row; the warpgroups' maxima
         # meet in SMEM.
         nonlocal x_rows_inv
-        rows_l = _X_ROWS
-        amax = row_view_amax() if row_view else streamed_amax(rows_l)
+        amax = row_view_amax() if row_view else streamed_amax()
         if wgs > 1 and not row_view:  # (the row view's maxima met already)
           amax_smem.at[wg][...] = amax
           plgpu.barrier_arrive(amax_bar)
           plgpu.barrier_wait(amax_bar)
           for g in range(wgs):
-            amax = jnp.maximum(amax, plgpu.load(amax_smem.at[g], layout=rows_l.reduce(1)))
-        # quantize_activations' scale: amax * float32(1 / qmax) is XLA's form of amax / qmax
-        s = jnp.where(amax > 0, amax * ACT_INV_QMAX[jnp.dtype(params.codes.dtype)], 1.0)
+            amax = jnp.maximum(amax, plgpu.load(amax_smem.at[g], layout=_X_ROWS.reduce(1)))
+        # quantize_activations' scale amax / qmax in the form XLA gives it: its simplifier
+        # multiplies by the float32 reciprocal (a GPU division is 1 ulp off in ~4 % of
+        # rows: benchmarks/probe_inkernel_quant.py)
+        s = jnp.where(amax > 0, amax * float(np.float32(1 / act_fmt.max_value)), 1.0)
         s = jnp.where(amax == jnp.inf, jnp.nan, s)
         # XLA computes the reference's x / s as x * (1 / s) (a division by a broadcast),
         # which rounds ties (x / s = k + 1/2 exactly: common in bf16) differently
@@ -1196,7 +1198,7 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
         def _():  # the epilogue's row scales (read after this warpgroup's next commit)
           xs_smem[...] = s
 
-      def streamed_amax(rows_l):
+      def streamed_amax():
         chunk_bar = lambda c: xa_bars.at[wg * stages + lax.rem(c, stages)]
 
         def issue(c):
@@ -1208,24 +1210,23 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
 
         def body(c, amax):
           plgpu.barrier_wait(chunk_bar(c))
-          v = plgpu.load(x_buf.at[wg, lax.rem(c, stages)], layout=rows_l).astype(jnp.float32)
+          v = plgpu.load(x_buf.at[wg, lax.rem(c, stages)], layout=_X_ROWS).astype(jnp.float32)
           plgpu.commit_smem()  # every thread has read the slot before it is refilled
           pl.when(c + stages < per_wg)(lambda: issue(c + stages))
           return jnp.maximum(amax, jnp.where(v != v, jnp.inf, jnp.abs(v)))
         amax = lax.fori_loop(0, per_wg, body, plgpu.layout_cast(
-            jnp.zeros((block_m, sub * bk), jnp.float32), rows_l))
+            jnp.zeros((block_m, sub * bk), jnp.float32), _X_ROWS))
         return jnp.max(amax, axis=1)
 
       def quantized_x(x_smem):  # this slot's x tile -> 8-bit codes in this warpgroup's tile
-        rows_l = _X_ROWS
-        v = plgpu.load(x_smem, layout=rows_l).astype(jnp.float32)
+        v = plgpu.load(x_smem, layout=_X_ROWS).astype(jnp.float32)
         v = v * lax.broadcast_in_dim(x_rows_inv, v.shape, [0])
+        t = jnp.clip(v, act_fmt.min_value, act_fmt.max_value)  # saturated
         if mma8_int:  # round half to even by the float's bits (act_prepass's form)
-          t = jnp.clip(v, -128.0, 127.0)
           q = (lax.bitcast_convert_type(t + act_prepass.RNE_MAGIC, jnp.int32)
                - act_prepass.MAGIC_BITS).astype(jnp.int8)
-        else:  # e4m3: saturated, then one round-to-nearest-even convert (Hopper's cvt)
-          q = jnp.clip(v, -448.0, 448.0).astype(jnp.float8_e4m3fn)
+        else:  # e4m3: one round-to-nearest-even convert (Hopper's cvt)
+          q = t.astype(jnp.float8_e4m3fn)
         xq_smem.at[wg][...] = q
         plgpu.commit_smem()  # generic-proxy stores -> the WGMMA's reads
         return xq_smem.at[wg]
