@@ -70,6 +70,10 @@ def parse_config(name: str, m: int, base: tuning.MgpuConfig | None = None
       fields["overlap_mma"] = True
     elif tok == "noovl":  # (with acc: the decode default's overlap needs scale_after_mma)
       fields["overlap_mma"] = False
+    elif tok == "ms":  # the decode product on mma.sync (kernels/mgpu_mma.py)
+      fields["mma_sync"] = True
+    elif tok.startswith("ch"):  # mma.sync accumulator chains per 8 rows
+      fields["mma_chains"] = int(tok[2:])
     elif tok == "whole":
       fields["fp4_whole_registers"] = True
     else:

@@ -578,6 +578,38 @@ def test_heuristic_splits_k_only_for_narrow_n():
   assert mg.heuristic(128, 28672).split_k == 1 and mg.heuristic(100, 4224).split_k == 2
 
 
+def test_decode_takes_mma_sync(monkeypatch):
+  """The decode rule of session 56 (``mma_sync_applies``, ``MMA_SYNC_MAX_M``): int4 / uint4
+  and MXFP4 weights at M <= 8 take mma.sync on 8-row tiles with one K tile per step; NVFP4,
+  8-bit weights, the fp8-MMA layout, M = 9 and HUMMING_JAX_MMA_SYNC=0 keep their
+  launch.  The default launch computes the reference's product (interpreter)."""
+  monkeypatch.setattr(tuning, "cached_config", lambda *a, **k: None)  # no autotune entry
+  monkeypatch.delenv("HUMMING_JAX_MMA_SYNC", raising=False)
+  preset = hj.QuantSpec.preset
+  w = lambda spec, **kw: mg.prepare(make(spec, 1, 256, 128, True)[0], **kw)
+  ms = lambda m: dataclasses.replace(mg.heuristic(m, 128), block_m=8, substeps=1,
+                                     mma_sync=True)
+  taking = [w(preset(n)) for n in ("w4a16-g128-zp", "w4a16-g128", "w4a16-mxfp4",
+                                   "w4a16-mxint4")]
+  taking.append(w(hj.QuantSpec("uint4", "group", 64, zero_point=True)))
+  for p in taking:
+    for m in (1, 8):
+      assert mg.default_config(p, m) == ms(m), p.spec.name
+    assert not mg.default_config(p, 9).mma_sync
+  keeping = [w(preset("w4a16-nvfp4")), w(preset("w8a16")),
+             w(preset("w4a8-mxfp4").weight_only(), mma="fp8")]
+  assert mg.fp8_mma(keeping[-1].layout)
+  for p in keeping:
+    assert not mg.default_config(p, 1).mma_sync, p.layout
+  monkeypatch.setenv("HUMMING_JAX_MMA_SYNC", "0")
+  assert mg.default_config(taking[0], 1) == mg.heuristic(1, 128)
+  monkeypatch.delenv("HUMMING_JAX_MMA_SYNC")
+  for name, m in (("w4a16-g128-zp", 3), ("w4a16-mxfp4", 8)):
+    q, x = make(preset(name), m, 512, 128, True, seed=m)
+    y = mg.run(mg.prepare(q), x, interpret=True)
+    assert rel(y, reference.dense_reference(q, x)) <= TOL
+
+
 def test_nvfp4_decode_takes_one_k_tile_per_step(monkeypatch):
   """The compile-time rule (``one_k_tile_per_step``): NVFP4 on the 16-bit MMA decodes with
   one K tile per pipeline step where the heuristic unrolls two (M <= 16); MXFP4 and int4
@@ -595,7 +627,8 @@ def test_nvfp4_decode_takes_one_k_tile_per_step(monkeypatch):
   for m in (1, 16):
     assert mg.heuristic(m, 128).substeps == 2
     assert mg.default_config(nv, m) == dataclasses.replace(mg.heuristic(m, 128), substeps=1)
-    assert mg.default_config(mx, m) == mg.heuristic(m, 128) == mg.default_config(i4, m)
+  # (M <= 8: MXFP4 and int4 take the mma.sync launch, test_decode_takes_mma_sync)
+  assert mg.default_config(mx, 16) == mg.heuristic(16, 128) == mg.default_config(i4, 16)
   assert mg.default_config(nv, 128) == mg.heuristic(128, 128)
   q, x = make(hj.QuantSpec.preset("w4a16-nvfp4"), 5, 256, 128, True, seed=31)
   y = mg.run(mg.prepare(q), x, interpret=True)
@@ -666,6 +699,65 @@ def test_int4_ptx_gpu(name, m, dtype, monkeypatch):
   pk = jax.jit(lambda q: mg.prepare(q, permute=True))(q)
   y2 = jax.jit(lambda p, x: mg.run(p, x, config=on))(pk, x)
   np.testing.assert_array_equal(np.asarray(y2, np.float32), np.asarray(y0, np.float32))
+
+
+MMA_SYNC_CASES = [("w4a16-g128-zp", 1, jnp.bfloat16, {}), ("w4a16-g128-zp", 16, jnp.bfloat16, {}),
+                  ("w4a16-mxfp4", 1, jnp.bfloat16, {}), ("w4a16-nvfp4", 5, jnp.bfloat16, {}),
+                  ("w8a16", 1, jnp.bfloat16, {}), ("w4a16-g128-zp", 3, jnp.float16, {}),
+                  ("w4a16-g128", 1, jnp.bfloat16,
+                   dict(scale_after_mma=False, overlap_mma=False)),
+                  ("w4a16-g128-zp", 1, jnp.bfloat16, dict(mma_chains=1, split_k=2)),
+                  ("w4a16-mxfp4", 32, jnp.bfloat16, dict(mma_chains=4))]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name,m,dtype,change", MMA_SYNC_CASES)
+def test_mma_sync_gpu(name, m, dtype, change, monkeypatch):
+  """MgpuConfig.mma_sync (the decode product on mma.sync, kernels/mgpu_mma.py): the PTX is
+  emitted, and the output is within float32 summation order of the same launch on the
+  register-A WGMMA, and within the tolerance of the reference, at 8192 x 4096."""
+  from humming_jax.kernels import mgpu_mma
+  calls = []
+  orig = mgpu_mma._mma_ptx
+  monkeypatch.setattr(mgpu_mma, "_mma_ptx", lambda *a: calls.append(a) or orig(*a))
+  q, x = make(hj.QuantSpec.preset(name), m, 8192, 4096, True, seed=11, dtype=dtype)
+  p = jax.jit(mg.prepare)(q)
+  # (the default at M <= 8 is mma.sync itself: the base launch turns it off)
+  base = dataclasses.replace(mg.default_config(p, m), block_m=8 * -(-m // 8), mma_sync=False,
+                             **change)
+  y0 = jax.jit(lambda p, x: mg.run(p, x, config=base))(p, x)
+  assert not calls
+  on = dataclasses.replace(base, mma_sync=True)
+  y1 = jax.jit(lambda p, x: mg.run(p, x, config=on))(p, x)
+  assert calls, "the mma.sync product was not used"
+  e = rel(y1, jax.jit(reference.dense_reference)(q, x))
+  d = rel(y1, y0)
+  print(f"mma_sync {name} M={m} {jnp.dtype(dtype).name} {change}: rel err {e:.2e}, "
+        f"vs WGMMA {d:.2e}")
+  assert e <= TOL
+  assert d <= 2e-3  # one 16-bit rounding of the output apart at most, in places
+
+
+def test_mma_sync_config_is_checked():
+  with pytest.raises(ValueError, match="block_m <= 32"):
+    mg.Config(block_m=64, mma_sync=True)
+  with pytest.raises(ValueError, match="mma_chains"):
+    mg.Config(mma_chains=0)
+  # the direct 8-bit layout's product is the 8-bit WGMMA: mma_sync is refused by name
+  codes = jax.random.randint(jax.random.key(3), (128, 256), -127, 128).astype(jnp.int8)
+  x = jax.random.randint(jax.random.key(4), (1, 256), -127, 128).astype(jnp.int8)
+  col = jnp.ones((1, 128), jnp.float32)
+  with pytest.raises(ValueError, match="config.mma_sync=True: the 16-bit decode product"):
+    mg.run_direct(codes, x, col, n=128, row_scale=jnp.ones((1,), jnp.float32),
+                  interpret=True, config=mg.Config(8, stages=2, warpgroups=1, mma_sync=True))
+  # the interpreter runs the WGMMA form of the same product: the same output as without it
+  q, x = make(hj.QuantSpec.preset("w4a16-g128-zp"), 3, 512, 128, True, seed=5)
+  p = mg.prepare(q)
+  cfg = mg.Config(8, stages=2, substeps=2, warpgroups=1, scale_after_mma=True,
+                  unpadded_rows=True)
+  y0 = mg.run(p, x, interpret=True, config=cfg)
+  y1 = mg.run(p, x, interpret=True, config=dataclasses.replace(cfg, mma_sync=True))
+  np.testing.assert_array_equal(np.asarray(y1, np.float32), np.asarray(y0, np.float32))
 
 
 def test_tuning_cache_is_consulted(tmp_path, monkeypatch):
@@ -931,8 +1023,15 @@ def test_scale_fold_column_out_of_range():
   assert mg.scale_folds(traced.layout)
   base = np.asarray(traced.fold_base)
   assert np.isnan(base[0, 5]) and np.isfinite(np.delete(base[0], 5)).all()
-  y = np.asarray(mg.run(traced, x, interpret=True), np.float32)
+  # the fold runs where the kernel's epilogue does (one K split): there the column is NaN
+  fused = dataclasses.replace(mg.heuristic(4, 64), split_k=1, mma_sync=False)
+  y = np.asarray(mg.run(traced, x, interpret=True, config=fused), np.float32)
   assert np.isnan(y[:, 5]).all() and np.isfinite(np.delete(y, 5, axis=1)).all()
+  # grid split-K (XLA's epilogue) converts without the fold: that column is exact there
+  # (the default launch at this shape since session 56: 8-row tiles, one K tile per step)
+  split = dataclasses.replace(fused, split_k=2, substeps=1)
+  y = np.asarray(mg.run(traced, x, interpret=True, config=split), np.float32)
+  assert rel(y, reference.dense_reference(q, x)) <= TOL and np.isfinite(y).all()
 
 
 @pytest.mark.gpu

@@ -186,6 +186,13 @@ class MgpuConfig:
   # most of a CTA's time.  run() lowers it to a divisor of the column blocks; the 16-bit
   # route only (not the fp8-MMA layout, not with cluster_n).
   column_blocks: int = 1
+  # Session 56: the decode product on mma.sync (kernels/mgpu_mma.py) instead of the
+  # register-A WGMMA: each warp multiplies its 16 dequantized weight rows by x fragments it
+  # loads itself (no shared-memory descriptors, fences or warpgroup waits).  The 16-bit
+  # route only, block_m <= 32, on the GPU (the interpreter runs the WGMMA form).  Off
+  # until timed.
+  mma_sync: bool = False
+  mma_chains: int = 2  # mma_sync: independent accumulators per 8 x rows (alternate K steps)
 
   def __post_init__(self):
     if self.column_blocks < 1:
@@ -214,6 +221,11 @@ class MgpuConfig:
       raise ValueError("zero_point_mma=True needs scale_after_mma=True")
     if self.overlap_mma and not self.scale_after_mma:
       raise ValueError("overlap_mma=True needs scale_after_mma=True")
+    if self.mma_chains < 1:
+      raise ValueError(f"mma_chains={self.mma_chains} must be >= 1")
+    if self.mma_sync and self.block_m > 32:
+      raise ValueError(f"mma_sync=True with block_m={self.block_m}: the warp-level MMA "
+                       f"holds every x row in each warp's registers; use block_m <= 32")
 
 
 def mgpu_candidates(m: int) -> list[MgpuConfig]:

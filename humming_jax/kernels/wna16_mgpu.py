@@ -71,7 +71,7 @@ from humming_jax import packing
 from humming_jax.formats import get_format
 from humming_jax.quantize import (E8M0, QuantizedWeight, carrier_dtype, expand_scales,
                                   scale_block, store_scale, unpacked_codes)
-from humming_jax.kernels import act_prepass, launch, mgpu_convert, registry, tuning
+from humming_jax.kernels import act_prepass, launch, mgpu_convert, mgpu_mma, registry, tuning
 from humming_jax.spec import QuantSpec
 
 FAMILY = "wna16_mgpu"
@@ -620,9 +620,34 @@ def default_config(params: QuantizedWeight, m: int) -> Config:
   if cached:
     return cached
   config = heuristic(m, n)
+  if m <= MMA_SYNC_MAX_M and mma_sync_applies(params):
+    return dataclasses.replace(config, block_m=8, substeps=1, mma_sync=True)
   if config.substeps > 1 and one_k_tile_per_step(params):
     config = dataclasses.replace(config, substeps=1)
   return config
+
+
+# Decode launches of up to this many rows take mma.sync (mgpu_mma) on 8-row tiles with one K
+# tile per step, for the weights of :func:`mma_sync_applies`.  H100 session 56
+# (profile_mgpu.py, CUPTI us per 8192^2 layer, same process; two processes for int4):
+# int4 g128 zp M = 1, the heuristic's 64-row WGMMA launch 16.5 / 16.4 -> 15.6 / 15.5
+# (the same 8-row one-tile launch on WGMMA 16.0); MXFP4 19.0 -> 18.4 (WGMMA 18.7); NVFP4
+# 19.0 -> 19.2 (no gain, not taken); M = 16 on 16-row tiles 16.4 -> 17.4-18.0 (not taken).
+# HUMMING_JAX_MMA_SYNC=0 keeps the heuristic's launch.
+MMA_SYNC_MAX_M = 8
+
+
+def mma_sync_applies(params: QuantizedWeight) -> bool:
+  """4-bit integer (int4 / uint4) or MXFP4 (e8m0 group scales) weights in the 16-bit
+  route's layouts -- not the direct 8-bit or fp8-MMA ones -- unless HUMMING_JAX_MMA_SYNC=0:
+  the weights :func:`default_config` puts on mma.sync at decode (only int4 g128 with zero
+  points and MXFP4 were timed; the other group sizes and uint4 follow untimed)."""
+  spec = params.spec
+  fmt = spec.weight_format
+  return (params.codes.ndim != 2 and not fp8_mma(params.layout)
+          and ((fmt.kind in ("int", "uint") and fmt.bits == 4)
+               or (fmt.name == FP4 and spec.scale_dtype == "e8m0"))
+          and tuning.env_flag("HUMMING_JAX_MMA_SYNC", True))
 
 
 def one_k_tile_per_step(params: QuantizedWeight) -> bool:
@@ -854,6 +879,13 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
   # kernel time but timed 4-6 us per layer slower in the chain, so the default stays).
   after = config.scale_after_mma and gpt == 1
   overlap = after and config.overlap_mma and not zero_mma and sub > 1
+  # the 16-bit product on mma.sync (mgpu_mma; the GPU only: the interpreter runs the WGMMA
+  # form of the same float32 sums, in another order)
+  msync = config.mma_sync and not interpret
+  if config.mma_sync and (mma8 or fp8 or zero_mma or block_m > 32):
+    raise ValueError(f"config.mma_sync=True: the 16-bit decode product only (block_m <= 32, "
+                     f"not the 8-bit or fp8-MMA layouts, not zero_point_mma); got block_m="
+                     f"{block_m}, layout {params.layout!r}, x {x.dtype}")
   # quantize_x at one token: the row also as (Kp / 256, 256) (a free reshape), so each
   # warpgroup's share of it is one TMA into its own buffer, in flight beside the first
   # stages (rather than chunk by chunk through its x slots before they are filled)
@@ -1109,6 +1141,18 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
         if fp8:
           return fp8_tiles(slot, x_smem, lambda j, i: row(s_buf, j, i), bcast, acc_t, total,
                            acc_ref, top_row)
+        if msync:  # each warp: its 16 weight rows x the x fragments, in registers
+          chains = config.mma_chains
+          for j in range(sub):
+            w, _ = tile_operands(j)
+            xb = plgpu.load(x_smem.at[:, pl.ds(j * bk, bk)], layout=mgpu_mma.MMA_X)
+            if after:
+              zero = plgpu.layout_cast(jnp.zeros(total.shape, jnp.float32), _WGMMA)
+              total = total + scaled(mgpu_mma.mma_sync(zero, w, xb, chains=chains), j)
+            else:
+              total = mgpu_mma.mma_sync(total, w, xb, chains=chains)
+          plgpu.commit_smem()  # every warp has read the slot before it is refilled
+          return total
         # overlap: tile j + 1 is dequantized while tile j's WGMMA runs.  (Reading an
         # accumulator waits for every WGMMA in flight, so the wgmma_wait(1) below adds no
         # overlap of its own; the form GPU-tested in session 13.)
@@ -1376,7 +1420,7 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
           return total
 
         total = None  # the running sum lives in acc_ref, or (after, per-group fp8) in registers:
-        in_registers = (not mma8_int if mma8 else after or (fp8 and not single))
+        in_registers = (not mma8_int if mma8 else after or msync or (fp8 and not single))
         if in_registers:
           total = plgpu.layout_cast(jnp.zeros((BLOCK_N, block_m), jnp.float32), _WGMMA)
         total = lax.fori_loop(0, steps_w, body, total)
