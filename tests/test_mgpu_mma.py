@@ -50,15 +50,21 @@ def mma_probe(w, x, acc0, *, chains=2):
 
 
 CASES = [(8, 128, jnp.bfloat16, 2), (16, 256, jnp.bfloat16, 2), (8, 64, jnp.float16, 1),
-         (8, 128, jnp.bfloat16, 4)]
+         (8, 128, jnp.bfloat16, 4), (24, 64, jnp.bfloat16, 16)]  # (chains past K / 16: 4)
 
 
 @pytest.mark.parametrize("rows,k,dtype,chains", CASES)
-def test_mma_sync_lowers_for_h200(rows, k, dtype, chains):
+def test_mma_sync_lowers_for_h200(rows, k, dtype, chains, monkeypatch):
+  """The probe kernel lowers for an H200 with one mma.sync per 8 x rows and 16-deep K step
+  (the inline_mgpu body ran: the layouts' register shapes are the ones it indexes)."""
+  emitted = []
+  orig = mgpu_mma._mma_ptx
+  monkeypatch.setattr(mgpu_mma, "_mma_ptx", lambda *a: emitted.append(a) or orig(*a))
   sd = jax.ShapeDtypeStruct
   text = lower_for_h200(functools.partial(mma_probe, chains=chains), sd((64, k), dtype),
                         sd((rows, k), dtype), sd((64, rows), jnp.float32))
   assert "custom_call" in text
+  assert emitted == [("bf16" if dtype == jnp.bfloat16 else "f16",)] * (rows // 8 * k // 16)
 
 
 def test_mma_sync_rejects_bad_shapes():

@@ -747,17 +747,21 @@ def test_mma_sync_config_is_checked():
   codes = jax.random.randint(jax.random.key(3), (128, 256), -127, 128).astype(jnp.int8)
   x = jax.random.randint(jax.random.key(4), (1, 256), -127, 128).astype(jnp.int8)
   col = jnp.ones((1, 128), jnp.float32)
-  with pytest.raises(ValueError, match="config.mma_sync=True: the 16-bit decode product"):
+  with pytest.raises(ValueError, match="config.mma_sync=True: the dense 16-bit decode"):
     mg.run_direct(codes, x, col, n=128, row_scale=jnp.ones((1,), jnp.float32),
                   interpret=True, config=mg.Config(8, stages=2, warpgroups=1, mma_sync=True))
-  # the interpreter runs the WGMMA form of the same product: the same output as without it
+  # launches the product was not GPU-tested in: refused by name, before any kernel runs
   q, x = make(hj.QuantSpec.preset("w4a16-g128-zp"), 3, 512, 128, True, seed=5)
-  p = mg.prepare(q)
-  cfg = mg.Config(8, stages=2, substeps=2, warpgroups=1, scale_after_mma=True,
-                  unpadded_rows=True)
-  y0 = mg.run(p, x, interpret=True, config=cfg)
-  y1 = mg.run(p, x, interpret=True, config=dataclasses.replace(cfg, mma_sync=True))
-  np.testing.assert_array_equal(np.asarray(y1, np.float32), np.asarray(y0, np.float32))
+  p = mg.prepare(q, permute=False)
+  cfg = mg.Config(8, stages=2, substeps=2, warpgroups=2, scale_after_mma=True,
+                  unpadded_rows=True, mma_sync=True)
+  for change in (dict(zero_point_mma=True), dict(split_warpgroups="n"),
+                 dict(column_blocks=2)):
+    with pytest.raises(ValueError, match="config.mma_sync=True: the dense 16-bit decode"):
+      mg.run(p, x, interpret=True, config=dataclasses.replace(cfg, **change))
+  # (the interpreter accepts the flag and runs its launch with the WGMMA form of the product)
+  y = mg.run(p, x, interpret=True, config=cfg)
+  assert rel(y, reference.dense_reference(q, x)) <= TOL
 
 
 def test_tuning_cache_is_consulted(tmp_path, monkeypatch):

@@ -69,7 +69,6 @@ def mma_sync(acc: jax.Array, w: jax.Array, x: jax.Array, *, chains: int = 2) -> 
     f32 = ir.F32Type.get()
     i32 = ir.IntegerType.get_signless(32)
     pair_ty = ir.VectorType.get((2,), f32)
-    ptx = _mma_ptx(float_type)
     cons = ",".join(["=f"] * 4 + ["r"] * 6 + ["f"] * 4)
     # WGMMA layout registers: (0, 8-column block, 0, 0, row half, 0, 0, 0, 0)
     wg = lambda arr, cb, h: arr.registers[(0, cb, 0, 0, h) + (0,) * 4]
@@ -99,7 +98,7 @@ def mma_sync(acc: jax.Array, w: jax.Array, x: jax.Array, *, chains: int = 2) -> 
         a = [word(wg(w_a, 2 * i + c, h)) for c in (0, 1) for h in (0, 1)]  # a0a1 .. a6a7
         bw = [word(x_a.registers[(b, i, 0, h) + (0,) * 3]) for h in (0, 1)]  # b0b1, b2b3
         res = llvm.inline_asm(llvm.StructType.get_literal([f32] * 4),
-                              [*a, *bw, *sums[i % chains]], ptx, cons,
+                              [*a, *bw, *sums[i % chains]], _mma_ptx(float_type), cons,
                               has_side_effects=False)
         sums[i % chains] = [llvm.extractvalue(f32, res, [j]) for j in range(4)]
       d = sums[0]

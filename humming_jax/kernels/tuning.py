@@ -188,9 +188,9 @@ class MgpuConfig:
   column_blocks: int = 1
   # Session 56: the decode product on mma.sync (kernels/mgpu_mma.py) instead of the
   # register-A WGMMA: each warp multiplies its 16 dequantized weight rows by x fragments it
-  # loads itself (no shared-memory descriptors, fences or warpgroup waits).  The 16-bit
-  # route only, block_m <= 32, on the GPU (the interpreter runs the WGMMA form).  Off
-  # until timed.
+  # loads itself (no shared-memory descriptors, fences or warpgroup waits).  The dense
+  # 16-bit route only, block_m <= 32, on the GPU (the interpreter runs the WGMMA form).
+  # wna16_mgpu.default_config takes it at M <= 8 for int4 / uint4 / MXFP4 (MMA_SYNC_MAX_M).
   mma_sync: bool = False
   mma_chains: int = 2  # mma_sync: independent accumulators per 8 x rows (alternate K steps)
 
@@ -232,7 +232,12 @@ def mgpu_candidates(m: int) -> list[MgpuConfig]:
   """The autotune grid of the Mosaic GPU kernel (large block_m x substeps that cannot fit
   shared memory are left out)."""
   if m <= 64:
-    return ([MgpuConfig(64, 4, 1, warpgroups=w) for w in (1, 2, 4)]
+    # (M <= 8: the 8-row one-K-tile launch, on WGMMA and on mma.sync -- default_config's
+    # rule for int4 / MXFP4; run() refuses mma_sync where it does not apply, and the
+    # autotuner skips a refused candidate)
+    small = ([MgpuConfig(8, 4, 1, warpgroups=4, scale_after_mma=True, mma_sync=ms)
+              for ms in (False, True)] if m <= 8 else [])
+    return small + ([MgpuConfig(64, 4, 1, warpgroups=w) for w in (1, 2, 4)]
             + [MgpuConfig(64, 4, 2, warpgroups=w) for w in (2, 4)]
             + [MgpuConfig(64, 4, 1, warpgroups=w, split_k=2) for w in (2, 4)]
             + [MgpuConfig(64, 4, 1, split_k=4), MgpuConfig(64, 6, 2)]

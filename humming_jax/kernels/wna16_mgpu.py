@@ -629,11 +629,13 @@ def default_config(params: QuantizedWeight, m: int) -> Config:
 
 # Decode launches of up to this many rows take mma.sync (mgpu_mma) on 8-row tiles with one K
 # tile per step, for the weights of :func:`mma_sync_applies`.  H100 session 56
-# (profile_mgpu.py, CUPTI us per 8192^2 layer, same process; two processes for int4):
-# int4 g128 zp M = 1, the heuristic's 64-row WGMMA launch 16.5 / 16.4 -> 15.6 / 15.5
-# (the same 8-row one-tile launch on WGMMA 16.0); MXFP4 19.0 -> 18.4 (WGMMA 18.7); NVFP4
-# 19.0 -> 19.2 (no gain, not taken); M = 16 on 16-row tiles 16.4 -> 17.4-18.0 (not taken).
-# HUMMING_JAX_MMA_SYNC=0 keeps the heuristic's launch.
+# (profile_mgpu.py, CUPTI us per 8192^2 layer, same process; three processes for int4):
+# int4 g128 zp M = 1, the heuristic's WGMMA launch (two K tiles per step; run() caps its
+# rows at 8) 16.4-16.5 -> 15.5-15.6; MXFP4 19.0 -> 18.2-18.4.  About half of each gain is
+# the one tile per step (WGMMA with it: int4 16.0, MXFP4 18.7).  Not taken: NVFP4 (19.0 on
+# its one-tile rule; mma.sync timed with two tiles only, 19.2), M = 16 on 16-row tiles
+# (16.4 -> 17.4-18.0).  Not timed on an H200.  HUMMING_JAX_MMA_SYNC=0 keeps the heuristic's
+# launch; an autotune cache entry wins over this rule.
 MMA_SYNC_MAX_M = 8
 
 
@@ -882,10 +884,14 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
   # the 16-bit product on mma.sync (mgpu_mma; the GPU only: the interpreter runs the WGMMA
   # form of the same float32 sums, in another order)
   msync = config.mma_sync and not interpret
-  if config.mma_sync and (mma8 or fp8 or zero_mma or block_m > 32):
-    raise ValueError(f"config.mma_sync=True: the 16-bit decode product only (block_m <= 32, "
-                     f"not the 8-bit or fp8-MMA layouts, not zero_point_mma); got block_m="
-                     f"{block_m}, layout {params.layout!r}, x {x.dtype}")
+  if config.mma_sync and (mma8 or fp8 or zero_mma or block_m > 32 or grouped
+                          or config.split_warpgroups == "n" or config.column_blocks > 1
+                          or config.cluster_n > 1):
+    # (the grouped, shared-x, column-block and cluster launches are not GPU-tested with it)
+    raise ValueError(f"config.mma_sync=True: the dense 16-bit decode product only (block_m "
+                     f"<= 32, warpgroups splitting K, one column block, no cluster, not the "
+                     f"8-bit or fp8-MMA layouts, not zero_point_mma); got block_m={block_m}, "
+                     f"{config}, layout {params.layout!r}, x {x.dtype}, grouped={grouped}")
   # quantize_x at one token: the row also as (Kp / 256, 256) (a free reshape), so each
   # warpgroup's share of it is one TMA into its own buffer, in flight beside the first
   # stages (rather than chunk by chunk through its x slots before they are filled)
