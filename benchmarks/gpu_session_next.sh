@@ -1,14 +1,13 @@
 #!/usr/bin/env bash
-# Session 56 (2026-12-06): four calls, all on H100s (two asks for an H200 found no machine;
-# benchmarks/results/2026-12-06-session56; sessions/gpu_session56.sh t56 ms / ms2 / fin).
+# Session 56 (2026-12-06): five calls, all on H100s (three asks for an H200 found no machine;
+# benchmarks/results/2026-12-06-session56; sessions/gpu_session56.sh t56 ms / ms2 / fin / ms2).
 # Landed: the dense decode product on mma.sync (kernels/mgpu_mma.py) with one K tile per
 # step on 8-row tiles for int4 / uint4 / MXFP4 at M <= 8 (wna16_mgpu.MMA_SYNC_MAX_M;
 # GPU-tested; H100 -0.6 to -1.0 us per 8192^2 layer).  Session 55's final tree GPU-tested
 # (quantize_x: 20 passed).  First in the next device session, on an H200 (carry [".whl"]):
-#   MS2="w4a16-g128-zp:1:default,sub1,wg4 w4a16-mxfp4:1:default,sub1,wg4
-#        w4a16-nvfp4:1:default,bm8-sub1,bm8-ms-sub1" gpu_session56.sh ms2
-#   (the new default on the H200, predicted int4 zp ~13.7 / MXFP4 ~16.5 us; NVFP4's
-#   one-tile form on mma.sync, never timed), then gpu_session55.sh q55 h8 (W8A8 M = 1
+#   MS2="w4a16-g128-zp:1:default,sub1,wg4 w4a16-mxfp4:1:default,sub1,wg4"
+#   gpu_session56.sh ms2 (the new default on the H200, predicted int4 zp ~13.7 / MXFP4
+#   ~16.5 us), then gpu_session55.sh q55 h8 (W8A8 M = 1
 #   against <= 20, predicted 18.3-18.8), then session 55's list below.
 # Session 55 (2026-12-06): four calls, all on H100s (one start for an H200 failed;
 # benchmarks/results/2026-12-06-session55; sessions/gpu_session55.sh t55 q55 h8, t55 q55 x3).

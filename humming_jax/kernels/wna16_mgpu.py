@@ -629,12 +629,12 @@ def default_config(params: QuantizedWeight, m: int) -> Config:
 
 # Decode launches of up to this many rows take mma.sync (mgpu_mma) on 8-row tiles with one K
 # tile per step, for the weights of :func:`mma_sync_applies`.  H100 session 56
-# (profile_mgpu.py, CUPTI us per 8192^2 layer, same process; three processes for int4):
+# (profile_mgpu.py, CUPTI us per 8192^2 layer, same process; four processes for int4):
 # int4 g128 zp M = 1, the heuristic's WGMMA launch (two K tiles per step; run() caps its
 # rows at 8) 16.4-16.5 -> 15.5-15.6; MXFP4 19.0 -> 18.2-18.4.  About half of each gain is
-# the one tile per step (WGMMA with it: int4 16.0, MXFP4 18.7).  Not taken: NVFP4 (19.0 on
-# its one-tile rule; mma.sync timed with two tiles only, 19.2), M = 16 on 16-row tiles
-# (16.4 -> 17.4-18.0).  Not timed on an H200.  HUMMING_JAX_MMA_SYNC=0 keeps the heuristic's
+# the one tile per step (WGMMA with it: int4 16.0 twice, MXFP4 18.7).  Not taken: NVFP4
+# (its one-tile rule 19.5, one tile on mma.sync 19.4), M = 16 on 16-row tiles (16.4 ->
+# 17.4-18.0).  Not timed on an H200.  HUMMING_JAX_MMA_SYNC=0 keeps the heuristic's
 # launch; an autotune cache entry wins over this rule.
 MMA_SYNC_MAX_M = 8
 
