@@ -16,6 +16,10 @@ C / D fragment.  The B fragment (K 16 x N 8, ``.col``) holds x[n = lane / 4][k =
 4) .. + 1] and the same 8 columns further on: :data:`MMA_X`, a layout of the (rows, K) x
 tile loaded straight from its shared-memory slot, the same registers in every warp.
 
+Measured (H100s, session 56, benchmarks/NOTES.md): on the same launch the product moves the
+decode kernel by 0-0.5 us, so the WGMMA was not what bound it; with one K tile per step it
+is the int4 / MXFP4 decode default at M <= 8 (``wna16_mgpu.MMA_SYNC_MAX_M``).
+
 GPU only (inline PTX); the interpreter runs the kernel's WGMMA form of the same product.
 """
 from __future__ import annotations
@@ -27,7 +31,7 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 
 # The (rows, K) x tile (rows a multiple of 8, K of 16) as mma.sync B fragments: per (8, 16)
 # tile, lane l holds row l // 4, columns 2 (l % 4) + {0, 1} (one 32-bit register) and the
-# same two 8 columns on (a second); every warp holds all of it (Replicated).  Registers
+# two columns 8 further on (a second); every warp holds all of it (Replicated).  Registers
 # indexed (row block, 16-column chunk, 0, half, 0, 0, 0).
 MMA_X = plgpu.Layout.TILED(plgpu.Tiling(((8, 16), (8, 8), (2,))),
                            warp_dims=(plgpu.Replicated(4),), lane_dims=(-3, -2),

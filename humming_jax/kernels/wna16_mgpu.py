@@ -642,8 +642,9 @@ MMA_SYNC_MAX_M = 8
 def mma_sync_applies(params: QuantizedWeight) -> bool:
   """4-bit integer (int4 / uint4) or MXFP4 (e8m0 group scales) weights in the 16-bit
   route's layouts -- not the direct 8-bit or fp8-MMA ones -- unless HUMMING_JAX_MMA_SYNC=0:
-  the weights :func:`default_config` puts on mma.sync at decode (only int4 g128 with zero
-  points and MXFP4 were timed; the other group sizes and uint4 follow untimed)."""
+  the weights :func:`default_config` puts on mma.sync at decode (timed: int4 g128 with and
+  without zero points, MXINT4 and MXFP4 at 8192^2, M = 1; uint4, other group sizes, shapes
+  and M = 2-8 follow untimed)."""
   spec = params.spec
   fmt = spec.weight_format
   return (params.codes.ndim != 2 and not fp8_mma(params.layout)
