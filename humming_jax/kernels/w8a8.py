@@ -659,13 +659,8 @@ def quantizes_x_in_kernel(spec: QuantSpec, kp: int,
   per-token int8 or fp8 e4m3 with float32 scales, x tiles of 256 columns (the padded K a
   multiple of 256, pipeline steps of a multiple of 256 columns), the warpgroups
   splitting K."""
-  # (run itself takes two K tiles per step for a config it resolves; an explicit one's
-  # step is what divides the K tiles)
-  sub = 2 if config is None else wna16_mgpu.divisor(config.substeps,
-                                                     kp // wna16_mgpu.DIRECT_BLOCK_K)
   return (act_prepass.supports(spec) and spec.act_format.name in ("int8", "fp8_e4m3")
-          and kp % 256 == 0 and (sub * wna16_mgpu.DIRECT_BLOCK_K) % 256 == 0
-          and (config is None or config.split_warpgroups != "n"))
+          and wna16_mgpu.quantize_x_fits(kp, config))
 
 
 def _decode_carrier(spec: QuantSpec):

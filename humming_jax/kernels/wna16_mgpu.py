@@ -82,8 +82,9 @@ _COL = plgpu.Layout.WGMMA.reduce(0)
 _TRANSPOSED = plgpu.Layout.WGMMA_TRANSPOSED
 _UPCAST = {4: plgpu.Layout.WGMMA_UPCAST_4X, 8: plgpu.Layout.WGMMA_UPCAST_2X}
 _CODE_DTYPE = {4: jnp.int4, 8: jnp.int8}
-# quantize_x: the activation format whose codes each direct-layout dtype carries (its
-# range from formats.py, its scale amax / max_value as quantize_activations computes it)
+# The format each direct-layout code dtype carries (run_direct's weight spec; quantize_x:
+# the activation format, its range from formats.py, its scale amax / max_value as
+# quantize_activations computes it)
 ACT_FORMATS = {jnp.dtype(jnp.int8): "int8", jnp.dtype(jnp.float8_e4m3fn): "fp8_e4m3"}
 
 
@@ -783,7 +784,7 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
   explicit = config is not None  # checked as given; cached / heuristic ones adapt
   config = config or default_config(params, m)
   if quantize_x and not explicit and config.substeps < 2:  # its x tiles: 256 columns
-    config = dataclasses.replace(config, substeps=2)
+    config = dataclasses.replace(config, substeps=QUANTIZE_X_COLS // DIRECT_BLOCK_K)
   permuted = k_permuted(params.layout)
   if fp8:  # its own route (fp8_tiles below); none of the 16-bit conversion flags
     config = dataclasses.replace(config, scale_after_mma=False, zero_point_mma=False,
@@ -924,9 +925,10 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
   # Warpgroups split K (each streams steps_w of the steps into its own buffers) or, with
   # share_x, N (each its own 64 columns over every step, one x tile shared in SMEM).
   share_x = config.split_warpgroups == "n"
-  if quantize_x and (sub * bk) % 256:
+  if quantize_x and (sub * bk) % QUANTIZE_X_COLS:
     raise ValueError(f"quantize_x=True: the x tile of a pipeline step (substeps {sub} x "
-                     f"{bk} columns) must be a multiple of 256 columns; got {sub * bk}")
+                     f"{bk} columns) must be a multiple of {QUANTIZE_X_COLS} columns; got "
+                     f"{sub * bk}")
   if quantize_x and (grouped or share_x):
     raise ValueError(f"quantize_x=True: dense launches whose warpgroups split K only (each "
                      f"converts its own x tiles); got split_warpgroups="
@@ -1621,6 +1623,20 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
 
 
 DIRECT_BLOCK_K = 128  # K per tile of the direct (Np, Kp) int8 layout (128-byte rows)
+# run(quantize_x=True): each pipeline step's x tile is a whole number of these columns (the
+# row layout _X_ROWS that quantizes it); run takes two K tiles per step for a config it
+# resolves itself.
+QUANTIZE_X_COLS = 256
+
+
+def quantize_x_fits(kp: int, config: Config | None = None) -> bool:
+  """Whether ``run(quantize_x=True)`` takes a direct layout of padded K ``kp`` with
+  ``config`` (None: the one run resolves): pipeline steps of whole 256-column x tiles,
+  warpgroups splitting K."""
+  want = QUANTIZE_X_COLS // DIRECT_BLOCK_K if config is None else config.substeps
+  sub = divisor(want, kp // DIRECT_BLOCK_K)
+  return ((sub * DIRECT_BLOCK_K) % QUANTIZE_X_COLS == 0
+          and (config is None or config.split_warpgroups != "n"))
 # run(quantize_x=True) at one token reads the row as (Kp / 256, 256) into shared memory
 # (2 Kp bytes) up to this K (timed to 14336, session 55); wider rows are streamed.
 ROW_VIEW_MAX_K = 16384
@@ -1647,8 +1663,7 @@ def run_direct(codes: jax.Array, x: jax.Array, col_scale: jax.Array, *, n: int,
     dtype inside the kernel (``run(quantize_x=True)``), then the 8-bit WGMMA as above.
   Either way the product is the W8A8 GEMM up to float32 summation, and the per-token and
   weight scales stay float32 until the one rounding to the output dtype."""
-  kinds = {jnp.dtype(jnp.int8): "int8", jnp.dtype(jnp.float8_e4m3fn): "fp8_e4m3"}
-  if (codes.ndim != 2 or codes.dtype not in kinds or codes.shape[1] % DIRECT_BLOCK_K
+  if (codes.ndim != 2 or codes.dtype not in ACT_FORMATS or codes.shape[1] % DIRECT_BLOCK_K
       or codes.shape[0] % BLOCK_N):
     raise ValueError(f"codes: expected int8 or float8_e4m3fn (Np, Kp) with Kp a multiple "
                      f"of {DIRECT_BLOCK_K} and Np of {BLOCK_N}; got {codes.dtype} "
@@ -1666,7 +1681,7 @@ def run_direct(codes: jax.Array, x: jax.Array, col_scale: jax.Array, *, n: int,
                      f"one float32 scale per x row")
   view = QuantizedWeight(  # per channel: the column scale is the epilogue row
       codes=codes, scales=col_scale.astype(jnp.float32), zeros=None, global_scale=None,
-      bias=bias, act_scale=None, spec=QuantSpec(kinds[codes.dtype], "channel", 0),
+      bias=bias, act_scale=None, spec=QuantSpec(ACT_FORMATS[codes.dtype], "channel", 0),
       shape=(k, n),
       layout=f"{FAMILY}:direct:b8:cs")
   return run(view, x, interpret=interpret, config=config, x_scale=row_scale,
