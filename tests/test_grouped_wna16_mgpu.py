@@ -1243,3 +1243,146 @@ def test_short_experts_stream_column_blocks():
                      jax.ShapeDtypeStruct((256, 256, 7168), jnp.float32))
   p = jax.eval_shape(lambda q: gm.prepare(q, mma="fp8"), q)
   assert launch(219, 2, 8, params=p).column_blocks == 1
+
+
+def test_decode_tiles_take_mma_sync(monkeypatch):
+  """Session 57's rule (``heuristic``, ``MMA_SYNC_TILE_ROWS`` / ``MMA_SYNC_MAX_K_TILES``):
+  8-row tiles of int4 / MXFP4 experts whose warpgroups stream at most 16 K tiles take the
+  product on mma.sync on whichever launch the shape gives (streamed column blocks, the
+  small CTAs, two warpgroups, pairs); longer K per warpgroup, 16-row tiles, NVFP4, 8-bit
+  experts and HUMMING_JAX_MMA_SYNC=0 keep the WGMMA.  The interpreter accepts the
+  flag (it runs the WGMMA form of the same sums): the default launch against the
+  reference."""
+  from test_cuda_lowering import abstract_params
+  monkeypatch.delenv("HUMMING_JAX_MMA_SYNC", raising=False)
+  monkeypatch.setattr(gm.tuning, "num_sms", lambda: 132)
+  # the six benchmark shapes (E, K, N) at one token (8-row tiles): K tiles per warpgroup of
+  # the default launch, and whether it takes mma.sync (Mixtral down's 28: not)
+  shapes = {(256, 256, 7168): (2, True), (256, 7168, 512): (14, True),
+            (128, 768, 2048): (2, True), (128, 2048, 1536): (8, True),
+            (8, 4096, 28672): (16, True), (8, 14336, 4096): (28, False)}
+  pairs = {(256, 256, 7168): ((2, True), (2, True)), (256, 7168, 512): ((14, True), (28, False)),
+           (128, 768, 2048): ((2, True), (6, True)), (128, 2048, 1536): ((8, True), (8, True)),
+           (8, 4096, 28672): ((16, True), (16, True)),
+           (8, 14336, 4096): ((28, False), (56, False))}
+  for name in ("w4a16-g128-zp", "w4a16-mxfp4", "w4a16-g128"):
+    for (e, k, n), (wg_tiles, taken) in shapes.items():
+      p = abstract_params(name, (e, k, n), grouped=True, kernel=gm.FAMILY)
+      topk = 2 if e == 8 else 8
+      for tokens in (1, 16):
+        m = tokens * topk
+        rows = gm.tile_rows(m, e, p)
+        cfg = gm.default_launch(m, p, rows)
+        monkeypatch.setenv("HUMMING_JAX_MMA_SYNC", "0")
+        old = gm.default_launch(m, p, rows)  # the launch of before
+        monkeypatch.delenv("HUMMING_JAX_MMA_SYNC")
+        assert not old.mma_sync
+        if tokens == 1:
+          assert rows == 8 and gm.warpgroup_k_tiles(old, k // 128) == wg_tiles
+          assert cfg.mma_sync == taken, (name, e, k, n)
+        assert cfg == (dataclasses.replace(old, block_m=8, mma_sync=True) if cfg.mma_sync
+                       else old), (name, e, k, n, tokens)
+        assert not cfg.mma_sync or rows == 8
+        if tokens == 16:  # 16-row tiles: the WGMMA
+          assert rows == 16 and not cfg.mma_sync
+      # pair tiles (quant_moe at decode: run_pairs' launch, nothing streamed) at 1 and 16
+      # tokens: K tiles per warpgroup and the choice (DeepSeek-V3 gate_up's 128 pairs run
+      # small two-warpgroup CTAs of 28: not taken)
+      for tokens, (want_tiles, want) in zip((1, 16), pairs[(e, k, n)]):
+        pair = gm.heuristic(min(e, tokens * topk), n, k // 128, 8, params=p, tile_rows=8,
+                            streamed=False)
+        assert (gm.warpgroup_k_tiles(pair, k // 128), pair.mma_sync) == (want_tiles, want), (
+            name, e, k, n, tokens)
+  for name in ("w4a16-nvfp4", "w8a16"):
+    p = abstract_params(name, (128, 2048, 1536), grouped=True, kernel=gm.FAMILY)
+    assert not gm.default_launch(8, p, 8).mma_sync
+  p = abstract_params("w4a16-g128-zp", (128, 2048, 1536), grouped=True, kernel=gm.FAMILY)
+  assert not gm.default_launch(1024, p, 16).mma_sync  # 16-row tiles
+  assert not gm.heuristic(8, 1536, 16, 8, params=p, tile_rows=16).mma_sync
+  # the autotune grid holds both forms of the 8-row launch (one token)
+  cands = gm.launch_candidates(8, p)
+  assert cands[0][0] == 8 and cands[0][1].mma_sync
+  assert (8, dataclasses.replace(cands[0][1], mma_sync=False)) in cands
+  # the default launch in the interpreter (8-row tiles: mma_sync set)
+  q, _ = make("w4a16-g128-zp", 4, 256, 128, 1, True, seed=91)
+  g = jnp.asarray([3, 0, 5, 2], jnp.int32)
+  x = jax.random.normal(jax.random.key(92), (10, 256), jnp.bfloat16)
+  pq = gm.prepare(q)
+  assert gm.default_launch(10, pq, 8).mma_sync
+  y = jax.jit(lambda p, x, g: gm.run(p, x, g, block_m=8, interpret=True))(pq, x, g)
+  assert rel(y, reference.ragged_dot_reference(q, x, g)) <= TOL
+
+
+MMA_SYNC_LAUNCHES = [  # (shape (E, K, N), tokens, launch change or None: the default)
+    ((256, 256, 7168), 16, None),  # DeepSeek-V3 down: streamed column blocks
+    ((128, 768, 2048), 16, None),  # Qwen3-30B-A3B down: streamed column blocks
+    ((256, 7168, 512), 16, None),  # DeepSeek-V3 gate_up: the small CTA / split-K
+    ((256, 7168, 512), 64, None),
+    ((128, 2048, 1536), 1, None),  # Qwen3-30B-A3B gate_up at one token: two warpgroups
+    ((128, 2048, 1536), 16, "xn4"),  # four shared-x warpgroups (explicit)
+    ((128, 2048, 1536), 16, "sub1"),  # one K tile per step
+]
+
+
+@pytest.mark.parametrize("shape,tokens,change", MMA_SYNC_LAUNCHES[:3] + MMA_SYNC_LAUNCHES[5:6])
+def test_mma_sync_launches_lower_for_h200(shape, tokens, change, monkeypatch):
+  """The grouped launches mma.sync now runs on lower for an H200 with the PTX emitted
+  (the interpreter runs the WGMMA form: this is where the CPU sees the product)."""
+  from humming_jax.kernels import mgpu_mma
+  from test_cuda_lowering import abstract_params, lower_for_h200
+  emitted = []
+  orig = mgpu_mma._mma_ptx
+  monkeypatch.setattr(mgpu_mma, "_mma_ptx", lambda *a: emitted.append(a) or orig(*a))
+  monkeypatch.delenv("HUMMING_JAX_MMA_SYNC", raising=False)
+  e, k, n = shape
+  p = abstract_params("w4a16-g128-zp", shape, grouped=True, kernel=gm.FAMILY)
+  m = tokens * 8
+  cfg = _mma_sync_launch(m, p, change)
+  assert cfg.mma_sync
+  x = jax.ShapeDtypeStruct((m, k), jnp.bfloat16)
+  g = jax.ShapeDtypeStruct((e,), jnp.int32)
+  text = lower_for_h200(lambda p, x, g: gm.run(p, x, g, config=cfg, block_m=8), p, x, g)
+  assert "custom_call" in text and emitted
+
+
+def _mma_sync_launch(m, p, change):
+  """8-row tiles' default launch on mma.sync (the rule's, or forced where the warpgroups'
+  K is longer), or it with ``change``: "xn4" (four shared-x warpgroups), "sub1" (one K
+  tile per pipeline step)."""
+  base = dataclasses.replace(gm.default_launch(m, p, 8), block_m=8, mma_sync=True)
+  if change == "xn4":
+    return dataclasses.replace(warpgroup_launch("xn4"), block_m=8, mma_sync=True)
+  if change == "sub1":
+    return dataclasses.replace(base, substeps=1)
+  return base
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape,tokens,change", MMA_SYNC_LAUNCHES)
+@pytest.mark.parametrize("name", ["w4a16-g128-zp", "w4a16-mxfp4"])
+def test_mma_sync_launches_gpu(name, shape, tokens, change, monkeypatch):
+  """The grouped launches on mma.sync (session 57) on the GPU: the PTX is emitted, the
+  output is within float32 summation order of the same launch on the WGMMA and within
+  TOL of the reference (8-row tiles, top-8 routed rows)."""
+  from humming_jax.kernels import mgpu_mma
+  calls = []
+  orig = mgpu_mma._mma_ptx
+  monkeypatch.setattr(mgpu_mma, "_mma_ptx", lambda *a: calls.append(a) or orig(*a))
+  monkeypatch.delenv("HUMMING_JAX_MMA_SYNC", raising=False)
+  e, k, n = shape
+  q, _ = make(name, e, k, n, 1, False, seed=93)
+  g, x = routed_rows(e, k, tokens, seed=94)
+  p = jax.jit(gm.prepare)(q)
+  on = _mma_sync_launch(x.shape[0], p, change)
+  assert on.mma_sync
+  run = jax.jit(lambda p, x, g, c: gm.run(p, x, g, config=c, block_m=8), static_argnums=3)
+  y0 = run(p, x, g, dataclasses.replace(on, mma_sync=False))
+  assert not calls
+  y1 = run(p, x, g, on)
+  assert calls, "the mma.sync product was not used"
+  e_ref = rel(y1, jax.jit(reference.ragged_dot_reference)(q, x, g))
+  d = rel(y1, y0)
+  print(f"grouped mma_sync {name} {shape} T={tokens} {change}: rel err {e_ref:.2e}, "
+        f"vs WGMMA {d:.2e}")
+  assert e_ref <= TOL
+  assert d <= 2e-3

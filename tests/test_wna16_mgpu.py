@@ -579,12 +579,13 @@ def test_heuristic_splits_k_only_for_narrow_n():
 
 
 def test_decode_takes_mma_sync(monkeypatch):
-  """The decode rule of session 56 (``mma_sync_applies``, ``MMA_SYNC_MAX_M``): int4 / uint4
-  and MXFP4 weights at M <= 8 take mma.sync on 8-row tiles with one K tile per step; NVFP4,
-  8-bit weights, the fp8-MMA layout, M = 9 and HUMMING_JAX_MMA_SYNC=0 keep their
-  launch.  The default launch computes the reference's product (interpreter)."""
+  """The decode rule of session 56 (``mma_sync_applies``, ``MMA_SYNC_MAX_M``): on an H100,
+  int4 / uint4 and MXFP4 weights at M <= 8 take mma.sync on 8-row tiles with one K tile
+  per step; NVFP4, 8-bit weights, the fp8-MMA layout, M = 9, HUMMING_JAX_MMA_SYNC=0 and
+  other devices (the H200: session 57) keep their launch.  The default launch computes the reference's product (interpreter)."""
   monkeypatch.setattr(tuning, "cached_config", lambda *a, **k: None)  # no autotune entry
   monkeypatch.delenv("HUMMING_JAX_MMA_SYNC", raising=False)
+  monkeypatch.setattr(tuning, "device_kind", lambda: "NVIDIA H100 80GB HBM3")
   preset = hj.QuantSpec.preset
   w = lambda spec, **kw: mg.prepare(make(spec, 1, 256, 128, True)[0], **kw)
   ms = lambda m: dataclasses.replace(mg.heuristic(m, 128), block_m=8, substeps=1,
@@ -604,6 +605,12 @@ def test_decode_takes_mma_sync(monkeypatch):
   monkeypatch.setenv("HUMMING_JAX_MMA_SYNC", "0")
   assert mg.default_config(taking[0], 1) == mg.heuristic(1, 128)
   monkeypatch.delenv("HUMMING_JAX_MMA_SYNC")
+  # the H200 (session 57) and the CPU keep the heuristic's launch
+  for kind in ("NVIDIA H200", "cpu"):
+    monkeypatch.setattr(tuning, "device_kind", lambda kind=kind: kind)
+    assert not mg.mma_sync_device()
+    assert mg.default_config(taking[0], 1) == mg.heuristic(1, 128)
+  monkeypatch.setattr(tuning, "device_kind", lambda: "NVIDIA H100 80GB HBM3")
   for name, m in (("w4a16-g128-zp", 3), ("w4a16-mxfp4", 8)):
     q, x = make(preset(name), m, 512, 128, True, seed=m)
     y = mg.run(mg.prepare(q), x, interpret=True)
@@ -747,21 +754,23 @@ def test_mma_sync_config_is_checked():
   codes = jax.random.randint(jax.random.key(3), (128, 256), -127, 128).astype(jnp.int8)
   x = jax.random.randint(jax.random.key(4), (1, 256), -127, 128).astype(jnp.int8)
   col = jnp.ones((1, 128), jnp.float32)
-  with pytest.raises(ValueError, match="config.mma_sync=True: the dense 16-bit decode"):
+  with pytest.raises(ValueError, match="config.mma_sync=True: the 16-bit product"):
     mg.run_direct(codes, x, col, n=128, row_scale=jnp.ones((1,), jnp.float32),
                   interpret=True, config=mg.Config(8, stages=2, warpgroups=1, mma_sync=True))
-  # launches the product was not GPU-tested in: refused by name, before any kernel runs
+  # launches the product was not GPU-tested in (the x sums' WGMMA of zero_point_mma,
+  # clusters): refused by name, before any kernel runs
   q, x = make(hj.QuantSpec.preset("w4a16-g128-zp"), 3, 512, 128, True, seed=5)
   p = mg.prepare(q, permute=False)
   cfg = mg.Config(8, stages=2, substeps=2, warpgroups=2, scale_after_mma=True,
                   unpadded_rows=True, mma_sync=True)
-  for change in (dict(zero_point_mma=True), dict(split_warpgroups="n"),
-                 dict(column_blocks=2)):
-    with pytest.raises(ValueError, match="config.mma_sync=True: the dense 16-bit decode"):
+  for change in (dict(zero_point_mma=True), dict(split_warpgroups="n", cluster_n=2)):
+    with pytest.raises(ValueError, match="config.mma_sync=True: the 16-bit product"):
       mg.run(p, x, interpret=True, config=dataclasses.replace(cfg, **change))
-  # (the interpreter accepts the flag and runs its launch with the WGMMA form of the product)
-  y = mg.run(p, x, interpret=True, config=cfg)
-  assert rel(y, reference.dense_reference(q, x)) <= TOL
+  # (the interpreter accepts the flag and runs its launch with the WGMMA form of the
+  # product; shared x tiles and column blocks take it since session 57)
+  for change in ({}, dict(split_warpgroups="n"), dict(column_blocks=2)):
+    y = mg.run(p, x, interpret=True, config=dataclasses.replace(cfg, **change))
+    assert rel(y, reference.dense_reference(q, x)) <= TOL, change
 
 
 def test_tuning_cache_is_consulted(tmp_path, monkeypatch):

@@ -370,7 +370,54 @@ def heuristic(tiles: int, n: int, k_tiles: int, block_m: int, *,
     CTAs per SM (NOTES_moe.md session 14).  H200 session 15, CUPTI kernel us, default ->
     wg2-st2 / wg1-st4: DeepSeek-V3 gate_up 64 tokens 196.5 -> 164.0 / 167.1, 16 tokens
     94.0 -> 82.2 / 85.7; Qwen3-30B-A3B gate_up 64 tokens 98.2 -> 87.2 / 87.1 (it was the
-    shared-x rule's), down (3 K steps) 67.0 -> 54.9 / 48.6."""
+    shared-x rule's), down (3 K steps) 67.0 -> 54.9 / 48.6.
+  - 8-row tiles of :func:`wna16_mgpu.mma_sync_applies` weights (int4 / uint4, MXFP4) whose
+    warpgroups each stream at most :data:`MMA_SYNC_MAX_K_TILES` K tiles: the product on
+    mma.sync (the dense decode's product of session 56) on whichever launch the rules
+    above give (session 57, below)."""
+  config = _launch_shape(tiles, n, k_tiles, block_m, params=params, tile_rows=tile_rows,
+                         cost_sized=cost_sized, streamed=streamed)
+  if (max(tile_rows, block_m) <= MMA_SYNC_TILE_ROWS and params is not None
+      and config.cluster_n == 1 and warpgroup_k_tiles(config, k_tiles) <= MMA_SYNC_MAX_K_TILES
+      and wna16_mgpu.mma_sync_applies(params)):
+    # (a grouped launch's rows are its tiles': run() reads Tiles.block_m, not this one)
+    config = dataclasses.replace(config, block_m=tile_rows, mma_sync=True)
+  return config
+
+
+# 8-row expert tiles take the product on mma.sync where each warpgroup streams at most
+# MMA_SYNC_MAX_K_TILES K tiles (:func:`heuristic`).  H200 session 57, bench_moe resident
+# chain at one token (8-row tiles), device span per grouped GEMM (the walls there are
+# host-bound), the same launch on the WGMMA -> on mma.sync, K tiles per warpgroup in ():
+# DeepSeek-V3 down (2) 12.5 / 12.5 -> 11.2 / 11.3 (two processes), Qwen3-30B-A3B down (2)
+# 12.7 / 12.6 -> 10.6 / 10.6, gate_up (8) 13.2 -> 13.2, DeepSeek-V3 gate_up (14) 14.2 ->
+# 13.9, Mixtral gate_up (16) 49.9 -> 47.7; Mixtral down (28) 28.7 -> 30.4 (not taken).  The
+# whole layer (bench_moe_layer, pair tiles, HUMMING_JAX_MMA_SYNC=1 / 0, one process, every
+# 8-row tile on mma.sync): Qwen3-30B-A3B one token 34.6 -> 32.0, DeepSeek-V3 one token
+# 29.5 -> 30.1 (walls); at 16 tokens 152.1 -> 137.1, where its gate_up pairs (small CTAs
+# of two warpgroups, 28 K tiles each) took it too -- beyond this bound, which keeps them
+# on the WGMMA (untimed alone).  16-row tiles keep the WGMMA (dense 16-row mma.sync lost,
+# H100 session 56).  Not timed on an H100.
+MMA_SYNC_TILE_ROWS = 8
+MMA_SYNC_MAX_K_TILES = 16
+
+
+def warpgroup_k_tiles(config: wna16_mgpu.Config, k_tiles: int) -> int:
+  """K tiles each warpgroup of ``config`` streams per column block for experts of
+  ``k_tiles`` K tiles, as wna16_mgpu.run divides them (substeps, grid split-K, warpgroups
+  splitting K; shared-x warpgroups each stream all of the CTA's K)."""
+  sub = wna16_mgpu.divisor(config.substeps, k_tiles)
+  steps = k_tiles // sub
+  steps //= wna16_mgpu.divisor(config.split_k, steps)
+  if config.split_warpgroups == "k":
+    steps //= wna16_mgpu.divisor(config.warpgroups, steps)
+  return steps * sub
+
+
+def _launch_shape(tiles: int, n: int, k_tiles: int, block_m: int, *,
+                  params: QuantizedWeight | None, tile_rows: int, cost_sized: bool,
+                  streamed: bool) -> wna16_mgpu.Config:
+  """:func:`heuristic`'s launch before its choice of MMA instruction."""
   fp8 = params is not None and wna16_mgpu.fp8_mma(params.layout)
   blocks = (0 if fp8 or not streamed or k_tiles > STREAMED_MAX_K_TILES
             or block_m > STREAMED_MAX_ROWS else streamed_blocks(tiles, n))
@@ -611,7 +658,8 @@ def launch_candidates(m: int, params: QuantizedWeight) -> list[tuple[int, wna16_
   warpgroups splitting K over two stages, one over four): H200 session 36 found
   DeepSeek-V3 gate_up at 256 tokens (16-row tiles on four shared-x warpgroups) at 0.55x
   Humming with that launch never timed there; session 37 timed it and made it the
-  16-row launches' default (:func:`heuristic`, NOTES_moe.md)."""
+  16-row launches' default (:func:`heuristic`, NOTES_moe.md).  A launch on mma.sync
+  (8-row tiles, session 57) comes with its WGMMA form."""
   e = params.shape[0]
   single = single_acc_tiles(params)
   widest = max(SINGLE_ACC_BLOCK_MS) if single else MAX_BLOCK_M
@@ -623,6 +671,8 @@ def launch_candidates(m: int, params: QuantizedWeight) -> list[tuple[int, wna16_
       continue
     if rows <= MAX_BLOCK_M or single:
       out.append((rows, launch(rows)))
+      if out[-1][1].mma_sync:  # (8-row tiles: the same launch on the WGMMA too)
+        out.append((rows, dataclasses.replace(out[-1][1], mma_sync=False)))
     if rows < 16:
       continue
     for wgs in (2, 4):

@@ -16,9 +16,13 @@ C / D fragment.  The B fragment (K 16 x N 8, ``.col``) holds x[n = lane / 4][k =
 4) .. + 1] and the same 8 columns further on: :data:`MMA_X`, a layout of the (rows, K) x
 tile loaded straight from its shared-memory slot, the same registers in every warp.
 
-Measured (H100s, session 56, benchmarks/NOTES.md): on the same launch the product moves the
-decode kernel by 0-0.5 us, so the WGMMA was not what bound it; with one K tile per step it
-is the int4 / MXFP4 decode default at M <= 8 (``wna16_mgpu.MMA_SYNC_MAX_M``).
+Measured (benchmarks/NOTES.md sessions 56-57): on the same dense launch the product moves
+the decode kernel by 0-0.5 us on an H100 and +-0.1 on the H200, so the WGMMA was not what
+bound it; with one K tile per step it is the int4 / MXFP4 dense decode default at M <= 8
+on an H100 only (``wna16_mgpu.MMA_SYNC_MAX_M``, ``MMA_SYNC_DEVICES``).  Expert tiles of 8
+rows whose warpgroups stream few K tiles gain more (H200: 10-16 % of the grouped GEMM at
+one token where each warpgroup runs one or two pipeline steps): the grouped default there
+(``grouped_wna16_mgpu.MMA_SYNC_MAX_K_TILES``).
 
 GPU only (inline PTX); the interpreter runs the kernel's WGMMA form of the same product.
 """

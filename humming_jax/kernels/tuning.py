@@ -188,9 +188,10 @@ class MgpuConfig:
   column_blocks: int = 1
   # Session 56: the decode product on mma.sync (kernels/mgpu_mma.py) instead of the
   # register-A WGMMA: each warp multiplies its 16 dequantized weight rows by x fragments it
-  # loads itself (no shared-memory descriptors, fences or warpgroup waits).  The dense
-  # 16-bit route only, block_m <= 32, on the GPU (the interpreter runs the WGMMA form).
-  # wna16_mgpu.default_config takes it at M <= 8 for int4 / uint4 / MXFP4 (MMA_SYNC_MAX_M).
+  # loads itself (no shared-memory descriptors, fences or warpgroup waits).  The 16-bit
+  # route only, block_m <= 32, no cluster, on the GPU (the interpreter runs the WGMMA form).
+  # wna16_mgpu.default_config takes it at M <= 8 for int4 / uint4 / MXFP4 (MMA_SYNC_MAX_M),
+  # grouped_wna16_mgpu.heuristic on 8-row expert tiles of those (session 57).
   mma_sync: bool = False
   mma_chains: int = 2  # mma_sync: independent accumulators per 8 x rows (alternate K steps)
 

@@ -621,7 +621,7 @@ def default_config(params: QuantizedWeight, m: int) -> Config:
   if cached:
     return cached
   config = heuristic(m, n)
-  if m <= MMA_SYNC_MAX_M and mma_sync_applies(params):
+  if m <= MMA_SYNC_MAX_M and mma_sync_applies(params) and mma_sync_device():
     return dataclasses.replace(config, block_m=8, substeps=1, mma_sync=True)
   if config.substeps > 1 and one_k_tile_per_step(params):
     config = dataclasses.replace(config, substeps=1)
@@ -629,23 +629,37 @@ def default_config(params: QuantizedWeight, m: int) -> Config:
 
 
 # Decode launches of up to this many rows take mma.sync (mgpu_mma) on 8-row tiles with one K
-# tile per step, for the weights of :func:`mma_sync_applies`.  H100 session 56
-# (profile_mgpu.py, CUPTI us per 8192^2 layer, same process; four processes for int4):
-# int4 g128 zp M = 1, the heuristic's WGMMA launch (two K tiles per step; run() caps its
-# rows at 8) 16.4-16.5 -> 15.5-15.6; MXFP4 19.0 -> 18.2-18.4.  About half of each gain is
-# the one tile per step (WGMMA with it: int4 16.0 twice, MXFP4 18.7).  Not taken: NVFP4
-# (its one-tile rule 19.5, one tile on mma.sync 19.4), M = 16 on 16-row tiles (16.4 ->
-# 17.4-18.0).  Not timed on an H200.  HUMMING_JAX_MMA_SYNC=0 keeps the heuristic's
-# launch; an autotune cache entry wins over this rule.
+# tile per step, for the weights of :func:`mma_sync_applies`, on the devices of
+# :data:`MMA_SYNC_DEVICES`.  H100 session 56 (profile_mgpu.py, CUPTI us per 8192^2 layer,
+# same process; four processes for int4): int4 g128 zp M = 1, the heuristic's WGMMA
+# launch (two K tiles per step; run() caps its rows at 8) 16.4-16.5 -> 15.5-15.6; MXFP4
+# 19.0 -> 18.2-18.4.  About half of each gain is the one tile per step (WGMMA with it:
+# int4 16.0 twice, MXFP4 18.7).  Not taken: NVFP4 (its one-tile rule 19.5, one tile on
+# mma.sync 19.4), M = 16 on 16-row tiles (16.4 -> 17.4-18.0).  HUMMING_JAX_MMA_SYNC=0
+# keeps the heuristic's launch; an autotune cache entry wins over this rule.
 MMA_SYNC_MAX_M = 8
+# The H200 (session 57, same method, three processes) keeps the heuristic's launch: there
+# the one tile per step loses and the instruction is neutral.  int4 g128 zp 8192^2: the
+# heuristic's 14.6-14.7, mma.sync on it 14.7, WGMMA one tile 15.6, the H100 rule 15.0-15.2;
+# MXFP4 17.2-17.3 / 17.1 / 18.4 / 18.1-18.4; narrow shapes with grid split-K 2, heuristic /
+# mma.sync / the H100 rule: 4096^2 5.8 / 5.7 / 5.5, 14336 -> 4096 13.0 / 13.1 / 13.4.
+MMA_SYNC_DEVICES = ("H100",)
+
+
+def mma_sync_device() -> bool:
+  """Whether the device kernels are built for is one the dense decode rule was timed to
+  win on (:data:`MMA_SYNC_DEVICES`, a substring of ``tuning.device_kind()``)."""
+  kind = tuning.device_kind()
+  return any(name in kind for name in MMA_SYNC_DEVICES)
 
 
 def mma_sync_applies(params: QuantizedWeight) -> bool:
   """4-bit integer (int4 / uint4) or MXFP4 (e8m0 group scales) weights in the 16-bit
   route's layouts -- not the direct 8-bit or fp8-MMA ones -- unless HUMMING_JAX_MMA_SYNC=0:
-  the weights :func:`default_config` puts on mma.sync at decode (timed: int4 g128 with and
-  without zero points, MXINT4 and MXFP4 at 8192^2, M = 1; uint4, other group sizes, shapes
-  and M = 2-8 follow untimed)."""
+  the weights :func:`default_config` puts on mma.sync at decode on an H100 (timed: int4
+  g128 with and without zero points, MXINT4 and MXFP4 at 8192^2, M = 1; uint4, other group
+  sizes, shapes and M = 2-8 follow untimed), and grouped_wna16_mgpu.heuristic on 8-row
+  expert tiles (session 57, H200: int4 g128 zp timed)."""
   spec = params.spec
   fmt = spec.weight_format
   return (params.codes.ndim != 2 and not fp8_mma(params.layout)
@@ -797,7 +811,8 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
       and tuning.env_flag("HUMMING_JAX_FP8_FOLD", False)):  # opt-in: no gain (Config)
     config = dataclasses.replace(config, fp8_fold=True)  # (one group per tile: nothing to fold)
   cluster_env = tuning.env_choice("HUMMING_JAX_CLUSTER_N", ("1", "2", "4"))
-  if cluster_env and config.split_warpgroups == "n":  # every shared-x launch (a device A/B)
+  if (cluster_env and config.split_warpgroups == "n"  # every shared-x launch (a device A/B)
+      and not config.mma_sync):  # (the mma.sync product is not taken with clusters)
     config = dataclasses.replace(config, cluster_n=int(cluster_env))
   single = config.fp8_single_acc
   if single and not (fp8 and single_acc_layout(params) and not config.fp8_fold):
@@ -886,14 +901,12 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
   # the 16-bit product on mma.sync (mgpu_mma; the GPU only: the interpreter runs the WGMMA
   # form of the same float32 sums, in another order)
   msync = config.mma_sync and not interpret
-  if config.mma_sync and (mma8 or fp8 or zero_mma or block_m > 32 or grouped
-                          or config.split_warpgroups == "n" or config.column_blocks > 1
-                          or config.cluster_n > 1):
-    # (the grouped, shared-x, column-block and cluster launches are not GPU-tested with it)
-    raise ValueError(f"config.mma_sync=True: the dense 16-bit decode product only (block_m "
-                     f"<= 32, warpgroups splitting K, one column block, no cluster, not the "
-                     f"8-bit or fp8-MMA layouts, not zero_point_mma); got block_m={block_m}, "
-                     f"{config}, layout {params.layout!r}, x {x.dtype}, grouped={grouped}")
+  if config.mma_sync and (mma8 or fp8 or zero_mma or block_m > 32 or config.cluster_n > 1):
+    # (clusters of CTAs are the fp8 route's and not GPU-tested with it)
+    raise ValueError(f"config.mma_sync=True: the 16-bit product of tiles of at most 32 rows "
+                     f"only (block_m <= 32, no cluster, not the 8-bit or fp8-MMA layouts, not "
+                     f"zero_point_mma); got block_m={block_m}, {config}, layout "
+                     f"{params.layout!r}, x {x.dtype}, grouped={grouped}")
   # quantize_x at one token: the row also as (Kp / 256, 256) (a free reshape), so each
   # warpgroup's share of it is one TMA into its own buffer, in flight beside the first
   # stages (rather than chunk by chunk through its x slots before they are filled)
