@@ -72,6 +72,8 @@ def parse_config(name: str, m: int, base: tuning.MgpuConfig | None = None
       fields["overlap_mma"] = False
     elif tok == "ms":  # the decode product on mma.sync (kernels/mgpu_mma.py)
       fields["mma_sync"] = True
+    elif tok == "noms":  # ... on the register-A WGMMA (a default's launch of before)
+      fields["mma_sync"] = False
     elif tok.startswith("ch"):  # mma.sync accumulator chains per 8 rows
       fields["mma_chains"] = int(tok[2:])
     elif tok == "whole":
