@@ -1,4 +1,18 @@
 #!/usr/bin/env bash
+# Session 57 (2026-12-06): four calls, all on one H200 (benchmarks/results/2026-12-06-
+# session57; sessions/gpu_session57.sh t57 g57, then inline ms2 / l57 / g57 / profile_mgpu).
+# Found: session 56's dense decode rule loses on the H200 (int4 14.6-14.7 -> 15.0-15.2,
+# MXFP4 17.2-17.3 -> 18.1-18.4): now the H100's only (wna16_mgpu.MMA_SYNC_DEVICES).
+# Landed: grouped 8-row expert tiles on mma.sync where each warpgroup streams <= 16 K tiles
+# (grouped_wna16_mgpu.MMA_SYNC_MAX_K_TILES; GPU-tested 37 passed; H200 spans -10 to -16 %
+# at short K).  The final tree had no device time left: first in the next device session,
+# on an H200 (carry [".whl"]):
+#   T57K="qwen3_decode_gpu or pair_tiles_gpu or mma_sync" gpu_session57.sh t57 (the final
+#   tree), L57=deepseek-v3:16 gpu_session57.sh l57 (its gate_up pairs now on the WGMMA:
+#   against 137.1 / 152.1 us per layer with every 8-row tile on mma.sync / none), then
+#   gpu_session55.sh q55 h8 (W8A8 M = 1 against <= 20 on the H200, never run there), then
+#   gpu_session54.sh p54.  On an H100: GSH="qwen3-30b-a3b-down deepseek-v3-down
+#   mixtral-gate_up mixtral-down" gpu_session57.sh g57 (the grouped rule, untimed there).
 # Session 56 (2026-12-06): five calls, all on H100s (three asks for an H200 found no machine;
 # benchmarks/results/2026-12-06-session56; sessions/gpu_session56.sh t56 ms / ms2 / fin / ms2).
 # Landed: the dense decode product on mma.sync (kernels/mgpu_mma.py) with one K tile per
