@@ -140,3 +140,13 @@ def grouped_launches(monkeypatch):
   monkeypatch.setattr(grouped_wna16_mgpu, "heuristic",
                       lambda *a, **kw: seen.append(real(*a, **kw)) or seen[-1])
   return seen
+
+
+@pytest.fixture
+def mma_sync_calls(monkeypatch):
+  """The arguments of every mma.sync PTX string kernels/mgpu_mma.py builds from here on
+  (one per 16-row x 8-column x 16-deep product), in order; traced launches count."""
+  from humming_jax.kernels import mgpu_mma
+  seen, real = [], mgpu_mma._mma_ptx
+  monkeypatch.setattr(mgpu_mma, "_mma_ptx", lambda *a: seen.append(a) or real(*a))
+  return seen

@@ -1325,14 +1325,12 @@ MMA_SYNC_LAUNCHES = [  # (shape (E, K, N), tokens, launch change or None: the de
 
 
 @pytest.mark.parametrize("shape,tokens,change", MMA_SYNC_LAUNCHES[:3] + MMA_SYNC_LAUNCHES[5:6])
-def test_mma_sync_launches_lower_for_h200(shape, tokens, change, monkeypatch):
+def test_mma_sync_launches_lower_for_h200(shape, tokens, change, monkeypatch,
+                                          mma_sync_calls):
   """The grouped launches mma.sync now runs on lower for an H200 with the PTX emitted
   (the interpreter runs the WGMMA form: this is where the CPU sees the product)."""
-  from humming_jax.kernels import mgpu_mma
   from test_cuda_lowering import abstract_params, lower_for_h200
-  emitted = []
-  orig = mgpu_mma._mma_ptx
-  monkeypatch.setattr(mgpu_mma, "_mma_ptx", lambda *a: emitted.append(a) or orig(*a))
+  emitted = mma_sync_calls
   monkeypatch.delenv("HUMMING_JAX_MMA_SYNC", raising=False)
   e, k, n = shape
   p = abstract_params("w4a16-g128-zp", shape, grouped=True, kernel=gm.FAMILY)
@@ -1360,14 +1358,11 @@ def _mma_sync_launch(m, p, change):
 @pytest.mark.gpu
 @pytest.mark.parametrize("shape,tokens,change", MMA_SYNC_LAUNCHES)
 @pytest.mark.parametrize("name", ["w4a16-g128-zp", "w4a16-mxfp4"])
-def test_mma_sync_launches_gpu(name, shape, tokens, change, monkeypatch):
+def test_mma_sync_launches_gpu(name, shape, tokens, change, monkeypatch, mma_sync_calls):
   """The grouped launches on mma.sync (session 57) on the GPU: the PTX is emitted, the
   output is within float32 summation order of the same launch on the WGMMA and within
   TOL of the reference (8-row tiles, top-8 routed rows)."""
-  from humming_jax.kernels import mgpu_mma
-  calls = []
-  orig = mgpu_mma._mma_ptx
-  monkeypatch.setattr(mgpu_mma, "_mma_ptx", lambda *a: calls.append(a) or orig(*a))
+  calls = mma_sync_calls
   monkeypatch.delenv("HUMMING_JAX_MMA_SYNC", raising=False)
   e, k, n = shape
   q, _ = make(name, e, k, n, 1, False, seed=93)

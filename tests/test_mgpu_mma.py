@@ -54,12 +54,10 @@ CASES = [(8, 128, jnp.bfloat16, 2), (16, 256, jnp.bfloat16, 2), (8, 64, jnp.floa
 
 
 @pytest.mark.parametrize("rows,k,dtype,chains", CASES)
-def test_mma_sync_lowers_for_h200(rows, k, dtype, chains, monkeypatch):
+def test_mma_sync_lowers_for_h200(rows, k, dtype, chains, mma_sync_calls):
   """The probe kernel lowers for an H200 with one mma.sync per 8 x rows and 16-deep K step
   (the inline_mgpu body ran: the layouts' register shapes are the ones it indexes)."""
-  emitted = []
-  orig = mgpu_mma._mma_ptx
-  monkeypatch.setattr(mgpu_mma, "_mma_ptx", lambda *a: emitted.append(a) or orig(*a))
+  emitted = mma_sync_calls
   sd = jax.ShapeDtypeStruct
   text = lower_for_h200(functools.partial(mma_probe, chains=chains), sd((64, k), dtype),
                         sd((rows, k), dtype), sd((64, rows), jnp.float32))

@@ -88,7 +88,8 @@ def mma_sync(acc: jax.Array, w: jax.Array, x: jax.Array, *, chains: int = 2) -> 
           f"mma_sync: this jax's Mosaic GPU gives registers {acc_a.registers.shape} / "
           f"{w_a.registers.shape} / {x_a.registers.shape} (jax 0.11.2: the WGMMA and "
           f"MMA_X shapes this function indexes); set HUMMING_JAX_MMA_SYNC=0 (the decode "
-          f"default) or pass a config with mma_sync=False")
+          f"defaults that take it: dense on an H100, 8-row expert tiles) or pass a config "
+          f"with mma_sync=False")
 
     def floats(reg):  # vector<2xf32> -> its two floats
       return [vector.extract(reg, dynamic_position=[],

@@ -190,8 +190,9 @@ class MgpuConfig:
   # register-A WGMMA: each warp multiplies its 16 dequantized weight rows by x fragments it
   # loads itself (no shared-memory descriptors, fences or warpgroup waits).  The 16-bit
   # route only, block_m <= 32, no cluster, on the GPU (the interpreter runs the WGMMA form).
-  # wna16_mgpu.default_config takes it at M <= 8 for int4 / uint4 / MXFP4 (MMA_SYNC_MAX_M),
-  # grouped_wna16_mgpu.heuristic on 8-row expert tiles of those (session 57).
+  # wna16_mgpu.default_config takes it at M <= 8 for int4 / uint4 / MXFP4 on an H100
+  # (MMA_SYNC_MAX_M, MMA_SYNC_DEVICES), grouped_wna16_mgpu.heuristic on 8-row expert tiles
+  # of those whose warpgroups stream at most 16 K tiles (session 57).
   mma_sync: bool = False
   mma_chains: int = 2  # mma_sync: independent accumulators per 8 x rows (alternate K steps)
 
