@@ -34,8 +34,13 @@ def main(argv=None):
   ap.add_argument("--ms", default="1,16")
   ap.add_argument("--layers", type=int, default=8)
   ap.add_argument("--size", type=int, default=8192)
+  ap.add_argument("--families", default=",".join(FAMILIES),
+                  help="kernel families to time, of " + ", ".join(FAMILIES))
   ap.add_argument("--json", default=None)
   args = ap.parse_args(argv)
+  families = args.families.split(",")
+  if unknown := set(families) - set(FAMILIES):
+    raise SystemExit(f"--families: unknown {sorted(unknown)}; expected some of {FAMILIES}")
   t0 = time.perf_counter()
   print(f"# {common.device_info()}", flush=True)
   k = n = args.size
@@ -50,7 +55,7 @@ def main(argv=None):
     quant = jax.jit(lambda w: hj.quantize(w, spec))
     qs = [quant(ws[i]) for i in range(args.layers)]
     nbytes = qs[0].nbytes()  # canonical: the format's packed bits + scales + zeros
-    for family in FAMILIES:
+    for family in families:
       row = {"spec": name, "family": family, "bytes": nbytes}
       try:
         prep = jax.jit(lambda q: hj.prepare(q, kernel=family))

@@ -4,7 +4,9 @@ sum / 8), for each spec and M, beside the same weights as W4A16.  Environment va
 (HUMMING_JAX_DECODE_PREPASS, HUMMING_JAX_PERMUTE_K) pick the form; run it once per form.
 ``--variants s1w4,s4w8``: the one-launch pre-pass split over S programs per row with W
 warps each (act_prepass.decode_splits; without w<W> the default warps: DECODE_WARPS at
-M <= 16 since session 53), one process.
+M <= 16 since session 53), one process.  ``--variants qx1,qx0``: the activations
+quantized inside the WnA16 kernel (HUMMING_JAX_DECODE_QUANTIZE_X=1, session 58) or by the
+pre-pass (=0), one process.  A16 presets in ``--specs`` time the same way (no pre-pass).
 
   PYTHONPATH=. python3 benchmarks/probe_w4a8_decode.py --specs w4a8-fp8,w4a8-mxfp4 --ms 1,16
 """
@@ -31,7 +33,9 @@ def main():
   ap.add_argument("--ms", default="1,16")
   ap.add_argument("--n", type=int, default=8192)
   ap.add_argument("--k", type=int, default=8192)
-  ap.add_argument("--variants", default="", help="s<S>[w<W>],...: pre-pass splits / warps")
+  ap.add_argument("--variants", default="",
+                  help="s<S>[w<W>],... (pre-pass splits / warps) or qx1,qx0 (in-kernel "
+                       "activation quantization on / off)")
   args = ap.parse_args()
   env = {v: os.environ.get(v, "") for v in ("HUMMING_JAX_DECODE_PREPASS", "HUMMING_JAX_PERMUTE_K",
                                              "HUMMING_JAX_PREPASS_SPLITS",
@@ -48,9 +52,10 @@ def main():
             for i in range(LAYERS)]
       for variant in args.variants.split(",") if args.variants else [""]:
         if variant:  # (no --variants: the environment as given)
-          env = common.prepass_variant_env(variant)
+          env = ({"HUMMING_JAX_DECODE_QUANTIZE_X": variant[2:]} if variant in ("qx1", "qx0")
+                 else common.prepass_variant_env(variant))
           if env is None:
-            raise SystemExit(f"--variants: {variant!r} is not s<S>[w<W>]")
+            raise SystemExit(f"--variants: {variant!r} is not s<S>[w<W>], qx1 or qx0")
           os.environ.update(env)
         # a fresh function per variant: the switches are read while tracing
         fn = jax.jit(lambda ps, xs: [hj.quant_dense(p, x) for p, x in zip(ps, xs)])

@@ -643,3 +643,159 @@ def test_k_order_layouts_still_run(name, monkeypatch):
   for m in (3, x.shape[0]):  # decode, prefill
     np.testing.assert_array_equal(np.asarray(wm.run(old, x[:m], interpret=True)),
                                   np.asarray(wm.run(default, x[:m], interpret=True)))
+
+
+# ----------------------------------------------------------------------------------------
+# Decode activations quantized inside the WnA16 kernel (wna16_mgpu.run's fake_quantize_x)
+# ----------------------------------------------------------------------------------------
+FAKE_X = {"w4a8-int8": "int8", "w4a8-fp8": "fp8_e4m3", "w4a8-mxfp4": "fp8_e4m3",
+          "w4a8-uint4-zp": "int8"}
+
+
+def _view_and_x(name, m, k, n, seed, dtype=jnp.bfloat16):
+  """Prepared params of a W4A8 spec, their WnA16 view and x, with one row whose spread
+  puts most of its e4m3 values among the subnormals (one large value sets the scale)."""
+  q, x = make(GPU_SPECS[name], m, k, n, seed=seed, dtype=dtype)
+  x = x.at[m - 1, 5].set(300.0)
+  p = wm.prepare(q)
+  return q, p, wm.family_view(p, wna16_mgpu.FAMILY), x
+
+
+def _prepass_values(x, spec):
+  """What the pre-pass route multiplies: the spec's activations, rounded to x.dtype."""
+  from humming_jax.quantize import fake_quantize_activations
+  return fake_quantize_activations(x, spec).astype(x.dtype)
+
+
+@pytest.mark.parametrize("name", sorted(FAKE_X))
+@pytest.mark.parametrize("m,k,cfg", [
+    (1, 1024, dict(stages=2, warpgroups=2)),  # one token: the row view, two warpgroups
+    (3, 1024, dict(stages=2, warpgroups=1)),  # rows streamed through the x slots
+])
+def test_fake_quantize_x_interpret(name, m, k, cfg):
+  """x quantized per token and dequantized inside the kernel: bit for bit the same kernel
+  on the pre-pass route's values (fake_quantize_activations rounded to bf16), on int8 and
+  e4m3 activations (a row of mostly e4m3 subnormals), int4 / uint4 zp / MXFP4 weights; and
+  not the kernel on the bare x."""
+  q, p, view, x = _view_and_x(name, m, k, 128, seed=m + k)
+  config = wna16_mgpu.Config(8, substeps=2, unpadded_rows=True, **cfg)
+  run = lambda x, **kw: jax.jit(lambda v, x: wna16_mgpu.run(
+      v, x, interpret=True, config=config, **kw))(view, x)
+  y = run(x, fake_quantize_x=FAKE_X[name])
+  want = run(_prepass_values(x, p.spec))
+  assert y.dtype == x.dtype and y.shape == (m, 128)
+  np.testing.assert_array_equal(np.asarray(y, np.float32), np.asarray(want, np.float32))
+  assert not np.array_equal(np.asarray(y, np.float32), np.asarray(run(x), np.float32))
+  assert rel(y, reference.dense_reference(q, x)) <= TOL
+
+
+def test_fake_quantize_x_nan_zero_rows_and_fp16():
+  """A row holding inf comes out NaN (its scale is NaN, as the reference's), an all-zero
+  row zero, the other rows unchanged; fp16 x matches the pre-pass values too."""
+  config = wna16_mgpu.Config(8, stages=2, substeps=2, warpgroups=1, unpadded_rows=True)
+  for dtype in (jnp.bfloat16, jnp.float16):
+    _, p, view, x = _view_and_x("w4a8-fp8", 4, 512, 128, seed=7, dtype=dtype)
+    run = lambda x: wna16_mgpu.run(view, x, interpret=True, config=config,
+                                   fake_quantize_x="fp8_e4m3")
+    y = run(x)
+    np.testing.assert_array_equal(
+        np.asarray(y, np.float32),
+        np.asarray(wna16_mgpu.run(view, _prepass_values(x, p.spec), interpret=True,
+                                  config=config), np.float32))
+    x_bad = x.at[1, 9].set(jnp.inf).at[2].set(0)
+    bad = np.asarray(run(x_bad), np.float32)
+    want = np.asarray(wna16_mgpu.run(view, _prepass_values(x_bad, p.spec), interpret=True,
+                                     config=config), np.float32)
+    assert np.isnan(bad[1]).all() and not np.isnan(bad[[0, 2, 3]]).any()
+    np.testing.assert_array_equal(bad[[0, 2, 3]], want[[0, 2, 3]])  # (row 2: the bias)
+    np.testing.assert_array_equal(bad[[0, 3]], np.asarray(y, np.float32)[[0, 3]])
+
+
+def test_fake_quantize_x_errors():
+  _, p, view, x = _view_and_x("w4a8-int8", 2, 512, 128, seed=1)
+  with pytest.raises(ValueError, match="fake_quantize_x='fp8_e5m2': expected one of"):
+    wna16_mgpu.run(view, x, interpret=True, fake_quantize_x="fp8_e5m2")
+  with pytest.raises(ValueError, match="bfloat16 / float16 x"):
+    wna16_mgpu.run(view, x.astype(jnp.float32), interpret=True, fake_quantize_x="int8")
+  with pytest.raises(ValueError, match="multiple of 256 columns"):
+    wna16_mgpu.run(view, x, interpret=True, fake_quantize_x="int8",
+                   config=wna16_mgpu.Config(8, stages=2, substeps=1, warpgroups=1))
+  with pytest.raises(ValueError, match="warpgroups split K only"):
+    wna16_mgpu.run(view, x, interpret=True, fake_quantize_x="int8",
+                   config=wna16_mgpu.Config(8, stages=2, substeps=2, warpgroups=2,
+                                            split_warpgroups="n"))
+  with pytest.raises(ValueError, match="dequant_gemm_min_m"):
+    wna16_mgpu.run(view, x, interpret=True, fake_quantize_x="int8",
+                   config=wna16_mgpu.Config(8, stages=2, substeps=2, dequant_gemm_min_m=2))
+
+
+def test_decode_route_quantizes_x_in_the_kernel(monkeypatch):
+  """wnam_mgpu.run at one token: the in-kernel quantization where it applies (on the GPU
+  by default; the interpreter keeps the pre-pass unless HUMMING_JAX_DECODE_QUANTIZE_X=1),
+  the same output as the pre-pass route; e5m2 activations, static scales, an odd K-tile
+  count and M >= dequant_gemm_min_m keep the pre-pass."""
+  q, p, view, x = _view_and_x("w4a8-int8", 1, 1024, 192, seed=3)
+  assert wm.quantizes_x_in_kernel(p, view, x, interpret=False)
+  assert not wm.quantizes_x_in_kernel(p, view, x, interpret=True)
+  assert not wm.quantizes_x_in_kernel(p, view, jnp.zeros((600, 1024), x.dtype))  # XLA's GEMM
+  e5m2, _ = make(GPU_SPECS["w4a8-e5m2act"], 1, 1024, 128)
+  pe = wm.prepare(e5m2)
+  assert not wm.quantizes_x_in_kernel(pe, wm.family_view(pe, wna16_mgpu.FAMILY), x)
+  static = hj.QuantSpec("int4", "group", 128, act="int8", act_granularity="tensor",
+                        act_static=True)
+  ps = wm.prepare(make(static, 1, 1024, 128)[0])
+  assert not wm.quantizes_x_in_kernel(ps, wm.family_view(ps, wna16_mgpu.FAMILY), x)
+  odd = wm.prepare(make(GPU_SPECS["w4a8-int8"], 1, 1152, 128)[0])  # 9 K tiles of 128
+  assert not wm.quantizes_x_in_kernel(odd, wm.family_view(odd, wna16_mgpu.FAMILY),
+                                      jnp.zeros((1, 1152), x.dtype))
+  calls, real = [], wna16_mgpu.run
+  monkeypatch.setattr(wna16_mgpu, "run", lambda *a, **kw: (
+      calls.append(kw.get("fake_quantize_x")), real(*a, **kw))[1])
+  y_pre = jax.jit(lambda p, x: wm.run(p, x, interpret=True))(p, x)
+  monkeypatch.setenv("HUMMING_JAX_DECODE_QUANTIZE_X", "1")
+  y_in = jax.jit(lambda p, x: wm.run(p, x, interpret=True))(p, x)
+  assert calls == [None, "int8"], calls
+  np.testing.assert_array_equal(np.asarray(y_in, np.float32), np.asarray(y_pre, np.float32))
+  assert rel(y_in, reference.dense_reference(q, x)) <= TOL
+
+
+def test_shared_memory_estimate_with_fake_quantize_x(monkeypatch):
+  """fake_quantize_x's buffers (no code tile: the values go over the x tile; the amax
+  pass's barriers, the warpgroups' maxima, one token's row view) are counted: Mosaic's
+  count or up to 2 KB above."""
+  import re
+  monkeypatch.setattr(wna16_mgpu, "SMEM_BYTES", 10**7)
+  q, _ = make(GPU_SPECS["w4a8-int8"], 1, 8192, 256)
+  view = wm.family_view(wm.prepare(q), wna16_mgpu.FAMILY)
+  cfg = wna16_mgpu.Config(8, 8, 2, warpgroups=4, unpadded_rows=True)  # (over the limit)
+  x = jax.ShapeDtypeStruct((1, 8192), jnp.bfloat16)
+  with pytest.raises(Exception, match="exceeds available shared memory") as err:
+    jax.jit(lambda v, x: wna16_mgpu.run(v, x, config=cfg, fake_quantize_x="int8")).trace(
+        view, x).lower(lowering_platforms=("cuda",))
+  count = int(re.search(r"smem_bytes=(\d+)", str(err.value)).group(1))
+  est = wna16_mgpu.smem_bytes(8, 8, 2, 128, 4, False, 2, 4, False, 1, False,
+                              x_codes=True, code_tiles=False, x_row_view_k=8192)
+  assert 0 <= est - count < 2048, (est, count)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("k,n", [(8192, 8192), (14336, 4096)])
+@pytest.mark.parametrize("name", sorted(FAKE_X))
+def test_fake_quantize_x_gpu(name, k, n, monkeypatch):
+  """The one-token W4A8 decode with the activations quantized in the kernel (the GPU
+  default): against the reference, and against the pre-pass route (its Pallas launch
+  divides by the scale where XLA and the kernel multiply by its reciprocal: a code step
+  apart in rare ties)."""
+  q, x = make(GPU_SPECS[name], 1, k, n, seed=11)
+  p = jax.jit(wm.prepare)(q)
+  calls, real = [], wna16_mgpu.run
+  monkeypatch.setattr(wna16_mgpu, "run", lambda *a, **kw: (
+      calls.append(kw.get("fake_quantize_x")), real(*a, **kw))[1])
+  y = jax.jit(lambda p, x: wm.run(p, x))(p, x)
+  assert calls == [FAKE_X[name]], calls  # the route ran the in-kernel quantization
+  monkeypatch.setenv("HUMMING_JAX_DECODE_QUANTIZE_X", "0")
+  y_pre = jax.jit(lambda p, x: wm.run(p, x))(p, x)
+  e_ref, e_pre = rel(y, jax.jit(reference.dense_reference)(q, x)), rel(y, y_pre)
+  print(f"{name} {k}->{n} M=1, x quantized in the kernel: rel err vs reference {e_ref:.2e}, "
+        f"vs the pre-pass route {e_pre:.2e}")
+  assert e_ref <= TOL and e_pre <= 2e-3

@@ -59,6 +59,12 @@ RNE_MAGIC = 12582912.0
 MAGIC_BITS = int(np.float32(RNE_MAGIC).view(np.int32))
 
 
+def round_half_even(t: jax.Array) -> jax.Array:
+  """float32 ``t`` (|t| <= 2**22) rounded to the nearest integer, ties to even, as int32
+  (the magic-number form above; elementwise, so any kernel's register layout takes it)."""
+  return jax.lax.bitcast_convert_type(t + RNE_MAGIC, jnp.int32) - MAGIC_BITS
+
+
 def supports(spec: QuantSpec) -> bool:
   """Dynamic per-token activations with float32 scales, to fp8 (e4m3 / e5m2) or int8."""
   return (spec.act_format is not None and spec.act_granularity == "token"
@@ -102,8 +108,7 @@ def _kernel(x_ref, *refs, kp: int, chunk: int, fmt: str, qmax: float, held: bool
   for j, c in enumerate(cols):  # scale, saturate, round, store
     xs = load(j).astype(jnp.float32) / s
     if fmt == "int8":
-      t = jnp.clip(xs, -128.0, 127.0) + RNE_MAGIC
-      r = jax.lax.bitcast_convert_type(t, jnp.int32) - MAGIC_BITS
+      r = round_half_even(jnp.clip(xs, -128.0, 127.0))
       q, value = r.astype(jnp.int8), r.astype(jnp.float32)
     else:
       dtype, maxv = FP8_CARRIERS[fmt]

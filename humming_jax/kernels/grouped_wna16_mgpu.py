@@ -378,7 +378,7 @@ def heuristic(tiles: int, n: int, k_tiles: int, block_m: int, *,
   config = _launch_shape(tiles, n, k_tiles, block_m, params=params, tile_rows=tile_rows,
                          cost_sized=cost_sized, streamed=streamed)
   if (max(tile_rows, block_m) <= MMA_SYNC_TILE_ROWS and params is not None
-      and config.cluster_n == 1 and warpgroup_k_tiles(config, k_tiles) <= MMA_SYNC_MAX_K_TILES
+      and config.cluster_n == 1 and warpgroup_k_tiles(config, k_tiles) <= mma_sync_max_k_tiles()
       and wna16_mgpu.mma_sync_applies(params)):
     # (a grouped launch's rows are its tiles': run() reads Tiles.block_m, not this one)
     config = dataclasses.replace(config, block_m=tile_rows, mma_sync=True)
@@ -400,6 +400,12 @@ def heuristic(tiles: int, n: int, k_tiles: int, block_m: int, *,
 # H100 session 56).  Not timed on an H100.
 MMA_SYNC_TILE_ROWS = 8
 MMA_SYNC_MAX_K_TILES = 16
+
+
+def mma_sync_max_k_tiles() -> int:
+  """:data:`MMA_SYNC_MAX_K_TILES`, or HUMMING_JAX_MMA_SYNC_MAX_K_TILES where set (read at
+  trace time, so one process can time two bounds: ``bench_moe_layer --env``)."""
+  return tuning.env_int("HUMMING_JAX_MMA_SYNC_MAX_K_TILES", MMA_SYNC_MAX_K_TILES)
 
 
 def warpgroup_k_tiles(config: wna16_mgpu.Config, k_tiles: int) -> int:

@@ -28,6 +28,7 @@ import numpy as np
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from humming_jax.formats import get_format
+from humming_jax.kernels import act_prepass
 
 E2M1 = get_format("fp4_e2m1")
 
@@ -647,6 +648,29 @@ def e2m1_to_e4m3_folded_interpret(codes: jax.Array, raises: jax.Array, group: in
   # (raises over FOLD_MAX_SHIFT meet only the zero codes of K-padding groups)
   vals = vals * jnp.exp2(jnp.clip(r, 0, FOLD_MAX_SHIFT).astype(jnp.float32))
   return jnp.where(r >= 0, vals, 0.0).astype(jnp.float8_e4m3fn)
+
+
+# e4m3's normal range starts at 2**-6; below it the grid is 2**-9 apart (subnormals)
+_E4M3_MIN_NORMAL = 2.0 ** -6
+_E4M3_SUBNORMAL_STEP = 2.0 ** -9
+
+
+def round_to_e4m3(t: jax.Array) -> jax.Array:
+  """float32 ``t`` within e4m3's range (|t| <= 448, saturated by the caller) rounded to
+  the nearest e4m3 value, ties to even, as float32: ``t.astype(float8_e4m3fn)`` and back,
+  in integer and float32 arithmetic alone (elementwise: any register layout; no fp8 type
+  in the kernel).  Normals keep 3 mantissa bits (the float's bits rounded at bit 20),
+  subnormals are whole multiples of 2**-9 (round_half_even of t * 2**9), zeros keep t's
+  sign.  NaN stays NaN."""
+  bits = jax.lax.bitcast_convert_type(t, jnp.int32)
+  normal = jax.lax.bitcast_convert_type(
+      (bits + 0x7FFFF + ((bits >> 20) & 1)) & jnp.int32(-(1 << 20)), jnp.float32)
+  sub = (act_prepass.round_half_even(t * (1 / _E4M3_SUBNORMAL_STEP)).astype(jnp.float32)
+         * _E4M3_SUBNORMAL_STEP)
+  sub = jax.lax.bitcast_convert_type(  # t's sign on a zero too (-0, as the convert gives)
+      jax.lax.bitcast_convert_type(sub, jnp.int32) | (bits & jnp.int32(-(1 << 31))),
+      jnp.float32)
+  return jnp.where(jnp.abs(t) < _E4M3_MIN_NORMAL, sub, normal)
 
 
 def fp8_to_float(codes, dtype):

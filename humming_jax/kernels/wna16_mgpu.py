@@ -698,7 +698,7 @@ def output_dtype(x: jax.Array, out_dtype=None):
 def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
         config: Config | None = None, tiles: Tiles | None = None,
         x_scale: jax.Array | None = None, out_dtype=None,
-        quantize_x: bool = False) -> jax.Array:
+        quantize_x: bool = False, fake_quantize_x: str | None = None) -> jax.Array:
   """(M, K) bf16/fp16 activations x prepared params -> (M, N) in x.dtype.
 
   The weights are dequantized in the activation dtype: with fp16 activations, weights
@@ -734,7 +734,15 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
   the codes: W8A8 at decode without a pre-pass launch.  Each CTA first reads the whole
   rows for their amax (its warpgroups a share each; one token: one TMA each, in flight
   beside the first stages; more rows: streamed through the x slots), then converts each
-  x tile as it arrives."""
+  x tile as it arrives.
+
+  ``fake_quantize_x`` ("int8" or "fp8_e4m3"; the 16-bit route's layouts, bfloat16 / float16
+  x, dense launches whose warpgroups split K): each x row quantized per token to that
+  format and dequantized inside the kernel -- the same scale and codes as ``quantize_x``,
+  then code x scale in float32 rounded once to x's dtype, written over the x tile in
+  shared memory before its product: the values of ``act_prepass.fake_quantize_rows`` (what
+  W4A8 / W8A8 specs multiply on this route, ``wnam_mgpu``) without its launch.  No row
+  scale in the epilogue (the values carry it)."""
   spec = params.spec
   grouped = tiles is not None
   if not grouped and registry.layout_family(params.layout) != FAMILY:
@@ -762,7 +770,20 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
     raise ValueError(f"quantize_x=True: needs the direct int8 / e4m3 layout (codes "
                      f"{params.codes.dtype}, {params.codes.ndim}-D), bfloat16 / float16 x "
                      f"(got {x.dtype}) and no x_scale (the kernel computes it)")
-  act_fmt = get_format(ACT_FORMATS[jnp.dtype(params.codes.dtype)]) if quantize_x else None
+  if fake_quantize_x is not None and (
+      quantize_x or fake_quantize_x not in ACT_FORMATS.values() or direct or grouped
+      or x_scale is not None or x.dtype not in (jnp.bfloat16, jnp.float16)
+      or fp8_mma(params.layout)):
+    raise ValueError(f"fake_quantize_x={fake_quantize_x!r}: expected one of "
+                     f"{sorted(ACT_FORMATS.values())} with dense params of the 16-bit route "
+                     f"(layout {params.layout!r}: not the direct 8-bit or fp8-MMA ones), "
+                     f"bfloat16 / float16 x (got {x.dtype}), no x_scale and not quantize_x"
+                     f"{' (got grouped tiles)' if grouped else ''}")
+  fake_x = fake_quantize_x is not None
+  in_kernel_x = quantize_x or fake_x  # the amax pass and per-tile conversion of x
+  act_fmt = (get_format(fake_quantize_x) if fake_x
+             else get_format(ACT_FORMATS[jnp.dtype(params.codes.dtype)]) if quantize_x
+             else None)
   mma8 = direct and (x.dtype == params.codes.dtype or quantize_x)
   mma8_int = mma8 and params.codes.dtype == jnp.int8  # (e4m3: per-tile float32 promotion)
   if direct and not mma8 and x.dtype not in (jnp.bfloat16, jnp.float16):
@@ -797,8 +818,9 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
                      f"{params.fold_base.dtype}{list(params.fold_base.shape)}")
   explicit = config is not None  # checked as given; cached / heuristic ones adapt
   config = config or default_config(params, m)
-  if quantize_x and not explicit and config.substeps < 2:  # its x tiles: 256 columns
-    config = dataclasses.replace(config, substeps=QUANTIZE_X_COLS // DIRECT_BLOCK_K)
+  if in_kernel_x and not explicit and config.substeps * bk < QUANTIZE_X_COLS:
+    # its x tiles: 256 columns
+    config = dataclasses.replace(config, substeps=max(1, QUANTIZE_X_COLS // bk))
   permuted = k_permuted(params.layout)
   if fp8:  # its own route (fp8_tiles below); none of the 16-bit conversion flags
     config = dataclasses.replace(config, scale_after_mma=False, zero_point_mma=False,
@@ -845,6 +867,10 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
                      f"the direct layout is for the decode kernel")
   if not grouped and not fp8 and not direct and (
       m >= config.dequant_gemm_min_m or x.dtype not in (jnp.bfloat16, jnp.float16)):
+    if fake_x:  # (XLA's GEMM would multiply x as given: refuse rather than skip)
+      raise ValueError(f"fake_quantize_x={fake_quantize_x!r}: M={m} >= dequant_gemm_min_m="
+                       f"{config.dequant_gemm_min_m} takes XLA's dequantize + GEMM; the "
+                       f"in-kernel activation quantization is the decode kernel's")
     return dequant_gemm(params, x)
   if not (fp8 or mma8) and x.dtype not in (jnp.bfloat16, jnp.float16):
     raise ValueError(f"x.dtype={x.dtype}: the grouped Mosaic kernel takes bfloat16 / float16")
@@ -910,7 +936,7 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
   # quantize_x at one token: the row also as (Kp / 256, 256) (a free reshape), so each
   # warpgroup's share of it is one TMA into its own buffer, in flight beside the first
   # stages (rather than chunk by chunk through its x slots before they are filled)
-  row_view = quantize_x and rows == 1 and sub * bk == 256 and kp <= ROW_VIEW_MAX_K
+  row_view = in_kernel_x and rows == 1 and sub * bk == 256 and kp <= ROW_VIEW_MAX_K
   operands = (([tiles.sched] if grouped else []) + [xp]
               + ([xp.reshape(kp // 256, 256)] if row_view else []) + ([xs] if xs_in else [])
               + [params.codes])
@@ -938,12 +964,12 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
   # Warpgroups split K (each streams steps_w of the steps into its own buffers) or, with
   # share_x, N (each its own 64 columns over every step, one x tile shared in SMEM).
   share_x = config.split_warpgroups == "n"
-  if quantize_x and (sub * bk) % QUANTIZE_X_COLS:
-    raise ValueError(f"quantize_x=True: the x tile of a pipeline step (substeps {sub} x "
+  if in_kernel_x and (sub * bk) % QUANTIZE_X_COLS:
+    raise ValueError(f"{'fake_' * fake_x}quantize_x: the x tile of a pipeline step (substeps {sub} x "
                      f"{bk} columns) must be a multiple of {QUANTIZE_X_COLS} columns; got "
                      f"{sub * bk}")
-  if quantize_x and (grouped or share_x):
-    raise ValueError(f"quantize_x=True: dense launches whose warpgroups split K only (each "
+  if in_kernel_x and (grouped or share_x):
+    raise ValueError(f"{'fake_' * fake_x}quantize_x: dense launches whose warpgroups split K only (each "
                      f"converts its own x tiles); got split_warpgroups="
                      f"{config.split_warpgroups!r}{', grouped tiles' if grouped else ''}")
   splits = np_ // BLOCK_N if share_x else steps  # what the warpgroups divide
@@ -953,6 +979,8 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
   x_side_bytes = (dict(x_bytes=1, scale_bytes=jnp.dtype(s_dtype).itemsize, x_scales=True)
                   if fp8 else dict(x_scales=True, x_codes=True, x_row_view_k=kp * row_view)
                   if quantize_x
+                  else dict(x_codes=True, code_tiles=False, x_row_view_k=kp * row_view)
+                  if fake_x
                   else dict(x_bytes=1, x_scales=row_scaled) if mma8
                   else dict(x_scales=True) if row_scaled else {})
   if fp8 and config.column_blocks > 1:
@@ -1105,6 +1133,8 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
 
       def compute(slot, acc_ref, total):
         x_smem = x_buf.at[0 if share_x else wg, slot]
+        if fake_x:  # the tile's values replaced by their quantized ones before any product
+          fake_quantized_x(x_smem)
         bcast = lambda v, shape: lax.broadcast_in_dim(v, shape, [0])
         row = lambda r, j, i=0: plgpu.load(r.at[wg, slot, j * gpt + i], layout=_ROW)
 
@@ -1213,6 +1243,7 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
         return total
 
       x_rows_inv = None  # quantize_x: 1 / the (block_m,) row scales, _X_ROWS-reduced (start)
+      x_rows_s = None  # fake_quantize_x: the row scales themselves (same layout)
 
       per_wg = k_steps // wgs  # quantize_x: each warpgroup's chunks of 256 columns
 
@@ -1243,7 +1274,7 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
         # its x slots (the weight stages in flight meanwhile, the x tiles after), keeping
         # |x| elementwise (NaN as inf), then one reduction per row; the warpgroups' maxima
         # meet in SMEM.
-        nonlocal x_rows_inv
+        nonlocal x_rows_inv, x_rows_s
         amax = row_view_amax() if row_view else streamed_amax()
         if wgs > 1 and not row_view:  # (the row view's maxima met already)
           amax_smem.at[wg][...] = amax
@@ -1259,6 +1290,9 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
         # XLA computes the reference's x / s as x * (1 / s) (a division by a broadcast),
         # which rounds ties (x / s = k + 1/2 exactly: common in bf16) differently
         x_rows_inv = 1.0 / s
+        if fake_x:  # (the values carry their scale: none in the epilogue)
+          x_rows_s = s
+          return
 
         @pl.when(wg == 0)
         def _():  # the epilogue's row scales (read after this warpgroup's next commit)
@@ -1289,13 +1323,23 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
         v = v * lax.broadcast_in_dim(x_rows_inv, v.shape, [0])
         t = jnp.clip(v, act_fmt.min_value, act_fmt.max_value)  # saturated
         if mma8_int:  # round half to even by the float's bits (act_prepass's form)
-          q = (lax.bitcast_convert_type(t + act_prepass.RNE_MAGIC, jnp.int32)
-               - act_prepass.MAGIC_BITS).astype(jnp.int8)
+          q = act_prepass.round_half_even(t).astype(jnp.int8)
         else:  # e4m3: one round-to-nearest-even convert (Hopper's cvt)
           q = t.astype(jnp.float8_e4m3fn)
         xq_smem.at[wg][...] = q
         plgpu.commit_smem()  # generic-proxy stores -> the WGMMA's reads
         return xq_smem.at[wg]
+
+      def fake_quantized_x(x_smem):  # this slot's x tile -> code x scale, in place
+        # (each thread stores exactly the values it loaded: no hazard between threads)
+        v = plgpu.load(x_smem, layout=_X_ROWS).astype(jnp.float32)
+        t = jnp.clip(v * lax.broadcast_in_dim(x_rows_inv, v.shape, [0]),
+                     act_fmt.min_value, act_fmt.max_value)  # saturated
+        code = (act_prepass.round_half_even(t).astype(jnp.float32) if act_fmt.name == "int8"
+                else mgpu_convert.round_to_e4m3(t))
+        x_smem[...] = (code * lax.broadcast_in_dim(x_rows_s, v.shape, [0])
+                       ).astype(x_smem.dtype)
+        plgpu.commit_smem()  # generic-proxy stores -> the WGMMA's (and every warp's) reads
 
       def mma8_tiles(slot, x_smem, acc_t, total, acc_ref):
         if quantize_x:
@@ -1401,12 +1445,12 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
         if zero_mma:  # the constant all-ones WGMMA A operand of the x sums
           ones_smem.at[wg][...] = jnp.ones((BLOCK_N, bk), cdt)
           plgpu.commit_smem()
-        if quantize_x and row_view:  # the row in flight beside the first stages
+        if in_kernel_x and row_view:  # the row in flight beside the first stages
           issue_row_view()
           for st in range(stages):
             fetch(st, st)
           quantize_scales()
-        elif quantize_x:  # the first stages' weights stream in while the rows' amax is read
+        elif in_kernel_x:  # the first stages' weights stream in while the rows' amax is read
           for st in range(stages):
             fetch(st, st, part="w")
           quantize_scales()
@@ -1591,10 +1635,11 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
     scratch["xs_smem"] = plgpu.SMEM((block_m,), jnp.float32)
   if xs_in:
     scratch["xs_bar"] = plgpu.Barrier(num_arrivals=1)
-  if quantize_x:  # the codes tile, the amax pass's barriers, the warpgroups' maxima
-    scratch.update(xq_smem=plgpu.SMEM((wgs, block_m, sub * bk), params.codes.dtype,
-                                      transforms=xq_tf),
-                   xa_bars=plgpu.Barrier(num_arrivals=1, num_barriers=wgs * stages))
+  if in_kernel_x:  # [the codes tile], the amax pass's barriers, the warpgroups' maxima
+    if quantize_x:  # (fake_quantize_x writes its values over the x tile instead)
+      scratch["xq_smem"] = plgpu.SMEM((wgs, block_m, sub * bk), params.codes.dtype,
+                                      transforms=xq_tf)
+    scratch["xa_bars"] = plgpu.Barrier(num_arrivals=1, num_barriers=wgs * stages)
     view_rows = -(-(k_steps // wgs) // 8) * 8  # (whole 8-row groups: smem_bytes counts them)
     if row_view:  # each warpgroup's share of the row and its rows' maxima
       scratch.update(xa_smem=plgpu.SMEM((wgs, view_rows, sub * bk), xp.dtype),
@@ -1650,6 +1695,22 @@ def quantize_x_fits(kp: int, config: Config | None = None) -> bool:
   sub = divisor(want, kp // DIRECT_BLOCK_K)
   return ((sub * DIRECT_BLOCK_K) % QUANTIZE_X_COLS == 0
           and (config is None or config.split_warpgroups != "n"))
+def fake_quantize_x_fits(params: QuantizedWeight, config: Config | None = None,
+                         rows: int = 1) -> bool:
+  """Whether ``run(params, x, fake_quantize_x=...)`` takes these dense params of the
+  16-bit route with ``config`` (None: the one run resolves for ``rows`` rows of x):
+  pipeline steps of whole 256-column x tiles, warpgroups splitting K, the decode kernel
+  (not XLA's dequantize + GEMM)."""
+  if params.codes.ndim != 3 or fp8_mma(params.layout):
+    return False
+  k_tiles, _, bk = params.codes.shape
+  resolved = config or default_config(params, rows)
+  want = (resolved.substeps if config is not None
+          else max(resolved.substeps, QUANTIZE_X_COLS // bk, 1))
+  return ((divisor(want, k_tiles) * bk) % QUANTIZE_X_COLS == 0
+          and resolved.split_warpgroups != "n" and rows < resolved.dequant_gemm_min_m)
+
+
 # run(quantize_x=True) at one token reads the row as (Kp / 256, 256) into shared memory
 # (2 Kp bytes) up to this K (timed to 14336, session 55); wider rows are streamed.
 ROW_VIEW_MAX_K = 16384
@@ -1715,7 +1776,8 @@ def smem_bytes(block_m: int, stages: int, substeps: int, block_k: int, bits: int
                ones_tile: bool = False, scale_rows: int = 1,
                column_scale: bool = False, share_x: bool = False, *, x_bytes: int = 2,
                scale_bytes: int = 2, x_scales: bool = False, column_blocks: int = 1,
-               x_codes: bool = False, x_row_view_k: int = 0) -> int:
+               x_codes: bool = False, code_tiles: bool = True,
+               x_row_view_k: int = 0) -> int:
   """Shared memory the kernel allocates: each scratch buffer rounded up to Mosaic's 1 KB
   alignment (checked against Mosaic's count in tests/test_wna16_mgpu.py).
   ``scale_rows``: scale (and zero) rows per K tile; ``column_scale``: no scale rows (the
@@ -1726,7 +1788,8 @@ def smem_bytes(block_m: int, stages: int, substeps: int, block_k: int, bits: int
   column blocks (MgpuConfig.column_blocks) and the barrier that releases the output tile or
   the warpgroups' partials between blocks (counted whether or not warpgroups need it).
   ``x_codes`` (``run(quantize_x=True)``): each warpgroup's 8-bit x code tile, the amax
-  pass's barriers, the warpgroups' row maxima and their barrier; ``x_row_view_k``: the
+  pass's barriers, the warpgroups' row maxima and their barrier (``code_tiles`` False:
+  ``fake_quantize_x``, whose values go over the x tile: no code tile); ``x_row_view_k``: the
   padded K of its one-token row view (each warpgroup's share of the row in 8-row groups
   of 256 bf16 / fp16 values, and a float32 maximum per row), 0 without it."""
   kb = tuning.smem_round
@@ -1744,7 +1807,8 @@ def smem_bytes(block_m: int, stages: int, substeps: int, block_k: int, bits: int
           + (kb(warpgroups * BLOCK_N * block_k * 2) if ones_tile else 0)
           # quantize_x: code tiles, amax-pass barriers, [maxima + barrier], and 2 KB that
           # Mosaic allocates for the row reduction (its count on the CPU lowering)
-          + (kb(warpgroups * block_m * block_k * substeps) + 8 * warpgroups * stages
+          + (kb(warpgroups * block_m * block_k * substeps) * code_tiles
+             + 8 * warpgroups * stages
              + 8 * (warpgroups > 1) + 2048
              + (kb(warpgroups * view_rows * 256 * 2) + kb(warpgroups * view_rows * 4)
                 if x_row_view_k else kb(warpgroups * block_m * 4) * (warpgroups > 1))

@@ -190,8 +190,34 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
     codes, x_scale = fp8_operands(x, params, interpret=interpret)
     return wna16_mgpu.run(view, codes, interpret=interpret, config=config,
                           x_scale=x_scale, out_dtype=x.dtype)
+  if quantizes_x_in_kernel(params, view, x, interpret=interpret, config=config):
+    return wna16_mgpu.run(view, x, interpret=interpret, config=config,
+                          fake_quantize_x=params.spec.act_format.name)
   return wna16_mgpu.run(view, decode_activations(x, params, interpret=interpret),
                         interpret=interpret, config=config)
+
+
+def quantizes_x_in_kernel(params: QuantizedWeight, view: QuantizedWeight, x: jax.Array, *,
+                          interpret: bool = False,
+                          config: wna16_mgpu.Config | None = None) -> bool:
+  """Whether the decode route quantizes its activations inside the WnA16 kernel
+  (``wna16_mgpu.run``'s ``fake_quantize_x``: the values of :func:`decode_activations`'
+  pre-pass without its launch): dynamic per-token int8 / fp8 e4m3 specs with float32
+  scales, bfloat16 / float16 x, the decode kernel with pipeline steps of whole 256-column
+  x tiles (``wna16_mgpu.fake_quantize_x_fits``).  Default on the GPU up to
+  ``w8a8.DECODE_QUANTIZE_X_MAX_M`` rows and K up to ``wna16_mgpu.ROW_VIEW_MAX_K`` (W8A8's
+  rule, session 55: one token reads its row in one TMA per warpgroup beside the first
+  stages); HUMMING_JAX_DECODE_QUANTIZE_X=1 / 0 forces it on (any M the kernel takes) or
+  off.  The interpreter keeps the pre-pass unless forced, as for W8A8."""
+  spec = params.spec
+  m, k = x.shape
+  if not (act_prepass.supports(spec) and spec.act_format.name in ("int8", "fp8_e4m3")
+          and x.dtype in (jnp.bfloat16, jnp.float16)
+          and wna16_mgpu.fake_quantize_x_fits(view, config, rows=m)):
+    return False
+  return tuning.env_flag("HUMMING_JAX_DECODE_QUANTIZE_X",
+                         not interpret and m <= w8a8.DECODE_QUANTIZE_X_MAX_M
+                         and k <= wna16_mgpu.ROW_VIEW_MAX_K)
 
 
 def decode_activations(x: jax.Array, params: QuantizedWeight, *,
