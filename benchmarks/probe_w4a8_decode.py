@@ -38,6 +38,7 @@ def main():
                        "activation quantization on / off)")
   args = ap.parse_args()
   env = {v: os.environ.get(v, "") for v in ("HUMMING_JAX_DECODE_PREPASS", "HUMMING_JAX_PERMUTE_K",
+                                             "HUMMING_JAX_DECODE_QUANTIZE_X",
                                              "HUMMING_JAX_PREPASS_SPLITS",
                                              "HUMMING_JAX_PREPASS_WARPS")}
   print("#", common.device_info(), env, flush=True)

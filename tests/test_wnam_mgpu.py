@@ -667,6 +667,29 @@ def _prepass_values(x, spec):
   return fake_quantize_activations(x, spec).astype(x.dtype)
 
 
+def test_round_to_e4m3_is_the_convert():
+  """mgpu_convert.round_to_e4m3 (integer arithmetic) against XLA's float32 -> e4m3 -> float32
+  on every bfloat16 and float16 value within e4m3's range, e4m3's own values, the midpoints
+  between them and their float32 neighbours (ties to even, subnormals, signed zeros), and
+  NaN (including a NaN whose low mantissa bits would round over)."""
+  from humming_jax.kernels import mgpu_convert
+  e4m3 = np.asarray(jnp.arange(256, dtype=jnp.uint8).view(jnp.float8_e4m3fn)
+                    .astype(jnp.float32))
+  e4m3 = np.sort(e4m3[np.isfinite(e4m3)])
+  mids = ((e4m3[1:] + e4m3[:-1]) / 2).astype(np.float32)
+  t = np.concatenate([
+      np.arange(2**16, dtype=np.uint16).view(jnp.bfloat16).astype(np.float32),
+      np.arange(2**16, dtype=np.uint16).view(np.float16).astype(np.float32),
+      e4m3, mids, np.nextafter(mids, np.float32(np.inf)),
+      np.nextafter(mids, np.float32(-np.inf))]).astype(np.float32)
+  t = t[np.isfinite(t) & (np.abs(t) <= 448)]
+  want = np.asarray(jnp.asarray(t).astype(jnp.float8_e4m3fn).astype(jnp.float32))
+  got = np.asarray(jax.jit(mgpu_convert.round_to_e4m3)(jnp.asarray(t)))
+  np.testing.assert_array_equal(got.view(np.int32), want.view(np.int32))
+  nans = np.array([0x7FC00000, 0x7FFFFFFF, -1], np.int32).view(np.float32)
+  assert np.isnan(np.asarray(mgpu_convert.round_to_e4m3(jnp.asarray(nans)))).all()
+
+
 @pytest.mark.parametrize("name", sorted(FAKE_X))
 @pytest.mark.parametrize("m,k,cfg", [
     (1, 1024, dict(stages=2, warpgroups=2)),  # one token: the row view, two warpgroups
@@ -686,6 +709,30 @@ def test_fake_quantize_x_interpret(name, m, k, cfg):
   assert y.dtype == x.dtype and y.shape == (m, 128)
   np.testing.assert_array_equal(np.asarray(y, np.float32), np.asarray(want, np.float32))
   assert not np.array_equal(np.asarray(y, np.float32), np.asarray(run(x), np.float32))
+  assert rel(y, reference.dense_reference(q, x)) <= TOL
+
+
+@pytest.mark.parametrize("name,k,cfg", [
+    # streamed amax over two warpgroups (their maxima meet in SMEM), grid split-K (each CTA
+    # reads the whole rows), the zero points' ones-tile x sums, two column blocks
+    ("w4a8-uint4-zp", 1024,
+     dict(warpgroups=2, split_k=2, scale_after_mma=True, zero_point_mma=True,
+          column_blocks=2)),
+    # per-channel 8-bit weights (their column scale), K padded 1000 -> 1024
+    ("w8a8-int8", 1000, dict(warpgroups=2)),
+])
+def test_fake_quantize_x_launches_interpret(name, k, cfg):
+  """The in-kernel quantization on other launches and weights: bit for bit the same launch
+  on the pre-pass route's values."""
+  spec = GPU_SPECS[name]
+  q, x = make(spec, 3, k, 256, seed=5)
+  x = x.at[0, 3].set(-250.0)
+  view = wm.family_view(wm.prepare(q), wna16_mgpu.FAMILY)
+  config = wna16_mgpu.Config(8, stages=2, substeps=2, unpadded_rows=True, **cfg)
+  run = lambda x, **kw: wna16_mgpu.run(view, x, interpret=True, config=config, **kw)
+  y = run(x, fake_quantize_x=spec.act_format.name)
+  np.testing.assert_array_equal(np.asarray(y, np.float32),
+                                np.asarray(run(_prepass_values(x, spec)), np.float32))
   assert rel(y, reference.dense_reference(q, x)) <= TOL
 
 
@@ -715,9 +762,12 @@ def test_fake_quantize_x_errors():
   _, p, view, x = _view_and_x("w4a8-int8", 2, 512, 128, seed=1)
   with pytest.raises(ValueError, match="fake_quantize_x='fp8_e5m2': expected one of"):
     wna16_mgpu.run(view, x, interpret=True, fake_quantize_x="fp8_e5m2")
-  with pytest.raises(ValueError, match="bfloat16 / float16 x"):
+  with pytest.raises(ValueError, match="fake_quantize_x='int8': the kernel computes the row"):
+    wna16_mgpu.run(view, x, interpret=True, fake_quantize_x="int8",
+                   x_scale=jnp.ones((2,), jnp.float32))
+  with pytest.raises(ValueError, match="fake_quantize_x='int8': expected bfloat16 / float16"):
     wna16_mgpu.run(view, x.astype(jnp.float32), interpret=True, fake_quantize_x="int8")
-  with pytest.raises(ValueError, match="multiple of 256 columns"):
+  with pytest.raises(ValueError, match="fake_quantize_x='int8': the x tile .* multiple of 256"):
     wna16_mgpu.run(view, x, interpret=True, fake_quantize_x="int8",
                    config=wna16_mgpu.Config(8, stages=2, substeps=1, warpgroups=1))
   with pytest.raises(ValueError, match="warpgroups split K only"):
@@ -737,6 +787,10 @@ def test_decode_route_quantizes_x_in_the_kernel(monkeypatch):
   q, p, view, x = _view_and_x("w4a8-int8", 1, 1024, 192, seed=3)
   assert wm.quantizes_x_in_kernel(p, view, x, interpret=False)
   assert not wm.quantizes_x_in_kernel(p, view, x, interpret=True)
+  assert not wm.quantizes_x_in_kernel(p, view, jnp.zeros((2, 1024), x.dtype))  # one token
+  # forced on: the spec and launch checks still win
+  monkeypatch.setenv("HUMMING_JAX_DECODE_QUANTIZE_X", "1")
+  assert wm.quantizes_x_in_kernel(p, view, jnp.zeros((2, 1024), x.dtype), interpret=True)
   assert not wm.quantizes_x_in_kernel(p, view, jnp.zeros((600, 1024), x.dtype))  # XLA's GEMM
   e5m2, _ = make(GPU_SPECS["w4a8-e5m2act"], 1, 1024, 128)
   pe = wm.prepare(e5m2)
@@ -748,6 +802,7 @@ def test_decode_route_quantizes_x_in_the_kernel(monkeypatch):
   odd = wm.prepare(make(GPU_SPECS["w4a8-int8"], 1, 1152, 128)[0])  # 9 K tiles of 128
   assert not wm.quantizes_x_in_kernel(odd, wm.family_view(odd, wna16_mgpu.FAMILY),
                                       jnp.zeros((1, 1152), x.dtype))
+  monkeypatch.delenv("HUMMING_JAX_DECODE_QUANTIZE_X")
   calls, real = [], wna16_mgpu.run
   monkeypatch.setattr(wna16_mgpu, "run", lambda *a, **kw: (
       calls.append(kw.get("fake_quantize_x")), real(*a, **kw))[1])
@@ -776,6 +831,43 @@ def test_shared_memory_estimate_with_fake_quantize_x(monkeypatch):
   est = wna16_mgpu.smem_bytes(8, 8, 2, 128, 4, False, 2, 4, False, 1, False,
                               x_codes=True, code_tiles=False, x_row_view_k=8192)
   assert 0 <= est - count < 2048, (est, count)
+
+
+# The H100's decode launch (mma.sync, one 8-row tile; session 56) takes the in-kernel
+# quantization with two K tiles per step (its 256-column x tiles); the interpreter runs the
+# WGMMA form, so this launch is checked by lowering here and on the GPU below.
+MMA_SYNC_CONFIG = wna16_mgpu.Config(8, stages=4, substeps=2, warpgroups=4, unpadded_rows=True,
+                                    mma_sync=True)
+
+
+@pytest.mark.parametrize("name", ["w4a8-int8", "w4a8-mxfp4"])
+def test_fake_quantize_x_mma_sync_lowers_for_h200(name):
+  from test_cuda_lowering import lower_for_h200
+  spec = GPU_SPECS[name]
+  q = jax.eval_shape(lambda w: hj.quantize(w, spec), jax.ShapeDtypeStruct((8192, 8192),
+                                                                         jnp.float32))
+  view = jax.eval_shape(lambda q: wm.family_view(wm.prepare(q), wna16_mgpu.FAMILY), q)
+  x = jax.ShapeDtypeStruct((1, 8192), jnp.bfloat16)
+  text = lower_for_h200(lambda v, x: wna16_mgpu.run(
+      v, x, config=MMA_SYNC_CONFIG, fake_quantize_x=FAKE_X[name]), view, x)
+  assert "mosaic_gpu" in text
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["w4a8-int8", "w4a8-mxfp4"])
+def test_fake_quantize_x_mma_sync_gpu(name):
+  """The mma.sync launch with the in-kernel quantization against the same launch on XLA's
+  fake-quantized x (the reference's values) and against the reference."""
+  q, x = make(GPU_SPECS[name], 1, 8192, 8192, seed=12)
+  view = jax.jit(lambda q: wm.family_view(wm.prepare(q), wna16_mgpu.FAMILY))(q)
+  run = jax.jit(lambda v, x, fq: wna16_mgpu.run(v, x, config=MMA_SYNC_CONFIG,
+                                                fake_quantize_x=fq), static_argnums=2)
+  y = run(view, x, FAKE_X[name])
+  y_xla = run(view, jax.jit(lambda x: _prepass_values(x, q.spec))(x), None)
+  e_ref, e_same = rel(y, jax.jit(reference.dense_reference)(q, x)), rel(y, y_xla)
+  print(f"{name} M=1 mma.sync, x quantized in the kernel: rel err vs reference {e_ref:.2e}, "
+        f"vs XLA's values on the same launch {e_same:.2e}")
+  assert e_ref <= TOL and e_same <= 1e-3
 
 
 @pytest.mark.gpu

@@ -661,7 +661,7 @@ def round_to_e4m3(t: jax.Array) -> jax.Array:
   in integer and float32 arithmetic alone (elementwise: any register layout; no fp8 type
   in the kernel).  Normals keep 3 mantissa bits (the float's bits rounded at bit 20),
   subnormals are whole multiples of 2**-9 (round_half_even of t * 2**9), zeros keep t's
-  sign.  NaN stays NaN."""
+  sign, NaN stays NaN."""
   bits = jax.lax.bitcast_convert_type(t, jnp.int32)
   normal = jax.lax.bitcast_convert_type(
       (bits + 0x7FFFF + ((bits >> 20) & 1)) & jnp.int32(-(1 << 20)), jnp.float32)
@@ -670,7 +670,8 @@ def round_to_e4m3(t: jax.Array) -> jax.Array:
   sub = jax.lax.bitcast_convert_type(  # t's sign on a zero too (-0, as the convert gives)
       jax.lax.bitcast_convert_type(sub, jnp.int32) | (bits & jnp.int32(-(1 << 31))),
       jnp.float32)
-  return jnp.where(jnp.abs(t) < _E4M3_MIN_NORMAL, sub, normal)
+  out = jnp.where(jnp.abs(t) < _E4M3_MIN_NORMAL, sub, normal)
+  return jnp.where(t != t, t, out)  # (rounding a NaN's bits can carry it to +-0 or inf)
 
 
 def fp8_to_float(codes, dtype):

@@ -659,8 +659,19 @@ def quantizes_x_in_kernel(spec: QuantSpec, kp: int,
   per-token int8 or fp8 e4m3 with float32 scales, x tiles of 256 columns (the padded K a
   multiple of 256, pipeline steps of a multiple of 256 columns), the warpgroups
   splitting K."""
-  return (act_prepass.supports(spec) and spec.act_format.name in ("int8", "fp8_e4m3")
+  return (wna16_mgpu.in_kernel_act_format(spec) is not None
           and wna16_mgpu.quantize_x_fits(kp, config))
+
+
+def decode_quantizes_x(m: int, kp: int, interpret: bool) -> bool:
+  """The decode routes' default for quantizing activations inside the kernel (W8A8's
+  ``quantize_x``, W4A8's ``fake_quantize_x`` on ``wnam_mgpu``), where the spec and launch
+  allow it: HUMMING_JAX_DECODE_QUANTIZE_X if set, else on the GPU up to
+  :data:`DECODE_QUANTIZE_X_MAX_M` rows and padded K up to ``wna16_mgpu.ROW_VIEW_MAX_K``
+  (the one-token form reads the row whole)."""
+  return tuning.env_flag("HUMMING_JAX_DECODE_QUANTIZE_X",
+                         not interpret and m <= DECODE_QUANTIZE_X_MAX_M
+                         and kp <= wna16_mgpu.ROW_VIEW_MAX_K)
 
 
 def _decode_carrier(spec: QuantSpec):
@@ -720,9 +731,7 @@ def run_decode_mgpu(params: QuantizedWeight, x: jax.Array, *, interpret: bool = 
   # quantize: three launches).  K padded: XLA's (its pad is in the same pass).
   codes_dtype = _decode_carrier(spec) if mma8 else x.dtype  # (= params.codes.dtype)
   if quantize_x is None:
-    quantize_x = tuning.env_flag(  # (the one-token form reads the row whole: its K bound)
-        "HUMMING_JAX_DECODE_QUANTIZE_X",
-        not interpret and m <= DECODE_QUANTIZE_X_MAX_M and kp <= wna16_mgpu.ROW_VIEW_MAX_K)
+    quantize_x = decode_quantizes_x(m, kp, interpret)
   col = wna16._decode_scale_row(params.scales, spec)  # (1, Np) float32
   if (s2 := _global_scale(params)) is not None:
     col = col * s2

@@ -740,9 +740,11 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
   x, dense launches whose warpgroups split K): each x row quantized per token to that
   format and dequantized inside the kernel -- the same scale and codes as ``quantize_x``,
   then code x scale in float32 rounded once to x's dtype, written over the x tile in
-  shared memory before its product: the values of ``act_prepass.fake_quantize_rows`` (what
-  W4A8 / W8A8 specs multiply on this route, ``wnam_mgpu``) without its launch.  No row
-  scale in the epilogue (the values carry it)."""
+  shared memory before its product: the values of the reference's
+  ``fake_quantize_activations`` rounded to x's dtype (what W4A8 specs multiply on this
+  route, ``wnam_mgpu``; its Pallas pre-pass divides by the scale and may land a code step
+  apart in rare ties) without a pre-pass launch.  No row scale in the epilogue (the
+  values carry it)."""
   spec = params.spec
   grouped = tiles is not None
   if not grouped and registry.layout_family(params.layout) != FAMILY:
@@ -770,16 +772,19 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
     raise ValueError(f"quantize_x=True: needs the direct int8 / e4m3 layout (codes "
                      f"{params.codes.dtype}, {params.codes.ndim}-D), bfloat16 / float16 x "
                      f"(got {x.dtype}) and no x_scale (the kernel computes it)")
-  if fake_quantize_x is not None and (
-      quantize_x or fake_quantize_x not in ACT_FORMATS.values() or direct or grouped
-      or x_scale is not None or x.dtype not in (jnp.bfloat16, jnp.float16)
-      or fp8_mma(params.layout)):
-    raise ValueError(f"fake_quantize_x={fake_quantize_x!r}: expected one of "
-                     f"{sorted(ACT_FORMATS.values())} with dense params of the 16-bit route "
-                     f"(layout {params.layout!r}: not the direct 8-bit or fp8-MMA ones), "
-                     f"bfloat16 / float16 x (got {x.dtype}), no x_scale and not quantize_x"
-                     f"{' (got grouped tiles)' if grouped else ''}")
   fake_x = fake_quantize_x is not None
+  if fake_x:
+    what = f"fake_quantize_x={fake_quantize_x!r}"
+    if fake_quantize_x not in ACT_FORMATS.values():
+      raise ValueError(f"{what}: expected one of {sorted(ACT_FORMATS.values())}")
+    if quantize_x or x_scale is not None:
+      raise ValueError(f"{what}: the kernel computes the row scales; expected quantize_x="
+                       f"False and no x_scale")
+    if direct or grouped or fp8_mma(params.layout):
+      raise ValueError(f"{what}: expected dense params of the 16-bit route; got layout "
+                       f"{params.layout!r}{' (grouped tiles)' if grouped else ''}")
+    if x.dtype not in (jnp.bfloat16, jnp.float16):
+      raise ValueError(f"{what}: expected bfloat16 / float16 x; got {x.dtype}")
   in_kernel_x = quantize_x or fake_x  # the amax pass and per-tile conversion of x
   act_fmt = (get_format(fake_quantize_x) if fake_x
              else get_format(ACT_FORMATS[jnp.dtype(params.codes.dtype)]) if quantize_x
@@ -933,9 +938,10 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
                      f"only (block_m <= 32, no cluster, not the 8-bit or fp8-MMA layouts, not "
                      f"zero_point_mma); got block_m={block_m}, {config}, layout "
                      f"{params.layout!r}, x {x.dtype}, grouped={grouped}")
-  # quantize_x at one token: the row also as (Kp / 256, 256) (a free reshape), so each
-  # warpgroup's share of it is one TMA into its own buffer, in flight beside the first
-  # stages (rather than chunk by chunk through its x slots before they are filled)
+  # quantize_x / fake_quantize_x at one token: the row also as (Kp / 256, 256) (a free
+  # reshape), so each warpgroup's share of it is one TMA into its own buffer, in flight
+  # beside the first stages (rather than chunk by chunk through its x slots before they
+  # are filled)
   row_view = in_kernel_x and rows == 1 and sub * bk == 256 and kp <= ROW_VIEW_MAX_K
   operands = (([tiles.sched] if grouped else []) + [xp]
               + ([xp.reshape(kp // 256, 256)] if row_view else []) + ([xs] if xs_in else [])
@@ -964,12 +970,13 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
   # Warpgroups split K (each streams steps_w of the steps into its own buffers) or, with
   # share_x, N (each its own 64 columns over every step, one x tile shared in SMEM).
   share_x = config.split_warpgroups == "n"
+  in_kernel_what = (f"fake_quantize_x={fake_quantize_x!r}" if fake_x else "quantize_x=True")
   if in_kernel_x and (sub * bk) % QUANTIZE_X_COLS:
-    raise ValueError(f"{'fake_' * fake_x}quantize_x: the x tile of a pipeline step (substeps {sub} x "
+    raise ValueError(f"{in_kernel_what}: the x tile of a pipeline step (substeps {sub} x "
                      f"{bk} columns) must be a multiple of {QUANTIZE_X_COLS} columns; got "
                      f"{sub * bk}")
   if in_kernel_x and (grouped or share_x):
-    raise ValueError(f"{'fake_' * fake_x}quantize_x: dense launches whose warpgroups split K only (each "
+    raise ValueError(f"{in_kernel_what}: dense launches whose warpgroups split K only (each "
                      f"converts its own x tiles); got split_warpgroups="
                      f"{config.split_warpgroups!r}{', grouped tiles' if grouped else ''}")
   splits = np_ // BLOCK_N if share_x else steps  # what the warpgroups divide
@@ -1242,7 +1249,7 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
         plgpu.wgmma_wait(0)  # the slot may be refilled next
         return total
 
-      x_rows_inv = None  # quantize_x: 1 / the (block_m,) row scales, _X_ROWS-reduced (start)
+      x_rows_inv = None  # in-kernel x: 1 / the (block_m,) row scales, _X_ROWS-reduced
       x_rows_s = None  # fake_quantize_x: the row scales themselves (same layout)
 
       per_wg = k_steps // wgs  # quantize_x: each warpgroup's chunks of 256 columns
@@ -1681,9 +1688,9 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
 
 
 DIRECT_BLOCK_K = 128  # K per tile of the direct (Np, Kp) int8 layout (128-byte rows)
-# run(quantize_x=True): each pipeline step's x tile is a whole number of these columns (the
-# row layout _X_ROWS that quantizes it); run takes two K tiles per step for a config it
-# resolves itself.
+# run(quantize_x=True / fake_quantize_x): each pipeline step's x tile is a whole number of
+# these columns (the row layout _X_ROWS that quantizes it); run takes 256 // bk K tiles per
+# step for a config it resolves itself.
 QUANTIZE_X_COLS = 256
 
 
@@ -1695,6 +1702,17 @@ def quantize_x_fits(kp: int, config: Config | None = None) -> bool:
   sub = divisor(want, kp // DIRECT_BLOCK_K)
   return ((sub * DIRECT_BLOCK_K) % QUANTIZE_X_COLS == 0
           and (config is None or config.split_warpgroups != "n"))
+
+
+def in_kernel_act_format(spec) -> str | None:
+  """The activation format :func:`run` can quantize inside the kernel for ``spec``
+  (``quantize_x`` / ``fake_quantize_x``: dynamic per-token int8 or fp8 e4m3 with float32
+  scales), else None."""
+  if act_prepass.supports(spec) and spec.act_format.name in ACT_FORMATS.values():
+    return spec.act_format.name
+  return None
+
+
 def fake_quantize_x_fits(params: QuantizedWeight, config: Config | None = None,
                          rows: int = 1) -> bool:
   """Whether ``run(params, x, fake_quantize_x=...)`` takes these dense params of the
@@ -1711,8 +1729,9 @@ def fake_quantize_x_fits(params: QuantizedWeight, config: Config | None = None,
           and resolved.split_warpgroups != "n" and rows < resolved.dequant_gemm_min_m)
 
 
-# run(quantize_x=True) at one token reads the row as (Kp / 256, 256) into shared memory
-# (2 Kp bytes) up to this K (timed to 14336, session 55); wider rows are streamed.
+# run(quantize_x=True / fake_quantize_x) at one token reads the row as (Kp / 256, 256) into
+# shared memory (2 Kp bytes) up to this K (timed to 14336, session 55); wider rows are
+# streamed.
 ROW_VIEW_MAX_K = 16384
 
 

@@ -201,23 +201,21 @@ def quantizes_x_in_kernel(params: QuantizedWeight, view: QuantizedWeight, x: jax
                           interpret: bool = False,
                           config: wna16_mgpu.Config | None = None) -> bool:
   """Whether the decode route quantizes its activations inside the WnA16 kernel
-  (``wna16_mgpu.run``'s ``fake_quantize_x``: the values of :func:`decode_activations`'
-  pre-pass without its launch): dynamic per-token int8 / fp8 e4m3 specs with float32
-  scales, bfloat16 / float16 x, the decode kernel with pipeline steps of whole 256-column
-  x tiles (``wna16_mgpu.fake_quantize_x_fits``).  Default on the GPU up to
-  ``w8a8.DECODE_QUANTIZE_X_MAX_M`` rows and K up to ``wna16_mgpu.ROW_VIEW_MAX_K`` (W8A8's
-  rule, session 55: one token reads its row in one TMA per warpgroup beside the first
-  stages); HUMMING_JAX_DECODE_QUANTIZE_X=1 / 0 forces it on (any M the kernel takes) or
-  off.  The interpreter keeps the pre-pass unless forced, as for W8A8."""
-  spec = params.spec
-  m, k = x.shape
-  if not (act_prepass.supports(spec) and spec.act_format.name in ("int8", "fp8_e4m3")
+  (``wna16_mgpu.run``'s ``fake_quantize_x``: the values of the reference's
+  ``fake_quantize_activations`` rounded to x.dtype, which :func:`decode_activations` gives
+  too -- its Pallas pre-pass divides by the scale where XLA and the kernel multiply by its
+  reciprocal, a code step apart in rare ties -- without a pre-pass launch): dynamic
+  per-token int8 / fp8 e4m3 specs with float32 scales (``wna16_mgpu.in_kernel_act_format``),
+  bfloat16 / float16 x, the decode kernel with pipeline steps of whole 256-column x tiles
+  (``wna16_mgpu.fake_quantize_x_fits``), and W8A8's default (``w8a8.decode_quantizes_x``:
+  on the GPU at one token, session 55; HUMMING_JAX_DECODE_QUANTIZE_X=1 / 0 forces it on
+  or off; the interpreter keeps the pre-pass unless forced)."""
+  m = x.shape[0]
+  fits = (wna16_mgpu.in_kernel_act_format(params.spec) is not None
           and x.dtype in (jnp.bfloat16, jnp.float16)
-          and wna16_mgpu.fake_quantize_x_fits(view, config, rows=m)):
-    return False
-  return tuning.env_flag("HUMMING_JAX_DECODE_QUANTIZE_X",
-                         not interpret and m <= w8a8.DECODE_QUANTIZE_X_MAX_M
-                         and k <= wna16_mgpu.ROW_VIEW_MAX_K)
+          and wna16_mgpu.fake_quantize_x_fits(view, config, rows=m))
+  k_tiles, _, bk = view.codes.shape if fits else (0, 0, 0)  # (the padded K below)
+  return fits and w8a8.decode_quantizes_x(m, k_tiles * bk, interpret)
 
 
 def decode_activations(x: jax.Array, params: QuantizedWeight, *,
