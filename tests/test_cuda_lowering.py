@@ -295,8 +295,9 @@ def test_act_prepass_lowers_for_h200(name, k):
 @pytest.mark.parametrize("m,k", [(1, 8192), (16, 14336)])
 def test_decode_fake_quant_lowers_for_h200(name, m, k):
   """The W4A8 decode's one-launch fake quantization (act_prepass.fake_quantize_rows), alone
-  and in front of the WnA16 kernel on wnam_mgpu's decode route at 16 rows; at one token
-  the route's kernel quantizes x itself (wna16_mgpu.run's fake_quantize_x): no pre-pass."""
+  and in front of the WnA16 kernel on wnam_mgpu's decode route (the default); with
+  wnam_mgpu.FAKE_QUANTIZE_X_BY_DEFAULT the kernel quantizes x itself at one token
+  (wna16_mgpu.run's fake_quantize_x): no pre-pass."""
   from humming_jax.kernels import act_prepass, w8a8, wnam_mgpu
   spec = hj.QuantSpec.preset(name)
   x = jax.ShapeDtypeStruct((m, k), jnp.bfloat16)
@@ -304,7 +305,7 @@ def test_decode_fake_quant_lowers_for_h200(name, m, k):
   assert f"act_fake_quant_{spec.act_format.name}" in text
   p = abstract_params(name, (k, 4096), kernel=wnam_mgpu.FAMILY)
   text = lower_for_h200(wnam_mgpu.run, p, x)
-  in_kernel = m <= w8a8.DECODE_QUANTIZE_X_MAX_M
+  in_kernel = wnam_mgpu.FAKE_QUANTIZE_X_BY_DEFAULT and m <= w8a8.DECODE_QUANTIZE_X_MAX_M
   assert (f"act_fake_quant_{spec.act_format.name}" in text) != in_kernel
   assert "mosaic_gpu" in text
 

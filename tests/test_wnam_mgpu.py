@@ -780,14 +780,18 @@ def test_fake_quantize_x_errors():
 
 
 def test_decode_route_quantizes_x_in_the_kernel(monkeypatch):
-  """wnam_mgpu.run at one token: the in-kernel quantization where it applies (on the GPU
-  by default; the interpreter keeps the pre-pass unless HUMMING_JAX_DECODE_QUANTIZE_X=1),
-  the same output as the pre-pass route; e5m2 activations, static scales, an odd K-tile
-  count and M >= dequant_gemm_min_m keep the pre-pass."""
+  """wnam_mgpu.run at one token: the in-kernel quantization where it applies and
+  HUMMING_JAX_DECODE_QUANTIZE_X=1 asks for it (off by default: slower on the H200,
+  FAKE_QUANTIZE_X_BY_DEFAULT), the same output as the pre-pass route; e5m2 activations,
+  static scales, an odd K-tile count and M >= dequant_gemm_min_m keep the pre-pass.  With
+  the default on, W8A8's rule (the GPU, one token)."""
   q, p, view, x = _view_and_x("w4a8-int8", 1, 1024, 192, seed=3)
+  assert not wm.quantizes_x_in_kernel(p, view, x, interpret=False)  # the default
+  monkeypatch.setattr(wm, "FAKE_QUANTIZE_X_BY_DEFAULT", True)
   assert wm.quantizes_x_in_kernel(p, view, x, interpret=False)
   assert not wm.quantizes_x_in_kernel(p, view, x, interpret=True)
   assert not wm.quantizes_x_in_kernel(p, view, jnp.zeros((2, 1024), x.dtype))  # one token
+  monkeypatch.setattr(wm, "FAKE_QUANTIZE_X_BY_DEFAULT", False)
   # forced on: the spec and launch checks still win
   monkeypatch.setenv("HUMMING_JAX_DECODE_QUANTIZE_X", "1")
   assert wm.quantizes_x_in_kernel(p, view, jnp.zeros((2, 1024), x.dtype), interpret=True)
@@ -874,12 +878,13 @@ def test_fake_quantize_x_mma_sync_gpu(name):
 @pytest.mark.parametrize("k,n", [(8192, 8192), (14336, 4096)])
 @pytest.mark.parametrize("name", sorted(FAKE_X))
 def test_fake_quantize_x_gpu(name, k, n, monkeypatch):
-  """The one-token W4A8 decode with the activations quantized in the kernel (the GPU
-  default): against the reference, and against the pre-pass route (its Pallas launch
-  divides by the scale where XLA and the kernel multiply by its reciprocal: a code step
-  apart in rare ties)."""
+  """The one-token W4A8 decode with the activations quantized in the kernel
+  (HUMMING_JAX_DECODE_QUANTIZE_X=1): against the reference, and against the pre-pass
+  route (its Pallas launch divides by the scale where XLA and the kernel multiply by its
+  reciprocal: a code step apart in rare ties; H200 session 58: bit-equal at these shapes)."""
   q, x = make(GPU_SPECS[name], 1, k, n, seed=11)
   p = jax.jit(wm.prepare)(q)
+  monkeypatch.setenv("HUMMING_JAX_DECODE_QUANTIZE_X", "1")
   calls, real = [], wna16_mgpu.run
   monkeypatch.setattr(wna16_mgpu, "run", lambda *a, **kw: (
       calls.append(kw.get("fake_quantize_x")), real(*a, **kw))[1])

@@ -197,6 +197,18 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
                         interpret=interpret, config=config)
 
 
+# The W4A8 decode keeps its pre-pass launch by default.  H200 session 58 (probe_w4a8_decode
+# --variants qx1,qx0: CUPTI kernels per layer, one process, M = 1), activations quantized
+# in the kernel against the pre-pass + GEMM: 8192^2 int4 x int8 17.22 against 15.78 (13.98
+# + 1.80), int4 x e4m3 21.39 against 15.74, MXFP4 x e4m3 24.67 against 18.97; 14336 -> 4096
+# int4 x int8 16.43 against 16.55.  The issue-bound decode loop converts each step's whole
+# 8-row x tile (one real row at one token): +3.2 us of kernel (int8) to +7.4 (e4m3's
+# integer rounding) at 8192^2, where the pre-pass costs 1.8.  (W8A8's quantize_x converts
+# to 8-bit codes for its 8-bit WGMMA, with no per-weight conversion beside it: a win there,
+# session 55.)  HUMMING_JAX_DECODE_QUANTIZE_X=1 turns it on (W8A8's too).
+FAKE_QUANTIZE_X_BY_DEFAULT = False
+
+
 def quantizes_x_in_kernel(params: QuantizedWeight, view: QuantizedWeight, x: jax.Array, *,
                           interpret: bool = False,
                           config: wna16_mgpu.Config | None = None) -> bool:
@@ -207,15 +219,19 @@ def quantizes_x_in_kernel(params: QuantizedWeight, view: QuantizedWeight, x: jax
   reciprocal, a code step apart in rare ties -- without a pre-pass launch): dynamic
   per-token int8 / fp8 e4m3 specs with float32 scales (``wna16_mgpu.in_kernel_act_format``),
   bfloat16 / float16 x, the decode kernel with pipeline steps of whole 256-column x tiles
-  (``wna16_mgpu.fake_quantize_x_fits``), and W8A8's default (``w8a8.decode_quantizes_x``:
-  on the GPU at one token, session 55; HUMMING_JAX_DECODE_QUANTIZE_X=1 / 0 forces it on
-  or off; the interpreter keeps the pre-pass unless forced)."""
+  (``wna16_mgpu.fake_quantize_x_fits``); off unless HUMMING_JAX_DECODE_QUANTIZE_X=1
+  (:data:`FAKE_QUANTIZE_X_BY_DEFAULT`: slower at 8192^2 on the H200; with it True, W8A8's
+  default, ``w8a8.decode_quantizes_x``)."""
   m = x.shape[0]
   fits = (wna16_mgpu.in_kernel_act_format(params.spec) is not None
           and x.dtype in (jnp.bfloat16, jnp.float16)
           and wna16_mgpu.fake_quantize_x_fits(view, config, rows=m))
-  k_tiles, _, bk = view.codes.shape if fits else (0, 0, 0)  # (the padded K below)
-  return fits and w8a8.decode_quantizes_x(m, k_tiles * bk, interpret)
+  if not fits:
+    return False
+  if not FAKE_QUANTIZE_X_BY_DEFAULT:
+    return bool(tuning.env_flag("HUMMING_JAX_DECODE_QUANTIZE_X", False))
+  k_tiles, _, bk = view.codes.shape  # (the padded K)
+  return w8a8.decode_quantizes_x(m, k_tiles * bk, interpret)
 
 
 def decode_activations(x: jax.Array, params: QuantizedWeight, *,
