@@ -1,4 +1,14 @@
 #!/usr/bin/env bash
+# Session 58 (2026-12-06): three calls (an H100, an H200, an H100; ~8 asks found none).
+# Found: the W4A8 decode quantizing its activations inside the WnA16 kernel is bit-equal
+# but slower on the H200 (8192^2 int4 x int8 17.22 vs 15.78, MXFP4 x e4m3 24.67 vs 18.97):
+# opt-in only (wnam_mgpu.FAKE_QUANTIZE_X_BY_DEFAULT).  Session 57's grouped rule GPU-tested
+# on an H100 (31 passed); its bound 16 best on the H100 at DeepSeek-V3 16 tokens.  First
+# in the next device session, on an H200 (carry [".whl"]):
+#   gpu_session55.sh h8 (W8A8 M = 1 against <= 20 on the H200: only H100 numbers since
+#   session 55's in-kernel quantization), gpu_session58.sh p58 (the carried A16 formats'
+#   >= 2.2 TB/s on the H200), T58K=mma_sync_gpu gpu_session58.sh t58 (the opt-in kernel
+#   form on the mma.sync launch, never GPU-run), then session 57's l57 / g57 below.
 # Session 57 (2026-12-06): four calls, all on one H200 (benchmarks/results/2026-12-06-
 # session57; sessions/gpu_session57.sh t57 g57, then inline ms2 / l57 / g57 / profile_mgpu).
 # Found: session 56's dense decode rule loses on the H200 (int4 14.6-14.7 -> 15.0-15.2,
