@@ -661,8 +661,9 @@ def _view_and_x(name, m, k, n, seed, dtype=jnp.bfloat16):
   return q, p, wm.family_view(p, wna16_mgpu.FAMILY), x
 
 
-def _prepass_values(x, spec):
-  """What the pre-pass route multiplies: the spec's activations, rounded to x.dtype."""
+def _xla_fake_quantized(x, spec):
+  """XLA's fake quantization (the reference's), rounded to x.dtype: what the pre-pass route
+  multiplies in the interpreter."""
   from humming_jax.quantize import fake_quantize_activations
   return fake_quantize_activations(x, spec).astype(x.dtype)
 
@@ -705,7 +706,7 @@ def test_fake_quantize_x_interpret(name, m, k, cfg):
   run = lambda x, **kw: jax.jit(lambda v, x: wna16_mgpu.run(
       v, x, interpret=True, config=config, **kw))(view, x)
   y = run(x, fake_quantize_x=FAKE_X[name])
-  want = run(_prepass_values(x, p.spec))
+  want = run(_xla_fake_quantized(x, p.spec))
   assert y.dtype == x.dtype and y.shape == (m, 128)
   np.testing.assert_array_equal(np.asarray(y, np.float32), np.asarray(want, np.float32))
   assert not np.array_equal(np.asarray(y, np.float32), np.asarray(run(x), np.float32))
@@ -732,7 +733,7 @@ def test_fake_quantize_x_launches_interpret(name, k, cfg):
   run = lambda x, **kw: wna16_mgpu.run(view, x, interpret=True, config=config, **kw)
   y = run(x, fake_quantize_x=spec.act_format.name)
   np.testing.assert_array_equal(np.asarray(y, np.float32),
-                                np.asarray(run(_prepass_values(x, spec)), np.float32))
+                                np.asarray(run(_xla_fake_quantized(x, spec)), np.float32))
   assert rel(y, reference.dense_reference(q, x)) <= TOL
 
 
@@ -747,11 +748,11 @@ def test_fake_quantize_x_nan_zero_rows_and_fp16():
     y = run(x)
     np.testing.assert_array_equal(
         np.asarray(y, np.float32),
-        np.asarray(wna16_mgpu.run(view, _prepass_values(x, p.spec), interpret=True,
+        np.asarray(wna16_mgpu.run(view, _xla_fake_quantized(x, p.spec), interpret=True,
                                   config=config), np.float32))
     x_bad = x.at[1, 9].set(jnp.inf).at[2].set(0)
     bad = np.asarray(run(x_bad), np.float32)
-    want = np.asarray(wna16_mgpu.run(view, _prepass_values(x_bad, p.spec), interpret=True,
+    want = np.asarray(wna16_mgpu.run(view, _xla_fake_quantized(x_bad, p.spec), interpret=True,
                                      config=config), np.float32)
     assert np.isnan(bad[1]).all() and not np.isnan(bad[[0, 2, 3]]).any()
     np.testing.assert_array_equal(bad[[0, 2, 3]], want[[0, 2, 3]])  # (row 2: the bias)
@@ -867,7 +868,7 @@ def test_fake_quantize_x_mma_sync_gpu(name):
   run = jax.jit(lambda v, x, fq: wna16_mgpu.run(v, x, config=MMA_SYNC_CONFIG,
                                                 fake_quantize_x=fq), static_argnums=2)
   y = run(view, x, FAKE_X[name])
-  y_xla = run(view, jax.jit(lambda x: _prepass_values(x, q.spec))(x), None)
+  y_xla = run(view, jax.jit(lambda x: _xla_fake_quantized(x, q.spec))(x), None)
   e_ref, e_same = rel(y, jax.jit(reference.dense_reference)(q, x)), rel(y, y_xla)
   print(f"{name} M=1 mma.sync, x quantized in the kernel: rel err vs reference {e_ref:.2e}, "
         f"vs XLA's values on the same launch {e_same:.2e}")

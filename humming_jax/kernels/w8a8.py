@@ -663,14 +663,14 @@ def quantizes_x_in_kernel(spec: QuantSpec, kp: int,
           and wna16_mgpu.quantize_x_fits(kp, config))
 
 
-def decode_quantizes_x(m: int, kp: int, interpret: bool) -> bool:
-  """The decode routes' default for quantizing activations inside the kernel (W8A8's
+def decode_quantizes_x(m: int, kp: int, interpret: bool, *, by_default: bool = True) -> bool:
+  """The decode routes' choice of quantizing activations inside the kernel (W8A8's
   ``quantize_x``, W4A8's ``fake_quantize_x`` on ``wnam_mgpu``), where the spec and launch
-  allow it: HUMMING_JAX_DECODE_QUANTIZE_X if set, else on the GPU up to
-  :data:`DECODE_QUANTIZE_X_MAX_M` rows and padded K up to ``wna16_mgpu.ROW_VIEW_MAX_K``
-  (the one-token form reads the row whole)."""
+  allow it: HUMMING_JAX_DECODE_QUANTIZE_X if set, else (``by_default``: the route's own
+  default) on the GPU up to :data:`DECODE_QUANTIZE_X_MAX_M` rows and padded K up to
+  ``wna16_mgpu.ROW_VIEW_MAX_K`` (the one-token form reads the row whole)."""
   return tuning.env_flag("HUMMING_JAX_DECODE_QUANTIZE_X",
-                         not interpret and m <= DECODE_QUANTIZE_X_MAX_M
+                         by_default and not interpret and m <= DECODE_QUANTIZE_X_MAX_M
                          and kp <= wna16_mgpu.ROW_VIEW_MAX_K)
 
 

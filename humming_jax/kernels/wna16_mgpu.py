@@ -823,9 +823,9 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
                      f"{params.fold_base.dtype}{list(params.fold_base.shape)}")
   explicit = config is not None  # checked as given; cached / heuristic ones adapt
   config = config or default_config(params, m)
-  if in_kernel_x and not explicit and config.substeps * bk < QUANTIZE_X_COLS:
-    # its x tiles: 256 columns
-    config = dataclasses.replace(config, substeps=max(1, QUANTIZE_X_COLS // bk))
+  if in_kernel_x:  # its x tiles: 256 columns
+    config = dataclasses.replace(
+        config, substeps=in_kernel_x_substeps(config.substeps, bk, explicit))
   permuted = k_permuted(params.layout)
   if fp8:  # its own route (fp8_tiles below); none of the 16-bit conversion flags
     config = dataclasses.replace(config, scale_after_mma=False, zero_point_mma=False,
@@ -1325,10 +1325,13 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
             jnp.zeros((block_m, sub * bk), jnp.float32), _X_ROWS))
         return jnp.max(amax, axis=1)
 
-      def quantized_x(x_smem):  # this slot's x tile -> 8-bit codes in this warpgroup's tile
+      def saturated_x(x_smem):  # this slot's x tile over its row scales, saturated
         v = plgpu.load(x_smem, layout=_X_ROWS).astype(jnp.float32)
-        v = v * lax.broadcast_in_dim(x_rows_inv, v.shape, [0])
-        t = jnp.clip(v, act_fmt.min_value, act_fmt.max_value)  # saturated
+        return jnp.clip(v * lax.broadcast_in_dim(x_rows_inv, v.shape, [0]),
+                        act_fmt.min_value, act_fmt.max_value)
+
+      def quantized_x(x_smem):  # this slot's x tile -> 8-bit codes in this warpgroup's tile
+        t = saturated_x(x_smem)
         if mma8_int:  # round half to even by the float's bits (act_prepass's form)
           q = act_prepass.round_half_even(t).astype(jnp.int8)
         else:  # e4m3: one round-to-nearest-even convert (Hopper's cvt)
@@ -1339,12 +1342,10 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
 
       def fake_quantized_x(x_smem):  # this slot's x tile -> code x scale, in place
         # (each thread stores exactly the values it loaded: no hazard between threads)
-        v = plgpu.load(x_smem, layout=_X_ROWS).astype(jnp.float32)
-        t = jnp.clip(v * lax.broadcast_in_dim(x_rows_inv, v.shape, [0]),
-                     act_fmt.min_value, act_fmt.max_value)  # saturated
+        t = saturated_x(x_smem)
         code = (act_prepass.round_half_even(t).astype(jnp.float32) if act_fmt.name == "int8"
                 else mgpu_convert.round_to_e4m3(t))
-        x_smem[...] = (code * lax.broadcast_in_dim(x_rows_s, v.shape, [0])
+        x_smem[...] = (code * lax.broadcast_in_dim(x_rows_s, t.shape, [0])
                        ).astype(x_smem.dtype)
         plgpu.commit_smem()  # generic-proxy stores -> the WGMMA's (and every warp's) reads
 
@@ -1704,6 +1705,14 @@ def quantize_x_fits(kp: int, config: Config | None = None) -> bool:
           and (config is None or config.split_warpgroups != "n"))
 
 
+def in_kernel_x_substeps(substeps: int, bk: int, explicit: bool) -> int:
+  """K tiles per pipeline step of a launch quantizing x in the kernel: an ``explicit``
+  config's as given (run checks them), else at least the 256-column x tiles' 256 // bk."""
+  if explicit or substeps * bk >= QUANTIZE_X_COLS:
+    return substeps
+  return max(1, QUANTIZE_X_COLS // bk)
+
+
 def in_kernel_act_format(spec) -> str | None:
   """The activation format :func:`run` can quantize inside the kernel for ``spec``
   (``quantize_x`` / ``fake_quantize_x``: dynamic per-token int8 or fp8 e4m3 with float32
@@ -1723,8 +1732,7 @@ def fake_quantize_x_fits(params: QuantizedWeight, config: Config | None = None,
     return False
   k_tiles, _, bk = params.codes.shape
   resolved = config or default_config(params, rows)
-  want = (resolved.substeps if config is not None
-          else max(resolved.substeps, QUANTIZE_X_COLS // bk, 1))
+  want = in_kernel_x_substeps(resolved.substeps, bk, config is not None)
   return ((divisor(want, k_tiles) * bk) % QUANTIZE_X_COLS == 0
           and resolved.split_warpgroups != "n" and rows < resolved.dequant_gemm_min_m)
 

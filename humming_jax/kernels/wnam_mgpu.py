@@ -221,17 +221,16 @@ def quantizes_x_in_kernel(params: QuantizedWeight, view: QuantizedWeight, x: jax
   bfloat16 / float16 x, the decode kernel with pipeline steps of whole 256-column x tiles
   (``wna16_mgpu.fake_quantize_x_fits``); off unless HUMMING_JAX_DECODE_QUANTIZE_X=1
   (:data:`FAKE_QUANTIZE_X_BY_DEFAULT`: slower at 8192^2 on the H200; with it True, W8A8's
-  default, ``w8a8.decode_quantizes_x``)."""
+  default; both through ``w8a8.decode_quantizes_x``)."""
   m = x.shape[0]
   fits = (wna16_mgpu.in_kernel_act_format(params.spec) is not None
           and x.dtype in (jnp.bfloat16, jnp.float16)
           and wna16_mgpu.fake_quantize_x_fits(view, config, rows=m))
   if not fits:
     return False
-  if not FAKE_QUANTIZE_X_BY_DEFAULT:
-    return bool(tuning.env_flag("HUMMING_JAX_DECODE_QUANTIZE_X", False))
   k_tiles, _, bk = view.codes.shape  # (the padded K)
-  return w8a8.decode_quantizes_x(m, k_tiles * bk, interpret)
+  return w8a8.decode_quantizes_x(m, k_tiles * bk, interpret,
+                                 by_default=FAKE_QUANTIZE_X_BY_DEFAULT)
 
 
 def decode_activations(x: jax.Array, params: QuantizedWeight, *,
