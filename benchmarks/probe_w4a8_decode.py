@@ -6,7 +6,10 @@ sum / 8), for each spec and M, beside the same weights as W4A16.  Environment va
 warps each (act_prepass.decode_splits; without w<W> the default warps: DECODE_WARPS at
 M <= 16 since session 53), one process.  ``--variants qx1,qx0``: the activations
 quantized inside the WnA16 kernel (HUMMING_JAX_DECODE_QUANTIZE_X=1, session 58) or by the
-pre-pass (=0), one process.  A16 presets in ``--specs`` time the same way (no pre-pass).
+pre-pass (=0), one process.  ``--variants qx1+rx1,qx1+rx0,qx0``: at one token the in-kernel
+quantization converts the row once per warpgroup (HUMMING_JAX_RESIDENT_X=1, session 59)
+or every x tile in the K loop (=0); W8A8 presets in ``--specs`` take it by default, W4A8
+with HUMMING_JAX_DECODE_QUANTIZE_X=1.  A16 presets in ``--specs`` time the same way (no pre-pass).
 
   PYTHONPATH=. python3 benchmarks/probe_w4a8_decode.py --specs w4a8-fp8,w4a8-mxfp4 --ms 1,16
 """
@@ -34,11 +37,14 @@ def main():
   ap.add_argument("--n", type=int, default=8192)
   ap.add_argument("--k", type=int, default=8192)
   ap.add_argument("--variants", default="",
-                  help="s<S>[w<W>],... (pre-pass splits / warps) or qx1,qx0 (in-kernel "
-                       "activation quantization on / off)")
+                  help="s<S>[w<W>],... (pre-pass splits / warps), qx1,qx0 (in-kernel "
+                       "activation quantization on / off), rx1,rx0 (its row converted "
+                       "once / per x tile); '+' joins several in one variant")
   args = ap.parse_args()
+  given = dict(os.environ)  # each variant starts from it
   env = {v: os.environ.get(v, "") for v in ("HUMMING_JAX_DECODE_PREPASS", "HUMMING_JAX_PERMUTE_K",
                                              "HUMMING_JAX_DECODE_QUANTIZE_X",
+                                             "HUMMING_JAX_RESIDENT_X",
                                              "HUMMING_JAX_PREPASS_SPLITS",
                                              "HUMMING_JAX_PREPASS_WARPS")}
   print("#", common.device_info(), env, flush=True)
@@ -53,11 +59,17 @@ def main():
             for i in range(LAYERS)]
       for variant in args.variants.split(",") if args.variants else [""]:
         if variant:  # (no --variants: the environment as given)
-          env = ({"HUMMING_JAX_DECODE_QUANTIZE_X": variant[2:]} if variant in ("qx1", "qx0")
-                 else common.prepass_variant_env(variant))
-          if env is None:
-            raise SystemExit(f"--variants: {variant!r} is not s<S>[w<W>], qx1 or qx0")
-          os.environ.update(env)
+          env = {}
+          for part in variant.split("+"):  # e.g. qx1+rx0
+            one = ({"HUMMING_JAX_DECODE_QUANTIZE_X": part[2:]} if part in ("qx1", "qx0")
+                   else {"HUMMING_JAX_RESIDENT_X": part[2:]} if part in ("rx1", "rx0")
+                   else common.prepass_variant_env(part))
+            if one is None:
+              raise SystemExit(f"--variants: {part!r} is not s<S>[w<W>], qx1, qx0, rx1 "
+                               f"or rx0")
+            env.update(one)
+          os.environ.clear()
+          os.environ.update({**given, **env})
         # a fresh function per variant: the switches are read while tracing
         fn = jax.jit(lambda ps, xs: [hj.quant_dense(p, x) for p, x in zip(ps, xs)])
         jax.block_until_ready(fn(ps, xs))

@@ -612,6 +612,9 @@ def _prepass_direct(codes, x, col, n, bias, **kw):
     # one token: the row view (each warpgroup's share of the row in one TMA)
     (1, 1024, 128, dict(stages=2, warpgroups=1)),
     (1, 2048, 128, dict(stages=2, warpgroups=2)),  # two warpgroups' maxima
+    # one token, grid split-K: a K split's steps read the other warpgroup's converted row
+    (1, 2048, 128, dict(stages=2, warpgroups=2, split_k=2)),
+    (1, 1024, 256, dict(stages=2, warpgroups=1, column_blocks=2)),  # the row, two blocks
     (2, 1024, 128, dict(stages=2, warpgroups=1)),  # 4 chunks through 2 slots: refills
     (5, 2048, 128, dict(stages=2, warpgroups=1)),  # rows 4..7 of the 8-row tile
     (16, 1024, 192, dict(stages=2, warpgroups=2)),  # the warpgroups' maxima meet in SMEM
@@ -620,19 +623,24 @@ def _prepass_direct(codes, x, col, n, bias, **kw):
     (8, 1024, 128, dict(stages=2, warpgroups=1, split_k=2)),
     (4, 1024, 256, dict(stages=2, warpgroups=1, column_blocks=2)),  # two column blocks
 ])
-def test_run_direct_quantize_x_interpret(m, k, n, cfg, codes_dtype):
+def test_run_direct_quantize_x_interpret(m, k, n, cfg, codes_dtype, monkeypatch):
   """x quantized per token to int8 / e4m3 inside the kernel: bit for bit the output of
   the same kernel on quantize_activations' codes and scales (ties, an all-zero row,
-  split-K, two warpgroups, column blocks, chunk refills), bias fused."""
+  split-K, two warpgroups, column blocks, chunk refills), bias fused.  One token: the row
+  converted once per warpgroup and the per-tile form (HUMMING_JAX_RESIDENT_X=0) alike."""
   from humming_jax.kernels import wna16_mgpu
   config = wna16_mgpu.Config(8, substeps=2, unpadded_rows=True, **cfg)
   x, codes, col, bias = _quantize_x_inputs(m, k, n, seed=m + k, codes_dtype=codes_dtype)
-  y = jax.jit(lambda c, x, s, b: wna16_mgpu.run_direct(
+  run = lambda: jax.jit(lambda c, x, s, b: wna16_mgpu.run_direct(
       c, x, s, n=n, bias=b, interpret=True, config=config, quantize_x=True))(
       codes, x, col, bias)
+  y = run()
   want = _prepass_direct(codes, x, col, n, bias, interpret=True, config=config)
   assert y.dtype == x.dtype and y.shape == (m, n)
   np.testing.assert_array_equal(np.asarray(y, np.float32), np.asarray(want, np.float32))
+  if m == 1:
+    monkeypatch.setenv("HUMMING_JAX_RESIDENT_X", "0")
+    np.testing.assert_array_equal(np.asarray(run(), np.float32), np.asarray(want, np.float32))
   assert float(jnp.abs(y.astype(jnp.float32)).max()) > 0
 
 

@@ -696,11 +696,12 @@ def test_round_to_e4m3_is_the_convert():
     (1, 1024, dict(stages=2, warpgroups=2)),  # one token: the row view, two warpgroups
     (3, 1024, dict(stages=2, warpgroups=1)),  # rows streamed through the x slots
 ])
-def test_fake_quantize_x_interpret(name, m, k, cfg):
+def test_fake_quantize_x_interpret(name, m, k, cfg, monkeypatch):
   """x quantized per token and dequantized inside the kernel: bit for bit the same kernel
   on the pre-pass route's values (fake_quantize_activations rounded to bf16), on int8 and
   e4m3 activations (a row of mostly e4m3 subnormals), int4 / uint4 zp / MXFP4 weights; and
-  not the kernel on the bare x."""
+  not the kernel on the bare x.  One token: the row converted once per warpgroup and the
+  per-tile form (HUMMING_JAX_RESIDENT_X=0) alike."""
   q, p, view, x = _view_and_x(name, m, k, 128, seed=m + k)
   config = wna16_mgpu.Config(8, substeps=2, unpadded_rows=True, **cfg)
   run = lambda x, **kw: jax.jit(lambda v, x: wna16_mgpu.run(
@@ -709,24 +710,36 @@ def test_fake_quantize_x_interpret(name, m, k, cfg):
   want = run(_xla_fake_quantized(x, p.spec))
   assert y.dtype == x.dtype and y.shape == (m, 128)
   np.testing.assert_array_equal(np.asarray(y, np.float32), np.asarray(want, np.float32))
+  if m == 1:
+    monkeypatch.setenv("HUMMING_JAX_RESIDENT_X", "0")
+    np.testing.assert_array_equal(np.asarray(run(x, fake_quantize_x=FAKE_X[name]), np.float32),
+                                  np.asarray(want, np.float32))
+    monkeypatch.delenv("HUMMING_JAX_RESIDENT_X")
   assert not np.array_equal(np.asarray(y, np.float32), np.asarray(run(x), np.float32))
   assert rel(y, reference.dense_reference(q, x)) <= TOL
 
 
-@pytest.mark.parametrize("name,k,cfg", [
+SPLIT_ZP_BLOCKS = dict(warpgroups=2, split_k=2, scale_after_mma=True, zero_point_mma=True,
+                       column_blocks=2)
+
+
+@pytest.mark.parametrize("name,m,k,cfg", [
     # streamed amax over two warpgroups (their maxima meet in SMEM), grid split-K (each CTA
     # reads the whole rows), the zero points' ones-tile x sums, two column blocks
-    ("w4a8-uint4-zp", 1024,
-     dict(warpgroups=2, split_k=2, scale_after_mma=True, zero_point_mma=True,
-          column_blocks=2)),
+    ("w4a8-uint4-zp", 3, 1024, SPLIT_ZP_BLOCKS),
+    # one token (the row converted once per warpgroup): a K split's steps read the other
+    # warpgroup's share of the row; the ones-tile sums and two column blocks beside
+    ("w4a8-uint4-zp", 1, 2048, SPLIT_ZP_BLOCKS),
+    ("w4a8-fp8", 1, 2048, dict(warpgroups=2, split_k=4)),  # one step per warpgroup and CTA
     # per-channel 8-bit weights (their column scale), K padded 1000 -> 1024
-    ("w8a8-int8", 1000, dict(warpgroups=2)),
+    ("w8a8-int8", 3, 1000, dict(warpgroups=2)),
+    ("w8a8-int8", 1, 1000, dict(warpgroups=1, column_blocks=2)),
 ])
-def test_fake_quantize_x_launches_interpret(name, k, cfg):
+def test_fake_quantize_x_launches_interpret(name, m, k, cfg):
   """The in-kernel quantization on other launches and weights: bit for bit the same launch
   on the pre-pass route's values."""
   spec = GPU_SPECS[name]
-  q, x = make(spec, 3, k, 256, seed=5)
+  q, x = make(spec, m, k, 256, seed=5)
   x = x.at[0, 3].set(-250.0)
   view = wm.family_view(wm.prepare(q), wna16_mgpu.FAMILY)
   config = wna16_mgpu.Config(8, stages=2, substeps=2, unpadded_rows=True, **cfg)
@@ -897,3 +910,20 @@ def test_fake_quantize_x_gpu(name, k, n, monkeypatch):
   print(f"{name} {k}->{n} M=1, x quantized in the kernel: rel err vs reference {e_ref:.2e}, "
         f"vs the pre-pass route {e_pre:.2e}")
   assert e_ref <= TOL and e_pre <= 2e-3
+
+
+@pytest.mark.parametrize("name", ["w4a8-int8", "w4a8-mxfp4"])
+@pytest.mark.parametrize("k,n,split_k", [(8192, 8192, 1), (14336, 4096, 2)])
+def test_fake_quantize_x_row_view_lowers_for_h200(name, k, n, split_k):
+  """One token's row converted once per warpgroup (the row view) on the WGMMA decode
+  launch, one CTA per K range and over grid K splits (other warpgroups' rows)."""
+  from test_cuda_lowering import abstract_params, lower_for_h200
+  view = jax.eval_shape(lambda p: wm.family_view(p, wna16_mgpu.FAMILY),
+                        abstract_params(name, (k, n), kernel=wm.FAMILY))
+  x = jax.ShapeDtypeStruct((1, k), jnp.bfloat16)
+  cfg = wna16_mgpu.Config(8, stages=4, substeps=2, warpgroups=2, split_k=split_k,
+                          unpadded_rows=True)
+  text = lower_for_h200(lambda v, x: wna16_mgpu.run(
+      v, x, config=cfg, fake_quantize_x=FAKE_X[name]), view, x)
+  assert "mosaic_gpu" in text
+  assert f"tensor<{k // 256}x256xbf16>" in text  # the row view's operand

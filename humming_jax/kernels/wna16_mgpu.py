@@ -943,6 +943,13 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
   # beside the first stages (rather than chunk by chunk through its x slots before they
   # are filled)
   row_view = in_kernel_x and rows == 1 and sub * bk == 256 and kp <= ROW_VIEW_MAX_K
+  # In-kernel x on the row view: each warpgroup converts its share of the row once, in
+  # place (fake_quantize_x: code x scale; quantize_x: the codes, exact in x's dtype), and
+  # each pipeline step writes its 256 converted columns into every row of the step's x
+  # tile (quantize_x: code tile; the rows past the token are output rows no one reads)
+  # over what its TMA brought (kept: dropping it hung the interpreter's pipeline barrier),
+  # rather than converting all block_m rows of every tile in the K loop
+  resident_x = row_view and resident_x_enabled()
   operands = (([tiles.sched] if grouped else []) + [xp]
               + ([xp.reshape(kp // 256, 256)] if row_view else []) + ([xs] if xs_in else [])
               + [params.codes])
@@ -1138,9 +1145,11 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
       top_row = None  # this warpgroup's (64,) column maxima (fp8_single_acc) or D (sf)
       fold_row = None  # sf: its (64,) 2**126 / D (the interpreter: 1 / D) (scoped)
 
-      def compute(slot, acc_ref, total):
+      def compute(step, slot, acc_ref, total):  # step: this K range's (not the blocks')
         x_smem = x_buf.at[0 if share_x else wg, slot]
-        if fake_x:  # the tile's values replaced by their quantized ones before any product
+        if resident_x:  # the step's converted columns of the token, into every row
+          x_smem = resident_x_tile(step, x_smem)
+        elif fake_x:  # the tile's values replaced by their quantized ones before any product
           fake_quantized_x(x_smem)
         bcast = lambda v, shape: lax.broadcast_in_dim(v, shape, [0])
         row = lambda r, j, i=0: plgpu.load(r.at[wg, slot, j * gpt + i], layout=_ROW)
@@ -1273,7 +1282,7 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
         for g in range(wgs) if wgs > 1 else [wg]:
           for i in range(per_wg):
             a = xa_red[g, i] if a is None else jnp.maximum(a, xa_red[g, i])
-        return plgpu.layout_cast(jnp.full((block_m,), a, jnp.float32), _X_ROWS.reduce(1))
+        return a  # the token's amax, a scalar
 
       def quantize_scales():
         # Each warpgroup reads 1/wgs of the whole rows (every grid K split's too: the scale
@@ -1296,7 +1305,16 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
         s = jnp.where(amax == jnp.inf, jnp.nan, s)
         # XLA computes the reference's x / s as x * (1 / s) (a division by a broadcast),
         # which rounds ties (x / s = k + 1/2 exactly: common in bf16) differently
-        x_rows_inv = 1.0 / s
+        inv = 1.0 / s
+        if resident_x:
+          convert_row_view(inv, s)
+        if fake_x and resident_x:  # (the values carry their scale: none in the epilogue)
+          return
+        if row_view:  # the token's scalars as the (block_m,) row scales
+          rows_of = lambda v: plgpu.layout_cast(jnp.full((block_m,), v, jnp.float32),
+                                                _X_ROWS.reduce(1))
+          inv, s = rows_of(inv), rows_of(s)
+        x_rows_inv = inv
         if fake_x:  # (the values carry their scale: none in the epilogue)
           x_rows_s = s
           return
@@ -1330,6 +1348,35 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
         return jnp.clip(v * lax.broadcast_in_dim(x_rows_inv, v.shape, [0]),
                         act_fmt.min_value, act_fmt.max_value)
 
+      def code_values(t):  # saturated x / s -> its code (float32, as XLA's reference)
+        return (act_prepass.round_half_even(t).astype(jnp.float32) if act_fmt.name == "int8"
+                else mgpu_convert.round_to_e4m3(t))
+
+      def convert_row_view(inv, s):  # resident_x: this warpgroup's share of the row, in place
+        # (inv, s: the token's scalars; the view's padding rows are converted too, unread)
+        slab = xa_smem.at[wg]
+        v = plgpu.load(slab, layout=_X_ROWS).astype(jnp.float32)
+        full = lambda c: plgpu.layout_cast(jnp.full(v.shape, c, jnp.float32), _X_ROWS)
+        code = code_values(jnp.clip(v * full(inv), act_fmt.min_value, act_fmt.max_value))
+        slab[...] = (code * full(s) if fake_x else code).astype(slab.dtype)
+        plgpu.commit_smem()  # every warp reads every row of the slab
+        if split > 1 and wgs > 1:  # a K split's steps read other warpgroups' slabs
+          plgpu.barrier_arrive(amax_bar)
+          plgpu.barrier_wait(amax_bar)
+
+      def resident_x_tile(step, x_smem):  # the step's 256 converted columns, every row
+        if split == 1:  # this warpgroup's K range is its own slab
+          slab, i = wg, step
+        else:  # 256-column chunk ki * steps + wg * steps_w + step of the row
+          chunk = ki * steps + wg * steps_w + step
+          slab, i = lax.div(chunk, per_wg), lax.rem(chunk, per_wg)
+        r = plgpu.load(xa_smem.at[slab, i], layout=_X_ROWS.reduce(0))
+        if quantize_x:  # the codes (exact in x's dtype) into this warpgroup's code tile
+          x_smem, r = xq_smem.at[wg], r.astype(jnp.float32).astype(params.codes.dtype)
+        x_smem[...] = plgpu.layout_cast(lax.broadcast_in_dim(r, x_smem.shape, [1]), _X_ROWS)
+        plgpu.commit_smem()  # generic-proxy stores -> the product's reads
+        return x_smem
+
       def quantized_x(x_smem):  # this slot's x tile -> 8-bit codes in this warpgroup's tile
         t = saturated_x(x_smem)
         if mma8_int:  # round half to even by the float's bits (act_prepass's form)
@@ -1343,14 +1390,12 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
       def fake_quantized_x(x_smem):  # this slot's x tile -> code x scale, in place
         # (each thread stores exactly the values it loaded: no hazard between threads)
         t = saturated_x(x_smem)
-        code = (act_prepass.round_half_even(t).astype(jnp.float32) if act_fmt.name == "int8"
-                else mgpu_convert.round_to_e4m3(t))
-        x_smem[...] = (code * lax.broadcast_in_dim(x_rows_s, t.shape, [0])
+        x_smem[...] = (code_values(t) * lax.broadcast_in_dim(x_rows_s, t.shape, [0])
                        ).astype(x_smem.dtype)
         plgpu.commit_smem()  # generic-proxy stores -> the WGMMA's (and every warp's) reads
 
       def mma8_tiles(slot, x_smem, acc_t, total, acc_ref):
-        if quantize_x:
+        if quantize_x and not resident_x:
           x_smem = quantized_x(x_smem)
         # The direct layout's (64, bk) 8-bit K-major code tiles are the WGMMA A operand as
         # stored, the 8-bit x tile (read transposed: K-major) the B operand: nothing is
@@ -1482,7 +1527,8 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
           step = r * steps_w + step  # the pipeline's step, over the column blocks
           slot = lax.rem(step, stages)
           plgpu.barrier_wait(bars.at[slot if share_x else wg * stages + slot])
-          total = compute(slot, acc_ref, total)
+          total = compute(lax.rem(step, steps_w) if blocks > 1 else step, slot, acc_ref,
+                          total)
 
           @pl.when(step + stages < blocks * steps_w)
           def _():
@@ -1741,6 +1787,15 @@ def fake_quantize_x_fits(params: QuantizedWeight, config: Config | None = None,
 # shared memory (2 Kp bytes) up to this K (timed to 14336, session 55); wider rows are
 # streamed.
 ROW_VIEW_MAX_K = 16384
+# ... and converts each warpgroup's share of it once (session 59), rather than every x tile
+# in the K loop
+RESIDENT_X = True
+
+
+def resident_x_enabled() -> bool:
+  """:data:`RESIDENT_X`, or HUMMING_JAX_RESIDENT_X ("0" / "1") where set (read at trace
+  time: one process can time both forms, ``probe_w4a8_decode --variants rx1,rx0``)."""
+  return tuning.env_flag("HUMMING_JAX_RESIDENT_X", RESIDENT_X)
 
 
 def run_direct(codes: jax.Array, x: jax.Array, col_scale: jax.Array, *, n: int,
