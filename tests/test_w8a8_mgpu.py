@@ -634,6 +634,7 @@ def test_run_direct_quantize_x_interpret(m, k, n, cfg, codes_dtype, monkeypatch)
   run = lambda: jax.jit(lambda c, x, s, b: wna16_mgpu.run_direct(
       c, x, s, n=n, bias=b, interpret=True, config=config, quantize_x=True))(
       codes, x, col, bias)
+  monkeypatch.setenv("HUMMING_JAX_RESIDENT_X", "1")
   y = run()
   want = _prepass_direct(codes, x, col, n, bias, interpret=True, config=config)
   assert y.dtype == x.dtype and y.shape == (m, n)

@@ -706,6 +706,7 @@ def test_fake_quantize_x_interpret(name, m, k, cfg, monkeypatch):
   config = wna16_mgpu.Config(8, substeps=2, unpadded_rows=True, **cfg)
   run = lambda x, **kw: jax.jit(lambda v, x: wna16_mgpu.run(
       v, x, interpret=True, config=config, **kw))(view, x)
+  monkeypatch.setenv("HUMMING_JAX_RESIDENT_X", "1")
   y = run(x, fake_quantize_x=FAKE_X[name])
   want = run(_xla_fake_quantized(x, p.spec))
   assert y.dtype == x.dtype and y.shape == (m, 128)
@@ -735,9 +736,10 @@ SPLIT_ZP_BLOCKS = dict(warpgroups=2, split_k=2, scale_after_mma=True, zero_point
     ("w8a8-int8", 3, 1000, dict(warpgroups=2)),
     ("w8a8-int8", 1, 1000, dict(warpgroups=1, column_blocks=2)),
 ])
-def test_fake_quantize_x_launches_interpret(name, m, k, cfg):
+def test_fake_quantize_x_launches_interpret(name, m, k, cfg, monkeypatch):
   """The in-kernel quantization on other launches and weights: bit for bit the same launch
-  on the pre-pass route's values."""
+  on the pre-pass route's values (one token: the row converted once per warpgroup)."""
+  monkeypatch.setenv("HUMMING_JAX_RESIDENT_X", "1")
   spec = GPU_SPECS[name]
   q, x = make(spec, m, k, 256, seed=5)
   x = x.at[0, 3].set(-250.0)
@@ -914,10 +916,11 @@ def test_fake_quantize_x_gpu(name, k, n, monkeypatch):
 
 @pytest.mark.parametrize("name", ["w4a8-int8", "w4a8-mxfp4"])
 @pytest.mark.parametrize("k,n,split_k", [(8192, 8192, 1), (14336, 4096, 2)])
-def test_fake_quantize_x_row_view_lowers_for_h200(name, k, n, split_k):
+def test_fake_quantize_x_row_view_lowers_for_h200(name, k, n, split_k, monkeypatch):
   """One token's row converted once per warpgroup (the row view) on the WGMMA decode
   launch, one CTA per K range and over grid K splits (other warpgroups' rows)."""
   from test_cuda_lowering import abstract_params, lower_for_h200
+  monkeypatch.setenv("HUMMING_JAX_RESIDENT_X", "1")
   view = jax.eval_shape(lambda p: wm.family_view(p, wna16_mgpu.FAMILY),
                         abstract_params(name, (k, n), kernel=wm.FAMILY))
   x = jax.ShapeDtypeStruct((1, k), jnp.bfloat16)
@@ -927,3 +930,6 @@ def test_fake_quantize_x_row_view_lowers_for_h200(name, k, n, split_k):
       v, x, config=cfg, fake_quantize_x=FAKE_X[name]), view, x)
   assert "mosaic_gpu" in text
   assert f"tensor<{k // 256}x256xbf16>" in text  # the row view's operand
+  monkeypatch.setenv("HUMMING_JAX_RESIDENT_X", "0")  # (the per-tile form: another kernel)
+  assert lower_for_h200(lambda v, x: wna16_mgpu.run(
+      v, x, config=cfg, fake_quantize_x=FAKE_X[name]), view, x) != text

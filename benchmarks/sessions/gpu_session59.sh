@@ -11,8 +11,8 @@
 #   h8:   bench_w8a8 at M = 1, 16 with Humming (gpu_session52.sh).
 #   t58, w58, p58 and the earlier sessions' steps: gpu_session58.sh.
 source "$(dirname "$0")/../gpu_env.sh"
-s_t59() {
-  gpu_tests ${ST:-300} "${T59K:-fake_quantize_x_gpu or fake_quantize_x_mma_sync_gpu or decode_gpu or quantize_x_gpu}" \
+s_t59() {  # (RESIDENT_X is off by default until this has run: on here, RX=0 for off)
+  HUMMING_JAX_RESIDENT_X=${RX:-1} gpu_tests ${ST:-300} "${T59K:-fake_quantize_x_gpu or fake_quantize_x_mma_sync_gpu or decode_gpu or quantize_x_gpu}" \
     tests/test_wnam_mgpu.py tests/test_w8a8_mgpu.py
 }
 s_w59() {
@@ -20,7 +20,7 @@ s_w59() {
   for line in ${W59:-8192x8192:w4a8-int8,w4a8-fp8,w4a8-mxfp4,w8a8-int8,w8a8-fp8}; do
     IFS=:x read -r k n specs <<< "$line"
     T ${WT:-200} python3 benchmarks/probe_w4a8_decode.py --specs $specs --ms ${WMS:-1} \
-      --k $k --n $n --variants qx1+rx1,qx1+rx0,qx0 > "$OUT/w59_${k}x$n.log" 2>&1
+      --k $k --n $n --variants qx1+rx1,qx1+rx0,qx0+rx0 > "$OUT/w59_${k}x$n.log" 2>&1
     echo "w59 ${k}x$n rc=$?"; grep -E "kernels|rror" "$OUT/w59_${k}x$n.log" | cut -c1-300
     T ${WT:-200} python3 benchmarks/probe_w4a8_decode.py --specs ${A16:-w4a16-g128,w4a16-mxfp4} \
       --ms ${WMS:-1} --k $k --n $n > "$OUT/w59a_${k}x$n.log" 2>&1

@@ -943,12 +943,13 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
   # beside the first stages (rather than chunk by chunk through its x slots before they
   # are filled)
   row_view = in_kernel_x and rows == 1 and sub * bk == 256 and kp <= ROW_VIEW_MAX_K
-  # In-kernel x on the row view: each warpgroup converts its share of the row once, in
-  # place (fake_quantize_x: code x scale; quantize_x: the codes, exact in x's dtype), and
-  # each pipeline step writes its 256 converted columns into every row of the step's x
-  # tile (quantize_x: code tile; the rows past the token are output rows no one reads)
-  # over what its TMA brought (kept: dropping it hung the interpreter's pipeline barrier),
-  # rather than converting all block_m rows of every tile in the K loop
+  # In-kernel x on the row view with RESIDENT_X (resident_x_enabled): each warpgroup
+  # converts its share of the row once, in place (fake_quantize_x: code x scale;
+  # quantize_x: the codes, exact in x's dtype), and each pipeline step writes its 256
+  # converted columns into every row of the step's x tile (quantize_x: code tile; the rows
+  # past the token are output rows no one reads) over what its TMA brought (kept: dropping
+  # it hung the interpreter's pipeline barrier), rather than converting all block_m rows
+  # of every tile in the K loop
   resident_x = row_view and resident_x_enabled()
   operands = (([tiles.sched] if grouped else []) + [xp]
               + ([xp.reshape(kp // 256, 256)] if row_view else []) + ([xs] if xs_in else [])
@@ -1787,9 +1788,10 @@ def fake_quantize_x_fits(params: QuantizedWeight, config: Config | None = None,
 # shared memory (2 Kp bytes) up to this K (timed to 14336, session 55); wider rows are
 # streamed.
 ROW_VIEW_MAX_K = 16384
-# ... and converts each warpgroup's share of it once (session 59), rather than every x tile
-# in the K loop
-RESIDENT_X = True
+# ... and, with RESIDENT_X, converts each warpgroup's share of it once (session 59) rather
+# than every x tile in the K loop.  Off by default until it has run on a GPU: bit-equal in
+# the interpreter and lowered for the H200 on the CPU, but no device was lent that session.
+RESIDENT_X = False
 
 
 def resident_x_enabled() -> bool:
