@@ -1,4 +1,14 @@
 #!/usr/bin/env bash
+# Session 59 (2026-12-07): two calls, both on H100s (eleven asks found no machine, ~1200 s).
+# Landed: the one-token in-kernel activation quantization converts the row once per
+# warpgroup (wna16_mgpu.RESIDENT_X, default; GPU-tested on the H100, 44 passed): W8A8 int8
+# 25.43 -> 25.26 us, W4A8's opt-in form 18.99 / 23.36 / 25.91 -> 17.03 / 17.34 / 19.55
+# (level with pre-pass + GEMM there).  Nothing ran on an H200.  First in the next device
+# session, on an H200 (carry [".whl"]):
+#   sessions/gpu_session59.sh t59 w59 (the new default's GPU tests and the A/B on the
+#   H200; W59="8192x8192:... 14336x4096:w4a8-int8,w4a8-mxfp4,w8a8-int8" for both shapes),
+#   then gpu_session52.sh h8 (W8A8 M = 1 against <= 20 beside Humming) and
+#   gpu_session58.sh p58 (the carried A16 formats on the H200), then session 58's queue.
 # Session 58 (2026-12-06): three calls (an H100, an H200, an H100; ~8 asks found none).
 # Found: the W4A8 decode quantizing its activations inside the WnA16 kernel is bit-equal
 # but slower on the H200 (8192^2 int4 x int8 17.22 vs 15.78, MXFP4 x e4m3 24.67 vs 18.97):

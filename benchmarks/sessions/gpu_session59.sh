@@ -11,7 +11,7 @@
 #   h8:   bench_w8a8 at M = 1, 16 with Humming (gpu_session52.sh).
 #   t58, w58, p58 and the earlier sessions' steps: gpu_session58.sh.
 source "$(dirname "$0")/../gpu_env.sh"
-s_t59() {  # (RESIDENT_X is off by default until this has run: on here, RX=0 for off)
+s_t59() {  # (RX=0: the per-tile form)
   HUMMING_JAX_RESIDENT_X=${RX:-1} gpu_tests ${ST:-300} "${T59K:-fake_quantize_x_gpu or fake_quantize_x_mma_sync_gpu or decode_gpu or quantize_x_gpu}" \
     tests/test_wnam_mgpu.py tests/test_w8a8_mgpu.py
 }
