@@ -26,6 +26,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 import common  # noqa: E402
 
 import humming_jax as hj  # noqa: E402
+from humming_jax.kernels import act_prepass  # noqa: E402
 
 LAYERS = 8
 
@@ -41,7 +42,9 @@ def main():
                        "activation quantization on / off), rx1,rx0 (its row converted "
                        "once / per x tile); '+' joins several in one variant")
   args = ap.parse_args()
-  given = dict(os.environ)  # each variant starts from it
+  switches = ("HUMMING_JAX_DECODE_QUANTIZE_X", "HUMMING_JAX_RESIDENT_X",
+              act_prepass.SPLITS_ENV, act_prepass.WARPS_ENV)
+  given = {v: os.environ.get(v) for v in switches}  # each variant starts from these
   env = {v: os.environ.get(v, "") for v in ("HUMMING_JAX_DECODE_PREPASS", "HUMMING_JAX_PERMUTE_K",
                                              "HUMMING_JAX_DECODE_QUANTIZE_X",
                                              "HUMMING_JAX_RESIDENT_X",
@@ -68,8 +71,11 @@ def main():
               raise SystemExit(f"--variants: {part!r} is not s<S>[w<W>], qx1, qx0, rx1 "
                                f"or rx0")
             env.update(one)
-          os.environ.clear()
-          os.environ.update({**given, **env})
+          for v, value in {**given, **env}.items():
+            if value is None:
+              os.environ.pop(v, None)
+            else:
+              os.environ[v] = value
         # a fresh function per variant: the switches are read while tracing
         fn = jax.jit(lambda ps, xs: [hj.quant_dense(p, x) for p, x in zip(ps, xs)])
         jax.block_until_ready(fn(ps, xs))

@@ -5,7 +5,7 @@
 #         (test_fake_quantize_x_gpu, the mma.sync launch's), W8A8's quantize_x and the
 #         W4A8 / W8A8 / W4A4 decode routes.
 #   w59:  CUPTI kernel time per layer at M = 1 (probe_w4a8_decode --variants
-#         qx1+rx1,qx1+rx0,qx0: the row converted once / every x tile / the pre-pass, one
+#         qx1+rx1,qx1+rx0,qx0+rx0: the row converted once / every x tile / the pre-pass, one
 #         process) for W4A8 and W8A8 specs; W4A16 of the same weights beside (A16).
 #         W59="KxN:specs ..." (default 8192x8192).
 #   h8:   bench_w8a8 at M = 1, 16 with Humming (gpu_session52.sh).

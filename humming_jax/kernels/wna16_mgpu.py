@@ -734,7 +734,8 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
   the codes: W8A8 at decode without a pre-pass launch.  Each CTA first reads the whole
   rows for their amax (its warpgroups a share each; one token: one TMA each, in flight
   beside the first stages; more rows: streamed through the x slots), then converts each
-  x tile as it arrives.
+  x tile as it arrives (one token with :data:`RESIDENT_X`: its share of the row once,
+  each step's 256 columns copied into the code tile).
 
   ``fake_quantize_x`` ("int8" or "fp8_e4m3"; the 16-bit route's layouts, bfloat16 / float16
   x, dense launches whose warpgroups split K): each x row quantized per token to that
@@ -785,7 +786,7 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
                        f"{params.layout!r}{' (grouped tiles)' if grouped else ''}")
     if x.dtype not in (jnp.bfloat16, jnp.float16):
       raise ValueError(f"{what}: expected bfloat16 / float16 x; got {x.dtype}")
-  in_kernel_x = quantize_x or fake_x  # the amax pass and per-tile conversion of x
+  in_kernel_x = quantize_x or fake_x  # the amax pass and the conversion of x
   act_fmt = (get_format(fake_quantize_x) if fake_x
              else get_format(ACT_FORMATS[jnp.dtype(params.codes.dtype)]) if quantize_x
              else None)
@@ -1797,7 +1798,8 @@ RESIDENT_X = True
 
 def resident_x_enabled() -> bool:
   """:data:`RESIDENT_X`, or HUMMING_JAX_RESIDENT_X ("0" / "1") where set (read at trace
-  time: one process can time both forms, ``probe_w4a8_decode --variants rx1,rx0``)."""
+  time: one process can time both forms, ``probe_w4a8_decode --variants
+  qx1+rx1,qx1+rx0``)."""
   return tuning.env_flag("HUMMING_JAX_RESIDENT_X", RESIDENT_X)
 
 
