@@ -1345,10 +1345,12 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
             jnp.zeros((block_m, sub * bk), jnp.float32), _X_ROWS))
         return jnp.max(amax, axis=1)
 
+      def saturate(v, inv):  # x / s (as x * (1 / s), XLA's form), saturated
+        return jnp.clip(v * inv, act_fmt.min_value, act_fmt.max_value)
+
       def saturated_x(x_smem):  # this slot's x tile over its row scales, saturated
         v = plgpu.load(x_smem, layout=_X_ROWS).astype(jnp.float32)
-        return jnp.clip(v * lax.broadcast_in_dim(x_rows_inv, v.shape, [0]),
-                        act_fmt.min_value, act_fmt.max_value)
+        return saturate(v, lax.broadcast_in_dim(x_rows_inv, v.shape, [0]))
 
       def code_values(t):  # saturated x / s -> its code (float32, as XLA's reference)
         return (act_prepass.round_half_even(t).astype(jnp.float32) if act_fmt.name == "int8"
@@ -1359,7 +1361,7 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
         slab = xa_smem.at[wg]
         v = plgpu.load(slab, layout=_X_ROWS).astype(jnp.float32)
         full = lambda c: plgpu.layout_cast(jnp.full(v.shape, c, jnp.float32), _X_ROWS)
-        code = code_values(jnp.clip(v * full(inv), act_fmt.min_value, act_fmt.max_value))
+        code = code_values(saturate(v, full(inv)))
         slab[...] = (code * full(s) if fake_x else code).astype(slab.dtype)
         plgpu.commit_smem()  # every warp reads every row of the slab
         if split > 1 and wgs > 1:  # a K split's steps read other warpgroups' slabs

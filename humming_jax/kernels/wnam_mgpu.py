@@ -201,9 +201,12 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
 # --variants qx1,qx0: CUPTI kernels per layer, one process, M = 1), activations quantized
 # in the kernel against the pre-pass + GEMM: 8192^2 int4 x int8 17.22 against 15.78 (13.98
 # + 1.80), int4 x e4m3 21.39 against 15.74, MXFP4 x e4m3 24.67 against 18.97; 14336 -> 4096
-# int4 x int8 16.43 against 16.55.  The issue-bound decode loop converts each step's whole
+# int4 x int8 16.43 against 16.55.  The issue-bound decode loop converted each step's whole
 # 8-row x tile (one real row at one token): +3.2 us of kernel (int8) to +7.4 (e4m3's
-# integer rounding) at 8192^2, where the pre-pass costs 1.8.  (W8A8's quantize_x converts
+# integer rounding) at 8192^2, where the pre-pass costs 1.8.  Session 59 converts the row
+# once per warpgroup (wna16_mgpu.RESIDENT_X); on an H100 at 8192^2 that is level with the
+# pre-pass + GEMM (int4 x int8 17.03 / 17.15, x e4m3 17.34 / 17.08, MXFP4 19.55 / 20.22),
+# H200 untimed: still off by default.  (W8A8's quantize_x converts
 # to 8-bit codes for its 8-bit WGMMA, with no per-weight conversion beside it: a win there,
 # session 55.)  HUMMING_JAX_DECODE_QUANTIZE_X=1 turns it on (W8A8's too).
 FAKE_QUANTIZE_X_BY_DEFAULT = False
