@@ -492,3 +492,18 @@ def test_grouped_dx_kernel_lowers_for_h200(name, shape, rows):
   text = lower_for_h200(lambda p, dy, gs: wna16_mgpu_dx.run(p, dy, gs), p, dy, gs)
   assert "grouped_wna16_mgpu_dx_b4" + ("_p8" if "mxfp4" in name and "a8" in name
                                        else "_pk") in text
+
+
+def test_e2m1_mma_prefill_lowers_for_h200(monkeypatch):
+  """Session 60's in-GEMM MXFP4 conversion (wnam_mgpu.run_prefill_e2m1_mma) at 8192^2, M =
+  1024, through Mosaic GPU for an H200: the PTX conversion, the stores of its WGMMA_8BIT
+  blocks into 32-byte-swizzled B tiles, and the fp8 WGMMAs on them inside the
+  warp-specialized pipeline (the interpreter runs none of these)."""
+  from humming_jax.kernels import wnam_mgpu
+  monkeypatch.setenv("HUMMING_JAX_DENSE_FP8_MMA", "1")
+  p = abstract_params("w4a8-mxfp4", (8192, 8192), kernel="wnam_mgpu")
+  p = p.replace(layout=p.layout + ":cf")  # (prepare marks it only for concrete scales)
+  assert wnam_mgpu.e2m1_mma_runs(p), p.layout
+  x = jax.ShapeDtypeStruct((1024, 8192), jnp.bfloat16)
+  text = lower_for_h200(lambda p, x: wnam_mgpu.run_prefill_e2m1_mma(p, x), p, x)
+  assert text.count("mosaic_gpu") >= 1

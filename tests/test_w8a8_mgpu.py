@@ -147,6 +147,65 @@ def test_gemm_group_waves_interpret(dtype, row_groups, split_m, monkeypatch):
     wm.gemm(a, w, rows, cols, bias, out_dtype=jnp.bfloat16, config=cfg, interpret=True)
 
 
+def e2m1_operands(m, n, k, seed=0, span=11):
+  """fp8 activations and E2M1Weights of random e2m1 codes whose e8m0 group scales span up
+  to ``span`` binades per column (each column's own range), with the float weights they
+  stand for: (a, E2M1Weights, (N, K) float32 weights)."""
+  from humming_jax.kernels import mgpu_convert
+  k1, k2, k3, k4 = jax.random.split(jax.random.key(seed), 4)
+  a = (normal(k1, (m, k)) * 8).astype(jnp.float8_e4m3fn)
+  codes = jax.random.randint(k2, (n, k), -8, 8, jnp.int32).astype(jnp.int4)  # K order
+  low = jax.random.randint(k3, (1, n), -9, 3)  # each column's lowest exponent
+  e = low + jax.random.randint(k4, (k // 32, n), 0, span + 1)
+  scales = jnp.exp2(e.astype(jnp.float32))
+  top = jnp.max(scales, axis=0, keepdims=True)
+  w = (mgpu_convert.to_float_interpret(codes, jnp.float32)
+       * jnp.repeat(scales.T, 32, axis=1))  # (N, K)
+  stored = mgpu_convert.p8_store(codes).reshape(n, k // 128, 128).transpose(1, 0, 2)
+  return a, wm.E2M1Weights(stored, scales.astype(jnp.bfloat16), top), w
+
+
+@pytest.mark.parametrize("with_bias", [True, False])
+def test_gemm_e2m1_interpret(with_bias, monkeypatch):
+  """E2M1Weights (session 60): the codes converted to e4m3 in the kernel, each group folded
+  against its column's largest scale (groups 0..11 binades below it), two CTAs over 2 x 2
+  output tiles and two K steps; against the float product of the activations and the
+  dequantized weights (the fold is exact: only the float32 sums and the bf16 output
+  round)."""
+  monkeypatch.setattr(wm.tuning, "num_sms", lambda: 2)
+  m, n, k = 256, 512, 256
+  a, w, w_float = e2m1_operands(m, n, k, seed=3)
+  _, _, rows, cols, bias = operands(jnp.float8_e4m3fn, m, n, k, seed=4)
+  bias = bias if with_bias else None
+  y = wm.gemm(a, w, rows, cols, bias, out_dtype=jnp.bfloat16, interpret=True)
+  ref = float_product(a, w_float, rows, cols, bias)
+  assert y.dtype == jnp.bfloat16 and y.shape == (m, n)
+  assert rel(y, ref) <= 4e-3
+  # the same as the 8-bit GEMM on the folded e4m3 weights (w / (top * 2**-5): exact)
+  folded = (w_float / w.column_multiplier()[:, None]).astype(jnp.float8_e4m3fn)
+  y8 = wm.gemm(a, folded, rows, cols * w.column_multiplier(), bias, out_dtype=jnp.bfloat16,
+               interpret=True)
+  np.testing.assert_array_equal(np.asarray(y), np.asarray(y8))
+
+
+def test_gemm_e2m1_argument_errors():
+  a, w, _ = e2m1_operands(128, 256, 256)
+  gemm = lambda a, w, **kw: wm.gemm(a, w, None, None, None, out_dtype=jnp.bfloat16,
+                                    interpret=True, **kw)
+  with pytest.raises(ValueError, match="a.dtype=int8: E2M1Weights take float8_e4m3fn"):
+    gemm(a.astype(jnp.int8), w)
+  with pytest.raises(ValueError, match=r"w.codes: expected int4 \(Kp / tile_k, Np, tile_k\)"):
+    gemm(a[:, :128], w)
+  with pytest.raises(ValueError, match=r"w.scales: expected \(>= 8, 256\)"):
+    gemm(a, dataclasses.replace(w, scales=w.scales[:4]))
+  with pytest.raises(ValueError, match=r"w.top: expected \(1, 256\)"):
+    gemm(a, dataclasses.replace(w, top=w.top[0]))
+  with pytest.raises(ValueError, match="E2M1Weights take no K-group scales"):
+    gemm(a, w, col_group_scale=jnp.ones((2, 256), jnp.float32))
+  with pytest.raises(ValueError, match="E2M1Weights need tile_k=128"):
+    gemm(a, w, config=wm.Config(tile_k=64))
+
+
 def test_gemm_argument_errors():
   a, w, rows, cols, _ = operands(jnp.int8, 128, 256, 128)
   with pytest.raises(ValueError, match="both int8 or both float8"):

@@ -316,6 +316,66 @@ def test_mx_fold_prefill_interpret(monkeypatch):
   assert rel(wm.run(p, x, interpret=True), y) <= 5e-5 and len(calls) == 2
 
 
+def test_e2m1_mma_prefill_interpret(monkeypatch):
+  """Session 60: MXFP4 x fp8 at M >= 512 on the fp8-MMA layout with the column fold
+  (":p8:cf", now marked by prepare where the scales allow) converts the codes inside the
+  8-bit GEMM (w8a8_mgpu.E2M1Weights) -- bit-equal to the fold's unpack route on the same
+  params and within 5e-5 of the reference, K (224) and N (200) padded; run() takes it with
+  HUMMING_JAX_E2M1_MMA=1 only (off by default until timed), the K-order / ":pk" layouts and
+  columns past the fold's span never."""
+  from humming_jax.kernels import w8a8_mgpu
+  spec = SPECS["w4a8-mxfp4"]
+  q, x = make(spec, w8a8_mgpu.MIN_M + 8, 224, 200, seed=11)
+  monkeypatch.setenv("HUMMING_JAX_DENSE_FP8_MMA", "1")
+  p = wm.prepare(q)
+  assert p.layout.split(":")[-2:] == ["p8", "cf"] and wm.e2m1_mma_runs(p), p.layout
+  assert p.fold_base is not None
+  monkeypatch.setenv("HUMMING_JAX_DENSE_FP8_MMA", "0")
+  assert not wm.e2m1_mma_runs(wm.prepare(q))  # ":pk": the unpack reads it, not the GEMM
+  y = jax.jit(lambda p, x: wm.run_prefill_e2m1_mma(p, x, interpret=True))(p, x)
+  assert y.shape == (x.shape[0], 200) and y.dtype == x.dtype
+  np.testing.assert_array_equal(np.asarray(y), np.asarray(
+      wm.run_prefill_mx_fold(p, x, interpret=True)))
+  assert rel(y, reference.dense_reference(q, x)) <= 5e-5
+  # stored fold base or one computed per call: the same
+  np.testing.assert_array_equal(np.asarray(y), np.asarray(wm.run_prefill_e2m1_mma(
+      p.replace(fold_base=None), x, interpret=True)))
+  weights = []
+  orig = w8a8_mgpu.gemm
+  monkeypatch.setattr(w8a8_mgpu, "gemm", lambda a, w, *r, **kw: weights.append(
+      isinstance(w, w8a8_mgpu.E2M1Weights)) or orig(a, w, *r, **kw))
+  monkeypatch.delenv("HUMMING_JAX_E2M1_MMA", raising=False)
+  assert not wm.E2M1_MMA_PREFILL
+  wm.run(p, x, interpret=True)
+  monkeypatch.setenv("HUMMING_JAX_E2M1_MMA", "1")
+  np.testing.assert_array_equal(np.asarray(wm.run(p, x, interpret=True)), np.asarray(y))
+  assert weights == [False, True], weights  # the unpack's e4m3 array, then E2M1Weights
+  # a column whose groups span more than the fold's 11 binades: no ":cf", the unpack route
+  monkeypatch.setenv("HUMMING_JAX_DENSE_FP8_MMA", "1")
+  wide = wm.prepare(_with_span(q, 12))
+  assert "cf" not in wide.layout.split(":") and not wm.e2m1_mma_runs(wide)
+  with pytest.raises(ValueError, match="checked by the column fold"):
+    wm.run_prefill_e2m1_mma(wide, x, interpret=True)
+
+
+@pytest.mark.gpu
+def test_e2m1_mma_prefill_gpu(monkeypatch):
+  """The in-GEMM conversion on the GPU at 8192^2, M = 1024: the PTX conversion's e4m3
+  values and the 32-byte-swizzled B tiles give the unpack route's output (the same fp8
+  products, summed in the same order), and the reference's error class."""
+  spec = SPECS["w4a8-mxfp4"]
+  q, x = make(spec, 1024, 8192, 8192, seed=8)
+  monkeypatch.setenv("HUMMING_JAX_DENSE_FP8_MMA", "1")
+  p = wm.prepare(q)  # eager: the ":cf" check needs concrete scales
+  assert wm.e2m1_mma_runs(p), p.layout
+  y = jax.jit(lambda p, x: wm.run_prefill_e2m1_mma(p, x))(p, x)
+  y0 = jax.jit(lambda p, x: wm.run_prefill_mx_fold(p, x))(p, x)
+  e = rel(y, jax.jit(reference.dense_reference)(q, x))
+  print(f"wnam_mgpu MXFP4 in-GEMM conversion M=1024: rel err {e:.2e}, vs the unpack route "
+        f"{rel(y, y0):.2e}")
+  assert e <= 5e-3 and rel(y, y0) <= 1e-6
+
+
 def _with_span(q, span):
   """q with column 5's e8m0 group codes all equal but the first, ``span`` octaves lower."""
   s = q.scales.at[:, 5].set(q.scales[1, 5])

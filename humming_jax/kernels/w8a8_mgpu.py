@@ -50,7 +50,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-from humming_jax.kernels import tuning
+from humming_jax.kernels import mgpu_convert, tuning
 from humming_jax.quantize import QuantizedWeight
 
 FAMILY = "w8a8_mgpu"
@@ -59,6 +59,34 @@ SMEM_BYTES = tuning.MOSAIC_SMEM_BUDGET
 EPI_TILE = 64  # output rows / columns per TMA store
 WAVE_M = 64  # rows of one WGMMA (Config.group_waves)
 OUT_DTYPES = (jnp.bfloat16, jnp.float16)  # 64 columns = one 128-byte swizzle row
+E2M1_GROUP = 32  # codes per e8m0 group scale of E2M1Weights (MXFP4)
+E2M1_BLOCK = 32  # K of one fp8 WGMMA: the e4m3 weight tile is converted in 32-wide blocks
+E2M1_ROWS = 64  # weight rows (output columns) converted at once: one WGMMA_UPCAST_4X tile
+
+
+@dataclasses.dataclass(frozen=True)
+class E2M1Weights:
+  """MXFP4 weights that :func:`gemm` converts to e4m3 itself, one K step at a time, in
+  shared memory beside the product (no per-call unpack to an (Np, Kp) e4m3 array).
+
+  ``codes``: (Kp / 128, Np, 128) int4 e2m1 codes in ``mgpu_convert.p8_store``'s order
+  (the WnA16 family's fp8-MMA layout ":p8"); ``scales``: (>= Kp / 32, Np) e8m0 group
+  scales as a float dtype (rows past K hold 1.0 and meet zero codes); ``top``: (1, Np)
+  float32, each column's largest real group scale (``wna16_mgpu.column_fold_row``), every
+  real group of the column within ``mgpu_convert.FOLD_MAX_SHIFT`` binades of it (the ":cf"
+  check, ``wna16_mgpu.mark_column_fold``).  Each group's codes become the e4m3 values
+  ``e2m1 * 2**(raise - 6)`` with ``raise = FOLD_MAX_SHIFT - log2(top / scale)``
+  (``mgpu_convert.e2m1_to_e4m3_ptx``'s column fold, exact), and each output column is
+  multiplied by ``top * 2**(6 - FOLD_MAX_SHIFT)``: the weight is ``e2m1 * scale``."""
+
+  codes: jax.Array
+  scales: jax.Array
+  top: jax.Array
+
+  def column_multiplier(self) -> jax.Array:
+    """(Np,) float32: what each output column is multiplied by (a power of two)."""
+    return (self.top.reshape(-1).astype(jnp.float32)
+            * (2.0 ** (6 - mgpu_convert.FOLD_MAX_SHIFT)))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -150,23 +178,29 @@ def groups_per_step(config: Config, grouped: bool) -> int:
   return 2 if grouped and config.group_pairs else 1
 
 
-def smem_bytes(config: Config, stages: int, out_bytes: int = 2, grouped: bool = False
-               ) -> int:
+def smem_bytes(config: Config, stages: int, out_bytes: int = 2, grouped: bool = False,
+               e2m1: bool = False) -> int:
   """Shared memory of one CTA: the pipeline's (A, B[, K-group scale rows]) stages, the
   output staging tiles and the epilogue vectors, each rounded up to Mosaic's 1 KB
-  alignment."""
+  alignment.  ``e2m1`` (:class:`E2M1Weights`): B is 4-bit codes with their group-scale
+  rows (2 bytes) and the column maxima, and each compute warpgroup has its converted e4m3
+  tile."""
   kb = tuning.smem_round
   gps = groups_per_step(config, grouped)
   k_step = gps * config.tile_k
-  step = kb(config.cta_m * k_step) + kb(config.cta_n * k_step)
+  b_bytes = config.cta_n * k_step // 2 if e2m1 else config.cta_n * k_step
+  step = kb(config.cta_m * k_step) + kb(b_bytes)
   if grouped:  # K-group scale rows: one per token tile, up to two (scale, bias) per N tile
     step += kb(gps * config.cta_m * 4) + 2 * kb(gps * config.cta_n * 4)
-  return (stages * step + kb(2 * 2 * EPI_TILE * EPI_TILE * out_bytes)
+  if e2m1:
+    step += kb(k_step // E2M1_GROUP * config.cta_n * 2) + kb(config.cta_n * 4)
+  converted = kb(2 * config.tile_n * k_step) if e2m1 else 0
+  return (stages * step + converted + kb(2 * 2 * EPI_TILE * EPI_TILE * out_bytes)
           + 3 * kb(2 * max(config.tile_m, config.tile_n) * 4))
 
 
-def fit_stages(config: Config, grouped: bool = False) -> int:
-  size = lambda st: smem_bytes(config, st, grouped=grouped)
+def fit_stages(config: Config, grouped: bool = False, e2m1: bool = False) -> int:
+  size = lambda st: smem_bytes(config, st, grouped=grouped, e2m1=e2m1)
   stages = config.stages
   while stages > 2 and size(stages) > SMEM_BYTES:
     stages -= 1
@@ -199,7 +233,7 @@ def heuristic(m: int, n: int, grouped: bool = False, k: int | None = None, *,
   return Config(tile_m=128, tile_n=128 if n % 256 == 0 else 64)
 
 
-def gemm(a: jax.Array, w: jax.Array, row_scale: jax.Array | None,
+def gemm(a: jax.Array, w: jax.Array | E2M1Weights, row_scale: jax.Array | None,
          col_scale: jax.Array | None, bias: jax.Array | None, *, out_dtype,
          row_group_scale: jax.Array | None = None, col_group_scale: jax.Array | None = None,
          config: Config | None = None, interpret: bool = False) -> jax.Array:
@@ -208,23 +242,32 @@ def gemm(a: jax.Array, w: jax.Array, row_scale: jax.Array | None,
     y = sum_g (a_g @ w_g^T) * rgs[g, :, None] * cgs[g, None, :]   (K groups g of tile_k)
     y = y * row_scale[:, None] * col_scale[None, :] + bias[None, :]
 
-  ``a`` and ``w``: both int8 or both float8_e4m3fn.  Every scale / bias argument is
+  ``a`` and ``w``: both int8 or both float8_e4m3fn, or float8_e4m3fn ``a`` and
+  :class:`E2M1Weights` (MXFP4 codes converted in the kernel; no K groups; its column
+  multiplier joins ``col_scale``).  Every scale / bias argument is
   optional float32: ``row_scale`` (Mp,), ``col_scale`` and ``bias`` (Np,) in the epilogue;
   ``row_group_scale`` (Kp / tile_k, Mp) and ``col_group_scale`` (Kp / tile_k, Np) on each
   K step's partial product (DeepSeek-style: the 8-bit WGMMA sums one group exactly, the
   float32 running sum takes its scales).  Mp must be a multiple of ``config.cta_m``, Np
   of ``config.cta_n``, Kp of ``config.tile_k`` (the caller pads)."""
   mp, kp = a.shape
-  np_, kp2 = w.shape
+  e2m1 = isinstance(w, E2M1Weights)
   if jnp.dtype(out_dtype) not in map(jnp.dtype, OUT_DTYPES):
     raise ValueError(f"out_dtype={out_dtype}: expected bfloat16 or float16")
-  if a.dtype != w.dtype or a.dtype not in (jnp.int8, jnp.float8_e4m3fn):
-    raise ValueError(f"a.dtype={a.dtype}, w.dtype={w.dtype}: expected both int8 or both "
-                     f"float8_e4m3fn")
-  if kp != kp2:
-    raise ValueError(f"a.shape={a.shape}, w.shape={w.shape}: K must match")
   grouped = row_group_scale is not None or col_group_scale is not None
+  if e2m1:
+    np_ = _check_e2m1(a, w, kp, grouped)
+  else:
+    np_, kp2 = w.shape
+    if a.dtype != w.dtype or a.dtype not in (jnp.int8, jnp.float8_e4m3fn):
+      raise ValueError(f"a.dtype={a.dtype}, w.dtype={w.dtype}: expected both int8 or both "
+                       f"float8_e4m3fn")
+    if kp != kp2:
+      raise ValueError(f"a.shape={a.shape}, w.shape={w.shape}: K must match")
   config = config or heuristic(mp, np_, grouped, kp, int8=a.dtype == jnp.int8)
+  if e2m1 and (config.tile_k != w.codes.shape[2] or config.split_m or config.tile_n % E2M1_ROWS):
+    raise ValueError(f"config={config}: E2M1Weights need tile_k={w.codes.shape[2]} (the "
+                     f"codes' K tile), split_m=False and tile_n a multiple of {E2M1_ROWS}")
   tm, tn, tk = config.tile_m, config.tile_n, config.tile_k
   cta_m, cta_n = config.cta_m, config.cta_n
   if mp % cta_m or np_ % cta_n or kp % tk:
@@ -244,6 +287,9 @@ def gemm(a: jax.Array, w: jax.Array, row_scale: jax.Array | None,
   if kp % k_step:
     raise ValueError(f"config={config}: K={kp} must be a multiple of {k_step} (two K groups "
                      f"per step)")
+  if e2m1:  # the fold's power of two per column (the kernel's e4m3 values are scaled)
+    mult = w.column_multiplier()
+    col_scale = mult if col_scale is None else col_scale * mult
   for name, v, shape in (("row_scale", row_scale, (mp,)), ("col_scale", col_scale, (np_,)),
                          ("bias", bias, (np_,)),
                          ("row_group_scale", row_group_scale, (groups, mp)),
@@ -266,10 +312,18 @@ def gemm(a: jax.Array, w: jax.Array, row_scale: jax.Array | None,
     col_scale = None
     if not row_epilogue:
       row_scale = None
-  stages = fit_stages(config, grouped)
+  stages = fit_stages(config, grouped, e2m1)
   m_iters, n_iters, k_iters = mp // cta_m, np_ // cta_n, kp // k_step
   acc_dtype = jnp.int32 if a.dtype == jnp.int8 else jnp.float32
   in_tf = (plgpu.TilingTransform((8, tk)), plgpu.SwizzleTransform(tk))  # 8-bit: tk bytes
+  # E2M1Weights: the A tile and the converted B tile in 32-byte swizzle tiles, so each
+  # 32-deep fp8 WGMMA reads whole tiles (a 32-column block of a 128-byte swizzle tile
+  # cannot be addressed) and each converted (64, 32) block is stored as one tile; the
+  # codes (cta_n, 128) as int4 rows of 64 bytes.
+  block_tf = (plgpu.TilingTransform((8, E2M1_BLOCK)), plgpu.SwizzleTransform(E2M1_BLOCK))
+  a_tf = block_tf if e2m1 else in_tf
+  codes_tf = (plgpu.TilingTransform((8, tk)), plgpu.SwizzleTransform(tk // 2))
+  e2m1_in = [w.scales[:kp // E2M1_GROUP], w.top.astype(jnp.float32)] if e2m1 else []
   out_sw = EPI_TILE * jnp.dtype(out_dtype).itemsize
   out_tf = (plgpu.TilingTransform((8, out_sw // jnp.dtype(out_dtype).itemsize)),
             plgpu.SwizzleTransform(out_sw))
@@ -294,6 +348,7 @@ def gemm(a: jax.Array, w: jax.Array, row_scale: jax.Array | None,
   def kernel(a_gmem, w_gmem, *refs):
     refs = list(refs)
     o_gmem = refs.pop()
+    e2m1_gmem = [refs.pop(0) for _ in e2m1_in]  # [group scale rows, column maxima]
     rows_gmem = [refs.pop(0) for _ in rows]
     cols_gmem = [refs.pop(0) for _ in cols]
     grows_gmem = [refs.pop(0) for _ in g_rows]
@@ -302,26 +357,39 @@ def gemm(a: jax.Array, w: jax.Array, row_scale: jax.Array | None,
 
     def pipeline(body, context):
       plain = lambda shape: plgpu.BlockSpec(shape, lambda k: (k, 0), memory_space=plgpu.SMEM)
+      if e2m1:  # (K step, columns, 128) codes; 4 group-scale rows; the column maxima
+        b_specs = [plgpu.BlockSpec((1, cta_n, tk), lambda k: (k, 0, 0), transforms=codes_tf,
+                                   memory_space=plgpu.SMEM),
+                   plain((tk // E2M1_GROUP, cta_n)),
+                   # (the maxima again each step: the pipeline takes only step-indexed
+                   # inputs, and k * 0 reads as one; 1 KB per step)
+                   plgpu.BlockSpec((1, cta_n), lambda k: (k * 0, 0), memory_space=plgpu.SMEM)]
+      else:
+        b_specs = [plgpu.BlockSpec((cta_n, k_step), lambda k: (0, k), transforms=in_tf,
+                                   memory_space=plgpu.SMEM)]
       return plgpu.emit_pipeline_warp_specialized(
           body, grid=(k_iters,), memory_registers=40,
           in_specs=[
-              plgpu.BlockSpec((cta_m, k_step), lambda k: (0, k), transforms=in_tf,
+              plgpu.BlockSpec((cta_m, k_step), lambda k: (0, k), transforms=a_tf,
                               memory_space=plgpu.SMEM),
-              plgpu.BlockSpec((cta_n, k_step), lambda k: (0, k), transforms=in_tf,
-                              memory_space=plgpu.SMEM),
+              *b_specs,
               *[plain((gps, cta_m)) for _ in g_rows],
               *[plain((gps, cta_n)) for _ in g_cols + g_bias]],
           wg_axis="wg", num_compute_wgs=2, max_concurrent_steps=stages,
           compute_context=context)
 
     ignore = lambda *_, **__: None
+    b_args = lambda cns: ((w_gmem.at[:, cns, :], *[g.at[:, cns] for g in e2m1_gmem]) if e2m1
+                          else (w_gmem.at[cns, :],))
     pipeline_args = lambda ms, cns: (
-        a_gmem.at[ms, :], w_gmem.at[cns, :], *[g.at[:, ms] for g in grows_gmem],
+        a_gmem.at[ms, :], *b_args(cns), *[g.at[:, ms] for g in grows_gmem],
         *[g.at[:, cns] for g in gcols_gmem], *[g.at[:, cns] for g in gbias_gmem])
     scratch = dict(
         allocs=pipeline(ignore, ignore).get_allocations(
             *pipeline_args(pl.ds(0, cta_m), pl.ds(0, cta_n))),
         o_smem=plgpu.SMEM((2, 2, EPI_TILE, EPI_TILE), out_dtype, transforms=out_tf))
+    if e2m1:  # each compute warpgroup's converted (tile_n, tile_k) e4m3 B tile
+      scratch["b_smem"] = plgpu.SMEM((2, tn, tk), jnp.float8_e4m3fn, transforms=block_tf)
     if rows or cols:
       scratch["vec_bar"] = plgpu.Barrier(num_arrivals=len(rows) + len(cols), num_barriers=2)
     if rows:
@@ -330,7 +398,7 @@ def gemm(a: jax.Array, w: jax.Array, row_scale: jax.Array | None,
       scratch["cols_smem"] = plgpu.SMEM((2, len(cols), tn), jnp.float32)
 
     @functools.partial(pl.run_scoped, **scratch, collective_axes="wg")
-    def scope(allocs, o_smem, vec_bar=None, rows_smem=None, cols_smem=None):
+    def scope(allocs, o_smem, vec_bar=None, rows_smem=None, cols_smem=None, b_smem=None):
       wg = lax.axis_index("wg")
       waves = config.waves
       shape = (tm // waves, tn)  # one wave's tile (the whole warpgroup tile without waves)
@@ -410,6 +478,37 @@ def gemm(a: jax.Array, w: jax.Array, row_scale: jax.Array | None,
           plgpu.wgmma_wait(0)
           return acc_ref
 
+        def mma_e2m1(_, a_smem, codes_smem, scales_smem, top_smem, acc_ref):
+          """This warpgroup's (tile_n, 128) codes -> e4m3 in its B tile, then the step's
+          four 32-deep WGMMAs.  The previous step's WGMMAs were waited for, so the tile is
+          free; the conversion of one warpgroup runs beside the other's WGMMAs."""
+          b_tile = b_smem.at[wg]
+          row = plgpu.Layout.WGMMA.reduce(1)
+          for c in range(tn // E2M1_ROWS):  # 64 weight rows at a time
+            cs = pl.ds(w_off + c * E2M1_ROWS, E2M1_ROWS)
+            top = plgpu.load(top_smem.at[0, cs], layout=row).astype(jnp.float32)
+            scales = [plgpu.load(scales_smem.at[g, cs], layout=row).astype(jnp.float32)
+                      for g in range(tk // E2M1_GROUP)]
+            codes = plgpu.load(codes_smem.at[0, cs], layout=plgpu.Layout.WGMMA_UPCAST_4X)
+            rows = pl.ds(c * E2M1_ROWS, E2M1_ROWS)
+            if interpret:  # the same values from the K-order codes (no PTX on the CPU)
+              _, raises = mgpu_convert.fold_shifts(scales, top=top)
+              b_tile.at[rows][...] = mgpu_convert.e2m1_to_e4m3_folded_interpret(
+                  mgpu_convert.p8_load(codes.astype(jnp.int8)), jnp.stack(raises, axis=1),
+                  E2M1_GROUP)
+            else:  # (":cf": every real group's raise in range, so no zeroing select)
+              blocks = mgpu_convert.e2m1_to_e4m3_ptx(
+                  codes, tk // E2M1_BLOCK, scales=scales, top=top,
+                  group_blocks=E2M1_GROUP // E2M1_BLOCK, raises_in_range=True)
+              for j, block in enumerate(blocks):
+                b_tile.at[rows, pl.ds(j * E2M1_BLOCK, E2M1_BLOCK)][...] = block
+          plgpu.commit_smem()  # generic-proxy stores -> the WGMMA's reads
+          for j in range(tk // E2M1_BLOCK):
+            ks = pl.ds(j * E2M1_BLOCK, E2M1_BLOCK)
+            plgpu.wgmma(acc_ref, a_smem.at[pl.ds(a_off, tm), ks], b_tile.at[:, ks].T)
+          plgpu.wgmma_wait(0)
+          return acc_ref
+
         def mma_grouped(_, a_smem, w_smem, *refs):
           *g_smem, totals = refs  # one running sum per wave
 
@@ -448,7 +547,7 @@ def gemm(a: jax.Array, w: jax.Array, row_scale: jax.Array | None,
                                                plgpu.ACC(shape, acc_dtype)), 0, v)
               for v in range(waves))
 
-        pipeline(mma_grouped if grouped else mma, context)(
+        pipeline(mma_grouped if grouped else mma_e2m1 if e2m1 else mma, context)(
             *pipeline_args(cta_ms, cta_ns), allocations=allocs)
 
     plgpu.wait_smem_to_gmem(0, wait_read_only=True)
@@ -461,4 +560,23 @@ def gemm(a: jax.Array, w: jax.Array, row_scale: jax.Array | None,
       compiler_params=plgpu.CompilerParams(
           lowering_semantics=plgpu.LoweringSemantics.Warpgroup),
       interpret=plgpu.InterpretGPUParams() if interpret else False)
-  return call(a, w, *rows, *cols, *g_rows, *g_cols, *g_bias)
+  return call(a, w.codes if e2m1 else w, *e2m1_in, *rows, *cols, *g_rows, *g_cols, *g_bias)
+
+
+def _check_e2m1(a: jax.Array, w: E2M1Weights, kp: int, grouped: bool) -> int:
+  """:func:`gemm`'s checks of E2M1Weights against (Mp, Kp) ``a``; returns Np."""
+  if a.dtype != jnp.float8_e4m3fn:
+    raise ValueError(f"a.dtype={a.dtype}: E2M1Weights take float8_e4m3fn activations")
+  if grouped:
+    raise ValueError("E2M1Weights take no K-group scales (row_group_scale / "
+                     "col_group_scale): their group scales are folded into the codes")
+  if w.codes.ndim != 3 or w.codes.dtype != jnp.int4 or w.codes.shape[0] * w.codes.shape[2] != kp:
+    raise ValueError(f"w.codes: expected int4 (Kp / tile_k, Np, tile_k) codes with Kp={kp}; "
+                     f"got {w.codes.dtype} {w.codes.shape}")
+  np_ = w.codes.shape[1]
+  if w.scales.ndim != 2 or w.scales.shape[1] != np_ or w.scales.shape[0] < kp // E2M1_GROUP:
+    raise ValueError(f"w.scales: expected (>= {kp // E2M1_GROUP}, {np_}) group-scale rows "
+                     f"(one per {E2M1_GROUP} codes of K); got {w.scales.shape}")
+  if w.top.shape != (1, np_):
+    raise ValueError(f"w.top: expected (1, {np_}) column maxima; got {w.top.shape}")
+  return np_

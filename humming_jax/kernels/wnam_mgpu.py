@@ -139,6 +139,9 @@ def prepare(params: QuantizedWeight) -> QuantizedWeight:
     raise ValueError(f"spec {params.spec.name}: not supported by the {FAMILY} kernel ({why})")
   out = wna16_mgpu.prepare(weight_view(params, "canonical"),
                            mma="fp8" if dense_fp8_mma(params.spec) else "bf16")
+  # ":cf" where the e8m0 scales allow it (concrete scales only): the prefill's in-GEMM
+  # conversion (run_prefill_e2m1_mma) folds each group against its column's largest
+  out = wna16_mgpu.mark_column_fold(out)
   return out.replace(spec=params.spec, act_scale=params.act_scale,
                      layout=renamed(out.layout, FAMILY))
 
@@ -168,6 +171,9 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
     return jax.numpy.zeros((0, n), x.dtype)
   if config is None and x.shape[0] >= w8a8_mgpu.MIN_M and prefill_8bit_runs(params, x.dtype):
     return run_prefill_8bit(params, x, interpret=interpret)
+  if (config is None and x.shape[0] >= w8a8_mgpu.MIN_M and e2m1_mma_enabled()
+      and e2m1_mma_runs(params) and x.dtype in map(jnp.dtype, w8a8_mgpu.OUT_DTYPES)):
+    return run_prefill_e2m1_mma(params, x, interpret=interpret)
   if (config is None and MX_FOLD_PREFILL and x.shape[0] >= w8a8_mgpu.MIN_M
       and mx_fold_runs(params) and x.dtype in map(jnp.dtype, w8a8_mgpu.OUT_DTYPES)):
     return run_prefill_mx_fold(params, x, interpret=interpret)
@@ -341,6 +347,54 @@ def run_prefill_mx_fold(params: QuantizedWeight, x: jax.Array, *, interpret: boo
                                                           interpret=interpret, meta=meta),
                         meta.col_scale.reshape(1, np_), kp=t * bk, np_=np_, config=config,
                         interpret=interpret)
+
+
+# MXFP4 x fp8 at M >= 512 on the fp8-MMA layout with the column fold (":p8:cf",
+# prepare(mma="fp8")): the 8-bit GEMM converts each K step's codes to e4m3 in shared memory
+# (w8a8_mgpu.E2M1Weights) instead of the per-call unpack to an (Np, Kp) e4m3 array (H200
+# session 18, 8192^2, M = 1024: unpack 30.5 + metadata 7.9 us beside the 88.5 us GEMM).
+# Off until timed on the GPU; HUMMING_JAX_E2M1_MMA=1 turns it on (read at trace time).
+E2M1_MMA_PREFILL = False
+
+
+def e2m1_mma_enabled() -> bool:
+  """:data:`E2M1_MMA_PREFILL`, or HUMMING_JAX_E2M1_MMA=0|1 where set."""
+  return tuning.env_flag("HUMMING_JAX_E2M1_MMA", E2M1_MMA_PREFILL)
+
+
+def e2m1_mma_runs(params: QuantizedWeight) -> bool:
+  """The fold's params (:func:`mx_fold_runs`) on the fp8-MMA layout checked by the column
+  fold (``wna16_mgpu.single_acc_layout``: ":p8:cf"), whose codes the 8-bit GEMM reads."""
+  return (mx_fold_runs(params) and wna16_mgpu.single_acc_layout(params)
+          and params.codes.shape[2] == w8a8_mgpu.Config.tile_k)
+
+
+def run_prefill_e2m1_mma(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
+                         config: w8a8_mgpu.Config | None = None) -> jax.Array:
+  """MXFP4 x fp8 at large M, the codes converted inside the 8-bit GEMM: the W8A8 family's
+  activation pre-pass, then ``w8a8_mgpu.gemm`` on ``w8a8_mgpu.E2M1Weights`` (each group
+  folded against its column's largest scale, exact on ":cf" params).  The same values as
+  :func:`run_prefill_mx_fold` (both exact), one kernel fewer per call."""
+  spec = params.spec
+  if not e2m1_mma_runs(params):
+    raise ValueError(f"spec {spec.name}, params.layout={params.layout!r}, codes "
+                     f"{params.codes.shape}: the in-GEMM conversion takes MXFP4 x fp8 (per "
+                     f"token / tensor) params prepared for {FAMILY} with mma='fp8' and "
+                     f"checked by the column fold (':p8:cf'), N and K padded to 128")
+  w8a8._check_x(x, params.shape[0])
+  if x.dtype not in map(jnp.dtype, w8a8_mgpu.OUT_DTYPES):
+    raise ValueError(f"x.dtype={x.dtype}: the 8-bit GEMM takes bfloat16 / float16")
+  t, np_, bk = params.codes.shape
+  top = params.fold_base
+  if top is None:  # (":cf" params from before fold_base was stored)
+    top = wna16_mgpu.column_fold_row(*wna16_mgpu.column_fold_base(
+        params.scales, params.shape[0], spec))
+  weights = w8a8_mgpu.E2M1Weights(params.codes, params.scales, top)
+  folded = params.replace(spec=dataclasses.replace(spec, weight="fp8_e4m3",
+                                                   granularity="channel",
+                                                   scale_dtype="float32"))
+  return w8a8.gemm_8bit(x, folded, lambda _: weights, jnp.ones((1, np_), jnp.float32),
+                        kp=t * bk, np_=np_, config=config, interpret=interpret)
 
 
 def mx_fold_metadata(params: QuantizedWeight, *, pallas: bool = False,
