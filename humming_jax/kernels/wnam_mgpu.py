@@ -325,6 +325,21 @@ def _mx_fold_exponents(params: QuantizedWeight) -> tuple[jax.Array, jax.Array, j
   return e, base, jnp.all(e[:_real_groups(params)] - base[None] >= 6 - MX_FOLD_SPAN)
 
 
+def _check_fold_x(params: QuantizedWeight, x: jax.Array) -> None:
+  """The MXFP4 fold routes' activation checks (the 8-bit GEMM's output dtypes)."""
+  w8a8._check_x(x, params.shape[0])
+  if x.dtype not in map(jnp.dtype, w8a8_mgpu.OUT_DTYPES):
+    raise ValueError(f"x.dtype={x.dtype}: the 8-bit GEMM takes bfloat16 / float16")
+
+
+def _per_channel_fp8(params: QuantizedWeight) -> QuantizedWeight:
+  """``params`` as the 8-bit GEMM's caller sees the folded weights: e4m3 codes with one
+  float32 scale per column (the activation side of the spec unchanged)."""
+  return params.replace(spec=dataclasses.replace(params.spec, weight="fp8_e4m3",
+                                                 granularity="channel",
+                                                 scale_dtype="float32"))
+
+
 def run_prefill_mx_fold(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
                         config: w8a8_mgpu.Config | None = None) -> jax.Array:
   """MXFP4 x fp8 at large M: the weights folded per call into (N, K) e4m3 codes and one
@@ -335,14 +350,10 @@ def run_prefill_mx_fold(params: QuantizedWeight, x: jax.Array, *, interpret: boo
     raise ValueError(f"spec {spec.name}, params.layout={params.layout!r}, codes "
                      f"{params.codes.shape}: the MXFP4 fold takes MXFP4 x fp8 (per token / "
                      f"tensor) params prepared for {FAMILY}, N and K padded to 128")
-  w8a8._check_x(x, params.shape[0])
-  if x.dtype not in map(jnp.dtype, w8a8_mgpu.OUT_DTYPES):
-    raise ValueError(f"x.dtype={x.dtype}: the 8-bit GEMM takes bfloat16 / float16")
+  _check_fold_x(params, x)
   t, np_, bk = params.codes.shape
   meta = mx_fold_metadata(params, pallas=PALLAS_UNPACK, interpret=interpret)
-  folded = params.replace(spec=dataclasses.replace(spec, weight="fp8_e4m3",
-                                                   granularity="channel",
-                                                   scale_dtype="float32"))
+  folded = _per_channel_fp8(params)
   return w8a8.gemm_8bit(x, folded, lambda _: mx_fold_codes(params, pallas=PALLAS_UNPACK,
                                                           interpret=interpret, meta=meta),
                         meta.col_scale.reshape(1, np_), kp=t * bk, np_=np_, config=config,
@@ -381,18 +392,14 @@ def run_prefill_e2m1_mma(params: QuantizedWeight, x: jax.Array, *, interpret: bo
                      f"{params.codes.shape}: the in-GEMM conversion takes MXFP4 x fp8 (per "
                      f"token / tensor) params prepared for {FAMILY} with mma='fp8' and "
                      f"checked by the column fold (':p8:cf'), N and K padded to 128")
-  w8a8._check_x(x, params.shape[0])
-  if x.dtype not in map(jnp.dtype, w8a8_mgpu.OUT_DTYPES):
-    raise ValueError(f"x.dtype={x.dtype}: the 8-bit GEMM takes bfloat16 / float16")
+  _check_fold_x(params, x)
   t, np_, bk = params.codes.shape
   top = params.fold_base
   if top is None:  # (":cf" params from before fold_base was stored)
     top = wna16_mgpu.column_fold_row(*wna16_mgpu.column_fold_base(
         params.scales, params.shape[0], spec))
   weights = w8a8_mgpu.E2M1Weights(params.codes, params.scales, top)
-  folded = params.replace(spec=dataclasses.replace(spec, weight="fp8_e4m3",
-                                                   granularity="channel",
-                                                   scale_dtype="float32"))
+  folded = _per_channel_fp8(params)
   return w8a8.gemm_8bit(x, folded, lambda _: weights, jnp.ones((1, np_), jnp.float32),
                         kp=t * bk, np_=np_, config=config, interpret=interpret)
 
