@@ -4,7 +4,8 @@ call, their sum / 8) of ``hj.quant_dense`` for three forms of the same weights, 
 process:
 
   pk:        the default layout (":pk"), the MXFP4 fold's Pallas unpack + 8-bit GEMM;
-  p8:        the fp8-MMA layout (":p8:cf", HUMMING_JAX_DENSE_FP8_MMA=1 at prepare), the
+  p8:        the fp8-MMA layout (":p8:cf", HUMMING_JAX_DENSE_FP8_MMA=1 and
+             HUMMING_JAX_E2M1_MMA=1 at prepare), the
              same unpack (HUMMING_JAX_E2M1_MMA=0);
   p8-e2m1:   the same params, the codes converted inside the GEMM (HUMMING_JAX_E2M1_MMA=1,
              wnam_mgpu.run_prefill_e2m1_mma);
@@ -48,6 +49,7 @@ def main():
   ws = [jax.random.normal(kk, (args.k, args.n), jnp.float32) / 90 for kk in keys]
   qs = [jax.jit(hj.quantize, static_argnums=1)(w, spec) for w in ws]
   params = {}
+  os.environ["HUMMING_JAX_E2M1_MMA"] = "1"  # prepare marks ":cf" only with the route on
   for form in args.forms.split(","):
     os.environ["HUMMING_JAX_DENSE_FP8_MMA"] = FORMS[form][0]
     params[form] = [hj.prepare(q) for q in qs]  # eager: ":cf" needs concrete scales

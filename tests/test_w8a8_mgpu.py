@@ -198,6 +198,8 @@ def test_gemm_e2m1_argument_errors():
     gemm(a[:, :128], w)
   with pytest.raises(ValueError, match=r"w.scales: expected \(>= 8, 256\)"):
     gemm(a, dataclasses.replace(w, scales=w.scales[:4]))
+  with pytest.raises(ValueError, match="w.scales: expected bfloat16 / float16 e8m0"):
+    gemm(a, dataclasses.replace(w, scales=w.scales.astype(jnp.float32)))
   with pytest.raises(ValueError, match=r"w.top: expected \(1, 256\)"):
     gemm(a, dataclasses.replace(w, top=w.top[0]))
   with pytest.raises(ValueError, match="E2M1Weights take no K-group scales"):

@@ -327,6 +327,9 @@ def test_e2m1_mma_prefill_interpret(monkeypatch):
   spec = SPECS["w4a8-mxfp4"]
   q, x = make(spec, w8a8_mgpu.MIN_M + 8, 224, 200, seed=11)
   monkeypatch.setenv("HUMMING_JAX_DENSE_FP8_MMA", "1")
+  monkeypatch.delenv("HUMMING_JAX_E2M1_MMA", raising=False)
+  assert not wm.E2M1_MMA_PREFILL and "cf" not in wm.prepare(q).layout.split(":")  # route off
+  monkeypatch.setenv("HUMMING_JAX_E2M1_MMA", "1")
   p = wm.prepare(q)
   assert p.layout.split(":")[-2:] == ["p8", "cf"] and wm.e2m1_mma_runs(p), p.layout
   assert p.fold_base is not None
@@ -345,7 +348,6 @@ def test_e2m1_mma_prefill_interpret(monkeypatch):
   monkeypatch.setattr(w8a8_mgpu, "gemm", lambda a, w, *r, **kw: weights.append(
       isinstance(w, w8a8_mgpu.E2M1Weights)) or orig(a, w, *r, **kw))
   monkeypatch.delenv("HUMMING_JAX_E2M1_MMA", raising=False)
-  assert not wm.E2M1_MMA_PREFILL
   wm.run(p, x, interpret=True)
   monkeypatch.setenv("HUMMING_JAX_E2M1_MMA", "1")
   np.testing.assert_array_equal(np.asarray(wm.run(p, x, interpret=True)), np.asarray(y))
@@ -353,6 +355,7 @@ def test_e2m1_mma_prefill_interpret(monkeypatch):
   # a column whose groups span more than the fold's 11 binades: no ":cf", the unpack route
   monkeypatch.setenv("HUMMING_JAX_DENSE_FP8_MMA", "1")
   wide = wm.prepare(_with_span(q, 12))
+  assert wm.mx_fold_runs(wide)
   assert "cf" not in wide.layout.split(":") and not wm.e2m1_mma_runs(wide)
   with pytest.raises(ValueError, match="checked by the column fold"):
     wm.run_prefill_e2m1_mma(wide, x, interpret=True)
@@ -366,6 +369,7 @@ def test_e2m1_mma_prefill_gpu(monkeypatch):
   spec = SPECS["w4a8-mxfp4"]
   q, x = make(spec, 1024, 8192, 8192, seed=8)
   monkeypatch.setenv("HUMMING_JAX_DENSE_FP8_MMA", "1")
+  monkeypatch.setenv("HUMMING_JAX_E2M1_MMA", "1")
   p = wm.prepare(q)  # eager: the ":cf" check needs concrete scales
   assert wm.e2m1_mma_runs(p), p.layout
   y = jax.jit(lambda p, x: wm.run_prefill_e2m1_mma(p, x))(p, x)

@@ -265,9 +265,9 @@ def gemm(a: jax.Array, w: jax.Array | E2M1Weights, row_scale: jax.Array | None,
     if kp != kp2:
       raise ValueError(f"a.shape={a.shape}, w.shape={w.shape}: K must match")
   config = config or heuristic(mp, np_, grouped, kp, int8=a.dtype == jnp.int8)
-  if e2m1 and (config.tile_k != w.codes.shape[2] or config.split_m or config.tile_n % E2M1_ROWS):
+  if e2m1 and (config.tile_k != w.codes.shape[2] or config.split_m):
     raise ValueError(f"config={config}: E2M1Weights need tile_k={w.codes.shape[2]} (the "
-                     f"codes' K tile), split_m=False and tile_n a multiple of {E2M1_ROWS}")
+                     f"codes' K tile) and split_m=False")
   tm, tn, tk = config.tile_m, config.tile_n, config.tile_k
   cta_m, cta_n = config.cta_m, config.cta_n
   if mp % cta_m or np_ % cta_n or kp % tk:
@@ -577,6 +577,9 @@ def _check_e2m1(a: jax.Array, w: E2M1Weights, kp: int, grouped: bool) -> int:
   if w.scales.ndim != 2 or w.scales.shape[1] != np_ or w.scales.shape[0] < kp // E2M1_GROUP:
     raise ValueError(f"w.scales: expected (>= {kp // E2M1_GROUP}, {np_}) group-scale rows "
                      f"(one per {E2M1_GROUP} codes of K); got {w.scales.shape}")
+  if w.scales.dtype not in (jnp.bfloat16, jnp.float16):  # (2 bytes: smem_bytes)
+    raise ValueError(f"w.scales: expected bfloat16 / float16 e8m0 values (the layout's "
+                     f"scale rows); got {w.scales.dtype}")
   if w.top.shape != (1, np_):
     raise ValueError(f"w.top: expected (1, {np_}) column maxima; got {w.top.shape}")
   return np_

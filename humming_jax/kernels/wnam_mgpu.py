@@ -134,14 +134,17 @@ def prepare(params: QuantizedWeight) -> QuantizedWeight:
   a static spec kept as it is): the decode kernel's own layout (4-bit codes in the
   permuted K order where ``wna16_mgpu.permutes`` says so, which the prefill's Pallas
   unpack reads with ``order="pk"``), or, where :func:`dense_fp8_mma` says so, the fp8-MMA
-  layout (``order="p8"``)."""
+  layout (``order="p8"``), marked ":cf" where :func:`e2m1_mma_enabled` and the scales
+  allow (:func:`run_prefill_e2m1_mma`)."""
   if (why := unsupported_reason(params.spec)) is not None:
     raise ValueError(f"spec {params.spec.name}: not supported by the {FAMILY} kernel ({why})")
   out = wna16_mgpu.prepare(weight_view(params, "canonical"),
                            mma="fp8" if dense_fp8_mma(params.spec) else "bf16")
-  # ":cf" where the e8m0 scales allow it (concrete scales only): the prefill's in-GEMM
-  # conversion (run_prefill_e2m1_mma) folds each group against its column's largest
-  out = wna16_mgpu.mark_column_fold(out)
+  if e2m1_mma_enabled():  # ":cf" where the e8m0 scales allow it (concrete scales only):
+    # the prefill's in-GEMM conversion (run_prefill_e2m1_mma) folds each group against its
+    # column's largest.  Only with the route on: the mark syncs with the device and changes
+    # the layout string (a mixed layer stack stays canonical in recipes).
+    out = wna16_mgpu.mark_column_fold(out)
   return out.replace(spec=params.spec, act_scale=params.act_scale,
                      layout=renamed(out.layout, FAMILY))
 
@@ -157,7 +160,8 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
   """(M, K) float activations x prepared params -> (M, N) in x.dtype: the activations
   quantized as the spec says and rounded to x.dtype, times the weights on the WnA16 kernel;
   without an explicit ``config``, M >= 512 with an exact 8-bit carrier
-  (:func:`prefill_8bit_runs`) takes :func:`run_prefill_8bit`, and MXFP4 x fp8 at M >= 512
+  (:func:`prefill_8bit_runs`) takes :func:`run_prefill_8bit`, MXFP4 x fp8 at M >= 512
+  on ":p8:cf" params :func:`run_prefill_e2m1_mma` where :func:`e2m1_mma_enabled`, else
   :func:`run_prefill_mx_fold` (exact where a column's scales span at most MX_FOLD_SPAN
   octaves; groups further below round to e4m3 subnormals, at most 2**-16 of the column's
   largest group scale)."""
@@ -375,8 +379,10 @@ def e2m1_mma_enabled() -> bool:
 
 def e2m1_mma_runs(params: QuantizedWeight) -> bool:
   """The fold's params (:func:`mx_fold_runs`) on the fp8-MMA layout checked by the column
-  fold (``wna16_mgpu.single_acc_layout``: ":p8:cf"), whose codes the 8-bit GEMM reads."""
+  fold (``wna16_mgpu.single_acc_layout``: ":p8:cf"), in MXFP4's groups of 32, whose codes
+  the 8-bit GEMM reads."""
   return (mx_fold_runs(params) and wna16_mgpu.single_acc_layout(params)
+          and params.spec.group_size == w8a8_mgpu.E2M1_GROUP
           and params.codes.shape[2] == w8a8_mgpu.Config.tile_k)
 
 
