@@ -490,10 +490,10 @@ def gemm(a: jax.Array, w: jax.Array | E2M1Weights, row_scale: jax.Array | None,
             scales = [plgpu.load(scales_smem.at[g, cs], layout=row).astype(jnp.float32)
                       for g in range(tk // E2M1_GROUP)]
             codes = plgpu.load(codes_smem.at[0, cs], layout=plgpu.Layout.WGMMA_UPCAST_4X)
-            rows = pl.ds(c * E2M1_ROWS, E2M1_ROWS)
+            tile_rows = pl.ds(c * E2M1_ROWS, E2M1_ROWS)  # (of this warpgroup's B tile)
             if interpret:  # the same values from the K-order codes (no PTX on the CPU)
               _, raises = mgpu_convert.fold_shifts(scales, top=top)
-              b_tile.at[rows][...] = mgpu_convert.e2m1_to_e4m3_folded_interpret(
+              b_tile.at[tile_rows][...] = mgpu_convert.e2m1_to_e4m3_folded_interpret(
                   mgpu_convert.p8_load(codes.astype(jnp.int8)), jnp.stack(raises, axis=1),
                   E2M1_GROUP)
             else:  # (":cf": every real group's raise in range, so no zeroing select)
@@ -501,7 +501,7 @@ def gemm(a: jax.Array, w: jax.Array | E2M1Weights, row_scale: jax.Array | None,
                   codes, tk // E2M1_BLOCK, scales=scales, top=top,
                   group_blocks=E2M1_GROUP // E2M1_BLOCK, raises_in_range=True)
               for j, block in enumerate(blocks):
-                b_tile.at[rows, pl.ds(j * E2M1_BLOCK, E2M1_BLOCK)][...] = block
+                b_tile.at[tile_rows, pl.ds(j * E2M1_BLOCK, E2M1_BLOCK)][...] = block
           plgpu.commit_smem()  # generic-proxy stores -> the WGMMA's reads
           for j in range(tk // E2M1_BLOCK):
             ks = pl.ds(j * E2M1_BLOCK, E2M1_BLOCK)
