@@ -650,6 +650,16 @@ def e2m1_to_e4m3_folded_interpret(codes: jax.Array, raises: jax.Array, group: in
   return jnp.where(r >= 0, vals, 0.0).astype(jnp.float8_e4m3fn)
 
 
+def p8_e2m1_to_e4m3_interpret(stored: jax.Array, raises: jax.Array | None = None,
+                              group: int = 32) -> jax.Array:
+  """The interpreter's :func:`e2m1_to_e4m3_ptx`: (64, K) ":p8"-stored codes as loaded
+  (any int dtype) -> (64, K) float8_e4m3fn, unfolded or, with ``raises`` ((64, K / group)
+  int32, :func:`fold_shifts`' per group), folded."""
+  vals = p8_load(stored.astype(jnp.int8))
+  return (e2m1_to_e4m3_interpret(vals) if raises is None
+          else e2m1_to_e4m3_folded_interpret(vals, raises, group))
+
+
 # e4m3's normal range starts at 2**-6; below it the grid is 2**-9 apart (subnormals)
 _E4M3_MIN_NORMAL = 2.0 ** -6
 _E4M3_SUBNORMAL_STEP = 2.0 ** -9

@@ -493,9 +493,8 @@ def gemm(a: jax.Array, w: jax.Array | E2M1Weights, row_scale: jax.Array | None,
             tile_rows = pl.ds(c * E2M1_ROWS, E2M1_ROWS)  # (of this warpgroup's B tile)
             if interpret:  # the same values from the K-order codes (no PTX on the CPU)
               _, raises = mgpu_convert.fold_shifts(scales, top=top)
-              b_tile.at[tile_rows][...] = mgpu_convert.e2m1_to_e4m3_folded_interpret(
-                  mgpu_convert.p8_load(codes.astype(jnp.int8)), jnp.stack(raises, axis=1),
-                  E2M1_GROUP)
+              b_tile.at[tile_rows][...] = mgpu_convert.p8_e2m1_to_e4m3_interpret(
+                  codes, jnp.stack(raises, axis=1), E2M1_GROUP)
             else:  # (":cf": every real group's raise in range, so no zeroing select)
               blocks = mgpu_convert.e2m1_to_e4m3_ptx(
                   codes, tk // E2M1_BLOCK, scales=scales, top=top,

@@ -1441,11 +1441,9 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
                          optimized=config.optimized_load)
           if interpret:
             buf = a_smem.at[wg]
-            vals = mgpu_convert.p8_load(w.astype(jnp.int8))
             plgpu.wgmma_wait(0)
-            buf[...] = (mgpu_convert.e2m1_to_e4m3_interpret(vals) if mult is None else
-                        mgpu_convert.e2m1_to_e4m3_folded_interpret(
-                            vals, jnp.stack(raises, axis=1), 32 * fp8_group_blocks))
+            buf[...] = mgpu_convert.p8_e2m1_to_e4m3_interpret(
+                w, None if mult is None else jnp.stack(raises, axis=1), 32 * fp8_group_blocks)
             plgpu.commit_smem()
             a_blocks = [buf.at[:, pl.ds(b * 32, 32)] for b in range(fp8_blocks)]
           elif mult is None:
