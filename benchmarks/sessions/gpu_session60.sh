@@ -23,6 +23,7 @@ s_r60() {
 s_e60() {
   gpu_tests ${ET:-150} "e2m1" tests/test_wnam_mgpu.py; mv "$OUT/tests.log" "$OUT/tests_e60.log"
   T ${EPT:-240} python3 benchmarks/probe_e2m1_prefill.py --ms ${EMS:-1024,4096} --humming \
+    --forms ${EFORMS:-pk,p8,p8-e2m1} \
     > "$OUT/e60.log" 2>&1
   echo "e60 rc=$?"; grep -E "^M=|layout|rror" "$OUT/e60.log" | cut -c1-400
 }

@@ -368,7 +368,8 @@ def run_prefill_mx_fold(params: QuantizedWeight, x: jax.Array, *, interpret: boo
 # prepare(mma="fp8")): the 8-bit GEMM converts each K step's codes to e4m3 in shared memory
 # (w8a8_mgpu.E2M1Weights) instead of the per-call unpack to an (Np, Kp) e4m3 array (H200
 # session 18, 8192^2, M = 1024: unpack 30.5 + metadata 7.9 us beside the 88.5 us GEMM).
-# Off until timed on the GPU; HUMMING_JAX_E2M1_MMA=1 turns it on (read at trace time).
+# Off: its first form took the H100's GEMM from 92.0 to 163.4 us there (session 61); the
+# current one is not GPU-timed.  HUMMING_JAX_E2M1_MMA=1 turns it on (read at trace time).
 E2M1_MMA_PREFILL = False
 
 
