@@ -496,8 +496,8 @@ def test_grouped_dx_kernel_lowers_for_h200(name, shape, rows):
 
 def test_e2m1_mma_prefill_lowers_for_h200(monkeypatch):
   """Session 60's in-GEMM MXFP4 conversion (wnam_mgpu.run_prefill_e2m1_mma) at 8192^2, M =
-  1024, through Mosaic GPU for an H200: the PTX conversion, the stores of its WGMMA_8BIT
-  blocks into 32-byte-swizzled B tiles, and the fp8 WGMMAs on them inside the
+  1024, through Mosaic GPU for an H200: the PTX conversion, the stores of its (64, 128)
+  WGMMA_8BIT arrays into the 128-byte-swizzled B tile, and the fp8 WGMMA on it inside the
   warp-specialized pipeline (the interpreter runs none of these)."""
   from humming_jax.kernels import wnam_mgpu
   monkeypatch.setenv("HUMMING_JAX_DENSE_FP8_MMA", "1")

@@ -545,7 +545,8 @@ def fold_shifts(scales, top=None):
 
 def e2m1_to_e4m3_ptx(codes: jax.Array, blocks: int, *, group_blocks: int = 0,
                      scales: list | None = None, top: jax.Array | None = None,
-                     raises_in_range: bool = False) -> tuple[jax.Array, ...]:
+                     raises_in_range: bool = False, whole: bool = False
+                     ) -> tuple[jax.Array, ...]:
   """":p8"-stored e2m1 codes (a (64, 32 * blocks) int4 tile as loaded: WGMMA_UPCAST_4X)
   -> ``blocks`` (64, 32) float8_e4m3fn WGMMA_8BIT A operands holding ``value * 2**-6``, one
   per K run of 32 (GPU only).  Lane q's 32-bit register of 8 stored codes holds the
@@ -565,11 +566,15 @@ def e2m1_to_e4m3_ptx(codes: jax.Array, blocks: int, *, group_blocks: int = 0,
   the caller guarantees 0 <= raise <= FOLD_MAX_SHIFT for every group of real codes (the
   ":cf" column fold; a column whose scales do not fold comes out NaN from a base computed
   per call, ``wna16_mgpu.column_fold_row``, but not from a stale stored one), so the
-  zeroing select is left out."""
+  zeroing select is left out.  ``whole``: one (64, 32 * blocks) WGMMA_8BIT array (a
+  1-tuple) rather than a block per run, for a store into a 128-byte swizzle tile, whose
+  32-column blocks cannot be addressed alone."""
   fold = scales is not None
   shape = (codes.shape[0], 32)
   out_t = plgpu.ShapeDtypeStruct(shape, jnp.dtype(jnp.float8_e4m3fn),
                                  layout=plgpu.Layout.WGMMA_8BIT)
+  whole_t = plgpu.ShapeDtypeStruct((shape[0], 32 * blocks), out_t.dtype,
+                                   layout=plgpu.Layout.WGMMA_8BIT)
   rows = (plgpu.Layout.WGMMA.reduce(1),) * (len(scales) + 1) if fold else ()
   remedy = ("run without HUMMING_JAX_FP8_FOLD, with HUMMING_JAX_FP8_SINGLE_ACC=0, and no "
             "fp8_fold / fp8_single_acc in an explicit config" if fold else
@@ -577,7 +582,7 @@ def e2m1_to_e4m3_ptx(codes: jax.Array, blocks: int, *, group_blocks: int = 0,
             "HUMMING_JAX_DENSE_FP8_MMA=0 (dense): the 16-bit route")
 
   @plgpu.inline_mgpu(arg_types=(plgpu.Layout.WGMMA_UPCAST_4X,) + rows,
-                     return_type=tuple([out_t] * blocks))
+                     return_type=(whole_t,) if whole else tuple([out_t] * blocks))
   def convert(ctx, arr, *row_args):
     del ctx
     from jax.experimental.mosaic import gpu as mgpu
@@ -632,6 +637,8 @@ def e2m1_to_e4m3_ptx(codes: jax.Array, blocks: int, *, group_blocks: int = 0,
                      arith.andi(arith.shli(w, c(4)), sign))
       for half_k, val in ((0, hi), (1, lo)):
         outs[run][(idx[0], half_k, *idx[2:])] = mgpu_utils.bitcast(val, f8)
+    if whole:  # run r's two 16-column register tiles at 2 r, 2 r + 1
+      outs = [np.concatenate(outs, axis=1)]
     return tuple(mgpu.FragmentedArray(_registers=o, _layout=mgpu.WGMMA_LAYOUT_8BIT,
                                       _is_signed=None) for o in outs)
 
