@@ -364,8 +364,8 @@ def test_e2m1_mma_prefill_interpret(monkeypatch):
 @pytest.mark.gpu
 def test_e2m1_mma_prefill_gpu(monkeypatch):
   """The in-GEMM conversion on the GPU at 8192^2, M = 1024: the PTX conversion's e4m3
-  values and the 32-byte-swizzled B tiles give the unpack route's output (the same fp8
-  products, summed in the same order), and the reference's error class."""
+  values in the 128-byte-swizzled B tile give the unpack route's output (the same fp8
+  WGMMA on the same operands), and the reference's error class."""
   spec = SPECS["w4a8-mxfp4"]
   q, x = make(spec, 1024, 8192, 8192, seed=8)
   monkeypatch.setenv("HUMMING_JAX_DENSE_FP8_MMA", "1")

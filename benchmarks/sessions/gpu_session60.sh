@@ -7,7 +7,8 @@
 #   e60:  the W4A8 MXFP4 prefill converting its codes inside the 8-bit GEMM
 #         (w8a8_mgpu.E2M1Weights, wnam_mgpu.run_prefill_e2m1_mma): its GPU test, then
 #         probe_e2m1_prefill.py (CUPTI kernels per 8192^2 layer, ":pk" unpack / ":p8"
-#         unpack / ":p8" in-GEMM, one process; Humming W4A8 MXFP4 beside).  EMS=1024,4096.
+#         unpack / ":p8" in-GEMM, one process; Humming W4A8 MXFP4 beside).  EMS=1024,4096,
+#         EFORMS=pk,p8,p8-e2m1 (session 61: the 128-byte form with EFORMS=p8,p8-e2m1).
 #   t59, w59, h8 and the earlier sessions' steps: gpu_session59.sh.
 source "$(dirname "$0")/../gpu_env.sh"
 R60_SHAPES="qwen3-30b-a3b-down deepseek-v3-down qwen3-30b-a3b-gate_up deepseek-v3-gate_up"

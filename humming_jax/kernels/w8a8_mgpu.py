@@ -479,7 +479,8 @@ def gemm(a: jax.Array, w: jax.Array | E2M1Weights, row_scale: jax.Array | None,
         def mma_e2m1(_, a_smem, codes_smem, scales_smem, top_smem, acc_ref):
           """This warpgroup's (tile_n, 128) codes -> e4m3 in its B tile, then the step's
           WGMMA.  The previous step's WGMMA was waited for, so the tile is free; the
-          conversion of one warpgroup runs beside the other's WGMMA."""
+          conversion of one warpgroup is meant to run beside the other's WGMMA (the first
+          form's H100 time says it did not fully: benchmarks/NOTES.md, session 61)."""
           b_tile = b_smem.at[wg]
           row = plgpu.Layout.WGMMA.reduce(1)
           for c in range(tn // E2M1_ROWS):  # 64 weight rows at a time
