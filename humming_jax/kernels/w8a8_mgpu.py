@@ -60,7 +60,7 @@ EPI_TILE = 64  # output rows / columns per TMA store
 WAVE_M = 64  # rows of one WGMMA (Config.group_waves)
 OUT_DTYPES = (jnp.bfloat16, jnp.float16)  # 64 columns = one 128-byte swizzle row
 E2M1_GROUP = 32  # codes per e8m0 group scale of E2M1Weights (MXFP4)
-E2M1_BLOCK = 32  # codes per ":p8" run (mgpu_convert.e2m1_to_e4m3_ptx's blocks)
+E2M1_BLOCK = mgpu_convert.PERMUTE_RUN  # codes per ":p8" run (e2m1_to_e4m3_ptx's blocks)
 E2M1_ROWS = 64  # weight rows (output columns) converted at once: one WGMMA_UPCAST_4X tile
 
 
