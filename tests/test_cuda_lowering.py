@@ -494,13 +494,16 @@ def test_grouped_dx_kernel_lowers_for_h200(name, shape, rows):
                                        else "_pk") in text
 
 
-def test_e2m1_mma_prefill_lowers_for_h200(monkeypatch):
+@pytest.mark.parametrize("overlap", ["1", "0"])
+def test_e2m1_mma_prefill_lowers_for_h200(overlap, monkeypatch):
   """Session 60's in-GEMM MXFP4 conversion (wnam_mgpu.run_prefill_e2m1_mma) at 8192^2, M =
   1024, through Mosaic GPU for an H200: the PTX conversion, the stores of its (64, 128)
   WGMMA_8BIT arrays into the 128-byte-swizzled B tile, and the fp8 WGMMA on it inside the
-  warp-specialized pipeline (the interpreter runs none of these)."""
+  warp-specialized pipeline (the interpreter runs none of these); with the conversion
+  beside the previous step's WGMMA (session 62's manual A-slot release) and without."""
   from humming_jax.kernels import wnam_mgpu
   monkeypatch.setenv("HUMMING_JAX_DENSE_FP8_MMA", "1")
+  monkeypatch.setenv("HUMMING_JAX_E2M1_OVERLAP", overlap)
   p = abstract_params("w4a8-mxfp4", (8192, 8192), kernel="wnam_mgpu")
   p = p.replace(layout=p.layout + ":cf")  # (prepare marks it only for concrete scales)
   assert wnam_mgpu.e2m1_mma_runs(p), p.layout

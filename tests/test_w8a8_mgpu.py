@@ -165,19 +165,27 @@ def e2m1_operands(m, n, k, seed=0, span=11):
   return a, wm.E2M1Weights(stored, scales.astype(jnp.bfloat16), top), w
 
 
-@pytest.mark.parametrize("with_bias", [True, False])
-def test_gemm_e2m1_interpret(with_bias, monkeypatch):
+@pytest.mark.parametrize("with_bias,overlap,k", [(True, True, 640), (False, True, 256),
+                                                  (False, False, 256)])
+def test_gemm_e2m1_interpret(with_bias, overlap, k, monkeypatch):
   """E2M1Weights (session 60): the codes converted to e4m3 in the kernel, each group folded
   against its column's largest scale (groups 0..11 binades below it), two CTAs over 2 x 2
-  output tiles and two K steps; against the float product of the activations and the
-  dequantized weights (the fold is exact: only the float32 sums and the bf16 output
-  round)."""
+  output tiles; against the float product of the activations and the dequantized weights
+  (the fold is exact: only the float32 sums and the bf16 output round).  ``overlap``
+  (session 62, Config.e2m1_overlap): step k's conversion beside step k - 1's WGMMA, the A
+  slots released by hand one step late -- at K = 640 five steps through three pipeline
+  slots, so every slot is reused and each CTA runs two output tiles on the same barriers;
+  without it the conversion and the WGMMA alternate."""
   monkeypatch.setattr(wm.tuning, "num_sms", lambda: 2)
-  m, n, k = 256, 512, 256
+  m, n = 256, 512
   a, w, w_float = e2m1_operands(m, n, k, seed=3)
   _, _, rows, cols, bias = operands(jnp.float8_e4m3fn, m, n, k, seed=4)
   bias = bias if with_bias else None
-  y = wm.gemm(a, w, rows, cols, bias, out_dtype=jnp.bfloat16, interpret=True)
+  config = wm.Config(tile_m=128, tile_n=128, e2m1_overlap=overlap)
+  if overlap and k == 640:
+    assert wm.fit_stages(config, e2m1=True) == 3  # fewer slots than the 5 K steps
+  y = wm.gemm(a, w, rows, cols, bias, out_dtype=jnp.bfloat16, config=config,
+              interpret=True)
   ref = float_product(a, w_float, rows, cols, bias)
   assert y.dtype == jnp.bfloat16 and y.shape == (m, n)
   assert rel(y, ref) <= 4e-3

@@ -138,6 +138,13 @@ class Config:
   # 131.0 us at M = 1024, 522.3 -> 500.8 at 4096; fp8 130.1 -> 129.4 and 490.1 -> 506.5;
   # w8a8-fp8-block 527.1 -> 543.6 at 4096.  The heuristic's choice for int8 operands.
   group_waves: bool = False
+  # E2M1Weights: each warpgroup converts step k's codes while its own step k - 1 WGMMA runs
+  # (two converted B tiles per warpgroup; the A slot released one step late, by hand).
+  # Without it the conversion and the WGMMA alternate, and the H100 GEMM took 161.1 us at
+  # 8192^2, M = 1024, against 92.9 on TMA-loaded e4m3 weights (session 62).
+  # HUMMING_JAX_E2M1_OVERLAP=0 turns it off (the side-by-side probe).
+  e2m1_overlap: bool = dataclasses.field(
+      default_factory=lambda: tuning.env_flag("HUMMING_JAX_E2M1_OVERLAP", True))
 
   @property
   def cta_m(self) -> int:
@@ -194,7 +201,8 @@ def smem_bytes(config: Config, stages: int, out_bytes: int = 2, grouped: bool = 
     step += kb(gps * config.cta_m * 4) + 2 * kb(gps * config.cta_n * 4)
   if e2m1:
     step += kb(k_step // E2M1_GROUP * config.cta_n * 2) + kb(config.cta_n * 4)
-  converted = kb(2 * config.tile_n * k_step) if e2m1 else 0
+  converted = (kb(2 * (2 if config.e2m1_overlap else 1) * config.tile_n * k_step) if e2m1
+               else 0)
   return (stages * step + converted + kb(2 * 2 * EPI_TILE * EPI_TILE * out_bytes)
           + 3 * kb(2 * max(config.tile_m, config.tile_n) * 4))
 
@@ -313,6 +321,8 @@ def gemm(a: jax.Array, w: jax.Array | E2M1Weights, row_scale: jax.Array | None,
     if not row_epilogue:
       row_scale = None
   stages = fit_stages(config, grouped, e2m1)
+  overlap = e2m1 and config.e2m1_overlap
+  slots = min(stages, kp // k_step)  # the pipeline's buffers (no more than its steps)
   m_iters, n_iters, k_iters = mp // cta_m, np_ // cta_n, kp // k_step
   acc_dtype = jnp.int32 if a.dtype == jnp.int8 else jnp.float32
   in_tf = (plgpu.TilingTransform((8, tk)), plgpu.SwizzleTransform(tk))  # 8-bit: tk bytes
@@ -374,7 +384,7 @@ def gemm(a: jax.Array, w: jax.Array | E2M1Weights, row_scale: jax.Array | None,
               *[plain((gps, cta_m)) for _ in g_rows],
               *[plain((gps, cta_n)) for _ in g_cols + g_bias]],
           wg_axis="wg", num_compute_wgs=2, max_concurrent_steps=stages,
-          compute_context=context)
+          compute_context=context, manual_consumed_barriers=overlap)
 
     ignore = lambda *_, **__: None
     b_args = lambda cns: ((w_gmem.at[:, cns, :], *[g.at[:, cns] for g in e2m1_gmem]) if e2m1
@@ -386,8 +396,9 @@ def gemm(a: jax.Array, w: jax.Array | E2M1Weights, row_scale: jax.Array | None,
         allocs=pipeline(ignore, ignore).get_allocations(
             *pipeline_args(pl.ds(0, cta_m), pl.ds(0, cta_n))),
         o_smem=plgpu.SMEM((2, 2, EPI_TILE, EPI_TILE), out_dtype, transforms=out_tf))
-    if e2m1:  # each compute warpgroup's converted (tile_n, tile_k) e4m3 B tile
-      scratch["b_smem"] = plgpu.SMEM((2, tn, tk), jnp.float8_e4m3fn, transforms=in_tf)
+    if e2m1:  # each compute warpgroup's converted (tile_n, tile_k) e4m3 B tile(s)
+      scratch["b_smem"] = plgpu.SMEM((2, 2 if overlap else 1, tn, tk), jnp.float8_e4m3fn,
+                                     transforms=in_tf)
     if rows or cols:
       scratch["vec_bar"] = plgpu.Barrier(num_arrivals=len(rows) + len(cols), num_barriers=2)
     if rows:
@@ -476,12 +487,17 @@ def gemm(a: jax.Array, w: jax.Array | E2M1Weights, row_scale: jax.Array | None,
           plgpu.wgmma_wait(0)
           return acc_ref
 
-        def mma_e2m1(_, a_smem, codes_smem, scales_smem, top_smem, acc_ref):
+        def mma_e2m1(idx, a_smem, codes_smem, scales_smem, top_smem, *rest):
           """This warpgroup's (tile_n, 128) codes -> e4m3 in its B tile, then the step's
-          WGMMA.  The previous step's WGMMA was waited for, so the tile is free; the
-          conversion of one warpgroup is meant to run beside the other's WGMMA (the first
-          form's H100 time says it did not fully: benchmarks/NOTES.md, session 61)."""
-          b_tile = b_smem.at[wg]
+          WGMMA.  With ``e2m1_overlap`` the conversion of step k runs while this
+          warpgroup's step k - 1 WGMMA is in flight: B tiles alternate, the codes' slots
+          are released once converted and the A slot of step k - 1 once its WGMMA is
+          waited for (manual consumed barriers).  Without it the previous step's WGMMA
+          was waited for, and the conversion of one warpgroup can only hide behind the
+          other's WGMMA (it did not: benchmarks/NOTES.md, sessions 61 and 62)."""
+          *consumed, acc_ref = rest
+          k = idx[0]
+          b_tile = b_smem.at[wg, lax.rem(k, 2) if overlap else 0]
           row = plgpu.Layout.WGMMA.reduce(1)
           for c in range(tn // E2M1_ROWS):  # 64 weight rows at a time
             cs = pl.ds(w_off + c * E2M1_ROWS, E2M1_ROWS)
@@ -499,9 +515,26 @@ def gemm(a: jax.Array, w: jax.Array | E2M1Weights, row_scale: jax.Array | None,
                   codes, tk // E2M1_BLOCK, scales=scales, top=top,
                   group_blocks=E2M1_GROUP // E2M1_BLOCK, raises_in_range=True, whole=True)
               rows_ref[...] = converted
+          if overlap:  # the codes, scales and maxima are in registers / the B tile now
+            a_done, *b_done = consumed
+            for bar in b_done:
+              plgpu.barrier_arrive(bar)
           plgpu.commit_smem()  # generic-proxy stores -> the WGMMA's reads
           plgpu.wgmma(acc_ref, a_tile(a_smem), b_tile.T)
-          plgpu.wgmma_wait(0)
+          if not overlap:
+            plgpu.wgmma_wait(0)
+            return acc_ref
+          plgpu.wgmma_wait(1)  # step k - 1's WGMMA done: its A slot and B tile are free
+          a_slots = allocs["flat_consumed_barrier_refs"][0]
+
+          @pl.when(k > 0)
+          def _():
+            plgpu.barrier_arrive(a_slots.at[lax.rem(k - 1, slots)])
+
+          @pl.when(k == k_iters - 1)  # the tile's last step: nothing left to overlap
+          def _():
+            plgpu.wgmma_wait(0)
+            plgpu.barrier_arrive(a_done)
           return acc_ref
 
         def mma_grouped(_, a_smem, w_smem, *refs):
