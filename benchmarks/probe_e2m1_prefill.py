@@ -9,8 +9,11 @@ process:
              same unpack (HUMMING_JAX_E2M1_MMA=0);
   p8-e2m1:   the same params, the codes converted inside the GEMM (HUMMING_JAX_E2M1_MMA=1,
              wnam_mgpu.run_prefill_e2m1_mma), each step's conversion beside the previous
-             step's WGMMA (w8a8_mgpu.Config.e2m1_overlap, session 62);
-  p8-e2m1-serial: the same without the overlap (HUMMING_JAX_E2M1_OVERLAP=0: sessions 60-61);
+             step's WGMMA (w8a8_mgpu.Config.e2m1_overlap, session 62), 256 x 128 CTA tiles
+             whose warpgroups share one converted B tile (w8a8_mgpu.e2m1_heuristic);
+  p8-e2m1-own: the overlap, 128 x 256 CTA tiles, each warpgroup converting its own
+             (HUMMING_JAX_E2M1_SHARED=0);
+  p8-e2m1-serial: neither (HUMMING_JAX_E2M1_OVERLAP=0: sessions 60-61);
 
 each output against the reference (relative error) and p8-e2m1 against p8 (max |diff|);
 ``--humming``: humming-kernels' W4A8 MXFP4 x fp8 of the same float weights, CUDA graph
@@ -34,9 +37,11 @@ import humming_jax as hj  # noqa: E402
 from humming_jax.kernels import reference  # noqa: E402
 
 LAYERS = 8
-# (fp8 layout, in-GEMM conversion, its overlap)
-FORMS = {"pk": ("0", "0", "1"), "p8": ("1", "0", "1"), "p8-e2m1": ("1", "1", "1"),
-         "p8-e2m1-serial": ("1", "1", "0")}
+# (fp8 layout, in-GEMM conversion, its overlap, the shared B tile)
+FORMS = {"pk": ("0", "0", "1", "1"), "p8": ("1", "0", "1", "1"),
+         "p8-e2m1": ("1", "1", "1", "1"), "p8-e2m1-own": ("1", "1", "1", "0"),
+         "p8-e2m1-serial": ("1", "1", "0", "0")}
+IN_GEMM = [f for f in FORMS if FORMS[f][1] == "1"]
 
 
 def main():
@@ -67,6 +72,7 @@ def main():
     for form in args.forms.split(","):
       os.environ["HUMMING_JAX_E2M1_MMA"] = FORMS[form][1]
       os.environ["HUMMING_JAX_E2M1_OVERLAP"] = FORMS[form][2]
+      os.environ["HUMMING_JAX_E2M1_SHARED"] = FORMS[form][3]
       ps = params[form]
       fn = jax.jit(lambda ps, xs: [hj.quant_dense(p, x) for p, x in zip(ps, xs)])
       outs[form] = jax.block_until_ready(fn(ps, xs))[0]
@@ -75,7 +81,7 @@ def main():
       parts = ", ".join(f"{k} {v:.2f}" for k, v in sorted(times.items(), key=lambda t: -t[1]))
       print(f"M={m} {form}: kernels {total:.2f} us per layer, rel err "
             f"{common.rel_err(outs[form], want):.2e}: {parts}", flush=True)
-    for form in ("p8-e2m1", "p8-e2m1-serial"):
+    for form in IN_GEMM:
       if "p8" in outs and form in outs:
         d = jnp.max(jnp.abs(outs["p8"].astype(jnp.float32) - outs[form].astype(jnp.float32)))
         print(f"M={m} {form} vs p8: max |diff| {float(d):.3e}", flush=True)

@@ -11,6 +11,8 @@ Cases: ``dense`` (K x N weights, M token rows, ``--config`` as in profile_mgpu.p
 ``grouped`` (DeepSeek-V3-style gate_up stack, E experts, top-k routing of ``--m`` tokens,
 through ``grouped_wna16_mgpu.run``); ``dense8`` / ``grouped8`` the same on the fp8-MMA
 layout (W4A8 MXFP4: e4m3 activation codes and row scales, ``wna16_mgpu.prepare(mma="fp8")``;
+``e2m1`` (session 62) the W4A8 MXFP4 prefill converting the codes inside the 8-bit GEMM
+(``wnam_mgpu.run_prefill_e2m1_mma``; HUMMING_JAX_E2M1_SHARED / _OVERLAP pick its form);
 session 21's questions: why the dense M = 1 decode takes ~18 us and the 128-row grouped
 tile ~400 TFLOP/s).  Question it answers (NOTES.md v5/v6): is the M = 1
 plateau (~17-18 us per 8192^2 int4 layer, ~1.9 TB/s) instruction issue, barrier / TMA
@@ -39,7 +41,7 @@ from humming_jax.kernels import (grouped_wna16_mgpu, grouped_wnam_mgpu,  # noqa:
 
 def main() -> None:
   ap = argparse.ArgumentParser()
-  ap.add_argument("--case", choices=("dense", "grouped", "dense8", "grouped8"),
+  ap.add_argument("--case", choices=("dense", "grouped", "dense8", "grouped8", "e2m1"),
                   default="dense")
   ap.add_argument("--spec", default="w4a16-g128-zp")
   ap.add_argument("--m", type=int, default=1, help="token rows (grouped: tokens)")
@@ -62,7 +64,16 @@ def main() -> None:
   if fp8 and not wnam_mgpu.fp8_mma_applies(spec):
     raise SystemExit(f"--case {args.case}: --spec {args.spec} has no fp8-MMA layout "
                      f"(e.g. w4a8-mxfp4)")
-  if args.case == "dense8":
+  if args.case == "e2m1":  # session 62: the prefill's in-GEMM MXFP4 conversion
+    import os  # noqa: PLC0415
+    os.environ.update(HUMMING_JAX_DENSE_FP8_MMA="1", HUMMING_JAX_E2M1_MMA="1")
+    w = jax.random.normal(jax.random.key(0), (args.k, args.n), jnp.float32) / np.sqrt(args.k)
+    params = wnam_mgpu.prepare(jax.jit(hj.quantize, static_argnums=1)(w, spec))  # eager: ":cf"
+    assert wnam_mgpu.e2m1_mma_runs(params), params.layout
+    x = jnp.asarray(rng.standard_normal((args.m, args.k), np.float32), jnp.bfloat16)
+    fn = jax.jit(lambda p, x: wnam_mgpu.run_prefill_e2m1_mma(p, x, interpret=args.interpret))
+    inputs = (params, x)
+  elif args.case == "dense8":
     w = jax.random.normal(jax.random.key(0), (args.k, args.n), jnp.float32) / np.sqrt(args.k)
     params = jax.jit(lambda w: wna16_mgpu.prepare(
         wnam_mgpu.weight_view(hj.quantize(w, spec), "canonical"), permute=False,

@@ -165,9 +165,9 @@ def e2m1_operands(m, n, k, seed=0, span=11):
   return a, wm.E2M1Weights(stored, scales.astype(jnp.bfloat16), top), w
 
 
-@pytest.mark.parametrize("with_bias,overlap,k", [(True, True, 640), (False, True, 256),
-                                                  (False, False, 256)])
-def test_gemm_e2m1_interpret(with_bias, overlap, k, monkeypatch):
+@pytest.mark.parametrize("with_bias,overlap,split_m,k", [
+    (True, True, True, 640), (False, True, False, 640), (False, False, False, 256)])
+def test_gemm_e2m1_interpret(with_bias, overlap, split_m, k, monkeypatch):
   """E2M1Weights (session 60): the codes converted to e4m3 in the kernel, each group folded
   against its column's largest scale (groups 0..11 binades below it), two CTAs over 2 x 2
   output tiles; against the float product of the activations and the dequantized weights
@@ -175,13 +175,16 @@ def test_gemm_e2m1_interpret(with_bias, overlap, k, monkeypatch):
   (session 62, Config.e2m1_overlap): step k's conversion beside step k - 1's WGMMA, the A
   slots released by hand one step late -- at K = 640 five steps through three pipeline
   slots, so every slot is reused and each CTA runs two output tiles on the same barriers;
-  without it the conversion and the WGMMA alternate."""
+  without it the conversion and the WGMMA alternate.  ``split_m`` (the default,
+  e2m1_heuristic): 256 x 128 CTA tiles, both warpgroups reading one B tile that each
+  converts half of, behind a barrier per tile (here 4 output tiles on 2 CTAs too)."""
   monkeypatch.setattr(wm.tuning, "num_sms", lambda: 2)
-  m, n = 256, 512
+  m, n = 512 if split_m else 256, 256 if split_m else 512
   a, w, w_float = e2m1_operands(m, n, k, seed=3)
   _, _, rows, cols, bias = operands(jnp.float8_e4m3fn, m, n, k, seed=4)
   bias = bias if with_bias else None
-  config = wm.Config(tile_m=128, tile_n=128, e2m1_overlap=overlap)
+  config = wm.Config(tile_m=128, tile_n=128, e2m1_overlap=overlap, split_m=split_m)
+  assert config == wm.e2m1_heuristic(m, n) or not split_m
   if overlap and k == 640:
     assert wm.fit_stages(config, e2m1=True) == 3  # fewer slots than the 5 K steps
   y = wm.gemm(a, w, rows, cols, bias, out_dtype=jnp.bfloat16, config=config,
@@ -214,6 +217,12 @@ def test_gemm_e2m1_argument_errors():
     gemm(a, w, col_group_scale=jnp.ones((2, 256), jnp.float32))
   with pytest.raises(ValueError, match="E2M1Weights need tile_k=128"):
     gemm(a, w, config=wm.Config(tile_k=64))
+  with pytest.raises(ValueError, match=r"tile_n must be a multiple of 64 \(of 128 with"):
+    gemm(a, w, config=wm.Config(tile_m=128, tile_n=64, split_m=True))
+  with pytest.raises(ValueError, match="which needs e2m1_overlap"):
+    gemm(a, w, config=wm.Config(tile_m=128, tile_n=128, split_m=True, e2m1_overlap=False))
+  with pytest.raises(ValueError, match=r"CTA tile 256 x 128 \(config.cta_m"):
+    gemm(a, w)  # the default (e2m1_heuristic) takes 256 token rows per CTA
 
 
 def test_gemm_argument_errors():

@@ -201,8 +201,8 @@ def smem_bytes(config: Config, stages: int, out_bytes: int = 2, grouped: bool = 
     step += kb(gps * config.cta_m * 4) + 2 * kb(gps * config.cta_n * 4)
   if e2m1:
     step += kb(k_step // E2M1_GROUP * config.cta_n * 2) + kb(config.cta_n * 4)
-  converted = (kb(2 * (2 if config.e2m1_overlap else 1) * config.tile_n * k_step) if e2m1
-               else 0)
+  converted = (kb((1 if config.split_m else 2) * (2 if config.e2m1_overlap else 1)
+                  * config.tile_n * k_step) if e2m1 else 0)
   return (stages * step + converted + kb(2 * 2 * EPI_TILE * EPI_TILE * out_bytes)
           + 3 * kb(2 * max(config.tile_m, config.tile_n) * 4))
 
@@ -241,6 +241,20 @@ def heuristic(m: int, n: int, grouped: bool = False, k: int | None = None, *,
   return Config(tile_m=128, tile_n=128 if n % 256 == 0 else 64)
 
 
+def e2m1_heuristic(m: int, n: int) -> Config:
+  """:class:`E2M1Weights`: 256 x 128 CTA tiles, the two warpgroups side by side along M
+  (``split_m``) sharing one converted B tile, each converting half of it, so each code is
+  converted once per 256 token rows instead of once per 128 (session 62: the conversion,
+  not the WGMMA, set the H100's time).  HUMMING_JAX_E2M1_SHARED=0: 128 x 256 CTA tiles,
+  each warpgroup converting its own 128 columns (so too without ``e2m1_overlap``, which
+  the shared tile needs)."""
+  del m, n  # (N is padded to 128 by the layout; M to the CTA tile by the caller)
+  config = Config(tile_m=128, tile_n=128)
+  if config.e2m1_overlap and tuning.env_flag("HUMMING_JAX_E2M1_SHARED", True):
+    return dataclasses.replace(config, split_m=True)
+  return config
+
+
 def gemm(a: jax.Array, w: jax.Array | E2M1Weights, row_scale: jax.Array | None,
          col_scale: jax.Array | None, bias: jax.Array | None, *, out_dtype,
          row_group_scale: jax.Array | None = None, col_group_scale: jax.Array | None = None,
@@ -272,10 +286,18 @@ def gemm(a: jax.Array, w: jax.Array | E2M1Weights, row_scale: jax.Array | None,
                        f"float8_e4m3fn")
     if kp != kp2:
       raise ValueError(f"a.shape={a.shape}, w.shape={w.shape}: K must match")
-  config = config or heuristic(mp, np_, grouped, kp, int8=a.dtype == jnp.int8)
-  if e2m1 and (config.tile_k != w.codes.shape[2] or config.split_m):
+  config = config or (e2m1_heuristic(mp, np_) if e2m1 else
+                      heuristic(mp, np_, grouped, kp, int8=a.dtype == jnp.int8))
+  if e2m1 and config.tile_k != w.codes.shape[2]:
     raise ValueError(f"config={config}: E2M1Weights need tile_k={w.codes.shape[2]} (the "
-                     f"codes' K tile) and split_m=False")
+                     f"codes' K tile)")
+  if e2m1 and config.tile_n % (2 * E2M1_ROWS if config.split_m else E2M1_ROWS):
+    raise ValueError(f"config={config}: E2M1Weights convert {E2M1_ROWS} columns at a time; "
+                     f"tile_n must be a multiple of {E2M1_ROWS} (of {2 * E2M1_ROWS} with "
+                     f"split_m: each warpgroup converts half of the shared tile)")
+  if e2m1 and config.split_m and not config.e2m1_overlap:
+    raise ValueError(f"config={config}: split_m E2M1Weights share each converted B tile "
+                     f"between the warpgroups, which needs e2m1_overlap (two B tiles)")
   tm, tn, tk = config.tile_m, config.tile_n, config.tile_k
   cta_m, cta_n = config.cta_m, config.cta_n
   if mp % cta_m or np_ % cta_n or kp % tk:
@@ -396,9 +418,12 @@ def gemm(a: jax.Array, w: jax.Array | E2M1Weights, row_scale: jax.Array | None,
         allocs=pipeline(ignore, ignore).get_allocations(
             *pipeline_args(pl.ds(0, cta_m), pl.ds(0, cta_n))),
         o_smem=plgpu.SMEM((2, 2, EPI_TILE, EPI_TILE), out_dtype, transforms=out_tf))
-    if e2m1:  # each compute warpgroup's converted (tile_n, tile_k) e4m3 B tile(s)
-      scratch["b_smem"] = plgpu.SMEM((2, 2 if overlap else 1, tn, tk), jnp.float8_e4m3fn,
-                                     transforms=in_tf)
+    if e2m1:  # the converted (tile_n, tile_k) e4m3 B tile(s): shared with split_m, else
+      # one per compute warpgroup; two with the overlap (step k's beside step k - 1's)
+      scratch["b_smem"] = plgpu.SMEM((1 if config.split_m else 2, 2 if overlap else 1, tn,
+                                      tk), jnp.float8_e4m3fn, transforms=in_tf)
+      if config.split_m:  # both halves of a shared B tile converted (one per B tile)
+        scratch["cvt_bar"] = plgpu.Barrier(num_arrivals=2, num_barriers=2)
     if rows or cols:
       scratch["vec_bar"] = plgpu.Barrier(num_arrivals=len(rows) + len(cols), num_barriers=2)
     if rows:
@@ -407,7 +432,8 @@ def gemm(a: jax.Array, w: jax.Array | E2M1Weights, row_scale: jax.Array | None,
       scratch["cols_smem"] = plgpu.SMEM((2, len(cols), tn), jnp.float32)
 
     @functools.partial(pl.run_scoped, **scratch, collective_axes="wg")
-    def scope(allocs, o_smem, vec_bar=None, rows_smem=None, cols_smem=None, b_smem=None):
+    def scope(allocs, o_smem, vec_bar=None, rows_smem=None, cols_smem=None, b_smem=None,
+              cvt_bar=None):
       wg = lax.axis_index("wg")
       waves = config.waves
       shape = (tm // waves, tn)  # one wave's tile (the whole warpgroup tile without waves)
@@ -488,24 +514,31 @@ def gemm(a: jax.Array, w: jax.Array | E2M1Weights, row_scale: jax.Array | None,
           return acc_ref
 
         def mma_e2m1(idx, a_smem, codes_smem, scales_smem, top_smem, *rest):
-          """This warpgroup's (tile_n, 128) codes -> e4m3 in its B tile, then the step's
-          WGMMA.  With ``e2m1_overlap`` the conversion of step k runs while this
-          warpgroup's step k - 1 WGMMA is in flight: B tiles alternate, the codes' slots
-          are released once converted and the A slot of step k - 1 once its WGMMA is
-          waited for (manual consumed barriers).  Without it the previous step's WGMMA
-          was waited for, and the conversion of one warpgroup can only hide behind the
-          other's WGMMA (it did not: benchmarks/NOTES.md, sessions 61 and 62)."""
+          """The step's (tile_n, 128) codes -> e4m3 in a B tile, then the step's WGMMA.
+
+          ``e2m1_overlap``: step k's conversion runs while this warpgroup's step k - 1
+          WGMMA is in flight; B tiles alternate, the codes' slots are released once
+          converted and the A slot of step k - 1 once its WGMMA is waited for (manual
+          consumed barriers).  ``split_m``: one B tile for both warpgroups, each
+          converting half; each waits for its own step k - 1 WGMMA before arriving on the
+          tile's barrier, so a warpgroup past that barrier knows the other is done with
+          the tile it is about to overwrite (step k - 1's reads of tile k + 1 mod 2).
+          Neither: the previous step's WGMMA was waited for, and a warpgroup's conversion
+          could only hide behind the other's WGMMA (it did not: benchmarks/NOTES.md,
+          sessions 61 and 62)."""
           *consumed, acc_ref = rest
           k = idx[0]
-          b_tile = b_smem.at[wg, lax.rem(k, 2) if overlap else 0]
+          buf = lax.rem(k, 2) if overlap else 0
+          b_tile = b_smem.at[0 if config.split_m else wg, buf]
           row = plgpu.Layout.WGMMA.reduce(1)
-          for c in range(tn // E2M1_ROWS):  # 64 weight rows at a time
+
+          def convert(c):  # weight rows c * 64 ... of the B tile
             cs = pl.ds(w_off + c * E2M1_ROWS, E2M1_ROWS)
             top = plgpu.load(top_smem.at[0, cs], layout=row).astype(jnp.float32)
             scales = [plgpu.load(scales_smem.at[g, cs], layout=row).astype(jnp.float32)
                       for g in range(tk // E2M1_GROUP)]
             codes = plgpu.load(codes_smem.at[0, cs], layout=plgpu.Layout.WGMMA_UPCAST_4X)
-            rows_ref = b_tile.at[pl.ds(c * E2M1_ROWS, E2M1_ROWS)]  # (of this warpgroup's)
+            rows_ref = b_tile.at[pl.ds(c * E2M1_ROWS, E2M1_ROWS)]
             if interpret:  # the same values from the K-order codes (no PTX on the CPU)
               _, raises = mgpu_convert.fold_shifts(scales, top=top)
               rows_ref[...] = mgpu_convert.p8_e2m1_to_e4m3_interpret(
@@ -515,21 +548,37 @@ def gemm(a: jax.Array, w: jax.Array | E2M1Weights, row_scale: jax.Array | None,
                   codes, tk // E2M1_BLOCK, scales=scales, top=top,
                   group_blocks=E2M1_GROUP // E2M1_BLOCK, raises_in_range=True, whole=True)
               rows_ref[...] = converted
+
+          chunks = tn // E2M1_ROWS
+          for c in range(chunks):
+            if config.split_m:  # warpgroup 0 the first half of the shared tile, 1 the second
+              pl.when(wg == c * 2 // chunks)(functools.partial(convert, c))
+            else:
+              convert(c)
           if overlap:  # the codes, scales and maxima are in registers / the B tile now
             a_done, *b_done = consumed
             for bar in b_done:
               plgpu.barrier_arrive(bar)
-          plgpu.commit_smem()  # generic-proxy stores -> the WGMMA's reads
-          plgpu.wgmma(acc_ref, a_tile(a_smem), b_tile.T)
+          plgpu.commit_smem()  # generic-proxy stores -> the WGMMAs' reads
           if not overlap:
+            plgpu.wgmma(acc_ref, a_tile(a_smem), b_tile.T)
             plgpu.wgmma_wait(0)
             return acc_ref
-          plgpu.wgmma_wait(1)  # step k - 1's WGMMA done: its A slot and B tile are free
           a_slots = allocs["flat_consumed_barrier_refs"][0]
 
-          @pl.when(k > 0)
-          def _():
-            plgpu.barrier_arrive(a_slots.at[lax.rem(k - 1, slots)])
+          def release_previous_a():  # step k - 1's WGMMA done: its A slot is free
+            pl.when(k > 0)(lambda: plgpu.barrier_arrive(a_slots.at[lax.rem(k - 1, slots)]))
+
+          if config.split_m:
+            plgpu.wgmma_wait(0)
+            release_previous_a()
+            plgpu.barrier_arrive(cvt_bar.at[buf])  # my half written, my step k - 1 read done
+            plgpu.barrier_wait(cvt_bar.at[buf])  # ... and the other warpgroup's
+            plgpu.wgmma(acc_ref, a_tile(a_smem), b_tile.T)
+          else:
+            plgpu.wgmma(acc_ref, a_tile(a_smem), b_tile.T)
+            plgpu.wgmma_wait(1)
+            release_previous_a()
 
           @pl.when(k == k_iters - 1)  # the tile's last step: nothing left to overlap
           def _():

@@ -407,6 +407,7 @@ def run_prefill_e2m1_mma(params: QuantizedWeight, x: jax.Array, *, interpret: bo
         params.scales, params.shape[0], spec))
   weights = w8a8_mgpu.E2M1Weights(params.codes, params.scales, top)
   folded = _per_channel_fp8(params)
+  config = config or w8a8_mgpu.e2m1_heuristic(x.shape[0], np_)
   return w8a8.gemm_8bit(x, folded, lambda _: weights, jnp.ones((1, np_), jnp.float32),
                         kp=t * bk, np_=np_, config=config, interpret=interpret)
 
