@@ -321,8 +321,8 @@ def test_e2m1_mma_prefill_interpret(monkeypatch):
   (":p8:cf", now marked by prepare where the scales allow) converts the codes inside the
   8-bit GEMM (w8a8_mgpu.E2M1Weights) -- bit-equal to the fold's unpack route on the same
   params and within 5e-5 of the reference, K (224) and N (200) padded; run() takes it with
-  HUMMING_JAX_E2M1_MMA=1 only (off by default until timed), the K-order / ":pk" layouts and
-  columns past the fold's span never."""
+  HUMMING_JAX_E2M1_MMA=1 only (off by default), up to E2M1_MMA_MAX_M rows, the K-order /
+  ":pk" layouts and columns past the fold's span never."""
   from humming_jax.kernels import w8a8_mgpu
   spec = SPECS["w4a8-mxfp4"]
   q, x = make(spec, w8a8_mgpu.MIN_M + 8, 224, 200, seed=11)
@@ -352,6 +352,9 @@ def test_e2m1_mma_prefill_interpret(monkeypatch):
   monkeypatch.setenv("HUMMING_JAX_E2M1_MMA", "1")
   np.testing.assert_array_equal(np.asarray(wm.run(p, x, interpret=True)), np.asarray(y))
   assert weights == [False, True], weights  # the unpack's e4m3 array, then E2M1Weights
+  monkeypatch.setattr(wm, "E2M1_MMA_MAX_M", x.shape[0] - 1)  # past the bound: the unpack
+  np.testing.assert_array_equal(np.asarray(wm.run(p, x, interpret=True)), np.asarray(y))
+  assert weights == [False, True, False], weights
   # a column whose groups span more than the fold's 11 binades: no ":cf", the unpack route
   monkeypatch.setenv("HUMMING_JAX_DENSE_FP8_MMA", "1")
   wide = wm.prepare(_with_span(q, 12))

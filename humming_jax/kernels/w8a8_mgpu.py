@@ -139,9 +139,9 @@ class Config:
   # w8a8-fp8-block 527.1 -> 543.6 at 4096.  The heuristic's choice for int8 operands.
   group_waves: bool = False
   # E2M1Weights: each warpgroup converts step k's codes while its own step k - 1 WGMMA runs
-  # (two converted B tiles per warpgroup; the A slot released one step late, by hand).
-  # Without it the conversion and the WGMMA alternate, and the H100 GEMM took 161.1 us at
-  # 8192^2, M = 1024, against 92.9 on TMA-loaded e4m3 weights (session 62).
+  # (two converted B tiles; the A slot released one step late, by hand).  H100, session
+  # 62, 8192^2, CUPTI GEMM: without it 160.7 us at M = 1024 and 636.6 at 4096, with it
+  # 144.9 / 552.2 (128 x 256 CTA tiles), against 91.2 / 349.7 on TMA-loaded e4m3 weights.
   # HUMMING_JAX_E2M1_OVERLAP=0 turns it off (the side-by-side probe).
   e2m1_overlap: bool = dataclasses.field(
       default_factory=lambda: tuning.env_flag("HUMMING_JAX_E2M1_OVERLAP", True))
@@ -244,8 +244,12 @@ def heuristic(m: int, n: int, grouped: bool = False, k: int | None = None, *,
 def e2m1_heuristic(m: int, n: int) -> Config:
   """:class:`E2M1Weights`: 256 x 128 CTA tiles, the two warpgroups side by side along M
   (``split_m``) sharing one converted B tile, each converting half of it, so each code is
-  converted once per 256 token rows instead of once per 128 (session 62: the conversion,
-  not the WGMMA, set the H100's time).  HUMMING_JAX_E2M1_SHARED=0: 128 x 256 CTA tiles,
+  converted once per 256 token rows instead of once per 128.  H100, session 62, 8192^2,
+  CUPTI GEMM, against 128 x 256 tiles converting their own: 66.4 / 75.5 us at M = 512,
+  131.7 / 144.8 at 1024, 526.8 / 556.8 at 4096 (the TMA-fed e4m3 GEMM: 50.5, 92.0,
+  356.7).  Nsight Compute at 1024: the tensor pipe 53 % busy, issue slots 35 %, no
+  eligible warp 63 % of cycles, no local memory -- the conversion's latency and the
+  barriers, not issue or DRAM (14 %).  HUMMING_JAX_E2M1_SHARED=0: 128 x 256 CTA tiles,
   each warpgroup converting its own 128 columns (so too without ``e2m1_overlap``, which
   the shared tile needs)."""
   del m, n  # (N is padded to 128 by the layout; M to the CTA tile by the caller)

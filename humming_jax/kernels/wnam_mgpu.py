@@ -161,7 +161,8 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
   quantized as the spec says and rounded to x.dtype, times the weights on the WnA16 kernel;
   without an explicit ``config``, M >= 512 with an exact 8-bit carrier
   (:func:`prefill_8bit_runs`) takes :func:`run_prefill_8bit`, MXFP4 x fp8 at M >= 512
-  on ":p8:cf" params :func:`run_prefill_e2m1_mma` where :func:`e2m1_mma_enabled`, else
+  up to E2M1_MMA_MAX_M rows on ":p8:cf" params :func:`run_prefill_e2m1_mma` where
+  :func:`e2m1_mma_enabled`, else
   :func:`run_prefill_mx_fold` (exact where a column's scales span at most MX_FOLD_SPAN
   octaves; groups further below round to e4m3 subnormals, at most 2**-16 of the column's
   largest group scale)."""
@@ -175,8 +176,8 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
     return jax.numpy.zeros((0, n), x.dtype)
   if config is None and x.shape[0] >= w8a8_mgpu.MIN_M and prefill_8bit_runs(params, x.dtype):
     return run_prefill_8bit(params, x, interpret=interpret)
-  if (config is None and x.shape[0] >= w8a8_mgpu.MIN_M and e2m1_mma_enabled()
-      and e2m1_mma_runs(params) and x.dtype in map(jnp.dtype, w8a8_mgpu.OUT_DTYPES)):
+  if (config is None and w8a8_mgpu.MIN_M <= x.shape[0] <= E2M1_MMA_MAX_M
+      and e2m1_mma_enabled() and e2m1_mma_runs(params) and x.dtype in map(jnp.dtype, w8a8_mgpu.OUT_DTYPES)):
     return run_prefill_e2m1_mma(params, x, interpret=interpret)
   if (config is None and MX_FOLD_PREFILL and x.shape[0] >= w8a8_mgpu.MIN_M
       and mx_fold_runs(params) and x.dtype in map(jnp.dtype, w8a8_mgpu.OUT_DTYPES)):
@@ -368,9 +369,14 @@ def run_prefill_mx_fold(params: QuantizedWeight, x: jax.Array, *, interpret: boo
 # prepare(mma="fp8")): the 8-bit GEMM converts each K step's codes to e4m3 in shared memory
 # (w8a8_mgpu.E2M1Weights) instead of the per-call unpack to an (Np, Kp) e4m3 array (H200
 # session 18, 8192^2, M = 1024: unpack 30.5 + metadata 7.9 us beside the 88.5 us GEMM).
-# Off: its first form took the H100's GEMM from 92.0 to 163.4 us there (session 61); the
-# current one is not GPU-timed.  HUMMING_JAX_E2M1_MMA=1 turns it on (read at trace time).
+# Off: its first form took the H100's GEMM from 92.0 to 163.4 us there (session 61).  The
+# current one (session 62: the conversion beside the previous WGMMA, one B tile shared by
+# both warpgroups) beats the unpack route on an H100 at M = 512 (74.4 against 98.2 us of
+# kernels per 8192^2 layer), ties at 1024 (145.0 / 145.9) and loses at 4096 (565.1 /
+# 436.1), hence E2M1_MMA_MAX_M; it needs ":p8:cf" params, which only the opt-in fp8-MMA
+# layout has.  HUMMING_JAX_E2M1_MMA=1 turns it on (read at trace time).
 E2M1_MMA_PREFILL = False
+E2M1_MMA_MAX_M = 1024  # above it the per-call unpack is faster (the crossover ~1040 rows)
 
 
 def e2m1_mma_enabled() -> bool:
