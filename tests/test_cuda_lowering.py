@@ -507,6 +507,8 @@ def test_e2m1_mma_prefill_lowers_for_h200(overlap, shared, monkeypatch):
   monkeypatch.setenv("HUMMING_JAX_DENSE_FP8_MMA", "1")
   monkeypatch.setenv("HUMMING_JAX_E2M1_OVERLAP", overlap)
   monkeypatch.setenv("HUMMING_JAX_E2M1_SHARED", shared)
+  config = wnam_mgpu.w8a8_mgpu.e2m1_heuristic(1024, 8192)  # what the route below launches
+  assert (config.e2m1_overlap, config.split_m) == (overlap == "1", shared == "1"), config
   p = abstract_params("w4a8-mxfp4", (8192, 8192), kernel="wnam_mgpu")
   p = p.replace(layout=p.layout + ":cf")  # (prepare marks it only for concrete scales)
   assert wnam_mgpu.e2m1_mma_runs(p), p.layout

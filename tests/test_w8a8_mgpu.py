@@ -165,9 +165,10 @@ def e2m1_operands(m, n, k, seed=0, span=11):
   return a, wm.E2M1Weights(stored, scales.astype(jnp.bfloat16), top), w
 
 
-@pytest.mark.parametrize("with_bias,overlap,split_m,k", [
-    (True, True, True, 640), (False, True, False, 640), (False, False, False, 256)])
-def test_gemm_e2m1_interpret(with_bias, overlap, split_m, k, monkeypatch):
+@pytest.mark.parametrize("with_bias,overlap,split_m,k,n", [
+    (True, True, True, 640, 256), (False, True, False, 640, 512),
+    (False, False, False, 256, 384)])
+def test_gemm_e2m1_interpret(with_bias, overlap, split_m, k, n, monkeypatch):
   """E2M1Weights (session 60): the codes converted to e4m3 in the kernel, each group folded
   against its column's largest scale (groups 0..11 binades below it), two CTAs over 2 x 2
   output tiles; against the float product of the activations and the dequantized weights
@@ -177,14 +178,19 @@ def test_gemm_e2m1_interpret(with_bias, overlap, split_m, k, monkeypatch):
   slots, so every slot is reused and each CTA runs two output tiles on the same barriers;
   without it the conversion and the WGMMA alternate.  ``split_m`` (the default,
   e2m1_heuristic): 256 x 128 CTA tiles, both warpgroups reading one B tile that each
-  converts half of, behind a barrier per tile (here 4 output tiles on 2 CTAs too)."""
+  converts half of, behind a barrier per tile (here 4 output tiles on 2 CTAs too).  N =
+  384 (an odd multiple of 128, as the layout pads): e2m1_heuristic's 128 x 128 tiles of
+  64-column warpgroup halves without the shared tile."""
   monkeypatch.setattr(wm.tuning, "num_sms", lambda: 2)
-  m, n = 512 if split_m else 256, 256 if split_m else 512
+  monkeypatch.setenv("HUMMING_JAX_E2M1_OVERLAP", "1" if overlap else "0")
+  monkeypatch.setenv("HUMMING_JAX_E2M1_SHARED", "1" if split_m else "0")
+  m = 512 if split_m else 256
   a, w, w_float = e2m1_operands(m, n, k, seed=3)
   _, _, rows, cols, bias = operands(jnp.float8_e4m3fn, m, n, k, seed=4)
   bias = bias if with_bias else None
-  config = wm.Config(tile_m=128, tile_n=128, e2m1_overlap=overlap, split_m=split_m)
-  assert config == wm.e2m1_heuristic(m, n) or not split_m
+  config = wm.e2m1_heuristic(m, n)
+  assert (config.split_m, config.e2m1_overlap) == (split_m, overlap), config
+  assert config.tile_n == (128 if split_m or n % 256 == 0 else 64), config
   if overlap and k == 640:
     assert wm.fit_stages(config, e2m1=True) == 3  # fewer slots than the 5 K steps
   y = wm.gemm(a, w, rows, cols, bias, out_dtype=jnp.bfloat16, config=config,
@@ -196,6 +202,27 @@ def test_gemm_e2m1_interpret(with_bias, overlap, split_m, k, monkeypatch):
   folded = (w_float / w.column_multiplier()[:, None]).astype(jnp.float8_e4m3fn)
   y8 = wm.gemm(a, folded, rows, cols * w.column_multiplier(), bias, out_dtype=jnp.bfloat16,
                interpret=True)
+  np.testing.assert_array_equal(np.asarray(y), np.asarray(y8))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("overlap,split_m,n", [("1", "1", 384), ("1", "0", 384),
+                                               ("1", "0", 512), ("0", "0", 384)])
+def test_gemm_e2m1_gpu(overlap, split_m, n, monkeypatch):
+  """The three in-GEMM conversion forms on the GPU at an odd number of K steps (K = 1152:
+  9 steps through 3 pipeline slots) and N an odd multiple of 128 (the own-tile forms'
+  128 x 128 tiles): bit-equal to the 8-bit GEMM on the folded e4m3 weights, as in the
+  interpreter, with many output tiles per CTA."""
+  monkeypatch.setenv("HUMMING_JAX_E2M1_OVERLAP", overlap)
+  monkeypatch.setenv("HUMMING_JAX_E2M1_SHARED", split_m)
+  m, k = 1024, 1152
+  a, w, w_float = e2m1_operands(m, n, k, seed=5)
+  _, _, rows, cols, bias = operands(jnp.float8_e4m3fn, m, n, k, seed=6)
+  assert wm.e2m1_heuristic(m, n).split_m == (split_m == "1")
+  y = jax.jit(lambda a, w: wm.gemm(a, w, rows, cols, bias, out_dtype=jnp.bfloat16))(a, w)
+  folded = (w_float / w.column_multiplier()[:, None]).astype(jnp.float8_e4m3fn)
+  y8 = wm.gemm(a, folded, rows, cols * w.column_multiplier(), bias, out_dtype=jnp.bfloat16)
+  assert rel(y, float_product(a, w_float, rows, cols, bias)) <= 4e-3
   np.testing.assert_array_equal(np.asarray(y), np.asarray(y8))
 
 
@@ -217,7 +244,7 @@ def test_gemm_e2m1_argument_errors():
     gemm(a, w, col_group_scale=jnp.ones((2, 256), jnp.float32))
   with pytest.raises(ValueError, match="E2M1Weights need tile_k=128"):
     gemm(a, w, config=wm.Config(tile_k=64))
-  with pytest.raises(ValueError, match=r"tile_n must be a multiple of 64 \(of 128 with"):
+  with pytest.raises(ValueError, match=r"with split_m .* tile_n must be a multiple of 128"):
     gemm(a, w, config=wm.Config(tile_m=128, tile_n=64, split_m=True))
   with pytest.raises(ValueError, match="which needs e2m1_overlap"):
     gemm(a, w, config=wm.Config(tile_m=128, tile_n=128, split_m=True, e2m1_overlap=False))

@@ -190,8 +190,8 @@ def smem_bytes(config: Config, stages: int, out_bytes: int = 2, grouped: bool = 
   """Shared memory of one CTA: the pipeline's (A, B[, K-group scale rows]) stages, the
   output staging tiles and the epilogue vectors, each rounded up to Mosaic's 1 KB
   alignment.  ``e2m1`` (:class:`E2M1Weights`): B is 4-bit codes with their group-scale
-  rows (2 bytes) and the column maxima, and each compute warpgroup has its converted e4m3
-  tile."""
+  rows (2 bytes) and the column maxima, and the converted e4m3 B tiles: one per compute
+  warpgroup (one shared with ``split_m``), two of each with ``e2m1_overlap``."""
   kb = tuning.smem_round
   gps = groups_per_step(config, grouped)
   k_step = gps * config.tile_k
@@ -249,13 +249,14 @@ def e2m1_heuristic(m: int, n: int) -> Config:
   131.7 / 144.8 at 1024, 526.8 / 556.8 at 4096 (the TMA-fed e4m3 GEMM: 50.5, 92.0,
   356.7).  Nsight Compute at 1024: the tensor pipe 53 % busy, issue slots 35 %, no
   eligible warp 63 % of cycles, no local memory -- the conversion's latency and the
-  barriers, not issue or DRAM (14 %).  HUMMING_JAX_E2M1_SHARED=0: 128 x 256 CTA tiles,
-  each warpgroup converting its own 128 columns (so too without ``e2m1_overlap``, which
-  the shared tile needs)."""
-  del m, n  # (N is padded to 128 by the layout; M to the CTA tile by the caller)
-  config = Config(tile_m=128, tile_n=128)
+  barriers, not issue or DRAM (14 %).  HUMMING_JAX_E2M1_SHARED=0: 128 x 256 CTA tiles
+  (128 x 128 where N, padded to 128 by the layout, is not a multiple of 256), each
+  warpgroup converting its own columns (so too without ``e2m1_overlap``, which the shared
+  tile needs).  The caller pads M to the CTA tile (256 rows for the shared tile)."""
+  del m
+  config = Config(tile_m=128, tile_n=128 if n % 256 == 0 else 64)
   if config.e2m1_overlap and tuning.env_flag("HUMMING_JAX_E2M1_SHARED", True):
-    return dataclasses.replace(config, split_m=True)
+    return dataclasses.replace(config, tile_n=128, split_m=True)
   return config
 
 
@@ -295,10 +296,10 @@ def gemm(a: jax.Array, w: jax.Array | E2M1Weights, row_scale: jax.Array | None,
   if e2m1 and config.tile_k != w.codes.shape[2]:
     raise ValueError(f"config={config}: E2M1Weights need tile_k={w.codes.shape[2]} (the "
                      f"codes' K tile)")
-  if e2m1 and config.tile_n % (2 * E2M1_ROWS if config.split_m else E2M1_ROWS):
-    raise ValueError(f"config={config}: E2M1Weights convert {E2M1_ROWS} columns at a time; "
-                     f"tile_n must be a multiple of {E2M1_ROWS} (of {2 * E2M1_ROWS} with "
-                     f"split_m: each warpgroup converts half of the shared tile)")
+  if e2m1 and config.split_m and config.tile_n % (2 * E2M1_ROWS):
+    raise ValueError(f"config={config}: with split_m each warpgroup converts half of the "
+                     f"shared B tile, {E2M1_ROWS} columns at a time; tile_n must be a "
+                     f"multiple of {2 * E2M1_ROWS}")
   if e2m1 and config.split_m and not config.e2m1_overlap:
     raise ValueError(f"config={config}: split_m E2M1Weights share each converted B tile "
                      f"between the warpgroups, which needs e2m1_overlap (two B tiles)")
