@@ -6,6 +6,8 @@
 #         W4A8 MXFP4 beside).  EMS=512,1024,4096, EFORMS=p8,p8-e2m1,p8-e2m1-own.
 #   n62:  Nsight Compute on that GEMM at M = 1024 (probe_ncu.py --case e2m1): issue
 #         slots, warp stall reasons, pipe use.  NFORM=shared|own.
+#   s62:  the same GEMM's stall samples per SASS instruction (ncu SourceCounters, the
+#         source page as CSV, benchmarks/ncu_top_stalls.py): which waits cost the time.
 #   e60, r60 and the earlier sessions' steps: gpu_session60.sh.
 source "$(dirname "$0")/../gpu_env.sh"
 s_e62() {
@@ -26,9 +28,23 @@ s_n62() {
   echo "n62 rc=$?"; grep -E "probe_ncu|Duration|Throughput|Issue Slots|Issued Ipc|No Eligible|Eligible Warps|Stall|Pipe|Registers|==ERR|==WARN" \
     "$OUT/n62.log" | cut -c1-160 | head -40
 }
+s_s62() {  # per-SASS-instruction stall samples of the same GEMM (ncu source page)
+  command -v ncu >/dev/null || export PATH="$PATH:$(ls -d /opt/nvidia/nsight-compute/*/ 2>/dev/null | head -1)"
+  XLA_PYTHON_CLIENT_PREALLOCATE=false T ${NT:-150} ncu --clock-control none \
+    --kernel-name regex:mosaic_gpu --launch-skip 1 --launch-count 1 \
+    --section SourceCounters --section WarpStateStats -f -o "$OUT/s62" \
+    python3 benchmarks/probe_ncu.py --case e2m1 --spec w4a8-mxfp4 --m ${NM:-1024} \
+    > "$OUT/s62.log" 2>&1
+  echo "s62 rc=$?"; tail -3 "$OUT/s62.log"
+  ncu --import "$OUT/s62.ncu-rep" --page source --csv --print-source sass \
+    > "$OUT/s62_src.csv" 2> "$OUT/s62_src.err"
+  echo "source page rc=$? $(wc -c < "$OUT/s62_src.csv") bytes"; head -c 300 "$OUT/s62_src.err"
+  python3 benchmarks/ncu_top_stalls.py "$OUT/s62_src.csv" --top 40 > "$OUT/s62_top.log" 2>&1
+  cut -c1-250 "$OUT/s62_top.log" | head -45
+}
 for s in ${@:-e62}; do
   case "$s" in
-    e62|n62) step "$s"; "s_$s" ;;
+    e62|n62|s62) step "$s"; "s_$s" ;;
     *) bash "$(dirname "$0")/gpu_session60.sh" "$s" ;;
   esac
 done
