@@ -145,6 +145,10 @@ class Config:
   # HUMMING_JAX_E2M1_OVERLAP=0 turns it off (the side-by-side probe).
   e2m1_overlap: bool = dataclasses.field(
       default_factory=lambda: tuning.env_flag("HUMMING_JAX_E2M1_OVERLAP", True))
+  # Output staging tiles per warpgroup (64 x 64 each, the TMA stores of one alternate
+  # between them).  One frees 16 KB of shared memory: the shared-tile E2M1 form's fourth
+  # pipeline stage (3 fit beside its two converted B tiles otherwise).
+  epilogue_slots: int = 2
 
   @property
   def cta_m(self) -> int:
@@ -166,6 +170,8 @@ class Config:
       raise ValueError(f"tile_k={self.tile_k} must be 64 or 128 (8-bit swizzle rows)")
     if self.stages < 2:
       raise ValueError(f"stages={self.stages} must be >= 2")
+    if self.epilogue_slots not in (1, 2):
+      raise ValueError(f"epilogue_slots={self.epilogue_slots} must be 1 or 2")
     if self.tile_m * self.tile_n > 128 * 128:
       raise ValueError(f"tile_m x tile_n = {self.tile_m} x {self.tile_n}: the accumulator "
                        f"would need more than 128 registers per thread (max 128 x 128)")
@@ -203,7 +209,8 @@ def smem_bytes(config: Config, stages: int, out_bytes: int = 2, grouped: bool = 
     step += kb(k_step // E2M1_GROUP * config.cta_n * 2) + kb(config.cta_n * 4)
   converted = (kb((1 if config.split_m else 2) * (2 if config.e2m1_overlap else 1)
                   * config.tile_n * k_step) if e2m1 else 0)
-  return (stages * step + converted + kb(2 * 2 * EPI_TILE * EPI_TILE * out_bytes)
+  return (stages * step + converted
+          + kb(2 * config.epilogue_slots * EPI_TILE * EPI_TILE * out_bytes)
           + 3 * kb(2 * max(config.tile_m, config.tile_n) * 4))
 
 
@@ -256,7 +263,10 @@ def e2m1_heuristic(m: int, n: int) -> Config:
   del m
   config = Config(tile_m=128, tile_n=128 if n % 256 == 0 else 64)
   if config.e2m1_overlap and tuning.env_flag("HUMMING_JAX_E2M1_SHARED", True):
-    return dataclasses.replace(config, tile_n=128, split_m=True)
+    # HUMMING_JAX_E2M1_STAGES4=1: one output staging tile per warpgroup, four pipeline
+    # stages instead of three (session 62's probe; off until timed)
+    slots = 1 if tuning.env_flag("HUMMING_JAX_E2M1_STAGES4", False) else 2
+    return dataclasses.replace(config, tile_n=128, split_m=True, epilogue_slots=slots)
   return config
 
 
@@ -422,7 +432,8 @@ def gemm(a: jax.Array, w: jax.Array | E2M1Weights, row_scale: jax.Array | None,
     scratch = dict(
         allocs=pipeline(ignore, ignore).get_allocations(
             *pipeline_args(pl.ds(0, cta_m), pl.ds(0, cta_n))),
-        o_smem=plgpu.SMEM((2, 2, EPI_TILE, EPI_TILE), out_dtype, transforms=out_tf))
+        o_smem=plgpu.SMEM((2, config.epilogue_slots, EPI_TILE, EPI_TILE), out_dtype,
+                          transforms=out_tf))
     if e2m1:  # the converted (tile_n, tile_k) e4m3 B tile(s): shared with split_m, else
       # one per compute warpgroup; two with the overlap (step k's beside step k - 1's)
       scratch["b_smem"] = plgpu.SMEM((1 if config.split_m else 2, 2 if overlap else 1, tn,
@@ -477,8 +488,9 @@ def gemm(a: jax.Array, w: jax.Array | E2M1Weights, row_scale: jax.Array | None,
               plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # last tile's stores read out
             for ei in range(wm_ // EPI_TILE):
               for ej in range(tn // EPI_TILE):
-                slot = ((r0 // EPI_TILE + ei) * (tn // EPI_TILE) + ej) % 2
-                plgpu.wait_smem_to_gmem(1, wait_read_only=True)
+                slots = config.epilogue_slots
+                slot = ((r0 // EPI_TILE + ei) * (tn // EPI_TILE) + ej) % slots
+                plgpu.wait_smem_to_gmem(slots - 1, wait_read_only=True)
                 o_smem[wg, slot] = y[ei * EPI_TILE:(ei + 1) * EPI_TILE,
                                      ej * EPI_TILE:(ej + 1) * EPI_TILE]
                 plgpu.commit_smem()
