@@ -165,12 +165,10 @@ def e2m1_operands(m, n, k, seed=0, span=11):
   return a, wm.E2M1Weights(stored, scales.astype(jnp.bfloat16), top), w
 
 
-@pytest.mark.parametrize("with_bias,overlap,split_m,k,n,stages4,codes_first", [
-    (True, True, True, 640, 256, False, False), (False, True, True, 640, 256, True, False),
-    (True, True, True, 640, 256, False, True), (False, True, False, 640, 512, False, True),
-    (False, True, False, 640, 512, False, False), (False, False, False, 256, 384, False, False)])
-def test_gemm_e2m1_interpret(with_bias, overlap, split_m, k, n, stages4, codes_first,
-                             monkeypatch):
+@pytest.mark.parametrize("with_bias,overlap,split_m,k,n,stages4", [
+    (True, True, True, 640, 256, False), (False, True, True, 640, 256, True),
+    (False, True, False, 640, 512, False), (False, False, False, 256, 384, False)])
+def test_gemm_e2m1_interpret(with_bias, overlap, split_m, k, n, stages4, monkeypatch):
   """E2M1Weights (session 60): the codes converted to e4m3 in the kernel, each group folded
   against its column's largest scale (groups 0..11 binades below it), two CTAs over 2 x 2
   output tiles; against the float product of the activations and the dequantized weights
@@ -184,13 +182,11 @@ def test_gemm_e2m1_interpret(with_bias, overlap, split_m, k, n, stages4, codes_f
   384 (an odd multiple of 128, as the layout pads): e2m1_heuristic's 128 x 128 tiles of
   64-column warpgroup halves without the shared tile.  ``stages4``
   (HUMMING_JAX_E2M1_STAGES4): one output staging tile per warpgroup, four pipeline
-  slots.  ``codes_first`` (HUMMING_JAX_E2M1_CODES_FIRST): the codes before A in the
-  pipeline, each input with its own arrival barrier."""
+  slots."""
   monkeypatch.setattr(wm.tuning, "num_sms", lambda: 2)
   monkeypatch.setenv("HUMMING_JAX_E2M1_OVERLAP", "1" if overlap else "0")
   monkeypatch.setenv("HUMMING_JAX_E2M1_SHARED", "1" if split_m else "0")
   monkeypatch.setenv("HUMMING_JAX_E2M1_STAGES4", "1" if stages4 else "0")
-  monkeypatch.setenv("HUMMING_JAX_E2M1_CODES_FIRST", "1" if codes_first else "0")
   m = 512 if split_m else 256
   a, w, w_float = e2m1_operands(m, n, k, seed=3)
   _, _, rows, cols, bias = operands(jnp.float8_e4m3fn, m, n, k, seed=4)
@@ -199,7 +195,6 @@ def test_gemm_e2m1_interpret(with_bias, overlap, split_m, k, n, stages4, codes_f
   assert (config.split_m, config.e2m1_overlap) == (split_m, overlap), config
   assert config.tile_n == (128 if split_m or n % 256 == 0 else 64), config
   assert config.epilogue_slots == (1 if stages4 else 2), config
-  assert config.e2m1_codes_first == codes_first, config
   if overlap and k == 640:  # fewer slots than the 5 K steps
     assert wm.fit_stages(config, e2m1=True) == (4 if stages4 else 3)
   y = wm.gemm(a, w, rows, cols, bias, out_dtype=jnp.bfloat16, config=config,
@@ -215,11 +210,10 @@ def test_gemm_e2m1_interpret(with_bias, overlap, split_m, k, n, stages4, codes_f
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("overlap,split_m,n,stages4,codes_first", [
-    ("1", "1", 384, "0", "0"), ("1", "1", 384, "1", "0"), ("1", "1", 384, "0", "1"),
-    ("1", "1", 384, "1", "1"), ("1", "0", 384, "0", "0"), ("1", "0", 512, "0", "1"),
-    ("0", "0", 384, "0", "0")])
-def test_gemm_e2m1_gpu(overlap, split_m, n, stages4, codes_first, monkeypatch):
+@pytest.mark.parametrize("overlap,split_m,n,stages4", [
+    ("1", "1", 384, "0"), ("1", "1", 384, "1"), ("1", "0", 384, "0"), ("1", "0", 512, "0"),
+    ("0", "0", 384, "0")])
+def test_gemm_e2m1_gpu(overlap, split_m, n, stages4, monkeypatch):
   """The three in-GEMM conversion forms on the GPU at an odd number of K steps (K = 1152:
   9 steps through 3 pipeline slots) and N an odd multiple of 128 (the own-tile forms'
   128 x 128 tiles): bit-equal to the 8-bit GEMM on the folded e4m3 weights, as in the
@@ -227,7 +221,6 @@ def test_gemm_e2m1_gpu(overlap, split_m, n, stages4, codes_first, monkeypatch):
   monkeypatch.setenv("HUMMING_JAX_E2M1_OVERLAP", overlap)
   monkeypatch.setenv("HUMMING_JAX_E2M1_SHARED", split_m)
   monkeypatch.setenv("HUMMING_JAX_E2M1_STAGES4", stages4)
-  monkeypatch.setenv("HUMMING_JAX_E2M1_CODES_FIRST", codes_first)
   m, k = 1024, 1152
   a, w, w_float = e2m1_operands(m, n, k, seed=5)
   _, _, rows, cols, bias = operands(jnp.float8_e4m3fn, m, n, k, seed=6)

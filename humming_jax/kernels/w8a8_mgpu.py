@@ -145,13 +145,6 @@ class Config:
   # HUMMING_JAX_E2M1_OVERLAP=0 turns it off (the side-by-side probe).
   e2m1_overlap: bool = dataclasses.field(
       default_factory=lambda: tuning.env_flag("HUMMING_JAX_E2M1_OVERLAP", True))
-  # E2M1Weights with the overlap: the codes, scales and maxima before A in the pipeline's
-  # inputs, each with its own arrival barrier, so the memory warpgroup fetches step s's
-  # codes once they are converted-from (not once step s - stages' WGMMA is done, as A
-  # must wait) and a warpgroup converts them before A has arrived.
-  # HUMMING_JAX_E2M1_CODES_FIRST=1 (session 62's probe; off until timed).
-  e2m1_codes_first: bool = dataclasses.field(
-      default_factory=lambda: bool(tuning.env_flag("HUMMING_JAX_E2M1_CODES_FIRST", False)))
   # Output staging tiles per warpgroup (64 x 64 each, the TMA stores of one alternate
   # between them).  One frees 16 KB of shared memory: the shared-tile E2M1 form's fourth
   # pipeline stage (3 fit beside its two converted B tiles otherwise).
@@ -366,7 +359,6 @@ def gemm(a: jax.Array, w: jax.Array | E2M1Weights, row_scale: jax.Array | None,
       row_scale = None
   stages = fit_stages(config, grouped, e2m1)
   overlap = e2m1 and config.e2m1_overlap
-  codes_first = overlap and config.e2m1_codes_first
   slots = min(stages, kp // k_step)  # the pipeline's buffers (no more than its steps)
   m_iters, n_iters, k_iters = mp // cta_m, np_ // cta_n, kp // k_step
   acc_dtype = jnp.int32 if a.dtype == jnp.int8 else jnp.float32
@@ -420,25 +412,22 @@ def gemm(a: jax.Array, w: jax.Array | E2M1Weights, row_scale: jax.Array | None,
       else:
         b_specs = [plgpu.BlockSpec((cta_n, k_step), lambda k: (0, k), transforms=in_tf,
                                    memory_space=plgpu.SMEM)]
-      a_spec = plgpu.BlockSpec((cta_m, k_step), lambda k: (0, k), transforms=in_tf,
-                               memory_space=plgpu.SMEM)
       return plgpu.emit_pipeline_warp_specialized(
           body, grid=(k_iters,), memory_registers=40,
           in_specs=[
-              *([*b_specs, a_spec] if codes_first else [a_spec, *b_specs]),
+              plgpu.BlockSpec((cta_m, k_step), lambda k: (0, k), transforms=in_tf,
+                              memory_space=plgpu.SMEM),
+              *b_specs,
               *[plain((gps, cta_m)) for _ in g_rows],
               *[plain((gps, cta_n)) for _ in g_cols + g_bias]],
           wg_axis="wg", num_compute_wgs=2, max_concurrent_steps=stages,
-          compute_context=context, manual_consumed_barriers=overlap,
-          manual_produced_barriers=codes_first)
+          compute_context=context, manual_consumed_barriers=overlap)
 
     ignore = lambda *_, **__: None
     b_args = lambda cns: ((w_gmem.at[:, cns, :], *[g.at[:, cns] for g in e2m1_gmem]) if e2m1
                           else (w_gmem.at[cns, :],))
-    ab_args = lambda ms, cns: ((*b_args(cns), a_gmem.at[ms, :]) if codes_first
-                               else (a_gmem.at[ms, :], *b_args(cns)))
     pipeline_args = lambda ms, cns: (
-        *ab_args(ms, cns), *[g.at[:, ms] for g in grows_gmem],
+        a_gmem.at[ms, :], *b_args(cns), *[g.at[:, ms] for g in grows_gmem],
         *[g.at[:, cns] for g in gcols_gmem], *[g.at[:, cns] for g in gbias_gmem])
     scratch = dict(
         allocs=pipeline(ignore, ignore).get_allocations(
@@ -541,7 +530,7 @@ def gemm(a: jax.Array, w: jax.Array | E2M1Weights, row_scale: jax.Array | None,
           plgpu.wgmma_wait(0)
           return acc_ref
 
-        def mma_e2m1(idx, a_smem, codes_smem, scales_smem, top_smem, *rest, a_arrived=None):
+        def mma_e2m1(idx, a_smem, codes_smem, scales_smem, top_smem, *rest):
           """The step's (tile_n, 128) codes -> e4m3 in a B tile, then the step's WGMMA.
 
           ``e2m1_overlap``: step k's conversion runs while this warpgroup's step k - 1
@@ -553,8 +542,7 @@ def gemm(a: jax.Array, w: jax.Array | E2M1Weights, row_scale: jax.Array | None,
           the tile it is about to overwrite (step k - 1's reads of tile k + 1 mod 2).
           Neither: the previous step's WGMMA was waited for, and a warpgroup's conversion
           could only hide behind the other's WGMMA (it did not: benchmarks/NOTES.md,
-          sessions 61 and 62).  ``a_arrived`` (``e2m1_codes_first``): A's own arrival
-          barrier, waited for only before the WGMMA."""
+          sessions 61 and 62)."""
           *consumed, acc_ref = rest
           k = idx[0]
           buf = lax.rem(k, 2) if overlap else 0
@@ -593,8 +581,7 @@ def gemm(a: jax.Array, w: jax.Array | E2M1Weights, row_scale: jax.Array | None,
             plgpu.wgmma(acc_ref, a_tile(a_smem), b_tile.T)
             plgpu.wgmma_wait(0)
             return acc_ref
-          a_slots = allocs["flat_consumed_barrier_refs"][3 if codes_first else 0]
-          wait_a = (lambda: plgpu.barrier_wait(a_arrived)) if codes_first else lambda: None
+          a_slots = allocs["flat_consumed_barrier_refs"][0]
 
           def release_previous_a():  # step k - 1's WGMMA done: its A slot is free
             pl.when(k > 0)(lambda: plgpu.barrier_arrive(a_slots.at[lax.rem(k - 1, slots)]))
@@ -604,10 +591,8 @@ def gemm(a: jax.Array, w: jax.Array | E2M1Weights, row_scale: jax.Array | None,
             release_previous_a()
             plgpu.barrier_arrive(cvt_bar.at[buf])  # my half written, my step k - 1 read done
             plgpu.barrier_wait(cvt_bar.at[buf])  # ... and the other warpgroup's
-            wait_a()
             plgpu.wgmma(acc_ref, a_tile(a_smem), b_tile.T)
           else:
-            wait_a()
             plgpu.wgmma(acc_ref, a_tile(a_smem), b_tile.T)
             plgpu.wgmma_wait(1)
             release_previous_a()
@@ -617,16 +602,6 @@ def gemm(a: jax.Array, w: jax.Array | E2M1Weights, row_scale: jax.Array | None,
             plgpu.wgmma_wait(0)
             plgpu.barrier_arrive(a_done)
           return acc_ref
-
-        def mma_e2m1_codes_first(idx, codes_smem, scales_smem, top_smem, a_smem, *rest):
-          """:func:`mma_e2m1` on the codes-first inputs: the codes' three arrival barriers
-          waited for here, A's passed on (waited for before the WGMMA)."""
-          *barriers, acc_ref = rest
-          produced, consumed = barriers[:4], barriers[4:]
-          for bar in produced[:3]:
-            plgpu.barrier_wait(bar)
-          return mma_e2m1(idx, a_smem, codes_smem, scales_smem, top_smem, consumed[3],
-                          *consumed[:3], acc_ref, a_arrived=produced[3])
 
         def mma_grouped(_, a_smem, w_smem, *refs):
           *g_smem, totals = refs  # one running sum per wave
@@ -666,9 +641,7 @@ def gemm(a: jax.Array, w: jax.Array | E2M1Weights, row_scale: jax.Array | None,
                                                plgpu.ACC(shape, acc_dtype)), 0, v)
               for v in range(waves))
 
-        body = (mma_grouped if grouped else mma_e2m1_codes_first if codes_first
-                else mma_e2m1 if e2m1 else mma)
-        pipeline(body, context)(
+        pipeline(mma_grouped if grouped else mma_e2m1 if e2m1 else mma, context)(
             *pipeline_args(cta_ms, cta_ns), allocations=allocs)
 
     plgpu.wait_smem_to_gmem(0, wait_read_only=True)
