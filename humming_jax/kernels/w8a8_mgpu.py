@@ -147,7 +147,7 @@ class Config:
       default_factory=lambda: tuning.env_flag("HUMMING_JAX_E2M1_OVERLAP", True))
   # Output staging tiles per warpgroup (64 x 64 each, the TMA stores of one alternate
   # between them).  One frees 16 KB of shared memory: the shared-tile E2M1 form's fourth
-  # pipeline stage (3 fit beside its two converted B tiles otherwise).
+  # pipeline stage (3 fit beside its two converted B tiles otherwise; e2m1_heuristic).
   epilogue_slots: int = 2
 
   @property
@@ -254,18 +254,20 @@ def e2m1_heuristic(m: int, n: int) -> Config:
   converted once per 256 token rows instead of once per 128.  H100, session 62, 8192^2,
   CUPTI GEMM, against 128 x 256 tiles converting their own: 66.4 / 75.5 us at M = 512,
   131.7 / 144.8 at 1024, 526.8 / 556.8 at 4096 (the TMA-fed e4m3 GEMM: 50.5, 92.0,
-  356.7).  Nsight Compute at 1024: the tensor pipe 53 % busy, issue slots 35 %, no
-  eligible warp 63 % of cycles, no local memory -- the conversion's latency and the
-  barriers, not issue or DRAM (14 %).  HUMMING_JAX_E2M1_SHARED=0: 128 x 256 CTA tiles
+  356.7); with four stages (one output staging tile per warpgroup, the default) 122.3 at
+  1024 against 131.0 with three (call 10).  Nsight Compute at 1024 (three stages): the
+  tensor pipe 53 % busy, issue slots 35 %, no eligible warp 63 % of cycles, no local
+  memory -- the conversion's latency and the barriers, not issue or DRAM (14 %).  HUMMING_JAX_E2M1_SHARED=0: 128 x 256 CTA tiles
   (128 x 128 where N, padded to 128 by the layout, is not a multiple of 256), each
   warpgroup converting its own columns (so too without ``e2m1_overlap``, which the shared
   tile needs).  The caller pads M to the CTA tile (256 rows for the shared tile)."""
   del m
   config = Config(tile_m=128, tile_n=128 if n % 256 == 0 else 64)
   if config.e2m1_overlap and tuning.env_flag("HUMMING_JAX_E2M1_SHARED", True):
-    # HUMMING_JAX_E2M1_STAGES4=1: one output staging tile per warpgroup, four pipeline
-    # stages instead of three (session 62's probe; off until timed)
-    slots = 1 if tuning.env_flag("HUMMING_JAX_E2M1_STAGES4", False) else 2
+    # One output staging tile per warpgroup: four pipeline stages instead of three.  H100,
+    # session 62, 8192^2, M = 1024, CUPTI GEMM: 122.3 us against 131.0 (kernels per layer
+    # 135.8 against 144.5; the unpack route 146.3).  HUMMING_JAX_E2M1_STAGES4=0: three.
+    slots = 1 if tuning.env_flag("HUMMING_JAX_E2M1_STAGES4", True) else 2
     return dataclasses.replace(config, tile_n=128, split_m=True, epilogue_slots=slots)
   return config
 

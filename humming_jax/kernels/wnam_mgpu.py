@@ -372,11 +372,12 @@ def run_prefill_mx_fold(params: QuantizedWeight, x: jax.Array, *, interpret: boo
 # Off: its first form took the H100's GEMM from 92.0 to 163.4 us there (session 61).  The
 # current one (session 62: the conversion beside the previous WGMMA, one B tile shared by
 # both warpgroups) beats the unpack route on an H100 at M = 512 (74.4 against 98.2 us of
-# kernels per 8192^2 layer), ties at 1024 (145.0 / 145.9) and loses at 4096 (565.1 /
-# 436.1), hence E2M1_MMA_MAX_M; it needs ":p8:cf" params, which only the opt-in fp8-MMA
-# layout has.  HUMMING_JAX_E2M1_MMA=1 turns it on (read at trace time).
+# kernels per 8192^2 layer, three pipeline stages) and at 1024 (135.8 / 146.3 with the
+# four stages since call 10), and loses at 4096 (565.1 / 436.1 with three), hence
+# E2M1_MMA_MAX_M; it needs ":p8:cf" params, which only the opt-in fp8-MMA layout has.
+# HUMMING_JAX_E2M1_MMA=1 turns it on (read at trace time).
 E2M1_MMA_PREFILL = False
-E2M1_MMA_MAX_M = 1024  # above it the per-call unpack is faster (the crossover ~1040 rows)
+E2M1_MMA_MAX_M = 1024  # above it the per-call unpack is faster (4096 measured; not between)
 
 
 def e2m1_mma_enabled() -> bool:
