@@ -10,9 +10,10 @@ process:
   p8-e2m1:   the same params, the codes converted inside the GEMM (HUMMING_JAX_E2M1_MMA=1,
              wnam_mgpu.run_prefill_e2m1_mma), each step's conversion beside the previous
              step's WGMMA (w8a8_mgpu.Config.e2m1_overlap, session 62), 256 x 128 CTA tiles
-             whose warpgroups share one converted B tile (w8a8_mgpu.e2m1_heuristic);
+             whose warpgroups share one converted B tile (w8a8_mgpu.e2m1_heuristic), three
+             pipeline stages (HUMMING_JAX_E2M1_STAGES4=0: session 62's calls 3-5);
   p8-e2m1-st4: the shared form with one output staging tile per warpgroup and four
-             pipeline stages (HUMMING_JAX_E2M1_STAGES4=1);
+             pipeline stages (HUMMING_JAX_E2M1_STAGES4=1: the default since call 10);
   p8-e2m1-own: the overlap, 128 x 256 CTA tiles, each warpgroup converting its own
              (HUMMING_JAX_E2M1_SHARED=0);
   p8-e2m1-serial: neither (HUMMING_JAX_E2M1_OVERLAP=0: sessions 60-61);

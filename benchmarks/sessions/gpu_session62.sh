@@ -3,7 +3,8 @@
 #   e62:  the W4A8 MXFP4 prefill converting its codes inside the 8-bit GEMM, session 62's
 #         forms: its GPU test (the default form: overlap + the shared B tile), then
 #         probe_e2m1_prefill.py (CUPTI kernels per 8192^2 layer, one process; Humming
-#         W4A8 MXFP4 beside).  EMS=512,1024,4096, EFORMS=p8,p8-e2m1,p8-e2m1-own.
+#         W4A8 MXFP4 beside).  EMS=512,1024,4096, EFORMS=p8,p8-e2m1-st4,p8-e2m1 (the
+#         four-stage default, then three stages).
 #   n62:  Nsight Compute on that GEMM at M = 1024 (probe_ncu.py --case e2m1): issue
 #         slots, warp stall reasons, pipe use.  NFORM=shared|own.
 #   s62:  the same GEMM's stall samples per SASS instruction (ncu SourceCounters, the
@@ -13,7 +14,7 @@ source "$(dirname "$0")/../gpu_env.sh"
 s_e62() {
   gpu_tests ${ET:-150} "e2m1" tests/test_wnam_mgpu.py; mv "$OUT/tests.log" "$OUT/tests_e62.log"
   T ${EPT:-320} python3 benchmarks/probe_e2m1_prefill.py --ms ${EMS:-512,1024,4096} --humming \
-    --forms ${EFORMS:-p8,p8-e2m1,p8-e2m1-own} > "$OUT/e62.log" 2>&1
+    --forms ${EFORMS:-p8,p8-e2m1-st4,p8-e2m1} > "$OUT/e62.log" 2>&1
   echo "e62 rc=$?"; grep -E "^M=|rror" "$OUT/e62.log" | cut -c1-400
 }
 s_n62() {
