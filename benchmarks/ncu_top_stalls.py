@@ -17,23 +17,30 @@ def main() -> None:
   ap.add_argument("--top", type=int, default=30)
   args = ap.parse_args()
   text = open(args.csv, errors="replace").read()
-  start = text.find('"#"') if '"#"' in text else text.find('"Address"')
-  rows = list(csv.DictReader(io.StringIO(text[max(start, 0):])))
+  # the header row: the first line naming an address / "#" column
+  start = next((i for i in (text.find('"#"'), text.find('"# Address"'),
+                            text.find('"Address"')) if i >= 0), 0)
+  rows = list(csv.DictReader(io.StringIO(text[start:])))
   if not rows:
     raise SystemExit(f"{args.csv}: no CSV rows (first 300 chars: {text[:300]!r})")
-  cols = list(rows[0])
+  cols = [c for c in rows[0] if c is not None]  # (None: cells past the header)
   print("columns:", cols)
   key = next((c for c in cols if "Stall Sampling (All" in c), None) or next(
       (c for c in cols if "Sampling" in c), None)
   if key is None:
     raise SystemExit("no warp-stall sampling column")
-  num = lambda v: float((v or "0").replace(",", "") or 0)
+  def num(v) -> float:  # "1,234" -> 1234.0; empty, "N/A" or "12 %" -> what parses, else 0
+    try:
+      return float(str(v or "0").replace(",", "").rstrip("% ") or 0)
+    except ValueError:
+      return 0.0
+
   total = sum(num(r[key]) for r in rows)
   src = next((c for c in cols if c in ("Source", "SASS")), cols[1])
   print(f"{key}: {total:.0f} samples over {len(rows)} instructions")
   for r in sorted(rows, key=lambda r: -num(r[key]))[:args.top]:
     extra = {c: r[c] for c in cols if "stall" in c.lower() and c != key and num(r[c])}
-    print(f"{num(r[key]) / max(total, 1) * 100:5.1f}%  {r.get('Address', r.get('#', ''))}  "
+    print(f"{num(r[key]) / max(total, 1) * 100:5.1f}%  {r[cols[0]]}  "
           f"{r[src][:70]}  {extra if len(str(extra)) < 200 else ''}")
 
 

@@ -214,17 +214,20 @@ def test_gemm_e2m1_interpret(with_bias, overlap, split_m, k, n, stages4, monkeyp
     ("1", "1", 384, "0"), ("1", "1", 384, "1"), ("1", "0", 384, "0"), ("1", "0", 512, "0"),
     ("0", "0", 384, "0")])
 def test_gemm_e2m1_gpu(overlap, split_m, n, stages4, monkeypatch):
-  """The three in-GEMM conversion forms on the GPU at an odd number of K steps (K = 1152:
-  9 steps through 3 pipeline slots) and N an odd multiple of 128 (the own-tile forms'
-  128 x 128 tiles): bit-equal to the 8-bit GEMM on the folded e4m3 weights, as in the
-  interpreter, with many output tiles per CTA."""
+  """The in-GEMM conversion forms on the GPU (shared tile with three or four stages, own
+  tiles, serial) at an odd number of K steps (K = 1152: 9 steps through 3 or 4 pipeline
+  slots) and N an odd multiple of 128 (the own-tile forms' 128 x 128 tiles): bit-equal
+  to the 8-bit GEMM on the folded e4m3 weights, as in the interpreter.  (12-24 output
+  tiles: one per CTA on an H100 / H200; the route's test runs 256 on 132.)"""
   monkeypatch.setenv("HUMMING_JAX_E2M1_OVERLAP", overlap)
   monkeypatch.setenv("HUMMING_JAX_E2M1_SHARED", split_m)
   monkeypatch.setenv("HUMMING_JAX_E2M1_STAGES4", stages4)
   m, k = 1024, 1152
   a, w, w_float = e2m1_operands(m, n, k, seed=5)
   _, _, rows, cols, bias = operands(jnp.float8_e4m3fn, m, n, k, seed=6)
-  assert wm.e2m1_heuristic(m, n).split_m == (split_m == "1")
+  config = wm.e2m1_heuristic(m, n)
+  assert config.split_m == (split_m == "1"), config
+  assert config.epilogue_slots == (1 if split_m == "1" and stages4 == "1" else 2), config
   y = wm.gemm(a, w, rows, cols, bias, out_dtype=jnp.bfloat16)  # (E2M1Weights: no pytree)
   folded = (w_float / w.column_multiplier()[:, None]).astype(jnp.float8_e4m3fn)
   y8 = wm.gemm(a, folded, rows, cols * w.column_multiplier(), bias, out_dtype=jnp.bfloat16)

@@ -257,7 +257,8 @@ def e2m1_heuristic(m: int, n: int) -> Config:
   356.7); with four stages (one output staging tile per warpgroup, the default) 122.3 at
   1024 against 131.0 with three (call 10).  Nsight Compute at 1024 (three stages): the
   tensor pipe 53 % busy, issue slots 35 %, no eligible warp 63 % of cycles, no local
-  memory -- the conversion's latency and the barriers, not issue or DRAM (14 %).  HUMMING_JAX_E2M1_SHARED=0: 128 x 256 CTA tiles
+  memory -- the conversion's latency and the barriers, not issue or DRAM (14 %).
+  HUMMING_JAX_E2M1_SHARED=0: 128 x 256 CTA tiles
   (128 x 128 where N, padded to 128 by the layout, is not a multiple of 256), each
   warpgroup converting its own columns (so too without ``e2m1_overlap``, which the shared
   tile needs).  The caller pads M to the CTA tile (256 rows for the shared tile)."""
