@@ -362,8 +362,9 @@ def gemm(a: jax.Array, w: jax.Array | E2M1Weights, row_scale: jax.Array | None,
       row_scale = None
   stages = fit_stages(config, grouped, e2m1)
   overlap = e2m1 and config.e2m1_overlap
-  slots = min(stages, kp // k_step)  # the pipeline's buffers (no more than its steps)
   m_iters, n_iters, k_iters = mp // cta_m, np_ // cta_n, kp // k_step
+  # the pipeline's buffers (it keeps no more than its steps): the A slots released by hand
+  pipeline_slots = min(stages, k_iters)
   acc_dtype = jnp.int32 if a.dtype == jnp.int8 else jnp.float32
   in_tf = (plgpu.TilingTransform((8, tk)), plgpu.SwizzleTransform(tk))  # 8-bit: tk bytes
   # E2M1Weights: the codes (cta_n, 128) as int4 rows of 64 bytes; the converted B tile in
@@ -489,11 +490,11 @@ def gemm(a: jax.Array, w: jax.Array | E2M1Weights, row_scale: jax.Array | None,
             y = y.astype(out_dtype)
             if v == 0:
               plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # last tile's stores read out
+            epi_slots = config.epilogue_slots
             for ei in range(wm_ // EPI_TILE):
               for ej in range(tn // EPI_TILE):
-                slots = config.epilogue_slots
-                slot = ((r0 // EPI_TILE + ei) * (tn // EPI_TILE) + ej) % slots
-                plgpu.wait_smem_to_gmem(slots - 1, wait_read_only=True)
+                slot = ((r0 // EPI_TILE + ei) * (tn // EPI_TILE) + ej) % epi_slots
+                plgpu.wait_smem_to_gmem(epi_slots - 1, wait_read_only=True)
                 o_smem[wg, slot] = y[ei * EPI_TILE:(ei + 1) * EPI_TILE,
                                      ej * EPI_TILE:(ej + 1) * EPI_TILE]
                 plgpu.commit_smem()
@@ -587,7 +588,8 @@ def gemm(a: jax.Array, w: jax.Array | E2M1Weights, row_scale: jax.Array | None,
           a_slots = allocs["flat_consumed_barrier_refs"][0]
 
           def release_previous_a():  # step k - 1's WGMMA done: its A slot is free
-            pl.when(k > 0)(lambda: plgpu.barrier_arrive(a_slots.at[lax.rem(k - 1, slots)]))
+            pl.when(k > 0)(lambda: plgpu.barrier_arrive(
+                a_slots.at[lax.rem(k - 1, pipeline_slots)]))
 
           if config.split_m:
             plgpu.wgmma_wait(0)

@@ -177,7 +177,8 @@ def run(params: QuantizedWeight, x: jax.Array, *, interpret: bool = False,
   if config is None and x.shape[0] >= w8a8_mgpu.MIN_M and prefill_8bit_runs(params, x.dtype):
     return run_prefill_8bit(params, x, interpret=interpret)
   if (config is None and w8a8_mgpu.MIN_M <= x.shape[0] <= E2M1_MMA_MAX_M
-      and e2m1_mma_enabled() and e2m1_mma_runs(params) and x.dtype in map(jnp.dtype, w8a8_mgpu.OUT_DTYPES)):
+      and e2m1_mma_enabled() and e2m1_mma_runs(params)
+      and x.dtype in map(jnp.dtype, w8a8_mgpu.OUT_DTYPES)):
     return run_prefill_e2m1_mma(params, x, interpret=interpret)
   if (config is None and MX_FOLD_PREFILL and x.shape[0] >= w8a8_mgpu.MIN_M
       and mx_fold_runs(params) and x.dtype in map(jnp.dtype, w8a8_mgpu.OUT_DTYPES)):
