@@ -165,10 +165,11 @@ def e2m1_operands(m, n, k, seed=0, span=11):
   return a, wm.E2M1Weights(stored, scales.astype(jnp.bfloat16), top), w
 
 
-@pytest.mark.parametrize("with_bias,overlap,split_m,k,n,stages4", [
-    (True, True, True, 640, 256, False), (False, True, True, 640, 256, True),
-    (False, True, False, 640, 512, False), (False, False, False, 256, 384, False)])
-def test_gemm_e2m1_interpret(with_bias, overlap, split_m, k, n, stages4, monkeypatch):
+@pytest.mark.parametrize("with_bias,overlap,split_m,k,n,stages4,ahead", [
+    (True, True, True, 640, 256, False, False), (False, True, True, 640, 256, True, False),
+    (False, True, True, 640, 256, True, True), (True, True, True, 256, 256, False, True),
+    (False, True, False, 640, 512, False, False), (False, False, False, 256, 384, False, False)])
+def test_gemm_e2m1_interpret(with_bias, overlap, split_m, k, n, stages4, ahead, monkeypatch):
   """E2M1Weights (session 60): the codes converted to e4m3 in the kernel, each group folded
   against its column's largest scale (groups 0..11 binades below it), two CTAs over 2 x 2
   output tiles; against the float product of the activations and the dequantized weights
@@ -182,8 +183,12 @@ def test_gemm_e2m1_interpret(with_bias, overlap, split_m, k, n, stages4, monkeyp
   384 (an odd multiple of 128, as the layout pads): e2m1_heuristic's 128 x 128 tiles of
   64-column warpgroup halves without the shared tile.  ``stages4``
   (HUMMING_JAX_E2M1_STAGES4): one output staging tile per warpgroup, four pipeline
-  slots."""
+  slots.  ``ahead`` (session 63, Config.e2m1_mma_ahead): the shared tile's step k WGMMA
+  issued before step k - 1's is waited for, the B tiles handed back on "free" barriers --
+  through two output tiles per CTA at 5 K steps and at 2 (where no step is between the
+  first and the last)."""
   monkeypatch.setattr(wm.tuning, "num_sms", lambda: 2)
+  monkeypatch.setenv("HUMMING_JAX_E2M1_AHEAD", "1" if ahead else "0")
   monkeypatch.setenv("HUMMING_JAX_E2M1_OVERLAP", "1" if overlap else "0")
   monkeypatch.setenv("HUMMING_JAX_E2M1_SHARED", "1" if split_m else "0")
   monkeypatch.setenv("HUMMING_JAX_E2M1_STAGES4", "1" if stages4 else "0")
@@ -193,6 +198,7 @@ def test_gemm_e2m1_interpret(with_bias, overlap, split_m, k, n, stages4, monkeyp
   bias = bias if with_bias else None
   config = wm.e2m1_heuristic(m, n)
   assert (config.split_m, config.e2m1_overlap) == (split_m, overlap), config
+  assert config.e2m1_mma_ahead == ahead, config
   assert config.tile_n == (128 if split_m or n % 256 == 0 else 64), config
   assert config.epilogue_slots == (1 if stages4 else 2), config
   if overlap and k == 640:  # fewer slots than the 5 K steps
@@ -210,15 +216,22 @@ def test_gemm_e2m1_interpret(with_bias, overlap, split_m, k, n, stages4, monkeyp
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("overlap,split_m,n,stages4", [
-    ("1", "1", 384, "0"), ("1", "1", 384, "1"), ("1", "0", 384, "0"), ("1", "0", 512, "0"),
-    ("0", "0", 384, "0")])
-def test_gemm_e2m1_gpu(overlap, split_m, n, stages4, monkeypatch):
-  """The in-GEMM conversion forms on the GPU (shared tile with three or four stages, own
-  tiles, serial) at an odd number of K steps (K = 1152: 9 steps through 3 or 4 pipeline
-  slots) and N an odd multiple of 128 (the own-tile forms' 128 x 128 tiles): bit-equal
-  to the 8-bit GEMM on the folded e4m3 weights, as in the interpreter.  (12-24 output
-  tiles: one per CTA on an H100 / H200; the route's test runs 256 on 132.)"""
+@pytest.mark.parametrize("overlap,split_m,n,stages4,ahead,sms", [
+    ("1", "1", 384, "0", "0", None), ("1", "1", 384, "1", "0", None),
+    ("1", "1", 384, "1", "1", None), ("1", "1", 384, "1", "1", 5),
+    ("1", "0", 384, "0", "0", None), ("1", "0", 512, "0", "0", None),
+    ("0", "0", 384, "0", "0", None)])
+def test_gemm_e2m1_gpu(overlap, split_m, n, stages4, ahead, sms, monkeypatch):
+  """The in-GEMM conversion forms on the GPU (shared tile with three or four stages, with
+  the WGMMA issued ahead (Config.e2m1_mma_ahead), own tiles, serial) at an odd number of
+  K steps (K = 1152: 9 steps through 3 or 4 pipeline slots) and N an odd multiple of 128
+  (the own-tile forms' 128 x 128 tiles): bit-equal to the 8-bit GEMM on the folded e4m3
+  weights, as in the interpreter.  12-24 output tiles: one per CTA on an H100 / H200
+  (the route's test runs 256 on 132), or with ``sms`` 12 on 5 CTAs (2-3 tiles each, the
+  barriers' phases carried across tiles)."""
+  if sms:
+    monkeypatch.setattr(wm.tuning, "num_sms", lambda: sms)
+  monkeypatch.setenv("HUMMING_JAX_E2M1_AHEAD", ahead)
   monkeypatch.setenv("HUMMING_JAX_E2M1_OVERLAP", overlap)
   monkeypatch.setenv("HUMMING_JAX_E2M1_SHARED", split_m)
   monkeypatch.setenv("HUMMING_JAX_E2M1_STAGES4", stages4)
@@ -227,6 +240,7 @@ def test_gemm_e2m1_gpu(overlap, split_m, n, stages4, monkeypatch):
   _, _, rows, cols, bias = operands(jnp.float8_e4m3fn, m, n, k, seed=6)
   config = wm.e2m1_heuristic(m, n)
   assert config.split_m == (split_m == "1"), config
+  assert config.e2m1_mma_ahead == (ahead == "1"), config
   assert config.epilogue_slots == (1 if split_m == "1" and stages4 == "1" else 2), config
   y = wm.gemm(a, w, rows, cols, bias, out_dtype=jnp.bfloat16)  # (E2M1Weights: no pytree)
   folded = (w_float / w.column_multiplier()[:, None]).astype(jnp.float8_e4m3fn)
@@ -255,6 +269,8 @@ def test_gemm_e2m1_argument_errors():
     gemm(a, w, config=wm.Config(tile_k=64))
   with pytest.raises(ValueError, match=r"with split_m .* tile_n must be a multiple of 128"):
     gemm(a, w, config=wm.Config(tile_m=128, tile_n=64, split_m=True))
+  with pytest.raises(ValueError, match="e2m1_mma_ahead is a form of the shared B tile"):
+    gemm(a, w, config=wm.Config(tile_m=128, tile_n=128, e2m1_mma_ahead=True))
   with pytest.raises(ValueError, match="which needs e2m1_overlap"):
     gemm(a, w, config=wm.Config(tile_m=128, tile_n=128, split_m=True, e2m1_overlap=False))
   with pytest.raises(ValueError, match=r"CTA tile 256 x 128 \(config.cta_m"):
