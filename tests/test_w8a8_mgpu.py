@@ -168,6 +168,7 @@ def e2m1_operands(m, n, k, seed=0, span=11):
 @pytest.mark.parametrize("with_bias,overlap,split_m,k,n,stages4,ahead", [
     (True, True, True, 640, 256, False, False), (False, True, True, 640, 256, True, False),
     (False, True, True, 640, 256, True, True), (True, True, True, 256, 256, False, True),
+    (False, True, True, 128, 256, True, True),
     (False, True, False, 640, 512, False, False), (False, False, False, 256, 384, False, False)])
 def test_gemm_e2m1_interpret(with_bias, overlap, split_m, k, n, stages4, ahead, monkeypatch):
   """E2M1Weights (session 60): the codes converted to e4m3 in the kernel, each group folded
@@ -185,8 +186,9 @@ def test_gemm_e2m1_interpret(with_bias, overlap, split_m, k, n, stages4, ahead, 
   (HUMMING_JAX_E2M1_STAGES4): one output staging tile per warpgroup, four pipeline
   slots.  ``ahead`` (session 63, Config.e2m1_mma_ahead): the shared tile's step k WGMMA
   issued before step k - 1's is waited for, the B tiles handed back on "free" barriers --
-  through two output tiles per CTA at 5 K steps and at 2 (where no step is between the
-  first and the last)."""
+  through two output tiles per CTA at 5 K steps, at 2 (where no step is between the
+  first and the last) and at 1.  (The interpreter runs each WGMMA to completion, so these
+  check the barriers' phases, not the ordering the GPU test checks.)"""
   monkeypatch.setattr(wm.tuning, "num_sms", lambda: 2)
   monkeypatch.setenv("HUMMING_JAX_E2M1_AHEAD", "1" if ahead else "0")
   monkeypatch.setenv("HUMMING_JAX_E2M1_OVERLAP", "1" if overlap else "0")
@@ -216,26 +218,28 @@ def test_gemm_e2m1_interpret(with_bias, overlap, split_m, k, n, stages4, ahead, 
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("overlap,split_m,n,stages4,ahead,sms", [
-    ("1", "1", 384, "0", "0", None), ("1", "1", 384, "1", "0", None),
-    ("1", "1", 384, "1", "1", None), ("1", "1", 384, "1", "1", 5),
-    ("1", "0", 384, "0", "0", None), ("1", "0", 512, "0", "0", None),
-    ("0", "0", 384, "0", "0", None)])
-def test_gemm_e2m1_gpu(overlap, split_m, n, stages4, ahead, sms, monkeypatch):
+@pytest.mark.parametrize("overlap,split_m,n,stages4,ahead,sms,k", [
+    ("1", "1", 384, "0", "0", None, 1152), ("1", "1", 384, "1", "0", None, 1152),
+    ("1", "1", 384, "1", "1", None, 1152), ("1", "1", 384, "1", "1", 5, 1152),
+    ("1", "1", 384, "1", "1", 3, 1024), ("1", "1", 384, "1", "1", 5, 128),
+    ("1", "0", 384, "0", "0", None, 1152), ("1", "0", 512, "0", "0", None, 1152),
+    ("0", "0", 384, "0", "0", None, 1152)])
+def test_gemm_e2m1_gpu(overlap, split_m, n, stages4, ahead, sms, k, monkeypatch):
   """The in-GEMM conversion forms on the GPU (shared tile with three or four stages, with
   the WGMMA issued ahead (Config.e2m1_mma_ahead), own tiles, serial) at an odd number of
-  K steps (K = 1152: 9 steps through 3 or 4 pipeline slots) and N an odd multiple of 128
-  (the own-tile forms' 128 x 128 tiles): bit-equal to the 8-bit GEMM on the folded e4m3
-  weights, as in the interpreter.  12-24 output tiles: one per CTA on an H100 / H200
-  (the route's test runs 256 on 132), or with ``sms`` 12 on 5 CTAs (2-3 tiles each, the
-  barriers' phases carried across tiles)."""
+  K steps (K = 1152: 9 steps through 3 or 4 pipeline slots; the ahead form also at 8
+  and 1) and N an odd multiple of 128 (the own-tile forms' 128 x 128 tiles): bit-equal
+  to the 8-bit GEMM on the folded e4m3 weights, as in the interpreter.  12-24 output
+  tiles: one per CTA on an H100 / H200 (the route's test runs 256 on 132), or with
+  ``sms`` 12 on 5 or 3 CTAs (2-4 tiles each, the barriers' phases carried across
+  tiles)."""
   if sms:
     monkeypatch.setattr(wm.tuning, "num_sms", lambda: sms)
   monkeypatch.setenv("HUMMING_JAX_E2M1_AHEAD", ahead)
   monkeypatch.setenv("HUMMING_JAX_E2M1_OVERLAP", overlap)
   monkeypatch.setenv("HUMMING_JAX_E2M1_SHARED", split_m)
   monkeypatch.setenv("HUMMING_JAX_E2M1_STAGES4", stages4)
-  m, k = 1024, 1152
+  m = 1024
   a, w, w_float = e2m1_operands(m, n, k, seed=5)
   _, _, rows, cols, bias = operands(jnp.float8_e4m3fn, m, n, k, seed=6)
   config = wm.e2m1_heuristic(m, n)

@@ -154,9 +154,8 @@ class Config:
   # through the barrier round trip that otherwise sits between two steps' WGMMAs.  The two
   # B tiles then need a second pair of barriers ("free": both warpgroups' step k - 1
   # WGMMAs done, the tile step k + 1 overwrites).  HUMMING_JAX_E2M1_AHEAD=1 (off until
-  # timed on the GPU: benchmarks/NOTES.md, session 63).
-  e2m1_mma_ahead: bool = dataclasses.field(
-      default_factory=lambda: tuning.env_flag("HUMMING_JAX_E2M1_AHEAD", False))
+  # timed on the GPU: benchmarks/NOTES.md, session 63; e2m1_heuristic reads it).
+  e2m1_mma_ahead: bool = False
 
   @property
   def cta_m(self) -> int:
@@ -277,8 +276,9 @@ def e2m1_heuristic(m: int, n: int) -> Config:
     # session 62, 8192^2, M = 1024, CUPTI GEMM: 122.3 us against 131.0 (kernels per layer
     # 135.8 against 144.5; the unpack route 146.3).  HUMMING_JAX_E2M1_STAGES4=0: three.
     slots = 1 if tuning.env_flag("HUMMING_JAX_E2M1_STAGES4", True) else 2
-    return dataclasses.replace(config, tile_n=128, split_m=True, epilogue_slots=slots)
-  return dataclasses.replace(config, e2m1_mma_ahead=False)  # (own tiles are ahead already)
+    return dataclasses.replace(config, tile_n=128, split_m=True, epilogue_slots=slots,
+                               e2m1_mma_ahead=tuning.env_flag("HUMMING_JAX_E2M1_AHEAD", False))
+  return config
 
 
 def gemm(a: jax.Array, w: jax.Array | E2M1Weights, row_scale: jax.Array | None,
@@ -326,7 +326,8 @@ def gemm(a: jax.Array, w: jax.Array | E2M1Weights, row_scale: jax.Array | None,
                      f"between the warpgroups, which needs e2m1_overlap (two B tiles)")
   if e2m1 and config.e2m1_mma_ahead and not config.split_m:
     raise ValueError(f"config={config}: e2m1_mma_ahead is a form of the shared B tile; "
-                     f"it needs split_m (the own-tile form already keeps one WGMMA ahead)")
+                     f"it needs split_m (the own-tile overlap form keeps one WGMMA ahead "
+                     f"without it)")
   tm, tn, tk = config.tile_m, config.tile_n, config.tile_k
   cta_m, cta_n = config.cta_m, config.cta_n
   if mp % cta_m or np_ % cta_n or kp % tk:
