@@ -6,7 +6,8 @@
 #         then probe_e2m1_prefill.py (CUPTI kernels per 8192^2 layer, one process, Humming
 #         W4A8 MXFP4 beside).  EMS=512,1024,4096, EFORMS=p8,p8-e2m1-st4,p8-e2m1-ahead.
 #   s63:  per-SASS stall samples of the in-GEMM GEMM at M = 1024 (gpu_session62.sh s62)
-#         for the default form, then (SAHEAD=1, default) the ahead form, logs s63_*.
+#         for each HUMMING_JAX_E2M1_AHEAD value in S63 (default "1": the ahead form;
+#         "0 1": the four-stage default too), logs s63_ahead<v>*.
 #   e62, n62, s62, and the earlier sessions' steps: gpu_session62.sh.
 source "$(dirname "$0")/../gpu_env.sh"
 s_a63() {
@@ -18,13 +19,12 @@ s_a63() {
 }
 s_s63() {
   local here; here="$(dirname "$0")"
-  for ahead in 0 ${SAHEAD:-1}; do
+  for ahead in ${S63:-1}; do
     HUMMING_JAX_E2M1_AHEAD=$ahead bash "$here/gpu_session62.sh" s62
     for f in s62.log s62_src.csv s62_src.err s62_top.log; do
       [ -f "$OUT/$f" ] && mv "$OUT/$f" "$OUT/s63_ahead${ahead}${f#s62}"
     done
     rm -f "$OUT/s62.ncu-rep"
-    [ "$ahead" = "${SAHEAD:-1}" ] && break
   done
 }
 for s in ${@:-a63}; do
