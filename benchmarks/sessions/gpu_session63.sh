@@ -8,6 +8,9 @@
 #   s63:  per-SASS stall samples of the in-GEMM GEMM at M = 1024 (gpu_session62.sh s62)
 #         for each HUMMING_JAX_E2M1_AHEAD value in S63 (default "1": the ahead form;
 #         "0 1": the four-stage default too), logs s63_ahead<v>*.
+#   k63:  probe_multitile_k.py: the 8-bit GEMM (fp8 operands, the in-GEMM forms) at
+#         K = 128, 256, 1152 with several output tiles per CTA against one per CTA and the
+#         exact product (call 1: the ahead form at K = 128 differed from the fp8 GEMM).
 #   e62, n62, s62, and the earlier sessions' steps: gpu_session62.sh.
 source "$(dirname "$0")/../gpu_env.sh"
 s_a63() {
@@ -27,9 +30,13 @@ s_s63() {
     rm -f "$OUT/s62.ncu-rep"
   done
 }
+s_k63() {  # the 8-bit GEMM at few K steps, several output tiles per CTA (call 1's failure)
+  T ${KT:-150} python3 benchmarks/probe_multitile_k.py --ks ${KS:-128,256,1152} > "$OUT/k63.log" 2>&1
+  echo "k63 rc=$?"; grep -E "^K=|rror" "$OUT/k63.log" | cut -c1-300
+}
 for s in ${@:-a63}; do
   case "$s" in
-    a63|s63) step "$s"; "s_$s" ;;
+    a63|s63|k63) step "$s"; "s_$s" ;;
     *) bash "$(dirname "$0")/gpu_session62.sh" "$s" ;;
   esac
 done

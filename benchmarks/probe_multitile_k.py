@@ -1,0 +1,66 @@
+"""Session 63 diagnostic: the 8-bit GEMM (w8a8_mgpu.gemm) at few K steps with several
+output tiles per CTA (tuning.num_sms patched) against one tile per CTA, for the plain fp8
+operands and the in-GEMM MXFP4 forms (four-stage shared tile, the ahead form), each
+against an exact float64 product on the host (bf16-rounded).  Prints, per (form, K, sms),
+the elements differing from the one-tile-per-CTA run and from the exact product.
+
+  PYTHONPATH=.:tests python3 benchmarks/probe_multitile_k.py --ks 128,256,1152
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
+import test_w8a8_mgpu as t  # noqa: E402
+
+from humming_jax.kernels import w8a8_mgpu as wm  # noqa: E402
+
+FORMS = {"fp8": None, "e2m1-st4": "0", "e2m1-ahead": "1"}
+
+
+def main():
+  ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  ap.add_argument("--ks", default="128,256,1152")
+  ap.add_argument("--sms", default="0,5,3")  # 0: the device's
+  ap.add_argument("--m", type=int, default=1024)
+  ap.add_argument("--n", type=int, default=384)
+  args = ap.parse_args()
+  real_sms = wm.tuning.num_sms
+  for k in map(int, args.ks.split(",")):
+    a, w, wf = t.e2m1_operands(args.m, args.n, k, seed=5)
+    _, _, rows, cols, bias = t.operands(jnp.float8_e4m3fn, args.m, args.n, k, seed=6)
+    mult = w.column_multiplier()
+    folded = (wf / mult[:, None]).astype(jnp.float8_e4m3fn)
+    exact = (np.asarray(a.astype(jnp.float32), np.float64)
+             @ np.asarray(folded.astype(jnp.float32), np.float64).T)
+    exact = (exact * np.asarray(rows, np.float64)[:, None]
+             * np.asarray(cols * mult, np.float64)[None, :] + np.asarray(bias)[None, :])
+    exact_bf16 = np.asarray(jnp.asarray(exact, jnp.float32).astype(jnp.bfloat16), np.float32)
+    for form, ahead in FORMS.items():
+      base = None
+      for sms in map(int, args.sms.split(",")):
+        wm.tuning.num_sms = real_sms if sms == 0 else (lambda s=sms: s)
+        if ahead is None:
+          y = wm.gemm(a, folded, rows, cols * mult, bias, out_dtype=jnp.bfloat16)
+        else:
+          os.environ["HUMMING_JAX_E2M1_AHEAD"] = ahead
+          y = wm.gemm(a, w, rows, cols, bias, out_dtype=jnp.bfloat16)
+        y = np.asarray(y.astype(jnp.float32))
+        base = y if base is None else base
+        d_base = int(np.sum(y != base))
+        d_exact = int(np.sum(y != exact_bf16))
+        err = float(np.max(np.abs(y - exact)))
+        print(f"K={k} {form} sms={sms or real_sms()}: {d_base} differ from sms=first, "
+              f"{d_exact} from the exact product rounded (max |y - exact| {err:.3e})",
+              flush=True)
+      wm.tuning.num_sms = real_sms
+
+
+if __name__ == "__main__":
+  main()
