@@ -14,8 +14,6 @@ process:
              pipeline stages (HUMMING_JAX_E2M1_STAGES4=0: session 62's calls 3-5);
   p8-e2m1-st4: the shared form with one output staging tile per warpgroup and four
              pipeline stages (HUMMING_JAX_E2M1_STAGES4=1: the default since call 10);
-  p8-e2m1-ahead: the four-stage shared form with each step's WGMMA issued before the
-             previous one is waited for (HUMMING_JAX_E2M1_AHEAD=1, session 63);
   p8-e2m1-own: the overlap, 128 x 256 CTA tiles, each warpgroup converting its own
              (HUMMING_JAX_E2M1_SHARED=0);
   p8-e2m1-serial: neither (HUMMING_JAX_E2M1_OVERLAP=0: sessions 60-61);
@@ -42,14 +40,10 @@ import humming_jax as hj  # noqa: E402
 from humming_jax.kernels import reference  # noqa: E402
 
 LAYERS = 8
-# (fp8 layout, in-GEMM conversion, its overlap, the shared B tile, four stages, the WGMMA
-# issued ahead)
-FORMS = {"pk": ("0", "0", "1", "1", "0", "0"), "p8": ("1", "0", "1", "1", "0", "0"),
-         "p8-e2m1": ("1", "1", "1", "1", "0", "0"),
-         "p8-e2m1-st4": ("1", "1", "1", "1", "1", "0"),
-         "p8-e2m1-ahead": ("1", "1", "1", "1", "1", "1"),
-         "p8-e2m1-own": ("1", "1", "1", "0", "0", "0"),
-         "p8-e2m1-serial": ("1", "1", "0", "0", "0", "0")}
+# (fp8 layout, in-GEMM conversion, its overlap, the shared B tile, four stages)
+FORMS = {"pk": ("0", "0", "1", "1", "0"), "p8": ("1", "0", "1", "1", "0"),
+         "p8-e2m1": ("1", "1", "1", "1", "0"), "p8-e2m1-st4": ("1", "1", "1", "1", "1"),
+         "p8-e2m1-own": ("1", "1", "1", "0", "0"), "p8-e2m1-serial": ("1", "1", "0", "0", "0")}
 IN_GEMM = [f for f in FORMS if FORMS[f][1] == "1"]
 
 
@@ -83,7 +77,6 @@ def main():
       os.environ["HUMMING_JAX_E2M1_OVERLAP"] = FORMS[form][2]
       os.environ["HUMMING_JAX_E2M1_SHARED"] = FORMS[form][3]
       os.environ["HUMMING_JAX_E2M1_STAGES4"] = FORMS[form][4]
-      os.environ["HUMMING_JAX_E2M1_AHEAD"] = FORMS[form][5]
       ps = params[form]
       fn = jax.jit(lambda ps, xs: [hj.quant_dense(p, x) for p, x in zip(ps, xs)])
       outs[form] = jax.block_until_ready(fn(ps, xs))[0]

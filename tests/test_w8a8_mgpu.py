@@ -165,12 +165,10 @@ def e2m1_operands(m, n, k, seed=0, span=11):
   return a, wm.E2M1Weights(stored, scales.astype(jnp.bfloat16), top), w
 
 
-@pytest.mark.parametrize("with_bias,overlap,split_m,k,n,stages4,ahead", [
-    (True, True, True, 640, 256, False, False), (False, True, True, 640, 256, True, False),
-    (False, True, True, 640, 256, True, True), (True, True, True, 256, 256, False, True),
-    (False, True, True, 128, 256, True, True),
-    (False, True, False, 640, 512, False, False), (False, False, False, 256, 384, False, False)])
-def test_gemm_e2m1_interpret(with_bias, overlap, split_m, k, n, stages4, ahead, monkeypatch):
+@pytest.mark.parametrize("with_bias,overlap,split_m,k,n,stages4", [
+    (True, True, True, 640, 256, False), (False, True, True, 640, 256, True),
+    (False, True, False, 640, 512, False), (False, False, False, 256, 384, False)])
+def test_gemm_e2m1_interpret(with_bias, overlap, split_m, k, n, stages4, monkeypatch):
   """E2M1Weights (session 60): the codes converted to e4m3 in the kernel, each group folded
   against its column's largest scale (groups 0..11 binades below it), two CTAs over 2 x 2
   output tiles; against the float product of the activations and the dequantized weights
@@ -184,13 +182,8 @@ def test_gemm_e2m1_interpret(with_bias, overlap, split_m, k, n, stages4, ahead, 
   384 (an odd multiple of 128, as the layout pads): e2m1_heuristic's 128 x 128 tiles of
   64-column warpgroup halves without the shared tile.  ``stages4``
   (HUMMING_JAX_E2M1_STAGES4): one output staging tile per warpgroup, four pipeline
-  slots.  ``ahead`` (session 63, Config.e2m1_mma_ahead): the shared tile's step k WGMMA
-  issued before step k - 1's is waited for, the B tiles handed back on "free" barriers --
-  through two output tiles per CTA at 5 K steps, at 2 (where no step is between the
-  first and the last) and at 1.  (The interpreter runs each WGMMA to completion, so these
-  check the barriers' phases, not the ordering the GPU test checks.)"""
+  slots."""
   monkeypatch.setattr(wm.tuning, "num_sms", lambda: 2)
-  monkeypatch.setenv("HUMMING_JAX_E2M1_AHEAD", "1" if ahead else "0")
   monkeypatch.setenv("HUMMING_JAX_E2M1_OVERLAP", "1" if overlap else "0")
   monkeypatch.setenv("HUMMING_JAX_E2M1_SHARED", "1" if split_m else "0")
   monkeypatch.setenv("HUMMING_JAX_E2M1_STAGES4", "1" if stages4 else "0")
@@ -200,7 +193,6 @@ def test_gemm_e2m1_interpret(with_bias, overlap, split_m, k, n, stages4, ahead, 
   bias = bias if with_bias else None
   config = wm.e2m1_heuristic(m, n)
   assert (config.split_m, config.e2m1_overlap) == (split_m, overlap), config
-  assert config.e2m1_mma_ahead == ahead, config
   assert config.tile_n == (128 if split_m or n % 256 == 0 else 64), config
   assert config.epilogue_slots == (1 if stages4 else 2), config
   if overlap and k == 640:  # fewer slots than the 5 K steps
@@ -218,24 +210,23 @@ def test_gemm_e2m1_interpret(with_bias, overlap, split_m, k, n, stages4, ahead, 
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("overlap,split_m,n,stages4,ahead,sms,k", [
-    ("1", "1", 384, "0", "0", None, 1152), ("1", "1", 384, "1", "0", None, 1152),
-    ("1", "1", 384, "1", "1", None, 1152), ("1", "1", 384, "1", "1", 5, 1152),
-    ("1", "1", 384, "1", "1", 3, 1024), ("1", "1", 384, "1", "1", 5, 128),
-    ("1", "0", 384, "0", "0", None, 1152), ("1", "0", 512, "0", "0", None, 1152),
-    ("0", "0", 384, "0", "0", None, 1152)])
-def test_gemm_e2m1_gpu(overlap, split_m, n, stages4, ahead, sms, k, monkeypatch):
-  """The in-GEMM conversion forms on the GPU (shared tile with three or four stages, with
-  the WGMMA issued ahead (Config.e2m1_mma_ahead), own tiles, serial) at an odd number of
-  K steps (K = 1152: 9 steps through 3 or 4 pipeline slots; the ahead form also at 8
-  and 1) and N an odd multiple of 128 (the own-tile forms' 128 x 128 tiles): bit-equal
-  to the 8-bit GEMM on the folded e4m3 weights, as in the interpreter.  12-24 output
-  tiles: one per CTA on an H100 / H200 (the route's test runs 256 on 132), or with
-  ``sms`` 12 on 5 or 3 CTAs (2-4 tiles each, the barriers' phases carried across
-  tiles)."""
+@pytest.mark.parametrize("overlap,split_m,n,stages4,sms,k", [
+    ("1", "1", 384, "0", None, 1152), ("1", "1", 384, "1", None, 1152),
+    ("1", "1", 384, "1", 5, 1152), ("1", "1", 384, "1", 3, 1024), ("1", "1", 384, "1", 5, 128),
+    ("1", "0", 384, "0", None, 1152), ("1", "0", 512, "0", None, 1152),
+    ("0", "0", 384, "0", None, 1152)])
+def test_gemm_e2m1_gpu(overlap, split_m, n, stages4, sms, k, monkeypatch):
+  """The in-GEMM conversion forms on the GPU (shared tile with three or four stages, own
+  tiles, serial) at an odd number of K steps (K = 1152: 9 steps through 3 or 4 pipeline
+  slots; the default form also at 8 and at 1) and N an odd multiple of 128 (the own-tile
+  forms' 128 x 128 tiles): bit-equal to the 8-bit GEMM on the folded e4m3 weights, as in
+  the interpreter.  12-24 output tiles: one per CTA on an H100 / H200 (the route's test
+  runs 256 on 132), or with ``sms`` 12 on 5 or 3 CTAs (2-4 tiles each: the barriers'
+  phases and the B tiles carried across output tiles).  Session 63: the K = 128 case on
+  5 CTAs differed from the 8-bit GEMM in 1.9 % of outputs for a since-reverted form;
+  this one has not run yet (test_gemm_tiles_per_cta_gpu checks the 8-bit GEMM alone)."""
   if sms:
     monkeypatch.setattr(wm.tuning, "num_sms", lambda: sms)
-  monkeypatch.setenv("HUMMING_JAX_E2M1_AHEAD", ahead)
   monkeypatch.setenv("HUMMING_JAX_E2M1_OVERLAP", overlap)
   monkeypatch.setenv("HUMMING_JAX_E2M1_SHARED", split_m)
   monkeypatch.setenv("HUMMING_JAX_E2M1_STAGES4", stages4)
@@ -244,13 +235,28 @@ def test_gemm_e2m1_gpu(overlap, split_m, n, stages4, ahead, sms, k, monkeypatch)
   _, _, rows, cols, bias = operands(jnp.float8_e4m3fn, m, n, k, seed=6)
   config = wm.e2m1_heuristic(m, n)
   assert config.split_m == (split_m == "1"), config
-  assert config.e2m1_mma_ahead == (ahead == "1"), config
   assert config.epilogue_slots == (1 if split_m == "1" and stages4 == "1" else 2), config
   y = wm.gemm(a, w, rows, cols, bias, out_dtype=jnp.bfloat16)  # (E2M1Weights: no pytree)
   folded = (w_float / w.column_multiplier()[:, None]).astype(jnp.float8_e4m3fn)
   y8 = wm.gemm(a, folded, rows, cols * w.column_multiplier(), bias, out_dtype=jnp.bfloat16)
   assert rel(y, float_product(a, w_float, rows, cols, bias)) <= 4e-3
   np.testing.assert_array_equal(np.asarray(y), np.asarray(y8))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [jnp.int8, jnp.float8_e4m3fn])
+@pytest.mark.parametrize("k", [128, 1152])
+def test_gemm_tiles_per_cta_gpu(dtype, k, monkeypatch):
+  """The 8-bit GEMM with several output tiles per CTA (24 tiles of 128 x 128 on 5 CTAs:
+  the pipeline's slots and barriers carried from one tile to the next) is bit-equal to
+  one tile per CTA, at one K step (one pipeline slot, refilled per tile) and at 9."""
+  m, n = 1024, 384
+  a, w, rows, cols, bias = operands(dtype, m, n, k, seed=7)
+  run = lambda: np.asarray(wm.gemm(a, w, rows, cols, bias, out_dtype=jnp.bfloat16))
+  one_each = run()
+  monkeypatch.setattr(wm.tuning, "num_sms", lambda: 5)
+  np.testing.assert_array_equal(run(), one_each)
+  assert rel(one_each, float_product(a, w, rows, cols, bias)) <= 4e-3
 
 
 def test_gemm_e2m1_argument_errors():
@@ -273,8 +279,6 @@ def test_gemm_e2m1_argument_errors():
     gemm(a, w, config=wm.Config(tile_k=64))
   with pytest.raises(ValueError, match=r"with split_m .* tile_n must be a multiple of 128"):
     gemm(a, w, config=wm.Config(tile_m=128, tile_n=64, split_m=True))
-  with pytest.raises(ValueError, match="e2m1_mma_ahead is a form of the shared B tile"):
-    gemm(a, w, config=wm.Config(tile_m=128, tile_n=128, e2m1_mma_ahead=True))
   with pytest.raises(ValueError, match="which needs e2m1_overlap"):
     gemm(a, w, config=wm.Config(tile_m=128, tile_n=128, split_m=True, e2m1_overlap=False))
   with pytest.raises(ValueError, match=r"CTA tile 256 x 128 \(config.cta_m"):

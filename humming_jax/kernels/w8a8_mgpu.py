@@ -149,13 +149,6 @@ class Config:
   # between them).  One frees 16 KB of shared memory: the shared-tile E2M1 form's fourth
   # pipeline stage (3 fit beside its two converted B tiles otherwise; e2m1_heuristic).
   epilogue_slots: int = 2
-  # split_m E2M1Weights: each warpgroup issues step k's WGMMA before waiting for its step
-  # k - 1 one (one in flight while it converts step k + 1), so the tensor pipe is fed
-  # through the barrier round trip that otherwise sits between two steps' WGMMAs.  The two
-  # B tiles then need a second pair of barriers ("free": both warpgroups' step k - 1
-  # WGMMAs done, the tile step k + 1 overwrites).  HUMMING_JAX_E2M1_AHEAD=1 (off until
-  # timed on the GPU: benchmarks/NOTES.md, session 63; e2m1_heuristic reads it).
-  e2m1_mma_ahead: bool = False
 
   @property
   def cta_m(self) -> int:
@@ -276,8 +269,7 @@ def e2m1_heuristic(m: int, n: int) -> Config:
     # session 62, 8192^2, M = 1024, CUPTI GEMM: 122.3 us against 131.0 (kernels per layer
     # 135.8 against 144.5; the unpack route 146.3).  HUMMING_JAX_E2M1_STAGES4=0: three.
     slots = 1 if tuning.env_flag("HUMMING_JAX_E2M1_STAGES4", True) else 2
-    return dataclasses.replace(config, tile_n=128, split_m=True, epilogue_slots=slots,
-                               e2m1_mma_ahead=tuning.env_flag("HUMMING_JAX_E2M1_AHEAD", False))
+    return dataclasses.replace(config, tile_n=128, split_m=True, epilogue_slots=slots)
   return config
 
 
@@ -324,10 +316,6 @@ def gemm(a: jax.Array, w: jax.Array | E2M1Weights, row_scale: jax.Array | None,
   if e2m1 and config.split_m and not config.e2m1_overlap:
     raise ValueError(f"config={config}: split_m E2M1Weights share each converted B tile "
                      f"between the warpgroups, which needs e2m1_overlap (two B tiles)")
-  if e2m1 and config.e2m1_mma_ahead and not config.split_m:
-    raise ValueError(f"config={config}: e2m1_mma_ahead is a form of the shared B tile; "
-                     f"it needs split_m (the own-tile overlap form keeps one WGMMA ahead "
-                     f"without it)")
   tm, tn, tk = config.tile_m, config.tile_n, config.tile_k
   cta_m, cta_n = config.cta_m, config.cta_n
   if mp % cta_m or np_ % cta_n or kp % tk:
@@ -374,7 +362,6 @@ def gemm(a: jax.Array, w: jax.Array | E2M1Weights, row_scale: jax.Array | None,
       row_scale = None
   stages = fit_stages(config, grouped, e2m1)
   overlap = e2m1 and config.e2m1_overlap
-  ahead = e2m1 and config.e2m1_mma_ahead
   m_iters, n_iters, k_iters = mp // cta_m, np_ // cta_n, kp // k_step
   # the pipeline's buffers (it keeps no more than its steps): the A slots released by hand
   pipeline_slots = min(stages, k_iters)
@@ -457,8 +444,6 @@ def gemm(a: jax.Array, w: jax.Array | E2M1Weights, row_scale: jax.Array | None,
                                       tk), jnp.float8_e4m3fn, transforms=in_tf)
       if config.split_m:  # both halves of a shared B tile converted (one per B tile)
         scratch["cvt_bar"] = plgpu.Barrier(num_arrivals=2, num_barriers=2)
-      if ahead:  # both warpgroups' WGMMAs done reading a B tile (one per B tile)
-        scratch["free_bar"] = plgpu.Barrier(num_arrivals=2, num_barriers=2)
     if rows or cols:
       scratch["vec_bar"] = plgpu.Barrier(num_arrivals=len(rows) + len(cols), num_barriers=2)
     if rows:
@@ -468,7 +453,7 @@ def gemm(a: jax.Array, w: jax.Array | E2M1Weights, row_scale: jax.Array | None,
 
     @functools.partial(pl.run_scoped, **scratch, collective_axes="wg")
     def scope(allocs, o_smem, vec_bar=None, rows_smem=None, cols_smem=None, b_smem=None,
-              cvt_bar=None, free_bar=None):
+              cvt_bar=None):
       wg = lax.axis_index("wg")
       waves = config.waves
       shape = (tm // waves, tn)  # one wave's tile (the whole warpgroup tile without waves)
@@ -559,9 +544,6 @@ def gemm(a: jax.Array, w: jax.Array | E2M1Weights, row_scale: jax.Array | None,
           converting half; each waits for its own step k - 1 WGMMA before arriving on the
           tile's barrier, so a warpgroup past that barrier knows the other is done with
           the tile it is about to overwrite (step k - 1's reads of tile k + 1 mod 2).
-          ``e2m1_mma_ahead`` (split_m): step k's WGMMA is issued before the wait for step
-          k - 1's; each warpgroup then arrives on the "free" barrier of tile k + 1 mod 2
-          (its step k - 1 reads done) and waits on tile k's before converting into it.
           Neither: the previous step's WGMMA was waited for, and a warpgroup's conversion
           could only hide behind the other's WGMMA (it did not: benchmarks/NOTES.md,
           sessions 61 and 62)."""
@@ -570,10 +552,6 @@ def gemm(a: jax.Array, w: jax.Array | E2M1Weights, row_scale: jax.Array | None,
           buf = lax.rem(k, 2) if overlap else 0
           b_tile = b_smem.at[0 if config.split_m else wg, buf]
           row = plgpu.Layout.WGMMA.reduce(1)
-          if ahead:  # both warpgroups' step k - 2 WGMMAs (tile k mod 2's readers) done;
-            # steps 0 and 1: the previous output tile's last two (none before the first)
-            pl.when((k >= 2) | (info.local_index > 0))(
-                lambda: plgpu.barrier_wait(free_bar.at[buf]))
 
           def convert(c):  # weight rows c * 64 ... of the B tile
             cs = pl.ds(w_off + c * E2M1_ROWS, E2M1_ROWS)
@@ -613,16 +591,7 @@ def gemm(a: jax.Array, w: jax.Array | E2M1Weights, row_scale: jax.Array | None,
             pl.when(k > 0)(lambda: plgpu.barrier_arrive(
                 a_slots.at[lax.rem(k - 1, pipeline_slots)]))
 
-          if ahead:
-            plgpu.barrier_arrive(cvt_bar.at[buf])  # my half written
-            plgpu.barrier_wait(cvt_bar.at[buf])  # ... and the other warpgroup's
-            plgpu.wgmma(acc_ref, a_tile(a_smem), b_tile.T)
-            plgpu.wgmma_wait(1)  # step k - 1's WGMMA done, step k's in flight
-            release_previous_a()
-            # tile k + 1 mod 2 is step k + 1's; the tile's last step frees both (below)
-            pl.when((k >= 1) & (k < k_iters - 1))(
-                lambda: plgpu.barrier_arrive(free_bar.at[1 - buf]))
-          elif config.split_m:
+          if config.split_m:
             plgpu.wgmma_wait(0)
             release_previous_a()
             plgpu.barrier_arrive(cvt_bar.at[buf])  # my half written, my step k - 1 read done
@@ -637,12 +606,6 @@ def gemm(a: jax.Array, w: jax.Array | E2M1Weights, row_scale: jax.Array | None,
           def _():
             plgpu.wgmma_wait(0)
             plgpu.barrier_arrive(a_done)
-            if ahead:  # the next output tile's steps 0 and 1 write the B tiles (arrivals
-              # no wait would observe: the interpreter checks every phase is seen)
-              @pl.when(info.local_index + 1 < info.num_local_steps)
-              def _():
-                for b in range(min(2, k_iters)):
-                  plgpu.barrier_arrive(free_bar.at[b])
           return acc_ref
 
         def mma_grouped(_, a_smem, w_smem, *refs):
