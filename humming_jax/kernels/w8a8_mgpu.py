@@ -543,13 +543,17 @@ def gemm(a: jax.Array, w: jax.Array | E2M1Weights, row_scale: jax.Array | None,
           consumed barriers).  ``split_m``: one B tile for both warpgroups, each
           converting half; each waits for its own step k - 1 WGMMA before arriving on the
           tile's barrier, so a warpgroup past that barrier knows the other is done with
-          the tile it is about to overwrite (step k - 1's reads of tile k + 1 mod 2).
-          Neither: the previous step's WGMMA was waited for, and a warpgroup's conversion
+          the tile it is about to overwrite (step k - 1's reads of tile k + 1 mod 2, k
+          counted over the CTA's output tiles).  Neither: the previous step's WGMMA was waited for, and a warpgroup's conversion
           could only hide behind the other's WGMMA (it did not: benchmarks/NOTES.md,
           sessions 61 and 62)."""
           *consumed, acc_ref = rest
           k = idx[0]
-          buf = lax.rem(k, 2) if overlap else 0
+          # B tiles alternate with the CTA's step count, not the tile's: at an odd number
+          # of K steps a tile's step 0 would otherwise write the tile its predecessor's
+          # last WGMMAs read, which the shared tile's barrier does not cover for the
+          # other warpgroup (its step k - 1 wait precedes the arrival, step k's does not)
+          buf = lax.rem(info.local_index * k_iters + k, 2) if overlap else 0
           b_tile = b_smem.at[0 if config.split_m else wg, buf]
           row = plgpu.Layout.WGMMA.reduce(1)
 
