@@ -2,7 +2,9 @@
 output tiles per CTA (tuning.num_sms patched) against one tile per CTA, for the plain fp8
 operands and the in-GEMM MXFP4 default form (four-stage shared tile), each
 against an exact float64 product on the host (bf16-rounded).  Prints, per (form, K, sms),
-the elements differing from the one-tile-per-CTA run and from the exact product.
+the elements differing from the one-tile-per-CTA run (the signal: zero when the tiles
+are independent) and from the exact product (comparative only: the float32 epilogue
+and the fp8 WGMMA's accumulation round, so it is not zero for a correct kernel).
 
   PYTHONPATH=.:tests python3 benchmarks/probe_multitile_k.py --ks 128,256,1152
 """

@@ -12,7 +12,7 @@ Cases: ``dense`` (K x N weights, M token rows, ``--config`` as in profile_mgpu.p
 through ``grouped_wna16_mgpu.run``); ``dense8`` / ``grouped8`` the same on the fp8-MMA
 layout (W4A8 MXFP4: e4m3 activation codes and row scales, ``wna16_mgpu.prepare(mma="fp8")``;
 ``e2m1`` (session 62) the W4A8 MXFP4 prefill converting the codes inside the 8-bit GEMM
-(``wnam_mgpu.run_prefill_e2m1_mma``; HUMMING_JAX_E2M1_SHARED / _OVERLAP / _STAGES4 / _AHEAD pick its form);
+(``wnam_mgpu.run_prefill_e2m1_mma``; HUMMING_JAX_E2M1_SHARED / _OVERLAP / _STAGES4 pick its form);
 session 21's questions: why the dense M = 1 decode takes ~18 us and the 128-row grouped
 tile ~400 TFLOP/s).  Question it answers (NOTES.md v5/v6): is the M = 1
 plateau (~17-18 us per 8192^2 int4 layer, ~1.9 TB/s) instruction issue, barrier / TMA

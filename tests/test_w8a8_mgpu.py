@@ -167,6 +167,7 @@ def e2m1_operands(m, n, k, seed=0, span=11):
 
 @pytest.mark.parametrize("with_bias,overlap,split_m,k,n,stages4", [
     (True, True, True, 640, 256, False), (False, True, True, 640, 256, True),
+    (False, True, True, 128, 256, True),
     (False, True, False, 640, 512, False), (False, False, False, 256, 384, False)])
 def test_gemm_e2m1_interpret(with_bias, overlap, split_m, k, n, stages4, monkeypatch):
   """E2M1Weights (session 60): the codes converted to e4m3 in the kernel, each group folded
@@ -182,7 +183,8 @@ def test_gemm_e2m1_interpret(with_bias, overlap, split_m, k, n, stages4, monkeyp
   384 (an odd multiple of 128, as the layout pads): e2m1_heuristic's 128 x 128 tiles of
   64-column warpgroup halves without the shared tile.  ``stages4``
   (HUMMING_JAX_E2M1_STAGES4): one output staging tile per warpgroup, four pipeline
-  slots."""
+  slots.  K = 128: one K step per output tile, so the B tiles alternate only across a
+  CTA's output tiles (session 63: the index counts the CTA's steps)."""
   monkeypatch.setattr(wm.tuning, "num_sms", lambda: 2)
   monkeypatch.setenv("HUMMING_JAX_E2M1_OVERLAP", "1" if overlap else "0")
   monkeypatch.setenv("HUMMING_JAX_E2M1_SHARED", "1" if split_m else "0")
@@ -223,8 +225,9 @@ def test_gemm_e2m1_gpu(overlap, split_m, n, stages4, sms, k, monkeypatch):
   the interpreter.  12-24 output tiles: one per CTA on an H100 / H200 (the route's test
   runs 256 on 132), or with ``sms`` 12 on 5 or 3 CTAs (2-4 tiles each: the barriers'
   phases and the B tiles carried across output tiles).  Session 63: the K = 128 case on
-  5 CTAs differed from the 8-bit GEMM in 1.9 % of outputs for a since-reverted form;
-  this one has not run yet (test_gemm_tiles_per_cta_gpu checks the 8-bit GEMM alone)."""
+  5 CTAs differed from the 8-bit GEMM in 1.9 % of outputs for a since-reverted form; the
+  default form's multi-tile cases (sms 5 / 3) have not run on a GPU yet
+  (test_gemm_tiles_per_cta_gpu checks the 8-bit GEMM alone)."""
   if sms:
     monkeypatch.setattr(wm.tuning, "num_sms", lambda: sms)
   monkeypatch.setenv("HUMMING_JAX_E2M1_OVERLAP", overlap)

@@ -544,9 +544,9 @@ def gemm(a: jax.Array, w: jax.Array | E2M1Weights, row_scale: jax.Array | None,
           converting half; each waits for its own step k - 1 WGMMA before arriving on the
           tile's barrier, so a warpgroup past that barrier knows the other is done with
           the tile it is about to overwrite (step k - 1's reads of tile k + 1 mod 2, k
-          counted over the CTA's output tiles).  Neither: the previous step's WGMMA was waited for, and a warpgroup's conversion
-          could only hide behind the other's WGMMA (it did not: benchmarks/NOTES.md,
-          sessions 61 and 62)."""
+          counted over the CTA's output tiles).  Neither: the previous step's WGMMA was
+          waited for, and a warpgroup's conversion could only hide behind the other's
+          WGMMA (it did not: benchmarks/NOTES.md, sessions 61 and 62)."""
           *consumed, acc_ref = rest
           k = idx[0]
           # B tiles alternate with the CTA's step count, not the tile's: at an odd number
