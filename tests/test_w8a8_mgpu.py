@@ -165,6 +165,12 @@ def e2m1_operands(m, n, k, seed=0, span=11):
   return a, wm.E2M1Weights(stored, scales.astype(jnp.bfloat16), top), w
 
 
+def folded_e4m3(w, w_float):
+  """The e4m3 weights the in-GEMM conversion forms (w / its column multiplier: exact), for
+  the 8-bit GEMM to compare with bit for bit (times the multiplier in its column scale)."""
+  return (w_float / w.column_multiplier()[:, None]).astype(jnp.float8_e4m3fn)
+
+
 @pytest.mark.parametrize("with_bias,overlap,split_m,k,n,stages4", [
     (True, True, True, 640, 256, False), (False, True, True, 640, 256, True),
     (False, True, True, 128, 256, True),
@@ -205,7 +211,7 @@ def test_gemm_e2m1_interpret(with_bias, overlap, split_m, k, n, stages4, monkeyp
   assert y.dtype == jnp.bfloat16 and y.shape == (m, n)
   assert rel(y, ref) <= 4e-3
   # the same as the 8-bit GEMM on the folded e4m3 weights (w / (top * 2**-5): exact)
-  folded = (w_float / w.column_multiplier()[:, None]).astype(jnp.float8_e4m3fn)
+  folded = folded_e4m3(w, w_float)
   y8 = wm.gemm(a, folded, rows, cols * w.column_multiplier(), bias, out_dtype=jnp.bfloat16,
                interpret=True)
   np.testing.assert_array_equal(np.asarray(y), np.asarray(y8))
@@ -240,7 +246,7 @@ def test_gemm_e2m1_gpu(overlap, split_m, n, stages4, sms, k, monkeypatch):
   assert config.split_m == (split_m == "1"), config
   assert config.epilogue_slots == (1 if split_m == "1" and stages4 == "1" else 2), config
   y = wm.gemm(a, w, rows, cols, bias, out_dtype=jnp.bfloat16)  # (E2M1Weights: no pytree)
-  folded = (w_float / w.column_multiplier()[:, None]).astype(jnp.float8_e4m3fn)
+  folded = folded_e4m3(w, w_float)
   y8 = wm.gemm(a, folded, rows, cols * w.column_multiplier(), bias, out_dtype=jnp.bfloat16)
   assert rel(y, float_product(a, w_float, rows, cols, bias)) <= 4e-3
   np.testing.assert_array_equal(np.asarray(y), np.asarray(y8))

@@ -7,7 +7,7 @@
 #   k63:  the 8-bit GEMM's tests with several output tiles per CTA (test_w8a8_mgpu
 #         tiles_per_cta, e2m1_gpu), then probe_multitile_k.py: fp8 operands and the in-GEMM
 #         default form at K = 128, 256, 1152, several output tiles per CTA against one per
-#         CTA and the exact product (call 1: the since-reverted ahead form at K = 128 on 5
+#         CTA and the float product (call 1: the since-reverted ahead form at K = 128 on 5
 #         CTAs differed from the fp8 GEMM in 1.9 % of outputs).
 #   s63:  per-SASS stall samples of the in-GEMM GEMM (default form) at M = 1024
 #         (gpu_session62.sh s62), logs renamed s63*.

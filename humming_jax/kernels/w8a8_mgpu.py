@@ -478,6 +478,7 @@ def gemm(a: jax.Array, w: jax.Array | E2M1Weights, row_scale: jax.Array | None,
           -> out_dtype -> TMA stores."""
           if vec_bar is not None:
             plgpu.barrier_wait(vec_bar.at[wg])
+          epi_slots = config.epilogue_slots
           for v, y in enumerate(ys):
             r0 = v * wm_
             if rows:
@@ -490,7 +491,6 @@ def gemm(a: jax.Array, w: jax.Array | E2M1Weights, row_scale: jax.Array | None,
             y = y.astype(out_dtype)
             if v == 0:
               plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # last tile's stores read out
-            epi_slots = config.epilogue_slots
             for ei in range(wm_ // EPI_TILE):
               for ej in range(tn // EPI_TILE):
                 slot = ((r0 // EPI_TILE + ei) * (tn // EPI_TILE) + ej) % epi_slots
