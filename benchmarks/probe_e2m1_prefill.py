@@ -17,6 +17,10 @@ process:
   p8-e2m1-own: the overlap, 128 x 256 CTA tiles, each warpgroup converting its own
              (HUMMING_JAX_E2M1_SHARED=0);
   p8-e2m1-serial: neither (HUMMING_JAX_E2M1_OVERLAP=0: sessions 60-61);
+  p8-e2m1-f12 / -nab / -f12-nab (session 64): the four-stage shared form with
+             E2M1Weights' fold_shift 12 (HUMMING_JAX_E2M1_FOLD12=1: no select per table
+             word, bfloat16 exponents read as they are), without Pallas' automatic
+             warpgroup barriers (HUMMING_JAX_E2M1_AUTO_BARRIERS=0), or both;
 
 each output against the reference (relative error) and p8-e2m1 against p8 (max |diff|);
 ``--humming``: humming-kernels' W4A8 MXFP4 x fp8 of the same float weights, CUDA graph
@@ -40,10 +44,13 @@ import humming_jax as hj  # noqa: E402
 from humming_jax.kernels import reference  # noqa: E402
 
 LAYERS = 8
-# (fp8 layout, in-GEMM conversion, its overlap, the shared B tile, four stages)
-FORMS = {"pk": ("0", "0", "1", "1", "0"), "p8": ("1", "0", "1", "1", "0"),
-         "p8-e2m1": ("1", "1", "1", "1", "0"), "p8-e2m1-st4": ("1", "1", "1", "1", "1"),
-         "p8-e2m1-own": ("1", "1", "1", "0", "0"), "p8-e2m1-serial": ("1", "1", "0", "0", "0")}
+# (fp8 layout, in-GEMM conversion, its overlap, the shared B tile, four stages,
+#  fold_shift 12, Pallas' automatic barriers)
+ENV = ("DENSE_FP8_MMA", "E2M1_MMA", "E2M1_OVERLAP", "E2M1_SHARED", "E2M1_STAGES4",
+       "E2M1_FOLD12", "E2M1_AUTO_BARRIERS")
+FORMS = {"pk": "0011001", "p8": "1011001", "p8-e2m1": "1111001", "p8-e2m1-st4": "1111101",
+         "p8-e2m1-own": "1110001", "p8-e2m1-serial": "1100001",
+         "p8-e2m1-f12": "1111111", "p8-e2m1-nab": "1111100", "p8-e2m1-f12-nab": "1111110"}
 IN_GEMM = [f for f in FORMS if FORMS[f][1] == "1"]
 
 
@@ -73,10 +80,8 @@ def main():
     want = ref(qs[0], xs[0])
     outs = {}
     for form in args.forms.split(","):
-      os.environ["HUMMING_JAX_E2M1_MMA"] = FORMS[form][1]
-      os.environ["HUMMING_JAX_E2M1_OVERLAP"] = FORMS[form][2]
-      os.environ["HUMMING_JAX_E2M1_SHARED"] = FORMS[form][3]
-      os.environ["HUMMING_JAX_E2M1_STAGES4"] = FORMS[form][4]
+      for name, flag in zip(ENV[1:], FORMS[form][1:]):
+        os.environ[f"HUMMING_JAX_{name}"] = flag
       ps = params[form]
       fn = jax.jit(lambda ps, xs: [hj.quant_dense(p, x) for p, x in zip(ps, xs)])
       outs[form] = jax.block_until_ready(fn(ps, xs))[0]

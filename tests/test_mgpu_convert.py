@@ -275,12 +275,13 @@ def test_prmt_reference_is_the_ptx_prmt():
     assert int(got[i]) == _prmt(int(a[i]), int(b[i]), int(c[i]) & 0xFFFF), i
 
 
-@pytest.mark.parametrize("r", list(range(-2, mc.FOLD_MAX_SHIFT + 1)))
+@pytest.mark.parametrize("r", list(range(-2, mc.FOLD_SHIFT_LIMIT + 1)))
 def test_p8_table_conversion_every_code_and_position(r):
   """The integer ops of e2m1_to_e4m3_ptx (e2m1_to_e4m3_reference) on words that p8_store
   wrote: every code at every position of a run of 32, raised r binades, lands in the byte
   of its column's register (columns 4q + b in the first, 16 + 4q + b in the second) as
-  its e2m1 value times 2**(r - 6), signed zeros included; a negative raise gives zeros."""
+  its e2m1 value times 2**(r - 6), signed zeros included; a negative raise gives zeros.
+  Up to FOLD_SHIFT_LIMIT (12: E2M1Weights' fold_shift 12, largest 6 * 2**6 = 384)."""
   import ml_dtypes
   rng = np.random.default_rng(r + 2)
   codes = np.concatenate([np.repeat(np.arange(16)[:, None], 32, axis=1),  # every code

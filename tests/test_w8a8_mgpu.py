@@ -147,10 +147,11 @@ def test_gemm_group_waves_interpret(dtype, row_groups, split_m, monkeypatch):
     wm.gemm(a, w, rows, cols, bias, out_dtype=jnp.bfloat16, config=cfg, interpret=True)
 
 
-def e2m1_operands(m, n, k, seed=0, span=11):
+def e2m1_operands(m, n, k, seed=0, span=11, fold_shift=11):
   """fp8 activations and E2M1Weights of random e2m1 codes whose e8m0 group scales span up
   to ``span`` binades per column (each column's own range), with the float weights they
-  stand for: (a, E2M1Weights, (N, K) float32 weights)."""
+  stand for: (a, E2M1Weights, (N, K) float32 weights).  ``fold_shift``: E2M1Weights'
+  (11, or 12: every raise >= 1)."""
   from humming_jax.kernels import mgpu_convert
   k1, k2, k3, k4 = jax.random.split(jax.random.key(seed), 4)
   a = (normal(k1, (m, k)) * 8).astype(jnp.float8_e4m3fn)
@@ -162,7 +163,7 @@ def e2m1_operands(m, n, k, seed=0, span=11):
   w = (mgpu_convert.to_float_interpret(codes, jnp.float32)
        * jnp.repeat(scales.T, 32, axis=1))  # (N, K)
   stored = mgpu_convert.p8_store(codes).reshape(n, k // 128, 128).transpose(1, 0, 2)
-  return a, wm.E2M1Weights(stored, scales.astype(jnp.bfloat16), top), w
+  return a, wm.E2M1Weights(stored, scales.astype(jnp.bfloat16), top, fold_shift), w
 
 
 def folded_e4m3(w, w_float):
@@ -171,11 +172,12 @@ def folded_e4m3(w, w_float):
   return (w_float / w.column_multiplier()[:, None]).astype(jnp.float8_e4m3fn)
 
 
-@pytest.mark.parametrize("with_bias,overlap,split_m,k,n,stages4", [
-    (True, True, True, 640, 256, False), (False, True, True, 640, 256, True),
-    (False, True, True, 128, 256, True),
-    (False, True, False, 640, 512, False), (False, False, False, 256, 384, False)])
-def test_gemm_e2m1_interpret(with_bias, overlap, split_m, k, n, stages4, monkeypatch):
+@pytest.mark.parametrize("with_bias,overlap,split_m,k,n,stages4,fold_shift", [
+    (True, True, True, 640, 256, False, 11), (False, True, True, 640, 256, True, 12),
+    (False, True, True, 128, 256, True, 11),
+    (False, True, False, 640, 512, False, 11), (False, False, False, 256, 384, False, 12)])
+def test_gemm_e2m1_interpret(with_bias, overlap, split_m, k, n, stages4, fold_shift,
+                             monkeypatch):
   """E2M1Weights (session 60): the codes converted to e4m3 in the kernel, each group folded
   against its column's largest scale (groups 0..11 binades below it), two CTAs over 2 x 2
   output tiles; against the float product of the activations and the dequantized weights
@@ -190,13 +192,14 @@ def test_gemm_e2m1_interpret(with_bias, overlap, split_m, k, n, stages4, monkeyp
   64-column warpgroup halves without the shared tile.  ``stages4``
   (HUMMING_JAX_E2M1_STAGES4): one output staging tile per warpgroup, four pipeline
   slots.  K = 128: one K step per output tile, so the B tiles alternate only across a
-  CTA's output tiles (session 63: the index counts the CTA's steps)."""
+  CTA's output tiles (session 63: the index counts the CTA's steps).  ``fold_shift`` 12
+  (session 64): raises 1 .. 12, the column multiplier halved."""
   monkeypatch.setattr(wm.tuning, "num_sms", lambda: 2)
   monkeypatch.setenv("HUMMING_JAX_E2M1_OVERLAP", "1" if overlap else "0")
   monkeypatch.setenv("HUMMING_JAX_E2M1_SHARED", "1" if split_m else "0")
   monkeypatch.setenv("HUMMING_JAX_E2M1_STAGES4", "1" if stages4 else "0")
   m = 512 if split_m else 256
-  a, w, w_float = e2m1_operands(m, n, k, seed=3)
+  a, w, w_float = e2m1_operands(m, n, k, seed=3, fold_shift=fold_shift)
   _, _, rows, cols, bias = operands(jnp.float8_e4m3fn, m, n, k, seed=4)
   bias = bias if with_bias else None
   config = wm.e2m1_heuristic(m, n)
@@ -218,12 +221,18 @@ def test_gemm_e2m1_interpret(with_bias, overlap, split_m, k, n, stages4, monkeyp
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("overlap,split_m,n,stages4,sms,k", [
-    ("1", "1", 384, "0", None, 1152), ("1", "1", 384, "1", None, 1152),
-    ("1", "1", 384, "1", 5, 1152), ("1", "1", 384, "1", 3, 1024), ("1", "1", 384, "1", 5, 128),
-    ("1", "0", 384, "0", None, 1152), ("1", "0", 512, "0", None, 1152),
-    ("0", "0", 384, "0", None, 1152)])
-def test_gemm_e2m1_gpu(overlap, split_m, n, stages4, sms, k, monkeypatch):
+@pytest.mark.parametrize("overlap,split_m,n,stages4,sms,k,fold_shift,barriers", [
+    ("1", "1", 384, "0", None, 1152, 11, "1"), ("1", "1", 384, "1", None, 1152, 11, "1"),
+    ("1", "1", 384, "1", 5, 1152, 11, "1"), ("1", "1", 384, "1", 3, 1024, 11, "1"),
+    ("1", "1", 384, "1", 5, 128, 11, "1"),
+    ("1", "0", 384, "0", None, 1152, 11, "1"), ("1", "0", 512, "0", None, 1152, 11, "1"),
+    ("0", "0", 384, "0", None, 1152, 11, "1"),
+    # session 64: fold_shift 12 and the kernel without Pallas' automatic barriers
+    ("1", "1", 384, "1", None, 1152, 12, "1"), ("1", "1", 384, "1", 5, 1152, 12, "0"),
+    ("1", "1", 384, "1", 3, 1024, 11, "0"), ("1", "0", 384, "0", None, 1152, 12, "0"),
+    ("0", "0", 384, "0", None, 1152, 11, "0")])
+def test_gemm_e2m1_gpu(overlap, split_m, n, stages4, sms, k, fold_shift, barriers,
+                       monkeypatch):
   """The in-GEMM conversion forms on the GPU (shared tile with three or four stages, own
   tiles, serial) at an odd number of K steps (K = 1152: 9 steps through 3 or 4 pipeline
   slots; the default form also at 8 and at 1) and N an odd multiple of 128 (the own-tile
@@ -233,18 +242,21 @@ def test_gemm_e2m1_gpu(overlap, split_m, n, stages4, sms, k, monkeypatch):
   phases and the B tiles carried across output tiles).  Session 63: the K = 128 case on
   5 CTAs differed from the 8-bit GEMM in 1.9 % of outputs for a since-reverted form; the
   default form's multi-tile cases (sms 5 / 3) have not run on a GPU yet
-  (test_gemm_tiles_per_cta_gpu checks the 8-bit GEMM alone)."""
+  (test_gemm_tiles_per_cta_gpu checks the 8-bit GEMM alone).  Session 64: E2M1Weights'
+  fold_shift 12 and Config.e2m1_auto_barriers off (HUMMING_JAX_E2M1_AUTO_BARRIERS=0)."""
   if sms:
     monkeypatch.setattr(wm.tuning, "num_sms", lambda: sms)
   monkeypatch.setenv("HUMMING_JAX_E2M1_OVERLAP", overlap)
   monkeypatch.setenv("HUMMING_JAX_E2M1_SHARED", split_m)
   monkeypatch.setenv("HUMMING_JAX_E2M1_STAGES4", stages4)
+  monkeypatch.setenv("HUMMING_JAX_E2M1_AUTO_BARRIERS", barriers)
   m = 1024
-  a, w, w_float = e2m1_operands(m, n, k, seed=5)
+  a, w, w_float = e2m1_operands(m, n, k, seed=5, fold_shift=fold_shift)
   _, _, rows, cols, bias = operands(jnp.float8_e4m3fn, m, n, k, seed=6)
   config = wm.e2m1_heuristic(m, n)
   assert config.split_m == (split_m == "1"), config
   assert config.epilogue_slots == (1 if split_m == "1" and stages4 == "1" else 2), config
+  assert config.e2m1_auto_barriers == (barriers == "1"), config
   y = wm.gemm(a, w, rows, cols, bias, out_dtype=jnp.bfloat16)  # (E2M1Weights: no pytree)
   folded = folded_e4m3(w, w_float)
   y8 = wm.gemm(a, folded, rows, cols * w.column_multiplier(), bias, out_dtype=jnp.bfloat16)

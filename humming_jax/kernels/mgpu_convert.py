@@ -470,6 +470,7 @@ def e2m1_to_e4m3_interpret(codes: jax.Array) -> jax.Array:
 FOLD_MAX_SHIFT = 11  # binades an e2m1 * 2**-6 e4m3 operand is raised by at most: the exponent
 # field goes 0..3 -> r..3 + r <= 14 (max 192).  12 would be exact too (field 15 holds 384 =
 # 0x7C; e4m3fn's only NaN is 0x7F and e2m1 mantissas never reach it); 11 is what ran on the GPU.
+FOLD_SHIFT_LIMIT = 12  # the largest exact raise (6 * 2**-6 * 2**12 = 384 <= 448)
 # e4m3 bytes of the e2m1 magnitudes 0..7 times 2**-6, raised r binades: bytes 4 i + 8 r
 # (the exponent field + r), except 0 (stays 0) and the subnormal 0.5 * 2**-6 = 0x04, which
 # becomes the normal 8 r from r = 1 (its mantissa bit dropped).  Table words (bytes 0..3,
@@ -526,27 +527,29 @@ def scale_exponent(v: jax.Array) -> jax.Array:
   return lax.shift_right_logical(lax.bitcast_convert_type(v, jnp.int32), 23)
 
 
-def fold_shifts(scales, top=None):
+def fold_shifts(scales, top=None, shift: int = FOLD_MAX_SHIFT):
   """The fold of power-of-two group scales (e8m0 scales as float32 rows, one per group)
   against ``top`` (default: their elementwise max, the K tile's largest; the one-
   accumulator route passes its column's largest over all of K): ``(multiplier,
-  raises)``.  Group g's operands are raised by ``raises[g] = FOLD_MAX_SHIFT - log2(top /
-  scales[g])`` binades (int32; negative: more than FOLD_MAX_SHIFT binades below ``top``,
-  and its codes become zero), so the one float32 sum times ``multiplier = top *
-  2**-FOLD_MAX_SHIFT`` is the sum of every group's partial times its scale.  A NaN scale
-  makes the max, so the column's output, NaN."""
+  raises)``.  Group g's operands are raised by ``raises[g] = shift - log2(top /
+  scales[g])`` binades (int32; negative: more than ``shift`` binades below ``top``, and
+  its codes become zero), so the one float32 sum times ``multiplier = top * 2**-shift``
+  is the sum of every group's partial times its scale.  ``shift``: FOLD_MAX_SHIFT, or up
+  to FOLD_SHIFT_LIMIT where the caller knows every group within FOLD_MAX_SHIFT binades
+  of ``top`` (the ":cf" column fold: raises 1 .. FOLD_SHIFT_LIMIT).  A NaN scale makes
+  the max, so the column's output, NaN."""
   if top is None:
     top = scales[0]
     for s_ in scales[1:]:
       top = jnp.maximum(top, s_)
-  return (top * (2.0 ** -FOLD_MAX_SHIFT),
-          [FOLD_MAX_SHIFT - (scale_exponent(top) - scale_exponent(s_)) for s_ in scales])
+  return (top * (2.0 ** -shift),
+          [shift - (scale_exponent(top) - scale_exponent(s_)) for s_ in scales])
 
 
 def e2m1_to_e4m3_ptx(codes: jax.Array, blocks: int, *, group_blocks: int = 0,
                      scales: list | None = None, top: jax.Array | None = None,
-                     raises_in_range: bool = False, whole: bool = False
-                     ) -> tuple[jax.Array, ...]:
+                     raises_in_range: bool = False, whole: bool = False,
+                     fold_shift: int = FOLD_MAX_SHIFT) -> tuple[jax.Array, ...]:
   """":p8"-stored e2m1 codes (a (64, 32 * blocks) int4 tile as loaded: WGMMA_UPCAST_4X)
   -> ``blocks`` (64, 32) float8_e4m3fn WGMMA_8BIT A operands holding ``value * 2**-6``, one
   per K run of 32 (GPU only).  Lane q's 32-bit register of 8 stored codes holds the
@@ -566,9 +569,19 @@ def e2m1_to_e4m3_ptx(codes: jax.Array, blocks: int, *, group_blocks: int = 0,
   the caller guarantees 0 <= raise <= FOLD_MAX_SHIFT for every group of real codes (the
   ":cf" column fold; a column whose scales do not fold comes out NaN from a base computed
   per call, ``wna16_mgpu.column_fold_row``, but not from a stale stored one), so the
-  zeroing select is left out.  ``whole``: one (64, 32 * blocks) WGMMA_8BIT array (a
-  1-tuple) rather than a block per run, for a store into a 128-byte swizzle tile, whose
-  32-column blocks cannot be addressed alone."""
+  zeroing select is left out.  ``fold_shift`` (with ``raises_in_range``): the raise is
+  ``fold_shift - log2(top / scale)``; above FOLD_MAX_SHIFT every raise is at least 1, so
+  the table words need no select for the subnormal 0.5 * 2**-6 either (two integer ops
+  fewer per row and group; :class:`w8a8_mgpu.E2M1Weights`' ``fold_shift``).  Scale rows
+  may be bfloat16 (the exponent read off its 16 bits: no widening to float32 first).
+  ``whole``: one (64, 32 * blocks) WGMMA_8BIT array (a 1-tuple) rather than a block per
+  run, for a store into a 128-byte swizzle tile, whose 32-column blocks cannot be
+  addressed alone."""
+  if not FOLD_MAX_SHIFT <= fold_shift <= FOLD_SHIFT_LIMIT or (
+      fold_shift != FOLD_MAX_SHIFT and not raises_in_range):
+    raise ValueError(f"fold_shift={fold_shift}: expected {FOLD_MAX_SHIFT}, or up to "
+                     f"{FOLD_SHIFT_LIMIT} with raises_in_range (every group within "
+                     f"{FOLD_MAX_SHIFT} binades of top)")
   fold = scales is not None
   shape = (codes.shape[0], 32)
   out_t = plgpu.ShapeDtypeStruct(shape, jnp.dtype(jnp.float8_e4m3fn),
@@ -607,15 +620,23 @@ def e2m1_to_e4m3_ptx(codes: jax.Array, blocks: int, *, group_blocks: int = 0,
                                 f"...)); {remedy}")
     tables = {}  # fold: per (row half, group) the table words of its raise
     if fold:
-      exp = lambda r, h: arith.shrui(mgpu_utils.bitcast(
-          r.registers[(0, 0, h) + (0,) * (len(row_shape) - 3)], i32), c(23))
+      def exp(r, h):  # the biased exponent field (float32 and bfloat16 share the bias)
+        reg = r.registers[(0, 0, h) + (0,) * (len(row_shape) - 3)]
+        if mgpu_utils.bitwidth(reg.type) == 16:
+          bits = arith.extui(i32, mgpu_utils.bitcast(reg, ir.IntegerType.get_signless(16)))
+          return arith.shrui(bits, c(7))
+        return arith.shrui(mgpu_utils.bitcast(reg, i32), c(23))
+
       top_row, *scale_rows = row_args
+      # every raise >= 1: the subnormal 0.5 * 2**-6 is normal in every group
+      all_normal = raises_in_range and fold_shift > FOLD_MAX_SHIFT
       for h in range(2):
-        base = arith.subi(c(FOLD_MAX_SHIFT), exp(top_row, h))
+        base = arith.subi(c(fold_shift), exp(top_row, h))
         for g, r in enumerate(scale_rows):
           d = arith.addi(base, exp(r, h))  # the raise, e4m3_tables' r
-          half = arith.select(arith.cmpi(arith.CmpIPredicate.sge, d, c(1)),
-                              c(_TABLE[0] - _HALF_FIX), c(_TABLE[0]))
+          half = (c(_TABLE[0] - _HALF_FIX) if all_normal else
+                  arith.select(arith.cmpi(arith.CmpIPredicate.sge, d, c(1)),
+                               c(_TABLE[0] - _HALF_FIX), c(_TABLE[0])))
           t0 = arith.addi(arith.muli(d, c(_TABLE_STEP[0])), half)
           t1 = arith.addi(arith.muli(d, c(_TABLE_STEP[1])), c(_TABLE[1]))
           if not raises_in_range:
@@ -649,11 +670,11 @@ def e2m1_to_e4m3_folded_interpret(codes: jax.Array, raises: jax.Array, group: in
                                   ) -> jax.Array:
   """What :func:`e2m1_to_e4m3_ptx` computes with the fold, on values: (64, K) e2m1 codes (K
   order) and (64, K / group) int32 raises -> float8_e4m3fn ``value * 2**(raise - 6)``,
-  zero where the raise is negative (exact: 2**-7 .. 192, e4m3 values)."""
+  zero where the raise is negative (exact: 2**-7 .. 384, e4m3 values)."""
   r = jnp.repeat(raises, group, axis=1)
   vals = to_float_interpret(codes, jnp.float32) * E4M3_FROM_E2M1
-  # (raises over FOLD_MAX_SHIFT meet only the zero codes of K-padding groups)
-  vals = vals * jnp.exp2(jnp.clip(r, 0, FOLD_MAX_SHIFT).astype(jnp.float32))
+  # (raises over FOLD_SHIFT_LIMIT meet only the zero codes of K-padding groups)
+  vals = vals * jnp.exp2(jnp.clip(r, 0, FOLD_SHIFT_LIMIT).astype(jnp.float32))
   return jnp.where(r >= 0, vals, 0.0).astype(jnp.float8_e4m3fn)
 
 

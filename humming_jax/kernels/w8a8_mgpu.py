@@ -75,18 +75,32 @@ class E2M1Weights:
   float32, each column's largest real group scale (``wna16_mgpu.column_fold_row``), every
   real group of the column within ``mgpu_convert.FOLD_MAX_SHIFT`` binades of it (the ":cf"
   check, ``wna16_mgpu.mark_column_fold``).  Each group's codes become the e4m3 values
-  ``e2m1 * 2**(raise - 6)`` with ``raise = FOLD_MAX_SHIFT - log2(top / scale)``
+  ``e2m1 * 2**(raise - 6)`` with ``raise = fold_shift - log2(top / scale)``
   (``mgpu_convert.e2m1_to_e4m3_ptx``'s column fold, exact), and each output column is
-  multiplied by ``top * 2**(6 - FOLD_MAX_SHIFT)``: the weight is ``e2m1 * scale``."""
+  multiplied by ``top * 2**(6 - fold_shift)``: the weight is ``e2m1 * scale``.
+  ``fold_shift``: FOLD_MAX_SHIFT (raises 0 .. 11), or FOLD_SHIFT_LIMIT (1 .. 12: no
+  subnormal operand, so no select in the table words; :func:`e2m1_fold_shift`)."""
 
   codes: jax.Array
   scales: jax.Array
   top: jax.Array
+  fold_shift: int = mgpu_convert.FOLD_MAX_SHIFT
+
+  def __post_init__(self):
+    if self.fold_shift not in (mgpu_convert.FOLD_MAX_SHIFT, mgpu_convert.FOLD_SHIFT_LIMIT):
+      raise ValueError(f"fold_shift={self.fold_shift}: expected "
+                       f"{mgpu_convert.FOLD_MAX_SHIFT} or {mgpu_convert.FOLD_SHIFT_LIMIT}")
 
   def column_multiplier(self) -> jax.Array:
     """(Np,) float32: what each output column is multiplied by (a power of two)."""
-    return (self.top.reshape(-1).astype(jnp.float32)
-            * (2.0 ** (6 - mgpu_convert.FOLD_MAX_SHIFT)))
+    return self.top.reshape(-1).astype(jnp.float32) * (2.0 ** (6 - self.fold_shift))
+
+
+def e2m1_fold_shift() -> int:
+  """The fold shift of the E2M1Weights the dense route builds: FOLD_MAX_SHIFT, or
+  FOLD_SHIFT_LIMIT with HUMMING_JAX_E2M1_FOLD12=1 (session 64's A/B)."""
+  return (mgpu_convert.FOLD_SHIFT_LIMIT if tuning.env_flag("HUMMING_JAX_E2M1_FOLD12", False)
+          else mgpu_convert.FOLD_MAX_SHIFT)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -149,6 +163,14 @@ class Config:
   # between them).  One frees 16 KB of shared memory: the shared-tile E2M1 form's fourth
   # pipeline stage (3 fit beside its two converted B tiles otherwise; e2m1_heuristic).
   epilogue_slots: int = 2
+  # E2M1Weights: Pallas' warpgroup barriers around each shared-memory store (two per
+  # converted 64-row chunk: session 63's profile) and before each TMA load.  The kernel
+  # needs none: no thread reads what another wrote in shared memory except through the
+  # fences and barriers it places itself (commit_smem before the WGMMA and the TMA stores,
+  # the staging tiles' waits, the per-thread mbarrier arrivals).  HUMMING_JAX_E2M1_AUTO_
+  # BARRIERS=0 drops them (CompilerParams.unsafe_no_auto_barriers); on until measured.
+  e2m1_auto_barriers: bool = dataclasses.field(
+      default_factory=lambda: tuning.env_flag("HUMMING_JAX_E2M1_AUTO_BARRIERS", True))
 
   @property
   def cta_m(self) -> int:
@@ -560,18 +582,22 @@ def gemm(a: jax.Array, w: jax.Array | E2M1Weights, row_scale: jax.Array | None,
           def convert(c):  # weight rows c * 64 ... of the B tile
             cs = pl.ds(w_off + c * E2M1_ROWS, E2M1_ROWS)
             top = plgpu.load(top_smem.at[0, cs], layout=row).astype(jnp.float32)
-            scales = [plgpu.load(scales_smem.at[g, cs], layout=row).astype(jnp.float32)
-                      for g in range(tk // E2M1_GROUP)]
+            # bfloat16 rows as they are on the GPU (the conversion reads their exponents)
+            widen = interpret or w.scales.dtype != jnp.bfloat16
+            scales = [plgpu.load(scales_smem.at[g, cs], layout=row) for g in range(
+                tk // E2M1_GROUP)]
+            scales = [s_.astype(jnp.float32) for s_ in scales] if widen else scales
             codes = plgpu.load(codes_smem.at[0, cs], layout=plgpu.Layout.WGMMA_UPCAST_4X)
             rows_ref = b_tile.at[pl.ds(c * E2M1_ROWS, E2M1_ROWS)]
             if interpret:  # the same values from the K-order codes (no PTX on the CPU)
-              _, raises = mgpu_convert.fold_shifts(scales, top=top)
+              _, raises = mgpu_convert.fold_shifts(scales, top=top, shift=w.fold_shift)
               rows_ref[...] = mgpu_convert.p8_e2m1_to_e4m3_interpret(
                   codes, jnp.stack(raises, axis=1), E2M1_GROUP)
             else:  # (":cf": every real group's raise in range, so no zeroing select)
               (converted,) = mgpu_convert.e2m1_to_e4m3_ptx(
                   codes, tk // E2M1_BLOCK, scales=scales, top=top,
-                  group_blocks=E2M1_GROUP // E2M1_BLOCK, raises_in_range=True, whole=True)
+                  group_blocks=E2M1_GROUP // E2M1_BLOCK, raises_in_range=True, whole=True,
+                  fold_shift=w.fold_shift)
               rows_ref[...] = converted
 
           chunks = tn // E2M1_ROWS
@@ -661,7 +687,8 @@ def gemm(a: jax.Array, w: jax.Array | E2M1Weights, row_scale: jax.Array | None,
       grid=(min(sms, m_iters * n_iters),), grid_names=("sm",),
       num_threads=3, thread_name="wg",
       compiler_params=plgpu.CompilerParams(
-          lowering_semantics=plgpu.LoweringSemantics.Warpgroup),
+          lowering_semantics=plgpu.LoweringSemantics.Warpgroup,
+          unsafe_no_auto_barriers=e2m1 and not config.e2m1_auto_barriers),
       interpret=plgpu.InterpretGPUParams() if interpret else False)
   return call(a, w.codes if e2m1 else w, *e2m1_in, *rows, *cols, *g_rows, *g_cols, *g_bias)
 

@@ -413,7 +413,8 @@ def run_prefill_e2m1_mma(params: QuantizedWeight, x: jax.Array, *, interpret: bo
   if top is None:  # (":cf" params from before fold_base was stored)
     top = wna16_mgpu.column_fold_row(*wna16_mgpu.column_fold_base(
         params.scales, params.shape[0], spec))
-  weights = w8a8_mgpu.E2M1Weights(params.codes, params.scales, top)
+  weights = w8a8_mgpu.E2M1Weights(params.codes, params.scales, top,
+                                  fold_shift=w8a8_mgpu.e2m1_fold_shift())
   folded = _per_channel_fp8(params)
   config = config or w8a8_mgpu.e2m1_heuristic(x.shape[0], np_)
   return w8a8.gemm_8bit(x, folded, lambda _: weights, jnp.ones((1, np_), jnp.float32),
