@@ -83,6 +83,30 @@ def main():
       y8_pad = np.asarray(wm.gemm(a2, f2, rows, cols * mult, bias, out_dtype=jnp.bfloat16)
                           .astype(jnp.float32))
       compare("K=128+0 fp8 vs K=128 fp8", y8_pad, y8, truth)
+      # session 64 call 2: the differing outputs are bias + 2 x the product, in the
+      # columns whose largest scale is 2**-3 and below.  Variants: every scale (and the
+      # maxima) 2**8 larger; fold shift 12; no epilogue vectors at all.
+      for label, w_v in (("scales x 2**8", wm.E2M1Weights(
+          w.codes, (w.scales.astype(jnp.float32) * 256).astype(w.scales.dtype), w.top * 256)),
+                         ("fold 12", wm.E2M1Weights(w.codes, w.scales, w.top, 12))):
+        mult_v = w_v.column_multiplier()
+        f_v = (wf * (256.0 if "2**8" in label else 1.0) / mult_v[:, None]).astype(
+            jnp.float8_e4m3fn)
+        y_v = run_form("st4", a, w_v, rows, cols, bias)
+        y8_v = np.asarray(wm.gemm(a, f_v, rows, cols * mult_v, bias, out_dtype=jnp.bfloat16)
+                          .astype(jnp.float32))
+        compare(f"K=128 {label}: e2m1 st4 vs fp8", y_v, y8_v, y8_v)
+      y_bare = run_form("st4", a, w, None, None, None)
+      y8_bare = np.asarray(wm.gemm(a, folded, None, mult, None, out_dtype=jnp.bfloat16)
+                           .astype(jnp.float32))
+      compare("K=128 no row scale / bias: e2m1 st4 vs fp8 (x multiplier)", y_bare, y8_bare,
+              y8_bare)
+      ratio = y_bare / np.where(y8_bare == 0, np.nan, y8_bare)
+      top_e = (np.asarray(w.top).view(np.int32)[0] >> 23) - 127
+      for e in sorted(set(top_e.tolist()))[:6]:
+        cs = top_e == e
+        print(f"  columns with top 2**{e}: median e2m1 / fp8 {np.nanmedian(ratio[:, cs]):.4f}",
+              flush=True)
 
 
 if __name__ == "__main__":

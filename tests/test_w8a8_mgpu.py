@@ -264,6 +264,75 @@ def test_gemm_e2m1_gpu(overlap, split_m, n, stages4, sms, k, fold_shift, barrier
   np.testing.assert_array_equal(np.asarray(y), np.asarray(y8))
 
 
+def convert_chunk(codes, scales, top, fold_shift, *, widen):
+  """One (64, 128) chunk of ":p8"-stored e2m1 codes through mgpu_convert.e2m1_to_e4m3_ptx
+  with the column fold, as w8a8_mgpu's E2M1 kernel calls it (64 weight rows = output
+  columns, four groups of 32 codes): the e4m3 bytes it stores, read back (GPU only).
+  ``scales`` (4, 64) bfloat16, ``top`` (1, 64) float32; ``widen``: the scale rows
+  widened to float32 in the kernel first (fold shift 11's path) or read as bfloat16."""
+  from jax.experimental import pallas as pl
+  from jax.experimental.pallas import mosaic_gpu as plgpu
+  from humming_jax.kernels import mgpu_convert
+  tf8 = (plgpu.TilingTransform((8, 128)), plgpu.SwizzleTransform(128))
+  tf4 = (plgpu.TilingTransform((8, 128)), plgpu.SwizzleTransform(64))
+
+  def body(codes_gmem, scales_gmem, top_gmem, out_gmem, codes_smem, scales_smem, top_smem,
+           out_smem, bar):
+    for src, dst in ((codes_gmem, codes_smem), (scales_gmem, scales_smem),
+                     (top_gmem, top_smem)):
+      plgpu.copy_gmem_to_smem(src, dst, bar)
+    plgpu.barrier_wait(bar)
+    row = plgpu.Layout.WGMMA.reduce(1)
+    t = plgpu.load(top_smem.at[0], layout=row)
+    rows = [plgpu.load(scales_smem.at[g], layout=row) for g in range(4)]
+    rows = [r.astype(jnp.float32) for r in rows] if widen else rows
+    c = plgpu.load(codes_smem, layout=plgpu.Layout.WGMMA_UPCAST_4X)
+    (converted,) = mgpu_convert.e2m1_to_e4m3_ptx(
+        c, 4, scales=rows, top=t, group_blocks=1, raises_in_range=True, whole=True,
+        fold_shift=fold_shift)
+    out_smem[...] = converted
+    plgpu.commit_smem()
+    plgpu.copy_smem_to_gmem(out_smem, out_gmem)
+    plgpu.wait_smem_to_gmem(0)
+
+  call = plgpu.kernel(
+      body, out_type=jax.ShapeDtypeStruct((64, 128), jnp.float8_e4m3fn),
+      scratch_types=[plgpu.SMEM((64, 128), jnp.int4, transforms=tf4),
+                     plgpu.SMEM((4, 64), jnp.bfloat16), plgpu.SMEM((1, 64), jnp.float32),
+                     plgpu.SMEM((64, 128), jnp.float8_e4m3fn, transforms=tf8),
+                     plgpu.Barrier(num_arrivals=3)],
+      compiler_params=plgpu.CompilerParams(
+          lowering_semantics=plgpu.LoweringSemantics.Warpgroup))
+  return call(codes, scales, top)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fold_shift,widen", [(11, True), (12, False), (11, False)])
+def test_e2m1_fold_conversion_gpu(fold_shift, widen):
+  """Session 64: the conversion alone, one chunk, against the folded e4m3 weights byte
+  for byte, with the column maxima from 2**-12 to 2**13 and every raise 0 .. 11 (the
+  K = 128 GPU case differed from the 8-bit GEMM in the columns whose maxima are 2**-3
+  and below: their products doubled)."""
+  from humming_jax.kernels import mgpu_convert as mc
+  rng = np.random.default_rng(fold_shift)
+  codes = jnp.asarray(rng.integers(-8, 8, (64, 128)), jnp.int32).astype(jnp.int4)
+  top_e = np.arange(64) % 26 - 12  # each column's largest exponent, -12 .. 13
+  e = top_e[None, :] - rng.integers(0, 12, (4, 64))
+  e[rng.integers(0, 4, 64), np.arange(64)] = top_e  # the maximum is a real group's
+  scales = jnp.asarray(np.exp2(e), jnp.bfloat16)
+  top = jnp.asarray(np.exp2(top_e)[None, :], jnp.float32)
+  stored = mc.p8_store(codes)
+  w = wm.E2M1Weights(stored[None], scales, top, fold_shift)
+  w_float = (mc.to_float_interpret(codes, jnp.float32)
+             * jnp.repeat(scales.astype(jnp.float32).T, 32, axis=1))
+  want = folded_e4m3(w, w_float)
+  got = convert_chunk(stored, scales, top, fold_shift, widen=widen)
+  bad = np.asarray(got.astype(jnp.float32) != want.astype(jnp.float32))
+  assert not bad.any(), (f"{int(bad.sum())} bytes differ, in columns "
+                         f"{sorted(set(np.nonzero(bad)[0].tolist()))} (maxima 2**"
+                         f"{sorted(set(top_e[np.nonzero(bad)[0]].tolist()))})")
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [jnp.int8, jnp.float8_e4m3fn])
 @pytest.mark.parametrize("k", [128, 1152])

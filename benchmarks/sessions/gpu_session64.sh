@@ -5,6 +5,8 @@
 #   o64:  probe_e2m1_onestep.py: which side of the K = 128 mismatch is off, in which form.
 #   a64:  probe_e2m1_prefill.py, CUPTI kernels per 8192^2 layer, Humming beside:
 #         EMS=512,1024, EFORMS=p8,p8-e2m1-st4,p8-e2m1-f12,p8-e2m1-nab,p8-e2m1-f12-nab.
+#   c64:  the conversion alone on the GPU (test_e2m1_fold_conversion_gpu: one chunk, column
+#         maxima 2**-12 .. 2**13) and the K = 128 GPU case, then o64 (with call 2's variants).
 #   earlier steps: gpu_session63.sh (a63, k63, s63, and gpu_session62.sh's).
 source "$(dirname "$0")/../gpu_env.sh"
 s_t64() {
@@ -16,6 +18,11 @@ s_o64() {
     > "$OUT/o64.log" 2>&1
   echo "o64 rc=$?"; grep -E "^K=|rror" "$OUT/o64.log" | cut -c1-300
 }
+s_c64() {
+  gpu_tests ${CT:-150} "fold_conversion_gpu or (e2m1_gpu and 128)" tests/test_w8a8_mgpu.py
+  mv "$OUT/tests.log" "$OUT/tests_c64.log"
+  s_o64
+}
 s_a64() {
   T ${APT:-330} python3 benchmarks/probe_e2m1_prefill.py --ms ${EMS:-512,1024} --humming \
     --forms ${EFORMS:-p8,p8-e2m1-st4,p8-e2m1-f12,p8-e2m1-nab,p8-e2m1-f12-nab} \
@@ -24,7 +31,7 @@ s_a64() {
 }
 for s in ${@:-t64}; do
   case "$s" in
-    t64|o64|a64) step "$s"; "s_$s" ;;
+    t64|o64|a64|c64) step "$s"; "s_$s" ;;
     *) bash "$(dirname "$0")/gpu_session63.sh" "$s" ;;
   esac
 done
