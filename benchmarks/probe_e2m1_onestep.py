@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 import sys
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -96,6 +97,24 @@ def main():
         y8_v = np.asarray(wm.gemm(a, f_v, rows, cols * mult_v, bias, out_dtype=jnp.bfloat16)
                           .astype(jnp.float32))
         compare(f"K=128 {label}: e2m1 st4 vs fp8", y_v, y8_v, y8_v)
+      # the float64 product from the codes and scales on the host alone (no GPU-computed
+      # folded weights or multiplier): which of the two is right?
+      from humming_jax.kernels import mgpu_convert
+      with jax.default_device(jax.devices("cpu")[0]):
+        codes_cpu = jnp.asarray(np.asarray(w.codes[0].astype(jnp.int8))).astype(jnp.int4)
+        vals = mgpu_convert.to_float_interpret(mgpu_convert.p8_load(codes_cpu), jnp.float32)
+        w64 = np.asarray(vals, np.float64) * np.repeat(
+            np.asarray(w.scales.astype(jnp.float32), np.float64).T, 32, axis=1)
+      host = (np.asarray(a.astype(jnp.float32), np.float64) @ w64.T
+              * np.asarray(rows, np.float64)[:, None] * np.asarray(cols, np.float64)[None]
+              + np.asarray(bias, np.float64))
+      for label, y_ in (("e2m1 st4", y_one), ("fp8", y8)):
+        print(f"K=128 {label} against the host float64 product: mean |diff| "
+              f"{float(np.mean(np.abs(y_ - host))):.4e}, max {float(np.max(np.abs(y_ - host))):.4e}",
+              flush=True)
+      print("K=128 column multiplier (GPU) vs host top * 2**-5: max |ratio - 1| "
+            f"{float(np.max(np.abs(np.asarray(mult, np.float64) / (np.asarray(w.top, np.float64)[0] * 2.0**-5) - 1))):.3e}",
+            flush=True)
       y_bare = run_form("st4", a, w, None, None, None)
       y8_bare = np.asarray(wm.gemm(a, folded, None, mult, None, out_dtype=jnp.bfloat16)
                            .astype(jnp.float32))

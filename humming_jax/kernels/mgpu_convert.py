@@ -27,7 +27,7 @@ from jax import lax
 import numpy as np
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-from humming_jax.formats import get_format
+from humming_jax.formats import exp2_int, get_format
 from humming_jax.kernels import act_prepass
 
 E2M1 = get_format("fp4_e2m1")
@@ -674,7 +674,7 @@ def e2m1_to_e4m3_folded_interpret(codes: jax.Array, raises: jax.Array, group: in
   r = jnp.repeat(raises, group, axis=1)
   vals = to_float_interpret(codes, jnp.float32) * E4M3_FROM_E2M1
   # (raises over FOLD_SHIFT_LIMIT meet only the zero codes of K-padding groups)
-  vals = vals * jnp.exp2(jnp.clip(r, 0, FOLD_SHIFT_LIMIT).astype(jnp.float32))
+  vals = vals * exp2_int(jnp.clip(r, 0, FOLD_SHIFT_LIMIT))  # (exact; jnp.exp2 is not)
   return jnp.where(r >= 0, vals, 0.0).astype(jnp.float8_e4m3fn)
 
 

@@ -72,7 +72,8 @@ class E2M1Weights:
   ``codes``: (Kp / 128, Np, 128) int4 e2m1 codes in ``mgpu_convert.p8_store``'s order
   (the WnA16 family's fp8-MMA layout ":p8"); ``scales``: (>= Kp / 32, Np) e8m0 group
   scales as a float dtype (rows past K hold 1.0 and meet zero codes); ``top``: (1, Np)
-  float32, each column's largest real group scale (``wna16_mgpu.column_fold_row``), every
+  float32, each column's largest real group scale (``wna16_mgpu.column_fold_row``), an exact
+  power of two as the e8m0 scales are (the kernel reads its exponent field), every
   real group of the column within ``mgpu_convert.FOLD_MAX_SHIFT`` binades of it (the ":cf"
   check, ``wna16_mgpu.mark_column_fold``).  Each group's codes become the e4m3 values
   ``e2m1 * 2**(raise - 6)`` with ``raise = fold_shift - log2(top / scale)``
@@ -98,7 +99,10 @@ class E2M1Weights:
 
 def e2m1_fold_shift() -> int:
   """The fold shift of the E2M1Weights the dense route builds: FOLD_MAX_SHIFT, or
-  FOLD_SHIFT_LIMIT with HUMMING_JAX_E2M1_FOLD12=1 (session 64's A/B)."""
+  FOLD_SHIFT_LIMIT with HUMMING_JAX_E2M1_FOLD12=1.  H100, session 64, 8192^2, CUPTI
+  GEMM at M = 1024: 124.53 us with 12 against 120.65 with 11 (with Pallas' automatic
+  barriers; without them 118.45 / 119.00), bit-equal: fewer instructions per table
+  word, no faster, so off."""
   return (mgpu_convert.FOLD_SHIFT_LIMIT if tuning.env_flag("HUMMING_JAX_E2M1_FOLD12", False)
           else mgpu_convert.FOLD_MAX_SHIFT)
 
@@ -167,10 +171,12 @@ class Config:
   # converted 64-row chunk: session 63's profile) and before each TMA load.  The kernel
   # needs none: no thread reads what another wrote in shared memory except through the
   # fences and barriers it places itself (commit_smem before the WGMMA and the TMA stores,
-  # the staging tiles' waits, the per-thread mbarrier arrivals).  HUMMING_JAX_E2M1_AUTO_
-  # BARRIERS=0 drops them (CompilerParams.unsafe_no_auto_barriers); on until measured.
+  # the staging tiles' waits, the per-thread mbarrier arrivals), so they are left out
+  # (CompilerParams.unsafe_no_auto_barriers).  H100, session 64, 8192^2, CUPTI GEMM:
+  # 119.00 us at M = 1024 against 120.65 with them, 60.87 / 62.12 at 512, bit-equal.
+  # HUMMING_JAX_E2M1_AUTO_BARRIERS=1 puts them back.
   e2m1_auto_barriers: bool = dataclasses.field(
-      default_factory=lambda: tuning.env_flag("HUMMING_JAX_E2M1_AUTO_BARRIERS", True))
+      default_factory=lambda: tuning.env_flag("HUMMING_JAX_E2M1_AUTO_BARRIERS", False))
 
   @property
   def cta_m(self) -> int:
