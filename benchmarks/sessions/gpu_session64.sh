@@ -6,7 +6,8 @@
 #   a64:  probe_e2m1_prefill.py, CUPTI kernels per 8192^2 layer, Humming beside:
 #         EMS=512,1024, EFORMS=p8,p8-e2m1-st4,p8-e2m1-f12,p8-e2m1-nab,p8-e2m1-f12-nab.
 #   c64:  the conversion alone on the GPU (test_e2m1_fold_conversion_gpu: one chunk, column
-#         maxima 2**-12 .. 2**13) and the K = 128 GPU case, then o64 (with call 2's variants).
+#         maxima 2**-12 .. 2**13), the in-GEMM GPU tests (test_w8a8_mgpu, test_wnam_mgpu:
+#         exact test maxima, no automatic barriers by default), then o64.
 #   earlier steps: gpu_session63.sh (a63, k63, s63, and gpu_session62.sh's).
 source "$(dirname "$0")/../gpu_env.sh"
 s_t64() {
@@ -19,7 +20,8 @@ s_o64() {
   echo "o64 rc=$?"; grep -E "^K=|rror" "$OUT/o64.log" | cut -c1-300
 }
 s_c64() {
-  gpu_tests ${CT:-150} "fold_conversion_gpu or (e2m1_gpu and 128)" tests/test_w8a8_mgpu.py
+  gpu_tests ${CT:-240} "fold_conversion_gpu or e2m1" tests/test_w8a8_mgpu.py \
+    tests/test_wnam_mgpu.py
   mv "$OUT/tests.log" "$OUT/tests_c64.log"
   s_o64
 }
