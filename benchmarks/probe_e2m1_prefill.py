@@ -13,14 +13,18 @@ process:
              whose warpgroups share one converted B tile (w8a8_mgpu.e2m1_heuristic), three
              pipeline stages (HUMMING_JAX_E2M1_STAGES4=0: session 62's calls 3-5);
   p8-e2m1-st4: the shared form with one output staging tile per warpgroup and four
-             pipeline stages (HUMMING_JAX_E2M1_STAGES4=1: the default since call 10);
+             pipeline stages (HUMMING_JAX_E2M1_STAGES4=1, session 62 call 10), with
+             Pallas' automatic barriers (session 63's default);
   p8-e2m1-own: the overlap, 128 x 256 CTA tiles, each warpgroup converting its own
              (HUMMING_JAX_E2M1_SHARED=0);
   p8-e2m1-serial: neither (HUMMING_JAX_E2M1_OVERLAP=0: sessions 60-61);
   p8-e2m1-f12 / -nab / -f12-nab (session 64): the four-stage shared form with
              E2M1Weights' fold_shift 12 (HUMMING_JAX_E2M1_FOLD12=1: no select per table
-             word, bfloat16 exponents read as they are), without Pallas' automatic
-             warpgroup barriers (HUMMING_JAX_E2M1_AUTO_BARRIERS=0), or both;
+             word), without Pallas' automatic warpgroup barriers
+             (HUMMING_JAX_E2M1_AUTO_BARRIERS=0: the default since session 64), or both
+             (every in-GEMM form reads the bfloat16 scale exponents as stored since
+             session 64, and all but -own / -serial (which keep the barriers) with
+             AUTO_BARRIERS=1 have them);
 
 each output against the reference (relative error) and p8-e2m1 against p8 (max |diff|);
 ``--humming``: humming-kernels' W4A8 MXFP4 x fp8 of the same float weights, CUDA graph

@@ -8,6 +8,8 @@
 #   c64:  the conversion alone on the GPU (test_e2m1_fold_conversion_gpu: one chunk, column
 #         maxima 2**-12 .. 2**13), the in-GEMM GPU tests (test_w8a8_mgpu, test_wnam_mgpu:
 #         exact test maxima, no automatic barriers by default), then o64.
+#   v64:  c64's tests alone (after the review: the shared tile's GPU cases without automatic
+#         barriers, the own-tile / serial forms keeping them).
 #   earlier steps: gpu_session63.sh (a63, k63, s63, and gpu_session62.sh's).
 source "$(dirname "$0")/../gpu_env.sh"
 s_t64() {
@@ -25,6 +27,11 @@ s_c64() {
   mv "$OUT/tests.log" "$OUT/tests_c64.log"
   s_o64
 }
+s_v64() {
+  gpu_tests ${CT:-240} "fold_conversion_gpu or e2m1" tests/test_w8a8_mgpu.py \
+    tests/test_wnam_mgpu.py
+  mv "$OUT/tests.log" "$OUT/tests_v64.log"
+}
 s_a64() {
   T ${APT:-330} python3 benchmarks/probe_e2m1_prefill.py --ms ${EMS:-512,1024} --humming \
     --forms ${EFORMS:-p8,p8-e2m1-st4,p8-e2m1-f12,p8-e2m1-nab,p8-e2m1-f12-nab} \
@@ -33,7 +40,7 @@ s_a64() {
 }
 for s in ${@:-t64}; do
   case "$s" in
-    t64|o64|a64|c64) step "$s"; "s_$s" ;;
+    t64|o64|a64|c64|v64) step "$s"; "s_$s" ;;
     *) bash "$(dirname "$0")/gpu_session63.sh" "$s" ;;
   esac
 done

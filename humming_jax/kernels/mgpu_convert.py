@@ -469,7 +469,8 @@ def e2m1_to_e4m3_interpret(codes: jax.Array) -> jax.Array:
 
 FOLD_MAX_SHIFT = 11  # binades an e2m1 * 2**-6 e4m3 operand is raised by at most: the exponent
 # field goes 0..3 -> r..3 + r <= 14 (max 192).  12 would be exact too (field 15 holds 384 =
-# 0x7C; e4m3fn's only NaN is 0x7F and e2m1 mantissas never reach it); 11 is what ran on the GPU.
+# 0x7C; e4m3fn's only NaN is 0x7F and e2m1 mantissas never reach it): FOLD_SHIFT_LIMIT,
+# which E2M1Weights' fold_shift may take (GPU-tested in session 64).
 FOLD_SHIFT_LIMIT = 12  # the largest exact raise (6 * 2**-6 * 2**12 = 384 <= 448)
 # e4m3 bytes of the e2m1 magnitudes 0..7 times 2**-6, raised r binades: bytes 4 i + 8 r
 # (the exponent field + r), except 0 (stays 0) and the subnormal 0.5 * 2**-6 = 0x04, which
@@ -566,14 +567,15 @@ def e2m1_to_e4m3_ptx(codes: jax.Array, blocks: int, *, group_blocks: int = 0,
   table words built per (row, group) from the exponent fields (:func:`e4m3_tables`), so
   one float32 partial per K tile, times :func:`fold_shifts`' multiplier, replaces a
   partial per group; a negative raise zeroes the group's codes.  ``raises_in_range``:
-  the caller guarantees 0 <= raise <= FOLD_MAX_SHIFT for every group of real codes (the
+  the caller guarantees 0 <= raise <= fold_shift for every group of real codes (the
   ":cf" column fold; a column whose scales do not fold comes out NaN from a base computed
   per call, ``wna16_mgpu.column_fold_row``, but not from a stale stored one), so the
   zeroing select is left out.  ``fold_shift`` (with ``raises_in_range``): the raise is
   ``fold_shift - log2(top / scale)``; above FOLD_MAX_SHIFT every raise is at least 1, so
   the table words need no select for the subnormal 0.5 * 2**-6 either (two integer ops
   fewer per row and group; :class:`w8a8_mgpu.E2M1Weights`' ``fold_shift``).  Scale rows
-  may be bfloat16 (the exponent read off its 16 bits: no widening to float32 first).
+  (and ``top``) are float32 or bfloat16 (the exponent read off its 16 bits: no widening
+  first; the two share the exponent bias).
   ``whole``: one (64, 32 * blocks) WGMMA_8BIT array (a 1-tuple) rather than a block per
   run, for a store into a 128-byte swizzle tile, whose 32-column blocks cannot be
   addressed alone."""
@@ -583,6 +585,11 @@ def e2m1_to_e4m3_ptx(codes: jax.Array, blocks: int, *, group_blocks: int = 0,
                      f"{FOLD_SHIFT_LIMIT} with raises_in_range (every group within "
                      f"{FOLD_MAX_SHIFT} binades of top)")
   fold = scales is not None
+  for name, row in ([("top", top)] + [(f"scales[{g}]", s_) for g, s_ in
+                                      enumerate(scales)] if fold else []):
+    if jnp.dtype(row.dtype) not in (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16)):
+      raise ValueError(f"{name}: expected float32 or bfloat16 e8m0 values (their exponent "
+                       f"fields are read), got {row.dtype}")
   shape = (codes.shape[0], 32)
   out_t = plgpu.ShapeDtypeStruct(shape, jnp.dtype(jnp.float8_e4m3fn),
                                  layout=plgpu.Layout.WGMMA_8BIT)
@@ -622,7 +629,7 @@ def e2m1_to_e4m3_ptx(codes: jax.Array, blocks: int, *, group_blocks: int = 0,
     if fold:
       def exp(r, h):  # the biased exponent field (float32 and bfloat16 share the bias)
         reg = r.registers[(0, 0, h) + (0,) * (len(row_shape) - 3)]
-        if mgpu_utils.bitwidth(reg.type) == 16:
+        if mgpu_utils.bitwidth(reg.type) == 16:  # bfloat16 (float16 refused above)
           bits = arith.extui(i32, mgpu_utils.bitcast(reg, ir.IntegerType.get_signless(16)))
           return arith.shrui(bits, c(7))
         return arith.shrui(mgpu_utils.bitcast(reg, i32), c(23))

@@ -99,10 +99,10 @@ class E2M1Weights:
 
 def e2m1_fold_shift() -> int:
   """The fold shift of the E2M1Weights the dense route builds: FOLD_MAX_SHIFT, or
-  FOLD_SHIFT_LIMIT with HUMMING_JAX_E2M1_FOLD12=1.  H100, session 64, 8192^2, CUPTI
-  GEMM at M = 1024: 124.53 us with 12 against 120.65 with 11 (with Pallas' automatic
-  barriers; without them 118.45 / 119.00), bit-equal: fewer instructions per table
-  word, no faster, so off."""
+  FOLD_SHIFT_LIMIT with HUMMING_JAX_E2M1_FOLD12=1 (no ISETP / SEL per table word).
+  H100, session 64, 8192^2, CUPTI GEMM at M = 1024: 124.53 us with 12 against 120.65
+  with 11 with Pallas' automatic barriers, 118.45 against 119.00 without (within
+  noise), bit-equal: no gain, so off."""
   return (mgpu_convert.FOLD_SHIFT_LIMIT if tuning.env_flag("HUMMING_JAX_E2M1_FOLD12", False)
           else mgpu_convert.FOLD_MAX_SHIFT)
 
@@ -167,14 +167,18 @@ class Config:
   # between them).  One frees 16 KB of shared memory: the shared-tile E2M1 form's fourth
   # pipeline stage (3 fit beside its two converted B tiles otherwise; e2m1_heuristic).
   epilogue_slots: int = 2
-  # E2M1Weights: Pallas' warpgroup barriers around each shared-memory store (two per
-  # converted 64-row chunk: session 63's profile) and before each TMA load.  The kernel
-  # needs none: no thread reads what another wrote in shared memory except through the
-  # fences and barriers it places itself (commit_smem before the WGMMA and the TMA stores,
-  # the staging tiles' waits, the per-thread mbarrier arrivals), so they are left out
-  # (CompilerParams.unsafe_no_auto_barriers).  H100, session 64, 8192^2, CUPTI GEMM:
-  # 119.00 us at M = 1024 against 120.65 with them, 60.87 / 62.12 at 512, bit-equal.
-  # HUMMING_JAX_E2M1_AUTO_BARRIERS=1 puts them back.
+  # E2M1Weights, the shared-tile form (split_m with e2m1_overlap, the default): Pallas'
+  # warpgroup barriers around each shared-memory store (two per converted 64-row chunk:
+  # session 63's profile) and before each TMA load are left out
+  # (CompilerParams.unsafe_no_auto_barriers).  That form needs none: every thread waits
+  # for its own step k - 1 WGMMA before arriving on the tile barrier (cvt_bar), so no
+  # thread writes a B tile until every warp's part of the WGMMAs reading it is done; the
+  # rest goes through the kernel's own fences and barriers (commit_smem before the WGMMA
+  # and the TMA stores, the staging tiles' waits, the per-thread mbarrier arrivals).  The
+  # own-tile and serial forms keep them: there a warp's wgmma_wait covers only its own
+  # part, and the barrier before the store is what orders the other warps' reads first.
+  # H100, session 64, 8192^2, CUPTI GEMM: 119.00 us at M = 1024 against 120.65 with them,
+  # 60.87 / 62.12 at 512, bit-equal.  HUMMING_JAX_E2M1_AUTO_BARRIERS=1 puts them back.
   e2m1_auto_barriers: bool = dataclasses.field(
       default_factory=lambda: tuning.env_flag("HUMMING_JAX_E2M1_AUTO_BARRIERS", False))
 
@@ -694,7 +698,8 @@ def gemm(a: jax.Array, w: jax.Array | E2M1Weights, row_scale: jax.Array | None,
       num_threads=3, thread_name="wg",
       compiler_params=plgpu.CompilerParams(
           lowering_semantics=plgpu.LoweringSemantics.Warpgroup,
-          unsafe_no_auto_barriers=e2m1 and not config.e2m1_auto_barriers),
+          unsafe_no_auto_barriers=(e2m1 and config.split_m and overlap
+                                   and not config.e2m1_auto_barriers)),
       interpret=plgpu.InterpretGPUParams() if interpret else False)
   return call(a, w.codes if e2m1 else w, *e2m1_in, *rows, *cols, *g_rows, *g_cols, *g_bias)
 
