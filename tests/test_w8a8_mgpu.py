@@ -276,7 +276,6 @@ def convert_chunk(codes, scales, top, fold_shift, *, widen):
   ``scales`` (4, 64) bfloat16, ``top`` (1, 64) float32; ``widen``: the scale rows
   widened to float32 in the kernel first (the path of float16 rows and of the WnA16
   family's callers) or read as bfloat16 (the E2M1 kernel's)."""
-  from jax.experimental import pallas as pl
   from jax.experimental.pallas import mosaic_gpu as plgpu
   from humming_jax.kernels import mgpu_convert
   tf8 = (plgpu.TilingTransform((8, 128)), plgpu.SwizzleTransform(128))
@@ -317,9 +316,8 @@ def convert_chunk(codes, scales, top, fold_shift, *, widen):
 def test_e2m1_fold_conversion_gpu(fold_shift, widen):
   """Session 64: the conversion alone, one chunk, against the folded e4m3 weights byte
   for byte, with the column maxima from 2**-12 to 2**13 and every raise 0 .. 11 (1 .. 12
-  at fold shift 12) -- the
-  unit below test_gemm_e2m1_gpu (written while its K = 128 case, whose inexact maxima
-  doubled some columns' products, was unexplained)."""
+  at fold shift 12) -- the unit below test_gemm_e2m1_gpu (written while its K = 128
+  case, whose inexact maxima doubled some columns' products, was unexplained)."""
   from humming_jax.kernels import mgpu_convert as mc
   rng = np.random.default_rng(fold_shift)
   codes = jnp.asarray(rng.integers(-8, 8, (64, 128)), jnp.int32).astype(jnp.int4)

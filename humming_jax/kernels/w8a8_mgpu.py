@@ -588,12 +588,13 @@ def gemm(a: jax.Array, w: jax.Array | E2M1Weights, row_scale: jax.Array | None,
           buf = lax.rem(info.local_index * k_iters + k, 2) if overlap else 0
           b_tile = b_smem.at[0 if config.split_m else wg, buf]
           row = plgpu.Layout.WGMMA.reduce(1)
+          # bfloat16 scale rows go to the conversion as they are on the GPU (it reads their
+          # exponent fields); float16 ones, and the interpreter's, widened to float32
+          widen = interpret or w.scales.dtype != jnp.bfloat16
 
           def convert(c):  # weight rows c * 64 ... of the B tile
             cs = pl.ds(w_off + c * E2M1_ROWS, E2M1_ROWS)
             top = plgpu.load(top_smem.at[0, cs], layout=row).astype(jnp.float32)
-            # bfloat16 rows as they are on the GPU (the conversion reads their exponents)
-            widen = interpret or w.scales.dtype != jnp.bfloat16
             scales = [plgpu.load(scales_smem.at[g, cs], layout=row) for g in range(
                 tk // E2M1_GROUP)]
             scales = [s_.astype(jnp.float32) for s_ in scales] if widen else scales
@@ -698,8 +699,8 @@ def gemm(a: jax.Array, w: jax.Array | E2M1Weights, row_scale: jax.Array | None,
       num_threads=3, thread_name="wg",
       compiler_params=plgpu.CompilerParams(
           lowering_semantics=plgpu.LoweringSemantics.Warpgroup,
-          unsafe_no_auto_barriers=(e2m1 and config.split_m and overlap
-                                   and not config.e2m1_auto_barriers)),
+          # (the shared tile: split_m, which for E2M1Weights implies e2m1_overlap, above)
+          unsafe_no_auto_barriers=e2m1 and config.split_m and not config.e2m1_auto_barriers),
       interpret=plgpu.InterpretGPUParams() if interpret else False)
   return call(a, w.codes if e2m1 else w, *e2m1_in, *rows, *cols, *g_rows, *g_cols, *g_bias)
 
