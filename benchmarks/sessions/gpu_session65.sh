@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Session 65 (2026-12-07).  Steps (carry [".whl"]):
+#   v64:    the in-GEMM MXFP4 GPU tests after da88d49 (the barrier switch on split_m; the
+#           scale rows' widening per step body) -- gpu_session64.sh's step.
+#   tables: the dense tables (gpu_session_tables.sh: 8192^2 ladder with Humming, Llama-3-8B
+#           projections, the other A16 formats at decode).
+#   moe:    W4A16 int4 g128 zp / MXFP4 MoE beside Humming at 16 / 256 / 1024 tokens.
+#   earlier steps: gpu_session64.sh.
+source "$(dirname "$0")/../gpu_env.sh"
+s_tables() { bash "$(dirname "$0")/gpu_session_tables.sh"; }
+s_moe() {
+  local shape
+  for shape in ${MOE_SHAPES:-qwen3-30b-a3b-down,qwen3-30b-a3b-gate_up deepseek-v3-down,deepseek-v3-gate_up mixtral-down,mixtral-gate_up}; do
+    T ${MT:-170} python3 benchmarks/bench_moe.py --shapes "$shape" --tokens ${MOE_TOKENS:-16,256,1024} \
+      --specs ${MOE_SPECS:-w4a16-g128-zp} $MOE --consume row --humming --no-baselines \
+      >> "$OUT/moe.log" 2>&1
+    echo "moe $shape rc=$?"
+  done
+  grep -E "^\|" "$OUT/moe.log" | cut -c1-250
+}
+for s in ${@:-v64}; do
+  case "$s" in
+    tables|moe) step "$s"; "s_$s" ;;
+    *) bash "$(dirname "$0")/gpu_session64.sh" "$s" ;;
+  esac
+done
