@@ -643,27 +643,34 @@ def test_unpack_words_first_is_bit_identical(name, shape):
 DECODE = ["w8a8-int8", "w8a8-int8-static", "w8a8-fp8", "w8a8-fp8-static"]
 
 
-@pytest.mark.parametrize("name", DECODE)
-@pytest.mark.parametrize("m,k,n,bias", [(1, 384, 200, True), (5, 512, 128, False),
-                                        (16, 256, 320, True)])
+# Each spec at two of the three shapes (M = 1 / 5 / 16, with and without a bias): every
+# shape meets an int8 and an e4m3 spec, a dynamic and a static one (the full 4 x 3 grid
+# took 39 s of CI time for no path the pairs miss).
+DECODE_CASES = [("w8a8-int8", 1, 384, 200, True), ("w8a8-fp8", 1, 384, 200, True),
+                ("w8a8-fp8-static", 1, 384, 200, True), ("w8a8-int8-static", 5, 512, 128, False),
+                ("w8a8-fp8", 5, 512, 128, False), ("w8a8-int8", 16, 256, 320, True),
+                ("w8a8-int8-static", 16, 256, 320, True),
+                ("w8a8-fp8-static", 16, 256, 320, True)]
+
+
+@pytest.mark.parametrize("name,m,k,n,bias", DECODE_CASES)
 def test_decode_mgpu_interpret(name, m, k, n, bias, monkeypatch):
+  from humming_jax.kernels import wna16_mgpu
   spec, w, x, b, q = make(name, k, n, m, seed=7, bias=bias)
   p = w8a8.prepare(q)
   assert w8a8.decode_mgpu_runs(p)
+  # which x each product hands the kernel: the 8-bit codes (default), or 16-bit values
+  # (HUMMING_JAX_DECODE_MMA8=0, below); the same sums
+  seen = []
+  real = wna16_mgpu.run_direct
+  monkeypatch.setattr(wna16_mgpu, "run_direct",
+                      lambda codes, a, *r, **kw: seen.append(a.dtype) or real(codes, a, *r, **kw))
   y = jax.jit(lambda p, x: w8a8.run_decode_mgpu(p, x, interpret=True))(p, x)
   check(name, q, w, x, b, y)
   # the same integer GEMM as the Triton W8A8 kernel, scaled in float32 and rounded once
   # like it (the two differ in float32 summation order only: equal here on the CPU)
   y_triton = _triton_run(p, x, interpret=True)
   assert rel(y, y_triton) <= 1e-3
-  # which x each product hands the kernel: the 8-bit codes (default), or 16-bit values
-  # (HUMMING_JAX_DECODE_MMA8=0); the same sums
-  from humming_jax.kernels import wna16_mgpu
-  seen = []
-  real = wna16_mgpu.run_direct
-  monkeypatch.setattr(wna16_mgpu, "run_direct",
-                      lambda codes, a, *r, **kw: seen.append(a.dtype) or real(codes, a, *r, **kw))
-  jax.jit(lambda p, x: w8a8.run_decode_mgpu(p, x, interpret=True))(p, x)
   monkeypatch.setenv("HUMMING_JAX_DECODE_MMA8", "0")
   y16 = jax.jit(lambda p, x: w8a8.run_decode_mgpu(p, x, interpret=True))(p, x)
   assert seen == [p.codes.dtype, x.dtype]
@@ -840,22 +847,27 @@ def _prepass_direct(codes, x, col, n, bias, **kw):
                                out_dtype=x.dtype, **kw)
 
 
-@pytest.mark.parametrize("codes_dtype", [jnp.int8, jnp.float8_e4m3fn])
-@pytest.mark.parametrize("m,k,n,cfg", [
+I8, E4 = jnp.int8, jnp.float8_e4m3fn
+
+
+# One code dtype per launch, alternating, so that each feature met twice (the row view,
+# two warpgroups' maxima, split-K, column blocks) meets both dtypes once (the full grid of
+# both dtypes on every launch took 56 s of CI time).
+@pytest.mark.parametrize("m,k,n,cfg,codes_dtype", [
     # one token: the row view (each warpgroup's share of the row in one TMA)
-    (1, 1024, 128, dict(stages=2, warpgroups=1)),
-    (1, 2048, 128, dict(stages=2, warpgroups=2)),  # two warpgroups' maxima
+    (1, 1024, 128, dict(stages=2, warpgroups=1), I8),
+    (1, 2048, 128, dict(stages=2, warpgroups=2), E4),  # two warpgroups' maxima
     # one token, grid split-K: a K split's steps read the other warpgroup's converted row
-    (1, 2048, 128, dict(stages=2, warpgroups=2, split_k=2)),
-    (1, 1024, 256, dict(stages=2, warpgroups=1, column_blocks=2)),  # the row, two blocks
-    (2, 1024, 128, dict(stages=2, warpgroups=1)),  # 4 chunks through 2 slots: refills
-    (5, 2048, 128, dict(stages=2, warpgroups=1)),  # rows 4..7 of the 8-row tile
-    (16, 1024, 192, dict(stages=2, warpgroups=2)),  # the warpgroups' maxima meet in SMEM
-    (3, 1536, 128, dict(stages=3, warpgroups=1)),  # a chunk count not a multiple of slots
+    (1, 2048, 128, dict(stages=2, warpgroups=2, split_k=2), I8),
+    (1, 1024, 256, dict(stages=2, warpgroups=1, column_blocks=2), E4),  # the row, 2 blocks
+    (2, 1024, 128, dict(stages=2, warpgroups=1), I8),  # 4 chunks through 2 slots: refills
+    (5, 2048, 128, dict(stages=2, warpgroups=1), E4),  # rows 4..7 of the 8-row tile
+    (16, 1024, 192, dict(stages=2, warpgroups=2), I8),  # the warpgroups' maxima meet in SMEM
+    (3, 1536, 128, dict(stages=3, warpgroups=1), E4),  # a chunk count not a multiple of slots
     # grid split-K: each CTA reads the whole rows for the amax, multiplies half of K
-    (8, 1024, 128, dict(stages=2, warpgroups=1, split_k=2)),
-    (4, 1024, 256, dict(stages=2, warpgroups=1, column_blocks=2)),  # two column blocks
-])
+    (8, 1024, 128, dict(stages=2, warpgroups=1, split_k=2), E4),
+    (4, 1024, 256, dict(stages=2, warpgroups=1, column_blocks=2), I8),  # two column blocks
+], ids=lambda v: jnp.dtype(v).name if isinstance(v, type) else None)
 def test_run_direct_quantize_x_interpret(m, k, n, cfg, codes_dtype, monkeypatch):
   """x quantized per token to int8 / e4m3 inside the kernel: bit for bit the output of
   the same kernel on quantize_activations' codes and scales (ties, an all-zero row,
