@@ -157,6 +157,9 @@ def _run_checks(names) -> dict:
   env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
                       " --xla_backend_optimization_level=0").strip()
   env["JAX_PLATFORMS"] = "cpu"
+  # No persistent compilation cache (make test sets one): tp_eager_calls_compile_once counts
+  # backend compiles, and a cache hit would hide a recompile from it.
+  env.pop("JAX_COMPILATION_CACHE_DIR", None)
   root = HERE.parent
   env["PYTHONPATH"] = os.pathsep.join([str(root), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
   try:
