@@ -5,8 +5,16 @@
 #   tables: the dense tables (gpu_session_tables.sh: 8192^2 ladder with Humming, Llama-3-8B
 #           projections, the other A16 formats at decode).
 #   moe:    W4A16 int4 g128 zp / MXFP4 MoE beside Humming at 16 / 256 / 1024 tokens.
+#   kt:     issue 3 / 4 decode by CUPTI kernel time beside Humming's graph replay (8192^2:
+#           W4A16 int4 g128 zp / MXFP4 / NVFP4 at M = 1 / 16 / 128; W8A8 int8 / fp8 at 1 / 16).
 #   earlier steps: gpu_session64.sh.
 source "$(dirname "$0")/../gpu_env.sh"
+s_kt() {
+  T ${KT:-150} python3 benchmarks/bench_dense.py --specs w4a16-g128-zp,w4a16-mxfp4,w4a16-nvfp4,w8a8-int8,w8a8-fp8 \
+    --ms ${KMS:-1,16,128} --kernel-times --humming --no-baselines --calls 20 --repeats 2 \
+    --json "$OUT/kt.json" > "$OUT/kt.log" 2>&1
+  echo "kt rc=$?"; grep -E "M=" "$OUT/kt.log" | cut -c1-230
+}
 s_tables() { bash "$(dirname "$0")/gpu_session_tables.sh"; }
 s_moe() {
   local shape
@@ -20,7 +28,7 @@ s_moe() {
 }
 for s in ${@:-v64}; do
   case "$s" in
-    tables|moe) step "$s"; "s_$s" ;;
+    tables|moe|kt) step "$s"; "s_$s" ;;
     *) bash "$(dirname "$0")/gpu_session64.sh" "$s" ;;
   esac
 done
