@@ -10,10 +10,13 @@
 #   earlier steps: gpu_session64.sh.
 source "$(dirname "$0")/../gpu_env.sh"
 s_kt() {
-  T ${KT:-150} python3 benchmarks/bench_dense.py --specs w4a16-g128-zp,w4a16-mxfp4,w4a16-nvfp4,w8a8-int8,w8a8-fp8 \
+  T ${KT:-120} python3 benchmarks/bench_dense.py --specs w4a16-g128-zp,w4a16-mxfp4,w4a16-nvfp4 \
     --ms ${KMS:-1,16,128} --kernel-times --humming --no-baselines --calls 20 --repeats 2 \
     --json "$OUT/kt.json" > "$OUT/kt.log" 2>&1
   echo "kt rc=$?"; grep -E "M=" "$OUT/kt.log" | cut -c1-230
+  T ${KT8:-100} python3 benchmarks/bench_w8a8.py --specs w8a8-int8,w8a8-fp8 --ms 1,16 \
+    --kernel-times --humming --no-baselines --calls 20 --repeats 2 > "$OUT/kt8.log" 2>&1
+  echo "kt8 rc=$?"; grep -E "M=" "$OUT/kt8.log" | cut -c1-230
 }
 s_tables() { bash "$(dirname "$0")/gpu_session_tables.sh"; }
 s_moe() {
