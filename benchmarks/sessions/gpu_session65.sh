@@ -4,7 +4,8 @@
 #           scale rows' widening per step body) -- gpu_session64.sh's step.
 #   tables: the dense tables (gpu_session_tables.sh: 8192^2 ladder with Humming, Llama-3-8B
 #           projections, the other A16 formats at decode).
-#   moe:    W4A16 int4 g128 zp / MXFP4 MoE beside Humming at 16 / 256 / 1024 tokens.
+#   moe:    W4A16 MoE beside Humming at 16 / 256 / 1024 tokens (int4 g128 zp; MOE_SPECS for
+#           others, MOE_SHAPES / MOE_TOKENS for the points).
 #   kt:     issue 3 / 4 decode by CUPTI kernel time beside Humming's graph replay (8192^2:
 #           W4A16 int4 g128 zp / MXFP4 / NVFP4 at M = 1 / 16 / 128; W8A8 int8 / fp8 at 1 / 16).
 #   earlier steps: gpu_session64.sh.
