@@ -27,7 +27,7 @@ venv: $(STAMP)
 # are listed at the end (CI's time: the suite's aim is under 15 minutes).
 # JAX's persistent compilation cache in .venv: XLA programs that recur across tests and
 # workers (the interpreter's per-op programs, eager ops of one shape) compile once per run;
-# later runs on the same .venv reuse every entry (measured on this 2-core host, the W8A8 and
+# later runs on the same .venv reuse every entry (measured on a 2-core host, the W8A8 and
 # W4A8 kernel files: 355 s without, 334 s with a fresh cache, 183 s with a warm one).  The
 # cache key holds the jax / XLA versions and flags, so an upgraded .venv misses, never
 # mismatches.  TEST_JAX_CACHE= (empty) turns it off.
