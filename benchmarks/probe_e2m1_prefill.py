@@ -25,6 +25,9 @@ process:
              (every in-GEMM form reads the bfloat16 scale exponents as stored since
              session 64, and all but -own / -serial (which keep the barriers) with
              AUTO_BARRIERS=1 have them);
+  p8-e2m1-cv (session 66): the converter warpgroup (HUMMING_JAX_E2M1_CONVERTER=1: a
+             third warpgroup converts, the two MMA warpgroups only issue WGMMAs; four
+             stages, no automatic barriers; HUMMING_JAX_E2M1_REGS for its register counts);
 
 each output against the reference (relative error) and p8-e2m1 against p8 (max |diff|);
 ``--humming``: humming-kernels' W4A8 MXFP4 x fp8 of the same float weights, CUDA graph
@@ -49,12 +52,13 @@ from humming_jax.kernels import reference  # noqa: E402
 
 LAYERS = 8
 # (fp8 layout, in-GEMM conversion, its overlap, the shared B tile, four stages,
-#  fold_shift 12, Pallas' automatic barriers)
+#  fold_shift 12, Pallas' automatic barriers, the converter warpgroup)
 ENV = ("DENSE_FP8_MMA", "E2M1_MMA", "E2M1_OVERLAP", "E2M1_SHARED", "E2M1_STAGES4",
-       "E2M1_FOLD12", "E2M1_AUTO_BARRIERS")
-FORMS = {"pk": "0011001", "p8": "1011001", "p8-e2m1": "1111001", "p8-e2m1-st4": "1111101",
-         "p8-e2m1-own": "1110001", "p8-e2m1-serial": "1100001",
-         "p8-e2m1-f12": "1111111", "p8-e2m1-nab": "1111100", "p8-e2m1-f12-nab": "1111110"}
+       "E2M1_FOLD12", "E2M1_AUTO_BARRIERS", "E2M1_CONVERTER")
+FORMS = {"pk": "00110010", "p8": "10110010", "p8-e2m1": "11110010",
+         "p8-e2m1-st4": "11111010", "p8-e2m1-own": "11100010", "p8-e2m1-serial": "11000010",
+         "p8-e2m1-f12": "11111110", "p8-e2m1-nab": "11111000", "p8-e2m1-f12-nab": "11111100",
+         "p8-e2m1-cv": "11111001"}
 IN_GEMM = [f for f in FORMS if FORMS[f][1] == "1"]
 
 

@@ -224,6 +224,64 @@ def test_gemm_e2m1_interpret(with_bias, overlap, split_m, k, n, stages4, fold_sh
   np.testing.assert_array_equal(np.asarray(y), np.asarray(y8))
 
 
+@pytest.mark.parametrize("k,n,with_vectors,fold_shift", [
+    (640, 256, True, 11), (128, 384, False, 12)])
+def test_gemm_e2m1_converter_interpret(k, n, with_vectors, fold_shift, monkeypatch):
+  """Session 66's converter warpgroup (Config.e2m1_converter): a third warpgroup converts
+  each K step's codes into one of two shared B tiles while the two MMA warpgroups run the
+  previous step's WGMMAs, over a K loop written by hand (the loads of a CTA's next output
+  tile start during this one's).  Two CTAs: at K = 640 four output tiles (five K steps
+  through four slots, every slot and both B tiles reused across tiles), at K = 128 six
+  (one K step each: the B tiles alternate across tiles); with the token scale, column
+  scale and bias in the epilogue, and with none.  Bit-equal to the 8-bit GEMM on the
+  folded e4m3 weights, as the other forms are."""
+  monkeypatch.setattr(wm.tuning, "num_sms", lambda: 2)
+  monkeypatch.setenv("HUMMING_JAX_E2M1_CONVERTER", "1")
+  m = 512
+  a, w, w_float = e2m1_operands(m, n, k, seed=8, fold_shift=fold_shift)
+  _, _, rows, cols, bias = operands(jnp.float8_e4m3fn, m, n, k, seed=9)
+  if not with_vectors:
+    rows = cols = bias = None
+  config = wm.e2m1_heuristic(m, n)
+  assert config.e2m1_converter and config.split_m, config
+  y = wm.gemm(a, w, rows, cols, bias, out_dtype=jnp.bfloat16, config=config,
+              interpret=True)
+  assert y.dtype == jnp.bfloat16 and y.shape == (m, n)
+  ref = (float_product(a, w_float, rows, cols, bias) if with_vectors else
+         float_product(a, w_float, jnp.ones((m,)), jnp.ones((n,)), None))
+  assert rel(y, ref) <= 4e-3
+  multiplier = w.column_multiplier()
+  y8 = wm.gemm(a, folded_e4m3(w, w_float), rows,
+               multiplier if cols is None else cols * multiplier, bias,
+               out_dtype=jnp.bfloat16, interpret=True)
+  np.testing.assert_array_equal(np.asarray(y), np.asarray(y8))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("sms,k,fold_shift,regs", [
+    (None, 1152, 11, None), (5, 1152, 12, None), (3, 1024, 11, None), (5, 128, 11, None),
+    (None, 1152, 11, "40,96,184")])
+def test_gemm_e2m1_converter_gpu(sms, k, fold_shift, regs, monkeypatch):
+  """The converter-warpgroup form on the GPU: bit-equal to the 8-bit GEMM on the folded
+  e4m3 weights at 9, 8 and 1 K steps per output tile, one tile per CTA or 2-4 (``sms``),
+  and with other register counts (HUMMING_JAX_E2M1_REGS)."""
+  if sms:
+    monkeypatch.setattr(wm.tuning, "num_sms", lambda: sms)
+  monkeypatch.setenv("HUMMING_JAX_E2M1_CONVERTER", "1")
+  if regs:
+    monkeypatch.setenv("HUMMING_JAX_E2M1_REGS", regs)
+  m, n = 1024, 384
+  a, w, w_float = e2m1_operands(m, n, k, seed=5, fold_shift=fold_shift)
+  _, _, rows, cols, bias = operands(jnp.float8_e4m3fn, m, n, k, seed=6)
+  config = wm.e2m1_heuristic(m, n)
+  assert config.e2m1_converter, config
+  y = wm.gemm(a, w, rows, cols, bias, out_dtype=jnp.bfloat16)
+  y8 = wm.gemm(a, folded_e4m3(w, w_float), rows, cols * w.column_multiplier(), bias,
+               out_dtype=jnp.bfloat16)
+  assert rel(y, float_product(a, w_float, rows, cols, bias)) <= 4e-3
+  np.testing.assert_array_equal(np.asarray(y), np.asarray(y8))
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("overlap,split_m,n,stages4,sms,k,fold_shift,barriers", [
     # the shared tile (three / four stages), without Pallas' automatic barriers (default)
@@ -376,6 +434,11 @@ def test_gemm_e2m1_argument_errors():
     gemm(a, w, config=wm.Config(tile_m=128, tile_n=64, split_m=True))
   with pytest.raises(ValueError, match="which needs e2m1_overlap"):
     gemm(a, w, config=wm.Config(tile_m=128, tile_n=128, split_m=True, e2m1_overlap=False))
+  with pytest.raises(ValueError, match=r"HUMMING_JAX_E2M1_REGS='40,96,200': expected three"):
+    with pytest.MonkeyPatch.context() as mp:
+      mp.setenv("HUMMING_JAX_E2M1_REGS", "40,96,200")  # 40 + 96 + 2 x 200 > 512
+      gemm(jnp.concatenate([a, a]), w,
+           config=wm.Config(tile_m=128, tile_n=128, split_m=True, e2m1_converter=True))
   with pytest.raises(ValueError, match=r"CTA tile 256 x 128 \(config.cta_m"):
     gemm(a, w)  # the default (e2m1_heuristic) takes 256 token rows per CTA
 

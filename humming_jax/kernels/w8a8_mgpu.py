@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import os
 
 import jax
 import jax.numpy as jnp
@@ -95,6 +96,35 @@ class E2M1Weights:
   def column_multiplier(self) -> jax.Array:
     """(Np,) float32: what each output column is multiplied by (a power of two)."""
     return self.top.reshape(-1).astype(jnp.float32) * (2.0 ** (6 - self.fold_shift))
+
+
+def convert_e2m1_chunk(codes_smem, scales_smem, top_smem, rows_ref, row0, *,
+                       w: E2M1Weights, interpret: bool) -> None:
+  """One warpgroup converts 64 weight rows (output columns ``row0 ...``) of a K step's
+  ":p8" codes (``codes_smem`` (1, cta_n, 128) int4) to folded e4m3 in ``rows_ref`` (64,
+  128) of a B tile, from the step's group-scale rows (``scales_smem`` (4, cta_n)) and
+  the column maxima (``top_smem`` (cta_n,)): the E2M1 kernels' one conversion."""
+  cs = pl.ds(row0, E2M1_ROWS)
+  tk = w.codes.shape[2]
+  row = plgpu.Layout.WGMMA.reduce(1)
+  top = plgpu.load(top_smem.at[cs], layout=row).astype(jnp.float32)
+  scales = [plgpu.load(scales_smem.at[g, cs], layout=row)
+            for g in range(tk // E2M1_GROUP)]
+  # bfloat16 scale rows go to the conversion as they are on the GPU (it reads their
+  # exponent fields); float16 ones, and the interpreter's, widened to float32
+  if interpret or w.scales.dtype != jnp.bfloat16:
+    scales = [s.astype(jnp.float32) for s in scales]
+  codes = plgpu.load(codes_smem.at[0, cs], layout=plgpu.Layout.WGMMA_UPCAST_4X)
+  if interpret:  # the same values from the K-order codes (no PTX on the CPU)
+    _, raises = mgpu_convert.fold_shifts(scales, top=top, shift=w.fold_shift)
+    rows_ref[...] = mgpu_convert.p8_e2m1_to_e4m3_interpret(
+        codes, jnp.stack(raises, axis=1), E2M1_GROUP)
+  else:  # (":cf": every real group's raise in range, so no zeroing select)
+    (converted,) = mgpu_convert.e2m1_to_e4m3_ptx(
+        codes, tk // E2M1_BLOCK, scales=scales, top=top,
+        group_blocks=E2M1_GROUP // E2M1_BLOCK, raises_in_range=True, whole=True,
+        fold_shift=w.fold_shift)
+    rows_ref[...] = converted
 
 
 def e2m1_fold_shift() -> int:
@@ -181,6 +211,15 @@ class Config:
   # 60.87 / 62.12 at 512, bit-equal.  HUMMING_JAX_E2M1_AUTO_BARRIERS=1 puts them back.
   e2m1_auto_barriers: bool = dataclasses.field(
       default_factory=lambda: tuning.env_flag("HUMMING_JAX_E2M1_AUTO_BARRIERS", False))
+  # E2M1Weights, the shared tile: a third warpgroup converts the codes, and the two
+  # compute warpgroups only issue WGMMAs (_gemm_e2m1_converter: the K loop by hand, four
+  # warpgroups with their own register counts).  Session 64's profile: a converting warp
+  # spent ~46 % of a step converting, ~18 % issuing WGMMAs into a full queue and ~18 % in
+  # the barriers around the shared tile, so the conversion sat on the critical path; here
+  # step k + 1's conversion runs while step k's WGMMAs do.  HUMMING_JAX_E2M1_CONVERTER=1;
+  # off until measured on a GPU.
+  e2m1_converter: bool = dataclasses.field(
+      default_factory=lambda: tuning.env_flag("HUMMING_JAX_E2M1_CONVERTER", False))
 
   @property
   def cta_m(self) -> int:
@@ -393,6 +432,9 @@ def gemm(a: jax.Array, w: jax.Array | E2M1Weights, row_scale: jax.Array | None,
     if not row_epilogue:
       row_scale = None
   stages = fit_stages(config, grouped, e2m1)
+  if e2m1 and config.split_m and config.e2m1_converter:
+    return _gemm_e2m1_converter(a, w, row_scale, col_scale, bias, out_dtype=out_dtype,
+                                config=config, stages=stages, interpret=interpret)
   overlap = e2m1 and config.e2m1_overlap
   m_iters, n_iters, k_iters = mp // cta_m, np_ // cta_n, kp // k_step
   # the pipeline's buffers (it keeps no more than its steps): the A slots released by hand
@@ -587,29 +629,11 @@ def gemm(a: jax.Array, w: jax.Array | E2M1Weights, row_scale: jax.Array | None,
           # other warpgroup (its step k - 1 wait precedes the arrival, step k's does not)
           buf = lax.rem(info.local_index * k_iters + k, 2) if overlap else 0
           b_tile = b_smem.at[0 if config.split_m else wg, buf]
-          row = plgpu.Layout.WGMMA.reduce(1)
-          # bfloat16 scale rows go to the conversion as they are on the GPU (it reads their
-          # exponent fields); float16 ones, and the interpreter's, widened to float32
-          widen = interpret or w.scales.dtype != jnp.bfloat16
 
           def convert(c):  # weight rows c * 64 ... of the B tile
-            cs = pl.ds(w_off + c * E2M1_ROWS, E2M1_ROWS)
-            top = plgpu.load(top_smem.at[0, cs], layout=row).astype(jnp.float32)
-            scales = [plgpu.load(scales_smem.at[g, cs], layout=row) for g in range(
-                tk // E2M1_GROUP)]
-            scales = [s_.astype(jnp.float32) for s_ in scales] if widen else scales
-            codes = plgpu.load(codes_smem.at[0, cs], layout=plgpu.Layout.WGMMA_UPCAST_4X)
-            rows_ref = b_tile.at[pl.ds(c * E2M1_ROWS, E2M1_ROWS)]
-            if interpret:  # the same values from the K-order codes (no PTX on the CPU)
-              _, raises = mgpu_convert.fold_shifts(scales, top=top, shift=w.fold_shift)
-              rows_ref[...] = mgpu_convert.p8_e2m1_to_e4m3_interpret(
-                  codes, jnp.stack(raises, axis=1), E2M1_GROUP)
-            else:  # (":cf": every real group's raise in range, so no zeroing select)
-              (converted,) = mgpu_convert.e2m1_to_e4m3_ptx(
-                  codes, tk // E2M1_BLOCK, scales=scales, top=top,
-                  group_blocks=E2M1_GROUP // E2M1_BLOCK, raises_in_range=True, whole=True,
-                  fold_shift=w.fold_shift)
-              rows_ref[...] = converted
+            convert_e2m1_chunk(codes_smem, scales_smem, top_smem.at[0],
+                               b_tile.at[pl.ds(c * E2M1_ROWS, E2M1_ROWS)],
+                               w_off + c * E2M1_ROWS, w=w, interpret=interpret)
 
           chunks = tn // E2M1_ROWS
           for c in range(chunks):
@@ -703,6 +727,230 @@ def gemm(a: jax.Array, w: jax.Array | E2M1Weights, row_scale: jax.Array | None,
           unsafe_no_auto_barriers=e2m1 and config.split_m and not config.e2m1_auto_barriers),
       interpret=plgpu.InterpretGPUParams() if interpret else False)
   return call(a, w.codes if e2m1 else w, *e2m1_in, *rows, *cols, *g_rows, *g_cols, *g_bias)
+
+
+# Register counts of _gemm_e2m1_converter's warpgroups (setmaxnreg; 512 threads start with
+# 128 each and may not take more than 65,536 in all): the TMA issue loop, the converter
+# (two 64-row chunks: 8 code words, 16 e4m3 words and the table words each), the two MMA
+# warpgroups (a 128 x 128 float32 accumulator, 128, and the epilogue).
+# HUMMING_JAX_E2M1_REGS="memory,converter,mma" for the GPU probes.
+E2M1_CONVERTER_REGS = (32, 88, 192)
+
+
+def _converter_regs() -> tuple[int, int, int]:
+  text = os.environ.get("HUMMING_JAX_E2M1_REGS")
+  regs = tuple(int(v) for v in text.split(",")) if text else E2M1_CONVERTER_REGS
+  if (len(regs) != 3 or any(r % 8 or not 24 <= r <= 256 for r in regs)
+      or regs[0] + regs[1] + 2 * regs[2] > 512):
+    raise ValueError(f"HUMMING_JAX_E2M1_REGS={text!r}: expected three multiples of 8 in "
+                     f"[24, 256], memory + converter + 2 x mma <= 512")
+  return regs
+
+
+def _gemm_e2m1_converter(a: jax.Array, w: E2M1Weights, row_scale, col_scale, bias, *,
+                         out_dtype, config: Config, stages: int,
+                         interpret: bool) -> jax.Array:
+  """:func:`gemm` for E2M1Weights with ``Config.e2m1_converter`` (checked and scaled by
+  it: ``col_scale`` already carries the column multiplier).
+
+  Four warpgroups per CTA and a K loop written out (no emit_pipeline, which gives every
+  compute warpgroup one register count and one K loop per output tile):
+    3  memory: for each K step of each of the CTA's output tiles, in order, the codes /
+       scale rows / column maxima (``w_full``) then the A tile (``a_full``) by TMA into
+       slot ``g % stages`` (g counts the CTA's steps over its tiles, so the loads of the
+       next tile start while this one's run), once the slot's previous step released
+       them (``w_free`` by the converter, ``a_free`` by both MMA warpgroups);
+    2  converter: step g's codes -> e4m3 in B tile ``g % 2`` (both 64-row chunks), once
+       both MMA warpgroups are done reading the tile's step g - 2 (``b_free``); releases
+       the codes' slot, fences the stores for the async proxy and arrives on ``b_full``;
+    0, 1  MMA: rows wg * tile_m ... of A slot g against B tile g, one WGMMA group in
+       flight; step g - 1's slots (A, B tile) released once its WGMMA is waited for; at
+       the tile's end the epilogue (the scale / bias vectors fetched by TMA at its start).
+  Every barrier is waited on by each thread in phase order (Mosaic tracks the parity per
+  thread); the first ``stages`` (2) uses of a slot (B tile) skip the wait for a release
+  that never came."""
+  mp, kp = a.shape
+  np_ = w.codes.shape[1]
+  tm, tn, tk = config.tile_m, config.tile_n, config.tile_k
+  cta_m, cta_n = config.cta_m, config.cta_n
+  m_iters, n_iters, k_iters = mp // cta_m, np_ // cta_n, kp // tk
+  groups = tk // E2M1_GROUP
+  b_tiles = 2
+  memory_regs, converter_regs, mma_regs = _converter_regs()
+  in_tf = (plgpu.TilingTransform((8, tk)), plgpu.SwizzleTransform(tk))
+  codes_tf = (plgpu.TilingTransform((8, tk)), plgpu.SwizzleTransform(tk // 2))
+  out_sw = EPI_TILE * jnp.dtype(out_dtype).itemsize
+  out_tf = (plgpu.TilingTransform((8, out_sw // jnp.dtype(out_dtype).itemsize)),
+            plgpu.SwizzleTransform(out_sw))
+  rows = [] if row_scale is None else [row_scale.reshape(1, mp)]
+  cols = [v.reshape(1, np_) for v in (col_scale, bias) if v is not None]
+  slots = config.epilogue_slots
+  shape = (tm, tn)
+
+  def kernel(a_gmem, codes_gmem, scales_gmem, top_gmem, *refs):
+    *vec_gmem, o_gmem = refs
+    rows_gmem, cols_gmem = vec_gmem[:len(rows)], vec_gmem[len(rows):]
+
+    def tiles(body):
+      """Every warpgroup walks the CTA's output tiles in the same order: body(g0, mi, ni)
+      per tile, g0 the CTA's K steps before it; returns the CTA's K steps in all."""
+      @plgpu.nd_loop((m_iters * n_iters,), collective_axes="sm", init_carry=jnp.int32(0))
+      def steps(info: plgpu.NDLoopInfo, carry):
+        (lin,) = info.index
+        mi, ni = plgpu.planar_snake(lin, (m_iters, n_iters),
+                                    1 if config.grid_minor_n else 0, config.grid_tile_width)
+        body(carry, mi, ni)
+        return carry + k_iters
+      return steps
+
+    def drain(barriers, n, steps):
+      """Wait for the releases of the last ``n`` steps, which no load or conversion
+      waited for (a barrier's phases are all observed before it is freed)."""
+      @pl.loop(lax.max(steps - n, 0), steps)
+      def _(g):
+        for bar in barriers:
+          plgpu.barrier_wait(bar.at[lax.rem(g, n)])
+
+    def scope(a_smem, codes_smem, scales_smem, top_smem, b_smem, o_smem, a_full, w_full,
+              a_free, w_free, b_full, b_free, vec_bar=None, rows_smem=None, cols_smem=None):
+      wg = lax.axis_index("wg")
+
+      @pl.when(wg == 3)
+      def _memory():
+        plgpu.set_max_registers(memory_regs, action="decrease")
+
+        @tiles
+        def steps(g0, mi, ni):
+          cns = pl.ds(ni * cta_n, cta_n)
+
+          @pl.loop(0, k_iters)
+          def _(k):
+            g = g0 + k
+            s = lax.rem(g, stages)
+            pl.when(g >= stages)(lambda: plgpu.barrier_wait(w_free.at[s]))
+            plgpu.copy_gmem_to_smem(codes_gmem.at[pl.ds(k, 1), cns], codes_smem.at[s],
+                                    w_full.at[s])
+            plgpu.copy_gmem_to_smem(scales_gmem.at[pl.ds(k * groups, groups), cns],
+                                    scales_smem.at[s], w_full.at[s])
+            plgpu.copy_gmem_to_smem(top_gmem.at[:, cns], top_smem.at[s], w_full.at[s])
+            pl.when(g >= stages)(lambda: plgpu.barrier_wait(a_free.at[s]))
+            plgpu.copy_gmem_to_smem(a_gmem.at[pl.ds(mi * cta_m, cta_m), pl.ds(k * tk, tk)],
+                                    a_smem.at[s], a_full.at[s])
+
+        drain((w_free, a_free), stages, steps)
+
+      @pl.when(wg == 2)
+      def _converter():
+        plgpu.set_max_registers(converter_regs, action="decrease")
+
+        @tiles
+        def steps(g0, mi, ni):
+          del mi, ni
+
+          @pl.loop(0, k_iters)
+          def _(k):
+            g = g0 + k
+            s, b = lax.rem(g, stages), lax.rem(g, b_tiles)
+            plgpu.barrier_wait(w_full.at[s])
+            pl.when(g >= b_tiles)(lambda: plgpu.barrier_wait(b_free.at[b]))
+            for c in range(tn // E2M1_ROWS):
+              convert_e2m1_chunk(codes_smem.at[s], scales_smem.at[s], top_smem.at[s, 0],
+                                 b_smem.at[b, pl.ds(c * E2M1_ROWS, E2M1_ROWS)],
+                                 c * E2M1_ROWS, w=w, interpret=interpret)
+            plgpu.barrier_arrive(w_free.at[s])
+            plgpu.commit_smem()  # the generic-proxy stores -> the WGMMAs' reads
+            plgpu.barrier_arrive(b_full.at[b])
+
+        drain((b_free,), b_tiles, steps)
+
+      @pl.when(wg < 2)
+      def _mma():
+        plgpu.set_max_registers(mma_regs, action="increase")
+
+        @tiles
+        def _(g0, mi, ni):
+          wg_ms = pl.ds(mi * cta_m + wg * tm, tm)
+          wg_ns = pl.ds(ni * cta_n, cta_n)
+          if vec_bar is not None:  # the epilogue vectors travel while the K loop runs
+            for g in rows_gmem:
+              plgpu.copy_gmem_to_smem(g.at[:, wg_ms], rows_smem.at[wg], vec_bar.at[wg])
+            for i, g in enumerate(cols_gmem):
+              plgpu.copy_gmem_to_smem(g.at[:, wg_ns], cols_smem.at[wg, pl.ds(i, 1)],
+                                      vec_bar.at[wg])
+
+          def release(g):  # step g's A slot and B tile
+            plgpu.barrier_arrive(a_free.at[lax.rem(g, stages)])
+            plgpu.barrier_arrive(b_free.at[lax.rem(g, b_tiles)])
+
+          def k_loop(acc_ref):
+            @pl.loop(0, k_iters)
+            def _(k):
+              g = g0 + k
+              s, b = lax.rem(g, stages), lax.rem(g, b_tiles)
+              plgpu.barrier_wait(a_full.at[s])
+              plgpu.barrier_wait(b_full.at[b])
+              plgpu.wgmma(acc_ref, a_smem.at[s, pl.ds(wg * tm, tm)], b_smem.at[b].T)
+              plgpu.wgmma_wait(1)  # step g - 1's WGMMA done: its slots are free
+              pl.when(k > 0)(lambda: release(g - 1))
+
+            plgpu.wgmma_wait(0)
+            release(g0 + k_iters - 1)
+            return acc_ref[...]
+
+          y = pl.run_scoped(k_loop, plgpu.ACC(shape, jnp.float32))
+          if vec_bar is not None:
+            plgpu.barrier_wait(vec_bar.at[wg])
+          if rows:
+            y = y * lax.broadcast_in_dim(rows_smem[wg, 0, :], shape, (0,))
+          if col_scale is not None:
+            y = y * lax.broadcast_in_dim(cols_smem[wg, 0, :], shape, (1,))
+          if bias is not None:
+            y = y + lax.broadcast_in_dim(cols_smem[wg, len(cols) - 1, :], shape, (1,))
+          y = y.astype(out_dtype)
+          plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # last tile's stores read out
+          for ei in range(tm // EPI_TILE):
+            for ej in range(tn // EPI_TILE):
+              slot = (ei * (tn // EPI_TILE) + ej) % slots
+              plgpu.wait_smem_to_gmem(slots - 1, wait_read_only=True)
+              o_smem[wg, slot] = y[ei * EPI_TILE:(ei + 1) * EPI_TILE,
+                                   ej * EPI_TILE:(ej + 1) * EPI_TILE]
+              plgpu.commit_smem()
+              plgpu.copy_smem_to_gmem(
+                  o_smem.at[wg, slot],
+                  o_gmem.at[wg_ms, wg_ns].at[pl.ds(ei * EPI_TILE, EPI_TILE),
+                                          pl.ds(ej * EPI_TILE, EPI_TILE)])
+
+        plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+
+    scratch = [
+        plgpu.SMEM((stages, cta_m, tk), jnp.float8_e4m3fn, transforms=in_tf),
+        plgpu.SMEM((stages, 1, cta_n, tk), jnp.int4, transforms=codes_tf),
+        plgpu.SMEM((stages, groups, cta_n), w.scales.dtype),
+        plgpu.SMEM((stages, 1, cta_n), jnp.float32),
+        plgpu.SMEM((b_tiles, tn, tk), jnp.float8_e4m3fn, transforms=in_tf),
+        plgpu.SMEM((2, slots, EPI_TILE, EPI_TILE), out_dtype, transforms=out_tf),
+        plgpu.Barrier(num_barriers=stages),  # a_full: the A tile's TMA
+        plgpu.Barrier(num_arrivals=3, num_barriers=stages),  # w_full: codes, scales, maxima
+        plgpu.Barrier(num_arrivals=2, num_barriers=stages),  # a_free: both MMA warpgroups
+        plgpu.Barrier(num_barriers=stages),  # w_free: the converter
+        plgpu.Barrier(num_barriers=b_tiles),  # b_full: the converter
+        plgpu.Barrier(num_arrivals=2, num_barriers=b_tiles)]  # b_free: both MMA warpgroups
+    if rows or cols:
+      scratch += [plgpu.Barrier(num_arrivals=len(rows) + len(cols), num_barriers=2),
+                  plgpu.SMEM((2, 1, tm), jnp.float32) if rows else None,
+                  plgpu.SMEM((2, len(cols), tn), jnp.float32) if cols else None]
+    pl.run_scoped(scope, *scratch, collective_axes="wg")
+
+  call = plgpu.kernel(
+      kernel, out_type=jax.ShapeDtypeStruct((mp, np_), out_dtype),
+      grid=(min(tuning.num_sms(), m_iters * n_iters),), grid_names=("sm",),
+      num_threads=4, thread_name="wg",
+      compiler_params=plgpu.CompilerParams(
+          lowering_semantics=plgpu.LoweringSemantics.Warpgroup,
+          unsafe_no_auto_barriers=not config.e2m1_auto_barriers),
+      interpret=plgpu.InterpretGPUParams() if interpret else False)
+  return call(a, w.codes, w.scales[:kp // E2M1_GROUP], w.top.astype(jnp.float32),
+              *rows, *cols)
 
 
 def _check_e2m1(a: jax.Array, w: E2M1Weights, kp: int, grouped: bool) -> int:

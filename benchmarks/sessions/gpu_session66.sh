@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Session 66 (2026-12-07).  Steps (carry [".whl"]):
+#   cv:  the converter warpgroup (w8a8_mgpu.Config.e2m1_converter): its GPU tests beside
+#        the other in-GEMM forms' (the conversion moved into convert_e2m1_chunk), the
+#        route's prefill test with it on, then probe_e2m1_prefill.py at EMS (512,1024,4096)
+#        for p8 / p8-e2m1-nab (the default) / p8-e2m1-cv with Humming, and the converter
+#        with other register counts (CV_REGS, "40,96,184").
+#   earlier steps: gpu_session65.sh (kt, moe, tables, and gpu_session64.sh's).
+source "$(dirname "$0")/../gpu_env.sh"
+s_cv() {
+  gpu_tests ${TT:-200} "e2m1" tests/test_w8a8_mgpu.py
+  mv "$OUT/tests.log" "$OUT/tests_cv.log"
+  HUMMING_JAX_E2M1_CONVERTER=1 gpu_tests ${TT2:-120} "e2m1_mma_prefill_gpu" tests/test_wnam_mgpu.py
+  mv "$OUT/tests.log" "$OUT/tests_cv_route.log"
+  T ${APT:-260} python3 benchmarks/probe_e2m1_prefill.py --ms ${EMS:-512,1024,4096} --humming \
+    --forms ${EFORMS:-p8,p8-e2m1-nab,p8-e2m1-cv} > "$OUT/cv.log" 2>&1
+  echo "cv rc=$?"; grep -E "^M=|rror" "$OUT/cv.log" | cut -c1-300
+  HUMMING_JAX_E2M1_REGS=${CV_REGS:-40,96,184} T ${APT2:-120} python3 \
+    benchmarks/probe_e2m1_prefill.py --ms ${EMS2:-1024} --forms p8-e2m1-cv > "$OUT/cv_regs.log" 2>&1
+  echo "cv_regs rc=$?"; grep -E "^M=|rror" "$OUT/cv_regs.log" | cut -c1-300
+}
+for s in ${@:-cv}; do
+  case "$s" in
+    cv) step "$s"; "s_$s" ;;
+    *) bash "$(dirname "$0")/gpu_session65.sh" "$s" ;;
+  esac
+done
