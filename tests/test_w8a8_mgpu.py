@@ -224,19 +224,22 @@ def test_gemm_e2m1_interpret(with_bias, overlap, split_m, k, n, stages4, fold_sh
   np.testing.assert_array_equal(np.asarray(y), np.asarray(y8))
 
 
-@pytest.mark.parametrize("k,n,with_vectors,fold_shift", [
-    (640, 256, True, 11), (128, 384, False, 12)])
-def test_gemm_e2m1_converter_interpret(k, n, with_vectors, fold_shift, monkeypatch):
+@pytest.mark.parametrize("k,n,with_vectors,fold_shift,b_tiles", [
+    (640, 256, True, 11, "2"), (128, 384, False, 12, "3")])
+def test_gemm_e2m1_converter_interpret(k, n, with_vectors, fold_shift, b_tiles,
+                                       monkeypatch):
   """Session 66's converter warpgroup (Config.e2m1_converter): a third warpgroup converts
   each K step's codes into one of two shared B tiles while the two MMA warpgroups run the
   previous step's WGMMAs, over a K loop written by hand (the loads of a CTA's next output
   tile start during this one's).  Two CTAs: at K = 640 four output tiles (five K steps
   through four slots, every slot and both B tiles reused across tiles), at K = 128 six
   (one K step each: the B tiles alternate across tiles); with the token scale, column
-  scale and bias in the epilogue, and with none.  Bit-equal to the 8-bit GEMM on the
-  folded e4m3 weights, as the other forms are."""
+  scale and bias in the epilogue, and with none; two converted B tiles and three
+  (Config.e2m1_b_tiles: the converter two steps ahead).  Bit-equal to the 8-bit GEMM on
+  the folded e4m3 weights, as the other forms are."""
   monkeypatch.setattr(wm.tuning, "num_sms", lambda: 2)
   monkeypatch.setenv("HUMMING_JAX_E2M1_CONVERTER", "1")
+  monkeypatch.setenv("HUMMING_JAX_E2M1_BTILES", b_tiles)
   m = 512
   a, w, w_float = e2m1_operands(m, n, k, seed=8, fold_shift=fold_shift)
   _, _, rows, cols, bias = operands(jnp.float8_e4m3fn, m, n, k, seed=9)
@@ -244,6 +247,9 @@ def test_gemm_e2m1_converter_interpret(k, n, with_vectors, fold_shift, monkeypat
     rows = cols = bias = None
   config = wm.e2m1_heuristic(m, n)
   assert config.e2m1_converter and config.split_m, config
+  assert config.e2m1_b_tiles == int(b_tiles)
+  if k == 640:  # fewer slots than the 5 K steps
+    assert wm.fit_stages(config, e2m1=True) == 4
   y = wm.gemm(a, w, rows, cols, bias, out_dtype=jnp.bfloat16, config=config,
               interpret=True)
   assert y.dtype == jnp.bfloat16 and y.shape == (m, n)
@@ -258,16 +264,18 @@ def test_gemm_e2m1_converter_interpret(k, n, with_vectors, fold_shift, monkeypat
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("sms,k,fold_shift,regs", [
-    (None, 1152, 11, None), (5, 1152, 12, None), (3, 1024, 11, None), (5, 128, 11, None),
-    (None, 1152, 11, "40,96,184")])
-def test_gemm_e2m1_converter_gpu(sms, k, fold_shift, regs, monkeypatch):
+@pytest.mark.parametrize("sms,k,fold_shift,regs,b_tiles", [
+    (None, 1152, 11, None, "2"), (5, 1152, 12, None, "2"), (3, 1024, 11, None, "2"),
+    (5, 128, 11, None, "2"), (None, 1152, 11, "40,96,184", "2"), (5, 1152, 11, None, "3"),
+    (5, 128, 12, None, "3")])
+def test_gemm_e2m1_converter_gpu(sms, k, fold_shift, regs, b_tiles, monkeypatch):
   """The converter-warpgroup form on the GPU: bit-equal to the 8-bit GEMM on the folded
   e4m3 weights at 9, 8 and 1 K steps per output tile, one tile per CTA or 2-4 (``sms``),
-  and with other register counts (HUMMING_JAX_E2M1_REGS)."""
+  with other register counts (HUMMING_JAX_E2M1_REGS) and three B tiles."""
   if sms:
     monkeypatch.setattr(wm.tuning, "num_sms", lambda: sms)
   monkeypatch.setenv("HUMMING_JAX_E2M1_CONVERTER", "1")
+  monkeypatch.setenv("HUMMING_JAX_E2M1_BTILES", b_tiles)
   if regs:
     monkeypatch.setenv("HUMMING_JAX_E2M1_REGS", regs)
   m, n = 1024, 384
@@ -434,6 +442,8 @@ def test_gemm_e2m1_argument_errors():
     gemm(a, w, config=wm.Config(tile_m=128, tile_n=64, split_m=True))
   with pytest.raises(ValueError, match="which needs e2m1_overlap"):
     gemm(a, w, config=wm.Config(tile_m=128, tile_n=128, split_m=True, e2m1_overlap=False))
+  with pytest.raises(ValueError, match="e2m1_b_tiles=4 must be 2 or 3"):
+    wm.Config(e2m1_b_tiles=4)
   with pytest.raises(ValueError, match=r"HUMMING_JAX_E2M1_REGS='40,96,200': expected three"):
     with pytest.MonkeyPatch.context() as mp:
       mp.setenv("HUMMING_JAX_E2M1_REGS", "40,96,200")  # 40 + 96 + 2 x 200 > 512

@@ -4,7 +4,7 @@
 #        the other in-GEMM forms' (the conversion moved into convert_e2m1_chunk), the
 #        route's prefill test with it on, then probe_e2m1_prefill.py at EMS (512,1024,4096)
 #        for p8 / p8-e2m1-nab (the default) / p8-e2m1-cv with Humming, and the converter
-#        with other register counts (CV_REGS, "40,96,184").
+#        with other register counts (CV_REGS, "40,96,184") and with three B tiles.
 #   earlier steps: gpu_session65.sh (kt, moe, tables, and gpu_session64.sh's).
 source "$(dirname "$0")/../gpu_env.sh"
 s_cv() {
@@ -18,6 +18,9 @@ s_cv() {
   HUMMING_JAX_E2M1_REGS=${CV_REGS:-40,96,184} T ${APT2:-120} python3 \
     benchmarks/probe_e2m1_prefill.py --ms ${EMS2:-1024} --forms p8-e2m1-cv > "$OUT/cv_regs.log" 2>&1
   echo "cv_regs rc=$?"; grep -E "^M=|rror" "$OUT/cv_regs.log" | cut -c1-300
+  HUMMING_JAX_E2M1_BTILES=3 T ${APT2:-120} python3 \
+    benchmarks/probe_e2m1_prefill.py --ms ${EMS2:-1024} --forms p8-e2m1-cv > "$OUT/cv_b3.log" 2>&1
+  echo "cv_b3 rc=$?"; grep -E "^M=|rror" "$OUT/cv_b3.log" | cut -c1-300
 }
 for s in ${@:-cv}; do
   case "$s" in

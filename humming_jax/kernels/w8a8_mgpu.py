@@ -98,12 +98,13 @@ class E2M1Weights:
     return self.top.reshape(-1).astype(jnp.float32) * (2.0 ** (6 - self.fold_shift))
 
 
-def convert_e2m1_chunk(codes_smem, scales_smem, top_smem, rows_ref, row0, *,
-                       w: E2M1Weights, interpret: bool) -> None:
+def convert_e2m1_chunk(codes_smem, scales_smem, top_smem, row0, *, w: E2M1Weights,
+                       interpret: bool) -> jax.Array:
   """One warpgroup converts 64 weight rows (output columns ``row0 ...``) of a K step's
-  ":p8" codes (``codes_smem`` (1, cta_n, 128) int4) to folded e4m3 in ``rows_ref`` (64,
-  128) of a B tile, from the step's group-scale rows (``scales_smem`` (4, cta_n)) and
-  the column maxima (``top_smem`` (cta_n,)): the E2M1 kernels' one conversion."""
+  ":p8" codes (``codes_smem`` (1, cta_n, 128) int4) to folded e4m3, from the step's
+  group-scale rows (``scales_smem`` (4, cta_n)) and the column maxima (``top_smem``
+  (cta_n,)): the E2M1 kernels' one conversion.  Returns the (64, 128) float8_e4m3fn rows
+  of a B tile, in registers (the caller stores them)."""
   cs = pl.ds(row0, E2M1_ROWS)
   tk = w.codes.shape[2]
   row = plgpu.Layout.WGMMA.reduce(1)
@@ -117,14 +118,14 @@ def convert_e2m1_chunk(codes_smem, scales_smem, top_smem, rows_ref, row0, *,
   codes = plgpu.load(codes_smem.at[0, cs], layout=plgpu.Layout.WGMMA_UPCAST_4X)
   if interpret:  # the same values from the K-order codes (no PTX on the CPU)
     _, raises = mgpu_convert.fold_shifts(scales, top=top, shift=w.fold_shift)
-    rows_ref[...] = mgpu_convert.p8_e2m1_to_e4m3_interpret(
-        codes, jnp.stack(raises, axis=1), E2M1_GROUP)
-  else:  # (":cf": every real group's raise in range, so no zeroing select)
-    (converted,) = mgpu_convert.e2m1_to_e4m3_ptx(
-        codes, tk // E2M1_BLOCK, scales=scales, top=top,
-        group_blocks=E2M1_GROUP // E2M1_BLOCK, raises_in_range=True, whole=True,
-        fold_shift=w.fold_shift)
-    rows_ref[...] = converted
+    return mgpu_convert.p8_e2m1_to_e4m3_interpret(codes, jnp.stack(raises, axis=1),
+                                                  E2M1_GROUP)
+  # (":cf": every real group's raise in range, so no zeroing select)
+  (converted,) = mgpu_convert.e2m1_to_e4m3_ptx(
+      codes, tk // E2M1_BLOCK, scales=scales, top=top,
+      group_blocks=E2M1_GROUP // E2M1_BLOCK, raises_in_range=True, whole=True,
+      fold_shift=w.fold_shift)
+  return converted
 
 
 def e2m1_fold_shift() -> int:
@@ -220,6 +221,10 @@ class Config:
   # off until measured on a GPU.
   e2m1_converter: bool = dataclasses.field(
       default_factory=lambda: tuning.env_flag("HUMMING_JAX_E2M1_CONVERTER", False))
+  # The converter form's converted B tiles: with 3 the converter may run two steps ahead of
+  # the WGMMAs instead of one (one pipeline stage fewer fits).  HUMMING_JAX_E2M1_BTILES.
+  e2m1_b_tiles: int = dataclasses.field(
+      default_factory=lambda: tuning.env_int("HUMMING_JAX_E2M1_BTILES", 2))
 
   @property
   def cta_m(self) -> int:
@@ -243,6 +248,8 @@ class Config:
       raise ValueError(f"stages={self.stages} must be >= 2")
     if self.epilogue_slots not in (1, 2):
       raise ValueError(f"epilogue_slots={self.epilogue_slots} must be 1 or 2")
+    if self.e2m1_b_tiles not in (2, 3):
+      raise ValueError(f"e2m1_b_tiles={self.e2m1_b_tiles} must be 2 or 3")
     if self.tile_m * self.tile_n > 128 * 128:
       raise ValueError(f"tile_m x tile_n = {self.tile_m} x {self.tile_n}: the accumulator "
                        f"would need more than 128 registers per thread (max 128 x 128)")
@@ -278,8 +285,10 @@ def smem_bytes(config: Config, stages: int, out_bytes: int = 2, grouped: bool = 
     step += kb(gps * config.cta_m * 4) + 2 * kb(gps * config.cta_n * 4)
   if e2m1:
     step += kb(k_step // E2M1_GROUP * config.cta_n * 2) + kb(config.cta_n * 4)
-  converted = (kb((1 if config.split_m else 2) * (2 if config.e2m1_overlap else 1)
-                  * config.tile_n * k_step) if e2m1 else 0)
+  b_tiles = (config.e2m1_b_tiles if config.split_m and config.e2m1_converter
+             else 2 if config.e2m1_overlap else 1)
+  converted = (kb((1 if config.split_m else 2) * b_tiles * config.tile_n * k_step)
+               if e2m1 else 0)
   return (stages * step + converted
           + kb(2 * config.epilogue_slots * EPI_TILE * EPI_TILE * out_bytes)
           + 3 * kb(2 * max(config.tile_m, config.tile_n) * 4))
@@ -631,9 +640,9 @@ def gemm(a: jax.Array, w: jax.Array | E2M1Weights, row_scale: jax.Array | None,
           b_tile = b_smem.at[0 if config.split_m else wg, buf]
 
           def convert(c):  # weight rows c * 64 ... of the B tile
-            convert_e2m1_chunk(codes_smem, scales_smem, top_smem.at[0],
-                               b_tile.at[pl.ds(c * E2M1_ROWS, E2M1_ROWS)],
-                               w_off + c * E2M1_ROWS, w=w, interpret=interpret)
+            b_tile.at[pl.ds(c * E2M1_ROWS, E2M1_ROWS)][...] = convert_e2m1_chunk(
+                codes_smem, scales_smem, top_smem.at[0], w_off + c * E2M1_ROWS, w=w,
+                interpret=interpret)
 
           chunks = tn // E2M1_ROWS
           for c in range(chunks):
@@ -760,22 +769,23 @@ def _gemm_e2m1_converter(a: jax.Array, w: E2M1Weights, row_scale, col_scale, bia
        slot ``g % stages`` (g counts the CTA's steps over its tiles, so the loads of the
        next tile start while this one's run), once the slot's previous step released
        them (``w_free`` by the converter, ``a_free`` by both MMA warpgroups);
-    2  converter: step g's codes -> e4m3 in B tile ``g % 2`` (both 64-row chunks), once
-       both MMA warpgroups are done reading the tile's step g - 2 (``b_free``); releases
-       the codes' slot, fences the stores for the async proxy and arrives on ``b_full``;
+    2  converter: step g's codes -> e4m3 in registers (both 64-row chunks), the codes'
+       slot released, then stored into B tile ``g % b_tiles`` once both MMA warpgroups
+       are done reading its step g - b_tiles (``b_free``, ``Config.e2m1_b_tiles``); fences
+       the stores for the async proxy and arrives on ``b_full``;
     0, 1  MMA: rows wg * tile_m ... of A slot g against B tile g, one WGMMA group in
        flight; step g - 1's slots (A, B tile) released once its WGMMA is waited for; at
        the tile's end the epilogue (the scale / bias vectors fetched by TMA at its start).
   Every barrier is waited on by each thread in phase order (Mosaic tracks the parity per
-  thread); the first ``stages`` (2) uses of a slot (B tile) skip the wait for a release
-  that never came."""
+  thread); the first ``stages`` (``b_tiles``) uses of a slot (B tile) skip the wait for
+  a release that never came."""
   mp, kp = a.shape
   np_ = w.codes.shape[1]
   tm, tn, tk = config.tile_m, config.tile_n, config.tile_k
   cta_m, cta_n = config.cta_m, config.cta_n
   m_iters, n_iters, k_iters = mp // cta_m, np_ // cta_n, kp // tk
   groups = tk // E2M1_GROUP
-  b_tiles = 2
+  b_tiles = config.e2m1_b_tiles
   memory_regs, converter_regs, mma_regs = _converter_regs()
   in_tf = (plgpu.TilingTransform((8, tk)), plgpu.SwizzleTransform(tk))
   codes_tf = (plgpu.TilingTransform((8, tk)), plgpu.SwizzleTransform(tk // 2))
@@ -852,12 +862,16 @@ def _gemm_e2m1_converter(a: jax.Array, w: E2M1Weights, row_scale, col_scale, bia
             g = g0 + k
             s, b = lax.rem(g, stages), lax.rem(g, b_tiles)
             plgpu.barrier_wait(w_full.at[s])
-            pl.when(g >= b_tiles)(lambda: plgpu.barrier_wait(b_free.at[b]))
-            for c in range(tn // E2M1_ROWS):
-              convert_e2m1_chunk(codes_smem.at[s], scales_smem.at[s], top_smem.at[s, 0],
-                                 b_smem.at[b, pl.ds(c * E2M1_ROWS, E2M1_ROWS)],
-                                 c * E2M1_ROWS, w=w, interpret=interpret)
+            # converted in registers before the B tile is free (step g - b_tiles' WGMMAs
+            # may still read it): only the stores wait
+            chunks = [convert_e2m1_chunk(codes_smem.at[s], scales_smem.at[s],
+                                         top_smem.at[s, 0], c * E2M1_ROWS, w=w,
+                                         interpret=interpret)
+                      for c in range(tn // E2M1_ROWS)]
             plgpu.barrier_arrive(w_free.at[s])
+            pl.when(g >= b_tiles)(lambda: plgpu.barrier_wait(b_free.at[b]))
+            for c, rows_c in enumerate(chunks):
+              b_smem.at[b, pl.ds(c * E2M1_ROWS, E2M1_ROWS)][...] = rows_c
             plgpu.commit_smem()  # the generic-proxy stores -> the WGMMAs' reads
             plgpu.barrier_arrive(b_full.at[b])
 
