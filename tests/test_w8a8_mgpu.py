@@ -263,6 +263,31 @@ def test_gemm_e2m1_converter_interpret(k, n, with_vectors, fold_shift, b_tiles,
   np.testing.assert_array_equal(np.asarray(y), np.asarray(y8))
 
 
+@pytest.mark.parametrize("b_tiles", ["2", "3"])
+def test_gemm_e2m1_converter_has_no_races_interpret(b_tiles, monkeypatch):
+  """The converter form's barriers order every shared-memory access pair, by the GPU
+  interpreter's happens-before race detector (vector clocks per warpgroup, TMA and the
+  async proxy: a TMA write after generic reads must follow a proxy fence on the reading
+  side).  Session 66: with the codes' slot released before the converter's fence it
+  reported 12 races (the next TMA writes of the codes / scales / maxima slots against
+  the converter's reads); after, none.  Two CTAs, two output tiles each, five K steps
+  through four slots."""
+  from jax._src.pallas.mosaic_gpu.interpret import interpret_pallas_call as gpu_interpret
+  params = wm.plgpu.InterpretGPUParams
+  monkeypatch.setattr(wm.plgpu, "InterpretGPUParams",
+                      lambda **kw: params(detect_races=True, **kw))
+  monkeypatch.setattr(wm.tuning, "num_sms", lambda: 2)
+  monkeypatch.setenv("HUMMING_JAX_E2M1_CONVERTER", "1")
+  monkeypatch.setenv("HUMMING_JAX_E2M1_BTILES", b_tiles)
+  m, n, k = 512, 256, 640
+  a, w, w_float = e2m1_operands(m, n, k, seed=10)
+  _, _, rows, cols, bias = operands(jnp.float8_e4m3fn, m, n, k, seed=11)
+  y = wm.gemm(a, w, rows, cols, bias, out_dtype=jnp.bfloat16,
+              config=wm.e2m1_heuristic(m, n), interpret=True)
+  assert rel(y, float_product(a, w_float, rows, cols, bias)) <= 4e-3
+  assert not gpu_interpret.get_races().races_found
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("sms,k,fold_shift,regs,b_tiles", [
     (None, 1152, 11, None, "2"), (5, 1152, 12, None, "2"), (3, 1024, 11, None, "2"),

@@ -769,10 +769,10 @@ def _gemm_e2m1_converter(a: jax.Array, w: E2M1Weights, row_scale, col_scale, bia
        slot ``g % stages`` (g counts the CTA's steps over its tiles, so the loads of the
        next tile start while this one's run), once the slot's previous step released
        them (``w_free`` by the converter, ``a_free`` by both MMA warpgroups);
-    2  converter: step g's codes -> e4m3 in registers (both 64-row chunks), the codes'
-       slot released, then stored into B tile ``g % b_tiles`` once both MMA warpgroups
-       are done reading its step g - b_tiles (``b_free``, ``Config.e2m1_b_tiles``); fences
-       the stores for the async proxy and arrives on ``b_full``;
+    2  converter: step g's codes -> e4m3 in registers (both 64-row chunks), stored into
+       B tile ``g % b_tiles`` once both MMA warpgroups are done reading its step
+       g - b_tiles (``b_free``, ``Config.e2m1_b_tiles``); a proxy fence, then the codes'
+       slot released (``w_free``) and the tile announced (``b_full``);
     0, 1  MMA: rows wg * tile_m ... of A slot g against B tile g, one WGMMA group in
        flight; step g - 1's slots (A, B tile) released once its WGMMA is waited for; at
        the tile's end the epilogue (the scale / bias vectors fetched by TMA at its start).
@@ -868,11 +868,14 @@ def _gemm_e2m1_converter(a: jax.Array, w: E2M1Weights, row_scale, col_scale, bia
                                          top_smem.at[s, 0], c * E2M1_ROWS, w=w,
                                          interpret=interpret)
                       for c in range(tn // E2M1_ROWS)]
-            plgpu.barrier_arrive(w_free.at[s])
             pl.when(g >= b_tiles)(lambda: plgpu.barrier_wait(b_free.at[b]))
             for c, rows_c in enumerate(chunks):
               b_smem.at[b, pl.ds(c * E2M1_ROWS, E2M1_ROWS)][...] = rows_c
-            plgpu.commit_smem()  # the generic-proxy stores -> the WGMMAs' reads
+            # proxy fence: the stores -> the WGMMAs' reads, and the codes' reads -> the
+            # next TMA write of their slot (the interpreter's race detector flags the
+            # slot's release before it)
+            plgpu.commit_smem()
+            plgpu.barrier_arrive(w_free.at[s])
             plgpu.barrier_arrive(b_full.at[b])
 
         drain((b_free,), b_tiles, steps)
