@@ -225,7 +225,7 @@ def test_gemm_e2m1_interpret(with_bias, overlap, split_m, k, n, stages4, fold_sh
 
 
 @pytest.mark.parametrize("k,n,with_vectors,fold_shift,b_tiles", [
-    (640, 256, True, 11, "2"), (128, 384, False, 12, "3")])
+    (640, 256, True, 11, "2"), (128, 384, False, 12, "2"), (256, 384, False, 11, "3")])
 def test_gemm_e2m1_converter_interpret(k, n, with_vectors, fold_shift, b_tiles,
                                        monkeypatch):
   """Session 66's converter warpgroup (Config.e2m1_converter): a third warpgroup converts
@@ -235,8 +235,9 @@ def test_gemm_e2m1_converter_interpret(k, n, with_vectors, fold_shift, b_tiles,
   through four slots, every slot and both B tiles reused across tiles), at K = 128 six
   (one K step each: the B tiles alternate across tiles); with the token scale, column
   scale and bias in the epilogue, and with none; two converted B tiles and three
-  (Config.e2m1_b_tiles: the converter two steps ahead).  Bit-equal to the 8-bit GEMM on
-  the folded e4m3 weights, as the other forms are."""
+  (Config.e2m1_b_tiles: the converter two steps ahead; K = 256, six steps per CTA
+  through three slots and three B tiles).  Bit-equal to the 8-bit GEMM on the folded
+  e4m3 weights, as the other forms are."""
   monkeypatch.setattr(wm.tuning, "num_sms", lambda: 2)
   monkeypatch.setenv("HUMMING_JAX_E2M1_CONVERTER", "1")
   monkeypatch.setenv("HUMMING_JAX_E2M1_BTILES", b_tiles)
@@ -248,8 +249,8 @@ def test_gemm_e2m1_converter_interpret(k, n, with_vectors, fold_shift, b_tiles,
   config = wm.e2m1_heuristic(m, n)
   assert config.e2m1_converter and config.split_m, config
   assert config.e2m1_b_tiles == int(b_tiles)
-  if k == 640:  # fewer slots than the 5 K steps
-    assert wm.fit_stages(config, e2m1=True) == 4
+  # fewer slots than a CTA's K steps (10 at K = 640, 6 at 256)
+  assert wm.fit_stages(config, e2m1=True) == {"2": 4, "3": 3}[b_tiles]
   y = wm.gemm(a, w, rows, cols, bias, out_dtype=jnp.bfloat16, config=config,
               interpret=True)
   assert y.dtype == jnp.bfloat16 and y.shape == (m, n)
@@ -292,11 +293,12 @@ def test_gemm_e2m1_converter_has_no_races_interpret(b_tiles, monkeypatch):
 @pytest.mark.parametrize("sms,k,fold_shift,regs,b_tiles", [
     (None, 1152, 11, None, "2"), (5, 1152, 12, None, "2"), (3, 1024, 11, None, "2"),
     (5, 128, 11, None, "2"), (None, 1152, 11, "40,96,184", "2"), (5, 1152, 11, None, "3"),
-    (5, 128, 12, None, "3")])
+    (3, 128, 12, None, "3")])
 def test_gemm_e2m1_converter_gpu(sms, k, fold_shift, regs, b_tiles, monkeypatch):
   """The converter-warpgroup form on the GPU: bit-equal to the 8-bit GEMM on the folded
   e4m3 weights at 9, 8 and 1 K steps per output tile, one tile per CTA or 2-4 (``sms``),
-  with other register counts (HUMMING_JAX_E2M1_REGS) and three B tiles."""
+  with other register counts (HUMMING_JAX_E2M1_REGS) and three B tiles (at K = 128 on
+  three CTAs: four steps each, every B tile reused)."""
   if sms:
     monkeypatch.setattr(wm.tuning, "num_sms", lambda: sms)
   monkeypatch.setenv("HUMMING_JAX_E2M1_CONVERTER", "1")
@@ -469,6 +471,13 @@ def test_gemm_e2m1_argument_errors():
     gemm(a, w, config=wm.Config(tile_m=128, tile_n=128, split_m=True, e2m1_overlap=False))
   with pytest.raises(ValueError, match="e2m1_b_tiles=4 must be 2 or 3"):
     wm.Config(e2m1_b_tiles=4)
+  with pytest.raises(ValueError, match="e2m1_converter is a form of the shared B tile"):
+    gemm(a, w, config=wm.Config(tile_m=128, tile_n=128, e2m1_converter=True))
+  with pytest.raises(ValueError, match=r"HUMMING_JAX_E2M1_REGS='24,136,176'.*converter <= 128"):
+    with pytest.MonkeyPatch.context() as mp:
+      mp.setenv("HUMMING_JAX_E2M1_REGS", "24,136,176")  # .dec above the 128 at entry
+      gemm(jnp.concatenate([a, a]), w,
+           config=wm.Config(tile_m=128, tile_n=128, split_m=True, e2m1_converter=True))
   with pytest.raises(ValueError, match=r"HUMMING_JAX_E2M1_REGS='40,96,200': expected three"):
     with pytest.MonkeyPatch.context() as mp:
       mp.setenv("HUMMING_JAX_E2M1_REGS", "40,96,200")  # 40 + 96 + 2 x 200 > 512

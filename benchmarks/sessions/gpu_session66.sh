@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Session 66 (2026-12-07).  Steps (carry [".whl"]):
-#   cv:  the converter warpgroup (w8a8_mgpu.Config.e2m1_converter): its GPU tests beside
+#   cv:  the converter warpgroup (w8a8_mgpu.Config.e2m1_converter): ptxas's report on one
+#        compile of it (registers per setmaxnreg region, spills, warnings); its GPU tests beside
 #        the other in-GEMM forms' (the conversion moved into convert_e2m1_chunk), the
 #        route's prefill test with it on, then probe_e2m1_prefill.py at EMS (512,1024,4096)
 #        for p8 / p8-e2m1-nab (the default) / p8-e2m1-cv with Humming, and the converter
@@ -8,6 +9,16 @@
 #   earlier steps: gpu_session65.sh (kt, moe, tables, and gpu_session64.sh's).
 source "$(dirname "$0")/../gpu_env.sh"
 s_cv() {
+  # ptxas's word on the four warpgroups' setmaxnreg (512 threads start at 128 registers;
+  # the MMA warpgroups hold a 128-register accumulator): registers, spills, warnings
+  # C7508 (setmaxnreg ignored) / C7510 / C7602
+  MOSAIC_GPU_DUMP_PTXAS=1 MOSAIC_GPU_DUMP_PTX=1 MOSAIC_GPU_DUMP_TO="$OUT/dump" \
+    gpu_tests ${TT0:-90} "converter_gpu and None-1152-11-None-2" tests/test_w8a8_mgpu.py
+  mv "$OUT/tests.log" "$OUT/tests_cv_ptxas.log"
+  grep -rhE "Used [0-9]+ registers|spill|C75|C76|warn" "$OUT/dump" "$OUT/tests_cv_ptxas.log" \
+    2>/dev/null | sort | uniq -c | head -20
+  grep -rhE "^\.(maxntid|reqntid|maxnreg|minnctapersm)|setmaxnreg" "$OUT/dump" 2>/dev/null \
+    | sort | uniq -c | head; (cd "$OUT" && tar czf dump.tgz dump && rm -rf dump)
   gpu_tests ${TT:-200} "e2m1" tests/test_w8a8_mgpu.py
   mv "$OUT/tests.log" "$OUT/tests_cv.log"
   HUMMING_JAX_E2M1_CONVERTER=1 gpu_tests ${TT2:-120} "e2m1_mma_prefill_gpu" tests/test_wnam_mgpu.py

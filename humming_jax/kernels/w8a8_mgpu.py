@@ -275,7 +275,8 @@ def smem_bytes(config: Config, stages: int, out_bytes: int = 2, grouped: bool = 
   output staging tiles and the epilogue vectors, each rounded up to Mosaic's 1 KB
   alignment.  ``e2m1`` (:class:`E2M1Weights`): B is 4-bit codes with their group-scale
   rows (2 bytes) and the column maxima, and the converted e4m3 B tiles: one per compute
-  warpgroup (one shared with ``split_m``), two of each with ``e2m1_overlap``."""
+  warpgroup (one shared with ``split_m``), two of each with ``e2m1_overlap``
+  (``e2m1_b_tiles`` shared ones in the converter form)."""
   kb = tuning.smem_round
   gps = groups_per_step(config, grouped)
   k_step = gps * config.tile_k
@@ -341,10 +342,12 @@ def e2m1_heuristic(m: int, n: int) -> Config:
   HUMMING_JAX_E2M1_SHARED=0: 128 x 256 CTA tiles
   (128 x 128 where N, padded to 128 by the layout, is not a multiple of 256), each
   warpgroup converting its own columns (so too without ``e2m1_overlap``, which the shared
-  tile needs).  The caller pads M to the CTA tile (256 rows for the shared tile)."""
+  tile's pipeline form needs; its converter form, ``e2m1_converter``, does not).  The
+  caller pads M to the CTA tile (256 rows for the shared tile)."""
   del m
   config = Config(tile_m=128, tile_n=128 if n % 256 == 0 else 64)
-  if config.e2m1_overlap and tuning.env_flag("HUMMING_JAX_E2M1_SHARED", True):
+  if ((config.e2m1_overlap or config.e2m1_converter)
+      and tuning.env_flag("HUMMING_JAX_E2M1_SHARED", True)):
     # One output staging tile per warpgroup: four pipeline stages instead of three.  H100,
     # session 62, 8192^2, M = 1024, CUPTI GEMM: 122.3 us against 131.0 (kernels per layer
     # 135.8 against 144.5; the unpack route 146.3).  HUMMING_JAX_E2M1_STAGES4=0: three.
@@ -393,7 +396,10 @@ def gemm(a: jax.Array, w: jax.Array | E2M1Weights, row_scale: jax.Array | None,
     raise ValueError(f"config={config}: with split_m each warpgroup converts half of the "
                      f"shared B tile, {E2M1_ROWS} columns at a time; tile_n must be a "
                      f"multiple of {2 * E2M1_ROWS}")
-  if e2m1 and config.split_m and not config.e2m1_overlap:
+  if e2m1 and config.e2m1_converter and not config.split_m:
+    raise ValueError(f"config={config}: e2m1_converter is a form of the shared B tile; it "
+                     f"needs split_m")
+  if e2m1 and config.split_m and not (config.e2m1_overlap or config.e2m1_converter):
     raise ValueError(f"config={config}: split_m E2M1Weights share each converted B tile "
                      f"between the warpgroups, which needs e2m1_overlap (two B tiles)")
   tm, tn, tk = config.tile_m, config.tile_n, config.tile_k
@@ -749,10 +755,13 @@ E2M1_CONVERTER_REGS = (32, 88, 192)
 def _converter_regs() -> tuple[int, int, int]:
   text = os.environ.get("HUMMING_JAX_E2M1_REGS")
   regs = tuple(int(v) for v in text.split(",")) if text else E2M1_CONVERTER_REGS
+  # (512 threads start at 128: setmaxnreg.dec must not go up, nor .inc down)
   if (len(regs) != 3 or any(r % 8 or not 24 <= r <= 256 for r in regs)
+      or not regs[0] <= 128 >= regs[1] or regs[2] < 128
       or regs[0] + regs[1] + 2 * regs[2] > 512):
     raise ValueError(f"HUMMING_JAX_E2M1_REGS={text!r}: expected three multiples of 8 in "
-                     f"[24, 256], memory + converter + 2 x mma <= 512")
+                     f"[24, 256], memory and converter <= 128 <= mma, memory + converter "
+                     f"+ 2 x mma <= 512")
   return regs
 
 
