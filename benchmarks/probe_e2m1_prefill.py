@@ -27,7 +27,8 @@ process:
              AUTO_BARRIERS=1 have them);
   p8-e2m1-cv (session 66): the converter warpgroup (HUMMING_JAX_E2M1_CONVERTER=1: a
              third warpgroup converts, the two MMA warpgroups only issue WGMMAs; four
-             stages, no automatic barriers; HUMMING_JAX_E2M1_REGS for its register counts);
+             stages, no automatic barriers; HUMMING_JAX_E2M1_REGS, _BTILES and
+             _CONVERTERS for its register counts, B tiles and converter warpgroups);
 
 each output against the reference (relative error) and p8-e2m1 against p8 (max |diff|);
 ``--humming``: humming-kernels' W4A8 MXFP4 x fp8 of the same float weights, CUDA graph

@@ -497,7 +497,8 @@ def test_grouped_dx_kernel_lowers_for_h200(name, shape, rows):
 @pytest.mark.parametrize("overlap,shared,stages4,fold12,barriers,converter", [
     ("1", "1", "0", "0", "1", "0"), ("1", "1", "1", "0", "1", "0"),
     ("1", "0", "0", "0", "1", "0"), ("0", "0", "0", "0", "1", "0"),
-    ("1", "1", "1", "1", "0", "0"), ("1", "1", "1", "0", "0", "1")])
+    ("1", "1", "1", "1", "0", "0"), ("1", "1", "1", "0", "0", "1"),
+    ("1", "1", "1", "0", "0", "2")])
 def test_e2m1_mma_prefill_lowers_for_h200(overlap, shared, stages4, fold12, barriers,
                                           converter, monkeypatch):
   """Session 60's in-GEMM MXFP4 conversion (wnam_mgpu.run_prefill_e2m1_mma) at 8192^2, M =
@@ -508,7 +509,8 @@ def test_e2m1_mma_prefill_lowers_for_h200(overlap, shared, stages4, fold12, barr
   shared by the two warpgroups (256 x 128 CTA tiles, e2m1_heuristic's default; with one
   output staging tile and four stages) or one each, and neither.  Session 64: fold_shift
   12 (bfloat16 exponents, no select) without Pallas' automatic barriers.  Session 66: the
-  converter warpgroup (four warpgroups, the K loop by hand, setmaxnreg per warpgroup)."""
+  converter warpgroup (four warpgroups, the K loop by hand, setmaxnreg per warpgroup),
+  and two of them (five)."""
   from humming_jax.kernels import wnam_mgpu
   monkeypatch.setenv("HUMMING_JAX_DENSE_FP8_MMA", "1")
   monkeypatch.setenv("HUMMING_JAX_E2M1_OVERLAP", overlap)
@@ -516,13 +518,14 @@ def test_e2m1_mma_prefill_lowers_for_h200(overlap, shared, stages4, fold12, barr
   monkeypatch.setenv("HUMMING_JAX_E2M1_STAGES4", stages4)
   monkeypatch.setenv("HUMMING_JAX_E2M1_FOLD12", fold12)
   monkeypatch.setenv("HUMMING_JAX_E2M1_AUTO_BARRIERS", barriers)
-  monkeypatch.setenv("HUMMING_JAX_E2M1_CONVERTER", converter)
+  monkeypatch.setenv("HUMMING_JAX_E2M1_CONVERTER", "1" if converter != "0" else "0")
+  monkeypatch.setenv("HUMMING_JAX_E2M1_CONVERTERS", converter if converter != "0" else "1")
   assert wnam_mgpu.w8a8_mgpu.e2m1_fold_shift() == (12 if fold12 == "1" else 11)
   config = wnam_mgpu.w8a8_mgpu.e2m1_heuristic(1024, 8192)  # what the route below launches
   assert (config.e2m1_overlap, config.split_m) == (overlap == "1", shared == "1"), config
   assert config.epilogue_slots == (1 if stages4 == "1" else 2), config
   assert config.e2m1_auto_barriers == (barriers == "1"), config
-  assert config.e2m1_converter == (converter == "1"), config
+  assert config.e2m1_converter == (converter != "0"), config
   p = abstract_params("w4a8-mxfp4", (8192, 8192), kernel="wnam_mgpu")
   p = p.replace(layout=p.layout + ":cf")  # (prepare marks it only for concrete scales)
   assert wnam_mgpu.e2m1_mma_runs(p), p.layout

@@ -224,9 +224,10 @@ def test_gemm_e2m1_interpret(with_bias, overlap, split_m, k, n, stages4, fold_sh
   np.testing.assert_array_equal(np.asarray(y), np.asarray(y8))
 
 
-@pytest.mark.parametrize("k,n,with_vectors,fold_shift,b_tiles", [
-    (640, 256, True, 11, "2"), (128, 384, False, 12, "2"), (256, 384, False, 11, "3")])
-def test_gemm_e2m1_converter_interpret(k, n, with_vectors, fold_shift, b_tiles,
+@pytest.mark.parametrize("k,n,with_vectors,fold_shift,b_tiles,converters", [
+    (640, 256, True, 11, "2", "1"), (128, 384, False, 12, "2", "2"),
+    (256, 384, False, 11, "3", "1"), (640, 256, True, 12, "3", "2")])
+def test_gemm_e2m1_converter_interpret(k, n, with_vectors, fold_shift, b_tiles, converters,
                                        monkeypatch):
   """Session 66's converter warpgroup (Config.e2m1_converter): a third warpgroup converts
   each K step's codes into one of two shared B tiles while the two MMA warpgroups run the
@@ -236,11 +237,13 @@ def test_gemm_e2m1_converter_interpret(k, n, with_vectors, fold_shift, b_tiles,
   (one K step each: the B tiles alternate across tiles); with the token scale, column
   scale and bias in the epilogue, and with none; two converted B tiles and three
   (Config.e2m1_b_tiles: the converter two steps ahead; K = 256, six steps per CTA
-  through three slots and three B tiles).  Bit-equal to the 8-bit GEMM on the folded
-  e4m3 weights, as the other forms are."""
+  through three slots and three B tiles); one converter warpgroup or two, each converting
+  one 64-row chunk (Config.e2m1_converters: five warpgroups).  Bit-equal to the 8-bit
+  GEMM on the folded e4m3 weights, as the other forms are."""
   monkeypatch.setattr(wm.tuning, "num_sms", lambda: 2)
   monkeypatch.setenv("HUMMING_JAX_E2M1_CONVERTER", "1")
   monkeypatch.setenv("HUMMING_JAX_E2M1_BTILES", b_tiles)
+  monkeypatch.setenv("HUMMING_JAX_E2M1_CONVERTERS", converters)
   m = 512
   a, w, w_float = e2m1_operands(m, n, k, seed=8, fold_shift=fold_shift)
   _, _, rows, cols, bias = operands(jnp.float8_e4m3fn, m, n, k, seed=9)
@@ -248,8 +251,8 @@ def test_gemm_e2m1_converter_interpret(k, n, with_vectors, fold_shift, b_tiles,
     rows = cols = bias = None
   config = wm.e2m1_heuristic(m, n)
   assert config.e2m1_converter and config.split_m, config
-  assert config.e2m1_b_tiles == int(b_tiles)
-  # fewer slots than a CTA's K steps (10 at K = 640, 6 at 256)
+  assert (config.e2m1_b_tiles, config.e2m1_converters) == (int(b_tiles), int(converters))
+  # fewer slots than a CTA's K steps (10 at K = 640, 6 at 256, 3 at 128)
   assert wm.fit_stages(config, e2m1=True) == {"2": 4, "3": 3}[b_tiles]
   y = wm.gemm(a, w, rows, cols, bias, out_dtype=jnp.bfloat16, config=config,
               interpret=True)
@@ -264,8 +267,8 @@ def test_gemm_e2m1_converter_interpret(k, n, with_vectors, fold_shift, b_tiles,
   np.testing.assert_array_equal(np.asarray(y), np.asarray(y8))
 
 
-@pytest.mark.parametrize("b_tiles", ["2", "3"])
-def test_gemm_e2m1_converter_has_no_races_interpret(b_tiles, monkeypatch):
+@pytest.mark.parametrize("b_tiles,converters", [("2", "1"), ("3", "2")])
+def test_gemm_e2m1_converter_has_no_races_interpret(b_tiles, converters, monkeypatch):
   """The converter form's barriers order every shared-memory access pair, by the GPU
   interpreter's happens-before race detector (vector clocks per warpgroup, TMA and the
   async proxy: a TMA write after generic reads must follow a proxy fence on the reading
@@ -280,6 +283,7 @@ def test_gemm_e2m1_converter_has_no_races_interpret(b_tiles, monkeypatch):
   monkeypatch.setattr(wm.tuning, "num_sms", lambda: 2)
   monkeypatch.setenv("HUMMING_JAX_E2M1_CONVERTER", "1")
   monkeypatch.setenv("HUMMING_JAX_E2M1_BTILES", b_tiles)
+  monkeypatch.setenv("HUMMING_JAX_E2M1_CONVERTERS", converters)
   m, n, k = 512, 256, 640
   a, w, w_float = e2m1_operands(m, n, k, seed=10)
   _, _, rows, cols, bias = operands(jnp.float8_e4m3fn, m, n, k, seed=11)
@@ -290,19 +294,23 @@ def test_gemm_e2m1_converter_has_no_races_interpret(b_tiles, monkeypatch):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("sms,k,fold_shift,regs,b_tiles", [
-    (None, 1152, 11, None, "2"), (5, 1152, 12, None, "2"), (3, 1024, 11, None, "2"),
-    (5, 128, 11, None, "2"), (None, 1152, 11, "40,96,184", "2"), (5, 1152, 11, None, "3"),
-    (3, 128, 12, None, "3")])
-def test_gemm_e2m1_converter_gpu(sms, k, fold_shift, regs, b_tiles, monkeypatch):
+@pytest.mark.parametrize("sms,k,fold_shift,regs,b_tiles,converters", [
+    (None, 1152, 11, None, "2", "1"), (5, 1152, 12, None, "2", "1"),
+    (3, 1024, 11, None, "2", "1"), (5, 128, 11, None, "2", "1"),
+    (None, 1152, 11, "40,96,184", "2", "1"), (5, 1152, 11, None, "3", "1"),
+    (3, 128, 12, None, "3", "1"), (None, 1152, 11, None, "2", "2"),
+    (5, 1152, 12, None, "3", "2")])
+def test_gemm_e2m1_converter_gpu(sms, k, fold_shift, regs, b_tiles, converters,
+                                 monkeypatch):
   """The converter-warpgroup form on the GPU: bit-equal to the 8-bit GEMM on the folded
   e4m3 weights at 9, 8 and 1 K steps per output tile, one tile per CTA or 2-4 (``sms``),
-  with other register counts (HUMMING_JAX_E2M1_REGS) and three B tiles (at K = 128 on
-  three CTAs: four steps each, every B tile reused)."""
+  with other register counts (HUMMING_JAX_E2M1_REGS), three B tiles (at K = 128 on
+  three CTAs: four steps each, every B tile reused) and two converter warpgroups."""
   if sms:
     monkeypatch.setattr(wm.tuning, "num_sms", lambda: sms)
   monkeypatch.setenv("HUMMING_JAX_E2M1_CONVERTER", "1")
   monkeypatch.setenv("HUMMING_JAX_E2M1_BTILES", b_tiles)
+  monkeypatch.setenv("HUMMING_JAX_E2M1_CONVERTERS", converters)
   if regs:
     monkeypatch.setenv("HUMMING_JAX_E2M1_REGS", regs)
   m, n = 1024, 384
@@ -471,6 +479,8 @@ def test_gemm_e2m1_argument_errors():
     gemm(a, w, config=wm.Config(tile_m=128, tile_n=128, split_m=True, e2m1_overlap=False))
   with pytest.raises(ValueError, match="e2m1_b_tiles=4 must be 2 or 3"):
     wm.Config(e2m1_b_tiles=4)
+  with pytest.raises(ValueError, match="e2m1_converters=3 must be 1 or 2"):
+    wm.Config(e2m1_converters=3)
   with pytest.raises(ValueError, match="e2m1_converter is a form of the shared B tile"):
     gemm(a, w, config=wm.Config(tile_m=128, tile_n=128, e2m1_converter=True))
   with pytest.raises(ValueError, match=r"HUMMING_JAX_E2M1_REGS='24,136,176'.*converter <= 128"):

@@ -225,6 +225,11 @@ class Config:
   # the WGMMAs instead of one (one pipeline stage fewer fits).  HUMMING_JAX_E2M1_BTILES.
   e2m1_b_tiles: int = dataclasses.field(
       default_factory=lambda: tuning.env_int("HUMMING_JAX_E2M1_BTILES", 2))
+  # The converter form's converting warpgroups: 1, or 2 each converting half of the B tile
+  # (five warpgroups, 640 threads: fewer registers for each; the answer if one converter
+  # does not keep up with the WGMMAs).  HUMMING_JAX_E2M1_CONVERTERS.
+  e2m1_converters: int = dataclasses.field(
+      default_factory=lambda: tuning.env_int("HUMMING_JAX_E2M1_CONVERTERS", 1))
 
   @property
   def cta_m(self) -> int:
@@ -250,6 +255,8 @@ class Config:
       raise ValueError(f"epilogue_slots={self.epilogue_slots} must be 1 or 2")
     if self.e2m1_b_tiles not in (2, 3):
       raise ValueError(f"e2m1_b_tiles={self.e2m1_b_tiles} must be 2 or 3")
+    if self.e2m1_converters not in (1, 2):
+      raise ValueError(f"e2m1_converters={self.e2m1_converters} must be 1 or 2")
     if self.tile_m * self.tile_n > 128 * 128:
       raise ValueError(f"tile_m x tile_n = {self.tile_m} x {self.tile_n}: the accumulator "
                        f"would need more than 128 registers per thread (max 128 x 128)")
@@ -744,24 +751,27 @@ def gemm(a: jax.Array, w: jax.Array | E2M1Weights, row_scale: jax.Array | None,
   return call(a, w.codes if e2m1 else w, *e2m1_in, *rows, *cols, *g_rows, *g_cols, *g_bias)
 
 
-# Register counts of _gemm_e2m1_converter's warpgroups (setmaxnreg; 512 threads start with
-# 128 each and may not take more than 65,536 in all): the TMA issue loop, the converter
-# (two 64-row chunks: 8 code words, 16 e4m3 words and the table words each), the two MMA
-# warpgroups (a 128 x 128 float32 accumulator, 128, and the epilogue).
-# HUMMING_JAX_E2M1_REGS="memory,converter,mma" for the GPU probes.
-E2M1_CONVERTER_REGS = (32, 88, 192)
+# Register counts of _gemm_e2m1_converter's warpgroups by its number of converters
+# (setmaxnreg; the CTA's threads start with 65,536 / threads each, rounded down to 8 --
+# 128 for four warpgroups, 96 for five -- and may not take more than 65,536 in all): the
+# TMA issue loop, each converter (its 64-row chunks: 8 code words, 16 e4m3 words and the
+# table words each), the two MMA warpgroups (a 128 x 128 float32 accumulator, 128, and
+# the epilogue).  HUMMING_JAX_E2M1_REGS="memory,converter,mma" for the GPU probes.
+E2M1_CONVERTER_REGS = {1: (32, 88, 192), 2: (24, 64, 176)}
 
 
-def _converter_regs() -> tuple[int, int, int]:
+def _converter_regs(converters: int) -> tuple[int, int, int]:
   text = os.environ.get("HUMMING_JAX_E2M1_REGS")
-  regs = tuple(int(v) for v in text.split(",")) if text else E2M1_CONVERTER_REGS
-  # (512 threads start at 128: setmaxnreg.dec must not go up, nor .inc down)
+  regs = (tuple(int(v) for v in text.split(",")) if text
+          else E2M1_CONVERTER_REGS[converters])
+  entry = 65536 // (128 * (3 + converters)) // 8 * 8
+  # (setmaxnreg.dec must not go above the entry count, nor .inc below it)
   if (len(regs) != 3 or any(r % 8 or not 24 <= r <= 256 for r in regs)
-      or not regs[0] <= 128 >= regs[1] or regs[2] < 128
-      or regs[0] + regs[1] + 2 * regs[2] > 512):
+      or not regs[0] <= entry >= regs[1] or regs[2] < entry
+      or regs[0] + converters * regs[1] + 2 * regs[2] > 512):
     raise ValueError(f"HUMMING_JAX_E2M1_REGS={text!r}: expected three multiples of 8 in "
-                     f"[24, 256], memory and converter <= 128 <= mma, memory + converter "
-                     f"+ 2 x mma <= 512")
+                     f"[24, 256], memory and converter <= {entry} <= mma, memory + "
+                     f"{converters} x converter + 2 x mma <= 512")
   return regs
 
 
@@ -771,14 +781,16 @@ def _gemm_e2m1_converter(a: jax.Array, w: E2M1Weights, row_scale, col_scale, bia
   """:func:`gemm` for E2M1Weights with ``Config.e2m1_converter`` (checked and scaled by
   it: ``col_scale`` already carries the column multiplier).
 
-  Four warpgroups per CTA and a K loop written out (no emit_pipeline, which gives every
-  compute warpgroup one register count and one K loop per output tile):
-    3  memory: for each K step of each of the CTA's output tiles, in order, the codes /
+  Four warpgroups per CTA (five with two converters) and a K loop written out (no
+  emit_pipeline, which gives every compute warpgroup one register count and one K loop
+  per output tile):
+    last  memory: for each K step of each of the CTA's output tiles, in order, the codes /
        scale rows / column maxima (``w_full``) then the A tile (``a_full``) by TMA into
        slot ``g % stages`` (g counts the CTA's steps over its tiles, so the loads of the
        next tile start while this one's run), once the slot's previous step released
-       them (``w_free`` by the converter, ``a_free`` by both MMA warpgroups);
-    2  converter: step g's codes -> e4m3 in registers (both 64-row chunks), stored into
+       them (``w_free`` by the converters, ``a_free`` by both MMA warpgroups);
+    2 (and 3)  converters: step g's codes -> e4m3 in registers (both 64-row chunks, or
+       one each with ``Config.e2m1_converters`` 2), stored into
        B tile ``g % b_tiles`` once both MMA warpgroups are done reading its step
        g - b_tiles (``b_free``, ``Config.e2m1_b_tiles``); a proxy fence, then the codes'
        slot released (``w_free``) and the tile announced (``b_full``);
@@ -795,7 +807,9 @@ def _gemm_e2m1_converter(a: jax.Array, w: E2M1Weights, row_scale, col_scale, bia
   m_iters, n_iters, k_iters = mp // cta_m, np_ // cta_n, kp // tk
   groups = tk // E2M1_GROUP
   b_tiles = config.e2m1_b_tiles
-  memory_regs, converter_regs, mma_regs = _converter_regs()
+  converters = config.e2m1_converters
+  memory_wg = 2 + converters
+  memory_regs, converter_regs, mma_regs = _converter_regs(converters)
   in_tf = (plgpu.TilingTransform((8, tk)), plgpu.SwizzleTransform(tk))
   codes_tf = (plgpu.TilingTransform((8, tk)), plgpu.SwizzleTransform(tk // 2))
   out_sw = EPI_TILE * jnp.dtype(out_dtype).itemsize
@@ -834,7 +848,7 @@ def _gemm_e2m1_converter(a: jax.Array, w: E2M1Weights, row_scale, col_scale, bia
               a_free, w_free, b_full, b_free, vec_bar=None, rows_smem=None, cols_smem=None):
       wg = lax.axis_index("wg")
 
-      @pl.when(wg == 3)
+      @pl.when(wg == memory_wg)
       def _memory():
         plgpu.set_max_registers(memory_regs, action="decrease")
 
@@ -858,8 +872,7 @@ def _gemm_e2m1_converter(a: jax.Array, w: E2M1Weights, row_scale, col_scale, bia
 
         drain((w_free, a_free), stages, steps)
 
-      @pl.when(wg == 2)
-      def _converter():
+      def converter(chunks):  # this converter warpgroup's 64-row chunks of the B tile
         plgpu.set_max_registers(converter_regs, action="decrease")
 
         @tiles
@@ -873,13 +886,12 @@ def _gemm_e2m1_converter(a: jax.Array, w: E2M1Weights, row_scale, col_scale, bia
             plgpu.barrier_wait(w_full.at[s])
             # converted in registers before the B tile is free (step g - b_tiles' WGMMAs
             # may still read it): only the stores wait
-            chunks = [convert_e2m1_chunk(codes_smem.at[s], scales_smem.at[s],
-                                         top_smem.at[s, 0], c * E2M1_ROWS, w=w,
-                                         interpret=interpret)
-                      for c in range(tn // E2M1_ROWS)]
+            converted = [convert_e2m1_chunk(codes_smem.at[s], scales_smem.at[s],
+                                            top_smem.at[s, 0], c * E2M1_ROWS, w=w,
+                                            interpret=interpret) for c in chunks]
             pl.when(g >= b_tiles)(lambda: plgpu.barrier_wait(b_free.at[b]))
-            for c, rows_c in enumerate(chunks):
-              b_smem.at[b, pl.ds(c * E2M1_ROWS, E2M1_ROWS)][...] = rows_c
+            for c, chunk in zip(chunks, converted):
+              b_smem.at[b, pl.ds(c * E2M1_ROWS, E2M1_ROWS)][...] = chunk
             # proxy fence: the stores -> the WGMMAs' reads, and the codes' reads -> the
             # next TMA write of their slot (the interpreter's race detector flags the
             # slot's release before it)
@@ -888,6 +900,10 @@ def _gemm_e2m1_converter(a: jax.Array, w: E2M1Weights, row_scale, col_scale, bia
             plgpu.barrier_arrive(b_full.at[b])
 
         drain((b_free,), b_tiles, steps)
+
+      for ci in range(converters):  # chunk c to converter c % converters
+        pl.when(wg == 2 + ci)(functools.partial(
+            converter, [c for c in range(tn // E2M1_ROWS) if c % converters == ci]))
 
       @pl.when(wg < 2)
       def _mma():
@@ -958,8 +974,8 @@ def _gemm_e2m1_converter(a: jax.Array, w: E2M1Weights, row_scale, col_scale, bia
         plgpu.Barrier(num_barriers=stages),  # a_full: the A tile's TMA
         plgpu.Barrier(num_arrivals=3, num_barriers=stages),  # w_full: codes, scales, maxima
         plgpu.Barrier(num_arrivals=2, num_barriers=stages),  # a_free: both MMA warpgroups
-        plgpu.Barrier(num_barriers=stages),  # w_free: the converter
-        plgpu.Barrier(num_barriers=b_tiles),  # b_full: the converter
+        plgpu.Barrier(num_arrivals=converters, num_barriers=stages),  # w_free: converters
+        plgpu.Barrier(num_arrivals=converters, num_barriers=b_tiles),  # b_full: converters
         plgpu.Barrier(num_arrivals=2, num_barriers=b_tiles)]  # b_free: both MMA warpgroups
     if rows or cols:
       scratch += [plgpu.Barrier(num_arrivals=len(rows) + len(cols), num_barriers=2),
@@ -970,7 +986,7 @@ def _gemm_e2m1_converter(a: jax.Array, w: E2M1Weights, row_scale, col_scale, bia
   call = plgpu.kernel(
       kernel, out_type=jax.ShapeDtypeStruct((mp, np_), out_dtype),
       grid=(min(tuning.num_sms(), m_iters * n_iters),), grid_names=("sm",),
-      num_threads=4, thread_name="wg",
+      num_threads=3 + converters, thread_name="wg",
       compiler_params=plgpu.CompilerParams(
           lowering_semantics=plgpu.LoweringSemantics.Warpgroup,
           unsafe_no_auto_barriers=not config.e2m1_auto_barriers),
