@@ -128,6 +128,23 @@ def convert_e2m1_chunk(codes_smem, scales_smem, top_smem, row0, *, w: E2M1Weight
   return converted
 
 
+def store_tile(y: jax.Array, o_smem, wg, o_tile, r0: int, slots: int) -> None:
+  """The epilogue's stores: ``y`` (rows, cols) in the output dtype -> rows ``r0 ...`` of
+  the warpgroup's output tile ``o_tile`` (a gmem view), by TMA in EPI_TILE x EPI_TILE
+  pieces through the warpgroup's ``slots`` staging tiles ``o_smem[wg]`` (round robin;
+  a tile is rewritten once its previous store has read it out)."""
+  rows, cols = y.shape
+  for ei in range(rows // EPI_TILE):
+    for ej in range(cols // EPI_TILE):
+      slot = ((r0 // EPI_TILE + ei) * (cols // EPI_TILE) + ej) % slots
+      plgpu.wait_smem_to_gmem(slots - 1, wait_read_only=True)
+      o_smem[wg, slot] = y[ei * EPI_TILE:(ei + 1) * EPI_TILE, ej * EPI_TILE:(ej + 1) * EPI_TILE]
+      plgpu.commit_smem()
+      plgpu.copy_smem_to_gmem(o_smem.at[wg, slot],
+                              o_tile.at[pl.ds(r0 + ei * EPI_TILE, EPI_TILE),
+                                        pl.ds(ej * EPI_TILE, EPI_TILE)])
+
+
 def e2m1_fold_shift() -> int:
   """The fold shift of the E2M1Weights the dense route builds: FOLD_MAX_SHIFT, or
   FOLD_SHIFT_LIMIT with HUMMING_JAX_E2M1_FOLD12=1 (no ISETP / SEL per table word).
@@ -587,17 +604,7 @@ def gemm(a: jax.Array, w: jax.Array | E2M1Weights, row_scale: jax.Array | None,
             y = y.astype(out_dtype)
             if v == 0:
               plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # last tile's stores read out
-            for ei in range(wm_ // EPI_TILE):
-              for ej in range(tn // EPI_TILE):
-                slot = ((r0 // EPI_TILE + ei) * (tn // EPI_TILE) + ej) % epi_slots
-                plgpu.wait_smem_to_gmem(epi_slots - 1, wait_read_only=True)
-                o_smem[wg, slot] = y[ei * EPI_TILE:(ei + 1) * EPI_TILE,
-                                     ej * EPI_TILE:(ej + 1) * EPI_TILE]
-                plgpu.commit_smem()
-                plgpu.copy_smem_to_gmem(
-                    o_smem.at[wg, slot],
-                    o_gmem.at[wg_ms, wg_ns].at[pl.ds(r0 + ei * EPI_TILE, EPI_TILE),
-                                            pl.ds(ej * EPI_TILE, EPI_TILE)])
+            store_tile(y, o_smem, wg, o_gmem.at[wg_ms, wg_ns], r0, epi_slots)
 
         def context(run_k_loop):
           if vec_bar is not None:  # the epilogue vectors travel while the K loop runs
@@ -950,17 +957,7 @@ def _gemm_e2m1_converter(a: jax.Array, w: E2M1Weights, row_scale, col_scale, bia
             y = y + lax.broadcast_in_dim(cols_smem[wg, len(cols) - 1, :], shape, (1,))
           y = y.astype(out_dtype)
           plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # last tile's stores read out
-          for ei in range(tm // EPI_TILE):
-            for ej in range(tn // EPI_TILE):
-              slot = (ei * (tn // EPI_TILE) + ej) % slots
-              plgpu.wait_smem_to_gmem(slots - 1, wait_read_only=True)
-              o_smem[wg, slot] = y[ei * EPI_TILE:(ei + 1) * EPI_TILE,
-                                   ej * EPI_TILE:(ej + 1) * EPI_TILE]
-              plgpu.commit_smem()
-              plgpu.copy_smem_to_gmem(
-                  o_smem.at[wg, slot],
-                  o_gmem.at[wg_ms, wg_ns].at[pl.ds(ei * EPI_TILE, EPI_TILE),
-                                          pl.ds(ej * EPI_TILE, EPI_TILE)])
+          store_tile(y, o_smem, wg, o_gmem.at[wg_ms, wg_ns], 0, slots)
 
         plgpu.wait_smem_to_gmem(0, wait_read_only=True)
 
