@@ -5,6 +5,7 @@
 #        the other in-GEMM forms' (the conversion moved into convert_e2m1_chunk), the
 #        route's prefill test with it on, then probe_e2m1_prefill.py at EMS (512,1024,4096)
 #        for p8 / p8-e2m1-nab (the default) / p8-e2m1-cv with Humming.
+#   t2:  (after call 1) the two-converter GPU cases and the shipped in-GEMM form's tests.
 #   cvx: the converter's variants at M = 1024: other register counts (CV_REGS,
 #        "40,96,184"), three B tiles, two converter warpgroups, both.
 #   earlier steps: gpu_session65.sh (kt, moe, tables, and gpu_session64.sh's).
@@ -28,6 +29,12 @@ s_cv() {
     --forms ${EFORMS:-p8,p8-e2m1-nab,p8-e2m1-cv} > "$OUT/cv.log" 2>&1
   echo "cv rc=$?"; grep -E "^M=|rror" "$OUT/cv.log" | cut -c1-300
 }
+s_t2() {  # after call 1: the two-converter cases (registers within the entry allocation now)
+  # and the shipped form's in-GEMM tests (call 1's step limit cut them)
+  gpu_tests ${TT3:-150} "converter_gpu and -2] or e2m1_gpu or fold_conversion_gpu" \
+    tests/test_w8a8_mgpu.py
+  mv "$OUT/tests.log" "$OUT/tests_t2.log"
+}
 s_cvx() {  # the converter's variants at M = 1024 (EMS2), each in its own process
   local v
   for v in "HUMMING_JAX_E2M1_REGS=${CV_REGS:-40,96,184}" HUMMING_JAX_E2M1_BTILES=3 \
@@ -39,7 +46,7 @@ s_cvx() {  # the converter's variants at M = 1024 (EMS2), each in its own proces
 }
 for s in ${@:-cv}; do
   case "$s" in
-    cv|cvx) step "$s"; "s_$s" ;;
+    cv|cvx|t2) step "$s"; "s_$s" ;;
     *) bash "$(dirname "$0")/gpu_session65.sh" "$s" ;;
   esac
 done
