@@ -6,6 +6,7 @@
 #        route's prefill test with it on, then probe_e2m1_prefill.py at EMS (512,1024,4096)
 #        for p8 / p8-e2m1-nab (the default) / p8-e2m1-cv with Humming.
 #   t2:  (after call 1) the two-converter GPU cases and the shipped in-GEMM form's tests.
+#   cv2: probe_e2m1_prefill.py at M = 1024 with two converters, the shipped form beside.
 #   cvx: the converter's variants at M = 1024: other register counts (CV_REGS,
 #        "40,96,184"), three B tiles, two converter warpgroups, both.
 #   earlier steps: gpu_session65.sh (kt, moe, tables, and gpu_session64.sh's).
@@ -35,6 +36,11 @@ s_t2() {  # after call 1: the two-converter cases (registers within the entry al
     tests/test_w8a8_mgpu.py
   mv "$OUT/tests.log" "$OUT/tests_t2.log"
 }
+s_cv2() {  # two converters (and the shipped form beside them) at M = 1024
+  HUMMING_JAX_E2M1_CONVERTERS=2 T ${APT3:-120} python3 benchmarks/probe_e2m1_prefill.py \
+    --ms ${EMS2:-1024} --forms p8-e2m1-nab,p8-e2m1-cv > "$OUT/cv2.log" 2>&1
+  echo "cv2 rc=$?"; grep -E "^M=|rror" "$OUT/cv2.log" | cut -c1-250
+}
 s_cvx() {  # the converter's variants at M = 1024 (EMS2), each in its own process
   local v
   for v in "HUMMING_JAX_E2M1_REGS=${CV_REGS:-40,96,184}" HUMMING_JAX_E2M1_BTILES=3 \
@@ -46,7 +52,7 @@ s_cvx() {  # the converter's variants at M = 1024 (EMS2), each in its own proces
 }
 for s in ${@:-cv}; do
   case "$s" in
-    cv|cvx|t2) step "$s"; "s_$s" ;;
+    cv|cvx|t2|cv2) step "$s"; "s_$s" ;;
     *) bash "$(dirname "$0")/gpu_session65.sh" "$s" ;;
   esac
 done
