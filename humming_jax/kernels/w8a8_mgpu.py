@@ -234,8 +234,11 @@ class Config:
   # warpgroups with their own register counts).  Session 64's profile: a converting warp
   # spent ~46 % of a step converting, ~18 % issuing WGMMAs into a full queue and ~18 % in
   # the barriers around the shared tile, so the conversion sat on the critical path; here
-  # step k + 1's conversion runs while step k's WGMMAs do.  HUMMING_JAX_E2M1_CONVERTER=1;
-  # off until measured on a GPU.
+  # step k + 1's conversion runs while step k's WGMMAs do.  HUMMING_JAX_E2M1_CONVERTER=1.
+  # H100, session 66, 8192^2, CUPTI GEMM, same process, bit-equal: M = 1024 114.98 us
+  # (one converter) / 113.30 (two) against the pipeline form's 118.33 / 119.26; M = 512
+  # 58.79 against 60.39 -- 3-5 % faster, still conversion-bound (the TMA-fed e4m3 GEMM:
+  # 92.2).  Opt-in.
   e2m1_converter: bool = dataclasses.field(
       default_factory=lambda: tuning.env_flag("HUMMING_JAX_E2M1_CONVERTER", False))
   # The converter form's converted B tiles: with 3 the converter may run two steps ahead of
@@ -243,8 +246,9 @@ class Config:
   e2m1_b_tiles: int = dataclasses.field(
       default_factory=lambda: tuning.env_int("HUMMING_JAX_E2M1_BTILES", 2))
   # The converter form's converting warpgroups: 1, or 2 each converting half of the B tile
-  # (five warpgroups, 640 threads: fewer registers for each; the answer if one converter
-  # does not keep up with the WGMMAs).  HUMMING_JAX_E2M1_CONVERTERS.
+  # (five warpgroups, 640 threads: fewer registers for each).  Session 66, H100: 113.30
+  # against 114.98 us with one (other processes and cards), 114.44 with three B tiles.
+  # HUMMING_JAX_E2M1_CONVERTERS.
   e2m1_converters: int = dataclasses.field(
       default_factory=lambda: tuning.env_int("HUMMING_JAX_E2M1_CONVERTERS", 1))
 
