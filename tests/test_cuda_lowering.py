@@ -526,6 +526,7 @@ def test_e2m1_mma_prefill_lowers_for_h200(overlap, shared, stages4, fold12, barr
   assert config.epilogue_slots == (1 if stages4 == "1" else 2), config
   assert config.e2m1_auto_barriers == (barriers == "1"), config
   assert config.e2m1_converter == (converter != "0"), config
+  assert config.e2m1_converters == (int(converter) or 1), config
   p = abstract_params("w4a8-mxfp4", (8192, 8192), kernel="wnam_mgpu")
   p = p.replace(layout=p.layout + ":cf")  # (prepare marks it only for concrete scales)
   assert wnam_mgpu.e2m1_mma_runs(p), p.layout

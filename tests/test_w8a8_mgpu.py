@@ -252,7 +252,8 @@ def test_gemm_e2m1_converter_interpret(k, n, with_vectors, fold_shift, b_tiles, 
   config = wm.e2m1_heuristic(m, n)
   assert config.e2m1_converter and config.split_m, config
   assert (config.e2m1_b_tiles, config.e2m1_converters) == (int(b_tiles), int(converters))
-  # fewer slots than a CTA's K steps (10 at K = 640, 6 at 256, 3 at 128)
+  # slots: fewer than a CTA's K steps at K = 640 (10) and 256 (6); at 128 (3 steps) no
+  # slot is reused, only the B tiles are
   assert wm.fit_stages(config, e2m1=True) == {"2": 4, "3": 3}[b_tiles]
   y = wm.gemm(a, w, rows, cols, bias, out_dtype=jnp.bfloat16, config=config,
               interpret=True)
@@ -317,7 +318,7 @@ def test_gemm_e2m1_converter_gpu(sms, k, fold_shift, regs, b_tiles, converters,
   a, w, w_float = e2m1_operands(m, n, k, seed=5, fold_shift=fold_shift)
   _, _, rows, cols, bias = operands(jnp.float8_e4m3fn, m, n, k, seed=6)
   config = wm.e2m1_heuristic(m, n)
-  assert config.e2m1_converter, config
+  assert config.e2m1_converter and config.e2m1_converters == int(converters), config
   y = wm.gemm(a, w, rows, cols, bias, out_dtype=jnp.bfloat16)
   y8 = wm.gemm(a, folded_e4m3(w, w_float), rows, cols * w.column_multiplier(), bias,
                out_dtype=jnp.bfloat16)
@@ -488,6 +489,13 @@ def test_gemm_e2m1_argument_errors():
       mp.setenv("HUMMING_JAX_E2M1_REGS", "24,136,176")  # .dec above the 128 at entry
       gemm(jnp.concatenate([a, a]), w,
            config=wm.Config(tile_m=128, tile_n=128, split_m=True, e2m1_converter=True))
+  # five warpgroups start at 96 registers: the counts that hung on the H100 (session 66)
+  with pytest.raises(ValueError, match=r"HUMMING_JAX_E2M1_REGS='24,64,176'.*<= 480"):
+    with pytest.MonkeyPatch.context() as mp:
+      mp.setenv("HUMMING_JAX_E2M1_REGS", "24,64,176")
+      gemm(jnp.concatenate([a, a]), w,
+           config=wm.Config(tile_m=128, tile_n=128, split_m=True, e2m1_converter=True,
+                            e2m1_converters=2))
   with pytest.raises(ValueError, match=r"HUMMING_JAX_E2M1_REGS='40,96,200': expected three"):
     with pytest.MonkeyPatch.context() as mp:
       mp.setenv("HUMMING_JAX_E2M1_REGS", "40,96,200")  # 40 + 96 + 2 x 200 > 512

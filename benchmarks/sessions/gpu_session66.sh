@@ -47,7 +47,7 @@ s_cvx() {  # the converter's variants at M = 1024 (EMS2), each in its own proces
            HUMMING_JAX_E2M1_CONVERTERS=2 "HUMMING_JAX_E2M1_CONVERTERS=2 HUMMING_JAX_E2M1_BTILES=3"; do
     env $v timeout -k 5 -s INT ${APT2:-100} python3 benchmarks/probe_e2m1_prefill.py \
       --ms ${EMS2:-1024} --forms p8-e2m1-cv >> "$OUT/cvx.log" 2>&1
-    echo "cvx [$v] rc=$?"; grep -E "^M=|rror" "$OUT/cvx.log" | tail -1 | cut -c1-300
+    echo "cvx [$v] rc=$?"; grep -E "^M=|rror|Interrupt" "$OUT/cvx.log" | tail -1 | cut -c1-300
   done
 }
 for s in ${@:-cv}; do

@@ -235,10 +235,10 @@ class Config:
   # spent ~46 % of a step converting, ~18 % issuing WGMMAs into a full queue and ~18 % in
   # the barriers around the shared tile, so the conversion sat on the critical path; here
   # step k + 1's conversion runs while step k's WGMMAs do.  HUMMING_JAX_E2M1_CONVERTER=1.
-  # H100, session 66, 8192^2, CUPTI GEMM, same process, bit-equal: M = 1024 114.98 us
-  # (one converter) / 113.30 (two) against the pipeline form's 118.33 / 119.26; M = 512
-  # 58.79 against 60.39 -- 3-5 % faster, still conversion-bound (the TMA-fed e4m3 GEMM:
-  # 92.2).  Opt-in.
+  # H100, session 66, 8192^2, CUPTI GEMM, bit-equal, each beside the pipeline form in its
+  # own process: M = 1024 114.98 us (one converter) against 118.33, 113.30 (two) against
+  # 119.26; M = 512 (two, three B tiles) 58.79 against 60.39 -- 3-5 % faster, still
+  # conversion-bound (the TMA-fed e4m3 GEMM: 92.2).  Opt-in.
   e2m1_converter: bool = dataclasses.field(
       default_factory=lambda: tuning.env_flag("HUMMING_JAX_E2M1_CONVERTER", False))
   # The converter form's converted B tiles: with 3 the converter may run two steps ahead of
@@ -247,7 +247,8 @@ class Config:
       default_factory=lambda: tuning.env_int("HUMMING_JAX_E2M1_BTILES", 2))
   # The converter form's converting warpgroups: 1, or 2 each converting half of the B tile
   # (five warpgroups, 640 threads: fewer registers for each).  Session 66, H100: 113.30
-  # against 114.98 us with one (other processes and cards), 114.44 with three B tiles.
+  # against 114.98 us with one (other processes and cards: within the pipeline form's own
+  # 0.8 % drift between them), 114.44 with two and three B tiles.
   # HUMMING_JAX_E2M1_CONVERTERS.
   e2m1_converters: int = dataclasses.field(
       default_factory=lambda: tuning.env_int("HUMMING_JAX_E2M1_CONVERTERS", 1))
@@ -804,8 +805,9 @@ def _gemm_e2m1_converter(a: jax.Array, w: E2M1Weights, row_scale, col_scale, bia
        slot ``g % stages`` (g counts the CTA's steps over its tiles, so the loads of the
        next tile start while this one's run), once the slot's previous step released
        them (``w_free`` by the converters, ``a_free`` by both MMA warpgroups);
-    2 (and 3)  converters: step g's codes -> e4m3 in registers (both 64-row chunks, or
-       one each with ``Config.e2m1_converters`` 2), stored into
+    2 (and 3)  converters: step g's codes -> e4m3 in registers (every 64-row chunk of
+       the B tile, or with ``Config.e2m1_converters`` 2 chunk c by converter 2 + c % 2),
+       stored into
        B tile ``g % b_tiles`` once both MMA warpgroups are done reading its step
        g - b_tiles (``b_free``, ``Config.e2m1_b_tiles``); a proxy fence, then the codes'
        slot released (``w_free``) and the tile announced (``b_full``);
