@@ -476,9 +476,12 @@ def gemm(a: jax.Array, w: jax.Array | E2M1Weights, row_scale: jax.Array | None,
     if not row_epilogue:
       row_scale = None
   stages = fit_stages(config, grouped, e2m1)
-  if e2m1 and config.split_m and config.e2m1_converter:
-    return _gemm_e2m1_converter(a, w, row_scale, col_scale, bias, out_dtype=out_dtype,
-                                config=config, stages=stages, interpret=interpret)
+  # E2M1Weights' kernel inputs beside the codes: the K steps' group-scale rows, the maxima
+  e2m1_in = [w.scales[:kp // E2M1_GROUP], w.top.astype(jnp.float32)] if e2m1 else []
+  if e2m1 and config.e2m1_converter:  # (split_m, checked above)
+    return _gemm_e2m1_converter(a, w, e2m1_in, row_scale, col_scale, bias,
+                                out_dtype=out_dtype, config=config, stages=stages,
+                                interpret=interpret)
   overlap = e2m1 and config.e2m1_overlap
   m_iters, n_iters, k_iters = mp // cta_m, np_ // cta_n, kp // k_step
   # the pipeline's buffers (it keeps no more than its steps): the A slots released by hand
@@ -490,7 +493,6 @@ def gemm(a: jax.Array, w: jax.Array | E2M1Weights, row_scale: jax.Array | None,
   # 32-byte swizzle tiles, four 32-deep WGMMAs a step, the H100's GEMM took 163.4 us at
   # 8192^2, M = 1024, against 92.0 for the same product on TMA-loaded e4m3 weights).
   codes_tf = (plgpu.TilingTransform((8, tk)), plgpu.SwizzleTransform(tk // 2))
-  e2m1_in = [w.scales[:kp // E2M1_GROUP], w.top.astype(jnp.float32)] if e2m1 else []
   out_sw = EPI_TILE * jnp.dtype(out_dtype).itemsize
   out_tf = (plgpu.TilingTransform((8, out_sw // jnp.dtype(out_dtype).itemsize)),
             plgpu.SwizzleTransform(out_sw))
@@ -791,11 +793,12 @@ def _converter_regs(converters: int) -> tuple[int, int, int]:
   return regs
 
 
-def _gemm_e2m1_converter(a: jax.Array, w: E2M1Weights, row_scale, col_scale, bias, *,
-                         out_dtype, config: Config, stages: int,
-                         interpret: bool) -> jax.Array:
+def _gemm_e2m1_converter(a: jax.Array, w: E2M1Weights, e2m1_in: list[jax.Array],
+                         row_scale, col_scale, bias, *, out_dtype, config: Config,
+                         stages: int, interpret: bool) -> jax.Array:
   """:func:`gemm` for E2M1Weights with ``Config.e2m1_converter`` (checked and scaled by
-  it: ``col_scale`` already carries the column multiplier).
+  it: ``col_scale`` already carries the column multiplier; ``e2m1_in`` the scale rows
+  and maxima as the kernel reads them).
 
   Four warpgroups per CTA (five with two converters) and a K loop written out (no
   emit_pipeline, which gives every compute warpgroup one register count and one K loop
@@ -998,8 +1001,7 @@ def _gemm_e2m1_converter(a: jax.Array, w: E2M1Weights, row_scale, col_scale, bia
           lowering_semantics=plgpu.LoweringSemantics.Warpgroup,
           unsafe_no_auto_barriers=not config.e2m1_auto_barriers),
       interpret=plgpu.InterpretGPUParams() if interpret else False)
-  return call(a, w.codes, w.scales[:kp // E2M1_GROUP], w.top.astype(jnp.float32),
-              *rows, *cols)
+  return call(a, w.codes, *e2m1_in, *rows, *cols)
 
 
 def _check_e2m1(a: jax.Array, w: E2M1Weights, kp: int, grouped: bool) -> int:
