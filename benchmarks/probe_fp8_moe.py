@@ -14,6 +14,9 @@ clusters of 2 / 4 column CTAs (``Config.cluster_n``); ``--preset w4a16-mxfp4`` t
 ``--blocks 128,144,256:2`` (session 26): that launch at other rows per tile (tiles of
 more than 128 rows pad Mixtral's ~256-row experts less), ``:2`` on two warpgroups;
 ``96:4:6`` (session 29) with 6 stages (lowered by ``run`` to what fits).
+``--wide --blocks 128,144 --preset w4a16-g128-zp`` (session 67): the 16-bit route's shared-x
+tile at those rows with the scales on the bf16 weights before the MMA (one accumulator, as
+the fp8 route's ``fp8_single_acc``; ``grouped_wna16_mgpu.wide_tiles``).
 Call 1 of session 26 also timed each with a step's WGMMAs left in flight (a
 ``Config.fp8_mma_in_flight``, since removed: -4 % to +2 %, and its outputs differed
 from the plain launch's on the H200).
@@ -33,13 +36,19 @@ from humming_jax.kernels import grouped_wna16_mgpu as g16, grouped_wnam_mgpu as 
 from humming_jax.kernels import wna16_mgpu as mg
 
 
-def variants(tokens, e, rows, fold=False, cluster=False, single=False, blocks=None):
+def variants(tokens, e, rows, fold=False, cluster=False, single=False, blocks=None,
+             wide=False):
   """(name, block_m or None, config changes or a Config) to time.  ``fold`` (session 22):
   the heuristic and the wide tiles' launches with and without ``fp8_fold``; ``cluster``
   (session 24): the heuristic's launch on clusters of 1 / 2 / 4 CTAs (its fp8 tiles over
   80 rows run in pairs since), and for tiles over 64 rows the four-warpgroup 64-row
   shared-x launch with and without them."""
   base = [("heuristic", None, None)]
+  if blocks and wide:  # session 67: the 16-bit route's one-accumulator tile at these rows
+    return base + [(f"wide-bm{bm}-wg{w}" + (f"-st{st}" if st else ""), bm,
+                    dataclasses.replace(mg.shared_x_config(bm, warpgroups=w),
+                                        scale_after_mma=False, **({"stages": st} if st else {})))
+                   for bm, w, st in blocks]
   if blocks:  # session 26: the one-accumulator shared-x tile at other row counts
     # (session 29: and other stages; run() lowers them to what fits shared memory)
     return base + [(f"single-bm{bm}-wg{w}" + (f"-st{st}" if st else ""), bm,
@@ -100,6 +109,8 @@ def main():
   ap.add_argument("--cluster", action="store_true", help="time clusters of column CTAs")
   ap.add_argument("--single", action="store_true", help="time Config.fp8_single_acc")
   ap.add_argument("--preset", default="w4a8-mxfp4")
+  ap.add_argument("--wide", action="store_true",
+                  help="--blocks on the 16-bit route (an A16 preset), scales before the MMA")
   ap.add_argument("--blocks", default=None,
                   help="comma list of rows per tile[:warpgroups[:stages]] (default 4 "
                        "warpgroups, the config's stages): the one-accumulator shared-x "
@@ -115,6 +126,8 @@ def main():
     parts = v.split(":")
     return tuple(map(int, parts + ["4", "0"][len(parts) - 1:]))
   blocks = [block(v) for v in a.blocks.split(",")] if a.blocks else None
+  if a.wide and (not blocks or family is not g16):
+    raise SystemExit("--wide needs --blocks and an A16 preset")
   prep = family.prepare if a.single or blocks else jax.jit(family.prepare)
   ps = [prep(quant(jax.random.normal(jax.random.key(i), (e, k, n), jnp.float32) / np.sqrt(k)))
         for i in range(a.sets)]
@@ -127,7 +140,7 @@ def main():
     ref, line = None, []
     m = x.shape[0]
     for name, bm, change in variants(tokens, e, g16.tile_rows(m, e, ps[0]), a.fold,
-                                    a.cluster, a.single, blocks):
+                                    a.cluster, a.single, blocks, a.wide):
       block_m = bm or g16.tile_rows(m, e, ps[0])  # (the rows run() takes by default)
       if change is None:
         cfg = None

@@ -241,6 +241,23 @@ def test_mgpu_grouped_shared_x_lowers_for_h200(shape, tokens, topk):
                                         p, x, gs)
 
 
+@pytest.mark.parametrize("name", ["w4a16-g128-zp", "w4a16-mxfp4"])
+@pytest.mark.parametrize("shape,tokens,rows", [((8, 4096, 28672), 1024, 144),
+                                               ((8, 14336, 4096), 4096, 152)])
+def test_mgpu_grouped_wide_tiles_lower_for_h200(name, shape, tokens, rows, monkeypatch):
+  """Mixtral's capped experts on the 16-bit route past 128 rows (grouped_wna16_mgpu.
+  wide_tiles): the default launch, four shared-x warpgroups with one accumulator."""
+  from humming_jax.kernels import grouped_wna16_mgpu as gm
+  monkeypatch.setenv("HUMMING_JAX_WIDE_TILES", "1")
+  q = jax.eval_shape(lambda w: hj.quantize(w, hj.QuantSpec.preset(name)),
+                     jax.ShapeDtypeStruct(shape, jnp.float32))
+  p = jax.eval_shape(gm.prepare, q)
+  x = jax.ShapeDtypeStruct((tokens * 2, shape[1]), jnp.bfloat16)
+  gs = jax.ShapeDtypeStruct((shape[0],), jnp.int32)
+  assert gm.tile_rows(tokens * 2, shape[0], p) == rows
+  assert "mosaic_gpu" in lower_for_h200(lambda p, x, gs: gm.run(p, x, gs), p, x, gs)
+
+
 def test_mx_fold_prefill_lowers_for_h200():
   """The MXFP4 fold (wnam_mgpu.MX_FOLD_PREFILL, the default) at M = 4096, 8192^2: the
   per-call e4m3 fold and the per-channel fp8 Mosaic GEMM lower for the H200, alone and as

@@ -1045,6 +1045,96 @@ def test_cost_sized_tiles_default_gpu(name, e, k, n, grouped_launches):
   assert err <= TOL
 
 
+def test_wide_tiles_rule(monkeypatch):
+  """Capped experts (block_rows 128: ~105+ rows each) of cost-sized params past 128 rows
+  where HUMMING_JAX_WIDE_TILES is on (session 67): Mixtral at 512 / 1024 / 4096 tokens
+  take 160 / 144 / 152 rows on four shared-x warpgroups with the scales before the MMA
+  (one accumulator); uncapped experts and W8A16 keep theirs; off, 128."""
+  monkeypatch.setattr(gm.tuning, "num_sms", lambda: 132)
+  shapes = lambda name, e, k, n: jax.eval_shape(
+      lambda w: gm.prepare(hj.quantize(w, hj.QuantSpec.preset(name))),
+      jax.ShapeDtypeStruct((e, k, n), jnp.float32))
+  for name in ("w4a16-g128-zp", "w4a16-mxfp4", "w4a16-nvfp4"):
+    p = shapes(name, 8, 4096, 28672)
+    monkeypatch.setenv("HUMMING_JAX_WIDE_TILES", "1")
+    assert gm.wide_tiles(p) and gm.widest_rows(p) == 160
+    assert [gm.tile_rows(m, 8, p) for m in (1024, 2048, 8192)] == [160, 144, 152], name
+    assert gm.tile_rows(512, 8, p) == 88  # 256 tokens, 64 rows per expert: not capped
+    cfg = gm.default_launch(2048, p, 144)
+    assert (cfg.warpgroups, cfg.split_warpgroups, cfg.scale_after_mma, cfg.block_m) == (
+        4, "n", False, 144), cfg
+    assert gm.tile_rows(8192, 256, shapes(name, 256, 7168, 512)) == 48
+    monkeypatch.setenv("HUMMING_JAX_WIDE_TILES", "0")
+    assert not gm.wide_tiles(p) and gm.widest_rows(p) == gm.MAX_BLOCK_M
+    assert [gm.tile_rows(m, 8, p) for m in (1024, 2048, 8192)] == [128] * 3
+  monkeypatch.setenv("HUMMING_JAX_WIDE_TILES", "1")
+  w8 = shapes("w8a16", 8, 4096, 28672)
+  assert not gm.wide_tiles(w8) and gm.tile_rows(2048, 8, w8) == gm.MAX_BLOCK_M
+  monkeypatch.setenv("HUMMING_JAX_WIDE_TILES", "2")
+  with pytest.raises(ValueError, match="HUMMING_JAX_WIDE_TILES='2'"):
+    gm.wide_tiles(shapes("w4a16-g128-zp", 8, 4096, 28672))
+
+
+def test_wide_tiles_interpret(monkeypatch):
+  """Tiles past 128 rows on the 16-bit route with the scales on the weights before the MMA
+  (one accumulator): an explicit 144-row config (two warpgroups here: the interpreter
+  tests stop at two) and the default path of wide_tiles (four), against the reference;
+  a two-accumulator config (scales after the MMA) is refused past 128 rows, and an
+  explicit such config takes at most 128-row tiles by default."""
+  gs = [290, 0, 150]  # an expert over two tiles; a zero tail
+  m = sum(gs) + 5
+  g = jnp.asarray(gs, jnp.int32)
+  for name in ("w4a16-g128-zp", "w4a16-mxfp4"):
+    q, x = make(name, 3, 256, 256, m, True, seed=67)
+    p = gm.prepare(q)
+    ref = reference.ragged_dot_reference(q, x, g)
+    cfg = dataclasses.replace(wna16_mgpu.shared_x_config(144, warpgroups=2),
+                              scale_after_mma=False)
+    y = jax.jit(lambda p, x, g: gm.run(p, x, g, interpret=True, config=cfg,
+                                       block_m=144))(p, x, g)
+    assert rel(y[:440], ref[:440]) <= TOL, (name, rel(y[:440], ref[:440]))
+    assert not bool(jnp.any(y[440:] != 0))
+  two_acc = wna16_mgpu.shared_x_config(144, warpgroups=2)
+  assert two_acc.scale_after_mma
+  with pytest.raises(ValueError, match=r"block_m=144 must be .* \[8, 128\]"):
+    gm.run(p, x, g, config=two_acc, block_m=144)
+  monkeypatch.setenv("HUMMING_JAX_WIDE_TILES", "1")
+  assert gm.tile_rows(m, 3, p) == 160  # 147 rows per active expert: capped
+  launched, real_run = [], gm.wna16_mgpu.run
+  monkeypatch.setattr(gm.wna16_mgpu, "run", lambda *a, **kw: launched.append(
+      (kw["tiles"].block_m, kw["config"])) or real_run(*a, **kw))
+  y = jax.jit(lambda p, x, g: gm.run(p, x, g, interpret=True))(p, x, g)
+  assert [(bm, c.warpgroups, c.scale_after_mma) for bm, c in launched] == [(160, 4, False)]
+  assert rel(y[:440], ref[:440]) <= TOL and not bool(jnp.any(y[440:] != 0))
+  jax.eval_shape(lambda p, x, g: gm.run(p, x, g, config=two_acc), p, x, g)
+  assert launched[-1][0] == gm.MAX_BLOCK_M  # the explicit two-accumulator launch: 128
+  with pytest.raises(ValueError, match=r"block_m=168 must be .* \[8, 160\]"):
+    gm.run(p, x, g, block_m=168)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["w4a16-g128-zp", "w4a16-mxfp4", "w4a16-nvfp4"])
+@pytest.mark.parametrize("tokens,rows", [(1024, 144), (512, 160), (4096, 152)])
+def test_wide_tiles_gpu(name, tokens, rows, monkeypatch, grouped_launches):
+  """Mixtral-like experts (E=8, K=4096, top-2; N cut to 2048) on wide_tiles' default launch
+  (four shared-x warpgroups, one accumulator, 144 / 160 / 152-row tiles) against the
+  reference (printed), and bit for bit the same tiles' explicit launch."""
+  monkeypatch.setenv("HUMMING_JAX_WIDE_TILES", "1")
+  e, k, n = 8, 4096, 2048
+  q, _ = make(name, e, k, n, 1, True, seed=68)
+  g, x = routed_rows(e, k, tokens, seed=69, topk=2)
+  p = jax.jit(gm.prepare)(q)
+  y = jax.jit(gm.run)(p, x, g)
+  assert [(c.warpgroups, c.scale_after_mma) for c in grouped_launches] == [(4, False)]
+  assert gm.tile_rows(tokens * 2, e, p) == rows
+  cfg = dataclasses.replace(wna16_mgpu.shared_x_config(rows), scale_after_mma=False)
+  again = jax.jit(lambda p, x, g: gm.run(p, x, g, config=cfg, block_m=rows))(p, x, g)
+  assert bool(jnp.all(again == y))
+  err = rel(y, jax.jit(reference.ragged_dot_reference)(q, x, g))
+  print(f"wide tiles {name} {tokens} tokens ({rows} rows): rel err {err:.2e}")
+  assert err <= TOL
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", ["w4a16-g128-zp", "w4a16-nvfp4", "w8a16"])
 def test_deepseek_decode_split_k_gpu(name):

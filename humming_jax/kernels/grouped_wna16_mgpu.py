@@ -246,6 +246,33 @@ def cost_sized_tiles(params: QuantizedWeight | None) -> bool:
           and tuning.env_flag("HUMMING_JAX_COST_TILES", True))
 
 
+# Rows per tile the 16-bit-MMA tiles of capped experts may take past MAX_BLOCK_M
+# (:func:`wide_tiles`): the one-accumulator fp8 route's widest (session 26), so four shared-x
+# warpgroups hold a tile's accumulator (b / 2 registers per thread of the 128 four leave).
+WIDE_BLOCK_MS = tuple(range(MAX_BLOCK_M, 161, 8))
+WIDE_TILES = False
+
+
+def wide_tiles(params: QuantizedWeight | None) -> bool:
+  """Whether experts that :func:`block_rows` caps at :data:`MAX_BLOCK_M` rows (~105+ rows
+  each) take :data:`WIDE_BLOCK_MS`' rows of least expected cost on the 16-bit route
+  (:func:`tile_rows`), as the fp8 route's one-accumulator tiles do since session 26: a
+  Mixtral expert of 256 +- 16 rows at 1024 tokens took three 128-row tiles about half
+  the time, where two of 144 hold it.  The tile's launch is four shared-x warpgroups with
+  the scales on the bf16 weights before the MMA (:func:`wna16_mgpu.shared_x_config` above
+  64 rows): one accumulator, as on the fp8 route.  :func:`cost_sized_tiles` params;
+  HUMMING_JAX_WIDE_TILES=0 / 1 overrides :data:`WIDE_TILES` (the A/B switch)."""
+  return cost_sized_tiles(params) and tuning.env_flag("HUMMING_JAX_WIDE_TILES", WIDE_TILES)
+
+
+def widest_rows(params: QuantizedWeight | None) -> int:
+  """The widest tile :func:`run`'s default launch takes for ``params``: 160 rows on the
+  one-accumulator routes (:func:`single_acc_tiles`, :func:`wide_tiles`), else
+  :data:`MAX_BLOCK_M`."""
+  return (max(SINGLE_ACC_BLOCK_MS) if single_acc_tiles(params)
+          else max(WIDE_BLOCK_MS) if wide_tiles(params) else MAX_BLOCK_M)
+
+
 def tile_rows(m: int, num_experts: int, params: QuantizedWeight | None = None) -> int:
   """Rows per tile of :func:`run`: :func:`block_rows`, except that 8-row decode tiles
   become 16-row ones above 8 rows, and that tiles of :data:`SINGLE_ACC_MIN_ROWS` rows and
@@ -253,7 +280,8 @@ def tile_rows(m: int, num_experts: int, params: QuantizedWeight | None = None) -
   route :func:`single_acc_tile_rows` (capped ones only before session 29), 4-bit weights
   on the 16-bit MMA (:func:`cost_sized_tiles`, sessions 32-33) the same model's rows
   where their launch is two warpgroups (:func:`cost_sized_rows`: at most
-  :data:`TWO_WG_MAX_ROWS`).  A tile starts at its
+  :data:`TWO_WG_MAX_ROWS`), and capped experts of those params past 128 rows where
+  :func:`wide_tiles` is on.  A tile starts at its
   expert's first row rounded down to 8, so an expert whose rows cross an 8-row boundary
   took two 8-row tiles, each dequantizing its whole weight slab: a random top-8 routing
   of 64 tokens gave 251 tiles for 224 active DeepSeek-V3 experts and 170 for 123
@@ -264,6 +292,8 @@ def tile_rows(m: int, num_experts: int, params: QuantizedWeight | None = None) -
   rows = block_rows(m, num_experts)
   if rows >= SINGLE_ACC_MIN_ROWS and single_acc_tiles(params):
     return single_acc_tile_rows(m, num_experts)
+  if rows == MAX_BLOCK_M and wide_tiles(params):
+    return cheapest_tile_rows(m, num_experts, WIDE_BLOCK_MS)
   if rows >= SINGLE_ACC_MIN_ROWS and cost_sized_tiles(params):
     rows = cost_sized_rows(m, params) or rows
   return 16 if rows == 8 and m > 8 else rows
@@ -633,14 +663,13 @@ def cached_launch(params: QuantizedWeight, m: int) -> tuple[int, wna16_mgpu.Conf
   kernel's tiles carry their own rows; a Config's block_m sizes dense CTAs only).  One
   entry serves every M of its key (the same M bucket and default rows per tile), as the
   autotune command measured it at one M.  Entries the default path would not run are
-  ignored with a warning: rows past its widest (160 on the one-accumulator route, else
-  128), or a one-accumulator launch where that route is off (weights not marked ":cf",
+  ignored with a warning: rows past its widest (:func:`widest_rows`), or a one-accumulator launch where that route is off (weights not marked ":cf",
   HUMMING_JAX_FP8_SINGLE_ACC=0)."""
   key = launch_cache_key(params, m)
   cfg = tuning.cached_config(key, wna16_mgpu.Config)
   if cfg is None:
     return None
-  widest = max(SINGLE_ACC_BLOCK_MS) if cfg.fp8_single_acc else MAX_BLOCK_M
+  widest = max(SINGLE_ACC_BLOCK_MS) if cfg.fp8_single_acc else widest_rows(params)
   why = (f"{cfg.block_m} rows per tile (at most {widest} on this route)"
          if cfg.block_m > widest else
          "a one-accumulator launch, and that route is off for these params"
@@ -668,14 +697,14 @@ def launch_candidates(m: int, params: QuantizedWeight) -> list[tuple[int, wna16_
   (8-row tiles, session 57) comes with its WGMMA form."""
   e = params.shape[0]
   single = single_acc_tiles(params)
-  widest = max(SINGLE_ACC_BLOCK_MS) if single else MAX_BLOCK_M
+  widest = widest_rows(params)
   default = tile_rows(m, e, params)
   launch = functools.partial(default_launch, m, params)
   out = [(default, launch(default))]
   for rows in sorted({default - 8, default, default + 8, block_rows(m, e)}):
     if not 8 <= rows <= widest:
       continue
-    if rows <= MAX_BLOCK_M or single:
+    if rows <= widest:
       out.append((rows, launch(rows)))
       if out[-1][1].mma_sync:  # (8-row tiles: the same launch on the WGMMA too)
         out.append((rows, dataclasses.replace(out[-1][1], mma_sync=False)))
@@ -871,23 +900,28 @@ def run(params: QuantizedWeight, x: jax.Array, group_sizes: jax.Array, *,
     raise ValueError(f"group_sizes must be ({e},); got shape {group_sizes.shape}")
   if config is None and block_m is None and (hit := cached_launch(params, x.shape[0])):
     block_m, config = hit  # the autotune command's launch for this shape
-  # Tiles over 128 rows run on the one-accumulator fp8 route only (the others' accumulators
-  # and partials do not fit the registers there): up to 256 rows with an explicit config,
-  # up to what the default four-warpgroup launch was measured at (160) without one.
-  single = config.fp8_single_acc if config is not None else single_acc_tiles(params)
-  widest = (MAX_BLOCK_M if not single else MAX_RUN_BLOCK_M if config is not None
-            else max(SINGLE_ACC_BLOCK_MS))
+  # Tiles over 128 rows run with one accumulator only (per-group partials or the 16-bit
+  # route's scales after the MMA do not fit the registers there): the fp8 route's
+  # fp8_single_acc, the 16-bit route's scales on the weights before the MMA.  Up to 256
+  # rows with an explicit such config, up to what the default launch was measured at
+  # (160) without one, where that route is on (widest_rows).
+  single = single_acc_tiles(params) if config is None else (
+      config.fp8_single_acc if wna16_mgpu.fp8_mma(params.layout)
+      else not config.scale_after_mma)
+  widest = (widest_rows(params) if config is None
+            else MAX_RUN_BLOCK_M if single else MAX_BLOCK_M)
   if block_m is not None and (block_m % 8 or not 8 <= block_m <= widest):
     raise ValueError(f"block_m={block_m} must be a multiple of 8 in [8, {widest}] (over "
-                     f"{MAX_BLOCK_M}: the one-accumulator fp8 route only; over "
+                     f"{MAX_BLOCK_M}: one-accumulator tiles only -- Config.fp8_single_acc "
+                     f"on the fp8 route, scale_after_mma=False on the 16-bit one; over "
                      f"{max(SINGLE_ACC_BLOCK_MS)}: with an explicit config)")
   m = x.shape[0]
   if m == 0:
     return jnp.zeros((0, n), wna16_mgpu.output_dtype(x, out_dtype))
   # (the default rows of params, unless those are the one-accumulator route's and this
-  # launch is not on it)
-  block_m = block_m or tile_rows(m, e, params if single or not single_acc_tiles(params)
-                                 else None)
+  # launch is not on it; an explicit launch's widest at most)
+  block_m = block_m or min(widest, tile_rows(
+      m, e, params if single or not single_acc_tiles(params) else None))
   num_tiles = max_tiles(m, e, block_m)
   if interpret:
     # The Pallas-Triton and Mosaic GPU interpreters in one CPU program hang (session 12:
