@@ -564,7 +564,7 @@ def _quant_moe_forward(gate_up_params: QuantizedWeight, down_params: QuantizedWe
   if aligned:
     # Segments padded to the tile (align_tokens): each Mosaic tile reads and writes its own
     # rows in place -- no row gather after either GEMM.
-    bm = grouped_wna16_mgpu.block_rows(topk_ids.size, e)
+    bm = grouped_wna16_mgpu.aligned_tile_rows(topk_ids.size, e, gate_up_params, down_params)
     r = align_tokens(topk_ids, e, bm)
     run = lambda p, a: grouped_wna16_mgpu.run_aligned(p, a, r.group_sizes, block_m=bm,
                                                        interpret=b == "interpret")

@@ -1112,6 +1112,48 @@ def test_wide_tiles_interpret(monkeypatch):
     gm.run(p, x, g, block_m=168)
 
 
+def test_wide_tiles_aligned_interpret(monkeypatch):
+  """hj.quant_moe's aligned segments take the wide rows too (aligned_tile_rows: 160 for
+  two experts of ~150 rows; 128 with the switch off or where one stack is 8-bit), and
+  run_aligned's default launch on them (four shared-x warpgroups, one accumulator)
+  matches the reference on the routed rows."""
+  from humming_jax import moe
+  monkeypatch.setenv("HUMMING_JAX_WIDE_TILES", "1")
+  e, k, n, t = 2, 256, 256, 300
+  q, _ = make("w4a16-g128-zp", e, k, n, 1, True, seed=70)
+  p = gm.prepare(q)
+  w8 = gm.prepare(make("w8a16", e, k, n, 1, False, seed=71)[0])
+  assert gm.block_rows(t, e) == gm.MAX_BLOCK_M
+  assert gm.aligned_tile_rows(t, e, p, p) == 160
+  assert gm.aligned_tile_rows(t, e, p, w8) == gm.aligned_tile_rows(t, e) == gm.MAX_BLOCK_M
+  ids = jax.random.randint(jax.random.key(72), (t, 1), 0, e)
+  r = moe.align_tokens(ids, e, 160)
+  x = jax.random.normal(jax.random.key(73), (t, k), jnp.bfloat16)
+  xs = jnp.take(x, r.token_of_row, axis=0)
+  launched, real_run = [], gm.wna16_mgpu.run
+  monkeypatch.setattr(gm.wna16_mgpu, "run", lambda *a, **kw: launched.append(
+      (kw["tiles"].block_m, kw["config"])) or real_run(*a, **kw))
+  y = jax.jit(lambda p, a, g: gm.run_aligned(p, a, g, block_m=160, interpret=True))(
+      p, xs, r.group_sizes)
+  assert [(bm, c.warpgroups, c.scale_after_mma) for bm, c in launched] == [(160, 4, False)]
+  valid = np.asarray(r.valid)
+  want = reference.ragged_dot_reference(q, xs, r.group_sizes)
+  assert rel(np.asarray(y, np.float32)[valid], np.asarray(want, np.float32)[valid]) <= TOL
+  # quant_moe's forward asks aligned_tile_rows for both stacks' rows
+  asked = []
+  real_rows = gm.aligned_tile_rows
+  monkeypatch.setattr(gm, "aligned_tile_rows", lambda *a: asked.append(
+      [(s.shape, s.layout) for s in a[2:]]) or real_rows(*a))
+  gu = hj.quantize(normal(jax.random.key(74), (e, k, 2 * n)) / 16,
+                   hj.QuantSpec.preset("w4a16-g128-zp"))
+  dn = hj.quantize(normal(jax.random.key(75), (e, n, k)) / 16,
+                   hj.QuantSpec.preset("w4a16-g128-zp"))
+  pgu, pdn = moe.prepare_experts(gu, dn)
+  w, top = moe.topk_routing(normal(jax.random.key(76), (t, e)), 1)
+  jax.eval_shape(lambda *a: hj.quant_moe(*a, backend="interpret"), pgu, pdn, x, w, top)
+  assert asked == [[(s.shape, s.layout) for s in (pgu, pdn)]] and launched[-1][0] == 160
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", ["w4a16-g128-zp", "w4a16-mxfp4", "w4a16-nvfp4"])
 @pytest.mark.parametrize("tokens,rows", [(1024, 144), (512, 160), (4096, 152)])
@@ -1471,3 +1513,28 @@ def test_mma_sync_launches_gpu(name, shape, tokens, change, monkeypatch, mma_syn
         f"vs WGMMA {d:.2e}")
   assert e_ref <= TOL
   assert d <= 2e-3
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["w4a16-g128-zp", "w4a16-mxfp4"])
+def test_wide_tiles_aligned_gpu(name, monkeypatch):
+  """hj.quant_moe's aligned segments at Mixtral-like experts (E=8, K=4096, N cut to 2048),
+  1024 tokens top-2, in aligned_tile_rows' 144-row tiles on run_aligned's default launch,
+  against the reference on the routed rows (printed)."""
+  from humming_jax import moe
+  monkeypatch.setenv("HUMMING_JAX_WIDE_TILES", "1")
+  e, k, n, t = 8, 4096, 2048, 1024
+  q, _ = make(name, e, k, n, 1, True, seed=77)
+  p = jax.jit(gm.prepare)(q)
+  bm = gm.aligned_tile_rows(2 * t, e, p, p)
+  assert bm == 144
+  ids = jnp.argsort(jax.random.uniform(jax.random.key(78), (t, e)), axis=1)[:, :2]
+  r = moe.align_tokens(ids.astype(jnp.int32), e, bm)
+  xs = jnp.take(jax.random.normal(jax.random.key(79), (t, k), jnp.bfloat16),
+                r.token_of_row, axis=0)
+  y = jax.jit(lambda p, a, g: gm.run_aligned(p, a, g, block_m=bm))(p, xs, r.group_sizes)
+  valid = np.asarray(r.valid)
+  want = jax.jit(reference.ragged_dot_reference)(q, xs, r.group_sizes)
+  err = rel(np.asarray(y, np.float32)[valid], np.asarray(want, np.float32)[valid])
+  print(f"wide aligned tiles {name}: rel err {err:.2e}")
+  assert err <= TOL

@@ -9,7 +9,7 @@
 #   earlier steps: gpu_session66.sh (cv...), gpu_session65.sh (kt, moe, tables).
 source "$(dirname "$0")/../gpu_env.sh"
 s_wt() {
-  gpu_tests ${TT:-200} "wide_tiles_gpu or cost_sized_tiles_default_gpu" \
+  gpu_tests ${TT:-240} "wide_tiles or cost_sized_tiles_default_gpu" \
     tests/test_grouped_wna16_mgpu.py
   mv "$OUT/tests.log" "$OUT/tests_wt.log"
 }

@@ -273,6 +273,45 @@ def widest_rows(params: QuantizedWeight | None) -> int:
           else max(WIDE_BLOCK_MS) if wide_tiles(params) else MAX_BLOCK_M)
 
 
+def _one_acc_launch(params: QuantizedWeight, config: wna16_mgpu.Config | None) -> bool:
+  """Whether ``config`` (None: the default launch for ``params``) holds one accumulator
+  per warpgroup, so its tiles may pass :data:`MAX_BLOCK_M` rows (per-group partials, or the
+  16-bit route's scales after the MMA, take twice the registers): the fp8 route's
+  ``fp8_single_acc``, the 16-bit route's scales on the weights before the MMA."""
+  if config is None:
+    return single_acc_tiles(params)
+  return (config.fp8_single_acc if wna16_mgpu.fp8_mma(params.layout)
+          else not config.scale_after_mma)
+
+
+def _check_tile_rows(block_m: int, params: QuantizedWeight,
+                     config: wna16_mgpu.Config | None) -> None:
+  """``block_m`` rows per tile within what ``config``'s registers hold: up to
+  :data:`MAX_RUN_BLOCK_M` (the widest WGMMA N) for an explicit one-accumulator config,
+  :func:`widest_rows` (what the default launch was measured at) without one, else
+  :data:`MAX_BLOCK_M`."""
+  widest = (widest_rows(params) if config is None
+            else MAX_RUN_BLOCK_M if _one_acc_launch(params, config) else MAX_BLOCK_M)
+  if block_m % 8 or not 8 <= block_m <= widest:
+    raise ValueError(f"block_m={block_m} must be a multiple of 8 in [8, {widest}] (over "
+                     f"{MAX_BLOCK_M}: one-accumulator tiles only -- Config.fp8_single_acc "
+                     f"on the fp8 route, scale_after_mma=False on the 16-bit one; over "
+                     f"{max(SINGLE_ACC_BLOCK_MS)}: with an explicit config)")
+
+
+def aligned_tile_rows(m: int, num_experts: int, *params: QuantizedWeight) -> int:
+  """Rows per tile of :func:`run_aligned` for M routed rows through every one of
+  ``params`` on the same aligned segments (``hj.quant_moe``'s gate_up and down):
+  :func:`block_rows`, or where that caps the experts and :func:`wide_tiles` holds for each
+  of ``params``, :data:`WIDE_BLOCK_MS`' rows of least expected cost (the model counts a
+  segment's first row off the 8-row grid, which aligned segments do not have: at most
+  one tile too many per expert in its sum)."""
+  rows = block_rows(m, num_experts)
+  if rows == MAX_BLOCK_M and params and all(wide_tiles(p) for p in params):
+    return cheapest_tile_rows(m, num_experts, WIDE_BLOCK_MS)
+  return rows
+
+
 def tile_rows(m: int, num_experts: int, params: QuantizedWeight | None = None) -> int:
   """Rows per tile of :func:`run`: :func:`block_rows`, except that 8-row decode tiles
   become 16-row ones above 8 rows, and that tiles of :data:`SINGLE_ACC_MIN_ROWS` rows and
@@ -900,28 +939,17 @@ def run(params: QuantizedWeight, x: jax.Array, group_sizes: jax.Array, *,
     raise ValueError(f"group_sizes must be ({e},); got shape {group_sizes.shape}")
   if config is None and block_m is None and (hit := cached_launch(params, x.shape[0])):
     block_m, config = hit  # the autotune command's launch for this shape
-  # Tiles over 128 rows run with one accumulator only (per-group partials or the 16-bit
-  # route's scales after the MMA do not fit the registers there): the fp8 route's
-  # fp8_single_acc, the 16-bit route's scales on the weights before the MMA.  Up to 256
-  # rows with an explicit such config, up to what the default launch was measured at
-  # (160) without one, where that route is on (widest_rows).
-  single = single_acc_tiles(params) if config is None else (
-      config.fp8_single_acc if wna16_mgpu.fp8_mma(params.layout)
-      else not config.scale_after_mma)
-  widest = (widest_rows(params) if config is None
-            else MAX_RUN_BLOCK_M if single else MAX_BLOCK_M)
-  if block_m is not None and (block_m % 8 or not 8 <= block_m <= widest):
-    raise ValueError(f"block_m={block_m} must be a multiple of 8 in [8, {widest}] (over "
-                     f"{MAX_BLOCK_M}: one-accumulator tiles only -- Config.fp8_single_acc "
-                     f"on the fp8 route, scale_after_mma=False on the 16-bit one; over "
-                     f"{max(SINGLE_ACC_BLOCK_MS)}: with an explicit config)")
+  if block_m is not None:
+    _check_tile_rows(block_m, params, config)
   m = x.shape[0]
   if m == 0:
     return jnp.zeros((0, n), wna16_mgpu.output_dtype(x, out_dtype))
-  # (the default rows of params, unless those are the one-accumulator route's and this
-  # launch is not on it; an explicit launch's widest at most)
-  block_m = block_m or min(widest, tile_rows(
-      m, e, params if single or not single_acc_tiles(params) else None))
+  # (the default rows of params, unless those are the one-accumulator fp8 route's and this
+  # launch is not on it; for an explicit two-accumulator launch at most 128)
+  single = _one_acc_launch(params, config)
+  if block_m is None:
+    block_m = tile_rows(m, e, params if single or not single_acc_tiles(params) else None)
+    block_m = block_m if single or config is None else min(block_m, MAX_BLOCK_M)
   num_tiles = max_tiles(m, e, block_m)
   if interpret:
     # The Pallas-Triton and Mosaic GPU interpreters in one CPU program hang (session 12:
@@ -953,8 +981,7 @@ def run_aligned(params: QuantizedWeight, x: jax.Array, group_sizes: jax.Array, *
   r = x.shape[0]
   if registry.layout_family(params.layout) != FAMILY:
     raise ValueError(f"params.layout={params.layout!r}: expected {FAMILY}:... params")
-  if block_m % 8 or not 8 <= block_m <= MAX_BLOCK_M:
-    raise ValueError(f"block_m={block_m} must be a multiple of 8 in [8, {MAX_BLOCK_M}]")
+  _check_tile_rows(block_m, params, config)
   if x.ndim != 2 or x.shape[1] != k or r % block_m:
     raise ValueError(f"x must be (R, K={k}) with R a multiple of block_m={block_m}; got "
                      f"shape {x.shape}")
