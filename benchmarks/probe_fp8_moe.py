@@ -42,7 +42,8 @@ def variants(tokens, e, rows, fold=False, cluster=False, single=False, blocks=No
   the heuristic and the wide tiles' launches with and without ``fp8_fold``; ``cluster``
   (session 24): the heuristic's launch on clusters of 1 / 2 / 4 CTAs (its fp8 tiles over
   80 rows run in pairs since), and for tiles over 64 rows the four-warpgroup 64-row
-  shared-x launch with and without them."""
+  shared-x launch with and without them; ``blocks`` (sessions 26 / 29) the one-accumulator
+  tile at those rows, on the 16-bit route with ``wide`` (session 67)."""
   base = [("heuristic", None, None)]
   if blocks and wide:  # session 67: the 16-bit route's one-accumulator tile at these rows
     return base + [(f"wide-bm{bm}-wg{w}" + (f"-st{st}" if st else ""), bm,

@@ -194,6 +194,10 @@ def test_autotune_grouped_mgpu_stores_what_run_reads(tmp_path, monkeypatch):
   tuning.store_configs({key: dataclasses.replace(cfg, block_m=200)})
   with pytest.warns(UserWarning, match="200 rows per tile"):
     assert g16.cached_launch(view, 40) is None
+  # a two-accumulator launch past 128 rows (the one-accumulator route's 160 is not its)
+  tuning.store_configs({key: dataclasses.replace(cfg, block_m=144, fp8_single_acc=False)})
+  with pytest.warns(UserWarning, match=r"144 rows per tile \(at most 128"):
+    assert g16.cached_launch(view, 40) is None
   # a one-accumulator launch where that route is off (the env switch: another key)
   monkeypatch.setenv("HUMMING_JAX_FP8_SINGLE_ACC", "0")
   off_key = g16.launch_cache_key(view, 40)

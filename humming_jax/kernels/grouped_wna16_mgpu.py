@@ -83,8 +83,9 @@ def to_canonical(prepared: QuantizedWeight) -> QuantizedWeight:
 
 
 MAX_BLOCK_M = 128  # above 64 rows: two warpgroups (wna16_mgpu.heuristic's prefill tile)
-# Rows per tile a caller may ask for on the one-accumulator fp8 route: the widest WGMMA N
-# (tokens are the MMA's N here)
+# Rows per tile a caller may ask for with an explicit one-accumulator launch (the fp8 route's
+# fp8_single_acc, the 16-bit route's scales before the MMA): the widest WGMMA N (tokens are
+# the MMA's N here)
 MAX_RUN_BLOCK_M = 256
 
 
@@ -217,7 +218,8 @@ def single_acc_tiles(params: QuantizedWeight | None) -> bool:
 
 
 # Rows per tile the 16-bit-MMA tiles of 4-bit weights may take from
-# :data:`SINGLE_ACC_MIN_ROWS` up (:func:`cheapest_tile_rows`; the route's widest, 128).
+# :data:`SINGLE_ACC_MIN_ROWS` up (:func:`cheapest_tile_rows`; up to 128: past it, capped
+# experts only, :data:`WIDE_BLOCK_MS`).
 BF16_BLOCK_MS = tuple(range(SINGLE_ACC_MIN_ROWS, MAX_BLOCK_M + 1, 8))
 
 
@@ -239,17 +241,17 @@ def cost_sized_tiles(params: QuantizedWeight | None) -> bool:
   W4A8 / W4A4 experts on the 16-bit route (``grouped_wnam_mgpu``: the same kernel on
   bf16-rounded quantized x) take it too.  Only :func:`run`'s default launch
   (:func:`default_launch`); ``run_aligned`` / ``run_pairs`` (``hj.quant_moe``) keep their
-  tiles.
+  tiles (but for :func:`wide_tiles`' capped experts, :func:`aligned_tile_rows`).
   HUMMING_JAX_COST_TILES=0 turns it off (the A/B switch)."""
   return (params is not None and params.spec.weight_bits == 4
           and not wna16_mgpu.fp8_mma(params.layout)
           and tuning.env_flag("HUMMING_JAX_COST_TILES", True))
 
 
-# Rows per tile the 16-bit-MMA tiles of capped experts may take past MAX_BLOCK_M
-# (:func:`wide_tiles`): the one-accumulator fp8 route's widest (session 26), so four shared-x
-# warpgroups hold a tile's accumulator (b / 2 registers per thread of the 128 four leave).
-WIDE_BLOCK_MS = tuple(range(MAX_BLOCK_M, 161, 8))
+# Rows per tile the 16-bit-MMA tiles of capped experts may take (:func:`wide_tiles`): the
+# one-accumulator fp8 route's from 128 up (session 26), so four shared-x warpgroups hold a
+# tile's accumulator (b / 2 registers per thread of the 128 four leave).
+WIDE_BLOCK_MS = tuple(r for r in SINGLE_ACC_BLOCK_MS if r >= MAX_BLOCK_M)
 WIDE_TILES = False
 
 
@@ -260,24 +262,38 @@ def wide_tiles(params: QuantizedWeight | None) -> bool:
   Mixtral expert of 256 +- 16 rows at 1024 tokens took three 128-row tiles about half
   the time, where two of 144 hold it.  The tile's launch is four shared-x warpgroups with
   the scales on the bf16 weights before the MMA (:func:`wna16_mgpu.shared_x_config` above
-  64 rows): one accumulator, as on the fp8 route.  :func:`cost_sized_tiles` params;
-  HUMMING_JAX_WIDE_TILES=0 / 1 overrides :data:`WIDE_TILES` (the A/B switch)."""
+  64 rows): one accumulator, as on the fp8 route.  :func:`run`'s tiles (:func:`tile_rows`)
+  and ``hj.quant_moe``'s aligned segments (:func:`aligned_tile_rows`).
+  :func:`cost_sized_tiles` params; HUMMING_JAX_WIDE_TILES=0 / 1 overrides
+  :data:`WIDE_TILES` (the A/B switch)."""
   return cost_sized_tiles(params) and tuning.env_flag("HUMMING_JAX_WIDE_TILES", WIDE_TILES)
+
+
+def _wide_rows(m: int, num_experts: int, params: tuple[QuantizedWeight, ...]) -> int | None:
+  """:data:`WIDE_BLOCK_MS`' rows of least expected cost where :func:`block_rows` caps the
+  experts and :func:`wide_tiles` holds for every one of ``params``, else None."""
+  if (params and block_rows(m, num_experts) == MAX_BLOCK_M
+      and all(wide_tiles(p) for p in params)):
+    return cheapest_tile_rows(m, num_experts, WIDE_BLOCK_MS)
+  return None
 
 
 def widest_rows(params: QuantizedWeight | None) -> int:
   """The widest tile :func:`run`'s default launch takes for ``params``: 160 rows on the
   one-accumulator routes (:func:`single_acc_tiles`, :func:`wide_tiles`), else
   :data:`MAX_BLOCK_M`."""
-  return (max(SINGLE_ACC_BLOCK_MS) if single_acc_tiles(params)
-          else max(WIDE_BLOCK_MS) if wide_tiles(params) else MAX_BLOCK_M)
+  return (max(SINGLE_ACC_BLOCK_MS) if single_acc_tiles(params) or wide_tiles(params)
+          else MAX_BLOCK_M)
 
 
 def _one_acc_launch(params: QuantizedWeight, config: wna16_mgpu.Config | None) -> bool:
   """Whether ``config`` (None: the default launch for ``params``) holds one accumulator
   per warpgroup, so its tiles may pass :data:`MAX_BLOCK_M` rows (per-group partials, or the
   16-bit route's scales after the MMA, take twice the registers): the fp8 route's
-  ``fp8_single_acc``, the 16-bit route's scales on the weights before the MMA."""
+  ``fp8_single_acc``, the 16-bit route's scales on the weights before the MMA.  By the
+  flag: where the kernel puts the scales before the MMA whatever it says (several scale
+  rows per K tile: MXFP4 / NVFP4), ``scale_after_mma=True`` still counts as two (refused
+  past 128 rows, the safe side)."""
   if config is None:
     return single_acc_tiles(params)
   return (config.fp8_single_acc if wna16_mgpu.fp8_mma(params.layout)
@@ -288,8 +304,8 @@ def _check_tile_rows(block_m: int, params: QuantizedWeight,
                      config: wna16_mgpu.Config | None) -> None:
   """``block_m`` rows per tile within what ``config``'s registers hold: up to
   :data:`MAX_RUN_BLOCK_M` (the widest WGMMA N) for an explicit one-accumulator config,
-  :func:`widest_rows` (what the default launch was measured at) without one, else
-  :data:`MAX_BLOCK_M`."""
+  :func:`widest_rows` (the default launch's rows: 160 where a one-accumulator route is on)
+  without one, else :data:`MAX_BLOCK_M`."""
   widest = (widest_rows(params) if config is None
             else MAX_RUN_BLOCK_M if _one_acc_launch(params, config) else MAX_BLOCK_M)
   if block_m % 8 or not 8 <= block_m <= widest:
@@ -306,10 +322,7 @@ def aligned_tile_rows(m: int, num_experts: int, *params: QuantizedWeight) -> int
   of ``params``, :data:`WIDE_BLOCK_MS`' rows of least expected cost (the model counts a
   segment's first row off the 8-row grid, which aligned segments do not have: at most
   one tile too many per expert in its sum)."""
-  rows = block_rows(m, num_experts)
-  if rows == MAX_BLOCK_M and params and all(wide_tiles(p) for p in params):
-    return cheapest_tile_rows(m, num_experts, WIDE_BLOCK_MS)
-  return rows
+  return _wide_rows(m, num_experts, params) or block_rows(m, num_experts)
 
 
 def tile_rows(m: int, num_experts: int, params: QuantizedWeight | None = None) -> int:
@@ -331,8 +344,8 @@ def tile_rows(m: int, num_experts: int, params: QuantizedWeight | None = None) -
   rows = block_rows(m, num_experts)
   if rows >= SINGLE_ACC_MIN_ROWS and single_acc_tiles(params):
     return single_acc_tile_rows(m, num_experts)
-  if rows == MAX_BLOCK_M and wide_tiles(params):
-    return cheapest_tile_rows(m, num_experts, WIDE_BLOCK_MS)
+  if wide := _wide_rows(m, num_experts, (params,)):
+    return wide
   if rows >= SINGLE_ACC_MIN_ROWS and cost_sized_tiles(params):
     rows = cost_sized_rows(m, params) or rows
   return 16 if rows == 8 and m > 8 else rows
@@ -702,13 +715,14 @@ def cached_launch(params: QuantizedWeight, m: int) -> tuple[int, wna16_mgpu.Conf
   kernel's tiles carry their own rows; a Config's block_m sizes dense CTAs only).  One
   entry serves every M of its key (the same M bucket and default rows per tile), as the
   autotune command measured it at one M.  Entries the default path would not run are
-  ignored with a warning: rows past its widest (:func:`widest_rows`), or a one-accumulator launch where that route is off (weights not marked ":cf",
-  HUMMING_JAX_FP8_SINGLE_ACC=0)."""
+  ignored with a warning: rows past its widest (:func:`widest_rows` for a one-accumulator
+  launch, else :data:`MAX_BLOCK_M`), or a one-accumulator fp8 launch where that route is
+  off (weights not marked ":cf", HUMMING_JAX_FP8_SINGLE_ACC=0)."""
   key = launch_cache_key(params, m)
   cfg = tuning.cached_config(key, wna16_mgpu.Config)
   if cfg is None:
     return None
-  widest = max(SINGLE_ACC_BLOCK_MS) if cfg.fp8_single_acc else widest_rows(params)
+  widest = widest_rows(params) if _one_acc_launch(params, cfg) else MAX_BLOCK_M
   why = (f"{cfg.block_m} rows per tile (at most {widest} on this route)"
          if cfg.block_m > widest else
          "a one-accumulator launch, and that route is off for these params"
@@ -743,10 +757,9 @@ def launch_candidates(m: int, params: QuantizedWeight) -> list[tuple[int, wna16_
   for rows in sorted({default - 8, default, default + 8, block_rows(m, e)}):
     if not 8 <= rows <= widest:
       continue
-    if rows <= widest:
-      out.append((rows, launch(rows)))
-      if out[-1][1].mma_sync:  # (8-row tiles: the same launch on the WGMMA too)
-        out.append((rows, dataclasses.replace(out[-1][1], mma_sync=False)))
+    out.append((rows, launch(rows)))
+    if out[-1][1].mma_sync:  # (8-row tiles: the same launch on the WGMMA too)
+      out.append((rows, dataclasses.replace(out[-1][1], mma_sync=False)))
     if rows < 16:
       continue
     for wgs in (2, 4):
@@ -922,9 +935,10 @@ def run(params: QuantizedWeight, x: jax.Array, group_sizes: jax.Array, *,
   """(M, K) bf16 / fp16 rows sorted by expert x prepared stacked params -> (M, N).
 
   ``block_m``: rows per tile (a multiple of 8 up to :data:`MAX_BLOCK_M`; on the
-  one-accumulator fp8 route up to 160, or :data:`MAX_RUN_BLOCK_M` with an explicit
-  ``Config.fp8_single_acc`` config; default
-  :func:`tile_rows`); ``config``: the launch (default :func:`heuristic` of
+  one-accumulator routes -- the fp8 route's ":cf" weights, :func:`wide_tiles` on the 16-bit
+  one -- up to 160, or :data:`MAX_RUN_BLOCK_M` with an explicit one-accumulator config:
+  ``Config.fp8_single_acc`` on the fp8 layout, ``scale_after_mma=False`` on the 16-bit
+  one; default :func:`tile_rows`); ``config``: the launch (default :func:`heuristic` of
   :func:`launch_rows`).  With neither given, an autotune cache entry for the shape
   (:func:`cached_launch`, ``python -m humming_jax.autotune --grouped``) gives both.  The
   fp8-MMA layout (``prepare(mma="fp8")``) takes float8_e4m3fn rows with their (M,)
@@ -976,7 +990,10 @@ def run_aligned(params: QuantizedWeight, x: jax.Array, group_sizes: jax.Array, *
   in place: no gather; the schedule is :func:`aligned_schedule`'s (by default the
   Pallas-Triton schedule kernel).  Output rows
   past ``sum(group_sizes)`` are **unspecified** (no tile writes them): callers read only
-  the rows they routed (``moe.combine`` does)."""
+  the rows they routed (``moe.combine`` does).  ``block_m``: up to :data:`MAX_BLOCK_M`, or
+  past it as :func:`run` allows one-accumulator tiles (:func:`aligned_tile_rows`' wide
+  rows; the fp8 route's ":cf" weights too, whose default launch here is the same
+  one-accumulator one)."""
   e, k, n = params.shape
   r = x.shape[0]
   if registry.layout_family(params.layout) != FAMILY:
