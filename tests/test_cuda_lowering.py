@@ -436,6 +436,9 @@ def test_clusters_lower_for_h200(cluster, monkeypatch, launched_clusters):
   from humming_jax.kernels import grouped_wna16_mgpu as gm, grouped_wnam_mgpu as gw
   monkeypatch.delenv("HUMMING_JAX_FP8_MMA", raising=False)
   monkeypatch.setenv("HUMMING_JAX_CLUSTER_N", cluster)
+  # the 16-bit kernel's 128-row tiles (wide tiles' 144 rows: 18 groups of 8, which a
+  # cluster of 4 does not divide, so that launch runs unclustered)
+  monkeypatch.setenv("HUMMING_JAX_WIDE_TILES", "0")
   clusters = launched_clusters
   want = (int(cluster), 1, 1)
   for name, family, shape, rows in (("w4a8-mxfp4", gw, (8, 4096, 28672), 2048),

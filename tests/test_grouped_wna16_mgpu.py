@@ -1047,9 +1047,9 @@ def test_cost_sized_tiles_default_gpu(name, e, k, n, grouped_launches):
 
 def test_wide_tiles_rule(monkeypatch):
   """Capped experts (block_rows 128: ~105+ rows each) of cost-sized params past 128 rows
-  where HUMMING_JAX_WIDE_TILES is on (session 67): Mixtral at 512 / 1024 / 4096 tokens
-  take 160 / 144 / 152 rows on four shared-x warpgroups with the scales before the MMA
-  (one accumulator); uncapped experts and W8A16 keep theirs; off, 128."""
+  where HUMMING_JAX_WIDE_TILES is on (session 67, the default): Mixtral at 512 / 1024 /
+  4096 tokens take 160 / 144 / 152 rows on four shared-x warpgroups with the scales before
+  the MMA (one accumulator); uncapped experts and W8A16 keep theirs; off, 128."""
   monkeypatch.setattr(gm.tuning, "num_sms", lambda: 132)
   shapes = lambda name, e, k, n: jax.eval_shape(
       lambda w: gm.prepare(hj.quantize(w, hj.QuantSpec.preset(name))),
@@ -1067,8 +1067,8 @@ def test_wide_tiles_rule(monkeypatch):
     monkeypatch.setenv("HUMMING_JAX_WIDE_TILES", "0")
     assert not gm.wide_tiles(p) and gm.widest_rows(p) == gm.MAX_BLOCK_M
     assert [gm.tile_rows(m, 8, p) for m in (1024, 2048, 8192)] == [128] * 3
-    monkeypatch.delenv("HUMMING_JAX_WIDE_TILES")  # unset: WIDE_TILES, off until timed
-    assert gm.wide_tiles(p) == gm.WIDE_TILES is False and gm.tile_rows(2048, 8, p) == 128
+    monkeypatch.delenv("HUMMING_JAX_WIDE_TILES")  # unset: WIDE_TILES, on since session 67
+    assert gm.wide_tiles(p) and gm.WIDE_TILES is True and gm.tile_rows(2048, 8, p) == 144
   monkeypatch.setenv("HUMMING_JAX_WIDE_TILES", "1")
   w8 = shapes("w8a16", 8, 4096, 28672)
   assert not gm.wide_tiles(w8) and gm.tile_rows(2048, 8, w8) == gm.MAX_BLOCK_M

@@ -252,7 +252,12 @@ def cost_sized_tiles(params: QuantizedWeight | None) -> bool:
 # one-accumulator fp8 route's from 128 up (session 26), so four shared-x warpgroups hold a
 # tile's accumulator (b / 2 registers per thread of the 128 four leave).
 WIDE_BLOCK_MS = tuple(r for r in SINGLE_ACC_BLOCK_MS if r >= MAX_BLOCK_M)
-WIDE_TILES = False
+# On by default since session 67 (H100, bench_moe resident chain, µs wall per grouped GEMM,
+# int4 g128 zp, Mixtral 1024 tokens, 128 -> 144 rows in two processes of one call: gate_up
+# 1107.7 -> 921.9, down 580.7 -> 432.9; Humming 823.6 / 416.6 in the first).  Untimed: the
+# 160 / 152 rows of 512 / 4096 tokens and other models at 4096 (the fp8 route's same picks
+# won there in session 26), the fp4 formats' times (their 144-row tiles are GPU-tested).
+WIDE_TILES = True
 
 
 def wide_tiles(params: QuantizedWeight | None) -> bool:
@@ -262,7 +267,8 @@ def wide_tiles(params: QuantizedWeight | None) -> bool:
   Mixtral expert of 256 +- 16 rows at 1024 tokens took three 128-row tiles about half
   the time, where two of 144 hold it.  The tile's launch is four shared-x warpgroups with
   the scales on the bf16 weights before the MMA (:func:`wna16_mgpu.shared_x_config` above
-  64 rows): one accumulator, as on the fp8 route.  :func:`run`'s tiles (:func:`tile_rows`)
+  64 rows): one accumulator, as on the fp8 route (times at :data:`WIDE_TILES`).
+  :func:`run`'s tiles (:func:`tile_rows`)
   and ``hj.quant_moe``'s aligned segments (:func:`aligned_tile_rows`).
   :func:`cost_sized_tiles` params; HUMMING_JAX_WIDE_TILES=0 / 1 overrides
   :data:`WIDE_TILES` (the A/B switch)."""
