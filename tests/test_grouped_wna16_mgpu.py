@@ -43,6 +43,12 @@ def routed_error(name, e, k, n, tokens, seed, prepare, run):
   return rel(jax.jit(run)(p, x, g), jax.jit(reference.ragged_dot_reference)(q, x, g)), p
 
 
+def abstract_stack(name, e, k, n):
+  """Prepared (E, K, N) ``name`` experts as shapes only (the launch rules' input)."""
+  return jax.eval_shape(lambda w: gm.prepare(hj.quantize(w, hj.QuantSpec.preset(name))),
+                        jax.ShapeDtypeStruct((e, k, n), jnp.float32))
+
+
 def make(name, e, k, n, m, bias, seed=0, dtype=jnp.bfloat16):
   kw, kb, kx = jax.random.split(jax.random.key(seed), 3)
   w = normal(kw, (e, k, n)) / np.sqrt(k)
@@ -950,9 +956,7 @@ def test_cost_sized_tiles_launch(monkeypatch):
   would make more than two waves; W8A16, decode tiles and one-wave launches (rows and
   launch) keep theirs."""
   monkeypatch.setattr(gm.tuning, "num_sms", lambda: 132)
-  shapes = lambda name, e, k, n: jax.eval_shape(
-      lambda w: gm.prepare(hj.quantize(w, hj.QuantSpec.preset(name))),
-      jax.ShapeDtypeStruct((e, k, n), jnp.float32))
+  shapes = abstract_stack
   for name in ("w4a16-g128-zp", "w4a16-mxfp4", "w4a16-nvfp4"):
     p = shapes(name, 128, 2048, 1536)
     assert gm.cost_sized_tiles(p)
@@ -1051,9 +1055,7 @@ def test_wide_tiles_rule(monkeypatch):
   4096 tokens take 160 / 144 / 152 rows on four shared-x warpgroups with the scales before
   the MMA (one accumulator); uncapped experts and W8A16 keep theirs; off, 128."""
   monkeypatch.setattr(gm.tuning, "num_sms", lambda: 132)
-  shapes = lambda name, e, k, n: jax.eval_shape(
-      lambda w: gm.prepare(hj.quantize(w, hj.QuantSpec.preset(name))),
-      jax.ShapeDtypeStruct((e, k, n), jnp.float32))
+  shapes = abstract_stack
   for name in ("w4a16-g128-zp", "w4a16-mxfp4", "w4a16-nvfp4"):
     p = shapes(name, 8, 4096, 28672)
     monkeypatch.setenv("HUMMING_JAX_WIDE_TILES", "1")

@@ -267,11 +267,10 @@ def wide_tiles(params: QuantizedWeight | None) -> bool:
   Mixtral expert of 256 +- 16 rows at 1024 tokens took three 128-row tiles about half
   the time, where two of 144 hold it.  The tile's launch is four shared-x warpgroups with
   the scales on the bf16 weights before the MMA (:func:`wna16_mgpu.shared_x_config` above
-  64 rows): one accumulator, as on the fp8 route (times at :data:`WIDE_TILES`).
-  :func:`run`'s tiles (:func:`tile_rows`)
-  and ``hj.quant_moe``'s aligned segments (:func:`aligned_tile_rows`).
-  :func:`cost_sized_tiles` params; HUMMING_JAX_WIDE_TILES=0 / 1 overrides
-  :data:`WIDE_TILES` (the A/B switch)."""
+  64 rows): one accumulator, as on the fp8 route (times at :data:`WIDE_TILES`).  For
+  :func:`run`'s tiles (:func:`tile_rows`) and ``hj.quant_moe``'s aligned segments
+  (:func:`aligned_tile_rows`); :func:`cost_sized_tiles` params only.
+  HUMMING_JAX_WIDE_TILES=0 / 1 overrides :data:`WIDE_TILES` (the A/B switch)."""
   return cost_sized_tiles(params) and tuning.env_flag("HUMMING_JAX_WIDE_TILES", WIDE_TILES)
 
 
