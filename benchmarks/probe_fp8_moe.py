@@ -45,16 +45,14 @@ def variants(tokens, e, rows, fold=False, cluster=False, single=False, blocks=No
   shared-x launch with and without them; ``blocks`` (sessions 26 / 29) the one-accumulator
   tile at those rows, on the 16-bit route with ``wide`` (session 67)."""
   base = [("heuristic", None, None)]
-  if blocks and wide:  # session 67: the 16-bit route's one-accumulator tile at these rows
-    return base + [(f"wide-bm{bm}-wg{w}" + (f"-st{st}" if st else ""), bm,
-                    dataclasses.replace(mg.shared_x_config(bm, warpgroups=w),
-                                        scale_after_mma=False, **({"stages": st} if st else {})))
-                   for bm, w, st in blocks]
   if blocks:  # session 26: the one-accumulator shared-x tile at other row counts
-    # (session 29: and other stages; run() lowers them to what fits shared memory)
-    return base + [(f"single-bm{bm}-wg{w}" + (f"-st{st}" if st else ""), bm,
-                    dataclasses.replace(mg.shared_x_config(bm, warpgroups=w),
-                                        fp8_single_acc=True, **({"stages": st} if st else {})))
+    # (session 29: and other stages; run() lowers them to what fits shared memory; session
+    # 67, ``wide``: the 16-bit route's, scales before the MMA)
+    name, one = ("wide", dict(scale_after_mma=False)) if wide else (
+        "single", dict(fp8_single_acc=True))
+    return base + [(f"{name}-bm{bm}-wg{w}" + (f"-st{st}" if st else ""), bm,
+                    dataclasses.replace(mg.shared_x_config(bm, warpgroups=w), **one,
+                                        **({"stages": st} if st else {})))
                    for bm, w, st in blocks]
   if single:  # session 25: Config.fp8_single_acc (the heuristic's for tiles over 80 rows
     # of ":cf" weights since) against the per-group launch it replaced, and variants

@@ -305,14 +305,19 @@ def _one_acc_launch(params: QuantizedWeight, config: wna16_mgpu.Config | None) -
           else not config.scale_after_mma)
 
 
+def _launch_widest(params: QuantizedWeight, config: wna16_mgpu.Config | None) -> int:
+  """The most rows per tile ``config``'s registers hold: :data:`MAX_RUN_BLOCK_M` (the
+  widest WGMMA N) for an explicit one-accumulator config, :func:`widest_rows` (the
+  default launch's rows: 160 where a one-accumulator route is on) without one, else
+  :data:`MAX_BLOCK_M`."""
+  return (widest_rows(params) if config is None
+          else MAX_RUN_BLOCK_M if _one_acc_launch(params, config) else MAX_BLOCK_M)
+
+
 def _check_tile_rows(block_m: int, params: QuantizedWeight,
                      config: wna16_mgpu.Config | None) -> None:
-  """``block_m`` rows per tile within what ``config``'s registers hold: up to
-  :data:`MAX_RUN_BLOCK_M` (the widest WGMMA N) for an explicit one-accumulator config,
-  :func:`widest_rows` (the default launch's rows: 160 where a one-accumulator route is on)
-  without one, else :data:`MAX_BLOCK_M`."""
-  widest = (widest_rows(params) if config is None
-            else MAX_RUN_BLOCK_M if _one_acc_launch(params, config) else MAX_BLOCK_M)
+  """``block_m`` rows per tile within :func:`_launch_widest`."""
+  widest = _launch_widest(params, config)
   if block_m % 8 or not 8 <= block_m <= widest:
     raise ValueError(f"block_m={block_m} must be a multiple of 8 in [8, {widest}] (over "
                      f"{MAX_BLOCK_M}: one-accumulator tiles only -- Config.fp8_single_acc "
@@ -964,11 +969,11 @@ def run(params: QuantizedWeight, x: jax.Array, group_sizes: jax.Array, *,
   if m == 0:
     return jnp.zeros((0, n), wna16_mgpu.output_dtype(x, out_dtype))
   # (the default rows of params, unless those are the one-accumulator fp8 route's and this
-  # launch is not on it; for an explicit two-accumulator launch at most 128)
-  single = _one_acc_launch(params, config)
+  # launch is not on it; at most what the launch holds: 128 for two accumulators)
   if block_m is None:
-    block_m = tile_rows(m, e, params if single or not single_acc_tiles(params) else None)
-    block_m = block_m if single or config is None else min(block_m, MAX_BLOCK_M)
+    single = _one_acc_launch(params, config)
+    block_m = min(_launch_widest(params, config), tile_rows(
+        m, e, params if single or not single_acc_tiles(params) else None))
   num_tiles = max_tiles(m, e, block_m)
   if interpret:
     # The Pallas-Triton and Mosaic GPU interpreters in one CPU program hang (session 12:
